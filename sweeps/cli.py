@@ -1,0 +1,161 @@
+"""The ``critbatch`` command line.
+
+Exit codes: 0 success; 1 the sweep ran but failed (every trial failed, analysis impossible, or a
+remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.spec import SpecError, load_spec
+
+app = typer.Typer(
+    help="critbatch: find the critical batch size of an LLM training run (Ray Tune + Optuna + MLflow).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def _fail_invalid(exc: Exception) -> None:
+    if isinstance(exc, SpecError):
+        console.print(f"[bold red]error:[/] invalid sweep spec ({len(exc.errors)} error(s))", highlight=False)
+        for path, msg in exc.errors:
+            console.print(f"  [yellow]{path}[/]: {msg}", highlight=False)
+    else:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(EXIT_INVALID)
+
+
+@app.command()
+def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None:
+    """Validate a sweep spec: exit 0, or 2 with every invalid field named by its path."""
+    try:
+        s = load_spec(spec)
+        from sweeps.preflight import check_data_files
+
+        check_data_files(s)
+    except (SpecError, InvalidInput) as exc:
+        _fail_invalid(exc)
+    out.print(
+        f"ok: sweep '{s.name}': {len(s.search.batch_sizes_sequences)} batch sizes x "
+        f"{s.search.trials_per_batch_size} trials x {len(s.seeds)} seed(s) = {s.n_trials} trials, "
+        f"{s.budget_tokens} tokens each",
+        highlight=False,
+    )
+
+
+@app.command()
+def run(
+    spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
+    output: Path = typer.Option(..., "--output", "-o", help="output folder (created; must not hold another sweep)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
+    sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id (default: NAME-TIMESTAMP)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray in-process)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress table"),
+) -> None:
+    """Run a sweep: trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html."""
+    from sweeps.driver import run_sweep
+
+    try:
+        s = load_spec(spec)
+        result = run_sweep(
+            s, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=address, show_progress=progress
+        )
+    except (SpecError, InvalidInput) as exc:
+        _fail_invalid(exc)
+    except CritbatchError as exc:
+        console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+    _print_summary(result)
+    if not result.get("ok", False):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def resume(
+    output: Path = typer.Argument(..., help="output folder of an interrupted sweep"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Resume an interrupted sweep from its output folder (Tune state, Optuna study and MLflow runs kept)."""
+    from sweeps.driver import resume_sweep
+
+    try:
+        result = resume_sweep(output, ray_address=address, show_progress=progress)
+    except (SpecError, InvalidInput) as exc:
+        _fail_invalid(exc)
+    except CritbatchError as exc:
+        console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+    _print_summary(result)
+    if not result.get("ok", False):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def analyze(
+    csv: Path = typer.Option(..., "--csv", help="CSV with columns batch_size,steps_to_target[,group]"),
+    reference_batch: float = typer.Option(..., "--reference-batch", help="reference batch B0 for the 20% CBS (Zhang et al. 2024)"),
+) -> None:
+    """Fit S = S_min + E_min/B to steps-to-target points and print JSON (s_min, e_min, b_crit, cbs_20)."""
+    from sweeps.analysis import analyze_csv
+
+    try:
+        result = analyze_csv(csv, reference_batch)
+    except InvalidInput as exc:
+        _fail_invalid(exc)
+    print(json.dumps(result, indent=2))
+
+
+def _print_summary(result: dict) -> None:
+    cbs = result.get("cbs") or {}
+    if result.get("message"):
+        out.print(result["message"], highlight=False)
+    if cbs.get("b_crit") is not None:
+        out.print(
+            f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
+            f"({cbs['b_crit_tokens']:.0f} tokens) at target loss {cbs['target_loss']:.4f}; "
+            f"20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
+            highlight=False,
+        )
+    if result.get("output"):
+        out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
+
+
+def _register_optional() -> None:
+    """Attach command groups that live in their own modules (submission, Kubernetes, branching)."""
+    import importlib
+
+    for mod in ("sweeps._cli_jobs", "sweeps._cli_k8s", "sweeps._cli_branch"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                continue
+            raise
+        m.register(app)
+
+
+_register_optional()
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,451 @@
+"""The sweep spec: a YAML file validated by pydantic models.
+
+A spec says *what* to sweep (the workload, the model, the data, the per-trial token budget, the
+batch sizes, the learning-rate scaling rules and Adam's beta2) and *where* (resources, tracking).
+Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, ``_s``.
+
+Load and validate with :func:`load_spec`; every invalid field is reported by its dotted path
+(``search.batch_sizes_sequences.2``) in one :class:`SpecError`.
+
+This module is plain data: it imports neither torch nor Ray, so the REST service can use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+__all__ = [
+    "SpecError",
+    "SweepSpec",
+    "ModelSpec",
+    "DataSpec",
+    "EvalSpec",
+    "ScheduleSpec",
+    "SearchSpec",
+    "Beta2Spec",
+    "OptimizerSpec",
+    "ResourcesSpec",
+    "TrackingSpec",
+    "FinetuneSpec",
+    "LoraSpec",
+    "NoiseScaleSpec",
+    "BranchSpec",
+    "BudgetSpec",
+    "PruningSpec",
+    "BatchWarmupSpec",
+    "load_spec",
+    "parse_spec",
+    "spec_errors",
+]
+
+LrRule = Literal["linear", "sqrt", "none"]
+
+
+class SpecError(ValueError):
+    """A sweep spec is invalid.
+
+    Attributes:
+        errors: one ``(path, message)`` pair per invalid field; ``path`` is dotted
+            (``search.batch_sizes_sequences.2``), or ``<root>`` for file-level problems.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        lines = "\n".join(f"  {p}: {m}" for p, m in errors)
+        super().__init__(f"invalid sweep spec ({len(errors)} error(s)):\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ModelSpec(_Strict):
+    """A Hugging Face causal-LM built from a config (pretraining)."""
+
+    family: Literal["llama", "gpt2"] = "llama"
+    d_model: PositiveInt = 96
+    n_layers: PositiveInt = 3
+    n_heads: PositiveInt = 4
+    d_ff: PositiveInt | None = Field(
+        default=None, description="MLP width; default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
+    )
+    context_length_tokens: PositiveInt = 64
+    tie_word_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelSpec":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+    @property
+    def d_ff_resolved(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.family == "gpt2":
+            return 4 * self.d_model
+        return int(math.ceil(8 * self.d_model / 3 / 16) * 16)
+
+
+class DataSpec(_Strict):
+    """Training text and its tokenizer."""
+
+    path: str = Field(description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
+    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory")
+    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5)
+
+    @field_validator("path")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class EvalSpec(_Strict):
+    """Evaluation on the held-out split at token milestones shared by every batch size."""
+
+    milestones: int = Field(default=16, ge=2, le=200, description="evaluations per trial, evenly spaced in tokens")
+    eval_tokens: PositiveInt = Field(default=16384, description="held-out tokens per evaluation (a fixed set)")
+
+
+class ScheduleSpec(_Strict):
+    """Horizon-free learning-rate schedule (methodology section 11.2).
+
+    ``constant_ema``: linear warmup over ``warmup_tokens``, then a constant LR; an exponential
+    moving average of the weights (half-life in tokens, so equal for every batch size) is what is
+    evaluated (Zhang et al. 2024). ``wsd``: warmup-stable-decay, where each milestone's evaluation
+    is taken after a short linear decay branch of ``decay_fraction`` of the tokens seen, and
+    training continues from the stable branch.
+    """
+
+    kind: Literal["constant_ema", "wsd"] = "constant_ema"
+    warmup_tokens: int = Field(default=32768, ge=0)
+    ema_half_life_tokens: float = Field(default=32768.0, gt=0)
+    decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
+
+
+class Beta2Spec(_Strict):
+    """Adam's beta2: fixed values, or a token half-life range (Marek et al. 2025).
+
+    With a half-life ``t_half`` in tokens, ``beta2 = 0.5 ** (B*T / t_half)``.
+    Exactly one of ``values`` and ``half_life_tokens`` is given.
+    """
+
+    values: list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None = None
+    half_life_tokens: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]] | None = Field(
+        default=None, description="[low, high], searched log-uniformly"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Beta2Spec":
+        if (self.values is None) == (self.half_life_tokens is None):
+            raise ValueError("give exactly one of 'values' and 'half_life_tokens'")
+        if self.values is not None and not self.values:
+            raise ValueError("'values' must not be empty")
+        if self.half_life_tokens is not None and self.half_life_tokens[0] > self.half_life_tokens[1]:
+            raise ValueError("half_life_tokens: low must be <= high")
+        return self
+
+
+class SearchSpec(_Strict):
+    """What is searched: batch sizes (a grid), and per batch size the LR rule, multiplier and beta2."""
+
+    batch_sizes_sequences: list[PositiveInt] = Field(min_length=1)
+    base_lr: float = Field(gt=0, lt=10)
+    base_batch_size_sequences: PositiveInt
+    lr_rules: list[LrRule] = Field(default_factory=lambda: ["sqrt"], min_length=1)
+    lr_multiplier: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]] = (1.0, 1.0)
+    beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
+    trials_per_batch_size: PositiveInt = 1
+    algorithm: Literal["optuna"] = "optuna"
+
+    @field_validator("batch_sizes_sequences")
+    @classmethod
+    def _unique_sorted(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("batch sizes must be unique")
+        return sorted(v)
+
+    @field_validator("lr_rules")
+    @classmethod
+    def _unique_rules(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("LR rules must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "SearchSpec":
+        lo, hi = self.lr_multiplier
+        if lo > hi:
+            raise ValueError("lr_multiplier: low must be <= high")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    """AdamW settings that are not searched."""
+
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip_norm: float | None = Field(default=1.0, gt=0)
+    divergence_loss_factor: float = Field(
+        default=1.5, gt=1.0, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
+    )
+
+
+class NoiseScaleSpec(_Strict):
+    """Online gradient-noise-scale estimate (McCandlish et al. 2018, Appendix A.1)."""
+
+    enabled: bool = True
+    ema_decay: float = Field(default=0.95, gt=0, lt=1)
+
+
+class BatchWarmupSpec(_Strict):
+    """Batch-size warmup: global batch sizes by tokens seen (Merrill et al. 2025).
+
+    ``schedule`` is a list of ``[tokens_seen, multiplier]``: from that many tokens on, the global batch
+    is the trial's batch times ``multiplier`` divided by the last multiplier (so the run ends at
+    the trial's batch size). Multipliers are integers, increasing, each a factor of the next.
+    """
+
+    schedule: list[tuple[Annotated[int, Field(ge=0)], PositiveInt]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _monotone(self) -> "BatchWarmupSpec":
+        if self.schedule[0][0] != 0:
+            raise ValueError("schedule must start at 0 tokens")
+        for (t0, m0), (t1, m1) in zip(self.schedule, self.schedule[1:]):
+            if t1 <= t0:
+                raise ValueError("token thresholds must increase")
+            if m1 <= m0 or m1 % m0:
+                raise ValueError("multipliers must increase by integer factors")
+        return self
+
+
+class ResourcesSpec(_Strict):
+    """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
+
+    workers_per_trial: PositiveInt = 1
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+    max_concurrent_trials: PositiveInt = 2
+    micro_batch_size_sequences_max: PositiveInt = Field(default=64, description="largest micro-batch one worker runs at once")
+    trial_driver_cpus: float = Field(default=0.01, gt=0, le=1, description="CPU reserved for each trial's Tune driver")
+    max_failures: int = Field(default=2, ge=0, description="worker-failure retries per trial (Ray Train FailureConfig)")
+
+
+class TrackingSpec(_Strict):
+    """MLflow tracking. The experiment is named after the sweep unless given."""
+
+    uri: str = Field(default="sqlite:///mlflow.db")
+    experiment: str | None = None
+    checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0)
+
+
+class LoraSpec(_Strict):
+    """LoRA adapters through ``peft``."""
+
+    rank: PositiveInt = 8
+    alpha: float = Field(default=16.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+
+
+class FinetuneSpec(_Strict):
+    """Supervised fine-tuning of a local Hugging Face checkpoint on instruction JSON Lines."""
+
+    checkpoint_dir: str
+    prompt_field: str = "question"
+    response_field: str = "answer"
+    prompt_template: str = "Question: {prompt}\nAnswer: "
+    packing: Literal["packed", "padded"] = "packed"
+    truncate: bool = Field(default=False, description="truncate over-long examples (counted and reported) instead of refusing")
+    lora: LoraSpec | None = None
+
+
+class BranchSpec(_Strict):
+    """Local critical batch size by branching (Merrill et al. 2025)."""
+
+    points_fraction: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 1.0])
+    multipliers: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.5, 1, 2, 4, 8])
+    window_tokens: PositiveInt = 32768
+    epsilon: float = Field(default=0.01, gt=0)
+    base_batch_size_sequences: PositiveInt | None = None
+
+
+class BudgetSpec(_Strict):
+    """Sweep-wide limits; the sweep plans to fit and stops cleanly when one runs out."""
+
+    sweep_flops: float | None = Field(default=None, gt=0)
+    wall_clock_s: float | None = Field(default=None, gt=0)
+
+
+class PruningSpec(_Strict):
+    """Equal-compute early stopping within each batch size (rungs in FLOPs)."""
+
+    enabled: bool = False
+    grace_fraction: float = Field(default=0.25, gt=0, lt=1, description="first rung, as a fraction of the trial budget")
+    reduction_factor: float = Field(default=2.0, gt=1)
+    min_trials_per_rung: PositiveInt = 2
+
+
+class SweepSpec(_Strict):
+    """A whole critical-batch-size sweep."""
+
+    name: str = Field(description="sweep name: letters, digits, '-', '_' and '.'; names the MLflow experiment")
+    workload: Literal["pretrain", "finetune"] = "pretrain"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    finetune: FinetuneSpec | None = None
+    budget_tokens: PositiveInt = Field(description="training tokens per trial (equal for every batch size)")
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    search: SearchSpec
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    noise_scale: NoiseScaleSpec = Field(default_factory=NoiseScaleSpec)
+    batch_warmup: BatchWarmupSpec | None = None
+    branch: BranchSpec | None = None
+    pruning: PruningSpec = Field(default_factory=PruningSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
+    targets: list[Annotated[float, Field(gt=0)]] | None = Field(
+        default=None, description="target validation losses; default: chosen from the curves (3-5 reached by the small batches)"
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", v):
+            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "SweepSpec":
+        errs: list[str] = []
+        w = self.resources.workers_per_trial
+        bad = [b for b in self.search.batch_sizes_sequences if b % w]
+        if bad:
+            errs.append(f"search.batch_sizes_sequences: {bad} not divisible by resources.workers_per_trial={w}")
+        T = self.model.context_length_tokens
+        largest = max(self.search.batch_sizes_sequences) * T
+        if self.budget_tokens < 2 * largest:
+            errs.append(
+                f"budget_tokens ({self.budget_tokens}) gives the largest batch ({largest} tokens/step) fewer than 2 steps"
+            )
+        if self.schedule.warmup_tokens >= self.budget_tokens:
+            errs.append("schedule.warmup_tokens must be smaller than budget_tokens")
+        if self.workload == "finetune" and self.finetune is None:
+            errs.append("finetune: required when workload is 'finetune'")
+        if self.workload == "pretrain" and self.finetune is not None:
+            errs.append("finetune: only allowed when workload is 'finetune'")
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+    @property
+    def n_trials(self) -> int:
+        """Planned Tune trials: batch sizes x trials per batch size x seeds."""
+        return len(self.search.batch_sizes_sequences) * self.search.trials_per_batch_size * len(self.seeds)
+
+    def milestones_tokens(self) -> list[int]:
+        """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""
+        n = self.eval.milestones
+        return [int(round(self.budget_tokens * (i + 1) / n)) for i in range(n)]
+
+    def fingerprint(self) -> str:
+        """A short hash of the spec's content (used as part of the sweep id)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    return ".".join(parts) if parts else "<root>"
+
+
+def spec_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Turn a pydantic ``ValidationError`` into ``(dotted path, message)`` pairs."""
+    out = []
+    for e in exc.errors():
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        out.append((_format_loc(tuple(e["loc"])), msg))
+    return out
+
+
+def parse_spec(data: Any) -> SweepSpec:
+    """Validate a parsed spec (a mapping).
+
+    Raises:
+        SpecError: with every invalid field's path.
+    """
+    if not isinstance(data, dict):
+        raise SpecError([("<root>", f"a sweep spec must be a mapping, got {type(data).__name__}")])
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(spec_errors(exc)) from None
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a YAML (or JSON) sweep spec file.
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or has invalid fields (each named by path).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("<root>", f"spec file not found: {p}")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([("<root>", f"cannot read spec file {p}: {exc}")]) from None
+    return parse_spec_text(text)
+
+
+def parse_spec_text(text: str) -> SweepSpec:
+    """Validate a spec given as YAML or JSON text.
+
+    Raises:
+        SpecError: not YAML, or invalid fields.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+    return parse_spec(data)
