@@ -1,0 +1,109 @@
+"""The service's settings, read from the environment once at start-up.
+
+| variable | meaning | default |
+|---|---|---|
+| ``RAY_ADDRESS`` | the Ray cluster's job server, ``http://HEAD:8265`` | Ray's auto-detection |
+| ``MLFLOW_TRACKING_URI`` | the MLflow server sweeps log to (and the service reads) | the spec's ``tracking.uri`` |
+| ``CRITBATCH_API_TOKEN`` | bearer token every route but ``/healthz`` requires (>= 16 characters) | none: refuse to start |
+| ``CRITBATCH_MAX_BODY_BYTES`` | largest request body | 1 MiB |
+| ``CRITBATCH_DATA_DIR`` | inputs under this folder are shipped with a job; other paths are cluster paths | none: ship nothing |
+| ``CRITBATCH_MLFLOW_UI_URL`` | base URL of the MLflow UI for report links | the tracking URI if it is http(s) |
+| ``CRITBATCH_SHIP_DATA_MAX_MB`` | largest input shipped with a job | 20 |
+| ``CRITBATCH_UPLOAD_MAX_MB`` | largest job working directory | 100 |
+| ``CRITBATCH_JOB_PYTHON`` | the Python that runs a job on the cluster | see ``sweeps.jobs.default_job_python`` |
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+__all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS", "is_loopback_host"]
+
+MIN_TOKEN_CHARS = 16
+
+
+class SettingsError(ValueError):
+    """The service cannot start with these settings."""
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _float_env(env: Mapping[str, str], key: str) -> float | None:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        raise SettingsError(f"{key}={raw!r} is not a number") from None
+    if not v > 0:
+        raise SettingsError(f"{key} must be positive, got {raw!r}")
+    return v
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything the service is configured with (see the module docstring for the variables).
+
+    Attributes:
+        local_only: serve without a token; only allowed on a loopback host (``critbatch serve
+            --local-only``).
+    """
+
+    ray_address: str | None = None
+    tracking_uri: str | None = None
+    api_token: str | None = None
+    local_only: bool = False
+    max_body_bytes: int = 1024 * 1024
+    data_dir: str | None = None
+    mlflow_ui_url: str | None = None
+    ship_data_max_mb: float | None = None
+    upload_max_mb: float | None = None
+    job_python: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.api_token is not None and len(self.api_token) < MIN_TOKEN_CHARS:
+            raise SettingsError(f"CRITBATCH_API_TOKEN must be at least {MIN_TOKEN_CHARS} characters")
+        if self.api_token is None and not self.local_only:
+            raise SettingsError(
+                "refusing to start without an API token: set CRITBATCH_API_TOKEN "
+                "(or serve on a loopback address with --local-only)"
+            )
+        if self.max_body_bytes <= 0:
+            raise SettingsError("CRITBATCH_MAX_BODY_BYTES must be positive")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> "Settings":
+        """Read the settings from ``env`` (default ``os.environ``).
+
+        Raises:
+            SettingsError: a malformed value, or no token without ``local_only``.
+        """
+        env = os.environ if env is None else env
+        body = env.get("CRITBATCH_MAX_BODY_BYTES")
+        try:
+            max_body = int(body) if body else 1024 * 1024
+        except ValueError:
+            raise SettingsError(f"CRITBATCH_MAX_BODY_BYTES={body!r} is not an integer") from None
+        return cls(
+            ray_address=env.get("RAY_ADDRESS") or None,
+            tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
+            api_token=env.get("CRITBATCH_API_TOKEN") or None,
+            local_only=local_only,
+            max_body_bytes=max_body,
+            data_dir=env.get("CRITBATCH_DATA_DIR") or None,
+            mlflow_ui_url=env.get("CRITBATCH_MLFLOW_UI_URL") or None,
+            ship_data_max_mb=_float_env(env, "CRITBATCH_SHIP_DATA_MAX_MB"),
+            upload_max_mb=_float_env(env, "CRITBATCH_UPLOAD_MAX_MB"),
+            job_python=env.get("CRITBATCH_JOB_PYTHON") or None,
+        )

@@ -1,0 +1,226 @@
+"""The search: a grid over batch sizes, and per batch size an Optuna study over the LR rule,
+LR multiplier and beta2 (or its token half-life), each suggestion run once per seed.
+
+:class:`BatchSizeSearcher` is a Ray Tune ``Searcher`` that routes every Tune trial to the
+``OptunaSearch`` of its batch size (one Optuna study per batch size, in one RDB storage), so that
+each batch size gets its own tuned hyperparameters: a fair comparison across batch sizes needs
+that (methodology note sections 2.4 and 11.1). A suggestion is repeated for every seed; the Optuna
+trial is told the mean objective over seeds, ``FAIL`` when every seed failed, ``PRUNED`` when a
+seed was stopped early.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+from typing import Any
+
+import optuna
+from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
+
+from sweeps.spec import SweepSpec
+from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr
+
+__all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "OBJECTIVE"]
+
+#: the metric each Optuna study minimises: validation loss at the end of the trial's budget
+#: (a diverged trial counts as ``ln(vocab)``, the loss of a uniform prediction).
+OBJECTIVE = "objective"
+
+
+def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Optuna distributions for the dimensions that vary (fixed ones are left out)."""
+    s = spec.search
+    space: dict[str, optuna.distributions.BaseDistribution] = {}
+    if len(s.lr_rules) > 1:
+        space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
+    lo, hi = s.lr_multiplier
+    if lo < hi:
+        space["lr_multiplier"] = optuna.distributions.FloatDistribution(lo, hi, log=True)
+    if s.beta2.half_life_tokens is not None:
+        lo2, hi2 = s.beta2.half_life_tokens
+        if lo2 < hi2:
+            space["beta2_half_life_tokens"] = optuna.distributions.FloatDistribution(lo2, hi2, log=True)
+    elif s.beta2.values is not None and len(s.beta2.values) > 1:
+        space["beta2"] = optuna.distributions.CategoricalDistribution(list(s.beta2.values))
+    return space
+
+
+def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any]) -> dict[str, Any]:
+    """Resolve sampled values (plus the spec's fixed ones) into the trial's LR and beta2.
+
+    Returns a dict with ``lr_rule``, ``lr_multiplier``, ``lr``, ``beta2``, ``beta2_half_life_tokens``.
+    Fixed beta2 values keep beta2 fixed at this batch size; their half-life is derived from it so
+    that batch-size warmup can rescale beta2 by the half-life rule.
+    """
+    s = spec.search
+    T = spec.model.context_length_tokens
+    rule = sampled.get("lr_rule", s.lr_rules[0])
+    mult = float(sampled.get("lr_multiplier", s.lr_multiplier[0]))
+    lr = scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, mult)
+    if s.beta2.half_life_tokens is not None:
+        t_half = float(sampled.get("beta2_half_life_tokens", s.beta2.half_life_tokens[0]))
+        beta2 = beta2_from_half_life(t_half, batch_size_sequences, T)
+    else:
+        assert s.beta2.values is not None
+        beta2 = float(sampled.get("beta2", s.beta2.values[0]))
+        t_half = half_life_from_beta2(beta2, batch_size_sequences, T)
+    return {"lr_rule": rule, "lr_multiplier": mult, "lr": lr, "beta2": beta2, "beta2_half_life_tokens": t_half}
+
+
+class _Group:
+    """One Optuna suggestion, run once per seed."""
+
+    def __init__(self, primary: str, batch: int, params: dict[str, Any], n_seeds: int):
+        self.primary = primary
+        self.batch = batch
+        self.params = params
+        self.n_seeds = n_seeds
+        self.trial_ids: list[str] = []
+        self.results: dict[str, tuple[str, float | None]] = {}  # trial id -> (state, objective)
+
+    def full(self) -> bool:
+        return len(self.trial_ids) >= self.n_seeds
+
+    def finished(self) -> bool:
+        return len(self.results) >= self.n_seeds
+
+
+class BatchSizeSearcher(Searcher):
+    """Tune searcher: batch sizes on a grid, Optuna (TPE) per batch size, seeds repeated.
+
+    Args:
+        spec: the sweep.
+        storage_url: Optuna RDB storage URL (``sqlite:///OUT/optuna.db``).
+        study_prefix: study names are ``{study_prefix}-B{batch}``.
+
+    Emits exactly ``spec.n_trials`` configs, then ``Searcher.FINISHED``. Each config holds
+    ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters.
+    """
+
+    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str):
+        super().__init__(metric=OBJECTIVE, mode="min")
+        self.spec = spec
+        self.storage_url = storage_url
+        self.study_prefix = study_prefix
+        self.space = search_space(spec)
+        self.batches = list(spec.search.batch_sizes_sequences)
+        self.quota = spec.search.trials_per_batch_size * len(spec.seeds)
+        self.assigned: dict[int, int] = {b: 0 for b in self.batches}
+        self.open_group: dict[int, _Group | None] = {b: None for b in self.batches}
+        self.groups: dict[str, _Group] = {}  # tune trial id -> group
+        self._subs: dict[int, OptunaSearch] | None = None
+        self._rr = 0
+
+    # Optuna searchers hold a storage connection: build them lazily, never pickle them.
+    def _sub(self, b: int) -> OptunaSearch | None:
+        if not self.space:
+            return None
+        if self._subs is None:
+            self._subs = {}
+        if b not in self._subs:
+            storage = optuna.storages.RDBStorage(self.storage_url, engine_kwargs={"connect_args": {"timeout": 30}})
+            self._subs[b] = OptunaSearch(
+                space=self.space, metric=OBJECTIVE, mode="min", storage=storage,
+                study_name=f"{self.study_prefix}-B{b}", seed=(self.spec.seeds[0] * 7919 + b) % (2**31),
+            )
+        return self._subs[b]
+
+    def _next_batch(self) -> int | None:
+        n = len(self.batches)
+        for i in range(n):
+            b = self.batches[(self._rr + i) % n]
+            if self.assigned[b] < self.quota:
+                self._rr = (self._rr + i + 1) % n
+                return b
+        return None
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        b = self._next_batch()
+        if b is None:
+            return Searcher.FINISHED
+        group = self.open_group[b]
+        if group is None or group.full():
+            sub = self._sub(b)
+            params = sub.suggest(trial_id) if sub is not None else {}
+            if params is None:
+                return None
+            group = _Group(trial_id, b, dict(params), len(self.spec.seeds))
+            self.open_group[b] = group
+        seed = self.spec.seeds[len(group.trial_ids)]
+        group.trial_ids.append(trial_id)
+        self.groups[trial_id] = group
+        self.assigned[b] += 1
+        hp = hyperparameters_for(self.spec, b, group.params)
+        return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp}
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        # Intermediate results go to the equal-compute scheduler, not to Optuna's step-indexed pruners.
+        return None
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        group = self.groups.get(trial_id)
+        if group is None or trial_id in group.results:
+            return
+        if error:
+            group.results[trial_id] = ("FAIL", None)
+        elif result is not None and result.get("pruned"):
+            group.results[trial_id] = ("PRUNED", None)
+        else:
+            val = None if result is None else result.get(OBJECTIVE)
+            ok = val is not None and math.isfinite(val)
+            group.results[trial_id] = ("COMPLETE", float(val)) if ok else ("FAIL", None)
+        if not group.finished():
+            return
+        sub = self._sub(group.batch)
+        if sub is None:
+            return
+        states = [s for s, _ in group.results.values()]
+        values = [v for s, v in group.results.values() if s == "COMPLETE"]
+        if "PRUNED" in states:
+            sub.on_trial_complete(group.primary, None, error=False)  # -> Optuna PRUNED
+        elif values:
+            sub.on_trial_complete(group.primary, {OBJECTIVE: sum(values) / len(values)})
+        else:
+            sub.on_trial_complete(group.primary, None, error=True)  # -> Optuna FAIL
+
+    # ---- state for Tuner.restore -----------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_subs_ot_trials"] = (
+            {b: {tid: t._trial_id for tid, t in s._ot_trials.items()} for b, s in self._subs.items()} if self._subs else {}
+        )
+        d["_subs_completed"] = {b: set(s._completed_trials) for b, s in self._subs.items()} if self._subs else {}
+        d["_subs"] = None
+        return d
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self._state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        ot_trials = state.pop("_subs_ot_trials", {})
+        completed = state.pop("_subs_completed", {})
+        self.__dict__.update(state)
+        self._subs = None
+        # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
+        for b, mapping in ot_trials.items():
+            sub = self._sub(b)
+            if sub is None:
+                continue
+            study = sub._ot_study
+            for tune_id, ot_id in mapping.items():
+                number = study._storage.get_trial_number_from_id(ot_id)
+                sub._ot_trials[tune_id] = optuna.Trial(study, ot_id)
+                del number
+            sub._completed_trials.update(completed.get(b, set()))
+
+    def get_state(self) -> dict:
+        return self._state()
+
+    def set_state(self, state: dict) -> None:
+        self.__dict__.update(state)

@@ -1,0 +1,218 @@
+"""Reading sweeps back: honest status, trial counts, best so far, duplicates, stop, orphan runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeps.jobs import (
+    ReportNotReady,
+    SweepExists,
+    SweepJobs,
+    SweepNotFound,
+    _MlflowReader,
+    mlflow_ui_links,
+    staged_sweep,
+)
+from sweeps.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+RAY_FAILED_MSG = (
+    "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+    "INFO starting\n\x1b[1;31msweep failed:\x1b[0m every trial failed (2 of 2)\n"
+)
+
+
+def spec():
+    return parse_spec({
+        "name": "tiny", "data": {"path": "data/tinyshakespeare/input.txt"}, "budget_tokens": 8192,
+        "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+        "schedule": {"warmup_tokens": 1024}, "eval": {"milestones": 4, "eval_tokens": 1024},
+        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
+    })
+
+
+def test_unknown_malformed_and_foreign_ids_are_not_found(fake_jobs, fake_ray):
+    fake_ray.jobs["plain-ray-job"] = fake_ray.add("x", "RUNNING")
+    fake_ray.jobs["plain-ray-job"].metadata = {}
+    for sid in ("nope", "../../api/nodes", "plain-ray-job"):
+        with pytest.raises(SweepNotFound):
+            fake_jobs.get(sid)
+
+
+def test_submit_passes_the_staged_arguments_and_refuses_a_second_job(fake_jobs, fake_ray):
+    with staged_sweep(spec(), base_dir=REPO, tracking_uri="http://mlflow:5000") as st:
+        state = fake_jobs.submit(st)
+        assert state.status == "PENDING" and state.id == st.sweep_id
+        [sub] = fake_ray.submitted
+        assert sub["entrypoint"] == st.entrypoint and sub["submission_id"] == st.sweep_id
+        assert sub["metadata"] == st.metadata and sub["runtime_env"] == st.runtime_env
+        assert "spec.yaml" in sub["files"] and "inputs/data/input.txt" in sub["files"]
+        with pytest.raises(SweepExists) as e:
+            fake_jobs.submit(st)
+    assert e.value.same_spec and e.value.sweep_id == st.sweep_id
+    assert len(fake_ray.submitted) == 1
+    # the same id with a different spec is a conflict, not an idempotent resubmission
+    other = parse_spec({**spec().model_dump(mode="json"), "seeds": [7]})
+    with staged_sweep(other, base_dir=REPO, sweep_id=st.sweep_id) as st2:
+        with pytest.raises(SweepExists) as e2:
+            fake_jobs.submit(st2)
+    assert not e2.value.same_spec and len(fake_ray.submitted) == 1
+
+
+def test_status_counts_and_best_so_far(make_run, fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("s1", "RUNNING")
+    fake_reader.parents["s1"] = make_run("p", role="sweep", sweep_id="s1")
+    fake_reader.trial_runs["s1"] = [
+        make_run("t1", role="trial", sweep_id="s1", status="FINISHED", tag_status="COMPLETED",
+                 metrics={"val_loss": 2.5}, params={"batch_size_sequences": "4", "lr": "0.003", "lr_rule": "sqrt"}),
+        make_run("t2", role="trial", sweep_id="s1", status="FINISHED", tag_status="DIVERGED", metrics={"val_loss": float("nan")}),
+        make_run("t3", role="trial", sweep_id="s1", tag_status="RUNNING", metrics={"val_loss": 2.1},
+                 params={"batch_size_sequences": "8", "lr": "0.004"}),
+        make_run("t4", role="trial", sweep_id="s1", status="FAILED", tag_status="FAILED"),
+        make_run("t5", role="trial", sweep_id="s1", status="FINISHED", tag_status="PRUNED", metrics={"val_loss": 3.0}),
+    ]
+    s = fake_jobs.get("s1")
+    assert s.status == "RUNNING" and s.reason is None
+    t = s.trials
+    assert (t.planned, t.done, t.running, t.failed, t.diverged, t.pruned, t.stopped) == (2, 1, 1, 1, 1, 1, 0)
+    assert s.best["run_id"] == "t3" and s.best["val_loss"] == 2.1 and s.best["batch_size_sequences"] == 8
+    assert s.parent_run_id == "p" and fake_reader.closed == []  # a running sweep is never reconciled
+
+
+def test_exit_zero_is_not_enough_when_mlflow_says_failed(make_run, fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("a", "SUCCEEDED")
+    fake_reader.parents["a"] = make_run("pa", role="sweep", sweep_id="a", status="FAILED", tag_status="FAILED",
+                                        tags={"critbatch.message": "analysis impossible: one batch size reached no target"})
+    s = fake_jobs.get("a")
+    assert s.status == "FAILED" and s.ray_status == "SUCCEEDED"
+    assert s.reason == "analysis impossible: one batch size reached no target"
+
+    fake_ray.add("b", "SUCCEEDED")
+    fake_reader.parents["b"] = make_run("pb", role="sweep", sweep_id="b", status="FINISHED", tag_status="SUCCEEDED")
+    fake_reader.trial_runs["b"] = [make_run(f"t{i}", role="trial", sweep_id="b", status="FAILED", tag_status="FAILED")
+                                   for i in range(2)]
+    s = fake_jobs.get("b")
+    assert s.status == "FAILED" and s.reason == "every trial failed"
+
+    fake_ray.add("c", "SUCCEEDED")
+    fake_reader.parents["c"] = make_run("pc", role="sweep", sweep_id="c", status="FINISHED", tag_status="SUCCEEDED")
+    fake_reader.trial_runs["c"] = [make_run("t", role="trial", sweep_id="c", status="FINISHED", tag_status="COMPLETED")]
+    assert fake_jobs.get("c").status == "SUCCEEDED"
+
+
+def test_failed_job_reason_comes_from_the_drivers_last_error_line(fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("f", "FAILED", message=RAY_FAILED_MSG, exit_code=1)
+    s = fake_jobs.get("f")
+    assert s.status == "FAILED" and s.reason == "exit code 1: sweep failed: every trial failed (2 of 2)"
+    fake_ray.add("g", "FAILED", exit_code=2, message=(
+        "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
+        "error: invalid sweep spec (1 error(s))\n  data.path: corpus not found: /x\n"))
+    assert fake_jobs.get("g").reason == "invalid input (exit code 2): error: invalid sweep spec (1 error(s))"
+    fake_ray.add("h", "FAILED", message="Job supervisor actor died: the node was lost")
+    assert fake_jobs.get("h").reason == "Job supervisor actor died: the node was lost"
+
+
+def test_ended_jobs_get_their_orphan_runs_closed(make_run, fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("st", "STOPPED")
+    fake_reader.parents["st"] = make_run("p", role="sweep", sweep_id="st")
+    fake_reader.trial_runs["st"] = [
+        make_run("t1", role="trial", sweep_id="st", status="FINISHED", tag_status="COMPLETED"),
+        make_run("t2", role="trial", sweep_id="st"),
+    ]
+    s = fake_jobs.get("st")
+    assert s.status == "STOPPED" and sorted(fake_reader.closed) == ["p", "t2"]
+    assert (s.trials.done, s.trials.running, s.trials.stopped) == (1, 0, 1)
+
+
+def test_mlflow_unreachable_keeps_rays_view(fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("m", "RUNNING")
+    fake_reader.fail_with = ConnectionError("connection refused")
+    s = fake_jobs.get("m")
+    assert s.status == "RUNNING" and s.trials is None and "connection refused" in s.mlflow_error
+
+
+def test_node_local_tracking_uri_is_not_read(fake_jobs, fake_ray, fake_reader, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake_ray.add("n", "RUNNING", metadata={"critbatch.tracking_uri": "sqlite:///mlflow.db"})
+    s = fake_jobs.get("n")
+    assert s.trials is None and "cluster node" in s.mlflow_error
+    assert not (tmp_path / "mlflow.db").exists()  # reading must not create a store
+
+
+def test_stop_sends_once_and_reports_the_final_state(fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("r", "RUNNING")
+    state, sent = fake_jobs.stop("r", wait_s=5, poll_s=0.01)
+    assert sent and state.status == "STOPPED" and fake_ray.stop_calls == ["r"]
+    state, sent = fake_jobs.stop("r", wait_s=5, poll_s=0.01)
+    assert not sent and state.status == "STOPPED" and fake_ray.stop_calls == ["r"]
+
+
+def test_list_is_newest_first_paged_and_only_sweeps(fake_jobs, fake_ray):
+    for i in range(5):
+        fake_ray.add(f"s{i}", "SUCCEEDED")
+    page, total = fake_jobs.list(limit=2, offset=1, with_mlflow=False)
+    assert total == 5 and [s.id for s in page] == ["s3", "s2"]
+
+
+def test_report_needs_a_finished_sweep_with_cbs_json(make_run, fake_jobs, fake_ray, fake_reader):
+    fake_ray.add("run", "RUNNING")
+    with pytest.raises(ReportNotReady) as e:
+        fake_jobs.report("run")
+    assert e.value.status == "RUNNING"
+    fake_ray.add("ok", "SUCCEEDED")
+    fake_reader.parents["ok"] = make_run("p", role="sweep", sweep_id="ok", status="FINISHED", tag_status="SUCCEEDED",
+                                         metrics={"b_crit": 12.5})
+    fake_reader.trial_runs["ok"] = [make_run("t1", role="trial", sweep_id="ok", status="FINISHED", tag_status="COMPLETED",
+                                             metrics={"val_loss": 2.0}, params={"batch_size_sequences": "4"})]
+    with pytest.raises(ReportNotReady):
+        fake_jobs.report("ok")  # no cbs.json artifact
+    fake_reader.artifacts["p"] = {"b_crit": 12.5}
+    rep = fake_jobs.report("ok", ui_url="http://ui:5000/")
+    assert rep["cbs"] == {"b_crit": 12.5} and rep["status"] == "SUCCEEDED"
+    assert rep["mlflow"]["parent_run_id"] == "p"
+    assert rep["mlflow"]["links"]["parent_run"] == "http://ui:5000/#/experiments/1/runs/p"
+    assert rep["mlflow"]["trial_runs"][0]["url"] == "http://ui:5000/#/experiments/1/runs/t1"
+
+
+def test_ui_links_encode_the_comparison():
+    links = mlflow_ui_links("http://h:5000", "3", "p", ["a", "b"])
+    assert links["compare_trials"] == (
+        "http://h:5000/#/compare-runs?runs=%5B%22a%22%2C%22b%22%5D&experiments=%5B%223%22%5D"
+    )
+    assert mlflow_ui_links(None, "3", "p", ["a"]) == {}
+
+
+def test_orphans_are_closed_in_a_real_mlflow_store(tmp_path, fake_ray):
+    """The reconciliation against real MLflow: after a stop, no run of the sweep is left RUNNING."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    c = MlflowClient(uri)
+    exp = c.create_experiment("exp")
+    parent = c.create_run(exp, run_name="sw", tags={"critbatch.sweep_id": "sw", "critbatch.role": "sweep",
+                                                   "critbatch.status": "RUNNING", "critbatch.trials_planned": "2"})
+    pid = parent.info.run_id
+    done = c.create_run(exp, tags={"mlflow.parentRunId": pid, "critbatch.sweep_id": "sw", "critbatch.role": "trial",
+                                   "critbatch.trial_id": "a", "critbatch.status": "COMPLETED"})
+    c.log_metric(done.info.run_id, "val_loss", 2.0, step=100)
+    c.set_terminated(done.info.run_id, "FINISHED")
+    running = c.create_run(exp, tags={"mlflow.parentRunId": pid, "critbatch.sweep_id": "sw", "critbatch.role": "trial",
+                                      "critbatch.trial_id": "b", "critbatch.status": "RUNNING"})
+    other = c.create_run(exp, tags={"critbatch.sweep_id": "other", "critbatch.role": "trial", "critbatch.status": "RUNNING"})
+
+    fake_ray.add("sw", "STOPPED", metadata={"critbatch.tracking_uri": uri})
+    jobs = SweepJobs("http://ray.invalid", client=fake_ray)
+    s = jobs.get("sw")
+    assert s.status == "STOPPED" and s.parent_run_id == pid
+    assert (s.trials.done, s.trials.running, s.trials.stopped) == (1, 0, 1)
+    assert s.best["val_loss"] == 2.0
+    r = c.get_run(running.info.run_id)
+    assert r.info.status == "KILLED" and r.data.tags["critbatch.status"] == "STOPPED"
+    p = c.get_run(pid)
+    assert p.info.status == "KILLED" and p.data.tags["critbatch.status"] == "STOPPED"
+    assert c.get_run(done.info.run_id).data.tags["critbatch.status"] == "COMPLETED"
+    assert c.get_run(other.info.run_id).info.status == "RUNNING"  # another sweep's run is not touched
+    reader = _MlflowReader(uri)
+    assert [x for x in reader.trials("sw", [exp]) if x.info.status == "RUNNING"] == []

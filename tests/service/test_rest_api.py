@@ -1,0 +1,232 @@
+"""The REST service in-process (real app, real SweepJobs, in-memory Ray and MLflow): routes, auth, limits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.server import check_serve_settings
+from service.settings import Settings, SettingsError
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "unit-test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+SPEC = {
+    "name": "tiny",
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+    "data": {"path": "data/tinyshakespeare/input.txt"},
+    "budget_tokens": 8192,
+    "schedule": {"warmup_tokens": 1024},
+    "eval": {"milestones": 4, "eval_tokens": 1024},
+    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
+}
+
+
+@pytest.fixture
+def client(fake_jobs):
+    settings = Settings(api_token=TOKEN, tracking_uri="http://mlflow:5000", data_dir=str(REPO))
+    with TestClient(create_app(settings, jobs=fake_jobs)) as c:
+        yield c
+
+
+def post_yaml(client, spec, **params):
+    return client.post("/v1/sweeps", content=yaml.safe_dump(spec), params=params,
+                       headers={**AUTH, "Content-Type": "application/yaml"})
+
+
+# ---- auth --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"},
+                                     {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN},
+                                     {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer "}])
+@pytest.mark.parametrize("method,path", [("GET", "/v1/sweeps"), ("GET", "/v1/sweeps/x"), ("DELETE", "/v1/sweeps/x"),
+                                         ("GET", "/v1/sweeps/x/logs"), ("GET", "/v1/sweeps/x/report"),
+                                         ("POST", "/v1/sweeps"), ("GET", "/openapi.json")])
+def test_every_route_but_health_needs_the_token(client, fake_ray, headers, method, path):
+    r = client.request(method, path, headers={**headers, "Content-Type": "application/yaml"},
+                       content=yaml.safe_dump(SPEC) if method == "POST" else None)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    assert fake_ray.submitted == [] and fake_ray.stop_calls == []
+
+
+def test_health_needs_no_token(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_no_docs_pages_outside_the_token(client):
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+
+
+def test_the_service_refuses_to_start_without_a_token():
+    with pytest.raises(SettingsError, match="without an API token"):
+        Settings.from_env({})
+    with pytest.raises(SettingsError, match="at least 16"):
+        Settings.from_env({"CRITBATCH_API_TOKEN": "short"})
+    with pytest.raises(SettingsError, match="loopback"):
+        check_serve_settings(host="0.0.0.0", local_only=True)
+    assert Settings.from_env({}, local_only=True).api_token is None
+
+
+def test_local_only_serves_without_a_token(fake_jobs):
+    with TestClient(create_app(Settings(local_only=True), jobs=fake_jobs)) as c:
+        assert c.get("/v1/sweeps").status_code == 200
+
+
+# ---- submission ----------------------------------------------------------------------------------
+
+
+def test_submit_yaml_then_duplicate_is_409(client, fake_ray):
+    r = post_yaml(client, SPEC)
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["status"] == "PENDING" and body["id"].startswith("tiny-")
+    assert r.headers["location"] == f"/v1/sweeps/{body['id']}"
+    [sub] = fake_ray.submitted
+    assert sub["submission_id"] == body["id"]
+    assert "--tracking-uri" in sub["entrypoint"] and "http://mlflow:5000" in sub["entrypoint"]
+    assert "inputs/data/input.txt" in sub["files"]  # inside CRITBATCH_DATA_DIR: shipped
+    r2 = post_yaml(client, SPEC)
+    assert r2.status_code == 409 and r2.json()["same_spec"] is True and r2.json()["id"] == body["id"]
+    assert len(fake_ray.submitted) == 1
+
+
+def test_submit_json_with_a_client_id(client, fake_ray):
+    r = client.post("/v1/sweeps", params={"sweep_id": "my-run.1"}, content=json.dumps(SPEC),
+                    headers={**AUTH, "Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 201 and r.json()["id"] == "my-run.1"
+    assert fake_ray.submitted[0]["submission_id"] == "my-run.1"
+
+
+def test_invalid_specs_get_422_with_each_fields_path(client, fake_ray):
+    bad = json.loads(json.dumps(SPEC))
+    bad["search"]["batch_sizes_sequences"] = [4, -8]
+    bad["model"]["d_model"] = 30
+    bad["surprise"] = 1
+    r = post_yaml(client, bad)
+    assert r.status_code == 422
+    paths = {e["path"] for e in r.json()["errors"]}
+    assert {"search.batch_sizes_sequences.1", "model", "surprise"} <= paths
+    assert fake_ray.submitted == []
+
+
+@pytest.mark.parametrize("content,ctype,path", [
+    (b"", "application/yaml", "<root>"),
+    (b"[1, 2]", "application/yaml", "<root>"),
+    (b"a: [", "application/yaml", "<root>"),
+    (b"\xff\xfe", "application/json", "<root>"),
+    (b'{"name": NaN}', "application/json", "<root>"),
+    (b"a: &x [1]\nb: *x\n", "application/yaml", "<root>"),
+    (b"[" * 100_000, "application/json", "<root>"),
+    (b"[" * 100_000, "application/yaml", "<root>"),
+    (b"[" * 5000 + b"]" * 5000, "application/json", "<root>"),
+    (b"name: " + b"[" * 5000 + b"]" * 5000, "application/yaml", "<root>"),
+])
+def test_unparseable_bodies_are_422_not_500(client, content, ctype, path):
+    r = client.post("/v1/sweeps", content=content, headers={**AUTH, "Content-Type": ctype})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["path"] == path
+
+
+def test_wrong_media_type_is_415(client):
+    r = client.post("/v1/sweeps", content=yaml.safe_dump(SPEC), headers={**AUTH, "Content-Type": "text/plain"})
+    assert r.status_code == 415
+
+
+def test_bad_sweep_id_is_422(client):
+    r = post_yaml(client, SPEC, sweep_id="../etc")
+    assert r.status_code == 422 and r.json()["errors"][0]["path"] == "sweep_id"
+
+
+def test_a_10_mb_body_is_refused(client, fake_ray):
+    big = b"name: x\n" + b"#" * (10 * 1024 * 1024)
+    r = client.post("/v1/sweeps", content=big, headers={**AUTH, "Content-Type": "application/yaml"})
+    assert r.status_code == 413
+    assert fake_ray.submitted == []
+
+
+def test_a_streamed_body_without_length_is_counted(fake_jobs):
+    """Chunked uploads carry no Content-Length: the limit still holds."""
+    app = create_app(Settings(api_token=TOKEN, max_body_bytes=1000), jobs=fake_jobs)
+
+    def chunks():
+        for _ in range(10):
+            yield b"#" * 500
+
+    with TestClient(app) as c:
+        r = c.post("/v1/sweeps", content=chunks(), headers={**AUTH, "Content-Type": "application/yaml"})
+    assert r.status_code == 413
+
+
+def test_staging_over_the_upload_limit_is_422(fake_jobs):
+    app = create_app(Settings(api_token=TOKEN, data_dir=str(REPO), upload_max_mb=0.5), jobs=fake_jobs)
+    with TestClient(app) as c:
+        r = post_yaml(c, SPEC)
+    assert r.status_code == 422 and r.json()["errors"][0]["path"] == "<root>"
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+def test_get_list_logs_stop_report(client, fake_ray, fake_reader, make_run):
+    fake_ray.add("s1", "RUNNING")
+    fake_ray.logs["s1"] = "line1\nline2\nline3\n"
+    fake_reader.parents["s1"] = make_run("p", role="sweep", sweep_id="s1")
+    fake_reader.trial_runs["s1"] = [make_run("t1", role="trial", sweep_id="s1", metrics={"val_loss": 2.0},
+                                             params={"batch_size_sequences": "4"})]
+    r = client.get("/v1/sweeps/s1", headers=AUTH)
+    assert r.status_code == 200
+    b = r.json()
+    assert b["id"] == "s1" and b["status"] == "RUNNING"
+    assert b["trials"] == {"planned": 2, "done": 0, "running": 1, "failed": 0, "diverged": 0, "pruned": 0, "stopped": 0}
+    assert b["best"]["val_loss"] == 2.0 and b["links"]["report"] == "/v1/sweeps/s1/report"
+
+    assert client.get("/v1/sweeps/s1/logs", headers=AUTH).text == "line1\nline2\nline3\n"
+    assert client.get("/v1/sweeps/s1/logs", params={"tail": 1}, headers=AUTH).text == "line3\n"
+    assert client.get("/v1/sweeps/s1/report", headers=AUTH).status_code == 409
+
+    page = client.get("/v1/sweeps", params={"limit": 1}, headers=AUTH).json()
+    assert page["total"] == 1 and page["items"][0]["id"] == "s1" and page["next_offset"] is None
+
+    r = client.delete("/v1/sweeps/s1", headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "STOPPED" and r.json()["stop_sent"] is True
+    assert fake_reader.closed == ["t1", "p"]
+
+    fake_ray.add("done", "SUCCEEDED")
+    fake_reader.parents["done"] = make_run("pd", role="sweep", sweep_id="done", status="FINISHED", tag_status="SUCCEEDED")
+    fake_reader.artifacts["pd"] = {"b_crit": 10.0, "s_min": float("nan")}
+    rep = client.get("/v1/sweeps/done/report", headers=AUTH)
+    assert rep.status_code == 200 and rep.json()["cbs"] == {"b_crit": 10.0, "s_min": None}
+    assert rep.json()["mlflow"]["links"]["parent_run"] == "http://mlflow.invalid/#/experiments/1/runs/pd"
+
+
+@pytest.mark.parametrize("path", ["/v1/sweeps/nope", "/v1/sweeps/nope/logs", "/v1/sweeps/nope/report",
+                                  "/v1/sweeps/..", "/v1/sweeps/%2E%2E%2Fapi", "/v1/sweeps/a%20b"])
+def test_unknown_ids_are_404(client, path):
+    assert client.get(path, headers=AUTH).status_code == 404
+    assert client.delete("/v1/sweeps/nope", headers=AUTH).status_code == 404
+
+
+def test_cluster_down_is_503_not_500():
+    app = create_app(Settings(api_token=TOKEN, ray_address="http://127.0.0.1:9"))
+    with TestClient(app) as c:
+        assert c.get("/v1/sweeps", headers=AUTH).status_code == 503
+        assert c.get("/v1/sweeps/x", headers=AUTH).status_code == 503
+        assert post_yaml(c, SPEC).status_code == 503
+
+
+def test_openapi_schema_is_published_behind_the_token(client):
+    r = client.get("/openapi.json", headers=AUTH)
+    assert r.status_code == 200
+    s = r.json()
+    assert set(s["paths"]) == {"/healthz", "/v1/sweeps", "/v1/sweeps/{sweep_id}", "/v1/sweeps/{sweep_id}/logs",
+                               "/v1/sweeps/{sweep_id}/report"}
+    body = s["paths"]["/v1/sweeps"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/SweepSpec"}
+    assert "SearchSpec" in s["components"]["schemas"] and "HTTPBearer" in s["components"]["securitySchemes"]
+    assert "security" not in s["paths"]["/healthz"]["get"]

@@ -1,0 +1,131 @@
+"""Corpora, tokenizers and the deterministic batch stream.
+
+A corpus is one text file, tokenized once per process: byte-level (ids 0..255, the default) or a
+local Hugging Face tokenizer directory (``tokenizers``/``transformers``, no hub access). The last
+``validation_fraction`` of the tokens is the held-out split.
+
+The training stream is keyed by optimizer step: step ``s`` of seed ``k`` always draws the same
+global batch of windows, whatever the number of workers, so a resumed run continues exactly and
+the data position is the step count.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["DataError", "Corpus", "load_corpus", "tokenizer_vocab_size", "encode_text", "window_batch", "validation_batches"]
+
+
+class DataError(ValueError):
+    """The corpus cannot be used: missing, empty, or too short for the context length."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A tokenized corpus split into train and validation ids (1-D int64 tensors)."""
+
+    train_ids: torch.Tensor
+    val_ids: torch.Tensor
+    vocab_size: int
+
+
+def _load_hf_tokenizer(directory: str):
+    from transformers import AutoTokenizer
+
+    p = Path(directory)
+    if not p.is_dir():
+        raise DataError(f"tokenizer directory not found: {directory} (use 'byte' or a local Hugging Face tokenizer folder)")
+    return AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+
+
+def tokenizer_vocab_size(tokenizer: str) -> int:
+    """Vocabulary size of ``'byte'`` (256) or of a local Hugging Face tokenizer directory."""
+    if tokenizer == "byte":
+        return 256
+    return len(_load_hf_tokenizer(tokenizer))
+
+
+def encode_text(text: str, tokenizer: str) -> np.ndarray:
+    """Token ids of ``text`` as a 1-D int64 array (bytes of UTF-8 for ``'byte'``)."""
+    if tokenizer == "byte":
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+    tok = _load_hf_tokenizer(tokenizer)
+    return np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str, mtime_ns: int, tokenizer: str, validation_fraction: float) -> Corpus:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"corpus {path} is not UTF-8 text: {exc}") from None
+    ids = torch.from_numpy(encode_text(text, tokenizer))
+    n_val = int(len(ids) * validation_fraction)
+    return Corpus(train_ids=ids[: len(ids) - n_val], val_ids=ids[len(ids) - n_val :], vocab_size=tokenizer_vocab_size(tokenizer))
+
+
+def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_length_tokens: int) -> Corpus:
+    """Load and split a corpus, checking it is long enough.
+
+    Raises:
+        DataError: the file is missing or empty, or either split holds fewer than
+            ``context_length_tokens + 1`` tokens (one training window).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"corpus not found: {path}")
+    corpus = _load_cached(str(p.resolve()), p.stat().st_mtime_ns, tokenizer, validation_fraction)
+    need = context_length_tokens + 1
+    if len(corpus.train_ids) < need or len(corpus.val_ids) < need:
+        raise DataError(
+            f"corpus {path} is too small for context_length_tokens={context_length_tokens}: "
+            f"{len(corpus.train_ids)} train and {len(corpus.val_ids)} validation tokens, each split needs >= {need}"
+        )
+    return corpus
+
+
+def _step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    digest = hashlib.blake2b(f"{seed}/{stream}/{step}".encode(), digest_size=8).digest()
+    g = torch.Generator()
+    g.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    return g
+
+
+def window_batch(
+    ids: torch.Tensor, *, seed: int, step: int, global_batch_size_sequences: int, context_length_tokens: int,
+    start: int, count: int, stream: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences ``start .. start+count`` of step ``step``'s global batch of random windows.
+
+    Returns:
+        ``(inputs, targets)``, each ``[count, context_length_tokens]`` int64; targets are inputs
+        shifted by one token.
+    """
+    g = _step_generator(seed, step, stream)
+    offsets = torch.randint(0, len(ids) - context_length_tokens - 1 + 1, (global_batch_size_sequences,), generator=g)
+    offs = offsets[start : start + count]
+    idx = offs[:, None] + torch.arange(context_length_tokens + 1)[None, :]
+    w = ids[idx]
+    return w[:, :-1], w[:, 1:]
+
+
+def validation_batches(
+    val_ids: torch.Tensor, *, eval_tokens: int, context_length_tokens: int, batch_size_sequences: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The fixed held-out set: consecutive, non-overlapping windows from the start of the split.
+
+    The same for every trial of a sweep, so validation losses compare across batch sizes.
+    Returns at most ``eval_tokens // context_length_tokens`` windows (at least one).
+    """
+    T = context_length_tokens
+    n = max(1, min(eval_tokens // T, (len(val_ids) - 1) // T))
+    starts = torch.arange(n) * T
+    idx = starts[:, None] + torch.arange(T + 1)[None, :]
+    w = val_ids[idx]
+    return [(w[i : i + batch_size_sequences, :-1], w[i : i + batch_size_sequences, 1:]) for i in range(0, n, batch_size_sequences)]
