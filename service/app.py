@@ -16,11 +16,14 @@ from typing import Any, Awaitable, Callable
 
 import yaml
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.schemas import (
     ConflictOut,
@@ -192,6 +195,20 @@ def require_token(
         raise HTTPException(status_code=401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
+def reject_unknown_query(request: Request) -> None:
+    """422 for query parameters the operation does not declare (a typo is not silently ignored)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.query_params:
+        return
+    op = request.app.openapi().get("paths", {}).get(route.path_format, {}).get(request.method.lower(), {})
+    known = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"}
+    unknown = sorted(set(request.query_params.keys()) - known)
+    if unknown:
+        raise RequestValidationError(
+            [{"loc": ("query", k), "msg": "unknown query parameter", "type": "extra_forbidden"} for k in unknown]
+        )
+
+
 # ---- errors (HTTP errors are raised here, in the route layer, only) ------------------------------
 
 
@@ -245,11 +262,21 @@ def _sweep_out(state: SweepState, **extra: Any) -> dict[str, Any]:
 
 _ERRORS = {
     401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
+    422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"},
     413: {"model": ErrorOut, "description": "request body too large"},
     503: {"model": ErrorOut, "description": "the Ray cluster cannot be reached"},
 }
 _NOT_FOUND = {404: {"model": ErrorOut, "description": "no sweep with this id"}}
 _INVALID = {422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"}}
+
+
+def _json_errors(responses: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """``responses`` with each model spelled out as an application/json content."""
+    return {
+        code: {"description": r["description"],
+               "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{r['model'].__name__}"}}}}
+        for code, r in responses.items()
+    }
 
 
 def _sweep_id_param() -> Any:
@@ -281,6 +308,16 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
     app.state.jobs = jobs
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            # Starlette's Allow lists the methods of the first route matching the path only.
+            path = request.url.path
+            allowed = sorted({m for r in app.routes if isinstance(r, APIRoute) and r.path_regex.match(path)
+                              for m in (r.methods or ())})
+            return JSONResponse({"detail": "Method Not Allowed"}, status_code=405, headers={"Allow": ", ".join(allowed)})
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [(".".join(str(p) for p in e.get("loc", ())) or "<root>", str(e.get("msg", ""))) for e in exc.errors()]
@@ -291,7 +328,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         """Liveness: the process serves requests (no token needed; touches neither Ray nor MLflow)."""
         return {"status": "ok"}
 
-    api = APIRouter(prefix="/v1", dependencies=[Depends(require_token)], responses=_ERRORS)
+    api = APIRouter(prefix="/v1", dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=_ERRORS)
 
     @api.post(
         "/sweeps",
@@ -331,7 +368,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
             with staged_sweep(
                 spec,
                 sweep_id=sweep_id,
-                tracking_uri=settings.tracking_uri,
+                default_tracking_uri=settings.tracking_uri,
                 data_root=settings.data_dir,
                 ship_data=settings.data_dir is not None,
                 limits=StagingLimits.from_mb(ship_data_max_mb=settings.ship_data_max_mb, upload_max_mb=settings.upload_max_mb),
@@ -394,7 +431,9 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
     @api.get(
         "/sweeps/{sweep_id}/logs",
         response_class=PlainTextResponse,
-        responses={**_NOT_FOUND, **_INVALID, 200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        # error bodies stay JSON (a response_class of text/plain would document them as text)
+        responses={**_json_errors({**_ERRORS, **_NOT_FOUND, **_INVALID}),
+                   200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
         tags=["sweeps"],
     )
     def sweep_logs(

@@ -109,8 +109,9 @@ def submit(
     address: Optional[str] = _ADDRESS,
     sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id = Ray submission id (default NAME-FINGERPRINT)"),
     tracking_uri: Optional[str] = typer.Option(
-        None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-        help="MLflow server the job logs to (default: $MLFLOW_TRACKING_URI, else the spec's tracking.uri)",
+        None, "--tracking-uri",
+        help="MLflow server the job logs to (default: the spec's tracking.uri if it is a server, "
+        "else $MLFLOW_TRACKING_URI, else the spec's file store)",
     ),
     ship_data: bool = typer.Option(True, "--ship-data/--no-ship-data",
                                    help="ship small local inputs with the job (else paths are cluster paths)"),
@@ -137,12 +138,13 @@ def submit(
         s = load_spec(spec)
     except SpecError as exc:
         _fail_spec(exc)
-    jobs = _jobs(address, tracking_uri)
+    jobs = _jobs(address)
     try:
         with staged_sweep(
             s,
             sweep_id=sweep_id,
             tracking_uri=tracking_uri,
+            default_tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
             base_dir=Path.cwd(),
             ship_data=ship_data,
             limits=StagingLimits.from_mb(ship_data_max_mb=ship_data_max_mb, upload_max_mb=upload_max_mb),

@@ -63,6 +63,7 @@ __all__ = [
     "is_valid_sweep_id",
     "mlflow_ui_links",
     "redact_uri",
+    "resolve_job_tracking_uri",
     "stage_sweep",
     "staged_sweep",
     "staged_summary",
@@ -81,6 +82,8 @@ _SWEEP_ID_RE = re.compile(SWEEP_ID_PATTERN)
 #: The packages a job needs; copied from wherever they are imported from.
 PACKAGES = ("sweeps", "workloads", "service")
 SPEC_FILE = "spec.yaml"
+#: ``critbatch run``'s last resort, a file next to the job's working directory.
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 INPUTS_DIR = "inputs"
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*", "*.egg-info", "node_modules")
 
@@ -247,6 +250,26 @@ def build_entrypoint(
     return shlex.join(args)
 
 
+def _is_file_store(uri: str) -> bool:
+    return urlsplit(uri).scheme.lower() in ("", "file", "sqlite")
+
+
+def resolve_job_tracking_uri(spec: SweepSpec, flag: str | None, env: str | None) -> str:
+    """Where a submitted sweep logs: ``flag``; else the spec's ``tracking.uri`` if it names a
+    server; else ``env`` (the submitter's ``MLFLOW_TRACKING_URI``); else the spec's file store,
+    else ``sqlite:///mlflow.db`` (as ``critbatch run``).
+
+    A file store (``sqlite:///mlflow.db``, the default) would be a file on the cluster node that
+    nobody else can read, so the environment's server wins over it; a server named in the spec
+    is a deliberate choice and wins over the environment.
+    """
+    if flag:
+        return flag
+    if spec.tracking.uri and not _is_file_store(spec.tracking.uri):
+        return spec.tracking.uri
+    return env or spec.tracking.uri or DEFAULT_TRACKING_URI
+
+
 # ---- staging ---------------------------------------------------------------------------------
 
 
@@ -352,6 +375,7 @@ def stage_sweep(
     *,
     sweep_id: str | None = None,
     tracking_uri: str | None = None,
+    default_tracking_uri: str | None = None,
     base_dir: Path | str = ".",
     data_root: Path | str | None = None,
     ship_data: bool = True,
@@ -365,7 +389,9 @@ def stage_sweep(
         spec: the validated spec.
         into: an empty folder (the caller owns and removes it; see :func:`staged_sweep`).
         sweep_id: the submission id; default :func:`default_sweep_id`.
-        tracking_uri: where the job logs; default the spec's ``tracking.uri``.
+        tracking_uri: where the job logs (``--tracking-uri``): wins over everything.
+        default_tracking_uri: the environment's MLflow server (``MLFLOW_TRACKING_URI``): used
+            unless the spec names a server itself; see :func:`resolve_job_tracking_uri`.
         base_dir: relative input paths resolve from here (the submitter's working directory).
         data_root: if given, only inputs inside this folder are shipped (relative paths resolve
             from it); any other path is passed on as a path on the cluster. The service sets it.
@@ -385,7 +411,7 @@ def stage_sweep(
         raise CritbatchError(f"staging folder {into} is not empty")
     root = Path(data_root).resolve() if data_root is not None else None
     base = root if root is not None else Path(base_dir).resolve()
-    tracking_uri = tracking_uri or spec.tracking.uri
+    tracking_uri = resolve_job_tracking_uri(spec, tracking_uri, default_tracking_uri)
     warnings: list[str] = []
 
     # Inputs: ship the small local ones, rewrite the spec's paths to the shipped copies.
@@ -585,7 +611,7 @@ def _failure_reason(job: Any) -> str | None:
     if "last available logs" in lines[0] and len(lines) > 1:
         logs = lines[1:]
         picked = next((ln for ln in reversed(logs) if re.match(r"(sweep failed|error)\b", ln, re.I)), logs[-1])
-        prefix = "invalid input (exit code 2)" if code == 2 else f"exit code {code}"
+        prefix = "invalid input (exit code 2)" if code == 2 else (f"exit code {code}" if code is not None else "failed")
         return f"{prefix}: {picked}"[:2000]
     return lines[0][:2000]
 

@@ -43,6 +43,7 @@ __all__ = [
     "TrialPodResources",
     "active_deadline_s",
     "dump_manifests",
+    "ray_env",
     "rayjob_name",
     "render_rayjob",
     "trial_pod_resources",
@@ -167,9 +168,15 @@ def _metadata(name: str, namespace: str | None, labels: dict[str, str], annotati
     return meta
 
 
-def _env() -> list[dict]:
-    """Environment of the head and the workers: MLflow, and Tune storage in the object store."""
-    secret = lambda key: {"secretKeyRef": {"name": S3_SECRET, "key": key}}  # noqa: E731
+def ray_env() -> list[dict]:
+    """Environment of every Ray container: the MLflow server, and Tune storage in the object store.
+
+    ``k8s/base/raycluster.yaml`` gives the service's RayCluster the same list (a test holds them equal).
+    """
+
+    def secret(key: str) -> dict:
+        return {"secretKeyRef": {"name": S3_SECRET, "key": key}}
+
     return [
         {"name": "MLFLOW_TRACKING_URI", "value": MLFLOW_TRACKING_URI},
         {"name": "CRITBATCH_STORAGE_PATH", "value": TUNE_STORAGE_URI},
@@ -213,7 +220,7 @@ def _ray_pod(
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "workingDir": WORKDIR,
-        "env": _env(),
+        "env": ray_env(),
     }
     if ports:
         c["ports"] = ports

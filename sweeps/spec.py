@@ -256,7 +256,7 @@ class ResourcesSpec(_Strict):
 class TrackingSpec(_Strict):
     """MLflow tracking. The experiment is named after the sweep unless given."""
 
-    uri: str = Field(default="sqlite:///mlflow.db")
+    uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     experiment: str | None = None
     checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0)
 

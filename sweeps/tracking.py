@@ -282,6 +282,9 @@ class MlflowTrialCallback(Callback):
         self.tracker = tracker
         self.extra_params = extra_params
 
+    def __getstate__(self):  # Tune pickles its run config; live clients are re-attached on restore
+        return {"tracker": None, "extra_params": None}
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self.tracker.trial_started(trial.trial_id, trial.config, self.extra_params(trial.config))
 

@@ -19,7 +19,7 @@ def kustomizations() -> list[str]:
     return sorted(str(p.parent.relative_to(K8S)) for p in K8S.rglob("kustomization.yaml"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(rel: str) -> tuple[dict, ...]:
     objs, _ = build(K8S / rel)
     return tuple(objs)

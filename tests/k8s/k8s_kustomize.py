@@ -38,24 +38,62 @@ class Unsupported(ValueError):
 
 
 _KNOWN_KEYS = {
-    "apiVersion", "kind", "resources", "namespace", "labels", "images", "patches",
-    "secretGenerator", "generatorOptions",
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "labels",
+    "images",
+    "patches",
+    "secretGenerator",
+    "generatorOptions",
 }
 
 # kustomize's legacy sort order (api/resid/gvk.go: orderFirst / orderLast)
 _ORDER_FIRST = [
-    "Namespace", "ResourceQuota", "StorageClass", "CustomResourceDefinition", "ServiceAccount",
-    "PodSecurityPolicy", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding", "ConfigMap",
-    "Secret", "Endpoints", "Service", "LimitRange", "PriorityClass", "PersistentVolume",
-    "PersistentVolumeClaim", "Deployment", "StatefulSet", "CronJob", "PodDisruptionBudget",
+    "Namespace",
+    "ResourceQuota",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "PodSecurityPolicy",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Endpoints",
+    "Service",
+    "LimitRange",
+    "PriorityClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "Deployment",
+    "StatefulSet",
+    "CronJob",
+    "PodDisruptionBudget",
 ]
 _ORDER_LAST = ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
 
 _CLUSTER_SCOPED = {
-    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-    "PersistentVolume", "StorageClass", "PriorityClass", "PodSecurityPolicy",
-    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "APIService",
-    "IngressClass", "RuntimeClass", "CSIDriver", "CSINode", "VolumeAttachment", "Node",
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+    "PodSecurityPolicy",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "APIService",
+    "IngressClass",
+    "RuntimeClass",
+    "CSIDriver",
+    "CSINode",
+    "VolumeAttachment",
+    "Node",
 }
 
 
@@ -166,13 +204,15 @@ def _generate_secrets(path: Path, k: dict, objs: list[dict]) -> None:
         if behavior == "create":
             if existing:
                 raise Unsupported(f"{path}: secret {gen['name']} already exists (use behavior replace/merge)")
-            objs.append({
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": gen["name"]},
-                "type": gen.get("type", "Opaque"),
-                "data": encoded,
-            })
+            objs.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": gen["name"]},
+                    "type": gen.get("type", "Opaque"),
+                    "data": encoded,
+                }
+            )
         elif behavior in ("replace", "merge"):
             if len(existing) != 1:
                 raise ValueError(f"{path}: secret {gen['name']} to {behavior}: found {len(existing)}")

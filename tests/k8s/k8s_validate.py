@@ -25,14 +25,15 @@ import copy
 import functools
 import json
 import re
+from collections.abc import Iterator
 from decimal import Decimal
+from importlib.resources import files
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
 import yaml
-from importlib.resources import files
 from referencing import Registry, Resource
 
 __all__ = [
@@ -64,22 +65,56 @@ IANA_SVC_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 # ---- the structural schema of a CRD --------------------------------------------------------------
 
 _PASS_KEYWORDS = {
-    "type", "format", "enum", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties",
-    "multipleOf", "required", "default",
+    "type",
+    "format",
+    "enum",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
+    "multipleOf",
+    "required",
+    "default",
 }
 _K8S_KEYWORDS = {
-    "x-kubernetes-int-or-string", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
-    "x-kubernetes-map-type", "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields",
-    "x-kubernetes-embedded-resource", "nullable", "description", "title", "example",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+    "x-kubernetes-validations",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource",
+    "nullable",
+    "description",
+    "title",
+    "example",
 }
 
 
 def _structural(schema: dict, path: str = "") -> dict:
     """Turn an ``openAPIV3Schema`` node into JSON Schema with the API server's pruning semantics."""
-    unknown = set(schema) - _PASS_KEYWORDS - _K8S_KEYWORDS - {
-        "properties", "items", "additionalProperties", "anyOf", "allOf", "oneOf", "not",
-    }
+    unknown = (
+        set(schema)
+        - _PASS_KEYWORDS
+        - _K8S_KEYWORDS
+        - {
+            "properties",
+            "items",
+            "additionalProperties",
+            "anyOf",
+            "allOf",
+            "oneOf",
+            "not",
+        }
+    )
     if unknown:
         raise NotImplementedError(f"CRD schema keyword(s) {sorted(unknown)} at {path or '<root>'}")
     out = {k: v for k, v in schema.items() if k in _PASS_KEYWORDS or k.startswith("x-kubernetes-")}
@@ -112,7 +147,7 @@ def _structural(schema: dict, path: str = "") -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_schema(kind: str) -> dict:
     """The structural JSON Schema of ``kind``'s v1 version in the vendored KubeRay CRD."""
     crd = yaml.load((CRD_DIR / CRD_FILES[kind]).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -189,7 +224,7 @@ def defaulted(obj: dict) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _core_definitions() -> Registry:
     base = files("kubernetes_validate").joinpath("kubernetes-json-schema", f"v{K8S_VERSION}-local-strict")
     defs = json.loads(base.joinpath("_definitions.json").read_text())
@@ -266,7 +301,9 @@ def _cluster_rules(spec: dict, where: str) -> Iterator[str]:
             yield f"{where}: worker group {name} cannot be suspended with the autoscaler enabled"
     head_env = {
         e.get("name"): e.get("value")
-        for e in (spec.get("headGroupSpec", {}).get("template", {}).get("spec", {}).get("containers") or [{}])[0].get("env", [])
+        for e in (spec.get("headGroupSpec", {}).get("template", {}).get("spec", {}).get("containers") or [{}])[0].get(
+            "env", []
+        )
     }
     if not spec.get("enableInTreeAutoscaling") and head_env.get("RAY_enable_autoscaler_v2") in ("1", "true"):
         yield f"{where}: RAY_enable_autoscaler_v2 set while enableInTreeAutoscaling is false"
@@ -276,7 +313,9 @@ def _cluster_rules(spec: dict, where: str) -> Iterator[str]:
             yield f"{where}: authOptions.mode token needs rayVersion (>= 2.52.0)"
         elif _version_tuple(version) < (2, 52, 0):
             yield f"{where}: authOptions.mode token needs Ray >= 2.52.0, got {version}"
-    if spec.get("gcsFaultToleranceOptions") is not None or "redis-username" in spec.get("headGroupSpec", {}).get("rayStartParams", {}):
+    if spec.get("gcsFaultToleranceOptions") is not None or "redis-username" in spec.get("headGroupSpec", {}).get(
+        "rayStartParams", {}
+    ):
         yield f"{where}: GCS fault-tolerance settings are not checked by this validator"
 
 
@@ -335,8 +374,20 @@ def kuberay_rules(obj: dict) -> list[str]:
 # ---- what the API server checks beyond the OpenAPI schema ---------------------------------------------
 
 _SUFFIX = {
-    "": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "": 1,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
 }
 
 
@@ -401,7 +452,9 @@ def api_server_rules(obj: dict) -> list[str]:
     kind, name = obj.get("kind"), obj.get("metadata", {}).get("name", "")
     if kind in ("Service", "Namespace", "StatefulSet"):
         if not (len(name) <= 63 and (DNS1035_LABEL if kind == "Service" else DNS1123_LABEL).fullmatch(name)):
-            out.append(f"metadata.name: {kind} names must be DNS-{'1035' if kind == 'Service' else '1123'} labels: {name!r}")
+            out.append(
+                f"metadata.name: {kind} names must be DNS-{'1035' if kind == 'Service' else '1123'} labels: {name!r}"
+            )
     elif not (len(name) <= 253 and DNS1123_SUBDOMAIN.fullmatch(name)):
         out.append(f"metadata.name: not a DNS-1123 subdomain: {name!r}")
     ns = obj.get("metadata", {}).get("namespace")
@@ -426,7 +479,9 @@ def api_server_rules(obj: dict) -> list[str]:
                 for p in c.get("ports") or []:
                     pname = p.get("name")
                     if pname is not None and not (
-                        len(pname) <= 15 and IANA_SVC_NAME.fullmatch(pname) and "--" not in pname
+                        len(pname) <= 15
+                        and IANA_SVC_NAME.fullmatch(pname)
+                        and "--" not in pname
                         and re.search("[a-z]", pname)
                     ):
                         out.append(f"{where}.ports: bad port name {pname!r}")
@@ -490,7 +545,9 @@ def reference_problems(objs: list[dict], *, complete: bool = True) -> list[str]:
         if s is None:
             return set(), set()
         provided = set(s.get("data") or {}) | set(s.get("stringData") or {})
-        declared = set(filter(None, (s["metadata"].get("annotations") or {}).get("critbatch.io/required-keys", "").split(",")))
+        declared = set(
+            filter(None, (s["metadata"].get("annotations") or {}).get("critbatch.io/required-keys", "").split(","))
+        )
         return provided, declared
 
     def need_secret(where: str, name: str, key: str | None) -> None:
@@ -589,7 +646,12 @@ def validate_objects(objs: list[dict], *, complete: bool = True, references: boo
     out: list[str] = []
     seen = set()
     for obj in objs:
-        ident = (obj.get("apiVersion"), obj.get("kind"), obj.get("metadata", {}).get("namespace"), obj.get("metadata", {}).get("name"))
+        ident = (
+            obj.get("apiVersion"),
+            obj.get("kind"),
+            obj.get("metadata", {}).get("namespace"),
+            obj.get("metadata", {}).get("name"),
+        )
         if ident in seen:
             out.append(f"{_ident(obj)}: defined twice")
         seen.add(ident)

@@ -107,7 +107,17 @@ def test_every_container_is_guaranteed_qos(rel):
             assert auto["requests"] == auto["limits"]
 
 
-_RESTRICTED_VOLUMES = {"name", "configMap", "emptyDir", "secret", "persistentVolumeClaim", "projected", "downwardAPI", "ephemeral", "csi"}
+_RESTRICTED_VOLUMES = {
+    "name",
+    "configMap",
+    "emptyDir",
+    "secret",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "ephemeral",
+    "csi",
+}
 
 
 @pytest.mark.parametrize("rel", ALL)
@@ -156,7 +166,7 @@ def test_long_lived_raycluster_for_the_service():
     (workers,) = spec["workerGroupSpecs"]
     assert workers["minReplicas"] == 0 and workers["maxReplicas"] == 2  # the example's patch
     # the same environment as a rendered sweep's Ray pods: MLflow, Tune storage, S3 keys
-    sweep_env = render_mod._env()
+    sweep_env = render_mod.ray_env()
     for tmpl in [spec["headGroupSpec"]["template"], workers["template"]]:
         (c,) = tmpl["spec"]["containers"]
         assert c["env"] == sweep_env
@@ -177,6 +187,7 @@ def test_service_deployment_talks_to_ray_and_mlflow_with_tokens_and_no_api_right
     assert env["RAY_AUTH_MODE"]["value"] == "token"
     svc = _by(objs, "Service", "critbatch")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     # its ServiceAccount: no token in the pod, and bound to no Role at all
     sa = _by(objs, "ServiceAccount", "critbatch")
     assert pod["serviceAccountName"] == "critbatch"

@@ -48,7 +48,6 @@ def _render(spec=EXAMPLE, namespace="critbatch"):
 def test_example_renders_valid_objects_that_resolve_against_the_platform():
     objs = list(_render())
     assert [o["kind"] for o in objs] == ["ConfigMap", "RayJob"]
-    assert validate_objects(objs) == [] or all("critbatch-s3" in p for p in validate_objects(objs))
     assert validate_objects(objs, references=False) == []
     platform = render("overlays/example")
     assert reference_problems(platform + objs, complete=True) == []
@@ -119,7 +118,10 @@ def test_the_kustomize_sweep_base_is_the_rendered_example():
     if os.environ.get("CRITBATCH_REGEN_K8S"):
         header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
         path.write_text(header + dump_manifests(objs))
-    assert [d for d in yaml.safe_load_all(path.read_text()) if d] == objs
+    assert [d for d in yaml.safe_load_all(path.read_text()) if d] == objs, (
+        "k8s/sweep/rayjob.yaml is stale (the example spec or the renderer changed): rewrite it with "
+        "CRITBATCH_REGEN_K8S=1 .venv/bin/python -m pytest tests/k8s -k sweep_base"
+    )
     assert all("namespace" not in o["metadata"] for o in objs)
 
 
@@ -239,7 +241,9 @@ def test_no_namespace_leaves_it_out():
     assert "namespace" not in cm["metadata"] and "namespace" not in rj["metadata"]
 
 
-@pytest.mark.parametrize(("image", "namespace"), [("", "critbatch"), ("a b", "critbatch"), (IMAGE, "Bad_NS"), (IMAGE, "x" * 64)])
+@pytest.mark.parametrize(
+    ("image", "namespace"), [("", "critbatch"), ("a b", "critbatch"), (IMAGE, "Bad_NS"), (IMAGE, "x" * 64)]
+)
 def test_bad_image_or_namespace_is_invalid_input(image, namespace):
     with pytest.raises(InvalidInput):
         render_rayjob(EXAMPLE, EXAMPLE_TEXT, image, namespace)
@@ -266,14 +270,19 @@ def test_cli_prints_the_rendered_manifests(cli):
 def test_cli_defaults_to_the_critbatch_namespace_and_can_leave_it_out(cli):
     default = [d for d in yaml.safe_load_all(cli(EXAMPLE_SPEC).stdout) if d]
     assert {d["metadata"]["namespace"] for d in default} == {"critbatch"}
-    assert default[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].startswith("critbatch:")
+    assert default[1]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0][
+        "image"
+    ].startswith("critbatch:")
     bare = [d for d in yaml.safe_load_all(cli(EXAMPLE_SPEC, "--namespace", "").stdout) if d]
     assert all("namespace" not in d["metadata"] for d in bare)
 
 
 def test_cli_invalid_spec_exits_2_naming_the_fields(cli, tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: x\ndata: {path: a.txt}\nbudget_tokens: 100\nsearch: {batch_sizes_sequences: [0], base_lr: 1, base_batch_size_sequences: 1}\n")
+    bad.write_text(
+        "name: x\ndata: {path: a.txt}\nbudget_tokens: 100\n"
+        "search: {batch_sizes_sequences: [0], base_lr: 1, base_batch_size_sequences: 1}\n"
+    )
     result = cli(bad)
     assert result.exit_code == 2
     assert "search.batch_sizes_sequences.0" in result.stderr

@@ -20,134 +20,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
+from svc_fakes import FakeReader, FakeRayJobs, fake_run
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TOKEN = "test-token-0123456789abcdef"
 
 
-# ---- fakes ---------------------------------------------------------------------------------------
-
-
-class FakeRayJobs:
-    """The subset of ``JobSubmissionClient`` that ``SweepJobs`` uses, in memory."""
-
-    def __init__(self) -> None:
-        from ray.job_submission import JobStatus
-
-        self.JobStatus = JobStatus
-        self.jobs: dict[str, SimpleNamespace] = {}
-        self.submitted: list[dict[str, Any]] = []
-        self.logs: dict[str, str] = {}
-        self.stop_calls: list[str] = []
-        self.clock = 1_700_000_000_000
-
-    def add(self, sweep_id: str, status: str = "RUNNING", *, metadata: dict[str, str] | None = None,
-            message: str | None = None, exit_code: int | None = None) -> SimpleNamespace:
-        self.clock += 1000
-        md = {"critbatch.sweep_id": sweep_id, "critbatch.name": sweep_id, "critbatch.experiment": "exp",
-              "critbatch.tracking_uri": "http://mlflow.invalid", "critbatch.trials_planned": "2",
-              "critbatch.fingerprint": "f" * 10}
-        md.update(metadata or {})
-        job = SimpleNamespace(
-            submission_id=sweep_id, status=self.JobStatus(status), metadata=md, message=message,
-            start_time=self.clock, end_time=None, driver_exit_code=exit_code, entrypoint="",
-        )
-        self.jobs[sweep_id] = job
-        return job
-
-    def _missing(self, job_id: str) -> RuntimeError:
-        return RuntimeError(f"Request failed with status code 404: Job {job_id} does not exist.")
-
-    def get_job_info(self, job_id: str) -> SimpleNamespace:
-        if job_id not in self.jobs:
-            raise self._missing(job_id)
-        return self.jobs[job_id]
-
-    def submit_job(self, *, entrypoint: str, submission_id: str, runtime_env: dict, metadata: dict) -> str:
-        if submission_id in self.jobs:
-            raise RuntimeError(f"Request failed with status code 500: Job with submission_id {submission_id} already exists.")
-        self.submitted.append(dict(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
-                                   metadata=metadata, files=sorted(
-                                       str(p.relative_to(runtime_env["working_dir"]))
-                                       for p in Path(runtime_env["working_dir"]).rglob("*") if p.is_file())))
-        job = self.add(submission_id, "PENDING", metadata=metadata)
-        job.entrypoint = entrypoint
-        return submission_id
-
-    def list_jobs(self) -> list[SimpleNamespace]:
-        return list(self.jobs.values()) + [
-            SimpleNamespace(submission_id="not-a-sweep", status=self.JobStatus("RUNNING"), metadata={},
-                            message=None, start_time=1, end_time=None, driver_exit_code=None)
-        ]
-
-    def get_job_logs(self, job_id: str) -> str:
-        if job_id not in self.jobs:
-            raise self._missing(job_id)
-        return self.logs.get(job_id, "")
-
-    def stop_job(self, job_id: str) -> bool:
-        if job_id not in self.jobs:
-            raise self._missing(job_id)
-        self.stop_calls.append(job_id)
-        job = self.jobs[job_id]
-        if job.status.is_terminal():
-            return False
-        job.status = self.JobStatus("STOPPED")
-        return True
-
-
-def fake_run(run_id: str, *, role: str, sweep_id: str, status: str = "RUNNING", tag_status: str = "RUNNING",
-             metrics: dict[str, float] | None = None, params: dict[str, str] | None = None,
-             tags: dict[str, str] | None = None, experiment_id: str = "1") -> SimpleNamespace:
-    all_tags = {"critbatch.sweep_id": sweep_id, "critbatch.role": role, "critbatch.status": tag_status,
-                "critbatch.trial_id": run_id if role == "trial" else ""}
-    all_tags.update(tags or {})
-    return SimpleNamespace(
-        info=SimpleNamespace(run_id=run_id, status=status, experiment_id=experiment_id),
-        data=SimpleNamespace(tags=all_tags, params=params or {}, metrics=metrics or {}),
-    )
-
-
-class FakeReader:
-    """The subset of ``sweeps.jobs._MlflowReader`` that ``SweepJobs`` uses, over in-memory runs."""
-
-    def __init__(self) -> None:
-        self.parents: dict[str, SimpleNamespace] = {}
-        self.trial_runs: dict[str, list[SimpleNamespace]] = {}
-        self.artifacts: dict[str, Any] = {}
-        self.closed: list[str] = []
-        self.fail_with: Exception | None = None
-
-    def __call__(self, uri: str) -> "FakeReader":
-        if self.fail_with is not None:
-            raise self.fail_with
-        return self
-
-    def experiment_ids(self, name: str | None) -> list[str]:
-        return ["1"]
-
-    def parent(self, sweep_id: str, exp_ids: list[str]) -> SimpleNamespace | None:
-        return self.parents.get(sweep_id)
-
-    def trials(self, sweep_id: str, exp_ids: list[str]) -> list[SimpleNamespace]:
-        return list(self.trial_runs.get(sweep_id, []))
-
-    def close_orphans(self, parent, trials, sweep_status: str) -> int:
-        for r in [*trials, parent]:
-            if r is not None and r.info.status == "RUNNING":
-                r.info.status = "KILLED"
-                if r.data.tags.get("critbatch.status") == "RUNNING":
-                    r.data.tags["critbatch.status"] = sweep_status if r.data.tags["critbatch.role"] == "sweep" else "STOPPED"
-                self.closed.append(r.info.run_id)
-        return len(self.closed)
-
-    def load_json_artifact(self, run_id: str, path: str) -> Any:
-        return self.artifacts.get(run_id)
+# ---- fakes (defined in svc_fakes.py) -----------------------------------------------------------
 
 
 @pytest.fixture

@@ -211,3 +211,18 @@ def test_explicit_address_wins_over_ray_address_env(monkeypatch):
     jobs_mod._make_client("http://mine:8265", None)
     assert seen == {"address": "http://mine:8265", "env": None}
     assert os.environ["RAY_ADDRESS"] == "http://other:8265"
+
+
+def test_job_tracking_uri_precedence():
+    """flag > a server named in the spec > the environment's server > the spec's file store."""
+    from sweeps.jobs import resolve_job_tracking_uri
+
+    file_spec = tiny()  # sqlite:///mlflow.db: a file on the cluster node
+    no_uri = tiny(tracking={})
+    server_spec = tiny(tracking={"uri": "http://team-mlflow:5000"})
+    assert resolve_job_tracking_uri(file_spec, "http://flag:1", "http://env:2") == "http://flag:1"
+    assert resolve_job_tracking_uri(server_spec, None, "http://env:2") == "http://team-mlflow:5000"
+    assert resolve_job_tracking_uri(file_spec, None, "http://env:2") == "http://env:2"
+    assert resolve_job_tracking_uri(file_spec, None, None) == "sqlite:///mlflow.db"
+    assert resolve_job_tracking_uri(no_uri, None, "http://env:2") == "http://env:2"
+    assert resolve_job_tracking_uri(no_uri, None, None) == "sqlite:///mlflow.db"

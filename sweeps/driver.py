@@ -1,0 +1,429 @@
+"""Run (or resume) a sweep: Ray, the Tune + Optuna search, MLflow runs, analysis and report.
+
+Order of events, so that bad input leaves nothing behind: validate the spec and the data; refuse
+an output folder of another sweep; connect Ray and check the trial bundle fits the cluster; only
+then create the output folder, the MLflow parent run and the Optuna storage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
+from sweeps.preflight import check_data_files, check_output_folder, plan_resources, resolve_data_path
+from sweeps.spec import SweepSpec, parse_spec
+
+__all__ = ["run_sweep", "resume_sweep", "resolve_tracking_uri", "collect_records", "DEFAULT_TRACKING_URI"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+#: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
+HEALTH_CHECK_INTERVAL_S = "0.1"
+_SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def resolve_tracking_uri(spec: SweepSpec, flag: str | None) -> str:
+    """``--tracking-uri`` flag, else the spec's ``tracking.uri``, else ``MLFLOW_TRACKING_URI``, else
+    ``sqlite:///mlflow.db``. A relative ``sqlite:///`` path is made absolute (workers and the
+    MLflow UI then agree on the file)."""
+    uri = flag or spec.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    elif "://" not in uri:
+        uri = str(Path(uri).resolve())
+    return uri
+
+
+def _init_ray(address: str | None, spec: SweepSpec) -> bool:
+    """Connect to a cluster (``address`` or ``RAY_ADDRESS``) or start one in-process.
+
+    Returns True if this call started Ray (and so must shut it down).
+    """
+    import ray
+
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false"}
+    os.environ.update(env)
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": env}
+    addr = address or os.environ.get("RAY_ADDRESS")
+    if addr:
+        ray.init(address=addr, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+        return True
+    # Local: the trials' Tune drivers mostly wait on their Train workers, so one extra logical CPU
+    # lets `max_concurrent_trials` workers use every core (ray-notes.md: a trainable needs a
+    # non-empty resource request of its own).
+    cpus = os.cpu_count() or 1
+    extra = 1 if spec.resources.trial_driver_cpus * spec.resources.max_concurrent_trials <= 1 else int(
+        -(-spec.resources.trial_driver_cpus * spec.resources.max_concurrent_trials // 1))
+    ray.init(num_cpus=cpus + extra, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+             logging_level=logging.WARNING, configure_logging=True)
+    return True
+
+
+def _cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    largest: dict[str, float] = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        if res.get("CPU", 0) >= largest.get("CPU", 0):
+            largest = {k: float(v) for k, v in res.items()}
+    return total, largest
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float):
+        return None
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def _finite(o: Any) -> Any:
+    """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
+    import math
+
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
+def run_sweep(
+    spec: SweepSpec,
+    output: Path,
+    *,
+    tracking_uri: str | None = None,
+    sweep_id: str | None = None,
+    ray_address: str | None = None,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run a whole sweep and write ``OUT/cbs.json`` and ``OUT/report.html``.
+
+    Returns:
+        ``{"ok", "status", "sweep_id", "cbs", "output", "message"}``; ``ok`` is False when the sweep
+        FAILED (no trial completed, or the analysis could not run) or was STOPPED.
+
+    Raises:
+        InvalidInput: bad data, an output folder of another sweep, a bad sweep id, resources that
+            cannot fit the cluster. Nothing was created.
+        CritbatchError: MLflow unreachable when the sweep starts.
+    """
+    check_data_files(spec)
+    output = Path(output).expanduser().resolve()
+    check_output_folder(output)
+    sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not _SWEEP_ID.fullmatch(sweep_id):
+        raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
+    uri = resolve_tracking_uri(spec, tracking_uri)
+
+    started_ray = _init_ray(ray_address, spec)
+    try:
+        total, largest = _cluster_shape()
+        plan = plan_resources(spec, total, largest)
+        if plan.warning:
+            log.warning(plan.warning)
+        created = not output.exists()
+        output.mkdir(parents=True, exist_ok=True)
+        from mlflow.tracking import MlflowClient
+
+        from sweeps.tracking import Tracker, configure_mlflow_env
+
+        configure_mlflow_env()
+        tracker = Tracker(MlflowClient(uri), spec, sweep_id)
+        try:
+            tracker.start_parent()
+        except Exception as exc:  # noqa: BLE001
+            if created:
+                shutil.rmtree(output, ignore_errors=True)
+            raise CritbatchError(f"cannot create the sweep's MLflow run at {uri}: {exc}") from None
+        state = {
+            "sweep_id": sweep_id,
+            "tracking_uri": uri,
+            "experiment_id": tracker.experiment_id,
+            "parent_run_id": tracker.parent_run_id,
+            "data_path": resolve_data_path(spec),
+            "ray_address": ray_address,
+            "status": "RUNNING",
+            "created": time.time(),
+        }
+        (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        _write_json(output / "sweep.json", state)
+        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=False)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept).
+
+    Unfinished trials continue from their last checkpoint; finished ones are not rerun.
+
+    Raises:
+        InvalidInput: ``OUT`` holds no sweep, or its spec no longer validates.
+    """
+    output = Path(output).expanduser().resolve()
+    check_output_folder(output, resuming=True)
+    state = json.loads((output / "sweep.json").read_text())
+    spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+    if state.get("status") in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
+        raise InvalidInput(f"sweep '{state['sweep_id']}' in {output} already finished ({state['status']})")
+    started_ray = _init_ray(ray_address or state.get("ray_address"), spec)
+    try:
+        total, largest = _cluster_shape()
+        plan = plan_resources(spec, total, largest)
+        from mlflow.tracking import MlflowClient
+
+        from sweeps.tracking import Tracker, configure_mlflow_env
+
+        configure_mlflow_env()
+        tracker = Tracker(MlflowClient(state["tracking_uri"]), spec, state["sweep_id"])
+        tracker.attach_parent(state["experiment_id"], state["parent_run_id"])
+        state["status"] = "RUNNING"
+        _write_json(output / "sweep.json", state)
+        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=True)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _execute_guarded(spec, output, tracker, state, concurrency, show_progress, *, resume):
+    """:func:`_execute`, ending every MLflow run as FAILED if the sweep machinery itself crashes."""
+    try:
+        return _execute(spec, output, tracker, state, concurrency, show_progress, resume=resume)
+    except Exception as exc:
+        log.exception("sweep crashed")
+        tracker.finish("FAILED", {}, None, message=f"sweep crashed: {exc}")
+        state["status"] = "FAILED"
+        _write_json(output / "sweep.json", state)
+        raise SweepFailed(f"sweep crashed: {exc}") from exc
+
+
+def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: int, show_progress: bool,
+             *, resume: bool) -> dict[str, Any]:
+    from ray import tune
+
+    from sweeps.progress import ProgressCallback
+    from sweeps.search import BatchSizeSearcher
+    from sweeps.tracking import MlflowTrialCallback
+    from sweeps.trainable import batch_plan_params, make_trainable
+
+    trainable = make_trainable(spec, data_path=state["data_path"], storage_path=str(output / "train"))
+    progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
+    mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: batch_plan_params(spec, int(cfg["batch_size_sequences"])))
+    callbacks = [mlflow_cb, progress]
+    scheduler = _scheduler(spec)
+    stop_flag = {"stopped": False}
+
+    def on_term(signum, frame):  # Ray Jobs' stop sends SIGTERM
+        stop_flag["stopped"] = True
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    grid = None
+    try:
+        if resume:
+            tuner = tune.Tuner.restore(str(output / "tune"), trainable=trainable, resume_unfinished=True,
+                                       resume_errored=True)
+            tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
+        else:
+            searcher = BatchSizeSearcher(spec, storage_url=f"sqlite:///{output / 'optuna.db'}", study_prefix=state["sweep_id"])
+            tuner = tune.Tuner(
+                trainable,
+                tune_config=tune.TuneConfig(
+                    search_alg=searcher,
+                    scheduler=scheduler,
+                    num_samples=spec.n_trials,
+                    max_concurrent_trials=concurrency,
+                    reuse_actors=True,
+                    time_budget_s=spec.budget.wall_clock_s,
+                ),
+                run_config=tune.RunConfig(name="tune", storage_path=str(output), callbacks=callbacks, verbose=0,
+                                          failure_config=tune.FailureConfig(max_failures=0)),
+            )
+        grid = tuner.fit()
+    except KeyboardInterrupt:
+        stop_flag["stopped"] = True
+    finally:
+        progress.close()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+    records = collect_records(output, spec)
+    return _finish(spec, output, tracker, state, records, stopped=stop_flag["stopped"])
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _scheduler(spec: SweepSpec):
+    if not spec.pruning.enabled:
+        return None
+    from sweeps.scheduler import EqualComputeScheduler
+
+    return EqualComputeScheduler.from_spec(spec)
+
+
+def collect_records(output: Path, spec: SweepSpec) -> list:
+    """Every trial's config, status and milestone curve, read from the Tune experiment folder.
+
+    Reads ``OUT/tune/*/result.json`` (one JSON line per report) and ``params.json``, so that it works
+    the same after a resume as after an uninterrupted run.
+    """
+    from sweeps.analysis import TrialRecord
+
+    records = []
+    tune_dir = output / "tune"
+    if not tune_dir.is_dir():
+        return records
+    for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
+        params_file, result_file = d / "params.json", d / "result.json"
+        if not params_file.is_file():
+            continue
+        cfg = json.loads(params_file.read_text())
+        rows = []
+        if result_file.is_file():
+            for line in result_file.read_text().splitlines():
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:
+                        continue
+        trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else d.name.split("_")[1] if "_" in d.name else d.name
+        # keep one row per tokens value (a restarted worker group may report a milestone twice)
+        by_tokens: dict[int, dict] = {}
+        for r in rows:
+            if "tokens_seen" in r:
+                by_tokens[int(r["tokens_seen"])] = r
+        curve = [by_tokens[k] for k in sorted(by_tokens)]
+        last = curve[-1] if curve else {}
+        has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
+        if last.get("pruned"):
+            status = "PRUNED"
+        elif last.get("status") == "diverged":
+            status = "DIVERGED"
+        elif last.get("done") and not has_error:
+            status = "COMPLETED"
+        elif has_error:
+            status = "FAILED"
+        else:
+            status = "STOPPED"
+        hp = {k: cfg.get(k) for k in ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")}
+        records.append(TrialRecord(
+            trial_id=trial_id,
+            batch_size_sequences=int(cfg["batch_size_sequences"]),
+            seed=int(cfg["seed"]),
+            group_id=str(cfg.get("group_id", trial_id)),
+            status=status,
+            hyperparameters=hp,
+            tokens=[float(r["tokens_seen"]) for r in curve],
+            val_loss=[float(r["val_loss"]) if r.get("val_loss") is not None else float("nan") for r in curve],
+            flops=[float(r.get("flops", 0.0)) for r in curve],
+            b_simple=[r.get("b_simple") for r in curve],
+        ))
+    return records
+
+
+def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool) -> dict[str, Any]:
+    from sweeps.analysis import analyze_trials
+    from sweeps.report import write_report
+    from workloads.data import tokenizer_vocab_size
+    from workloads.flops import flops_per_token
+    from workloads.model import ModelConfig, _hf_config, shape_of
+
+    c_tok = None
+    if spec.workload == "pretrain":
+        vocab = tokenizer_vocab_size(spec.data.tokenizer)
+        m = spec.model
+        hf = _hf_config(ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+                                    d_ff=m.d_ff_resolved, context_length_tokens=m.context_length_tokens, vocab_size=vocab))
+        c_tok = flops_per_token(shape_of(hf, m.context_length_tokens))
+    reference = float(spec.search.base_batch_size_sequences)
+    try:
+        analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
+                                  reference_batch=reference, flops_per_token=c_tok, targets=spec.targets)
+        analysis_error = None
+    except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
+        log.exception("analysis failed")
+        analysis = {"status": "analysis_failed", "message": f"analysis failed: {exc}", "b_crit": None}
+        analysis_error = str(exc)
+    analysis["sweep_id"] = state["sweep_id"]
+    analysis["flops_per_token"] = c_tok
+    analysis["trials_planned"] = spec.n_trials
+    analysis["mlflow"] = {"tracking_uri": state["tracking_uri"], "experiment_id": state["experiment_id"],
+                          "parent_run_id": state["parent_run_id"],
+                          "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}
+    analysis = _finite(analysis)
+    _write_json(output / "trials.json", _finite([r.to_dict() for r in records]))
+    _write_json(output / "cbs.json", analysis)
+    try:
+        write_report(output, analysis, records, spec)
+    except Exception:  # noqa: BLE001
+        log.exception("report failed")
+    counts = analysis.get("trials", {})
+    if stopped:
+        status, message = "STOPPED", "the sweep was stopped before all trials finished"
+    elif analysis_error is not None:
+        status, message = "FAILED", analysis["message"]
+    elif not counts.get("COMPLETED"):
+        status, message = "FAILED", "no trial completed (every trial failed or diverged)"
+    else:
+        status, message = "SUCCEEDED", analysis.get("message", "")
+    summary = {k: analysis.get(k) for k in ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")}
+    summary.update({f"trials_{k.lower()}": v for k, v in counts.items()})
+    artifacts = output / "_artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir()
+    for name in ("cbs.json", "report.html", "trials.json", "spec.yaml"):
+        if (output / name).is_file():
+            shutil.copy(output / name, artifacts / name)
+    if (output / "plots").is_dir():
+        shutil.copytree(output / "plots", artifacts / "plots")
+    complete = tracker.finish(status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts),
+                              message=message)
+    shutil.rmtree(artifacts, ignore_errors=True)
+    state["status"] = status
+    state["mlflow_complete"] = complete
+    if not complete:
+        state["mlflow_incomplete_writes"] = [w for w, _ in tracker.outbox.pending]
+        log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
+    _write_json(output / "sweep.json", state)
+    return {"ok": status == "SUCCEEDED", "status": status, "sweep_id": state["sweep_id"], "cbs": analysis,
+            "output": str(output), "message": message}

@@ -1,0 +1,140 @@
+"""Checks made before anything starts: data files, output folder, cluster resources.
+
+Each failure is an :class:`~sweeps.errors.InvalidInput` naming what is wrong, so the CLI exits 2
+with nothing created (no output folder, no MLflow run, no Ray job).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweeps.errors import InvalidInput
+from sweeps.spec import SweepSpec
+
+__all__ = ["check_data_files", "check_output_folder", "ResourcePlan", "plan_resources", "resolve_data_path"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_data_path(spec: SweepSpec) -> str:
+    """The spec's data path made absolute (relative paths resolve from the working directory).
+
+    URIs (``s3://``, ``gs://``...) are returned unchanged.
+    """
+    p = spec.data.path
+    if "://" in p:
+        return p
+    return str(Path(p).expanduser().resolve())
+
+
+def check_data_files(spec: SweepSpec) -> None:
+    """Check the corpus (and tokenizer, checkpoint) exist and are big enough for the spec.
+
+    Raises:
+        InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
+            training window and one validation window of ``context_length_tokens``.
+    """
+    from workloads.data import DataError, load_corpus
+
+    path = resolve_data_path(spec)
+    if "://" in path:
+        return  # read by the workers; checked there
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInput(f"data.path: file not found: {spec.data.path} (resolved to {path})")
+    if p.stat().st_size == 0:
+        raise InvalidInput(f"data.path: {spec.data.path} is empty")
+    if spec.data.tokenizer != "byte" and not Path(spec.data.tokenizer).is_dir():
+        raise InvalidInput(f"data.tokenizer: not 'byte' and not a local tokenizer directory: {spec.data.tokenizer}")
+    if spec.workload == "finetune":
+        from workloads.finetune_data import check_finetune_inputs
+
+        check_finetune_inputs(spec)
+        return
+    try:
+        corpus = load_corpus(path, spec.data.tokenizer, spec.data.validation_fraction, spec.model.context_length_tokens)
+    except DataError as exc:
+        raise InvalidInput(f"data.path: {exc}") from None
+    if len(corpus.val_ids) < spec.eval.eval_tokens // 4:
+        log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", len(corpus.val_ids), spec.eval.eval_tokens)
+
+
+def check_output_folder(output: Path, *, resuming: bool = False) -> None:
+    """Refuse an output folder that holds another sweep (unless resuming it).
+
+    Raises:
+        InvalidInput: ``OUT/sweep.json`` exists and we are not resuming, or is missing when resuming.
+    """
+    marker = output / "sweep.json"
+    if resuming:
+        if not marker.is_file():
+            raise InvalidInput(f"{output} holds no sweep to resume (no sweep.json)")
+        return
+    if output.exists() and not output.is_dir():
+        raise InvalidInput(f"--output {output} exists and is not a folder")
+    if marker.is_file():
+        try:
+            other = json.loads(marker.read_text()).get("sweep_id", "?")
+        except (OSError, ValueError):
+            other = "?"
+        raise InvalidInput(
+            f"--output {output} already holds sweep '{other}': use `critbatch resume {output}` to continue it, "
+            "or choose another folder"
+        )
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """How many trials run at once, and what one trial takes."""
+
+    bundle_cpus: float
+    bundle_gpus: float
+    concurrency: int
+    warning: str | None = None
+
+
+def plan_resources(spec: SweepSpec, cluster: dict[str, float], largest_node: dict[str, float]) -> ResourcePlan:
+    """Fit the trial bundle (workers x per-worker resources + the trial's Tune driver) to the cluster.
+
+    Args:
+        cluster: total resources (``ray.cluster_resources()``).
+        largest_node: resources of the biggest node (one worker must fit on one node).
+
+    Returns:
+        the plan; concurrency lowered (with a warning) when the requested one does not fit.
+
+    Raises:
+        InvalidInput: one worker does not fit on any node, or one whole trial does not fit the
+            cluster (the trial would stay PENDING forever).
+    """
+    r = spec.resources
+    w_cpu, w_gpu = r.cpus_per_worker, r.gpus_per_worker
+    if w_cpu > largest_node.get("CPU", 0) + 1e-9 or w_gpu > largest_node.get("GPU", 0) + 1e-9:
+        raise InvalidInput(
+            f"resources: one worker needs {w_cpu:g} CPU and {w_gpu:g} GPU, but the largest node has "
+            f"{largest_node.get('CPU', 0):g} CPU and {largest_node.get('GPU', 0):g} GPU"
+        )
+    cpus = r.workers_per_trial * w_cpu + r.trial_driver_cpus
+    gpus = r.workers_per_trial * w_gpu
+    tot_cpu, tot_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if cpus > tot_cpu + 1e-9 or gpus > tot_gpu + 1e-9:
+        raise InvalidInput(
+            f"resources: one trial needs {cpus:g} CPU and {gpus:g} GPU "
+            f"({r.workers_per_trial} worker(s) x {w_cpu:g} CPU/{w_gpu:g} GPU + {r.trial_driver_cpus:g} CPU for its driver), "
+            f"but the cluster has {tot_cpu:g} CPU and {tot_gpu:g} GPU"
+        )
+    fit = int(math.floor(tot_cpu / cpus + 1e-9))
+    if gpus > 0:
+        fit = min(fit, int(math.floor(tot_gpu / gpus + 1e-9)))
+    conc = min(r.max_concurrent_trials, max(fit, 1))
+    warning = None
+    if conc < r.max_concurrent_trials:
+        warning = (
+            f"resources.max_concurrent_trials={r.max_concurrent_trials} does not fit the cluster "
+            f"({tot_cpu:g} CPU, {tot_gpu:g} GPU; {cpus:g} CPU and {gpus:g} GPU per trial): running {conc} at a time"
+        )
+    return ResourcePlan(bundle_cpus=cpus, bundle_gpus=gpus, concurrency=conc, warning=warning)

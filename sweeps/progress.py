@@ -1,0 +1,130 @@
+"""Live progress of a sweep: trials done/running/failed, best loss so far per batch size, ETA."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+from ray.tune import Callback
+
+__all__ = ["ProgressCallback"]
+
+
+class ProgressCallback(Callback):
+    """A Tune callback that renders a rich table, refreshed on every trial event.
+
+    The ETA is the mean wall time of finished trials times the trials left, divided by the
+    concurrency (before any trial finished: unknown).
+    """
+
+    def __init__(self, n_trials: int, batch_sizes: list[int], concurrency: int, console: Console | None = None,
+                 enabled: bool = True):
+        self.n_trials = n_trials
+        self.batch_sizes = batch_sizes
+        self.concurrency = max(1, concurrency)
+        self.console = console or Console(stderr=True)
+        self.enabled = enabled
+        self.started: dict[str, float] = {}
+        self.durations: list[float] = []
+        self.status: dict[str, str] = {}
+        self.best: dict[int, float] = {}
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.t0 = time.monotonic()
+        self._live: Live | None = None
+        self._last_plain = 0.0
+
+    def __getstate__(self):  # Tune pickles its run config; consoles are not picklable
+        d = self.__dict__.copy()
+        d["console"] = None
+        d["_live"] = None
+        d["enabled"] = False
+        return d
+
+    def counts(self) -> dict[str, int]:
+        c = {"done": 0, "running": 0, "failed": 0, "diverged": 0}
+        for s in self.status.values():
+            if s in c:
+                c[s] += 1
+        return c
+
+    def eta_s(self) -> float | None:
+        c = self.counts()
+        left = self.n_trials - c["done"] - c["failed"] - c["diverged"]
+        if not self.durations:
+            return None
+        return max(0.0, left * (sum(self.durations) / len(self.durations)) / self.concurrency)
+
+    def render(self) -> Group:
+        c = self.counts()
+        eta = self.eta_s()
+        eta_txt = "?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s"
+        head = Text(
+            f"trials {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
+            f"{c['diverged']} diverged   elapsed {int(time.monotonic() - self.t0)}s   ETA {eta_txt}"
+        )
+        table = Table(show_header=True, header_style="bold", box=None)
+        table.add_column("batch (seq)", justify="right")
+        table.add_column("best val loss", justify="right")
+        table.add_column("running", justify="right")
+        for b in self.batch_sizes:
+            running = sum(1 for tid, s in self.status.items() if s == "running" and self.latest.get(tid, {}).get("B") == b)
+            best = self.best.get(b)
+            table.add_row(str(b), "-" if best is None else f"{best:.4f}", str(running) if running else "")
+        return Group(head, table)
+
+    def _refresh(self) -> None:
+        if not self.enabled:
+            return
+        if self.console.is_terminal:
+            if self._live is None:
+                self._live = Live(self.render(), console=self.console, refresh_per_second=2, transient=False)
+                self._live.start()
+            else:
+                self._live.update(self.render())
+        elif time.monotonic() - self._last_plain > 10:
+            self._last_plain = time.monotonic()
+            c = self.counts()
+            self.console.print(
+                f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
+                f"{c['diverged']} diverged; best: "
+                + ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best)),
+                highlight=False,
+            )
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started[trial.trial_id] = time.monotonic()
+        self.status[trial.trial_id] = "running"
+        self.latest[trial.trial_id] = {"B": trial.config.get("batch_size_sequences")}
+        self._refresh()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        b = trial.config.get("batch_size_sequences")
+        v = result.get("val_loss")
+        if b is not None and isinstance(v, (int, float)) and math.isfinite(v):
+            self.best[b] = min(self.best.get(b, math.inf), float(v))
+        self._refresh()
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        last = trial.last_result or {}
+        self.status[trial.trial_id] = "diverged" if last.get("status") == "diverged" else "done"
+        self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
+        self._refresh()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.status[trial.trial_id] = "failed"
+        self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
+        self._refresh()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.update(self.render())
+            self._live.stop()
+            self._live = None
+        elif self.enabled:
+            self._last_plain = 0
+            self._refresh()
