@@ -248,7 +248,7 @@ def _best_groups(trials: list[TrialRecord]) -> dict[int, list[TrialRecord]]:
 def choose_targets(best: dict[int, list[TrialRecord]], n_targets: int = 4) -> list[float]:
     """Target losses reached by most batch sizes, above every curve's first milestone.
 
-    The lowest target is the loss reached by at least ``max(3, ceil(n/2))`` batch sizes (their best
+    The lowest target is the loss reached by at least ``max(3, ceil(0.7 n))`` batch sizes (their best
     curve, mean over seeds); the others are spaced evenly up to halfway to the highest loss any
     best curve shows at its first milestone. Returned in decreasing order.
     """
@@ -259,7 +259,7 @@ def choose_targets(best: dict[int, list[TrialRecord]], n_targets: int = 4) -> li
         curve = np.nanmean(np.array([t.val_loss for t in ts], dtype=float), axis=0)
         mins.append(float(np.nanmin(curve)))
         firsts.append(float(curve[0]))
-    n_min = min(len(mins), max(3, math.ceil(len(mins) / 2)))
+    n_min = min(len(mins), max(3, math.ceil(0.7 * len(mins))))
     lo = sorted(mins)[n_min - 1] + 1e-4
     hi = min(firsts) - 1e-4
     if hi <= lo:
@@ -351,7 +351,9 @@ def analyze_trials(
         entry = {"target_loss": target, **analyze_points(bs, ss, reference_batch, n_boot=n_boot)}
         entry["points"] = [{"batch_size_sequences": b, "steps_to_target": s} for b, s in zip(bs, ss)]
         per_target.append(entry)
-    primary = per_target[-1]
+    # the headline: the lowest target whose knee is identified, else the lowest target
+    primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
+                   next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
     result["targets"] = [
         {k: e.get(k) for k in ("target_loss", "b_crit", "b_crit_ci", "cbs_20", "s_min", "e_min", "status", "n_points", "message")}
         | {"points": e["points"]}

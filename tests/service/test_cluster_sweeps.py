@@ -1,0 +1,197 @@
+"""End to end on a real local Ray cluster and a real MLflow server, through the CLI and the REST service.
+
+Four tiny sweeps are submitted up front so that they overlap on the 2-CPU cluster:
+
+* ``cli``:  ``critbatch submit`` -> followed with ``critbatch status --wait`` to SUCCEEDED;
+* ``rest``: ``POST /v1/sweeps`` -> followed with ``GET /v1/sweeps/{id}`` to SUCCEEDED, then its report;
+* ``stop``: a longer sweep, stopped with ``DELETE`` once a trial runs -> STOPPED, no RUNNING MLflow run;
+* ``fail``: every trial raises (a batch warmup that shrinks the batch to 0 sequences) -> FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789abcdef"  # conftest.TOKEN: the live service's token
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TIMEOUT_S = 420
+
+
+def tiny(name: str, **over) -> dict:
+    spec = {
+        "name": name,
+        "model": {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+        "data": {"path": "data/tinyshakespeare/input.txt"},
+        "budget_tokens": 8192,
+        "schedule": {"warmup_tokens": 1024, "ema_half_life_tokens": 1024},
+        "eval": {"milestones": 4, "eval_tokens": 1024},
+        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4,
+                   "trials_per_batch_size": 1},
+        "resources": {"workers_per_trial": 1, "cpus_per_worker": 0.5, "max_concurrent_trials": 1, "max_failures": 0},
+    }
+    spec.update(over)
+    return spec
+
+
+def critbatch(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sweeps.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def mlflow_runs(tracking_uri: str, sweep_id: str) -> list:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(tracking_uri)
+    exps = [e.experiment_id for e in c.search_experiments()]
+    return list(c.search_runs(exps, filter_string=f"tags.`critbatch.sweep_id` = '{sweep_id}'", max_results=1000))
+
+
+def wait_rest(url: str, sweep_id: str, until, timeout_s: float = TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = httpx.get(f"{url}/v1/sweeps/{sweep_id}", headers=AUTH, timeout=60).json()
+        if until(body) or time.monotonic() > deadline:
+            return body
+        time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def sweeps(cluster_env, service_url, tmp_path_factory) -> dict:
+    """Submit the four sweeps (stop first: it must reach a running trial early); return their ids."""
+    tmp = tmp_path_factory.mktemp("specs")
+    ids: dict[str, str] = {}
+
+    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/yaml"},
+                   content=yaml.safe_dump(tiny("svc-stop", budget_tokens=1_048_576)), timeout=120)
+    assert r.status_code == 201, r.text
+    ids["stop"] = r.json()["id"]
+
+    cli_spec = tmp / "cli.yaml"
+    cli_spec.write_text(yaml.safe_dump(tiny("svc-cli")))
+    p = critbatch(cluster_env, "submit", str(cli_spec))
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids["cli"] = p.stdout.split("submitted sweep ", 1)[1].split()[0]
+    ids["cli_spec"] = str(cli_spec)
+
+    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
+                   content=json.dumps(tiny("svc-rest")), params={"sweep_id": "svc-rest-1"}, timeout=120)
+    assert r.status_code == 201, r.text
+    ids["rest"] = r.json()["id"]
+    assert ids["rest"] == "svc-rest-1" and r.json()["status"] == "PENDING"
+
+    fail_spec = tmp / "fail.yaml"
+    # every trial raises in its worker: the warmup's first phase is 4*1//16 = 0 sequences
+    fail_spec.write_text(yaml.safe_dump(tiny("svc-fail", batch_warmup={"schedule": [[0, 1], [2048, 16]]})))
+    p = critbatch(cluster_env, "submit", str(fail_spec), "--sweep-id", "svc-fail-1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids["fail"] = "svc-fail-1"
+    return ids
+
+
+def test_a_sweep_is_stopped_mid_run_without_orphan_runs(sweeps, service_url, cluster_env):
+    sid = sweeps["stop"]
+    running = wait_rest(service_url, sid, lambda b: (b.get("trials") or {}).get("running", 0) >= 1 or b["status"] in
+                        ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert running["status"] == "RUNNING" and running["trials"]["running"] >= 1, running
+    r = httpx.delete(f"{service_url}/v1/sweeps/{sid}", headers=AUTH, params={"wait_s": 60}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "STOPPED" and body["stop_sent"] is True and body["trials"]["running"] == 0
+    runs = mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid)
+    assert runs and [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    parent = [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"]
+    assert len(parent) == 1 and parent[0].data.tags["critbatch.status"] == "STOPPED"
+    assert all(r.data.tags.get("critbatch.status") != "RUNNING" for r in runs)
+    # stopping again is harmless
+    again = httpx.delete(f"{service_url}/v1/sweeps/{sid}", headers=AUTH, timeout=60).json()
+    assert again["status"] == "STOPPED" and again["stop_sent"] is False
+
+
+def test_cli_sweep_succeeds_and_resubmitting_starts_no_second_job(sweeps, cluster_env):
+    sid = sweeps["cli"]
+    p = critbatch(cluster_env, "status", sid, "--wait", "--timeout-s", str(TIMEOUT_S), timeout=TIMEOUT_S + 60)
+    logs = critbatch(cluster_env, "logs", sid).stdout
+    assert p.returncode == 0, p.stdout + p.stderr + logs[-3000:]
+    state = json.loads(critbatch(cluster_env, "status", sid, "--json").stdout)
+    assert state["status"] == "SUCCEEDED" and state["ray_status"] == "SUCCEEDED"
+    assert state["trials"]["done"] == 2 and state["trials"]["planned"] == 2 and state["trials"]["running"] == 0
+    assert state["best"]["val_loss"] > 0 and state["best"]["batch_size_sequences"] in (4, 8)
+    assert "svc-cli" in logs
+
+    before = json.loads(critbatch(cluster_env, "list", "--json", "--limit", "100").stdout)["total"]
+    again = critbatch(cluster_env, "submit", sweeps["cli_spec"])
+    assert again.returncode == 0 and "already submitted" in again.stderr
+    after = json.loads(critbatch(cluster_env, "list", "--json", "--limit", "100").stdout)
+    assert after["total"] == before and sid in [s["id"] for s in after["items"]]
+
+
+def test_rest_sweep_succeeds_and_serves_its_report(sweeps, service_url, cluster_env):
+    sid = sweeps["rest"]
+    dup = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
+                     content=json.dumps(tiny("svc-rest")), params={"sweep_id": sid}, timeout=60)
+    assert dup.status_code == 409 and dup.json()["same_spec"] is True
+
+    body = wait_rest(service_url, sid, lambda b: b["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
+    assert body["status"] == "SUCCEEDED", (body, httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH).text[-3000:])
+    assert body["trials"]["done"] == 2 and body["parent_run_id"]
+    rep = httpx.get(f"{service_url}/v1/sweeps/{sid}/report", headers=AUTH, timeout=60)
+    assert rep.status_code == 200, rep.text
+    report = rep.json()
+    assert report["cbs"]["sweep_id"] == sid and "b_crit" in report["cbs"]
+    ml = report["mlflow"]
+    mlflow_url = cluster_env["MLFLOW_TRACKING_URI"]
+    assert ml["parent_run_id"] == body["parent_run_id"] and len(ml["trial_runs"]) == 2
+    assert ml["links"]["parent_run"] == f"{mlflow_url}/#/experiments/{ml['experiment_id']}/runs/{ml['parent_run_id']}"
+    assert ml["links"]["compare_trials"].startswith(f"{mlflow_url}/#/compare-runs?runs=")
+    # the report is the parent run's artifact, as logged by the driver
+    from mlflow import MlflowClient
+
+    names = [a.path for a in MlflowClient(mlflow_url).list_artifacts(ml["parent_run_id"])]
+    assert "cbs.json" in names
+    logs = httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH, params={"tail": 5}, timeout=60)
+    assert logs.status_code == 200 and logs.headers["content-type"].startswith("text/plain")
+    page = httpx.get(f"{service_url}/v1/sweeps", headers=AUTH, params={"limit": 100}, timeout=60).json()
+    assert sid in [s["id"] for s in page["items"]]
+
+
+def test_a_sweep_whose_trials_all_raise_ends_failed(sweeps, cluster_env):
+    sid = sweeps["fail"]
+    p = critbatch(cluster_env, "status", sid, "--wait", "--timeout-s", str(TIMEOUT_S), timeout=TIMEOUT_S + 60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    state = json.loads(critbatch(cluster_env, "status", sid, "--json").stdout)
+    assert state["status"] == "FAILED" and state["reason"], state
+    assert state["trials"]["failed"] == 2 and state["trials"]["done"] == 0, state
+    runs = mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid)
+    assert [r for r in runs if r.info.status == "RUNNING"] == []
+
+
+def test_live_service_refuses_missing_and_wrong_tokens_and_big_bodies(service_url):
+    assert httpx.get(f"{service_url}/healthz").status_code == 200
+    assert httpx.get(f"{service_url}/v1/sweeps").status_code == 401
+    assert httpx.get(f"{service_url}/v1/sweeps", headers={"Authorization": "Bearer wrong-0123456789abc"}).status_code == 401
+    assert httpx.get(f"{service_url}/openapi.json").status_code == 401
+    assert httpx.get(f"{service_url}/openapi.json", headers=AUTH).json()["info"]["title"] == "critbatch"
+    big = b"name: x\n" + b"#" * (10 * 1024 * 1024)
+    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/yaml"}, content=big,
+                   timeout=60)
+    assert r.status_code == 413
+    assert httpx.get(f"{service_url}/v1/sweeps/no-such-sweep", headers=AUTH).status_code == 404
+
+
+def test_serve_refuses_to_start_without_a_token(cluster_env):
+    env = {k: v for k, v in cluster_env.items() if k != "CRITBATCH_API_TOKEN"}
+    p = critbatch(env, "serve", "--host", "127.0.0.1", "--port", "1", timeout=60)
+    assert p.returncode == 2 and "without an API token" in p.stderr
+    p = critbatch(env, "serve", "--host", "0.0.0.0", "--port", "1", "--local-only", timeout=60)
+    assert p.returncode == 2 and "loopback" in p.stderr
