@@ -54,6 +54,8 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
 
     env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false"}
     os.environ.update(env)
+    # Tune snapshots the experiment (trials, searcher) this often: what a killed driver can lose
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if ray.is_initialized():
@@ -416,6 +418,9 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
             shutil.copy(output / name, artifacts / name)
     if (output / "plots").is_dir():
         shutil.copytree(output / "plots", artifacts / "plots")
+    # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
+    # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
+    tracker.prune_children(keep={r.trial_id for r in records})
     complete = tracker.finish(status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts),
                               message=message)
     shutil.rmtree(artifacts, ignore_errors=True)

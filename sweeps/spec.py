@@ -393,7 +393,13 @@ class SweepSpec(_Strict):
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    parts = []
+    for p in loc:
+        if isinstance(p, str) and p.startswith("function-"):
+            continue
+        text = str(p)
+        # keys that would make the dotted path ambiguous are quoted
+        parts.append(text if text and "." not in text and not text.isspace() else repr(text))
     return ".".join(parts) if parts else "<root>"
 
 

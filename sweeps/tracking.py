@@ -245,6 +245,20 @@ class Tracker:
     def log_trial_tag(self, trial_id: str, key: str, value: str) -> None:
         self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), key, value))
 
+    def prune_children(self, keep: set[str]) -> None:
+        """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
+        def prune() -> None:
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'", max_results=10000)
+            for r in runs:
+                tid = r.data.tags.get("critbatch.trial_id")
+                if r.data.tags.get("critbatch.role") == "trial" and tid not in keep:
+                    self.client.delete_run(r.info.run_id)
+                    self.child_runs.pop(tid, None)
+                    self.ended.add(tid)
+
+        self.outbox.put("prune orphan child runs", prune)
+
     # ---- end of sweep -----------------------------------------------------------------------------
 
     def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "") -> bool:

@@ -44,10 +44,14 @@ class Workload(Protocol):
 
     def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(inputs, targets)`` ``[count, T]``; targets use -100 where no loss is taken."""
+        """``(inputs, targets)``: inputs are input ids ``[count, T]`` or a dict of model keyword
+        arguments; targets ``[count, T]`` use -100 where no loss is taken."""
 
     def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The fixed held-out set."""
+
+    def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+        """Tokens actually computed in a micro-batch (padding excluded): the unit of tokens seen and FLOPs."""
 
 
 @dataclass
@@ -80,6 +84,14 @@ def _phase_plans(cfg: TrialConfig, workers: int, min_micro: int) -> list[tuple[i
     return out
 
 
+def _forward(model: torch.nn.Module, inputs, device: torch.device) -> torch.Tensor:
+    """Logits for ``inputs``: a tensor of input ids, or a dict of model keyword arguments
+    (``input_ids`` plus e.g. a 4-D ``attention_mask`` and ``position_ids`` for packed sequences)."""
+    if isinstance(inputs, dict):
+        return model(**{k: v.to(device) for k, v in inputs.items()}).logits
+    return model(input_ids=inputs.to(device)).logits
+
+
 def _masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
@@ -92,9 +104,9 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
     model.eval()
     total, count = 0.0, 0
     for x, y in batches:
-        x, y = x.to(device), y.to(device)
+        y = y.to(device)
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = model(input_ids=x).logits
+            logits = _forward(model, x, device)
         n = int((y != IGNORE_INDEX).sum())
         if n:
             total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
@@ -190,9 +202,9 @@ def run_loop(
         for j in range(k):
             x, y = work.train_batch(step=step, global_batch_size_sequences=b, start=rank * per_worker + j * micro,
                                     count=micro, stream=stream)
-            x, y = x.to(device), y.to(device)
+            y = y.to(device)
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                logits = model(input_ids=x).logits
+                logits = _forward(model, x, device)
             loss = _masked_loss(logits, y)
             grads = torch.autograd.grad(loss, params)
             if ns_enabled:
@@ -202,7 +214,7 @@ def run_loop(
             else:
                 torch._foreach_add_(acc, grads)
             loss_sum += loss.detach().float()
-            n_tokens += (y != IGNORE_INDEX).sum()
+            n_tokens += work.real_tokens(x, y)
         assert acc is not None
         torch._foreach_div_(acc, float(k))
         if world > 1:

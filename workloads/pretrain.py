@@ -40,6 +40,9 @@ class PretrainWorkload:
                             global_batch_size_sequences=global_batch_size_sequences,
                             context_length_tokens=self.cfg.context_length_tokens, start=start, count=count, stream=stream)
 
+    def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+        return targets.numel()
+
     def val_batches(self):
         return validation_batches(self.corpus.val_ids, eval_tokens=self.cfg.eval_tokens,
                                   context_length_tokens=self.cfg.context_length_tokens, batch_size_sequences=64)

@@ -110,53 +110,65 @@ def base_env() -> dict[str, str]:
     return env
 
 
+def _start(cmd: list[str], tmp: Path, name: str, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
+    log = tmp / f"{name}.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
+    return proc, log
+
+
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[str]:
-    """A local Ray head with 2 CPUs; yields its job server URL (``http://127.0.0.1:PORT``)."""
-    tmp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    dash = free_port()
-    cmd = [
+def backends() -> Iterator[tuple[str, str]]:
+    """A local Ray head (2 CPUs) and an ``mlflow server``, started side by side (MLflow alone takes
+    ~45 s on 2 cores); yields ``(ray job server URL, MLflow URL)``.
+
+    Set ``CRITBATCH_KEEP_TEST_LOGS=1`` to keep their folders (logs) after the session.
+    """
+    ray_tmp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    ml_tmp = Path(tempfile.mkdtemp(prefix="cbmlflow"))
+    dash, ml_port = free_port(), free_port()
+    ray_cmd = [
         str(VENV_BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats",
-        "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp}",
+        "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={ray_tmp}",
         f"--port={free_port()}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
         f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
         f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
         "--min-worker-port=0", "--max-worker-port=0",
     ]
-    log = tmp / "ray-start.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, env=base_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
-    url = f"http://127.0.0.1:{dash}"
+    ml_cmd = [
+        str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{ml_tmp}/mlflow.db",
+        "--serve-artifacts", "--artifacts-destination", str(ml_tmp / "artifacts"),
+        "--host", "127.0.0.1", "--port", str(ml_port), "--workers", "1",
+    ]
+    # MLflow's job-execution backend (GenAI jobs) is not used here and slows the start.
+    ml_env = dict(base_env(), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    ray_proc, ray_log = _start(ray_cmd, ray_tmp, "ray-start", base_env())
+    ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)
+    ray_url, ml_url = f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{ml_port}"
     try:
-        _wait_http(f"{url}/api/version", 120, proc, log)
-        _wait_http(f"{url}/api/jobs/", 60, proc, log)
-        yield url
+        _wait_http(f"{ray_url}/api/version", 180, ray_proc, ray_log)
+        _wait_http(f"{ray_url}/api/jobs/", 60, ray_proc, ray_log)
+        _wait_http(f"{ml_url}/health", 180, ml_proc, ml_log)
+        yield ray_url, ml_url
     finally:
-        _stop_group(proc, grace_s=30)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _stop_group(ml_proc, grace_s=15)
+        _stop_group(ray_proc, grace_s=30)
+        if os.environ.get("CRITBATCH_KEEP_TEST_LOGS") != "1":
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+            shutil.rmtree(ml_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def mlflow_server() -> Iterator[str]:
-    """A real ``mlflow server`` (SQLite backend, served artifacts) on loopback; yields its URL."""
-    tmp = Path(tempfile.mkdtemp(prefix="cbmlflow"))
-    port = free_port()
-    cmd = [
-        str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-        "--serve-artifacts", "--artifacts-destination", str(tmp / "artifacts"),
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-    ]
-    log = tmp / "mlflow.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, env=base_env(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(f"{url}/health", 120, proc, log)
-        yield url
-    finally:
-        _stop_group(proc, grace_s=15)
-        shutil.rmtree(tmp, ignore_errors=True)
+def ray_cluster(backends: tuple[str, str]) -> str:
+    """The test Ray cluster's job server URL (``http://127.0.0.1:PORT``)."""
+    return backends[0]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(backends: tuple[str, str]) -> str:
+    """The test ``mlflow server`` (SQLite backend, served artifacts) URL."""
+    return backends[1]
 
 
 @pytest.fixture(scope="session")
@@ -186,4 +198,5 @@ def service_url(cluster_env: dict[str, str]) -> Iterator[str]:
         yield url
     finally:
         _stop_group(proc, grace_s=10)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("CRITBATCH_KEEP_TEST_LOGS") != "1":
+            shutil.rmtree(tmp, ignore_errors=True)

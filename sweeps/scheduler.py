@@ -1,0 +1,306 @@
+"""Equal-compute early stopping within each batch size: asynchronous successive halving in FLOPs.
+
+Why not Ray's ASHA or Optuna's pruners: ASHA decides on the first report past a rung and Optuna
+compares trials that reported the very same step, so a trial that reports often is judged on less
+compute than one that reports rarely, and step counts mean different compute at different batch
+sizes (methodology note section 11.2: never compare on ``training_iteration``). Here:
+
+* **Rungs in FLOPs.** Rung ``k`` of a trial sits at ``grace_fraction * reduction_factor**k`` of the
+  trial budget (every rung below the budget), in training FLOPs: ``flops_per_token * budget_tokens``,
+  with ``flops_per_token`` read from the trial's own reports (``flops / tokens_seen``), so the rungs
+  are right for any workload's FLOP convention.
+* **Interpolated to the exact rung.** A trial's value at a rung is its ``val_loss`` interpolated
+  linearly between the two reports that bracket the rung's FLOPs, so it does not depend on how often
+  the trial reports. The decision is taken when the first report at or past the rung arrives. A rung
+  that lies before a trial's first report is skipped for that trial (nothing brackets it).
+* **Only the same batch size is compared.** Values are kept per rung *and per batch size*: each
+  batch size's LR/beta2 search is pruned, the batch-size axis never is (the analysis needs every
+  batch size). The first trial of a batch size to reach a rung always continues past it, so every
+  batch size keeps at least one trial that runs its whole budget.
+* **Asynchronous successive halving** (Li et al. 2020, arXiv 1810.05934): a trial reaching a rung
+  is compared with the values recorded there so far; fewer than ``min_trials_per_rung`` values: it
+  continues; otherwise it continues if fewer than ``ceil(n / reduction_factor)`` recorded values are
+  strictly better than its own (it is in the top ``1/reduction_factor``). A trial that reaches a rung
+  before its peers is therefore judged against fewer values, as in ASHA.
+
+Decisions reach the rest of the sweep through the result dict: Ray Tune hands a scheduler a flattened
+*copy* of each result (Ray 2.60, ``TuneController._process_trial_result``), so keys set there reach
+neither ``trial.last_result`` nor ``result.json`` nor ``Searcher.on_trial_complete``. The callbacks,
+called right after the scheduler with the original result, may edit it in place: the scheduler's
+:meth:`EqualComputeScheduler.annotator` is a Tune callback that adds ``pruned`` (True on the result
+that stopped the trial), ``pruned_at_flops``, ``pruned_rung`` and ``rung_decisions`` (every decision
+so far, on every later result). It must come first in ``RunConfig.callbacks``; the scheduler refuses
+to run without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ray.tune import Callback
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from sweeps.spec import SweepSpec
+
+__all__ = [
+    "EqualComputeScheduler",
+    "PruningAnnotator",
+    "RungDecision",
+    "rung_fractions",
+    "interpolate",
+    "RESULT_KEYS",
+]
+
+log = logging.getLogger(__name__)
+
+#: result keys written by :class:`PruningAnnotator` (flat, so Tune's flattening leaves them as they are)
+RESULT_KEYS = ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
+
+
+def rung_fractions(grace_fraction: float, reduction_factor: float) -> list[float]:
+    """Rung positions as fractions of the trial budget: ``g * r**k`` for ``k = 0, 1, ...`` while below 1.
+
+    >>> rung_fractions(0.25, 2.0)
+    [0.25, 0.5]
+    """
+    if not 0 < grace_fraction < 1:
+        raise ValueError(f"grace_fraction must be in (0, 1), got {grace_fraction}")
+    if reduction_factor <= 1:
+        raise ValueError(f"reduction_factor must be > 1, got {reduction_factor}")
+    out, f = [], grace_fraction
+    while f < 1 - 1e-9:
+        out.append(f)
+        f *= reduction_factor
+    return out
+
+
+def interpolate(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
+    """Linear interpolation of ``y`` at ``x`` between ``(x0, y0)`` and ``(x1, y1)`` (``x0 < x <= x1``).
+
+    A non-finite end (a diverged evaluation) gives ``inf``: the worst value.
+    """
+    if not (math.isfinite(y0) and math.isfinite(y1)):
+        return math.inf
+    if x >= x1:
+        return y1
+    w = (x - x0) / (x1 - x0)
+    return y0 + w * (y1 - y0)
+
+
+@dataclass(frozen=True)
+class RungDecision:
+    """One stop/continue decision at one rung.
+
+    Attributes:
+        rung: rung index (0 is the grace rung).
+        flops: the rung's budget in training FLOPs.
+        value: the trial's ``val_loss`` interpolated at ``flops`` (``inf`` if diverged).
+        better: values recorded at this rung for this batch size that are strictly better.
+        peers: values recorded at this rung for this batch size, this one included.
+        keep: how many may be better before the trial stops (``peers`` while fewer than
+            ``min_trials_per_rung`` peers: nobody is stopped yet).
+        stop: the decision.
+    """
+
+    rung: int
+    flops: float
+    value: float
+    better: int
+    peers: int
+    keep: int
+    stop: bool
+
+    def label(self) -> str:
+        """``r1@5e+12:stop(rank 2/2,keep 1)``: rung, its FLOPs, the decision, rank among peers, how many continue."""
+        what = "stop" if self.stop else "continue"
+        return f"r{self.rung}@{self.flops:.4g}:{what}(rank {self.better + 1}/{self.peers},keep {self.keep})"
+
+
+@dataclass
+class _TrialState:
+    group: Any
+    flops_per_token: float | None = None
+    last: tuple[float, float] | None = None  # (flops, val_loss) of the latest report
+    next_rung: int = 0
+    decisions: list[RungDecision] = field(default_factory=list)
+    stopped: bool = False
+
+
+class EqualComputeScheduler(FIFOScheduler):
+    """Asynchronous successive halving with rungs in FLOPs, within each batch size (module docstring).
+
+    Args:
+        budget_tokens: the per-trial token budget (every trial's budget).
+        grace_fraction: the first rung, as a fraction of the trial budget.
+        reduction_factor: rungs are ``reduction_factor`` apart; the top ``1/reduction_factor`` continue.
+        min_trials_per_rung: values needed at a rung (same batch size) before anyone is stopped there.
+        metric: the loss compared (minimised); ``group_by``: the trial config key whose trials are
+            compared with each other (the batch size).
+
+    Reads ``flops``, ``tokens_seen`` and ``metric`` from each result, ``group_by`` from the trial config.
+    """
+
+    _supports_buffered_results = False  # decide on every report, not on a buffered batch
+
+    def __init__(
+        self,
+        *,
+        budget_tokens: int,
+        grace_fraction: float = 0.25,
+        reduction_factor: float = 2.0,
+        min_trials_per_rung: int = 2,
+        metric: str = "val_loss",
+        group_by: str = "batch_size_sequences",
+    ):
+        super().__init__()
+        if budget_tokens <= 0:
+            raise ValueError(f"budget_tokens must be > 0, got {budget_tokens}")
+        if min_trials_per_rung < 1:
+            raise ValueError(f"min_trials_per_rung must be >= 1, got {min_trials_per_rung}")
+        self.budget_tokens = int(budget_tokens)
+        self.fractions = rung_fractions(grace_fraction, reduction_factor)
+        self.reduction_factor = float(reduction_factor)
+        self.min_trials_per_rung = int(min_trials_per_rung)
+        self._metric = metric
+        self._mode = "min"
+        self.group_by = group_by
+        self._trials: dict[str, _TrialState] = {}
+        self._rungs: dict[tuple[Any, int], dict[str, float]] = {}  # (group, rung) -> trial id -> value
+        self._annotator_ready = False
+
+    @classmethod
+    def from_spec(cls, spec: SweepSpec) -> "EqualComputeScheduler":
+        p = spec.pruning
+        return cls(budget_tokens=spec.budget_tokens, grace_fraction=p.grace_fraction,
+                   reduction_factor=p.reduction_factor, min_trials_per_rung=p.min_trials_per_rung)
+
+    def annotator(self) -> "PruningAnnotator":
+        """The Tune callback that writes this scheduler's decisions into the results (put it first)."""
+        return PruningAnnotator(self)
+
+    # ---- the decision rule (no Ray objects below this line) -----------------------------------------
+
+    def rung_flops(self, flops_per_token: float) -> list[float]:
+        """Rung budgets in training FLOPs for a trial with ``flops_per_token``."""
+        return [f * flops_per_token * self.budget_tokens for f in self.fractions]
+
+    def _state(self, trial_id: str, group: Any) -> _TrialState:
+        st = self._trials.get(trial_id)
+        if st is None:
+            st = self._trials[trial_id] = _TrialState(group=group)
+        return st
+
+    def _record(self, st: _TrialState, trial_id: str, rung: int, value: float) -> tuple[int, int, int]:
+        """Record a rung value; returns (better, peers, keep)."""
+        values = self._rungs.setdefault((st.group, rung), {})
+        values[trial_id] = value
+        peers = len(values)
+        if peers < self.min_trials_per_rung:
+            return 0, peers, peers
+        keep = max(1, math.ceil(peers / self.reduction_factor - 1e-9))
+        better = sum(1 for v in values.values() if v < value)
+        return better, peers, keep
+
+    def _advance(self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *,
+                 decide: bool) -> list[RungDecision]:
+        """Feed one report; record (and, with ``decide``, judge) every rung it reaches."""
+        if not (flops > 0 and tokens > 0) or st.stopped:
+            return []
+        if st.flops_per_token is None:
+            st.flops_per_token = flops / tokens
+        y = loss if (loss is not None and math.isfinite(loss)) else math.inf
+        if st.last is not None and flops <= st.last[0]:
+            return []  # a replayed report (a restarted worker group): already seen
+        out = []
+        rungs = self.rung_flops(st.flops_per_token)
+        while st.next_rung < len(rungs) and flops >= rungs[st.next_rung] * (1 - 1e-12):
+            k, r = st.next_rung, rungs[st.next_rung]
+            st.next_rung += 1
+            if st.last is None and flops > r * (1 + 1e-12):
+                continue  # the rung lies before the first report: nothing brackets it
+            value = y if st.last is None else interpolate(st.last[0], st.last[1], flops, y, r)
+            better, peers, keep = self._record(st, trial_id, k, value)
+            stop = decide and better >= keep
+            d = RungDecision(rung=k, flops=r, value=value, better=better, peers=peers, keep=keep, stop=stop)
+            if decide:
+                st.decisions.append(d)
+                out.append(d)
+            if stop:
+                st.stopped = True
+                break
+        st.last = (flops, y)
+        return out
+
+    def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
+                losses: Sequence[float]) -> None:
+        """Record a trial's past curve at the rungs it passed, without deciding (after a resume:
+        the scheduler's memory is not part of Tune's experiment checkpoint)."""
+        st = self._state(trial_id, group)
+        for t, f, y in zip(tokens, flops, losses):
+            self._advance(trial_id, st, float(f), float(t), float(y) if y is not None else math.nan, decide=False)
+
+    def annotation(self, trial_id: str) -> dict[str, Any]:
+        """The result keys (:data:`RESULT_KEYS`) describing this trial's decisions so far."""
+        st = self._trials.get(trial_id)
+        if st is None or not st.decisions:
+            return {}
+        out: dict[str, Any] = {"rung_decisions": ";".join(d.label() for d in st.decisions)}
+        if st.stopped:
+            last = st.decisions[-1]
+            out.update(pruned=True, pruned_at_flops=last.flops, pruned_rung=last.rung)
+        return out
+
+    def decisions(self, trial_id: str) -> list[RungDecision]:
+        st = self._trials.get(trial_id)
+        return list(st.decisions) if st else []
+
+    # ---- TrialScheduler -------------------------------------------------------------------------------
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec) -> bool:
+        return True  # the metric is fixed (the loss), whatever TuneConfig says
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if not self._annotator_ready:
+            raise RuntimeError(
+                "EqualComputeScheduler: its annotator is not in RunConfig.callbacks; without it pruned "
+                "trials reach neither the searcher, the tracker nor result.json as PRUNED. Pass "
+                "callbacks=[scheduler.annotator(), ...].")
+        group = trial.config.get(self.group_by)
+        st = self._state(trial.trial_id, group)
+        loss = result.get(self._metric)
+        made = self._advance(trial.trial_id, st, float(result.get("flops") or 0.0),
+                             float(result.get("tokens_seen") or 0.0),
+                             float(loss) if loss is not None else math.nan, decide=True)
+        for d in made:
+            log.debug("trial %s (%s=%s): %s", trial.trial_id, self.group_by, group, d.label())
+        if made and made[-1].stop:
+            result.update(self.annotation(trial.trial_id))  # the flat copy: for readers of this dict
+            return TrialScheduler.STOP
+        return TrialScheduler.CONTINUE
+
+    def debug_string(self) -> str:
+        stopped = sum(1 for s in self._trials.values() if s.stopped)
+        return (f"EqualComputeScheduler: rungs at {[round(f, 4) for f in self.fractions]} of the trial budget "
+                f"(FLOPs), per {self.group_by}; {stopped} trial(s) pruned")
+
+
+class PruningAnnotator(Callback):
+    """Writes the scheduler's decisions into each result, in place, before loggers and trackers see it.
+
+    Tune calls callbacks with the original result dict right after the scheduler decided, and then
+    stores that dict as ``trial.last_result`` (which ``Searcher.on_trial_complete`` and
+    ``Callback.on_trial_complete`` read) and writes it to ``result.json``. Must be the first callback.
+    """
+
+    def __init__(self, scheduler: EqualComputeScheduler):
+        self.scheduler = scheduler
+
+    def setup(self, stop=None, num_samples=None, total_num_samples=None, **info):
+        self.scheduler._annotator_ready = True
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        result.update(self.scheduler.annotation(trial.trial_id))
+

@@ -1,0 +1,204 @@
+"""Faults injected into real sweeps: a killed Train worker, a killed driver, an MLflow outage.
+
+See docs/reliability.md for what each test injects and what must survive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, write_spec
+
+pytestmark = pytest.mark.slow
+CLI = [sys.executable, "-m", "sweeps.cli"]
+ENV = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+
+
+def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spec_dict(**over) -> dict:
+    d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
+    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+    d.update(over)
+    return d
+
+
+def result_rows(out: Path) -> list[dict]:
+    rows = []
+    for f in sorted((out / "tune").glob("*/result.json")):
+        rows += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    return rows
+
+
+def pids_named(fragment: str) -> list[int]:
+    r = subprocess.run(["pgrep", "-f", fragment], capture_output=True, text=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def children(run_uri: str, experiment: str):
+    c = MlflowClient(run_uri)
+    exp = c.get_experiment_by_name(experiment)
+    runs = c.search_runs([exp.experiment_id], max_results=1000)
+    return c, [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"], [
+        r for r in runs if r.data.tags.get("critbatch.role") == "trial"]
+
+
+def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
+    """kill -9 the Ray Train worker after its second milestone: the trial restarts the worker group
+    from the last checkpoint and finishes with one continuous MLflow run."""
+    d = spec_dict(name="fault-worker", budget_tokens=16384)
+    d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]})
+    d["eval"] = {"milestones": 8, "eval_tokens": 1024}
+    d["resources"] = {"max_concurrent_trials": 1, "max_failures": 2}
+    uri = f"sqlite:///{tmp_path / 'ml.db'}"
+    out = tmp_path / "out"
+    before = set(pids_named("RayTrainWorker"))
+    proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
+                                   "--no-progress"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports")
+        workers = wait_for(lambda: [p for p in pids_named("RayTrainWorker") if p not in before], 60, "the Train worker")
+        os.kill(workers[0], signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stdout
+    c, parents, kids = children(uri, "fault-worker")
+    assert len(parents) == 1 and len(kids) == 1
+    kid = kids[0]
+    assert kid.info.status == "FINISHED" and kid.data.tags["critbatch.status"] == "COMPLETED"
+    steps = [m.step for m in c.get_metric_history(kid.info.run_id, "val_loss")]
+    assert sorted(steps) == [2048 * i for i in range(1, 9)]  # every milestone once: monotone, no duplicates
+    rows = result_rows(out)
+    assert rows[-1]["done"] and rows[-1]["tokens_seen"] == 16384
+
+
+def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
+    """SIGKILL the sweep driver (on an external Ray cluster) mid-sweep, then `critbatch resume`."""
+    port = free_port()
+    ray_env = dict(ENV)
+    subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=3", "--disable-usage-stats",
+                    "--include-dashboard=false"], check=True, env=ray_env, capture_output=True,
+                   cwd=ROOT, executable=None)
+    address = f"127.0.0.1:{port}"
+    try:
+        d = spec_dict(name="fault-driver")
+        d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
+        d["resources"] = {"max_concurrent_trials": 2}
+        uri = f"sqlite:///{tmp_path / 'ml.db'}"
+        out = tmp_path / "out"
+        spec = write_spec(tmp_path, d)
+        proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                                       "--address", address], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
+                     900, "one finished trial and another under way")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        subprocess.run(["ray", "stop", "--force"], env=ray_env, capture_output=True)
+    cbs = json.loads((out / "cbs.json").read_text())
+    assert cbs["trials"]["COMPLETED"] == 4
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 4 and len({t["trial_id"] for t in trials}) == 4
+    assert sorted(t["batch_size_sequences"] for t in trials) == [4, 4, 8, 8]
+    c, parents, kids = children(uri, "fault-driver")
+    assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
+    assert len(kids) == 4
+    assert sorted(k.data.tags["critbatch.trial_id"] for k in kids) == sorted(t["trial_id"] for t in trials)
+    for k in kids:
+        assert k.info.status == "FINISHED"
+        steps = [m.step for m in c.get_metric_history(k.info.run_id, "val_loss")]
+        assert sorted(steps) == [2048, 4096, 6144, 8192]
+    # no trial ran twice to completion
+    done = [r["trial_id"] for r in result_rows(out) if r.get("done")]
+    assert len(done) == len(set(done)) == 4
+
+
+def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
+    """Stop the MLflow server after a trial's first metrics, start it again later: the run is complete."""
+    port = free_port()
+    db = tmp_path / "mlflow.db"
+    arts = tmp_path / "artifacts"
+
+    def start_server():
+        return subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--serve-artifacts",
+             "--artifacts-destination", str(arts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def up():
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    server = start_server()
+    uri = f"http://127.0.0.1:{port}"
+    out = tmp_path / "out"
+    try:
+        wait_for(up, 120, "the MLflow server")
+        d = spec_dict(name="fault-mlflow", budget_tokens=16384)
+        d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]})
+        d["eval"] = {"milestones": 8, "eval_tokens": 1024}
+        d["resources"] = {"max_concurrent_trials": 1}
+        proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
+                                       "--no-progress"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for(lambda: len(result_rows(out)) >= 1, 600, "the first milestone")
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+            assert not up()
+            wait_for(lambda: len(result_rows(out)) >= 4, 600, "three milestones during the outage")
+            server = start_server()
+            wait_for(up, 120, "the MLflow server again")
+            stdout, _ = proc.communicate(timeout=900)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, stdout
+        c, parents, kids = children(uri, "fault-mlflow")
+        assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
+        assert len(kids) == 1 and kids[0].info.status == "FINISHED"
+        steps = sorted(m.step for m in c.get_metric_history(kids[0].info.run_id, "val_loss"))
+        assert steps == [2048 * i for i in range(1, 9)]
+        state = json.loads((out / "sweep.json").read_text())
+        assert state["mlflow_complete"] is True
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass

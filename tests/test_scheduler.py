@@ -1,0 +1,334 @@
+"""Equal-compute early stopping: rungs in FLOPs, interpolated rung values, one batch size at a time.
+
+Synthetic loss curves, reported at different cadences, driven through the scheduler's Tune
+interface (``on_trial_result`` with a stand-in trial: the scheduler reads ``trial_id`` and
+``config`` only).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+from ray.tune.schedulers import TrialScheduler
+
+from sweeps.scheduler import EqualComputeScheduler, RungDecision, interpolate, rung_fractions
+from sweeps.spec import parse_spec
+
+BUDGET_TOKENS = 100_000
+C_TOK = 1.0e6  # FLOPs per token of the synthetic model
+BUDGET_FLOPS = BUDGET_TOKENS * C_TOK
+
+
+def make_scheduler(**kw) -> EqualComputeScheduler:
+    kw = {"budget_tokens": BUDGET_TOKENS, "grace_fraction": 0.25, "reduction_factor": 2.0,
+          "min_trials_per_rung": 2} | kw
+    s = EqualComputeScheduler(**kw)
+    s.annotator().setup()
+    return s
+
+
+def trial(tid: str, batch: int):
+    return SimpleNamespace(trial_id=tid, config={"batch_size_sequences": batch})
+
+
+def curve(a: float, b: float):
+    """A smooth power-law loss curve in the fraction of the budget trained."""
+    return lambda f: a + b * f ** -0.5
+
+
+def cadence(n: int) -> list[float]:
+    """``n`` reports evenly spaced in tokens, the last at the budget."""
+    return [(i + 1) / n for i in range(n)]
+
+
+def random_cadence(rng: random.Random) -> list[float]:
+    """Irregular reports: 3 to 40 points at random fractions, the first before the first rung
+    (as a sweep's first milestone is), the last at the budget."""
+    pts = sorted(rng.uniform(0.2, 0.99) for _ in range(rng.randint(1, 38)))
+    return [rng.uniform(0.01, 0.2)] + pts + [1.0]
+
+
+def feed(s: EqualComputeScheduler, t, loss, fractions) -> tuple[str, float, dict]:
+    """Report ``loss(f)`` at each fraction until the scheduler stops the trial.
+
+    Returns (last decision, fraction of the budget trained, last result dict)."""
+    result: dict = {}
+    for f in fractions:
+        tokens = f * BUDGET_TOKENS
+        result = {"tokens_seen": tokens, "flops": C_TOK * tokens, "val_loss": loss(f)}
+        if s.on_trial_result(None, t, result) == TrialScheduler.STOP:
+            return TrialScheduler.STOP, f, result
+    return TrialScheduler.CONTINUE, fractions[-1], result
+
+
+def outcomes(s: EqualComputeScheduler, tids) -> dict[str, list[tuple[int, bool]]]:
+    return {tid: [(d.rung, d.stop) for d in s.decisions(tid)] for tid in tids}
+
+
+def line(a: float, b: float):
+    """A loss curve linear in compute: linear interpolation is exact at any cadence."""
+    return lambda f: a - b * f
+
+
+# A batch size's LR search, in arrival order: six configurations whose curves cross (the fast starter
+# is not the best at the end), so where each is compared matters. Hand-computed outcomes
+# (rungs at 0.25 and 0.5 of the budget; reduction factor 2; 2 values needed to stop anyone):
+LINES = {
+    "first": line(2.20, 0.5),   # r0 2.075, r1 1.95: alone at each rung, continues
+    "fast": line(2.00, 0.2),    # r0 1.95 (best of 2), r1 1.90 (best of 2): continues
+    "steep": line(2.35, 0.9),   # r0 2.125: 2 of 3 better, keep 2: stopped at r0 (it would have ended best)
+    "good": line(2.10, 0.5),    # r0 1.975: 1 of 4 better; r1 1.85: best of 3: continues
+    "bad": line(2.50, 0.3),     # r0 2.425: 4 of 5 better, keep 3: stopped at r0
+    "late": line(2.16, 0.5),    # r0 2.035: 2 of 6 better, keep 3; r1 1.91: 2 of 4 better, keep 2: stopped at r1
+}
+EXPECTED = {
+    "first": [(0, False), (1, False)],
+    "fast": [(0, False), (1, False)],
+    "steep": [(0, True)],
+    "good": [(0, False), (1, False)],
+    "bad": [(0, True)],
+    "late": [(0, False), (1, True)],
+}
+
+# Smooth power-law curves, well separated at the rungs (for realistic milestone cadences).
+SMOOTH = {
+    "mid": curve(1.40, 0.35),
+    "best": curve(1.10, 0.45),
+    "big": curve(1.30, 0.30),
+    "small": curve(1.00, 0.62),
+    "bad": curve(1.60, 0.50),
+    "worse": curve(1.80, 0.50),
+}
+
+
+# ---- pure pieces ------------------------------------------------------------------------------------
+
+
+def test_rung_fractions_hand_values():
+    assert rung_fractions(0.25, 2.0) == [0.25, 0.5]
+    assert rung_fractions(0.1, 3.0) == pytest.approx([0.1, 0.3, 0.9])
+    assert rung_fractions(0.5, 2.0) == [0.5]
+    with pytest.raises(ValueError):
+        rung_fractions(0.25, 1.0)
+
+
+def test_interpolate_hand_value_and_divergence():
+    # between (2e12, 3.0) and (4e12, 2.0), at 2.5e12: 3.0 - 0.25 * 1.0
+    assert interpolate(2e12, 3.0, 4e12, 2.0, 2.5e12) == pytest.approx(2.75)
+    assert interpolate(2e12, 3.0, 4e12, 2.0, 4e12) == 2.0
+    assert interpolate(2e12, 3.0, 4e12, math.nan, 3e12) == math.inf
+
+
+def test_rungs_are_in_flops_of_the_trial_budget():
+    s = make_scheduler()
+    assert s.rung_flops(C_TOK) == [0.25 * BUDGET_FLOPS, 0.5 * BUDGET_FLOPS]
+
+
+def test_from_spec_reads_the_pruning_section(tiny_spec_dict):
+    d = tiny_spec_dict | {"pruning": {"enabled": True, "grace_fraction": 0.125, "reduction_factor": 3,
+                                      "min_trials_per_rung": 3}}
+    s = EqualComputeScheduler.from_spec(parse_spec(d))
+    assert s.budget_tokens == 8192 and s.min_trials_per_rung == 3 and s.reduction_factor == 3.0
+    assert s.fractions == pytest.approx([0.125, 0.375])
+
+
+# ---- the decision rule --------------------------------------------------------------------------------
+
+
+def test_rung_value_is_interpolated_between_the_bracketing_reports():
+    s = make_scheduler()
+    feed(s, trial("a", 8), lambda f: 3.0 - f, [0.2, 0.3])  # rung 0 at 0.25: 3.0 - 0.25
+    (d,) = s.decisions("a")
+    assert d == RungDecision(rung=0, flops=0.25 * BUDGET_FLOPS, value=pytest.approx(2.75), better=0, peers=1,
+                             keep=1, stop=False)
+
+
+def test_decision_waits_for_a_report_at_or_past_the_rung():
+    s = make_scheduler()
+    feed(s, trial("a", 8), lambda f: 2.0, [0.1, 0.2, 0.2499])
+    assert s.decisions("a") == []
+    feed(s, trial("a", 8), lambda f: 2.0, [0.25])
+    assert [d.rung for d in s.decisions("a")] == [0]
+
+
+def test_one_report_past_two_rungs_decides_both():
+    s = make_scheduler()
+    feed(s, trial("a", 8), lambda f: 3.0 - f, [0.2, 0.6])
+    assert [(d.rung, round(d.value, 6)) for d in s.decisions("a")] == [(0, 2.75), (1, 2.5)]
+
+
+def test_rung_before_the_first_report_is_skipped():
+    s = make_scheduler()
+    feed(s, trial("a", 8), lambda f: 2.0, [0.3, 0.6])
+    assert [d.rung for d in s.decisions("a")] == [1]
+
+
+def test_top_one_over_reduction_factor_continues_once_enough_peers():
+    s = make_scheduler(min_trials_per_rung=3)
+    # same batch size, arriving one after the other; losses at rung 0: 2.0, 1.0, 3.0, 1.5
+    for tid, loss in [("a", 2.0), ("b", 1.0), ("c", 3.0), ("d", 1.5)]:
+        feed(s, trial(tid, 8), lambda f, v=loss: v, [0.25])
+    got = {tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep,
+                 s.decisions(tid)[0].stop) for tid in "abcd"}
+    assert got == {
+        "a": (0, 1, 1, False),  # alone: fewer than min_trials_per_rung peers
+        "b": (0, 2, 2, False),
+        "c": (2, 3, 2, True),   # 3 peers: keep ceil(3/2) = 2; two are better
+        "d": (1, 4, 2, False),  # 4 peers: keep 2; one is better
+    }
+
+
+def test_first_trial_to_reach_every_rung_runs_its_whole_budget():
+    s = make_scheduler()
+    for tid, c in LINES.items():
+        feed(s, trial(tid, 8), c, cadence(16))
+    first = s.decisions("first")
+    assert [d.stop for d in first] == [False, False]
+
+
+def test_pruned_trial_is_annotated_in_the_result_and_by_the_annotator():
+    s = make_scheduler()
+    feed(s, trial("good", 8), lambda f: 1.0, cadence(8))
+    decision, f, flat = feed(s, trial("bad", 8), lambda f: 2.0, cadence(8))
+    assert decision == TrialScheduler.STOP and f == 0.25
+    assert flat["pruned"] is True and flat["pruned_at_flops"] == 0.25 * BUDGET_FLOPS and flat["pruned_rung"] == 0
+    original = {"val_loss": 2.0}
+    s.annotator().on_trial_result(0, [], trial("bad", 8), original)
+    assert original["pruned"] is True and original["pruned_at_flops"] == 0.25 * BUDGET_FLOPS
+    assert original["rung_decisions"] == "r0@2.5e+10:stop(rank 2/2,keep 1)"
+    # a trial that continued carries its decisions but no pruning keys
+    cont = {}
+    s.annotator().on_trial_result(0, [], trial("good", 8), cont)
+    assert cont == {"rung_decisions": "r0@2.5e+10:continue(rank 1/1,keep 1);r1@5e+10:continue(rank 1/1,keep 1)"}
+
+
+def test_diverged_trial_counts_as_worst_value():
+    s = make_scheduler()
+    feed(s, trial("ok", 8), lambda f: 2.0, cadence(8))
+    decision, _, _ = feed(s, trial("nan", 8), lambda f: math.nan if f >= 0.25 else 2.5, cadence(8))
+    assert decision == TrialScheduler.STOP
+    assert s.decisions("nan")[0].value == math.inf
+
+
+def test_replayed_reports_are_ignored():
+    s = make_scheduler()
+    t = trial("a", 8)
+    feed(s, t, lambda f: 2.0, [0.125, 0.25])
+    feed(s, t, lambda f: 2.0, [0.125, 0.25])  # a restarted worker group reports the same milestones again
+    assert [d.rung for d in s.decisions("a")] == [0]
+
+
+def test_scheduler_refuses_to_run_without_its_annotator():
+    s = EqualComputeScheduler(budget_tokens=BUDGET_TOKENS)
+    with pytest.raises(RuntimeError, match="annotator"):
+        s.on_trial_result(None, trial("a", 8), {"tokens_seen": 1, "flops": 1.0, "val_loss": 1.0})
+
+
+def test_observe_restores_rung_values_after_a_resume():
+    s = make_scheduler()
+    tokens = [f * BUDGET_TOKENS for f in cadence(8)]
+    s.observe("old", 8, tokens, [C_TOK * t for t in tokens], [1.0] * 8)
+    assert s.decisions("old") == []  # observed, not decided
+    decision, f, _ = feed(s, trial("new", 8), lambda f: 2.0, cadence(8))
+    assert decision == TrialScheduler.STOP and f == 0.25
+
+
+# ---- the two properties the issue asks for ----------------------------------------------------------------
+
+
+def test_hand_computed_decisions_at_a_dense_cadence():
+    s = make_scheduler()
+    for tid, c in LINES.items():
+        feed(s, trial(tid, 16), c, cadence(200))
+    assert outcomes(s, LINES) == EXPECTED
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_decisions_do_not_depend_on_the_reporting_cadence(seed):
+    """Each trial reports at its own irregular cadence (3 to 40 reports): the same decisions."""
+    rng = random.Random(seed)
+    s = make_scheduler()
+    for tid, c in LINES.items():
+        feed(s, trial(tid, 16), c, random_cadence(rng))
+    assert outcomes(s, LINES) == EXPECTED
+
+
+@pytest.mark.parametrize("n", [10, 14, 16, 20, 28, 32])
+def test_smooth_curves_decide_alike_at_every_milestone_cadence(n):
+    """Curved losses, milestones evenly spaced in tokens as a sweep reports them: the decisions of a
+    1000-report reference (interpolation error shrinks as the square of the spacing)."""
+    ref = make_scheduler()
+    for tid, c in SMOOTH.items():
+        feed(ref, trial(tid, 16), c, cadence(1000))
+    expected = outcomes(ref, SMOOTH)
+    assert any(ds[-1][1] for ds in expected.values()) and sum(not ds[-1][1] for ds in expected.values()) >= 2
+    s = make_scheduler()
+    for tid, c in SMOOTH.items():
+        feed(s, trial(tid, 16), c, cadence(n))
+    assert outcomes(s, SMOOTH) == expected
+
+
+def test_interleaved_trials_with_different_cadences_decide_alike():
+    """Trials run at once (staggered starts), each reporting at its own cadence: the same decisions."""
+    cadences = [cadence(n) for n in (16, 7, 5, 23, 9, 12)]
+    events = []  # (time, trial id, fraction): trial i starts at time i and trains its budget in 4 time units
+    for i, (tid, fr) in enumerate(zip(LINES, cadences)):
+        events += [(i + 4 * f, tid, f) for f in fr]
+    s = make_scheduler()
+    stopped: set[str] = set()
+    for _, tid, f in sorted(events):
+        if tid in stopped:
+            continue
+        if feed(s, trial(tid, 16), LINES[tid], [f])[0] == TrialScheduler.STOP:
+            stopped.add(tid)
+    assert outcomes(s, LINES) == EXPECTED
+
+
+def test_first_report_past_the_rung_would_change_the_decision():
+    """Why interpolate: judged at its first report past the rung, a rarely reporting trial is
+    compared on more compute than its peer and survives; interpolated, it is pruned either way."""
+    dense, sparse = curve(1.2, 0.40), curve(1.25, 0.40)  # 'sparse' is worse at every point
+    for fractions in (cadence(64), [0.45, 1.0]):
+        s = make_scheduler()
+        feed(s, trial("dense", 8), dense, cadence(64))
+        assert feed(s, trial("sparse", 8), sparse, fractions)[0] == TrialScheduler.STOP
+    # a naive rule reading the value at the first report past the rung (0.25) would keep it:
+    naive_sparse_at_rung0 = sparse(0.45)
+    naive_dense_at_rung0 = dense(0.25)
+    assert naive_sparse_at_rung0 < naive_dense_at_rung0
+
+
+def test_trials_of_different_batch_sizes_are_never_compared():
+    s = make_scheduler()
+    # B=8 trials are far better than anything at B=4; a lone B=4 trial must still run its budget
+    for tid, loss in [("b8-x", 1.0), ("b8-y", 1.1), ("b8-z", 1.2)]:
+        feed(s, trial(tid, 8), lambda f, v=loss: v, cadence(8))
+    decision, f, _ = feed(s, trial("b4-a", 4), lambda f: 5.0, cadence(8))
+    assert decision == TrialScheduler.CONTINUE and f == 1.0
+    assert all(d.peers == 1 for d in s.decisions("b4-a"))
+    # a second B=4 trial is compared with the first B=4 trial only
+    decision, f, _ = feed(s, trial("b4-b", 4), lambda f: 5.5, cadence(8))
+    assert decision == TrialScheduler.STOP and f == 0.25
+    assert s.decisions("b4-b")[0].peers == 2
+    # and the B=8 rungs never saw a B=4 value
+    assert all(d.peers <= 3 for tid in ("b8-x", "b8-y", "b8-z") for d in s.decisions(tid))
+    assert s.decisions("b8-z")[0] == RungDecision(rung=0, flops=0.25 * BUDGET_FLOPS, value=1.2, better=2, peers=3,
+                                                  keep=2, stop=True)
+
+
+def test_every_batch_size_keeps_a_trial_that_completes():
+    """Whatever the arrival order and cadence, each batch size has one trial that is never stopped."""
+    rng = random.Random(7)
+    s = make_scheduler()
+    finished: dict[int, int] = {}
+    for b in (4, 8, 16, 32):
+        names = list(SMOOTH)
+        rng.shuffle(names)
+        for tid in names:
+            decision, f, _ = feed(s, trial(f"{b}-{tid}", b), SMOOTH[tid], random_cadence(rng))
+            if decision == TrialScheduler.CONTINUE:
+                finished[b] = finished.get(b, 0) + 1
+    assert set(finished) == {4, 8, 16, 32}
