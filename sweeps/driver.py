@@ -45,6 +45,20 @@ def resolve_tracking_uri(spec: SweepSpec, flag: str | None) -> str:
     return uri
 
 
+def storage_root(spec: SweepSpec, output: Path, sweep_id: str) -> str:
+    """Where Tune and Train keep this sweep's state: ``resources.storage_path`` or
+    ``CRITBATCH_STORAGE_PATH`` (plus ``/<sweep id>``), else the output folder."""
+    base = spec.resources.storage_path or os.environ.get("CRITBATCH_STORAGE_PATH")
+    if not base:
+        return str(output)
+    return base.rstrip("/") + "/" + sweep_id
+
+
+def optuna_storage_url(output: Path) -> str:
+    """``CRITBATCH_OPTUNA_STORAGE`` (an RDB URL that outlives the cluster), else ``sqlite:///OUT/optuna.db``."""
+    return os.environ.get("CRITBATCH_OPTUNA_STORAGE") or f"sqlite:///{output / 'optuna.db'}"
+
+
 def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     """Connect to a cluster (``address`` or ``RAY_ADDRESS``) or start one in-process.
 
@@ -153,6 +167,14 @@ def run_sweep(
         plan = plan_resources(spec, total, largest)
         if plan.warning:
             log.warning(plan.warning)
+        root = storage_root(spec, output, sweep_id)
+        if root != str(output):
+            from ray import tune
+
+            if tune.Tuner.can_restore(root + "/tune"):
+                # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
+                return _resume_from_shared(spec, output, sweep_id, uri, root, plan.concurrency, show_progress,
+                                           ray_address)
         created = not output.exists()
         output.mkdir(parents=True, exist_ok=True)
         from mlflow.tracking import MlflowClient
@@ -174,6 +196,8 @@ def run_sweep(
             "parent_run_id": tracker.parent_run_id,
             "data_path": resolve_data_path(spec),
             "ray_address": ray_address,
+            "storage_root": root,
+            "optuna_storage": optuna_storage_url(output),
             "status": "RUNNING",
             "created": time.time(),
         }
@@ -222,6 +246,32 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
             ray.shutdown()
 
 
+def _resume_from_shared(spec, output, sweep_id, uri, root, concurrency, show_progress, ray_address):
+    """Re-attach to a sweep whose Tune state lives on shared storage (found by its sweep id)."""
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.tracking import Tracker, configure_mlflow_env
+
+    configure_mlflow_env()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(spec.experiment_name)
+    parents = client.search_runs([exp.experiment_id], filter_string=(
+        f"tags.`critbatch.sweep_id` = '{sweep_id}' and tags.`critbatch.role` = 'sweep'")) if exp else []
+    if not parents:
+        raise InvalidInput(f"shared storage {root} holds sweep '{sweep_id}' but MLflow at {uri} has no parent run for it")
+    tracker = Tracker(client, spec, sweep_id)
+    tracker.attach_parent(exp.experiment_id, parents[0].info.run_id)
+    output.mkdir(parents=True, exist_ok=True)
+    state = {"sweep_id": sweep_id, "tracking_uri": uri, "experiment_id": exp.experiment_id,
+             "parent_run_id": parents[0].info.run_id, "data_path": resolve_data_path(spec), "ray_address": ray_address,
+             "storage_root": root, "optuna_storage": optuna_storage_url(output), "status": "RUNNING",
+             "created": time.time()}
+    (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    _write_json(output / "sweep.json", state)
+    log.warning("resuming sweep %s from %s", sweep_id, root)
+    return _execute_guarded(spec, output, tracker, state, concurrency, show_progress, resume=True)
+
+
 def _execute_guarded(spec, output, tracker, state, concurrency, show_progress, *, resume):
     """:func:`_execute`, ending every MLflow run as FAILED if the sweep machinery itself crashes."""
     try:
@@ -243,7 +293,10 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     from sweeps.tracking import MlflowTrialCallback
     from sweeps.trainable import batch_plan_params, make_trainable
 
-    trainable = make_trainable(spec, data_path=state["data_path"], storage_path=str(output / "train"))
+    root = state.get("storage_root") or str(output)
+    save_root = str(output / "checkpoints") if spec.tracking.checkpoint_artifact_max_mb > 0 and root == str(output) else (
+        root + "/checkpoints" if spec.tracking.checkpoint_artifact_max_mb > 0 else None)
+    trainable = make_trainable(spec, data_path=state["data_path"], storage_path=root + "/train", save_dir_root=save_root)
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
     mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: batch_plan_params(spec, int(cfg["batch_size_sequences"])))
     callbacks = [mlflow_cb, progress]
@@ -258,11 +311,12 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     grid = None
     try:
         if resume:
-            tuner = tune.Tuner.restore(str(output / "tune"), trainable=trainable, resume_unfinished=True,
+            tuner = tune.Tuner.restore(root + "/tune", trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
             tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
         else:
-            searcher = BatchSizeSearcher(spec, storage_url=f"sqlite:///{output / 'optuna.db'}", study_prefix=state["sweep_id"])
+            searcher = BatchSizeSearcher(spec, storage_url=state.get("optuna_storage") or optuna_storage_url(output),
+                                         study_prefix=state["sweep_id"])
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
@@ -273,7 +327,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                     reuse_actors=True,
                     time_budget_s=spec.budget.wall_clock_s,
                 ),
-                run_config=tune.RunConfig(name="tune", storage_path=str(output), callbacks=callbacks, verbose=0,
+                run_config=tune.RunConfig(name="tune", storage_path=root, callbacks=callbacks, verbose=0,
                                           failure_config=tune.FailureConfig(max_failures=0)),
             )
         grid = tuner.fit()
@@ -284,7 +338,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         if old is not None:
             signal.signal(signal.SIGTERM, old)
 
-    records = collect_records(output, spec)
+    records = collect_records(output, spec) if root == str(output) else records_from_grid(grid)
     return _finish(spec, output, tracker, state, records, stopped=stop_flag["stopped"])
 
 
@@ -363,6 +417,64 @@ def collect_records(output: Path, spec: SweepSpec) -> list:
     return records
 
 
+def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | None:
+    """Copy the best trial's Hugging Face checkpoint to ``OUT/best_checkpoint``; return it if it is
+    small enough (``tracking.checkpoint_artifact_max_mb``) to log as an MLflow artifact."""
+    rows = [r for r in analysis.get("per_batch") or [] if r.get("loss_at_budget") is not None]
+    if not rows or spec.tracking.checkpoint_artifact_max_mb <= 0:
+        return None
+    best = min(rows, key=lambda r: r["loss_at_budget"])
+    for tid in best["trial_ids"]:
+        src = output / "checkpoints" / tid
+        if src.is_dir():
+            dst = output / "best_checkpoint"
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+            (dst / "critbatch.json").write_text(json.dumps(
+                {"trial_id": tid, "batch_size_sequences": best["batch_size_sequences"],
+                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config"]}, indent=2))
+            size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
+            analysis["best_checkpoint"] = {"path": str(dst), "trial_id": tid, "size_mb": size_mb}
+            if size_mb <= spec.tracking.checkpoint_artifact_max_mb:
+                return dst
+            log.warning("best checkpoint is %.1f MB, over tracking.checkpoint_artifact_max_mb: not logged to MLflow", size_mb)
+            return None
+    return None
+
+
+def records_from_grid(grid) -> list:
+    """Trial records from a Tune ``ResultGrid`` (used when the Tune state lives on remote storage)."""
+    from sweeps.analysis import TrialRecord
+
+    out = []
+    if grid is None:
+        return out
+    for res in grid:
+        df = res.metrics_dataframe
+        rows = df.to_dict("records") if df is not None else []
+        by_tokens = {int(r["tokens_seen"]): r for r in rows if r.get("tokens_seen") == r.get("tokens_seen") and "tokens_seen" in r}
+        curve = [by_tokens[k] for k in sorted(by_tokens)]
+        last = curve[-1] if curve else {}
+        cfg = res.config or {}
+        if last.get("pruned"):
+            status = "PRUNED"
+        elif last.get("status") == "diverged":
+            status = "DIVERGED"
+        elif last.get("done") and res.error is None:
+            status = "COMPLETED"
+        else:
+            status = "FAILED" if res.error is not None else "STOPPED"
+        tid = str((res.metrics or {}).get("trial_id") or Path(res.path).name)
+        out.append(TrialRecord(
+            trial_id=tid, batch_size_sequences=int(cfg["batch_size_sequences"]), seed=int(cfg["seed"]),
+            group_id=str(cfg.get("group_id", tid)), status=status,
+            hyperparameters={k: cfg.get(k) for k in ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")},
+            tokens=[float(r["tokens_seen"]) for r in curve],
+            val_loss=[float(r["val_loss"]) if r.get("val_loss") is not None else float("nan") for r in curve],
+            flops=[float(r.get("flops", 0.0)) for r in curve], b_simple=[r.get("b_simple") for r in curve]))
+    return out
+
+
 def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool) -> dict[str, Any]:
     from sweeps.analysis import analyze_trials
     from sweeps.report import write_report
@@ -377,6 +489,14 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
         hf = _hf_config(ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
                                     d_ff=m.d_ff_resolved, context_length_tokens=m.context_length_tokens, vocab_size=vocab))
         c_tok = flops_per_token(shape_of(hf, m.context_length_tokens))
+    elif spec.finetune is not None:
+        try:
+            from workloads.finetune_data import finetune_flops_per_token
+
+            c_tok = finetune_flops_per_token(spec.finetune.checkpoint_dir, spec.model.context_length_tokens,
+                                             spec.finetune.lora.model_dump() if spec.finetune.lora else None)
+        except Exception:  # noqa: BLE001 - reporting only
+            log.exception("could not count fine-tuning FLOPs per token")
     reference = float(spec.search.base_batch_size_sequences)
     try:
         analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
@@ -392,6 +512,7 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
     analysis["mlflow"] = {"tracking_uri": state["tracking_uri"], "experiment_id": state["experiment_id"],
                           "parent_run_id": state["parent_run_id"],
                           "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}
+    best = _best_checkpoint(spec, output, analysis)
     analysis = _finite(analysis)
     _write_json(output / "trials.json", _finite([r.to_dict() for r in records]))
     _write_json(output / "cbs.json", analysis)
@@ -418,6 +539,8 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
             shutil.copy(output / name, artifacts / name)
     if (output / "plots").is_dir():
         shutil.copytree(output / "plots", artifacts / "plots")
+    if best is not None:
+        shutil.copytree(best, artifacts / "best_checkpoint")
     # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
     # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
     tracker.prune_children(keep={r.trial_id for r in records})

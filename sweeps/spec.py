@@ -251,6 +251,10 @@ class ResourcesSpec(_Strict):
     micro_batch_size_sequences_max: PositiveInt = Field(default=64, description="largest micro-batch one worker runs at once")
     trial_driver_cpus: float = Field(default=0.01, gt=0, le=1, description="CPU reserved for each trial's Tune driver")
     max_failures: int = Field(default=2, ge=0, description="worker-failure retries per trial (Ray Train FailureConfig)")
+    storage_path: str | None = Field(
+        default=None,
+        description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
+    )
 
 
 class TrackingSpec(_Strict):

@@ -291,10 +291,11 @@ def test_first_report_past_the_rung_would_change_the_decision():
     """Why interpolate: judged at its first report past the rung, a rarely reporting trial is
     compared on more compute than its peer and survives; interpolated, it is pruned either way."""
     dense, sparse = curve(1.2, 0.40), curve(1.25, 0.40)  # 'sparse' is worse at every point
-    for fractions in (cadence(64), [0.45, 1.0]):
+    for fractions in (cadence(64), [0.1, 0.45, 1.0]):
         s = make_scheduler()
         feed(s, trial("dense", 8), dense, cadence(64))
         assert feed(s, trial("sparse", 8), sparse, fractions)[0] == TrialScheduler.STOP
+        assert s.decisions("sparse")[0].rung == 0
     # a naive rule reading the value at the first report past the rung (0.25) would keep it:
     naive_sparse_at_rung0 = sparse(0.45)
     naive_dense_at_rung0 = dense(0.25)

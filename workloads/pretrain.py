@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,10 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
                        peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1)
     if save_dir is not None and outcome.status == "completed":
-        save_pretrained_byte(work.model, cfg, save_dir)
+        try:
+            save_pretrained_byte(work.model, cfg, save_dir)
+        except Exception:  # noqa: BLE001 - the trial's results are already reported: never lose them here
+            logging.getLogger(__name__).exception("could not save the Hugging Face checkpoint to %s", save_dir)
     return outcome
 
 

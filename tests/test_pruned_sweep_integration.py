@@ -1,0 +1,221 @@
+"""Equal-compute pruning through real Ray Tune, Optuna RDB storage and MLflow (no mocks).
+
+Two levels:
+
+* ``test_tune_*``: the scheduler, its annotator, the ``BatchSizeSearcher`` (Optuna studies in SQLite),
+  the MLflow callback and the budget stopper inside a real ``Tuner``, with a function trainable that
+  reports synthetic loss curves (seconds, no Ray Train).
+* ``test_cli_*``: a tiny pruned sweep through ``python -m sweeps.cli run`` (real training).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, TINY, write_spec
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "sweeps.cli"]
+
+
+# ---- Tune level: synthetic curves ----------------------------------------------------------------------
+
+C_TOK = 1.0e6
+
+
+def synthetic_trainable(config):
+    """Reports 8 milestones of a loss curve whose level depends on the LR multiplier's distance from 1."""
+    from ray import tune
+
+    budget = config["_budget_tokens"]
+    level = 2.0 + abs(math.log(config["lr_multiplier"]))
+    for i in range(1, 9):
+        f = i / 8
+        loss = level + 0.5 * f ** -0.5
+        done = i == 8
+        tune.report({"tokens_seen": f * budget, "flops": C_TOK * f * budget, "val_loss": loss, "objective": loss,
+                     "status": "completed" if done else "running", "done": done})
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tune_sweep(ray_local, tmp_path_factory):
+    from ray import tune
+
+    from sweeps.scheduler import EqualComputeScheduler
+    from sweeps.search import BatchSizeSearcher
+    from sweeps.spec import parse_spec
+    from sweeps.tracking import MlflowTrialCallback, Tracker
+
+    tmp = tmp_path_factory.mktemp("tune")
+    d = yaml.safe_load(TINY.read_text())
+    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 6, "lr_multiplier": [0.1, 10.0]}
+    d["pruning"] = {"enabled": True}
+    spec = parse_spec(d)
+    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, "tune-it")
+    tracker.start_parent()
+    storage = f"sqlite:///{tmp / 'optuna.db'}"
+    scheduler = EqualComputeScheduler.from_spec(spec)
+    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix="tune-it")
+    tuner = tune.Tuner(
+        tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
+        param_space={"_budget_tokens": spec.budget_tokens},
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.n_trials,
+                                    max_concurrent_trials=2),
+        run_config=tune.RunConfig(name="tune", storage_path=str(tmp), verbose=0,
+                                  callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})]),
+    )
+    grid = tuner.fit()
+    tracker.outbox.drain(timeout_s=30)
+    return {"grid": grid, "tmp": tmp, "storage": storage, "tracker": tracker, "spec": spec, "scheduler": scheduler}
+
+
+def test_tune_pruned_trials_carry_the_decision_in_last_result_and_result_json(tune_sweep):
+    results = list(tune_sweep["grid"])
+    pruned = [r for r in results if r.metrics.get("pruned")]
+    assert 1 <= len(pruned) < len(results)
+    budget_flops = C_TOK * tune_sweep["spec"].budget_tokens
+    for r in pruned:
+        m = r.metrics
+        assert m["pruned_at_flops"] in (0.25 * budget_flops, 0.5 * budget_flops)
+        assert m["flops"] >= m["pruned_at_flops"] and m["flops"] < budget_flops
+        assert "stop(" in m["rung_decisions"]
+        with open(os.path.join(r.path, "result.json")) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        assert rows[-1]["pruned"] is True and rows[-1]["pruned_at_flops"] == m["pruned_at_flops"]
+    # every batch size keeps a trial that trained its whole budget
+    full = {r.config["batch_size_sequences"] for r in results if not r.metrics.get("pruned") and r.metrics["flops"] == budget_flops}
+    assert full == {4, 8}
+
+
+def test_tune_pruned_trials_are_pruned_in_the_optuna_studies(tune_sweep):
+    results = list(tune_sweep["grid"])
+    for b in (4, 8):
+        study = optuna.load_study(study_name=f"tune-it-B{b}", storage=tune_sweep["storage"])
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        n_pruned = sum(1 for r in results if r.config["batch_size_sequences"] == b and r.metrics.get("pruned"))
+        assert states.count(optuna.trial.TrialState.PRUNED) == n_pruned
+        assert states.count(optuna.trial.TrialState.COMPLETE) == 6 - n_pruned
+
+
+def test_tune_pruned_trials_are_pruned_in_mlflow(tune_sweep):
+    tracker = tune_sweep["tracker"]
+    c = tracker.client
+    children = c.search_runs([tracker.experiment_id], filter_string="tags.`critbatch.role` = 'trial'")
+    by_trial = {r.data.tags["critbatch.trial_id"]: r for r in children}
+    for r in tune_sweep["grid"]:
+        run = by_trial[r.metrics["trial_id"]]
+        assert run.data.tags["critbatch.status"] == ("PRUNED" if r.metrics.get("pruned") else "COMPLETED")
+
+
+def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
+    from ray import tune
+
+    from sweeps.budget import SweepBudgetStopper
+
+    budget_tokens = 1000
+    stopper = SweepBudgetStopper(2.5 * C_TOK * budget_tokens)
+    tuner = tune.Tuner(
+        tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
+        param_space={"_budget_tokens": budget_tokens, "lr_multiplier": tune.grid_search([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="budget", storage_path=str(tmp_path), stop=stopper, verbose=0),
+    )
+    grid = tuner.fit()
+    spent = sum(r.metrics.get("flops", 0.0) for r in grid if r.metrics)
+    assert stopper.exhausted
+    assert 2.5 * C_TOK * budget_tokens <= spent < 3.5 * C_TOK * budget_tokens
+    assert sum(1 for r in grid if r.metrics and r.metrics.get("flops") == C_TOK * budget_tokens) == 2
+
+
+# ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
+
+
+def _run(args, timeout=1500):
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cli_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pruned")
+    d = yaml.safe_load(TINY.read_text())
+    d["name"] = "tiny-pruned"
+    d["eval"] = {"milestones": 8, "eval_tokens": 1024}
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 4, "lr_multiplier": [0.05, 20.0]}
+    d["resources"] = {"max_concurrent_trials": 2}
+    d["pruning"] = {"enabled": True, "grace_fraction": 0.25, "reduction_factor": 2, "min_trials_per_rung": 2}
+    spec = write_spec(tmp, d)
+    out = tmp / "out"
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "pruned-it", "--no-progress"])
+    return {"result": r, "out": out, "uri": uri}
+
+
+def test_cli_pruned_sweep_succeeds_with_every_batch_size(cli_sweep):
+    r = cli_sweep["result"]
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cbs = json.loads((cli_sweep["out"] / "cbs.json").read_text())
+    assert cbs["trials"]["PRUNED"] >= 1
+    assert cbs["trials"]["COMPLETED"] + cbs["trials"]["PRUNED"] + cbs["trials"]["DIVERGED"] == 8
+    assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8]
+
+
+def test_cli_pruned_trials_stop_at_a_rung(cli_sweep):
+    trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
+    pruned = [t for t in trials if t["status"] == "PRUNED"]
+    assert pruned
+    for t in pruned:
+        last_tokens = t["tokens"][-1]
+        assert 0.25 * 8192 <= last_tokens < 8192  # stopped at the first milestone at or past a rung
+
+
+def test_cli_pruned_trials_are_pruned_in_the_optuna_study(cli_sweep):
+    trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
+    storage = f"sqlite:///{cli_sweep['out'] / 'optuna.db'}"
+    for b in (4, 8):
+        study = optuna.load_study(study_name=f"pruned-it-B{b}", storage=storage)
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        expected = sum(1 for t in trials if t["batch_size_sequences"] == b and t["status"] == "PRUNED")
+        assert states.count(optuna.trial.TrialState.PRUNED) == expected
+
+
+def test_cli_pruned_trials_have_the_decision_tags_in_mlflow(cli_sweep):
+    trials = {t["trial_id"]: t for t in json.loads((cli_sweep["out"] / "trials.json").read_text())}
+    c = MlflowClient(cli_sweep["uri"])
+    exp = c.get_experiment_by_name("tiny-pruned")
+    children = c.search_runs([exp.experiment_id], filter_string="tags.`critbatch.role` = 'trial'")
+    assert len(children) == 8
+    for run in children:
+        tags = run.data.tags
+        t = trials[tags["critbatch.trial_id"]]
+        assert tags["critbatch.status"] == t["status"]
+        if t["status"] == "PRUNED":
+            assert float(tags["critbatch.pruned_at_flops"]) <= t["flops"][-1]
+            assert int(tags["critbatch.pruned_rung"]) in (0, 1)
+            assert ":stop(" in tags["critbatch.rung_decisions"]
+        else:
+            assert "critbatch.pruned_at_flops" not in tags
