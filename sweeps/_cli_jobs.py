@@ -28,8 +28,8 @@ __all__ = ["register"]
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 
-_err = Console(stderr=True, highlight=False)
-_out = Console(highlight=False)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(highlight=False, soft_wrap=True)
 
 _ADDRESS = typer.Option(
     None, "--address", envvar="RAY_ADDRESS",

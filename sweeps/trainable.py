@@ -114,8 +114,44 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
             ),
         )
         trainer.fit()
+        _drain_report_queue()
 
     return ray.tune.with_resources(run_trial, {"CPU": res.trial_driver_cpus})
+
+
+def _drain_report_queue(timeout_s: float = 300.0) -> None:
+    """Wait until Tune has taken every metrics item that ``TuneReportCallback`` forwarded.
+
+    The Train controller's last report can still sit in the Tune session's inter-actor queue when
+    ``fit()`` returns; if the trainable function ends first, Ray 2.60's function-trainable session can
+    block forever putting that item on its own result queue (seen with restored trials under load).
+    Returning only once the queue is empty keeps the consumer alive for it.
+    """
+    import time
+
+    from ray.train._internal.session import get_session
+
+    session = get_session()
+    q = getattr(session, "_inter_actor_queue", None) if session is not None else None
+    if q is None:
+        return
+    def drained() -> bool:
+        try:
+            return q.empty() and session.result_queue.empty()
+        except Exception:  # noqa: BLE001 - the queue actor is gone: nothing left to drain
+            return True
+
+    deadline = time.monotonic() + timeout_s
+    quiet_since = None
+    while time.monotonic() < deadline:
+        if drained():
+            # the main thread moves an item from one queue to the other: require a quiet half second
+            quiet_since = quiet_since or time.monotonic()
+            if time.monotonic() - quiet_since >= 0.5:
+                return
+        else:
+            quiet_since = None
+        time.sleep(0.05)
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.conftest import ROOT, write_spec
 
 pytestmark = pytest.mark.slow
 CLI = [sys.executable, "-m", "sweeps.cli"]
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
@@ -39,6 +41,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def spec_dict(**over) -> dict:
@@ -102,12 +125,15 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
 def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
     """SIGKILL the sweep driver (on an external Ray cluster) mid-sweep, then `critbatch resume`."""
     port = free_port()
-    ray_env = dict(ENV)
-    subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=3", "--disable-usage-stats",
-                    "--include-dashboard=false"], check=True, env=ray_env, capture_output=True,
-                   cwd=ROOT, executable=None)
+    temp = tempfile.mkdtemp(prefix="cbf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    # its own process group, stopped by killing that group: `ray stop` would stop every cluster here
+    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
+                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     address = f"127.0.0.1:{port}"
     try:
+        wait_for(lambda: port_open(port), 120, "the Ray head")
         d = spec_dict(name="fault-driver")
         d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
         d["resources"] = {"max_concurrent_trials": 2}
@@ -128,7 +154,7 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
                            capture_output=True, text=True, timeout=1200)
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
-        subprocess.run(["ray", "stop", "--force"], env=ray_env, capture_output=True)
+        stop_group(head)
     cbs = json.loads((out / "cbs.json").read_text())
     assert cbs["trials"]["COMPLETED"] == 4
     trials = json.loads((out / "trials.json").read_text())
@@ -160,11 +186,7 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def up():
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return True
-        except OSError:
-            return False
+        return port_open(port)
 
     server = start_server()
     uri = f"http://127.0.0.1:{port}"
@@ -198,7 +220,4 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
         state = json.loads((out / "sweep.json").read_text())
         assert state["mlflow_complete"] is True
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        stop_group(server)

@@ -50,7 +50,10 @@ def synthetic_trainable(config):
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
+    from ray import cloudpickle
 
+    # the synthetic trainable lives in this test module, which Ray's workers cannot import by name
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = not ray.is_initialized()
     if started:

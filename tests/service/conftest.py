@@ -81,6 +81,23 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) ->
     raise RuntimeError(f"{url} not up after {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
+def _wait_ready(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
+    """Wait until the service reaches the Ray cluster (``GET /v1/sweeps`` answers 200)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = httpx.get(f"{url}/v1/sweeps", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+            if last.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"service at {url} not ready: {last and last.text}\n{log.read_text()[-4000:]}")
+
+
 def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
     """Stop a process we started in its own session, then anything left in its process group."""
     if proc.poll() is None:
@@ -152,8 +169,8 @@ def backends() -> Iterator[tuple[str, str]]:
         _wait_http(f"{ml_url}/health", 180, ml_proc, ml_log)
         yield ray_url, ml_url
     finally:
-        _stop_group(ml_proc, grace_s=15)
-        _stop_group(ray_proc, grace_s=30)
+        _stop_group(ml_proc, grace_s=5)
+        _stop_group(ray_proc, grace_s=10)
         if os.environ.get("CRITBATCH_KEEP_TEST_LOGS") != "1":
             shutil.rmtree(ray_tmp, ignore_errors=True)
             shutil.rmtree(ml_tmp, ignore_errors=True)
@@ -195,6 +212,7 @@ def service_url(cluster_env: dict[str, str]) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_http(f"{url}/healthz", 60, proc, log)
+        _wait_ready(url, 60, proc, log)
         yield url
     finally:
         _stop_group(proc, grace_s=10)

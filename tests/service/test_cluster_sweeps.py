@@ -5,7 +5,10 @@ Four tiny sweeps are submitted up front so that they overlap on the 2-CPU cluste
 * ``cli``:  ``critbatch submit`` -> followed with ``critbatch status --wait`` to SUCCEEDED;
 * ``rest``: ``POST /v1/sweeps`` -> followed with ``GET /v1/sweeps/{id}`` to SUCCEEDED, then its report;
 * ``stop``: a longer sweep, stopped with ``DELETE`` once a trial runs -> STOPPED, no RUNNING MLflow run;
-* ``fail``: every trial raises (a batch warmup that shrinks the batch to 0 sequences) -> FAILED.
+* ``fail``: its one trial raises (a batch warmup that shrinks the batch to 0 sequences) -> FAILED.
+
+On an idle 2-core machine the module takes about 4 minutes; timeouts are generous because other
+test suites may share the cores.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "test-token-0123456789abcdef"  # conftest.TOKEN: the live service's token
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-TIMEOUT_S = 420
+TIMEOUT_S = 800
 
 
 def tiny(name: str, **over) -> dict:
@@ -77,25 +80,31 @@ def sweeps(cluster_env, service_url, tmp_path_factory) -> dict:
     assert r.status_code == 201, r.text
     ids["stop"] = r.json()["id"]
 
+    fail_spec = tmp / "fail.yaml"
+    # the trial raises in its worker: the warmup's first phase is 4*1//16 = 0 sequences
+    fail_spec.write_text(yaml.safe_dump(tiny("svc-fail", batch_warmup={"schedule": [[0, 1], [2048, 16]]},
+                                             search={**tiny("x")["search"], "batch_sizes_sequences": [4]})))
+    p = critbatch(cluster_env, "submit", str(fail_spec), "--sweep-id", "svc-fail-1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    ids["fail"] = "svc-fail-1"
+
     cli_spec = tmp / "cli.yaml"
     cli_spec.write_text(yaml.safe_dump(tiny("svc-cli")))
     p = critbatch(cluster_env, "submit", str(cli_spec))
     assert p.returncode == 0, p.stdout + p.stderr
     ids["cli"] = p.stdout.split("submitted sweep ", 1)[1].split()[0]
-    ids["cli_spec"] = str(cli_spec)
+    # resubmitting the identical spec (right away: the default id hashes the spec) starts no second job
+    again = critbatch(cluster_env, "submit", str(cli_spec))
+    ids["cli_again"] = again.returncode, again.stdout + again.stderr
 
     r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
                    content=json.dumps(tiny("svc-rest")), params={"sweep_id": "svc-rest-1"}, timeout=120)
     assert r.status_code == 201, r.text
     ids["rest"] = r.json()["id"]
     assert ids["rest"] == "svc-rest-1" and r.json()["status"] == "PENDING"
-
-    fail_spec = tmp / "fail.yaml"
-    # every trial raises in its worker: the warmup's first phase is 4*1//16 = 0 sequences
-    fail_spec.write_text(yaml.safe_dump(tiny("svc-fail", batch_warmup={"schedule": [[0, 1], [2048, 16]]})))
-    p = critbatch(cluster_env, "submit", str(fail_spec), "--sweep-id", "svc-fail-1")
-    assert p.returncode == 0, p.stdout + p.stderr
-    ids["fail"] = "svc-fail-1"
+    dup = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
+                     content=json.dumps(tiny("svc-rest")), params={"sweep_id": "svc-rest-1"}, timeout=120)
+    ids["rest_dup"] = dup.status_code, dup.json()
     return ids
 
 
@@ -129,18 +138,16 @@ def test_cli_sweep_succeeds_and_resubmitting_starts_no_second_job(sweeps, cluste
     assert state["best"]["val_loss"] > 0 and state["best"]["batch_size_sequences"] in (4, 8)
     assert "svc-cli" in logs
 
-    before = json.loads(critbatch(cluster_env, "list", "--json", "--limit", "100").stdout)["total"]
-    again = critbatch(cluster_env, "submit", sweeps["cli_spec"])
-    assert again.returncode == 0 and "already submitted" in again.stderr
-    after = json.loads(critbatch(cluster_env, "list", "--json", "--limit", "100").stdout)
-    assert after["total"] == before and sid in [s["id"] for s in after["items"]]
+    code, out = sweeps["cli_again"]
+    assert code == 0 and f"sweep {sid!r} was already submitted (the same spec" in out, out
+    listed = json.loads(critbatch(cluster_env, "list", "--json", "--limit", "100").stdout)
+    assert [s["id"] for s in listed["items"]].count(sid) == 1 and listed["total"] == 4
 
 
 def test_rest_sweep_succeeds_and_serves_its_report(sweeps, service_url, cluster_env):
     sid = sweeps["rest"]
-    dup = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
-                     content=json.dumps(tiny("svc-rest")), params={"sweep_id": sid}, timeout=60)
-    assert dup.status_code == 409 and dup.json()["same_spec"] is True
+    code, dup = sweeps["rest_dup"]
+    assert code == 409 and dup["same_spec"] is True and dup["id"] == sid
 
     body = wait_rest(service_url, sid, lambda b: b["status"] in ("SUCCEEDED", "FAILED", "STOPPED"))
     assert body["status"] == "SUCCEEDED", (body, httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH).text[-3000:])
@@ -171,7 +178,7 @@ def test_a_sweep_whose_trials_all_raise_ends_failed(sweeps, cluster_env):
     assert p.returncode == 1, p.stdout + p.stderr
     state = json.loads(critbatch(cluster_env, "status", sid, "--json").stdout)
     assert state["status"] == "FAILED" and state["reason"], state
-    assert state["trials"]["failed"] == 2 and state["trials"]["done"] == 0, state
+    assert state["trials"]["failed"] == 1 == state["trials"]["planned"] and state["trials"]["done"] == 0, state
     runs = mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid)
     assert [r for r in runs if r.info.status == "RUNNING"] == []
 

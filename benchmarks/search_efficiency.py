@@ -1,0 +1,300 @@
+"""Search efficiency: the critical batch size from a pruned search, for a fraction of a full grid's FLOPs.
+
+    python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 3]
+                                           [--multipliers 0.35,0.5,0.7,1,1.4,2] [--jobs 2]
+
+1. **Full grid.** Every batch size of the Shakespeare example (``sweeps/examples/shakespeare-char.yaml``)
+   times every LR multiplier of ``--multipliers`` (square-root rule, one beta2 half-life, seed 0),
+   each trained for the example's token budget by ``workloads.pretrain.run_pretrain`` (plain PyTorch,
+   ``--jobs`` processes of one thread). Each trial's milestone curve (tokens, FLOPs, validation loss,
+   seconds since the trial started) is cached as JSON in ``benchmarks/cache/search_efficiency/``, keyed
+   by a hash of its full trial config, so reruns train nothing. ``sweeps.analysis.analyze_trials``
+   gives the grid's ``b_crit`` and its 95 % bootstrap interval.
+2. **Pruned searches.** ``--searches`` times (search seed 0, 1, ...): per batch size, an Optuna TPE
+   study (the sampler ``BatchSizeSearcher`` uses, seeded the same way) proposes LR multipliers from the
+   same grid, ``--trials-per-batch-size`` distinct ones; trials run ``--concurrency`` at a time,
+   handed out round-robin over batch sizes as ``BatchSizeSearcher`` does, on a timeline built from
+   the cached per-milestone seconds; every report goes through ``sweeps.scheduler.EqualComputeScheduler``
+   (the spec's default pruning section), which stops trials at its FLOP rungs; a stopped trial is told
+   to its study as PRUNED. Training is deterministic for a fixed config and seed, so a trial's curve up
+   to where it was stopped is the cached curve: replaying it is what running it again would report.
+   The FLOPs a search spends are the training FLOPs of every trial up to its last report. Its
+   ``b_crit`` is analysed at the grid's target loss.
+3. The last line: ``flops_fraction=X within_ci=yes|no`` (``X``: the searches' median FLOPs over the
+   grid's; ``yes`` when every search's ``b_crit`` lies in the grid's interval).
+
+``--quick`` runs a tiny model on a few batch sizes, to check the script end to end in about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
+from sweeps.scheduler import EqualComputeScheduler  # noqa: E402
+from sweeps.search import hyperparameters_for  # noqa: E402
+from sweeps.spec import SweepSpec, parse_spec  # noqa: E402
+
+CACHE = ROOT / "benchmarks" / "cache" / "search_efficiency"
+HALF_LIFE_TOKENS = 32768.0  # beta2 token half-life of every trial (the example's range is 8 Ki - 128 Ki)
+
+
+def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int, concurrency: int) -> SweepSpec:
+    d = yaml.safe_load((ROOT / "sweeps" / "examples" / "shakespeare-char.yaml").read_text())
+    d["name"] = "search-efficiency"
+    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+    d["search"].update(lr_rules=["sqrt"], lr_multiplier=[min(multipliers), max(multipliers)],
+                       beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
+                       trials_per_batch_size=trials_per_batch_size)
+    d["resources"]["max_concurrent_trials"] = concurrency
+    d["pruning"] = {"enabled": True}
+    if quick:
+        d["model"] = {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 2, "context_length_tokens": 32}
+        d["budget_tokens"] = 16384
+        d["schedule"] = {"warmup_tokens": 1024, "ema_half_life_tokens": 2048}
+        d["eval"] = {"milestones": 8, "eval_tokens": 2048}
+        d["search"].update(batch_sizes_sequences=[4, 8, 16, 32], base_batch_size_sequences=8)
+    return parse_spec(d)
+
+
+# ---- the full grid: real training, cached ------------------------------------------------------------------
+
+
+def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
+    from sweeps.trainable import trial_config
+
+    cfg = {"batch_size_sequences": b, "seed": spec.seeds[0], **hyperparameters_for(spec, b, {"lr_multiplier": m})}
+    d = trial_config(spec, cfg, f"grid-B{b}-m{m:g}", data_path=spec.data.path).to_dict()
+    d["data_path"] = str(Path(d["data_path"]).relative_to(ROOT))  # the key must not depend on the checkout
+    return d
+
+
+def cache_key(d: dict[str, Any]) -> str:
+    blob = json.dumps({k: v for k, v in d.items() if k != "trial_id"}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _train(d: dict[str, Any]) -> dict[str, Any]:
+    """Run one trial with one thread; returns its curve."""
+    import torch
+
+    torch.set_num_threads(1)
+    from workloads.config import TrialConfig
+    from workloads.pretrain import run_pretrain
+
+    d = dict(d, data_path=str(ROOT / d["data_path"]))
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+
+    def report(metrics: dict[str, Any], state: Any) -> None:
+        rows.append({"tokens": metrics["tokens_seen"], "flops": metrics["flops"], "val_loss": metrics["val_loss"],
+                     "seconds": time.perf_counter() - t0, "status": metrics["status"]})
+
+    run_pretrain(TrialConfig.from_dict(d), device=torch.device("cpu"), report=report)
+    return {"config": d | {"data_path": str(Path(d["data_path"]).relative_to(ROOT))}, "curve": rows}
+
+
+def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple[int, float], dict[str, Any]]:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    want = {(b, m): trial_dict(spec, b, m) for b in spec.search.batch_sizes_sequences for m in multipliers}
+    missing = [(k, d) for k, d in want.items() if not (CACHE / f"{cache_key(d)}.json").is_file()]
+    print(f"grid: {len(want)} trials, {len(want) - len(missing)} cached, training {len(missing)} "
+          f"({jobs} process(es) of one thread)", flush=True)
+    if missing:
+        t0 = time.perf_counter()
+        # the slowest (smallest batch) first, so the pool ends together
+        missing.sort(key=lambda kd: kd[0][0])
+        with mp.get_context("spawn").Pool(jobs) as pool:
+            for (key, d), out in zip(missing, pool.imap(_train, [d for _, d in missing])):
+                (CACHE / f"{cache_key(d)}.json").write_text(json.dumps(out))
+                c = out["curve"][-1]
+                print(f"  B={key[0]:<4} m={key[1]:<5g} val_loss={c['val_loss']:.4f} ({c['seconds']:.0f} s, "
+                      f"{time.perf_counter() - t0:.0f} s elapsed)", flush=True)
+    return {k: json.loads((CACHE / f"{cache_key(d)}.json").read_text()) for k, d in want.items()}
+
+
+def record(tid: str, b: int, m: float, spec: SweepSpec, curve: list[dict[str, Any]], status: str) -> TrialRecord:
+    hp = hyperparameters_for(spec, b, {"lr_multiplier": m})
+    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=spec.seeds[0], group_id=tid, status=status,
+                       hyperparameters=hp, tokens=[r["tokens"] for r in curve],
+                       val_loss=[r["val_loss"] if r["val_loss"] is not None else math.nan for r in curve],
+                       flops=[r["flops"] for r in curve])
+
+
+def status_of(curve: list[dict[str, Any]]) -> str:
+    return "DIVERGED" if curve and curve[-1]["status"] == "diverged" else "COMPLETED"
+
+
+def analyse(spec: SweepSpec, records: list[TrialRecord], targets: list[float] | None) -> dict[str, Any]:
+    return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
+                          reference_batch=float(spec.search.base_batch_size_sequences), targets=targets, n_boot=1000)
+
+
+# ---- one pruned search, replayed on the cached curves --------------------------------------------------------
+
+
+@dataclass
+class _Running:
+    tid: str
+    b: int
+    m: float
+    ot_trial: Any
+    curve: list[dict[str, Any]]
+    start_s: float
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+
+def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]], multipliers: list[float],
+                  search_seed: int) -> tuple[list[TrialRecord], float]:
+    """One asynchronous pruned search (module docstring, step 2). Returns its records and FLOPs spent."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    batches = list(spec.search.batch_sizes_sequences)
+    k = spec.search.trials_per_batch_size
+    dist = {"lr_multiplier": optuna.distributions.CategoricalDistribution(multipliers)}
+    studies = {b: optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
+        seed=(search_seed * 7919 + b) % 2**31)) for b in batches}
+    tried: dict[int, dict[float, tuple[str, float | None]]] = {b: {} for b in batches}  # m -> outcome
+    assigned = {b: 0 for b in batches}
+    sched = EqualComputeScheduler.from_spec(spec)
+    sched.annotator().setup()
+    records: list[TrialRecord] = []
+    spent = 0.0
+    rr = 0
+    events: list[tuple[float, int, str]] = []  # (time s, sequence, trial id)
+    running: dict[str, _Running] = {}
+    seq = 0
+
+    def ask(b: int):
+        """A multiplier not yet run at this batch size: a repeat is told its known outcome at no cost
+        (FAIL while the first run is still going), and the sampler is asked again."""
+        for _ in range(1000):
+            t = studies[b].ask(dist)
+            m = t.params["lr_multiplier"]
+            if m not in tried[b]:
+                return t, m
+            state, value = tried[b][m]
+            studies[b].tell(t, value, state=getattr(optuna.trial.TrialState, state))
+        raise RuntimeError(f"the sampler keeps proposing multipliers already run at B={b}")
+
+    def start(now: float) -> bool:
+        nonlocal rr, seq
+        for i in range(len(batches)):
+            b = batches[(rr + i) % len(batches)]
+            if assigned[b] < min(k, len(multipliers)):
+                rr = (rr + i + 1) % len(batches)
+                assigned[b] += 1
+                t, m = ask(b)
+                tid = f"s{search_seed}-B{b}-{assigned[b]}"
+                run = _Running(tid, b, m, t, grid[(b, m)]["curve"], now)
+                tried[b][m] = ("FAIL", None)  # until it ends
+                running[tid] = run
+                seq += 1
+                heapq.heappush(events, (now + run.curve[0]["seconds"], seq, tid))
+                return True
+        return False
+
+    for _ in range(spec.resources.max_concurrent_trials):
+        start(0.0)
+    while events:
+        now, _, tid = heapq.heappop(events)
+        run = running[tid]
+        row = run.curve[len(run.seen)]
+        run.seen.append(row)
+        result = {"tokens_seen": row["tokens"], "flops": row["flops"],
+                  "val_loss": row["val_loss"] if row["val_loss"] is not None else math.nan}
+        decision = sched.on_trial_result(None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}),
+                                         result)
+        done = len(run.seen) == len(run.curve)
+        if decision == "STOP" or done:
+            spent += row["flops"]
+            if decision == "STOP":
+                status, value = "PRUNED", None
+            else:
+                status = status_of(run.curve)
+                value = row["val_loss"] if status == "COMPLETED" else None
+            state = "PRUNED" if status == "PRUNED" else ("COMPLETE" if value is not None else "FAIL")
+            studies[run.b].tell(run.ot_trial, value, state=getattr(optuna.trial.TrialState, state))
+            tried[run.b][run.m] = (state, value)
+            records.append(record(tid, run.b, run.m, spec, run.seen, status))
+            del running[tid]
+            start(now)
+        else:
+            seq += 1
+            heapq.heappush(events, (run.start_s + run.curve[len(run.seen)]["seconds"], seq, tid))
+    return records, spent
+
+
+# ---- main -------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a tiny model on 4 batch sizes (checks the script)")
+    ap.add_argument("--searches", type=int, default=5, help="pruned searches (search seeds 0, 1, ...)")
+    ap.add_argument("--trials-per-batch-size", type=int, default=3, help="distinct LR multipliers each search tries")
+    ap.add_argument("--multipliers", default="0.35,0.5,0.7,1,1.4,2", help="the grid's LR multipliers (sqrt rule)")
+    ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
+    ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
+    a = ap.parse_args()
+    multipliers = sorted(float(x) for x in a.multipliers.split(","))
+    if a.quick and a.multipliers == ap.get_default("multipliers"):
+        multipliers = [0.5, 1.0, 2.0]
+    spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency)
+    batches = spec.search.batch_sizes_sequences
+
+    grid = run_grid(spec, multipliers, a.jobs)
+    grid_records = [record(f"grid-B{b}-m{m:g}", b, m, spec, out["curve"], status_of(out["curve"]))
+                    for (b, m), out in grid.items()]
+    grid_flops = sum(r.flops[-1] for r in grid_records)
+    ga = analyse(spec, grid_records, spec.targets)
+    if ga.get("b_crit") is None or not ga.get("b_crit_ci"):
+        print(f"grid: no b_crit ({ga.get('status')}: {ga.get('message')})")
+        print("flops_fraction=nan within_ci=no")
+        return
+    lo, hi = ga["b_crit_ci"][0], ga["b_crit_ci"][1] if ga["b_crit_ci"][1] is not None else math.inf
+    target = ga["target_loss"]
+    best = {p["batch_size_sequences"]: p["best_config"]["lr_multiplier"] for p in ga["per_batch"]}
+    print(f"grid: {len(grid_records)} trials ({len(batches)} batch sizes x {len(multipliers)} LR multipliers), "
+          f"{grid_flops:.4g} training FLOPs; target loss {target:.4f}: b_crit {ga['b_crit']:.1f} sequences, "
+          f"95% CI [{lo:.1f}, {hi:.1f}]; best multiplier per batch size {best}")
+
+    fractions, inside = [], []
+    for s in range(a.searches):
+        records, spent = pruned_search(spec, grid, multipliers, s)
+        pa = analyse(spec, records, [target])
+        frac = spent / grid_flops
+        fractions.append(frac)
+        b = pa.get("b_crit")
+        ok = b is not None and lo <= b <= hi
+        inside.append(ok)
+        counts = {k: v for k, v in pa["trials"].items() if v}
+        far = f"{b:.1f} sequences ({math.log2(b / ga['b_crit']):+.2f} octaves from the grid's)" if b else \
+            f"none ({pa.get('status')}: {pa.get('b_crit_bound') or pa.get('message')})"
+        print(f"search seed {s}: {len(records)} trials {counts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
+              f"b_crit {far}; {'inside' if ok else 'outside'} the grid's CI")
+    med = statistics.median(fractions)
+    print(f"{sum(inside)}/{len(inside)} searches inside the grid's CI; median FLOPs fraction {med:.3f}")
+    print(f"flops_fraction={med:.3f} within_ci={'yes' if all(inside) else 'no'}")
+
+
+if __name__ == "__main__":
+    main()
