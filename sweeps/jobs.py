@@ -753,6 +753,10 @@ class _MlflowReader:
 
 
 _ENV_LOCK = threading.Lock()
+#: Tries of one submission when the connection drops (the upload and the submission id make it idempotent).
+SUBMIT_ATTEMPTS = 3
+#: ``wait`` gives up after this many reads in a row that could not reach the cluster.
+WAIT_MAX_CONSECUTIVE_ERRORS = 5
 
 
 def _make_client(address: str | None, headers: dict[str, str] | None) -> Any:
@@ -855,21 +859,31 @@ class SweepJobs:
         if existing is not None:
             same = (existing.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
             raise SweepExists(staged.sweep_id, self._state(existing, with_mlflow=False).status, same)
-        try:
-            self.client.submit_job(
-                entrypoint=staged.entrypoint,
-                submission_id=staged.sweep_id,
-                runtime_env=staged.runtime_env,
-                metadata=dict(staged.metadata),
-            )
-        except RuntimeError as exc:
-            if "already exists" in str(exc):  # lost a race with an identical submission
-                raise SweepExists(staged.sweep_id, "PENDING", True) from None
-            raise ClusterUnavailable(f"Ray job server refused the job: {str(exc)[:2000]}") from None
-        except ClusterUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise ClusterUnavailable(f"cannot submit to the Ray job server at {self.address}: {exc}") from None
+        for attempt in range(SUBMIT_ATTEMPTS):
+            try:
+                self.client.submit_job(
+                    entrypoint=staged.entrypoint,
+                    submission_id=staged.sweep_id,
+                    runtime_env=staged.runtime_env,
+                    metadata=dict(staged.metadata),
+                )
+                break
+            except ClusterUnavailable:
+                raise
+            except RuntimeError as exc:
+                if "already exists" not in str(exc):
+                    raise ClusterUnavailable(f"Ray job server refused the job: {str(exc)[:2000]}") from None
+                # A lost race with another submission of this id (first attempt), or an earlier
+                # attempt of ours that reached the server although its answer was lost.
+                job = self._job(staged.sweep_id)
+                same = (job.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
+                if attempt == 0 or not same:
+                    raise SweepExists(staged.sweep_id, self._state(job, with_mlflow=False).status, same) from None
+                break
+            except Exception as exc:  # noqa: BLE001 - connection dropped (requests/urllib3 errors): retry
+                if attempt + 1 == SUBMIT_ATTEMPTS:
+                    raise ClusterUnavailable(f"cannot submit to the Ray job server at {self.address}: {exc}") from None
+                time.sleep(2.0 * (attempt + 1))
         return SweepState(
             id=staged.sweep_id, status="PENDING", ray_status="PENDING", name=staged.spec.name,
             tracking_uri=staged.tracking_uri, trials=TrialCounts(planned=staged.spec.n_trials),
@@ -927,8 +941,17 @@ class SweepJobs:
              on_update: Callable[[SweepState], None] | None = None) -> SweepState:
         """Poll until the sweep ends (or ``timeout_s`` passes); return the last state."""
         deadline = time.monotonic() + timeout_s
+        errors = 0
         while True:
-            state = self.get(sweep_id)
+            try:
+                state = self.get(sweep_id)
+                errors = 0
+            except ClusterUnavailable:
+                errors += 1  # a busy head node may drop a request now and then
+                if errors >= WAIT_MAX_CONSECUTIVE_ERRORS or time.monotonic() >= deadline:
+                    raise
+                time.sleep(poll_s)
+                continue
             if on_update is not None:
                 on_update(state)
             if state.terminal or time.monotonic() >= deadline:

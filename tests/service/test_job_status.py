@@ -216,3 +216,45 @@ def test_orphans_are_closed_in_a_real_mlflow_store(tmp_path, fake_ray):
     assert c.get_run(other.info.run_id).info.status == "RUNNING"  # another sweep's run is not touched
     reader = _MlflowReader(uri)
     assert [x for x in reader.trials("sw", [exp]) if x.info.status == "RUNNING"] == []
+
+
+def test_a_dropped_connection_is_retried_and_a_lost_answer_is_not_a_duplicate(fake_jobs, fake_ray, monkeypatch):
+    import sweeps.jobs as jobs_mod
+
+    monkeypatch.setattr(jobs_mod.time, "sleep", lambda s: None)
+    real = fake_ray.submit_job
+    calls = []
+
+    def flaky(**kw):
+        calls.append(kw["submission_id"])
+        if len(calls) == 1:
+            raise ConnectionError("Connection aborted: RemoteDisconnected")  # nothing reached the server
+        if len(calls) == 2:
+            real(**kw)
+            raise ConnectionError("Connection aborted: RemoteDisconnected")  # submitted, answer lost
+        return real(**kw)  # -> "already exists": ours
+
+    monkeypatch.setattr(fake_ray, "submit_job", flaky)
+    with staged_sweep(spec(), base_dir=REPO, tracking_uri="http://mlflow:5000") as st:
+        state = fake_jobs.submit(st)
+    assert state.status == "PENDING" and len(calls) == 3 and len(fake_ray.submitted) == 1
+
+
+def test_wait_rides_out_a_few_unreachable_reads(fake_jobs, fake_ray, monkeypatch):
+    from sweeps.jobs import ClusterUnavailable
+
+    fake_ray.add("w", "SUCCEEDED")
+    real = fake_ray.get_job_info
+    n = {"calls": 0}
+
+    def flaky(job_id):
+        n["calls"] += 1
+        if n["calls"] <= 2:
+            raise ConnectionError("dropped")
+        return real(job_id)
+
+    monkeypatch.setattr(fake_ray, "get_job_info", flaky)
+    assert fake_jobs.wait("w", poll_s=0.0).status == "SUCCEEDED"
+    monkeypatch.setattr(fake_ray, "get_job_info", lambda job_id: (_ for _ in ()).throw(ConnectionError("down")))
+    with pytest.raises(ClusterUnavailable):
+        fake_jobs.wait("w", poll_s=0.0)
