@@ -46,6 +46,16 @@ def register(app: typer.Typer) -> None:
                 raise SpecError([("<root>", f"spec file not found: {spec}")]) from None
             except (OSError, UnicodeDecodeError) as exc:
                 raise SpecError([("<root>", f"cannot read spec file {spec}: {exc}")]) from None
+            import yaml
+
+            from sweeps.spec import resolved_spec_dict
+
+            try:
+                has_base = isinstance(yaml.safe_load(text), dict) and "base" in yaml.safe_load(text)
+            except yaml.YAMLError:
+                has_base = False
+            if has_base:  # a derived spec travels resolved: the cluster has no base file
+                text = yaml.safe_dump(resolved_spec_dict(spec), sort_keys=False)
             objects = render_rayjob(parse_spec_text(text), text, image, namespace or None)
         except (SpecError, InvalidInput) as exc:
             _fail_invalid(exc)

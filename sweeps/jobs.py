@@ -629,6 +629,20 @@ def _counts(trials: list[Any], planned: int | None) -> TrialCounts:
     )
 
 
+def _final_counts(parent: Any | None, planned: int | None) -> TrialCounts | None:
+    """The trial counts the driver logged on the parent run when the sweep ended (``trials_*`` metrics)."""
+    if parent is None or "trials_completed" not in parent.data.metrics:
+        return None
+    m = parent.data.metrics
+
+    def n(key: str) -> int:
+        v = m.get(f"trials_{key}")
+        return int(v) if v is not None and math.isfinite(v) else 0
+
+    return TrialCounts(planned=planned, done=n("completed"), running=0, failed=n("failed"), diverged=n("diverged"),
+                       pruned=n("pruned"), stopped=n("stopped"))
+
+
 def _best(trials: list[Any]) -> dict[str, Any] | None:
     best = None
     for r in trials:
@@ -1053,6 +1067,9 @@ class SweepJobs:
             tp = parent.data.tags.get(TAG_TRIALS_PLANNED, "")
             planned = int(tp) if tp.isdigit() else None
         counts = _counts(trials, planned) if (with_trials or status == "SUCCEEDED") else None
+        final = _final_counts(parent, planned) if status in TERMINAL_STATUSES else None
+        if final is not None and counts is not None:
+            counts = final  # the driver's own summary of a finished sweep wins over the child runs
         parent_tag = parent.data.tags.get(TAG_STATUS) if parent is not None else None
         parent_msg = parent.data.tags.get(TAG_MESSAGE) if parent is not None else None
         # Honest status: exit 0 is not enough when MLflow says otherwise.

@@ -49,6 +49,7 @@ __all__ = [
     "PruningSpec",
     "BatchWarmupSpec",
     "load_spec",
+    "resolved_spec_dict",
     "parse_spec",
     "spec_errors",
 ]
@@ -432,20 +433,57 @@ def parse_spec(data: Any) -> SweepSpec:
         raise SpecError(spec_errors(exc)) from None
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and validate a YAML (or JSON) sweep spec file.
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
-    Raises:
-        SpecError: the file is missing, is not YAML, or has invalid fields (each named by path).
-    """
-    p = Path(path)
+
+def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError([("<root>", f"spec file not found: {p}")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([("<root>", f"cannot read spec file {p}: {exc}")]) from None
-    return parse_spec_text(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+    if isinstance(data, dict) and "base" in data:
+        ref = data.pop("base")
+        if not isinstance(ref, str):
+            raise SpecError([("base", "must be the path of another spec file")])
+        bp = (p.parent / ref).resolve()
+        if bp in seen:
+            raise SpecError([("base", f"circular base: {bp}")])
+        base = _read_yaml_with_base(bp, seen + (p.resolve(),))
+        if not isinstance(base, dict):
+            raise SpecError([("base", f"{ref} is not a mapping")])
+        data = _deep_merge(base, data)
+    return data
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a YAML (or JSON) sweep spec file.
+
+    A spec may derive from another: ``base: other.yaml`` (relative to the spec's folder) loads that
+    spec first and deep-merges this file's fields over it, so variants do not copy and drift.
+
+    Raises:
+        SpecError: the file (or its base) is missing, is not YAML, or has invalid fields (each
+            named by path).
+    """
+    return parse_spec(_read_yaml_with_base(Path(path)))
+
+
+def resolved_spec_dict(path: str | Path) -> dict:
+    """The spec file's content with its ``base`` chain merged (what :func:`load_spec` validates)."""
+    data = _read_yaml_with_base(Path(path))
+    if not isinstance(data, dict):
+        raise SpecError([("<root>", f"a sweep spec must be a mapping, got {type(data).__name__}")])
+    return data
 
 
 def parse_spec_text(text: str) -> SweepSpec:

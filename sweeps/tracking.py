@@ -286,7 +286,7 @@ class Tracker:
             self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
 
         self.outbox.put("parent summary", summary_write)
-        return self.outbox.drain(timeout_s=float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "120")))
+        return self.outbox.drain(timeout_s=float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300")))
 
 
 class MlflowTrialCallback(Callback):

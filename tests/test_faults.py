@@ -186,13 +186,19 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def up():
-        return port_open(port)
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     server = start_server()
     uri = f"http://127.0.0.1:{port}"
     out = tmp_path / "out"
     try:
-        wait_for(up, 120, "the MLflow server")
+        wait_for(up, 300, "the MLflow server")
         d = spec_dict(name="fault-mlflow", budget_tokens=16384)
         d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]})
         d["eval"] = {"milestones": 8, "eval_tokens": 1024}
@@ -207,7 +213,7 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
             assert not up()
             wait_for(lambda: len(result_rows(out)) >= 4, 600, "three milestones during the outage")
             server = start_server()
-            wait_for(up, 120, "the MLflow server again")
+            wait_for(up, 300, "the MLflow server again")
             stdout, _ = proc.communicate(timeout=900)
         finally:
             proc.kill()

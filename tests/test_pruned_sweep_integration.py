@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, TINY, write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # 8 real trials: minutes on 2 busy cores
 
 CLI = [sys.executable, "-m", "sweeps.cli"]
 
@@ -157,7 +157,7 @@ def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
 
 
-def _run(args, timeout=1500):
+def _run(args, timeout=2300):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -109,3 +109,17 @@ def test_spec_round_trips_through_yaml(tiny_spec_dict):
     assert again == s
     assert s.n_trials == 3
     assert s.milestones_tokens()[-1] == s.budget_tokens
+
+
+def test_spec_derived_from_a_base(tmp_path, tiny_spec_dict):
+    write_spec(tmp_path, tiny_spec_dict, "base.yaml")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nname: child\nseeds: [0, 1]\nsearch:\n  trials_per_batch_size: 2\n")
+    s = load_spec(tmp_path / "child.yaml")
+    assert s.name == "child" and s.seeds == [0, 1] and s.search.trials_per_batch_size == 2
+    assert s.search.batch_sizes_sequences == [4, 8, 16]  # inherited, deep-merged
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(SpecError, match="circular"):
+        load_spec(tmp_path / "loop.yaml")
+    (tmp_path / "missing.yaml").write_text("base: nope.yaml\n")
+    with pytest.raises(SpecError, match="not found"):
+        load_spec(tmp_path / "missing.yaml")

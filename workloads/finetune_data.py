@@ -42,13 +42,18 @@ __all__ = [
     "read_records",
     "tokenize_examples",
     "pack_examples",
+    "block_causal_mask",
+    "rows_batch",
     "load_finetune_data",
     "resolve_checkpoint",
     "resolve_tokenizer",
     "load_checkpoint_config",
+    "check_context_length",
     "lora_config",
     "count_adapter_params",
     "finetune_flops_per_token",
+    "finetune_flops_convention",
+    "LORA_FLOPS_CONVENTION",
     "check_finetune_inputs",
 ]
 
@@ -563,6 +568,18 @@ def count_adapter_params(hf_config, lora: dict[str, Any]) -> int:
     return sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
 
+#: The LoRA counterpart of ``workloads.flops.FLOPS_CONVENTION`` (methodology section 9.4).
+LORA_FLOPS_CONVENTION = ("4*N_matmul + 6*N_adapter + 12*n_layer*n_ctx*d_attn + 4*d_model*vocab "
+                         "(frozen weights: fwd + activation grad; adapters: fwd + both grads; dense attention, no norms)")
+
+
+def finetune_flops_convention(lora: dict[str, Any] | None) -> str:
+    """The FLOP-counting convention of a fine-tuning run, to log beside its FLOPs per token."""
+    from workloads.flops import FLOPS_CONVENTION
+
+    return FLOPS_CONVENTION if lora is None else LORA_FLOPS_CONVENTION
+
+
 def finetune_flops_per_token(checkpoint_dir: str, context_length_tokens: int, lora: dict[str, Any] | None) -> float:
     """Training FLOPs per real token of fine-tuning a checkpoint (``workloads.flops`` convention).
 
@@ -603,7 +620,8 @@ def check_finetune_inputs(spec: Any) -> dict[str, Any]:
 
     Returns:
         the data set's ``stats`` (see :class:`FinetuneData`) plus ``flops_per_token``,
-        ``adapter_params`` (0 for full fine-tuning) and ``checkpoint_dir`` (absolute).
+        ``flops_convention``, ``adapter_params`` (0 for full fine-tuning), ``checkpoint_dir``
+        (absolute) and ``mean_real_tokens_per_row`` (training rows; the tokens a "sequence" holds).
 
     Raises:
         DataError: a missing checkpoint or data file; a line that is not a JSON object or lacks a
@@ -631,6 +649,7 @@ def check_finetune_inputs(spec: Any) -> dict[str, Any]:
         adapters = count_adapter_params(hf, opts.lora)
         c_tok = lora_flops_per_token(shape, adapters, frozen_head=True)
     out = dict(data.stats)
-    out.update(flops_per_token=c_tok, adapter_params=adapters,
-               checkpoint_dir=str(Path(opts.checkpoint_dir).expanduser().resolve()))
+    out.update(flops_per_token=c_tok, flops_convention=finetune_flops_convention(opts.lora), adapter_params=adapters,
+               checkpoint_dir=str(Path(opts.checkpoint_dir).expanduser().resolve()),
+               mean_real_tokens_per_row=data.stats["train_real_tokens"] / max(data.stats["train_rows"], 1))
     return out

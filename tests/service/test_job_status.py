@@ -258,3 +258,19 @@ def test_wait_rides_out_a_few_unreachable_reads(fake_jobs, fake_ray, monkeypatch
     monkeypatch.setattr(fake_ray, "get_job_info", lambda job_id: (_ for _ in ()).throw(ConnectionError("down")))
     with pytest.raises(ClusterUnavailable):
         fake_jobs.wait("w", poll_s=0.0)
+
+
+def test_a_finished_sweeps_counts_come_from_the_drivers_summary(make_run, fake_jobs, fake_ray, fake_reader):
+    """The parent run's trials_* metrics are the driver's final word, even if a child run went missing."""
+    fake_ray.add("fin", "FAILED", exit_code=1)
+    fake_reader.parents["fin"] = make_run(
+        "p", role="sweep", sweep_id="fin", status="FAILED", tag_status="FAILED",
+        metrics={"trials_completed": 0.0, "trials_failed": 2.0, "trials_diverged": 0.0, "trials_pruned": 0.0,
+                 "trials_stopped": 0.0})
+    fake_reader.trial_runs["fin"] = []
+    t = fake_jobs.get("fin").trials
+    assert (t.planned, t.done, t.failed, t.running) == (2, 0, 2, 0)
+    fake_ray.add("live", "RUNNING")  # while running, the child runs are counted
+    fake_reader.parents["live"] = make_run("q", role="sweep", sweep_id="live", metrics={"trials_completed": 9.0})
+    fake_reader.trial_runs["live"] = [make_run("t", role="trial", sweep_id="live")]
+    assert fake_jobs.get("live").trials.running == 1
