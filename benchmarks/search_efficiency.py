@@ -1,7 +1,7 @@
 """Search efficiency: the critical batch size from a pruned search, for a fraction of a full grid's FLOPs.
 
     python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 3]
-                                           [--multipliers 0.35,0.5,0.7,1,1.4,2] [--jobs 2]
+                                           [--multipliers 0.7,1,1.4,2,2.8,4] [--jobs 2]
 
 1. **Full grid.** Every batch size of the Shakespeare example (``sweeps/examples/shakespeare-char.yaml``)
    times every LR multiplier of ``--multipliers`` (square-root rule, one beta2 half-life, seed 0),
@@ -13,8 +13,10 @@
 2. **Pruned searches.** ``--searches`` times (search seed 0, 1, ...): per batch size, an Optuna TPE
    study (the sampler ``BatchSizeSearcher`` uses, seeded the same way) proposes LR multipliers from the
    same grid, ``--trials-per-batch-size`` distinct ones; trials run ``--concurrency`` at a time,
-   handed out round-robin over batch sizes as ``BatchSizeSearcher`` does, on a timeline built from
-   the cached per-milestone seconds; every report goes through ``sweeps.scheduler.EqualComputeScheduler``
+   handed out round-robin over batch sizes as ``BatchSizeSearcher`` does, every trial training at the
+   same FLOP rate (the clock is FLOPs, so the replay does not depend on the machine's load; only
+   the order of trials of one batch size matters to the decisions, and their steps cost the same);
+   every report goes through ``sweeps.scheduler.EqualComputeScheduler``
    (the spec's default pruning section), which stops trials at its FLOP rungs; a stopped trial is told
    to its study as PRUNED. Training is deterministic for a fixed config and seed, so a trial's curve up
    to where it was stopped is the cached curve: replaying it is what running it again would report.
@@ -37,6 +39,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -91,6 +94,14 @@ def cache_key(d: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def _warm() -> None:
+    """Pool initializer: the imports, so that a trial's seconds are its own."""
+    import torch
+
+    torch.set_num_threads(1)
+    import workloads.pretrain  # noqa: F401
+
+
 def _train(d: dict[str, Any]) -> dict[str, Any]:
     """Run one trial with one thread; returns its curve."""
     import torch
@@ -121,7 +132,7 @@ def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple
         t0 = time.perf_counter()
         # the slowest (smallest batch) first, so the pool ends together
         missing.sort(key=lambda kd: kd[0][0])
-        with mp.get_context("spawn").Pool(jobs) as pool:
+        with mp.get_context("spawn").Pool(jobs, initializer=_warm) as pool:
             for (key, d), out in zip(missing, pool.imap(_train, [d for _, d in missing])):
                 (CACHE / f"{cache_key(d)}.json").write_text(json.dumps(out))
                 c = out["curve"][-1]
@@ -157,7 +168,7 @@ class _Running:
     m: float
     ot_trial: Any
     curve: list[dict[str, Any]]
-    start_s: float
+    start: float  # on the FLOP clock
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -179,7 +190,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
     records: list[TrialRecord] = []
     spent = 0.0
     rr = 0
-    events: list[tuple[float, int, str]] = []  # (time s, sequence, trial id)
+    events: list[tuple[float, int, str]] = []  # (FLOP clock, sequence, trial id)
     running: dict[str, _Running] = {}
     seq = 0
 
@@ -208,7 +219,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
                 tried[b][m] = ("FAIL", None)  # until it ends
                 running[tid] = run
                 seq += 1
-                heapq.heappush(events, (now + run.curve[0]["seconds"], seq, tid))
+                heapq.heappush(events, (now + run.curve[0]["flops"], seq, tid))
                 return True
         return False
 
@@ -239,7 +250,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
             start(now)
         else:
             seq += 1
-            heapq.heappush(events, (run.start_s + run.curve[len(run.seen)]["seconds"], seq, tid))
+            heapq.heappush(events, (run.start + run.curve[len(run.seen)]["flops"], seq, tid))
     return records, spent
 
 
@@ -251,10 +262,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a tiny model on 4 batch sizes (checks the script)")
     ap.add_argument("--searches", type=int, default=5, help="pruned searches (search seeds 0, 1, ...)")
     ap.add_argument("--trials-per-batch-size", type=int, default=3, help="distinct LR multipliers each search tries")
-    ap.add_argument("--multipliers", default="0.35,0.5,0.7,1,1.4,2", help="the grid's LR multipliers (sqrt rule)")
+    ap.add_argument("--multipliers", default="0.7,1,1.4,2,2.8,4", help="the grid's LR multipliers (sqrt rule)")
     ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
     ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
     a = ap.parse_args()
+    warnings.filterwarnings("ignore", category=RuntimeWarning)  # bootstrap percentiles over unbounded resamples
     multipliers = sorted(float(x) for x in a.multipliers.split(","))
     if a.quick and a.multipliers == ap.get_default("multipliers"):
         multipliers = [0.5, 1.0, 2.0]

@@ -324,17 +324,26 @@ class StagedSweep:
     warnings: tuple[str, ...] = ()
 
 
-def _tree_size(p: Path) -> int:
+def _tree_size(p: Path, stop_above: int | None = None) -> int:
+    """Bytes in a file or folder (symbolic links inside a folder not followed); stops counting
+    once past ``stop_above``."""
     if p.is_file():
         return p.stat().st_size
     total = 0
     for root, _dirs, files in os.walk(p):
         for f in files:
             try:
-                total += (Path(root) / f).stat().st_size
+                total += (Path(root) / f).lstat().st_size
             except OSError:
                 pass
+        if stop_above is not None and total > stop_above:
+            break
     return total
+
+
+def _skip_links_and_caches(folder: str, names: list[str]) -> set[str]:
+    """``copytree`` ignore: symbolic links (they could point anywhere), caches and VCS folders."""
+    return {n for n in names if n in ("__pycache__", ".git") or os.path.islink(os.path.join(folder, n))}
 
 
 def _mb(n: int) -> str:
@@ -437,18 +446,18 @@ def stage_sweep(
             if not Path(path).is_absolute():
                 warnings.append(f"{fld} {path!r} is relative and not shipped: the job resolves it on the cluster")
             continue
-        size = _tree_size(local)
+        size = _tree_size(local, stop_above=limits.ship_data_max_bytes)
         if size > limits.ship_data_max_bytes:
             raise StagingError(
                 fld,
-                f"{fld} {path!r} is {_mb(size)}, over the {_mb(limits.ship_data_max_bytes)} limit for data shipped "
+                f"{fld} {path!r} holds at least {_mb(size)}, over the {_mb(limits.ship_data_max_bytes)} limit for data shipped "
                 "with a job: put it where the cluster can read it (a shared filesystem or the image), set "
                 f"{fld} to that path, and submit with --no-ship-data (or raise --ship-data-max-mb)"
             )
         dest = into / staged_name
         dest.parent.mkdir(parents=True, exist_ok=True)
         if local.is_dir():
-            shutil.copytree(local, dest, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+            shutil.copytree(local, dest, ignore=_skip_links_and_caches)
         else:
             shutil.copy2(local, dest)
         _set_field(data, fld, staged_name)

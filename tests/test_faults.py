@@ -27,14 +27,15 @@ RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
-def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.5):
+def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.5, diagnose=None):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    extra = f"\n{diagnose()}" if diagnose else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}")
 
 
 def free_port() -> int:
@@ -101,17 +102,18 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml.db'}"
     out = tmp_path / "out"
     before = set(pids_named("RayTrainWorker"))
+    log = open(tmp_path / "driver.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll
     proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                   "--no-progress"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                                   "--no-progress"], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
+    diagnose = lambda: (tmp_path / "driver.log").read_text()[-3000:]  # noqa: E731
     try:
-        wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports")
+        wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports", diagnose=diagnose)
         workers = wait_for(lambda: [p for p in pids_named("RayTrainWorker") if p not in before], 60, "the Train worker")
         os.kill(workers[0], signal.SIGKILL)
-        stdout, _ = proc.communicate(timeout=900)
+        proc.wait(timeout=900)
     finally:
         proc.kill()
-    assert proc.returncode == 0, stdout
+    assert proc.returncode == 0, diagnose()
     c, parents, kids = children(uri, "fault-worker")
     assert len(parents) == 1 and len(kids) == 1
     kid = kids[0]
@@ -140,12 +142,14 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
         uri = f"sqlite:///{tmp_path / 'ml.db'}"
         out = tmp_path / "out"
         spec = write_spec(tmp_path, d)
+        log = open(tmp_path / "driver.log", "w")
         proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                                       "--address", address], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                       "--address", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
         try:
             wait_for(lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
-                     900, "one finished trial and another under way")
+                     900, "one finished trial and another under way",
+                     diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         finally:
@@ -203,21 +207,23 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
         d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]})
         d["eval"] = {"milestones": 8, "eval_tokens": 1024}
         d["resources"] = {"max_concurrent_trials": 1}
+        log = open(tmp_path / "driver.log", "w")
         proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                       "--no-progress"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                       "--no-progress"], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
         try:
-            wait_for(lambda: len(result_rows(out)) >= 1, 600, "the first milestone")
+            wait_for(lambda: len(result_rows(out)) >= 1, 600,
+                     "the first milestone", diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(timeout=60)
             assert not up()
             wait_for(lambda: len(result_rows(out)) >= 4, 600, "three milestones during the outage")
             server = start_server()
             wait_for(up, 300, "the MLflow server again")
-            stdout, _ = proc.communicate(timeout=900)
+            proc.wait(timeout=900)
         finally:
             proc.kill()
-        assert proc.returncode == 0, stdout
+        assert proc.returncode == 0, (tmp_path / "driver.log").read_text()[-5000:]
         c, parents, kids = children(uri, "fault-mlflow")
         assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
         assert len(kids) == 1 and kids[0].info.status == "FINISHED"

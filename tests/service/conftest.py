@@ -134,25 +134,43 @@ def _start(cmd: list[str], tmp: Path, name: str, env: dict[str, str]) -> tuple[s
     return proc, log
 
 
+def _start_ray(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen, str]:
+    """``ray start --head --block`` on free ports; retried because Ray gives a head node 30 s
+    (hard-coded) to register, which a loaded 2-core machine can miss."""
+    for attempt in range(attempts):
+        dash = free_port()
+        cmd = [
+            str(VENV_BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp}",
+            f"--port={free_port()}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
+            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+            "--min-worker-port=0", "--max-worker-port=0",
+        ]
+        proc, log = _start(cmd, tmp, f"ray-start-{attempt}", base_env())
+        url = f"http://127.0.0.1:{dash}"
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline and "block forever" not in log.read_text():
+            time.sleep(0.5)
+        if proc.poll() is None and "block forever" in log.read_text():
+            _wait_http(f"{url}/api/version", 120, proc, log)
+            _wait_http(f"{url}/api/jobs/", 60, proc, log)
+            return proc, url
+        _stop_group(proc, grace_s=5)
+    raise RuntimeError(f"ray start failed {attempts} times:\n{log.read_text()[-4000:]}")
+
+
 @pytest.fixture(scope="session")
 def backends() -> Iterator[tuple[str, str]]:
-    """A local Ray head (2 CPUs) and an ``mlflow server``, started side by side (MLflow alone takes
-    ~45 s on 2 cores); yields ``(ray job server URL, MLflow URL)``.
+    """A local Ray head (2 CPUs), then an ``mlflow server``; yields ``(ray job server URL, MLflow URL)``.
 
+    Ray first, MLflow once Ray's head has registered (both at once can starve Ray's start-up).
     Set ``CRITBATCH_KEEP_TEST_LOGS=1`` to keep their folders (logs) after the session.
     """
     ray_tmp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     ml_tmp = Path(tempfile.mkdtemp(prefix="cbmlflow"))
-    dash, ml_port = free_port(), free_port()
-    ray_cmd = [
-        str(VENV_BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats",
-        "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={ray_tmp}",
-        f"--port={free_port()}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-        f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-        "--min-worker-port=0", "--max-worker-port=0",
-    ]
+    ml_port = free_port()
     ml_cmd = [
         str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{ml_tmp}/mlflow.db",
         "--serve-artifacts", "--artifacts-destination", str(ml_tmp / "artifacts"),
@@ -160,17 +178,18 @@ def backends() -> Iterator[tuple[str, str]]:
     ]
     # MLflow's job-execution backend (GenAI jobs) is not used here and slows the start.
     ml_env = dict(base_env(), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    ray_proc, ray_log = _start(ray_cmd, ray_tmp, "ray-start", base_env())
-    ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)
-    ray_url, ml_url = f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{ml_port}"
+    ray_proc = ml_proc = None
+    ml_url = f"http://127.0.0.1:{ml_port}"
     try:
-        _wait_http(f"{ray_url}/api/version", 180, ray_proc, ray_log)
-        _wait_http(f"{ray_url}/api/jobs/", 60, ray_proc, ray_log)
-        _wait_http(f"{ml_url}/health", 180, ml_proc, ml_log)
+        ray_proc, ray_url = _start_ray(ray_tmp)
+        ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)
+        _wait_http(f"{ml_url}/health", 240, ml_proc, ml_log)
         yield ray_url, ml_url
     finally:
-        _stop_group(ml_proc, grace_s=5)
-        _stop_group(ray_proc, grace_s=10)
+        if ml_proc is not None:
+            _stop_group(ml_proc, grace_s=5)
+        if ray_proc is not None:
+            _stop_group(ray_proc, grace_s=10)
         if os.environ.get("CRITBATCH_KEEP_TEST_LOGS") != "1":
             shutil.rmtree(ray_tmp, ignore_errors=True)
             shutil.rmtree(ml_tmp, ignore_errors=True)

@@ -137,6 +137,8 @@ def test_cli_sweep_succeeds_and_resubmitting_starts_no_second_job(sweeps, cluste
     assert state["trials"]["done"] == 2 and state["trials"]["planned"] == 2 and state["trials"]["running"] == 0
     assert state["best"]["val_loss"] > 0 and state["best"]["batch_size_sequences"] in (4, 8)
     assert "svc-cli" in logs
+    followed = critbatch(cluster_env, "logs", sid, "--follow", timeout=120)  # an ended job: streams, then returns
+    assert followed.returncode == 0 and f"Running entrypoint for job {sid}" in followed.stdout
 
     code, out = sweeps["cli_again"]
     assert code == 0 and f"sweep {sid!r} was already submitted (the same spec" in out, out
@@ -181,6 +183,20 @@ def test_a_sweep_whose_trials_all_raise_ends_failed(sweeps, cluster_env):
     assert state["trials"]["failed"] == 1 == state["trials"]["planned"] and state["trials"]["done"] == 0, state
     runs = mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid)
     assert [r for r in runs if r.info.status == "RUNNING"] == []
+    parent = [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"]
+    assert len(parent) == 1 and parent[0].data.tags["critbatch.status"] == "FAILED"
+
+
+def test_a_failed_trial_keeps_its_mlflow_run(sweeps, cluster_env):
+    """docs/design.md: one child run per trial, tagged FAILED when it raised (the driver must not delete it)."""
+    sid = sweeps["fail"]
+    p = critbatch(cluster_env, "status", sid, "--wait", "--timeout-s", str(TIMEOUT_S), timeout=TIMEOUT_S + 60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    trials = [r for r in mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid) if r.data.tags.get("critbatch.role") == "trial"]
+    assert [(r.info.status, r.data.tags.get("critbatch.status")) for r in trials] == [("FAILED", "FAILED")], (
+        "the failed trial's child run is missing or mis-tagged (sweeps.driver prunes child runs whose trial id "
+        "collect_records could not read back)"
+    )
 
 
 def test_live_service_refuses_missing_and_wrong_tokens_and_big_bodies(service_url):

@@ -226,3 +226,17 @@ def test_job_tracking_uri_precedence():
     assert resolve_job_tracking_uri(file_spec, None, None) == "sqlite:///mlflow.db"
     assert resolve_job_tracking_uri(no_uri, None, "http://env:2") == "http://env:2"
     assert resolve_job_tracking_uri(no_uri, None, None) == "sqlite:///mlflow.db"
+
+
+def test_links_inside_a_shipped_folder_are_not_followed(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private")
+    (tok / "leak.txt").symlink_to(secret)
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    stage_sweep(tiny(data={"path": str(REPO / "data/tinyshakespeare/input.txt"), "tokenizer": str(tok)}), stage)
+    assert (stage / "inputs/tokenizer/tokenizer.json").exists()
+    assert not (stage / "inputs/tokenizer/leak.txt").exists()

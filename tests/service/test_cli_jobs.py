@@ -1,0 +1,81 @@
+"""The submit/status/stop/list commands without a cluster: validation, dry runs, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sweeps.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = {
+    "name": "tiny",
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+    "data": {"path": "data/tinyshakespeare/input.txt"},
+    "budget_tokens": 8192,
+    "schedule": {"warmup_tokens": 1024},
+    "eval": {"milestones": 4, "eval_tokens": 1024},
+    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
+}
+DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
+
+
+@pytest.fixture
+def run(monkeypatch):
+    monkeypatch.chdir(REPO)
+    for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "MLFLOW_TRACKING_URI", "CRITBATCH_JOB_PYTHON"):
+        monkeypatch.delenv(k, raising=False)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, list(args))
+
+
+def write(tmp_path, spec, name="s.yaml") -> str:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(spec))
+    return str(p)
+
+
+def test_commands_are_registered(run):
+    out = run("--help").output
+    for cmd in ("submit", "status", "logs", "stop", "list", "serve"):
+        assert cmd in out
+
+
+def test_invalid_spec_exits_2_with_each_path(run, tmp_path):
+    bad = {**SPEC, "search": {**SPEC["search"], "batch_sizes_sequences": [4, 0]}, "nope": 1}
+    r = run("submit", write(tmp_path, bad), "--address", DOWN)
+    assert r.exit_code == 2
+    assert "search.batch_sizes_sequences.1" in r.output and "nope" in r.output
+
+
+def test_dry_run_shows_the_job_and_submits_nothing(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    r = run("submit", write(tmp_path, SPEC), "--address", DOWN, "--dry-run", "--sweep-id", "dry-1")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{"):])
+    assert out["sweep_id"] == "dry-1" and out["shipped"] == ["data.path"]
+    assert "spec.yaml" in out["files"] and "inputs/data/input.txt" in out["files"]
+    assert out["entrypoint"].endswith("--tracking-uri http://mlflow.example:5000")
+    assert out["metadata"]["critbatch.tracking_uri"] == "http://mlflow.example:5000"
+
+
+def test_data_over_the_shipping_limit_exits_2(run, tmp_path):
+    r = run("submit", write(tmp_path, SPEC), "--address", DOWN, "--ship-data-max-mb", "0.5", "--dry-run")
+    assert r.exit_code == 2 and "data.path" in r.output and "--no-ship-data" in r.output
+
+
+def test_unreachable_cluster_exits_1(run, tmp_path):
+    assert run("submit", write(tmp_path, SPEC), "--address", DOWN).exit_code == 1
+    assert run("status", "x", "--address", DOWN).exit_code == 1
+    assert run("list", "--address", DOWN).exit_code == 1
+    assert run("stop", "x", "--address", DOWN).exit_code == 1
+
+
+def test_serve_without_a_token_exits_2(run, monkeypatch):
+    monkeypatch.delenv("CRITBATCH_API_TOKEN", raising=False)
+    r = run("serve", "--port", "1")
+    assert r.exit_code == 2 and "without an API token" in r.output
