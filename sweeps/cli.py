@@ -121,6 +121,32 @@ def analyze(
     print(json.dumps(result, indent=2))
 
 
+@app.command("init-checkpoint")
+def init_checkpoint(
+    directory: Path = typer.Argument(..., help="folder for the new checkpoint"),
+    d_model: int = typer.Option(64, "--d-model", min=1),
+    n_layers: int = typer.Option(2, "--n-layers", min=1),
+    n_heads: int = typer.Option(4, "--n-heads", min=1),
+    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1),
+    family: str = typer.Option("llama", "--family", help="llama or gpt2"),
+    seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a checkpoint already there"),
+) -> None:
+    """Write a freshly initialised byte-level causal LM and its tokenizer (a checkpoint to fine-tune offline)."""
+    from workloads.finetune import init_checkpoint as _init
+
+    if family not in ("llama", "gpt2"):
+        _fail_invalid(InvalidInput(f"--family must be 'llama' or 'gpt2', got {family!r}"))
+    if d_model % n_heads:
+        _fail_invalid(InvalidInput(f"--d-model ({d_model}) must be divisible by --n-heads ({n_heads})"))
+    try:
+        path = _init(str(directory), d_model, n_layers, n_heads, context_length_tokens, family=family, seed=seed,
+                     overwrite=overwrite)
+    except (ValueError, FileExistsError) as exc:
+        _fail_invalid(exc)
+    out.print(f"wrote {path}", highlight=False)
+
+
 def _print_summary(result: dict) -> None:
     cbs = result.get("cbs") or {}
     if result.get("message"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -560,7 +561,9 @@ def count_adapter_params(hf_config, lora: dict[str, Any]) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     try:
-        peft_model = get_peft_model(model, lora_config(lora))
+        with warnings.catch_warnings():  # peft's own use of a deprecated transformers name; not the user's concern
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            peft_model = get_peft_model(model, lora_config(lora))
     except ValueError as exc:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) or
                         type(m).__name__ == "Conv1D"})
