@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
-from sweeps.preflight import check_data_files, check_output_folder, plan_resources, resolve_data_path
+from sweeps.preflight import check_data_files, check_output_folder, plan_resources, resolve_data_path, resolve_paths
 from sweeps.spec import SweepSpec, parse_spec
 
 __all__ = ["run_sweep", "resume_sweep", "resolve_tracking_uri", "collect_records", "DEFAULT_TRACKING_URI"]
@@ -154,6 +154,7 @@ def run_sweep(
         CritbatchError: MLflow unreachable when the sweep starts.
     """
     check_data_files(spec)
+    spec = resolve_paths(spec)
     output = Path(output).expanduser().resolve()
     check_output_folder(output)
     sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -298,7 +299,9 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         root + "/checkpoints" if spec.tracking.checkpoint_artifact_max_mb > 0 else None)
     trainable = make_trainable(spec, data_path=state["data_path"], storage_path=root + "/train", save_dir_root=save_root)
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
-    mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: batch_plan_params(spec, int(cfg["batch_size_sequences"])))
+    c_tok, convention = flops_accounting(spec)
+    mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
+        **batch_plan_params(spec, int(cfg["batch_size_sequences"])), "flops_per_token": c_tok, "flops_convention": convention})
     callbacks = [mlflow_cb, progress]
     scheduler = _scheduler(spec)
     stop_flag = {"stopped": False}
@@ -442,6 +445,31 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | No
     return None
 
 
+def flops_accounting(spec: SweepSpec) -> tuple[float | None, str]:
+    """FLOPs per trained token of the sweep's model and the convention they follow."""
+    from workloads.flops import FLOPS_CONVENTION
+
+    try:
+        if spec.workload == "pretrain":
+            from workloads.data import tokenizer_vocab_size
+            from workloads.flops import flops_per_token
+            from workloads.model import ModelConfig, _hf_config, shape_of
+
+            m = spec.model
+            hf = _hf_config(ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+                                        d_ff=m.d_ff_resolved, context_length_tokens=m.context_length_tokens,
+                                        vocab_size=tokenizer_vocab_size(spec.data.tokenizer)))
+            return flops_per_token(shape_of(hf, m.context_length_tokens)), FLOPS_CONVENTION
+        from workloads.finetune_data import finetune_flops_convention, finetune_flops_per_token
+
+        lora = spec.finetune.lora.model_dump() if spec.finetune and spec.finetune.lora else None
+        return (finetune_flops_per_token(spec.finetune.checkpoint_dir, spec.model.context_length_tokens, lora),
+                finetune_flops_convention(lora))
+    except Exception:  # noqa: BLE001 - reporting only
+        log.exception("could not count FLOPs per token")
+        return None, FLOPS_CONVENTION
+
+
 def records_from_grid(grid) -> list:
     """Trial records from a Tune ``ResultGrid`` (used when the Tune state lives on remote storage)."""
     from sweeps.analysis import TrialRecord
@@ -478,25 +506,8 @@ def records_from_grid(grid) -> list:
 def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool) -> dict[str, Any]:
     from sweeps.analysis import analyze_trials
     from sweeps.report import write_report
-    from workloads.data import tokenizer_vocab_size
-    from workloads.flops import flops_per_token
-    from workloads.model import ModelConfig, _hf_config, shape_of
 
-    c_tok = None
-    if spec.workload == "pretrain":
-        vocab = tokenizer_vocab_size(spec.data.tokenizer)
-        m = spec.model
-        hf = _hf_config(ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-                                    d_ff=m.d_ff_resolved, context_length_tokens=m.context_length_tokens, vocab_size=vocab))
-        c_tok = flops_per_token(shape_of(hf, m.context_length_tokens))
-    elif spec.finetune is not None:
-        try:
-            from workloads.finetune_data import finetune_flops_per_token
-
-            c_tok = finetune_flops_per_token(spec.finetune.checkpoint_dir, spec.model.context_length_tokens,
-                                             spec.finetune.lora.model_dump() if spec.finetune.lora else None)
-        except Exception:  # noqa: BLE001 - reporting only
-            log.exception("could not count fine-tuning FLOPs per token")
+    c_tok, _ = flops_accounting(spec)
     reference = float(spec.search.base_batch_size_sequences)
     try:
         analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,

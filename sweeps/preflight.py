@@ -15,7 +15,7 @@ from pathlib import Path
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 
-__all__ = ["check_data_files", "check_output_folder", "ResourcePlan", "plan_resources", "resolve_data_path"]
+__all__ = ["resolve_paths", "check_data_files", "check_output_folder", "ResourcePlan", "plan_resources", "resolve_data_path"]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,10 @@ def check_data_files(spec: SweepSpec) -> None:
     if spec.workload == "finetune":
         from workloads.finetune_data import check_finetune_inputs
 
-        check_finetune_inputs(spec)
+        try:
+            check_finetune_inputs(spec)
+        except DataError as exc:
+            raise InvalidInput(str(exc)) from None
         return
     try:
         corpus = load_corpus(path, spec.data.tokenizer, spec.data.validation_fraction, spec.model.context_length_tokens)
@@ -61,6 +64,17 @@ def check_data_files(spec: SweepSpec) -> None:
         raise InvalidInput(f"data.path: {exc}") from None
     if len(corpus.val_ids) < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", len(corpus.val_ids), spec.eval.eval_tokens)
+
+
+def resolve_paths(spec: SweepSpec) -> SweepSpec:
+    """The spec with its local paths made absolute (workers run in another working directory)."""
+    update: dict = {"data": spec.data.model_copy(update={"path": resolve_data_path(spec)})}
+    if spec.data.tokenizer != "byte" and "://" not in spec.data.tokenizer:
+        update["data"] = update["data"].model_copy(update={"tokenizer": str(Path(spec.data.tokenizer).expanduser().resolve())})
+    if spec.finetune is not None and "://" not in spec.finetune.checkpoint_dir:
+        update["finetune"] = spec.finetune.model_copy(
+            update={"checkpoint_dir": str(Path(spec.finetune.checkpoint_dir).expanduser().resolve())})
+    return spec.model_copy(update=update)
 
 
 def check_output_folder(output: Path, *, resuming: bool = False) -> None:

@@ -11,8 +11,19 @@ from tests.conftest import ROOT, write_spec
 EXAMPLES = sorted((ROOT / "sweeps" / "examples").glob("*.yaml"))
 
 
+@pytest.fixture
+def tiny_checkpoint(repo_root):
+    """The fine-tuning example's checkpoint (`critbatch init-checkpoint out/tiny-checkpoint ...`)."""
+    from workloads.finetune import init_checkpoint
+
+    ck = ROOT / "out" / "tiny-checkpoint"
+    if not (ck / "config.json").is_file():
+        init_checkpoint(str(ck), 64, 2, 4, 1024)
+    return ck
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_validate(path, repo_root):
+def test_examples_validate(path, repo_root, tiny_checkpoint):
     r = CliRunner().invoke(app, ["validate", str(path)])
     assert r.exit_code == 0, r.output
     assert "ok:" in r.output
@@ -91,6 +102,15 @@ def test_cli_validate_corpus_too_small_exits_2(tmp_path, tiny_spec_dict):
     d["data"]["path"] = str(small)
     r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
     assert r.exit_code == 2 and "too small" in r.output
+
+
+def test_cli_validate_missing_checkpoint_exits_2(tmp_path, repo_root):
+    d = yaml.safe_load((ROOT / "sweeps" / "examples" / "gsm8k-finetune.yaml").read_text())
+    d["finetune"]["checkpoint_dir"] = str(tmp_path / "no-such-checkpoint")
+    d["data"]["path"] = str(ROOT / d["data"]["path"])
+    r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
+    assert r.exit_code == 2 and "checkpoint" in r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
 
 
 def test_cli_run_bad_spec_starts_nothing(tmp_path, tiny_spec_dict):
