@@ -10,6 +10,7 @@ Create the app with :func:`create_app` (``critbatch serve`` does, or
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 from typing import Any, Awaitable, Callable
@@ -55,7 +56,7 @@ from sweeps.jobs import (
 )
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 
-__all__ = ["create_app", "API_VERSION", "LOG_MAX_BYTES"]
+__all__ = ["create_app", "API_VERSION", "LOG_MAX_BYTES", "EXAMPLE_SWEEP_ID"]
 
 API_VERSION = "1.0.0"
 #: The logs route returns at most this many bytes (the end of the log).
@@ -191,7 +192,9 @@ def require_token(
     if settings.api_token is None:  # local-only on loopback, started explicitly so
         return
     given = credentials.credentials if credentials is not None and credentials.scheme.lower() == "bearer" else ""
-    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), settings.api_token.encode("utf-8")):
+    # digests first: equal lengths, so the comparison does not even reveal the token's length
+    given_digest = hashlib.sha256(given.encode("utf-8", "surrogateescape")).digest()
+    if not hmac.compare_digest(given_digest, hashlib.sha256(settings.api_token.encode("utf-8")).digest()):
         raise HTTPException(status_code=401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -279,8 +282,12 @@ def _json_errors(responses: dict[int, dict[str, Any]]) -> dict[int, dict[str, An
     }
 
 
+#: The id the schema shows as an example (the example spec's default id has this shape).
+EXAMPLE_SWEEP_ID = "shakespeare-char-9d8711f3bc"
+
+
 def _sweep_id_param() -> Any:
-    return Path(description="the sweep id (also the Ray submission id)", max_length=200)
+    return Path(description="the sweep id (also the Ray submission id)", max_length=200, examples=[EXAMPLE_SWEEP_ID])
 
 
 # ---- the app -----------------------------------------------------------------------------------
@@ -481,6 +488,17 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         for name, sub in spec_schema.pop("$defs", {}).items():
             components.setdefault(name, sub)
         components["SweepSpec"] = spec_schema
+        # OpenAPI links: the id a submission returns addresses the other operations.
+        created = schema["paths"]["/v1/sweeps"]["post"]["responses"]["201"]
+        created["links"] = {
+            name: {"operationId": op_id, "parameters": {"sweep_id": "$response.body#/id"}}
+            for name, op_id in (
+                ("GetSweep", "get_sweep_v1_sweeps__sweep_id__get"),
+                ("StopSweep", "stop_sweep_v1_sweeps__sweep_id__delete"),
+                ("SweepLogs", "sweep_logs_v1_sweeps__sweep_id__logs_get"),
+                ("SweepReport", "sweep_report_v1_sweeps__sweep_id__report_get"),
+            )
+        }
         app.openapi_schema = schema
         return schema
 

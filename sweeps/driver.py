@@ -327,7 +327,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                     scheduler=scheduler,
                     num_samples=spec.n_trials,
                     max_concurrent_trials=concurrency,
-                    reuse_actors=True,
+                    reuse_actors=False,
                     time_budget_s=spec.budget.wall_clock_s,
                 ),
                 run_config=tune.RunConfig(name="tune", storage_path=root, callbacks=callbacks, verbose=0,

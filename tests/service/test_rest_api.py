@@ -230,3 +230,7 @@ def test_openapi_schema_is_published_behind_the_token(client):
     assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/SweepSpec"}
     assert "SearchSpec" in s["components"]["schemas"] and "HTTPBearer" in s["components"]["securitySchemes"]
     assert "security" not in s["paths"]["/healthz"]["get"]
+    # the id a submission returns links to the other operations (stateful testing follows it)
+    links = s["paths"]["/v1/sweeps"]["post"]["responses"]["201"]["links"]
+    op_ids = {op["operationId"] for path in s["paths"].values() for op in path.values()}
+    assert {link["operationId"] for link in links.values()} <= op_ids and len(links) == 4

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from svc_fakes import FakeRayJobs, FakeReader, fake_run
 
-from service.app import create_app
+from service.app import EXAMPLE_SWEEP_ID, create_app
 from service.settings import Settings
 from sweeps.jobs import SweepJobs
 
@@ -29,14 +29,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def _app():
     ray, reader = FakeRayJobs(), FakeReader()
     # A few known sweeps, so that generated ids can also reach the found paths.
-    for sid, status in (("a", "RUNNING"), ("b", "SUCCEEDED"), ("c", "FAILED"), ("d", "STOPPED")):
+    for sid, status in (("a", "RUNNING"), (EXAMPLE_SWEEP_ID, "SUCCEEDED"), ("c", "FAILED"), ("d", "STOPPED")):
         ray.add(sid, status, message="Job entrypoint command failed with exit code 1, last available logs:\nsweep failed: x")
         reader.parents[sid] = fake_run(f"p{sid}", role="sweep", sweep_id=sid,
                                        status="RUNNING" if status == "RUNNING" else "FINISHED",
                                        tag_status=status if status != "STOPPED" else "RUNNING")
         reader.trial_runs[sid] = [fake_run(f"t{sid}", role="trial", sweep_id=sid, metrics={"val_loss": 2.0},
                                            params={"batch_size_sequences": "4", "lr": "0.001"})]
-    reader.artifacts["pb"] = {"b_crit": 8.0, "nan": float("nan")}
+    reader.artifacts[f"p{EXAMPLE_SWEEP_ID}"] = {"b_crit": 8.0, "nan": float("nan")}
     jobs = SweepJobs("http://ray.invalid:8265", client=ray, reader_factory=reader)
     return create_app(Settings(api_token=TOKEN, data_dir=str(REPO), tracking_uri="http://mlflow:5000"), jobs=jobs)
 
