@@ -163,9 +163,9 @@ def _start_ray(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(scope="session")
 def backends() -> Iterator[tuple[str, str]]:
-    """A local Ray head (2 CPUs), then an ``mlflow server``; yields ``(ray job server URL, MLflow URL)``.
-
-    Ray first, MLflow once Ray's head has registered (both at once can starve Ray's start-up).
+    """An ``mlflow server`` and a local Ray head (2 CPUs), started side by side; yields
+    ``(ray job server URL, MLflow URL)``. (Both at once can starve Ray's head of the 30 s it gets
+    to register: ``_start_ray`` retries.)
     Set ``CRITBATCH_KEEP_TEST_LOGS=1`` to keep their folders (logs) after the session.
     """
     ray_tmp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
@@ -181,9 +181,9 @@ def backends() -> Iterator[tuple[str, str]]:
     ray_proc = ml_proc = None
     ml_url = f"http://127.0.0.1:{ml_port}"
     try:
+        ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)  # the slow one (~45 s idle): first
         ray_proc, ray_url = _start_ray(ray_tmp)
-        ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)
-        _wait_http(f"{ml_url}/health", 240, ml_proc, ml_log)
+        _wait_http(f"{ml_url}/health", 300, ml_proc, ml_log)
         yield ray_url, ml_url
     finally:
         if ml_proc is not None:
