@@ -359,6 +359,12 @@ def _scheduler(spec: SweepSpec):
     return EqualComputeScheduler.from_spec(spec)
 
 
+def _trial_id_from_dir(name: str) -> str:
+    """Tune names a trial's folder ``run_trial_<trial id>_<index>_<params>_<date>``."""
+    m = re.match(r"run_trial_([^_]+)_", name)
+    return m.group(1) if m else name
+
+
 def collect_records(output: Path, spec: SweepSpec) -> list:
     """Every trial's config, status and milestone curve, read from the Tune experiment folder.
 
@@ -385,7 +391,7 @@ def collect_records(output: Path, spec: SweepSpec) -> list:
                         rows.append(json.loads(line))
                     except ValueError:
                         continue
-        trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else d.name.split("_")[1] if "_" in d.name else d.name
+        trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)
         # keep one row per tokens value (a restarted worker group may report a milestone twice)
         by_tokens: dict[int, dict] = {}
         for r in rows:
