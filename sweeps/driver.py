@@ -304,6 +304,10 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         **batch_plan_params(spec, int(cfg["batch_size_sequences"])), "flops_per_token": c_tok, "flops_convention": convention})
     callbacks = [mlflow_cb, progress]
     scheduler = _scheduler(spec)
+    if scheduler is not None:
+        from sweeps.scheduler import PruningAnnotator
+
+        callbacks.insert(0, PruningAnnotator(scheduler))  # first: writes decisions into each result
     stop_flag = {"stopped": False}
 
     def on_term(signum, frame):  # Ray Jobs' stop sends SIGTERM

@@ -311,6 +311,9 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
+        for key in ("pruned_at_flops", "pruned_rung", "rung_decisions"):
+            if last.get(key) is not None:  # the equal-compute scheduler's decisions (sweeps/scheduler.py)
+                self.tracker.log_trial_tag(trial.trial_id, f"critbatch.{key}", str(last[key]))
         if last.get("pruned"):
             status = "PRUNED"
         elif last.get("status") == "diverged":
