@@ -85,8 +85,16 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     cpus = os.cpu_count() or 1
     extra = 1 if spec.resources.trial_driver_cpus * spec.resources.max_concurrent_trials <= 1 else int(
         -(-spec.resources.trial_driver_cpus * spec.resources.max_concurrent_trials // 1))
-    ray.init(num_cpus=cpus + extra, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
-             logging_level=logging.WARNING, configure_logging=True)
+    for attempt in range(3):
+        try:
+            ray.init(num_cpus=cpus + extra, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=True)
+            return True
+        except Exception as exc:  # noqa: BLE001 - Ray's own startup timeout on an overloaded machine
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            log.warning("Ray did not start in time (%s); retrying", exc)
+            ray.shutdown()
     return True
 
 
