@@ -59,7 +59,8 @@ CACHE = ROOT / "benchmarks" / "cache" / "search_efficiency"
 HALF_LIFE_TOKENS = 32768.0  # beta2 token half-life of every trial (the example's range is 8 Ki - 128 Ki)
 
 
-def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int, concurrency: int) -> SweepSpec:
+def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int, concurrency: int,
+              pruning: dict[str, Any] | None = None) -> SweepSpec:
     d = yaml.safe_load((ROOT / "sweeps" / "examples" / "shakespeare-char.yaml").read_text())
     d["name"] = "search-efficiency"
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
@@ -67,7 +68,7 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
                        beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
                        trials_per_batch_size=trials_per_batch_size)
     d["resources"]["max_concurrent_trials"] = concurrency
-    d["pruning"] = {"enabled": True}
+    d["pruning"] = {"enabled": True, **(pruning or {})}
     if quick:
         d["model"] = {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 2, "context_length_tokens": 32}
         d["budget_tokens"] = 16384
@@ -173,8 +174,10 @@ class _Running:
 
 
 def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]], multipliers: list[float],
-                  search_seed: int) -> tuple[list[TrialRecord], float]:
-    """One asynchronous pruned search (module docstring, step 2). Returns its records and FLOPs spent."""
+                  search_seed: int, prune: bool = True) -> tuple[list[TrialRecord], float]:
+    """One asynchronous pruned search (module docstring, step 2). Returns its records and FLOPs spent.
+
+    ``prune=False``: the same search without early stopping (every trial trains its budget)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -185,8 +188,9 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
         seed=(search_seed * 7919 + b) % 2**31)) for b in batches}
     tried: dict[int, dict[float, tuple[str, float | None]]] = {b: {} for b in batches}  # m -> outcome
     assigned = {b: 0 for b in batches}
-    sched = EqualComputeScheduler.from_spec(spec)
-    sched.annotator().setup()
+    sched = EqualComputeScheduler.from_spec(spec) if prune else None
+    if sched is not None:
+        sched.annotator().setup()
     records: list[TrialRecord] = []
     spent = 0.0
     rr = 0
@@ -232,8 +236,8 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
         run.seen.append(row)
         result = {"tokens_seen": row["tokens"], "flops": row["flops"],
                   "val_loss": row["val_loss"] if row["val_loss"] is not None else math.nan}
-        decision = sched.on_trial_result(None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}),
-                                         result)
+        decision = "CONTINUE" if sched is None else sched.on_trial_result(
+            None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}), result)
         done = len(run.seen) == len(run.curve)
         if decision == "STOP" or done:
             spent += row["flops"]
@@ -264,13 +268,18 @@ def main() -> None:
     ap.add_argument("--trials-per-batch-size", type=int, default=3, help="distinct LR multipliers each search tries")
     ap.add_argument("--multipliers", default="0.7,1,1.4,2,2.8,4", help="the grid's LR multipliers (sqrt rule)")
     ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
+    ap.add_argument("--grace-fraction", type=float, default=None, help="pruning.grace_fraction (default: the spec's)")
+    ap.add_argument("--reduction-factor", type=float, default=None, help="pruning.reduction_factor (default: the spec's)")
+    ap.add_argument("--no-pruning", action="store_true", help="the same searches without early stopping (a baseline)")
     ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
     a = ap.parse_args()
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # bootstrap percentiles over unbounded resamples
     multipliers = sorted(float(x) for x in a.multipliers.split(","))
     if a.quick and a.multipliers == ap.get_default("multipliers"):
         multipliers = [0.5, 1.0, 2.0]
-    spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency)
+    pruning = {k: v for k, v in (("grace_fraction", a.grace_fraction), ("reduction_factor", a.reduction_factor))
+               if v is not None}
+    spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency, pruning)
     batches = spec.search.batch_sizes_sequences
 
     grid = run_grid(spec, multipliers, a.jobs)
@@ -291,7 +300,7 @@ def main() -> None:
 
     fractions, inside = [], []
     for s in range(a.searches):
-        records, spent = pruned_search(spec, grid, multipliers, s)
+        records, spent = pruned_search(spec, grid, multipliers, s, prune=not a.no_pruning)
         pa = analyse(spec, records, [target])
         frac = spent / grid_flops
         fractions.append(frac)
@@ -303,6 +312,11 @@ def main() -> None:
             f"none ({pa.get('status')}: {pa.get('b_crit_bound') or pa.get('message')})"
         print(f"search seed {s}: {len(records)} trials {counts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
               f"b_crit {far}; {'inside' if ok else 'outside'} the grid's CI")
+    p = spec.pruning
+    what = "without pruning" if a.no_pruning else (
+        f"rungs at {[round(f, 3) for f in EqualComputeScheduler.from_spec(spec).fractions]} of the trial budget, "
+        f"reduction factor {p.reduction_factor:g}")
+    print(f"searches: {spec.search.trials_per_batch_size} of {len(multipliers)} multipliers per batch size, {what}")
     med = statistics.median(fractions)
     print(f"{sum(inside)}/{len(inside)} searches inside the grid's CI; median FLOPs fraction {med:.3f}")
     print(f"flops_fraction={med:.3f} within_ci={'yes' if all(inside) else 'no'}")
