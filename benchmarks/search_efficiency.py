@@ -1,7 +1,8 @@
 """Search efficiency: the critical batch size from a pruned search, for a fraction of a full grid's FLOPs.
 
     python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 3]
-                                           [--multipliers 0.7,1,1.4,2,2.8,4] [--jobs 2]
+        [--multipliers 0.7,1,1.4,2,2.8,4] [--grace-fraction G] [--reduction-factor R] [--no-pruning]
+        [--concurrency 2] [--jobs 2]
 
 1. **Full grid.** Every batch size of the Shakespeare example (``sweeps/examples/shakespeare-char.yaml``)
    times every LR multiplier of ``--multipliers`` (square-root rule, one beta2 half-life, seed 0),
@@ -16,8 +17,9 @@
    handed out round-robin over batch sizes as ``BatchSizeSearcher`` does, every trial training at the
    same FLOP rate (the clock is FLOPs, so the replay does not depend on the machine's load; only
    the order of trials of one batch size matters to the decisions, and their steps cost the same);
-   every report goes through ``sweeps.scheduler.EqualComputeScheduler``
-   (the spec's default pruning section), which stops trials at its FLOP rungs; a stopped trial is told
+   every report goes through ``sweeps.scheduler.EqualComputeScheduler`` (the spec's default pruning
+   section, or ``--grace-fraction``/``--reduction-factor``; ``--no-pruning`` for the same searches
+   without early stopping), which stops trials at its FLOP rungs; a stopped trial is told
    to its study as PRUNED. Training is deterministic for a fixed config and seed, so a trial's curve up
    to where it was stopped is the cached curve: replaying it is what running it again would report.
    The FLOPs a search spends are the training FLOPs of every trial up to its last report. Its
