@@ -162,7 +162,7 @@ def run_sweep(
         CritbatchError: MLflow unreachable when the sweep starts.
     """
     check_data_files(spec)
-    spec = resolve_paths(spec)
+    spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()
     check_output_folder(output)
     sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -313,10 +313,24 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     callbacks = [mlflow_cb, progress]
     scheduler = _scheduler(spec)
     if scheduler is not None:
-        from sweeps.scheduler import PruningAnnotator
+        from sweeps.scheduler import PlacementGroupReaper, PruningAnnotator
 
         callbacks.insert(0, PruningAnnotator(scheduler))  # first: writes decisions into each result
+        callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit
+    stopper = None
+    if spec.budget.sweep_flops is not None:
+        from sweeps.budget import SweepBudgetStopper
+
+        stopper = SweepBudgetStopper(spec.budget.sweep_flops)
+    if resume and root == str(output):  # neither is in Tune's experiment checkpoint: rebuild from the trials so far
+        past = collect_records(output, spec)
+        if scheduler is not None:
+            for r in past:
+                scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss)
+        if stopper is not None:
+            stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
     stop_flag = {"stopped": False}
+    t0 = time.monotonic()
 
     def on_term(signum, frame):  # Ray Jobs' stop sends SIGTERM
         stop_flag["stopped"] = True
@@ -329,6 +343,8 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
             tuner = tune.Tuner.restore(root + "/tune", trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
             tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
+            tuner._local_tuner._run_config.stop = stopper
+            tuner._local_tuner._tune_config.scheduler = scheduler  # the one its annotator is bound to
         else:
             searcher = BatchSizeSearcher(spec, storage_url=state.get("optuna_storage") or optuna_storage_url(output),
                                          study_prefix=state["sweep_id"])
@@ -342,7 +358,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                     reuse_actors=False,
                     time_budget_s=spec.budget.wall_clock_s,
                 ),
-                run_config=tune.RunConfig(name="tune", storage_path=root, callbacks=callbacks, verbose=0,
+                run_config=tune.RunConfig(name="tune", storage_path=root, callbacks=callbacks, verbose=0, stop=stopper,
                                           failure_config=tune.FailureConfig(max_failures=0)),
             )
         grid = tuner.fit()
@@ -354,13 +370,35 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
             signal.signal(signal.SIGTERM, old)
 
     records = collect_records(output, spec) if root == str(output) else records_from_grid(grid)
-    return _finish(spec, output, tracker, state, records, stopped=stop_flag["stopped"])
+    note = ""
+    if stopper is not None and stopper.exhausted:
+        note = f"the sweep's FLOP budget ({spec.budget.sweep_flops:.3g}) ran out"
+    elif spec.budget.wall_clock_s is not None and time.monotonic() - t0 >= spec.budget.wall_clock_s:
+        note = f"the sweep's wall-clock budget ({spec.budget.wall_clock_s:g} s) ran out"
+    return _finish(spec, output, tracker, state, records, stopped=stop_flag["stopped"], budget_note=note)
 
 
 def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
+
+
+def _plan_budget(spec: SweepSpec) -> SweepSpec:
+    """The spec with the trials per batch size that fit ``budget.sweep_flops`` (unchanged without one).
+
+    Raises:
+        InvalidInput: the budget cannot pay for one full trial per batch size and seed.
+    """
+    if spec.budget.sweep_flops is None:
+        return spec
+    from sweeps.budget import apply_plan, plan_trials
+
+    plan = plan_trials(spec, flops_accounting(spec)[0])
+    if plan.reduced:
+        log.warning("budget.sweep_flops %.3g fits %d trial(s) per batch size (the spec asks for %d): planning %d trials",
+                    spec.budget.sweep_flops, plan.trials_per_batch_size, spec.search.trials_per_batch_size, plan.n_trials)
+    return apply_plan(spec, plan)
 
 
 def _scheduler(spec: SweepSpec):
@@ -521,7 +559,8 @@ def records_from_grid(grid) -> list:
     return out
 
 
-def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool) -> dict[str, Any]:
+def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool,
+            budget_note: str = "") -> dict[str, Any]:
     from sweeps.analysis import analyze_trials
     from sweeps.report import write_report
 
@@ -558,6 +597,12 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
         status, message = "FAILED", "no trial completed (every trial failed or diverged)"
     else:
         status, message = "SUCCEEDED", analysis.get("message", "")
+    if budget_note and not stopped:
+        message = f"{budget_note}: analysed the {counts.get('COMPLETED', 0)} trial(s) that completed" + (
+            f"; {message}" if message else "")
+        for r in records:
+            if r.status == "STOPPED":
+                tracker.trial_ended(r.trial_id, "STOPPED", error=budget_note)
     summary = {k: analysis.get(k) for k in ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")}
     summary.update({f"trials_{k.lower()}": v for k, v in counts.items()})
     artifacts = output / "_artifacts"

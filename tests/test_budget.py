@@ -90,3 +90,52 @@ def test_stopper_sums_the_latest_flops_of_every_trial():
 def test_stopper_rejects_a_non_positive_budget():
     with pytest.raises(ValueError):
         SweepBudgetStopper(0.0)
+
+
+# ---- through the CLI: plan, stop, analyse what finished --------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.driver import flops_accounting
+    from tests.conftest import ROOT, TINY, write_spec
+
+    d = yaml.safe_load(TINY.read_text())
+    d["name"] = "tiny-budget"
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 4}
+    d["pruning"] = {"enabled": True}
+    spec = parse_spec(d | {"data": {"path": str(ROOT / "data" / "tinyshakespeare" / "input.txt")}})
+    trial = flops_accounting(spec)[0] * spec.budget_tokens
+    # 2 batch sizes: 1.6 trials' worth each plans 2 trials per batch size (1 + 0.5 expected), not 4
+    d["budget"] = {"sweep_flops": 2 * 1.6 * trial}
+    path = write_spec(tmp_path, d)
+    out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(path), "--output", str(out), "--tracking-uri",
+                        uri, "--sweep-id", "budget-it", "--no-progress"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=2300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cbs = json.loads((out / "cbs.json").read_text())
+    assert cbs["trials_planned"] == 4
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) <= 4 and {t["batch_size_sequences"] for t in trials if t["status"] == "COMPLETED"} == {4, 8}
+    spent = sum(t["flops"][-1] for t in trials if t["flops"])
+    # the stopper acts on the report that crosses the budget: at most one milestone per running trial over it
+    milestone = trial / spec.eval.milestones
+    assert spent <= 2 * 1.6 * trial + spec.resources.max_concurrent_trials * milestone
+    c = MlflowClient(uri)
+    parent = [x for x in c.search_runs([c.get_experiment_by_name("tiny-budget").experiment_id])
+              if x.data.tags.get("critbatch.role") == "sweep"][0]
+    assert parent.data.tags["critbatch.trials_planned"] == "4"
+    assert parent.data.tags["critbatch.status"] == "SUCCEEDED"
+    if any(t["status"] == "STOPPED" for t in trials):
+        assert "FLOP budget" in parent.data.tags["critbatch.message"]

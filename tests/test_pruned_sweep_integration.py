@@ -15,6 +15,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -152,6 +153,36 @@ def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
     assert stopper.exhausted
     assert 2.5 * C_TOK * budget_tokens <= spent < 3.5 * C_TOK * budget_tokens
     assert sum(1 for r in grid if r.metrics and r.metrics.get("flops") == C_TOK * budget_tokens) == 2
+
+
+def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from sweeps.scheduler import PlacementGroupReaper
+
+    @ray.remote(num_cpus=0)
+    class Controller:  # stands for a Ray Train controller that creates its workers' placement group
+        def make(self):
+            pg = placement_group([{"CPU": 0.5}])
+            ray.get(pg.ready())
+            return pg
+
+    mine = placement_group([{"CPU": 0.25}])  # the driver's own (Tune's trial groups are)
+    ray.get(mine.ready())
+    c = Controller.remote()
+    orphan = ray.get(c.make.remote())
+    reaper = PlacementGroupReaper()
+    assert reaper.reap() == 0  # its creator is alive
+    ray.kill(c)
+    for _ in range(50):  # the GCS learns of the death asynchronously
+        if reaper.reap():
+            break
+        time.sleep(0.1)
+    assert reaper.removed == [orphan.id.hex()]
+    assert placement_group_table(orphan)["state"] == "REMOVED"
+    assert placement_group_table(mine)["state"] == "CREATED"
+    remove_placement_group(mine)
 
 
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
