@@ -1,8 +1,9 @@
 """Search efficiency: the critical batch size from a pruned search, for a fraction of a full grid's FLOPs.
 
     python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 3]
-        [--multipliers 0.7,1,1.4,2,2.8,4] [--grace-fraction G] [--reduction-factor R] [--no-pruning]
-        [--concurrency 2] [--jobs 2]
+        [--multipliers 0.7,1,1.4,2,2.8,4] [--grace-fraction G] [--reduction-factor R]
+        [--rule loss_at_rung|predicted_final] [--fit-fractions 0.5,0.75,1] [--margin M]
+        [--min-trials-per-rung N] [--no-pruning] [--concurrency 2] [--jobs 2]
 
 1. **Full grid.** Every batch size of the Shakespeare example (``sweeps/examples/shakespeare-char.yaml``)
    times every LR multiplier of ``--multipliers`` (square-root rule, one beta2 half-life, seed 0),
@@ -18,7 +19,8 @@
    same FLOP rate (the clock is FLOPs, so the replay does not depend on the machine's load; only
    the order of trials of one batch size matters to the decisions, and their steps cost the same);
    every report goes through ``sweeps.scheduler.EqualComputeScheduler`` (the spec's default pruning
-   section, or ``--grace-fraction``/``--reduction-factor``; ``--no-pruning`` for the same searches
+   section, or ``--grace-fraction``/``--reduction-factor``/``--rule``/``--fit-fractions``/``--margin``/
+   ``--min-trials-per-rung``, the ``pruning`` fields of the same names; ``--no-pruning`` for the same searches
    without early stopping), which stops trials at its FLOP rungs; a stopped trial is told
    to its study as PRUNED. Training is deterministic for a fixed config and seed, so a trial's curve up
    to where it was stopped is the cached curve: replaying it is what running it again would report.
@@ -272,6 +274,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
     ap.add_argument("--grace-fraction", type=float, default=None, help="pruning.grace_fraction (default: the spec's)")
     ap.add_argument("--reduction-factor", type=float, default=None, help="pruning.reduction_factor (default: the spec's)")
+    ap.add_argument("--rule", choices=["loss_at_rung", "predicted_final"], default=None,
+                    help="pruning.rule (default: the spec's)")
+    ap.add_argument("--fit-fractions", default=None, help="pruning.fit_fractions, comma-separated (default: the spec's)")
+    ap.add_argument("--min-trials-per-rung", type=int, default=None, help="pruning.min_trials_per_rung (default: the spec's)")
+    ap.add_argument("--margin", type=float, default=None, help="pruning.margin in nats (default: the spec's)")
     ap.add_argument("--no-pruning", action="store_true", help="the same searches without early stopping (a baseline)")
     ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
     a = ap.parse_args()
@@ -279,7 +286,10 @@ def main() -> None:
     multipliers = sorted(float(x) for x in a.multipliers.split(","))
     if a.quick and a.multipliers == ap.get_default("multipliers"):
         multipliers = [0.5, 1.0, 2.0]
-    pruning = {k: v for k, v in (("grace_fraction", a.grace_fraction), ("reduction_factor", a.reduction_factor))
+    fit = [float(x) for x in a.fit_fractions.split(",")] if a.fit_fractions else None
+    pruning = {k: v for k, v in (("grace_fraction", a.grace_fraction), ("reduction_factor", a.reduction_factor),
+                                 ("rule", a.rule), ("fit_fractions", fit), ("min_trials_per_rung", a.min_trials_per_rung),
+                                 ("margin", a.margin))
                if v is not None}
     spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency, pruning)
     batches = spec.search.batch_sizes_sequences
@@ -317,7 +327,10 @@ def main() -> None:
     p = spec.pruning
     what = "without pruning" if a.no_pruning else (
         f"rungs at {[round(f, 3) for f in EqualComputeScheduler.from_spec(spec).fractions]} of the trial budget, "
-        f"reduction factor {p.reduction_factor:g}")
+        f"reduction factor {p.reduction_factor:g}, rule {p.rule}"
+        + (f" (fit points at {[round(q, 3) for q in p.fit_fractions]} of the rung)" if p.rule == "predicted_final" else "")
+        + (f", those within {p.margin:g} nats of the best continue" if p.margin is not None else "")
+        + (f", {p.min_trials_per_rung} values per rung before stopping" if p.min_trials_per_rung != 2 else ""))
     print(f"searches: {spec.search.trials_per_batch_size} of {len(multipliers)} multipliers per batch size, {what}")
     med = statistics.median(fractions)
     print(f"{sum(inside)}/{len(inside)} searches inside the grid's CI; median FLOPs fraction {med:.3f}")

@@ -317,8 +317,14 @@ def analyze_trials(
     flops_per_token: float | None = None,
     targets: list[float] | None = None,
     n_boot: int = 1000,
+    tokens_per_sequence: float | None = None,
 ) -> dict[str, Any]:
     """The sweep's critical batch size from its trials (the content of ``cbs.json``).
+
+    ``tokens_per_sequence`` is the number of real (counted) tokens one sequence of the batch holds:
+    the context length for packed pretraining (the default), the mean non-padding tokens per row for
+    padded fine-tuning. Steps to target = tokens to target / (B * tokens_per_sequence), and
+    ``b_crit_tokens`` = ``b_crit`` * tokens_per_sequence.
 
     For each target loss, the best configuration of each batch size (lowest mean final validation
     loss over seeds) gives one point per seed: steps to target = tokens to target / (B * T).
@@ -329,10 +335,11 @@ def analyze_trials(
     configuration, loss at the budget, tokens and steps to the primary target); and
     ``b_simple`` (each batch size's noise-scale series).
     """
-    T = context_length_tokens
+    T = float(tokens_per_sequence) if tokens_per_sequence else context_length_tokens
     best = _best_groups(trials)
     counts = {s: sum(1 for t in trials if t.status == s) for s in ("COMPLETED", "DIVERGED", "FAILED", "PRUNED", "STOPPED")}
-    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch, "context_length_tokens": T}
+    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
+                              "context_length_tokens": context_length_tokens, "tokens_per_sequence": T}
     if not best:
         result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, cbs_20=None, s_min=None, e_min=None,
                       target_loss=None, targets=[], per_batch=[], b_simple=[],

@@ -87,7 +87,7 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
         -(-spec.resources.trial_driver_cpus * spec.resources.max_concurrent_trials // 1))
     for attempt in range(3):
         try:
-            ray.init(num_cpus=cpus + extra, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
+            ray.init(address="local", num_cpus=cpus + extra, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=True)
             return True
         except Exception as exc:  # noqa: BLE001 - Ray's own startup timeout on an overloaded machine
@@ -312,11 +312,11 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         **batch_plan_params(spec, int(cfg["batch_size_sequences"])), "flops_per_token": c_tok, "flops_convention": convention})
     callbacks = [mlflow_cb, progress]
     scheduler = _scheduler(spec)
-    if scheduler is not None:
-        from sweeps.scheduler import PlacementGroupReaper, PruningAnnotator
+    from sweeps.scheduler import PlacementGroupReaper, PruningAnnotator
 
+    if scheduler is not None:
         callbacks.insert(0, PruningAnnotator(scheduler))  # first: writes decisions into each result
-        callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit
+    callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
     stopper = None
     if spec.budget.sweep_flops is not None:
         from sweeps.budget import SweepBudgetStopper
@@ -559,6 +559,16 @@ def records_from_grid(grid) -> list:
     return out
 
 
+def _tokens_per_sequence(spec: SweepSpec) -> float:
+    """Real tokens one sequence of a batch holds: the context length when pretraining (packed), the
+    training rows' mean non-padding tokens when fine-tuning (``finetune_data.check_finetune_inputs``)."""
+    if spec.workload != "finetune":
+        return float(spec.model.context_length_tokens)
+    from workloads.finetune_data import check_finetune_inputs
+
+    return float(check_finetune_inputs(spec)["mean_real_tokens_per_row"])
+
+
 def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool,
             budget_note: str = "") -> dict[str, Any]:
     from sweeps.analysis import analyze_trials
@@ -568,7 +578,8 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
     reference = float(spec.search.base_batch_size_sequences)
     try:
         analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
-                                  reference_batch=reference, flops_per_token=c_tok, targets=spec.targets)
+                                  reference_batch=reference, flops_per_token=c_tok, targets=spec.targets,
+                                  tokens_per_sequence=_tokens_per_sequence(spec))
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")

@@ -17,10 +17,21 @@ sizes (methodology note section 11.2: never compare on ``training_iteration``). 
   batch size's LR/beta2 search is pruned, the batch-size axis never is (the analysis needs every
   batch size). The first trial of a batch size to reach a rung always continues past it, so every
   batch size keeps at least one trial that runs its whole budget.
+* **What is compared** (``rule``). ``loss_at_rung`` (the default): the loss interpolated at the rung.
+  ``predicted_final``: the loss predicted at the budget from the curve up to the rung: the loss is
+  read (interpolated as above) at fixed fractions ``fit_fractions`` of the rung's FLOPs (default 0.5,
+  0.75 and 1), and the least-squares line in log-compute through those points is evaluated at the
+  budget (:func:`predict_final_log_linear`). The points sit at fixed FLOPs, so the prediction does not
+  depend on the reporting cadence either; a rung whose first fit point lies before a trial's first
+  report is skipped for that trial. Why: with a constant learning rate the loss at a fraction of the
+  budget ranks the LR multipliers close to the reverse of their final ranking (short-horizon bias,
+  docs/search_efficiency.md); the extrapolation favours the curves still falling at the rung.
 * **Asynchronous successive halving** (Li et al. 2020, arXiv 1810.05934): a trial reaching a rung
   is compared with the values recorded there so far; fewer than ``min_trials_per_rung`` values: it
   continues; otherwise it continues if fewer than ``ceil(n / reduction_factor)`` recorded values are
-  strictly better than its own (it is in the top ``1/reduction_factor``). A trial that reaches a rung
+  strictly better than its own (it is in the top ``1/reduction_factor``). With ``margin`` set, it
+  continues instead if its value is at most the best recorded value plus ``margin`` (nats; 0: only a
+  new best continues), and ``reduction_factor`` only spaces the rungs. A trial that reaches a rung
   before its peers is therefore judged against fewer values, as in ASHA.
 
 Decisions reach the rest of the sweep through the result dict: Ray Tune hands a scheduler a flattened
@@ -61,10 +72,16 @@ __all__ = [
     "RungDecision",
     "rung_fractions",
     "interpolate",
+    "curve_at",
+    "predict_final_log_linear",
+    "RULES",
     "RESULT_KEYS",
 ]
 
 log = logging.getLogger(__name__)
+
+#: the rung rules (``pruning.rule``): what a trial is judged on at a rung (module docstring)
+RULES = ("loss_at_rung", "predicted_final")
 
 #: result keys written by :class:`PruningAnnotator` (flat, so Tune's flattening leaves them as they are)
 RESULT_KEYS = ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
@@ -100,6 +117,56 @@ def interpolate(x0: float, y0: float, x1: float, y1: float, x: float) -> float:
     return y0 + w * (y1 - y0)
 
 
+def curve_at(points: Sequence[tuple[float, float]], x: float) -> float | None:
+    """A reported curve's value at ``x`` FLOPs, interpolated linearly between the bracketing reports.
+
+    Args:
+        points: ``(flops, loss)`` reports, increasing in FLOPs (``inf`` for a diverged evaluation).
+        x: the FLOPs to read the curve at, at most the last report's.
+
+    Returns ``None`` when ``x`` lies before the first report (nothing brackets it); a value at or within
+    a relative ``1e-12`` of a report is that report's; a bracket with a non-finite end gives ``inf``.
+    """
+    if not points or x < points[0][0] * (1 - 1e-12):
+        return None
+    if x <= points[0][0] * (1 + 1e-12):
+        return points[0][1] if math.isfinite(points[0][1]) else math.inf
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1 * (1 + 1e-12):
+            return interpolate(x0, y0, x1, y1, min(x, x1))
+    raise ValueError(f"{x} FLOPs lies past the last report ({points[-1][0]})")
+
+
+def predict_final_log_linear(fractions: Sequence[float], losses: Sequence[float], horizon: float) -> float:
+    """Predicted loss at ``horizon``: the least-squares line ``L = a + s * ln(C)`` through the points.
+
+    Args:
+        fractions: ``n >= 2`` distinct compute positions of the points, in any unit (here fractions of
+            the rung's FLOPs, so the fit does not depend on the workload's FLOP convention).
+        losses: the loss at each position (``n`` values, nats/token).
+        horizon: where to evaluate the line, in the unit of ``fractions`` (the budget over the rung's
+            FLOPs, ``1 / rung fraction``).
+
+    The line in log-compute is the ``c -> 0`` limit of the power law ``L = a + b * C**-c`` (the
+    form of the scaling-law fits, Kaplan et al. 2020, arXiv 2001.08361): it carries the loss decrease
+    per e-fold of compute observed over the fitted window on to the budget, never flattening. That
+    favours the curves that are still falling at the rung, which is what offsets the short-horizon
+    bias of a constant learning rate (docs/search_efficiency.md). Any non-finite loss gives ``inf``.
+    Ordinary least squares, closed form: ``s = cov(u, L) / var(u)`` with ``u = ln(fraction)``.
+    """
+    if len(fractions) != len(losses) or len(fractions) < 2:
+        raise ValueError("need at least 2 points, as many losses as fractions")
+    if not all(math.isfinite(y) for y in losses):
+        return math.inf
+    u = [math.log(f) for f in fractions]
+    um, ym = sum(u) / len(u), sum(losses) / len(losses)
+    var = sum((x - um) ** 2 for x in u)
+    if var <= 0:
+        raise ValueError(f"fractions must be distinct, got {list(fractions)}")
+    s = sum((x - um) * (y - ym) for x, y in zip(u, losses)) / var
+    return ym + s * (math.log(horizon) - um)
+
+
 @dataclass(frozen=True)
 class RungDecision:
     """One stop/continue decision at one rung.
@@ -107,11 +174,14 @@ class RungDecision:
     Attributes:
         rung: rung index (0 is the grace rung).
         flops: the rung's budget in training FLOPs.
-        value: the trial's ``val_loss`` interpolated at ``flops`` (``inf`` if diverged).
+        value: the value compared (lower is better; ``inf`` if diverged): with ``loss_at_rung``, the
+            trial's ``val_loss`` interpolated at ``flops``; with ``predicted_final``, its predicted
+            ``val_loss`` at the budget (:func:`predict_final_log_linear`).
         better: values recorded at this rung for this batch size that are strictly better.
         peers: values recorded at this rung for this batch size, this one included.
         keep: how many may be better before the trial stops (``peers`` while fewer than
-            ``min_trials_per_rung`` peers: nobody is stopped yet).
+            ``min_trials_per_rung`` peers: nobody is stopped yet; with a ``margin``, the number of
+            recorded values within ``margin`` of the best).
         stop: the decision.
     """
 
@@ -134,6 +204,7 @@ class _TrialState:
     group: Any
     flops_per_token: float | None = None
     last: tuple[float, float] | None = None  # (flops, val_loss) of the latest report
+    history: list[tuple[float, float]] = field(default_factory=list)  # every (flops, val_loss) report, in order
     next_rung: int = 0
     decisions: list[RungDecision] = field(default_factory=list)
     stopped: bool = False
@@ -147,6 +218,11 @@ class EqualComputeScheduler(FIFOScheduler):
         grace_fraction: the first rung, as a fraction of the trial budget.
         reduction_factor: rungs are ``reduction_factor`` apart; the top ``1/reduction_factor`` continue.
         min_trials_per_rung: values needed at a rung (same batch size) before anyone is stopped there.
+        rule: ``"loss_at_rung"`` or ``"predicted_final"`` (module docstring).
+        fit_fractions: ``predicted_final``: where the fit reads the loss, as fractions of the rung's
+            FLOPs (at least 2 distinct values in ``(0, 1]``).
+        margin: ``None``: the top ``1/reduction_factor`` continue; a number (nats, >= 0): the trials
+            within ``margin`` of the best value recorded at the rung continue.
         metric: the loss compared (minimised); ``group_by``: the trial config key whose trials are
             compared with each other (the batch size).
 
@@ -162,6 +238,9 @@ class EqualComputeScheduler(FIFOScheduler):
         grace_fraction: float = 0.25,
         reduction_factor: float = 2.0,
         min_trials_per_rung: int = 2,
+        rule: str = "loss_at_rung",
+        fit_fractions: Sequence[float] = (0.5, 0.75, 1.0),
+        margin: float | None = None,
         metric: str = "val_loss",
         group_by: str = "batch_size_sequences",
     ):
@@ -170,6 +249,16 @@ class EqualComputeScheduler(FIFOScheduler):
             raise ValueError(f"budget_tokens must be > 0, got {budget_tokens}")
         if min_trials_per_rung < 1:
             raise ValueError(f"min_trials_per_rung must be >= 1, got {min_trials_per_rung}")
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+        fit = tuple(sorted(float(q) for q in fit_fractions))
+        if len(set(fit)) < 2 or len(set(fit)) != len(fit) or not all(0 < q <= 1 for q in fit):
+            raise ValueError(f"fit_fractions must be >= 2 distinct values in (0, 1], got {list(fit_fractions)}")
+        if margin is not None and not margin >= 0:
+            raise ValueError(f"margin must be >= 0 or None, got {margin}")
+        self.rule = rule
+        self.margin = None if margin is None else float(margin)
+        self.fit_fractions = fit
         self.budget_tokens = int(budget_tokens)
         self.fractions = rung_fractions(grace_fraction, reduction_factor)
         self.reduction_factor = float(reduction_factor)
@@ -185,7 +274,8 @@ class EqualComputeScheduler(FIFOScheduler):
     def from_spec(cls, spec: SweepSpec) -> "EqualComputeScheduler":
         p = spec.pruning
         return cls(budget_tokens=spec.budget_tokens, grace_fraction=p.grace_fraction,
-                   reduction_factor=p.reduction_factor, min_trials_per_rung=p.min_trials_per_rung)
+                   reduction_factor=p.reduction_factor, min_trials_per_rung=p.min_trials_per_rung,
+                   rule=p.rule, fit_fractions=p.fit_fractions, margin=p.margin)
 
     def annotator(self) -> "PruningAnnotator":
         """The Tune callback that writes this scheduler's decisions into the results (put it first)."""
@@ -210,7 +300,11 @@ class EqualComputeScheduler(FIFOScheduler):
         peers = len(values)
         if peers < self.min_trials_per_rung:
             return 0, peers, peers
-        keep = max(1, math.ceil(peers / self.reduction_factor - 1e-9))
+        if self.margin is None:
+            keep = max(1, math.ceil(peers / self.reduction_factor - 1e-9))
+        else:  # the values within ``margin`` of the best continue: ``better >= keep`` iff value > best + margin
+            best = min(values.values())
+            keep = sum(1 for v in values.values() if v <= best + self.margin) if math.isfinite(best) else peers
         better = sum(1 for v in values.values() if v < value)
         return better, peers, keep
 
@@ -224,14 +318,15 @@ class EqualComputeScheduler(FIFOScheduler):
         y = loss if (loss is not None and math.isfinite(loss)) else math.inf
         if st.last is not None and flops <= st.last[0]:
             return []  # a replayed report (a restarted worker group): already seen
+        st.history.append((flops, y))
         out = []
         rungs = self.rung_flops(st.flops_per_token)
         while st.next_rung < len(rungs) and flops >= rungs[st.next_rung] * (1 - 1e-12):
             k, r = st.next_rung, rungs[st.next_rung]
             st.next_rung += 1
-            if st.last is None and flops > r * (1 + 1e-12):
-                continue  # the rung lies before the first report: nothing brackets it
-            value = y if st.last is None else interpolate(st.last[0], st.last[1], flops, y, r)
+            value = self._rung_value(st, k, r)
+            if value is None:
+                continue  # the rung (or a fit point) lies before the first report: nothing brackets it
             better, peers, keep = self._record(st, trial_id, k, value)
             stop = decide and better >= keep
             d = RungDecision(rung=k, flops=r, value=value, better=better, peers=peers, keep=keep, stop=stop)
@@ -243,6 +338,22 @@ class EqualComputeScheduler(FIFOScheduler):
                 break
         st.last = (flops, y)
         return out
+
+    def _rung_value(self, st: _TrialState, k: int, r: float) -> float | None:
+        """The value a trial is judged on at rung ``k`` (``r`` FLOPs), from its reports up to the first
+        one at or past ``r`` (``st.history``); ``None`` when a point it needs precedes the first report.
+
+        ``loss_at_rung``: the loss interpolated at ``r``. ``predicted_final``: the loss interpolated
+        at ``q * r`` for each ``q`` of ``fit_fractions`` (fixed fractions of the rung, so the points do
+        not depend on the reporting cadence), extrapolated to the budget, ``r / fractions[k]``, by
+        :func:`predict_final_log_linear`.
+        """
+        if self.rule == "loss_at_rung":
+            return curve_at(st.history, r)
+        ys = [curve_at(st.history, q * r) for q in self.fit_fractions]
+        if any(y is None for y in ys):
+            return None
+        return predict_final_log_linear(self.fit_fractions, ys, 1.0 / self.fractions[k])
 
     def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
                 losses: Sequence[float]) -> None:

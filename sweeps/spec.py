@@ -311,6 +311,25 @@ class PruningSpec(_Strict):
     grace_fraction: float = Field(default=0.25, gt=0, lt=1, description="first rung, as a fraction of the trial budget")
     reduction_factor: float = Field(default=2.0, gt=1)
     min_trials_per_rung: PositiveInt = 2
+    rule: Literal["loss_at_rung", "predicted_final"] = Field(
+        default="predicted_final",
+        description="what a trial is judged on at a rung: its validation loss there, or its loss at the budget "
+                    "predicted from the rung's fit points (sweeps.scheduler, docs/search_efficiency.md)")
+    fit_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=lambda: [0.5, 0.75, 1.0],
+        description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs")
+
+    margin: float | None = Field(
+        default=None, ge=0,
+        description="if set: at a rung, the trials whose value is within this many nats of the best recorded "
+                    "there (same batch size) continue, instead of the top 1/reduction_factor")
+
+    @field_validator("fit_fractions")
+    @classmethod
+    def _fit_fractions(cls, v: list[float]) -> list[float]:
+        if len(set(v)) < 2 or len(set(v)) != len(v):
+            raise ValueError("give at least 2 distinct fractions")
+        return sorted(v)
 
 
 class SweepSpec(_Strict):

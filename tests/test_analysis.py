@@ -99,6 +99,19 @@ def test_analyze_trials_finds_the_planted_b_crit():
     assert res["lr_scaling_exponent_fit"] == pytest.approx(0.5, abs=1e-6)
 
 
+def test_padded_rows_count_their_real_tokens_per_sequence():
+    """Fine-tuning: a row of a 64-token context holding 40 real tokens is a 40-token sequence: the
+    same token curves give 64/40 times more steps, the same knee in sequences, and b_crit in tokens
+    is that knee times 40, not 64."""
+    packed = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16, n_boot=50)
+    padded = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16, n_boot=50,
+                            tokens_per_sequence=40.0)
+    assert padded["tokens_per_sequence"] == 40.0 and packed["tokens_per_sequence"] == 64
+    assert padded["b_crit"] == pytest.approx(packed["b_crit"], rel=1e-6)
+    assert padded["s_min"] == pytest.approx(packed["s_min"] * 64 / 40, rel=1e-6)
+    assert padded["b_crit_tokens"] == pytest.approx(padded["b_crit"] * 40.0)
+
+
 def test_analyze_trials_without_completed_trials():
     res = analyze_trials([], context_length_tokens=64, reference_batch=16)
     assert res["status"] == "no_completed_trials" and res["b_crit"] is None

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, TINY, write_spec
+from tests.conftest import ROOT, TINY, run_cli, write_spec
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # 8 real trials: minutes on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 8 real trials: minutes on 2 busy cores
 
 CLI = [sys.executable, "-m", "sweeps.cli"]
 
@@ -188,9 +188,8 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
 
 
-def _run(args, timeout=2300):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    return subprocess.run(CLI + args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def _run(args, timeout=900):
+    return run_cli(args, timeout_s=timeout)
 
 
 @pytest.fixture(scope="module")

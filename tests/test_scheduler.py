@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from sweeps.scheduler import EqualComputeScheduler, RungDecision, interpolate, rung_fractions
+from sweeps.scheduler import (EqualComputeScheduler, RungDecision, curve_at, interpolate, predict_final_log_linear,
+                              rung_fractions)
 from sweeps.spec import parse_spec
 
 BUDGET_TOKENS = 100_000
@@ -333,3 +334,168 @@ def test_every_batch_size_keeps_a_trial_that_completes():
             if decision == TrialScheduler.CONTINUE:
                 finished[b] = finished.get(b, 0) + 1
     assert set(finished) == {4, 8, 16, 32}
+
+
+# ---- the predicted_final rule and the margin ----------------------------------------------------------------
+
+# The same six lines judged on their predicted loss at the budget (``predict_final_log_linear`` through
+# the loss at 0.5, 0.75 and 1 of the rung). Hand-computed predictions (rung 0 at 0.25, rung 1 at 0.5):
+#   first 1.9532, 1.8303; fast 1.9013, 1.8521; steep 1.9058, 1.6845; good 1.8532, 1.7303; bad 2.3519; late 1.9132
+# r0: first alone; fast best of 2; steep 1 better of 3 (keep 2); good best of 4; bad 4 better of 5 (keep 3):
+# stopped; late 3 better of 6 (fast, steep, good; keep 3): stopped. r1: first alone; fast 1 better of 2
+# (keep 1): stopped; steep best of 3; good 1 better of 4 (keep 2). The steep line, best at the budget
+# (1.45) and stopped at r0 by loss_at_rung, now runs its budget.
+EXPECTED_PREDICTED = {
+    "first": [(0, False), (1, False)],
+    "fast": [(0, False), (1, True)],
+    "steep": [(0, False), (1, False)],
+    "good": [(0, False), (1, False)],
+    "bad": [(0, True)],
+    "late": [(0, True)],
+}
+
+
+def predicted(**kw) -> EqualComputeScheduler:
+    return make_scheduler(rule="predicted_final", **kw)
+
+
+def early_random_cadence(rng: random.Random) -> list[float]:
+    """Irregular reports (3 to 40) whose first lies before the first fit point (0.5 x the first rung)."""
+    pts = sorted(rng.uniform(0.12, 0.99) for _ in range(rng.randint(1, 38)))
+    return [rng.uniform(0.01, 0.12)] + pts + [1.0]
+
+
+def test_predict_final_log_linear_hand_values():
+    # two points: the line through (ln 0.5, 2.0) and (ln 1, 1.8), at ln 4: 1.8 - 0.2 * ln4 / ln2 = 1.4
+    assert predict_final_log_linear([0.5, 1.0], [2.0, 1.8], 4.0) == pytest.approx(1.4)
+    # points on L = 3 - 0.5 ln(x): exact at any horizon; the order of the points does not matter
+    xs = [0.25, 1.0, 0.5, 0.75]
+    assert predict_final_log_linear(xs, [3 - 0.5 * math.log(x) for x in xs], 8.0) == pytest.approx(3 - 0.5 * math.log(8))
+    # least squares: (ln .5, 1), (ln .75, 0), (0, 1) -> slope 0.3795..., mean; at 1: 2/3 + s * (0 - mean u)
+    u = [math.log(0.5), math.log(0.75), 0.0]
+    um = sum(u) / 3
+    s = sum((x - um) * (y - 2 / 3) for x, y in zip(u, [1, 0, 1])) / sum((x - um) ** 2 for x in u)
+    assert predict_final_log_linear([0.5, 0.75, 1.0], [1, 0, 1], 1.0) == pytest.approx(2 / 3 - s * um)
+    assert predict_final_log_linear([0.5, 1.0], [2.0, math.nan], 4.0) == math.inf
+    with pytest.raises(ValueError):
+        predict_final_log_linear([1.0], [2.0], 4.0)
+    with pytest.raises(ValueError):
+        predict_final_log_linear([1.0, 1.0], [2.0, 1.0], 4.0)
+
+
+def test_curve_at_interpolates_and_refuses_before_the_first_report():
+    pts = [(2.0, 3.0), (4.0, 2.0), (8.0, 1.0)]
+    assert curve_at(pts, 1.0) is None
+    assert curve_at(pts, 2.0) == 3.0
+    assert curve_at(pts, 3.0) == pytest.approx(2.5)
+    assert curve_at(pts, 6.0) == pytest.approx(1.5)
+    assert curve_at(pts, 8.0) == 1.0
+    assert curve_at([(2.0, 3.0), (4.0, math.nan)], 3.0) == math.inf
+
+
+def test_predicted_value_is_the_extrapolation_of_the_fit_points():
+    s = predicted()
+    feed(s, trial("a", 8), lambda f: 3.0 - f, [0.1, 0.2, 0.3])
+    (d,) = s.decisions("a")
+    q = [0.5, 0.75, 1.0]
+    assert d.rung == 0 and d.value == pytest.approx(predict_final_log_linear(q, [3.0 - 0.25 * x for x in q], 4.0))
+
+
+def test_predicted_final_hand_computed_decisions():
+    s = predicted()
+    for tid, c in LINES.items():
+        feed(s, trial(tid, 16), c, cadence(200))
+    assert outcomes(s, LINES) == EXPECTED_PREDICTED
+    assert s.decisions("steep")[0].value == pytest.approx(1.9058, abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_predicted_final_does_not_depend_on_the_reporting_cadence(seed):
+    """Irregular cadences (3 to 40 reports): the fit points are read at fixed fractions of the rung,
+    interpolated, so the predictions and the decisions are those of the dense cadence."""
+    rng = random.Random(seed)
+    s = predicted()
+    for tid, c in LINES.items():
+        feed(s, trial(tid, 16), c, early_random_cadence(rng))
+    assert outcomes(s, LINES) == EXPECTED_PREDICTED
+    ref = predicted()
+    for tid, c in LINES.items():
+        feed(ref, trial(tid, 16), c, cadence(1000))
+    for tid in LINES:
+        assert [d.value for d in s.decisions(tid)] == pytest.approx([d.value for d in ref.decisions(tid)])
+
+
+@pytest.mark.parametrize("n", [10, 14, 16, 20, 28, 32])
+def test_predicted_final_smooth_curves_decide_alike_at_every_milestone_cadence(n):
+    ref = predicted()
+    for tid, c in SMOOTH.items():
+        feed(ref, trial(tid, 16), c, cadence(1000))
+    expected = outcomes(ref, SMOOTH)
+    assert any(ds[-1][1] for ds in expected.values())
+    s = predicted()
+    for tid, c in SMOOTH.items():
+        feed(s, trial(tid, 16), c, cadence(n))
+    assert outcomes(s, SMOOTH) == expected
+
+
+def test_predicted_final_skips_a_rung_whose_fit_points_precede_the_first_report():
+    s = predicted()
+    feed(s, trial("a", 8), lambda f: 3.0 - f, [0.15, 0.3, 0.6])  # rung 0's fit starts at 0.125: skipped
+    assert [d.rung for d in s.decisions("a")] == [1]  # rung 1's points (0.25, 0.375, 0.5) are bracketed
+
+
+def test_predicted_final_compares_only_the_same_batch_size_and_stops_diverged_trials():
+    s = predicted()
+    feed(s, trial("b8", 8), lambda f: 1.0 - 0.1 * f, cadence(16))
+    decision, f, _ = feed(s, trial("b4", 4), lambda f: 4.0 - 0.1 * f, cadence(16))
+    assert decision == TrialScheduler.CONTINUE and f == 1.0
+    decision, f, _ = feed(s, trial("nan", 4), lambda f: math.nan if f > 0.2 else 3.0, cadence(16))
+    assert decision == TrialScheduler.STOP and f == 0.25 and s.decisions("nan")[0].value == math.inf
+
+
+def test_margin_keeps_the_values_close_to_the_best():
+    s = make_scheduler(margin=0.25)  # binary-exact values: the boundary case is exact
+    for tid, loss in [("a", 3.0), ("b", 1.0), ("c", 1.125), ("d", 1.5), ("e", 1.25)]:
+        feed(s, trial(tid, 8), lambda f, v=loss: v, [0.25])
+    got = {tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep,
+                 s.decisions(tid)[0].stop) for tid in "abcde"}
+    assert got == {
+        "a": (0, 1, 1, False),  # alone
+        "b": (0, 2, 1, False),  # the best; a (3.0) is not within 0.25 of it: keep 1
+        "c": (1, 3, 2, False),  # within 0.25 of the best (1.0): b and c are kept
+        "d": (2, 4, 2, True),   # 0.5 behind: stopped
+        "e": (2, 5, 3, False),  # exactly at best + margin: kept
+    }
+
+
+def test_margin_zero_keeps_only_the_best_so_far():
+    s = make_scheduler(margin=0.0)
+    stops = [feed(s, trial(t, 8), lambda f, v=v: v, [0.25])[0] for t, v in [("a", 2.0), ("b", 1.5), ("c", 1.6), ("d", 1.4)]]
+    assert stops == [TrialScheduler.CONTINUE, TrialScheduler.CONTINUE, TrialScheduler.STOP, TrialScheduler.CONTINUE]
+
+
+def test_from_spec_reads_the_rule_fit_fractions_and_margin(tiny_spec_dict):
+    d = tiny_spec_dict | {"pruning": {"enabled": True, "rule": "predicted_final", "fit_fractions": [1.0, 0.25, 0.5],
+                                      "margin": 0.02}}
+    s = EqualComputeScheduler.from_spec(parse_spec(d))
+    assert s.rule == "predicted_final" and s.fit_fractions == (0.25, 0.5, 1.0) and s.margin == 0.02
+    default = EqualComputeScheduler.from_spec(parse_spec(tiny_spec_dict | {"pruning": {"enabled": True}}))
+    assert default.rule == "predicted_final" and default.margin is None  # the spec default
+
+
+@pytest.mark.parametrize("bad", [{"rule": "median"}, {"fit_fractions": [0.5, 0.5]}, {"fit_fractions": [1.0]},
+                                 {"fit_fractions": [0.0, 1.0]}, {"fit_fractions": [0.5, 1.5]}, {"margin": -0.1}])
+def test_spec_rejects_bad_pruning_rules(tiny_spec_dict, bad):
+    from sweeps.spec import SpecError
+
+    with pytest.raises((SpecError, ValueError)):
+        parse_spec(tiny_spec_dict | {"pruning": {"enabled": True, **bad}})
+
+
+def test_scheduler_rejects_bad_rule_arguments():
+    with pytest.raises(ValueError):
+        make_scheduler(rule="median")
+    with pytest.raises(ValueError):
+        make_scheduler(fit_fractions=(0.5, 0.5))
+    with pytest.raises(ValueError):
+        make_scheduler(margin=-1.0)

@@ -12,16 +12,15 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, write_spec
+from tests.conftest import ROOT, run_cli, write_spec
 
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "sweeps.cli"]
 
 
-def _run(args, cwd=ROOT, timeout=900):
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    return subprocess.run(CLI + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+def _run(args, cwd=ROOT, timeout=600):
+    return run_cli(args, timeout_s=timeout, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
