@@ -70,19 +70,8 @@ def run(
     """Run a sweep: trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html."""
     from sweeps.driver import run_sweep
 
-    try:
-        s = load_spec(spec)
-        result = run_sweep(
-            s, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=address, show_progress=progress
-        )
-    except (SpecError, InvalidInput) as exc:
-        _fail_invalid(exc)
-    except CritbatchError as exc:
-        console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
-        raise typer.Exit(EXIT_FAILED)
-    _print_summary(result)
-    if not result.get("ok", False):
-        raise typer.Exit(EXIT_FAILED)
+    _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
+                                         ray_address=address, show_progress=progress))
 
 
 @app.command()
@@ -94,8 +83,13 @@ def resume(
     """Resume an interrupted sweep from its output folder (Tune state, Optuna study and MLflow runs kept)."""
     from sweeps.driver import resume_sweep
 
+    _sweep_and_report(lambda: resume_sweep(output, ray_address=address, show_progress=progress))
+
+
+def _sweep_and_report(call) -> None:
+    """Run ``call()`` (a sweep), print its summary; exit 2 on invalid input, 1 on a failed sweep."""
     try:
-        result = resume_sweep(output, ray_address=address, show_progress=progress)
+        result = call()
     except (SpecError, InvalidInput) as exc:
         _fail_invalid(exc)
     except CritbatchError as exc:

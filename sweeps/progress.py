@@ -89,9 +89,11 @@ class ProgressCallback(Callback):
         elif time.monotonic() - self._last_plain > 10:
             self._last_plain = time.monotonic()
             c = self.counts()
+            eta = self.eta_s()
             self.console.print(
                 f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
-                f"{c['diverged']} diverged; best: "
+                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA "
+                + ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s") + "; best: "
                 + ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best)),
                 highlight=False,
             )

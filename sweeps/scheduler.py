@@ -467,6 +467,6 @@ class PlacementGroupReaper(Callback):
                 pg_id = ray.PlacementGroupID(pg.placement_group_id)
                 ray.util.remove_placement_group(PlacementGroup(pg_id))
                 self.removed.append(pg_id.hex())
-                log.warning("removed placement group %s: its Ray Train controller died with a stopped trial", pg_id.hex())
+                log.warning("removed placement group %s: its Ray Train controller is gone (trial finished or stopped)", pg_id.hex())
                 n += 1
         return n

@@ -68,6 +68,10 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         noise_scale_ema_decay=spec.noise_scale.ema_decay,
         seed=int(config["seed"]),
         fail_at_milestone=config.get("fail_at_milestone"),
+        # fault-injection hook of tests/test_faults.py (unset in normal use)
+        hold_at_milestone=int(os.environ["CRITBATCH_TEST_HOLD_AT_MILESTONE"])
+        if os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE") else None,
+        hold_file=os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None,
         finetune=spec.finetune.model_dump() if spec.finetune else None,
     )
 

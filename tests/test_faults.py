@@ -102,14 +102,21 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
     uri = f"sqlite:///{tmp_path / 'ml.db'}"
     out = tmp_path / "out"
     before = set(pids_named("RayTrainWorker"))
+    # the worker waits after its second milestone (index 1) while this file exists: the kill lands
+    # mid-trial however fast the machine is (workloads/loop.py, fault-injection hook)
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll
     proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                   "--no-progress"], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
+                                   "--no-progress"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     diagnose = lambda: (tmp_path / "driver.log").read_text()[-3000:]  # noqa: E731
     try:
         wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports", diagnose=diagnose)
         workers = wait_for(lambda: [p for p in pids_named("RayTrainWorker") if p not in before], 60, "the Train worker")
+        assert len(result_rows(out)) == 2  # held: the trial is mid-way when the worker dies
         os.kill(workers[0], signal.SIGKILL)
+        hold.unlink()
         proc.wait(timeout=900)
     finally:
         proc.kill()

@@ -63,6 +63,10 @@ class TrialConfig:
     save_hf_checkpoint: bool = False
     # fault injection for tests: raise at this milestone index on the first attempt only
     fail_at_milestone: int | None = None
+    # fault injection for tests: after reporting this milestone index on the first attempt, wait
+    # while the file ``hold_file`` exists (a test kills the worker in that window, then deletes it)
+    hold_at_milestone: int | None = None
+    hold_file: str | None = None
     finetune: dict[str, Any] | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -367,5 +368,8 @@ def run_loop(
         report(metrics, state)
         if done:
             return TrainingOutcome(status=status, final_metrics=metrics)
+        if cfg.hold_file and attempt == 0 and st["milestone_idx"] - 1 == cfg.hold_at_milestone:
+            while os.path.exists(cfg.hold_file):  # fault injection: a test kills this worker here
+                time.sleep(0.05)
     # budget already reached (resumed after the final report)
     return TrainingOutcome(status="completed", final_metrics={})
