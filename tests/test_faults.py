@@ -179,9 +179,15 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
         assert k.info.status == "FINISHED"
         steps = [m.step for m in c.get_metric_history(k.info.run_id, "val_loss")]
         assert sorted(steps) == [2048, 4096, 6144, 8192]
-    # no trial ran twice to completion
-    done = [r["trial_id"] for r in result_rows(out) if r.get("done")]
-    assert len(done) == len(set(done)) == 4
+    # Every trial finished; one that finished within Tune's snapshot interval before the kill
+    # (TUNE_GLOBAL_CHECKPOINT_S) is restarted from its last milestone checkpoint and must then
+    # reproduce its final report exactly (deterministic resume), never a different result.
+    final: dict[str, set] = {}
+    for r in result_rows(out):
+        if r.get("done"):
+            final.setdefault(r["trial_id"], set()).add((r["tokens_seen"], r["val_loss"]))
+    assert len(final) == 4
+    assert all(len(v) == 1 for v in final.values()), final
 
 
 def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
