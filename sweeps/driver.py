@@ -87,17 +87,11 @@ def _init_ray(address: str | None, spec: SweepSpec) -> bool:
     cpus = os.cpu_count() or 1
     extra = 1 if r.trial_driver_cpus * r.max_concurrent_trials <= 1 else int(
         -(-r.trial_driver_cpus * r.max_concurrent_trials // 1))
-    # A local sweep asked for more concurrent trials than the cores hold: let them share the cores
-    # (a trial spends its first tens of seconds starting processes, not training; docs/benchmarks.md).
-    wanted = math.ceil(r.max_concurrent_trials * (r.workers_per_trial * r.cpus_per_worker + r.trial_driver_cpus) - 1e-9)
-    num_cpus = max(cpus + extra, wanted)
-    if num_cpus > cpus + extra:
-        log.info("local Ray: %d logical CPUs on %d cores, for %d concurrent trials", num_cpus, cpus, r.max_concurrent_trials)
     # one actor process less per trial: a local machine is not preempted by a cloud provider
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     for attempt in range(3):
         try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, runtime_env=runtime_env, log_to_driver=False,
+            ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=True)
             return True
         except Exception as exc:  # noqa: BLE001 - Ray's own startup timeout on an overloaded machine

@@ -59,10 +59,13 @@ class ProgressCallback(Callback):
             return None
         return max(0.0, left * (sum(self.durations) / len(self.durations)) / self.concurrency)
 
+    def _eta_text(self) -> str:
+        eta = self.eta_s()
+        return "?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s"
+
     def render(self) -> Group:
         c = self.counts()
-        eta = self.eta_s()
-        eta_txt = "?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s"
+        eta_txt = self._eta_text()
         head = Text(
             f"trials {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
             f"{c['diverged']} diverged   elapsed {int(time.monotonic() - self.t0)}s   ETA {eta_txt}"
@@ -89,11 +92,9 @@ class ProgressCallback(Callback):
         elif time.monotonic() - self._last_plain > 10:
             self._last_plain = time.monotonic()
             c = self.counts()
-            eta = self.eta_s()
             self.console.print(
                 f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
-                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA "
-                + ("?" if eta is None else f"{int(eta // 60)}m{int(eta % 60):02d}s") + "; best: "
+                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}; best: "
                 + ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best)),
                 highlight=False,
             )
