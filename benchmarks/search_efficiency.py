@@ -234,39 +234,78 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
                 run = _Running(tid, b, m, t, grid[(b, m)]["curve"], now)
                 tried[b][m] = ("FAIL", None)  # until it ends
                 running[tid] = run
+                if sched is not None and sched.mode == "pause":
+                    sched.add_member(tid, b)
                 seq += 1
                 heapq.heappush(events, (now + run.curve[0]["flops"], seq, tid))
                 return True
         return False
 
-    for _ in range(spec.resources.max_concurrent_trials):
-        start(0.0)
-    while events:
+    pause = sched is not None and sched.mode == "pause"
+    paused: dict[str, _Running] = {}
+    conc = spec.resources.max_concurrent_trials
+
+    def finish(run: _Running, pruned: bool) -> None:
+        nonlocal spent
+        spent += run.seen[-1]["flops"]
+        if pruned:
+            status, value = "PRUNED", None
+        else:
+            status = status_of(run.curve)
+            value = run.seen[-1]["val_loss"] if status == "COMPLETED" else None
+        state = "PRUNED" if status == "PRUNED" else ("COMPLETE" if value is not None else "FAIL")
+        studies[run.b].tell(run.ot_trial, value, state=getattr(optuna.trial.TrialState, state))
+        tried[run.b][run.m] = (state, value)
+        records.append(record(run.tid, run.b, run.m, spec, run.seen, status))
+
+    def schedule_next(run: _Running) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (run.start + run.curve[len(run.seen)]["flops"], seq, run.tid))
+
+    def fill(now: float) -> None:
+        """Prune what the scheduler pruned while paused; resume the promoted trials, then start new ones."""
+        if pause:
+            while sched.to_prune:
+                finish(paused.pop(sched.to_prune.pop(0)), pruned=True)
+        while len(running) < conc:
+            if pause and sched.to_resume:
+                run = paused.pop(sched.to_resume.pop(0))
+                run.start = now - run.seen[-1]["flops"]  # it goes on from its checkpoint at the rung
+                running[run.tid] = run
+                schedule_next(run)
+            elif not start(now):
+                break
+
+    fill(0.0)
+    now = 0.0
+    while events or (pause and sched.waiting):
+        if not events:  # nothing runs and nothing new can start: decide the lowest waiting rung as it is
+            sched.force_lowest()
+            fill(now)
+            continue
         now, _, tid = heapq.heappop(events)
         run = running[tid]
         row = run.curve[len(run.seen)]
         run.seen.append(row)
-        result = {"tokens_seen": row["tokens"], "flops": row["flops"],
-                  "val_loss": row["val_loss"] if row["val_loss"] is not None else math.nan}
-        decision = "CONTINUE" if sched is None else sched.on_trial_result(
-            None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}), result)
+        loss = row["val_loss"] if row["val_loss"] is not None else math.nan
         done = len(run.seen) == len(run.curve)
-        if decision == "STOP" or done:
-            spent += row["flops"]
-            if decision == "STOP":
-                status, value = "PRUNED", None
-            else:
-                status = status_of(run.curve)
-                value = row["val_loss"] if status == "COMPLETED" else None
-            state = "PRUNED" if status == "PRUNED" else ("COMPLETE" if value is not None else "FAIL")
-            studies[run.b].tell(run.ot_trial, value, state=getattr(optuna.trial.TrialState, state))
-            tried[run.b][run.m] = (state, value)
-            records.append(record(tid, run.b, run.m, spec, run.seen, status))
-            del running[tid]
-            start(now)
+        if pause:
+            decision = sched.report(tid, run.b, row["flops"], row["tokens"], loss).upper()
         else:
-            seq += 1
-            heapq.heappush(events, (run.start + run.curve[len(run.seen)]["flops"], seq, tid))
+            decision = "CONTINUE" if sched is None else sched.on_trial_result(
+                None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}),
+                {"tokens_seen": row["tokens"], "flops": row["flops"], "val_loss": loss})
+        if decision == "STOP" or done:
+            del running[tid]
+            finish(run, pruned=decision == "STOP")
+            if pause and decision != "STOP":
+                sched.end(tid)
+        elif decision == "PAUSE":
+            paused[tid] = running.pop(tid)
+        else:
+            schedule_next(run)
+        fill(now)
     return records, spent
 
 
@@ -287,6 +326,7 @@ def main() -> None:
     ap.add_argument("--fit-fractions", default=None, help="pruning.fit_fractions, comma-separated (default: the spec's)")
     ap.add_argument("--min-trials-per-rung", type=int, default=None, help="pruning.min_trials_per_rung (default: the spec's)")
     ap.add_argument("--margin", type=float, default=None, help="pruning.margin in nats (default: the spec's)")
+    ap.add_argument("--mode", choices=["stop", "pause"], default=None, help="pruning.mode (default: the spec's)")
     ap.add_argument("--no-pruning", action="store_true", help="the same searches without early stopping (a baseline)")
     ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
     a = ap.parse_args()
@@ -297,7 +337,7 @@ def main() -> None:
     fit = [float(x) for x in a.fit_fractions.split(",")] if a.fit_fractions else None
     pruning = {k: v for k, v in (("grace_fraction", a.grace_fraction), ("reduction_factor", a.reduction_factor),
                                  ("rule", a.rule), ("fit_fractions", fit), ("min_trials_per_rung", a.min_trials_per_rung),
-                                 ("margin", a.margin))
+                                 ("margin", a.margin), ("mode", a.mode))
                if v is not None}
     spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency, pruning)
     batches = spec.search.batch_sizes_sequences
@@ -338,7 +378,8 @@ def main() -> None:
         f"reduction factor {p.reduction_factor:g}, rule {p.rule}"
         + (f" (fit points at {[round(q, 3) for q in p.fit_fractions]} of the rung)" if p.rule == "predicted_final" else "")
         + (f", those within {p.margin:g} nats of the best continue" if p.margin is not None else "")
-        + (f", {p.min_trials_per_rung} values per rung before stopping" if p.min_trials_per_rung != 2 else ""))
+        + (f", {p.min_trials_per_rung} values per rung before stopping" if p.min_trials_per_rung != 2 else "")
+        + (", each rung waits paused for the whole batch size (mode pause)" if p.mode == "pause" else ""))
     print(f"searches: {spec.search.trials_per_batch_size} of {len(multipliers)} multipliers per batch size, {what}")
     med = statistics.median(fractions)
     print(f"{sum(inside)}/{len(inside)} searches inside the grid's CI; median FLOPs fraction {med:.3f}")

@@ -326,11 +326,16 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         from sweeps.budget import SweepBudgetStopper
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
+    if scheduler is not None and root == str(output):
+        scheduler.state_path = str(output / PRUNED_WHILE_PAUSED)
+        if resume and (output / PRUNED_WHILE_PAUSED).is_file():
+            scheduler.pruned_while_paused.update(json.loads((output / PRUNED_WHILE_PAUSED).read_text()))
     if resume and root == str(output):  # neither is in Tune's experiment checkpoint: rebuild from the trials so far
         past = collect_records(output, spec)
         if scheduler is not None:
             for r in past:
-                scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss)
+                scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
+                                  ended=r.status in ("COMPLETED", "DIVERGED", "PRUNED", "FAILED"))
         if stopper is not None:
             stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
     stop_flag = {"stopped": False}
@@ -349,16 +354,21 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
             tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
             tuner._local_tuner._run_config.stop = stopper
             tuner._local_tuner._tune_config.scheduler = scheduler  # the one its annotator is bound to
+            if scheduler is not None and scheduler.mode == "pause":
+                _searcher_of(tuner._local_tuner._tune_config.search_alg).scheduler = scheduler
         else:
             searcher = BatchSizeSearcher(spec, storage_url=state.get("optuna_storage") or optuna_storage_url(output),
                                          study_prefix=state["sweep_id"])
+            pause = scheduler is not None and scheduler.mode == "pause"
+            if pause:  # the scheduler gates new trials: Tune's limiter would count the paused ones and deadlock
+                searcher.scheduler = scheduler
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
                     search_alg=searcher,
                     scheduler=scheduler,
                     num_samples=spec.n_trials,
-                    max_concurrent_trials=concurrency,
+                    max_concurrent_trials=None if pause else concurrency,
                     reuse_actors=False,
                     time_budget_s=spec.budget.wall_clock_s,
                 ),
@@ -405,12 +415,27 @@ def _plan_budget(spec: SweepSpec) -> SweepSpec:
     return apply_plan(spec, plan)
 
 
+def _searcher_of(search_alg):
+    """The :class:`BatchSizeSearcher` inside Tune's wrappers (``SearchGenerator``, ``ConcurrencyLimiter``)."""
+    s = search_alg
+    while s is not None and not hasattr(s, "exhausted"):
+        s = getattr(s, "searcher", None)
+    if s is None:
+        raise RuntimeError(f"no BatchSizeSearcher inside {search_alg!r}")
+    return s
+
+
 def _scheduler(spec: SweepSpec):
     if not spec.pruning.enabled:
         return None
     from sweeps.scheduler import EqualComputeScheduler
 
     return EqualComputeScheduler.from_spec(spec)
+
+
+#: trials pruned while paused at a rung (``pruning.mode: pause``): ``{trial id: the scheduler's annotation}``.
+#: Their last Tune report is the rung they waited at, so result.json alone cannot say they were pruned.
+PRUNED_WHILE_PAUSED = "pruned_while_paused.json"
 
 
 def _trial_id_from_dir(name: str) -> str:
@@ -431,6 +456,8 @@ def collect_records(output: Path, spec: SweepSpec) -> list:
     tune_dir = output / "tune"
     if not tune_dir.is_dir():
         return records
+    pruned_file = output / PRUNED_WHILE_PAUSED
+    pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
     for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
         params_file, result_file = d / "params.json", d / "result.json"
         if not params_file.is_file():
@@ -454,6 +481,10 @@ def collect_records(output: Path, spec: SweepSpec) -> list:
         curve = [by_tokens[k] for k in sorted(by_tokens)]
         last = curve[-1] if curve else {}
         has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
+        if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
+            last = {**last, **pruned_while_paused[trial_id]}
+            if curve:
+                curve[-1] = last
         if last.get("pruned"):
             status = "PRUNED"
         elif last.get("status") == "diverged":
@@ -544,6 +575,11 @@ def records_from_grid(grid) -> list:
         curve = [by_tokens[k] for k in sorted(by_tokens)]
         last = curve[-1] if curve else {}
         cfg = res.config or {}
+        if (res.metrics or {}).get("pruned") and not last.get("pruned"):  # pruned while paused
+            last = {**last, **{k: res.metrics[k] for k in ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
+                               if k in res.metrics}}
+            if curve:
+                curve[-1] = last
         if last.get("pruned"):
             status = "PRUNED"
         elif last.get("status") == "diverged":

@@ -33,6 +33,19 @@ sizes (methodology note section 11.2: never compare on ``training_iteration``). 
   continues instead if its value is at most the best recorded value plus ``margin`` (nats; 0: only a
   new best continues), and ``reduction_factor`` only spaces the rungs. A trial that reaches a rung
   before its peers is therefore judged against fewer values, as in ASHA.
+* **Successive halving with pausing** (``mode="pause"``): a trial reaching a rung is *paused* (its
+  workers stop; Ray Train keeps its checkpoint at that milestone) until every trial of its batch size
+  has reached the rung or ended (``trials_per_group`` trials are expected per batch size: the
+  searcher's quota). Then the rung is decided at once, on all its values: the top
+  ``ceil(n / reduction_factor)`` (or, with ``margin``, those within ``margin`` of the best) resume from
+  their checkpoints, the others are pruned where they wait. This is the synchronous successive halving
+  of Jamieson & Talwalkar 2016 (arXiv 1502.07943) within each batch size; the decisions depend on the
+  rung values only, not on the order in which trials arrive. It spends less than the asynchronous rule
+  (where the first trials to reach a rung always continue) for one restart per promoted trial.
+  Paused trials hold no CPUs; the searcher's ``may_start`` gate keeps ``max_concurrent`` trials
+  *running* (Tune's ``max_concurrent_trials`` would count the paused ones and deadlock). If nothing is
+  running or pending while trials wait (a group that will never be complete: a resumed sweep, a
+  searcher that stopped early), the lowest waiting rung is decided on the values it has.
 
 Decisions reach the rest of the sweep through the result dict: Ray Tune hands a scheduler a flattened
 *copy* of each result (Ray 2.60, ``TuneController._process_trial_result``), so keys set there reach
@@ -75,6 +88,7 @@ __all__ = [
     "curve_at",
     "predict_final_log_linear",
     "RULES",
+    "MODES",
     "RESULT_KEYS",
 ]
 
@@ -82,6 +96,9 @@ log = logging.getLogger(__name__)
 
 #: the rung rules (``pruning.rule``): what a trial is judged on at a rung (module docstring)
 RULES = ("loss_at_rung", "predicted_final")
+
+#: how a trial waits for its rung's decision (``pruning.mode``, module docstring)
+MODES = ("stop", "pause")
 
 #: result keys written by :class:`PruningAnnotator` (flat, so Tune's flattening leaves them as they are)
 RESULT_KEYS = ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
@@ -241,10 +258,19 @@ class EqualComputeScheduler(FIFOScheduler):
         rule: str = "loss_at_rung",
         fit_fractions: Sequence[float] = (0.5, 0.75, 1.0),
         margin: float | None = None,
+        mode: str = "stop",
+        trials_per_group: int | None = None,
+        max_concurrent: int | None = None,
         metric: str = "val_loss",
         group_by: str = "batch_size_sequences",
     ):
         super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "pause" and not (trials_per_group and trials_per_group >= 1):
+            raise ValueError(f"mode 'pause' needs trials_per_group >= 1 (the trials per batch size), got {trials_per_group}")
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1 or None, got {max_concurrent}")
         if budget_tokens <= 0:
             raise ValueError(f"budget_tokens must be > 0, got {budget_tokens}")
         if min_trials_per_rung < 1:
@@ -269,13 +295,28 @@ class EqualComputeScheduler(FIFOScheduler):
         self._trials: dict[str, _TrialState] = {}
         self._rungs: dict[tuple[Any, int], dict[str, float]] = {}  # (group, rung) -> trial id -> value
         self._annotator_ready = False
+        # mode "pause" (module docstring)
+        self.mode = mode
+        self.trials_per_group = trials_per_group
+        self.max_concurrent = max_concurrent
+        self._members: dict[Any, list[str]] = {}  # group -> its trial ids, in the order they were added
+        self._ended: set[str] = set()  # trials that will report nothing more (finished, failed, pruned)
+        self._skipped: set[tuple[Any, int, str]] = set()  # (group, rung, trial): a rung before its first report
+        self._decided: set[tuple[Any, int]] = set()  # (group, rung) decided
+        self.waiting: dict[str, int] = {}  # paused trial id -> the rung whose decision it waits for
+        self.to_resume: list[str] = []  # promoted while paused: resume these (choose_trial_to_run)
+        self.to_prune: list[str] = []  # pruned while paused: stop these (their Tune trials are PAUSED)
+        self.pruned_while_paused: dict[str, dict[str, Any]] = {}  # trial id -> its annotation
+        self.state_path: str | None = None  # if set: pruned_while_paused is written there (JSON) on each change
 
     @classmethod
     def from_spec(cls, spec: SweepSpec) -> "EqualComputeScheduler":
         p = spec.pruning
         return cls(budget_tokens=spec.budget_tokens, grace_fraction=p.grace_fraction,
                    reduction_factor=p.reduction_factor, min_trials_per_rung=p.min_trials_per_rung,
-                   rule=p.rule, fit_fractions=p.fit_fractions, margin=p.margin)
+                   rule=p.rule, fit_fractions=p.fit_fractions, margin=p.margin, mode=p.mode,
+                   trials_per_group=spec.search.trials_per_batch_size * len(spec.seeds),
+                   max_concurrent=spec.resources.max_concurrent_trials)
 
     def annotator(self) -> "PruningAnnotator":
         """The Tune callback that writes this scheduler's decisions into the results (put it first)."""
@@ -300,11 +341,8 @@ class EqualComputeScheduler(FIFOScheduler):
         peers = len(values)
         if peers < self.min_trials_per_rung:
             return 0, peers, peers
-        if self.margin is None:
-            keep = max(1, math.ceil(peers / self.reduction_factor - 1e-9))
-        else:  # the values within ``margin`` of the best continue: ``better >= keep`` iff value > best + margin
-            best = min(values.values())
-            keep = sum(1 for v in values.values() if v <= best + self.margin) if math.isfinite(best) else peers
+        # with a margin, the values within it of the best continue: ``better >= keep`` iff value > best + margin
+        keep = self._keep(values)
         better = sum(1 for v in values.values() if v < value)
         return better, peers, keep
 
@@ -356,12 +394,163 @@ class EqualComputeScheduler(FIFOScheduler):
         return predict_final_log_linear(self.fit_fractions, ys, 1.0 / self.fractions[k])
 
     def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
-                losses: Sequence[float]) -> None:
+                losses: Sequence[float], *, ended: bool = False) -> None:
         """Record a trial's past curve at the rungs it passed, without deciding (after a resume:
-        the scheduler's memory is not part of Tune's experiment checkpoint)."""
+        the scheduler's memory is not part of Tune's experiment checkpoint).
+
+        Mode ``"pause"``: the trial also joins its batch size's members (``ended``: it will report nothing
+        more), and an unfinished trial whose last report is the one that reached a rung waits there again.
+        """
         st = self._state(trial_id, group)
+        reached = None
         for t, f, y in zip(tokens, flops, losses):
+            before = st.next_rung
             self._advance(trial_id, st, float(f), float(t), float(y) if y is not None else math.nan, decide=False)
+            reached = st.next_rung - 1 if st.next_rung > before else None
+        if self.mode == "pause":
+            self.add_member(trial_id, group, ended=ended)
+            if not ended and reached is not None and trial_id in self._rungs.get((group, reached), {}):
+                self.waiting[trial_id] = reached
+
+    # ---- mode "pause": each rung waits for its whole batch size (module docstring) ---------------------
+
+    def add_member(self, trial_id: str, group: Any, *, ended: bool = False) -> None:
+        """Count a trial as one of its batch size's ``trials_per_group`` (Tune: ``on_trial_add``)."""
+        members = self._members.setdefault(group, [])
+        if trial_id not in members:
+            members.append(trial_id)
+        self._state(trial_id, group)
+        if ended:
+            self._ended.add(trial_id)
+
+    def end(self, trial_id: str) -> None:
+        """A trial will report nothing more (finished, failed, removed): it no longer holds up a rung."""
+        self._ended.add(trial_id)
+        self.waiting.pop(trial_id, None)
+        if trial_id in self.to_resume:
+            self.to_resume.remove(trial_id)
+        if self.mode == "pause":
+            self._pump()
+
+    def report(self, trial_id: str, group: Any, flops: float, tokens: float, loss: float) -> str:
+        """Mode ``"pause"``: feed one report; returns ``"continue"``, ``"pause"`` or ``"stop"``.
+
+        Decisions this report completes for *other* (paused) trials land in :attr:`to_resume` and
+        :attr:`to_prune`.
+        """
+        st = self._state(trial_id, group)
+        self.add_member(trial_id, group)
+        if st.stopped:
+            return "stop"
+        if not (flops > 0 and tokens > 0):
+            return "pause" if trial_id in self.waiting else "continue"
+        if st.flops_per_token is None:
+            st.flops_per_token = flops / tokens
+        y = loss if (loss is not None and math.isfinite(loss)) else math.inf
+        if st.last is None or flops > st.last[0]:
+            st.history.append((flops, y))
+            st.last = (flops, y)
+        if trial_id not in self.waiting:
+            self._walk(trial_id)
+        self._pump()
+        if st.stopped:
+            if trial_id in self.to_prune:
+                self.to_prune.remove(trial_id)
+            return "stop"
+        if trial_id in self.waiting:
+            return "pause"
+        if trial_id in self.to_resume:
+            self.to_resume.remove(trial_id)
+        return "continue"
+
+    def force_lowest(self) -> bool:
+        """Decide the lowest rung that a trial waits for on the values it has (nothing else can arrive).
+
+        Returns False when no trial waits."""
+        if not self.waiting:
+            return False
+        g, k = min(((self._trials[t].group, r) for t, r in self.waiting.items()), key=lambda gk: gk[1])
+        log.warning("deciding rung %d of %s=%s on %d of %s trial(s): no other trial can reach it",
+                    k, self.group_by, g, len(self._rungs.get((g, k), {})), self.trials_per_group)
+        self._decide_rung(g, k)
+        self._pump()
+        return True
+
+    def _walk(self, trial_id: str) -> bool:
+        """Record the rungs a trial's reports cover, up to the first it must wait at; True if it waits."""
+        st = self._trials[trial_id]
+        if st.last is None or st.stopped or st.flops_per_token is None:
+            return False
+        rungs = self.rung_flops(st.flops_per_token)
+        while st.next_rung < len(rungs) and st.last[0] >= rungs[st.next_rung] * (1 - 1e-12):
+            k = st.next_rung
+            st.next_rung += 1
+            value = self._rung_value(st, k, rungs[k])
+            if value is None:
+                self._skipped.add((st.group, k, trial_id))
+                continue
+            self._rungs.setdefault((st.group, k), {})[trial_id] = value
+            self.waiting[trial_id] = k
+            return True
+        return False
+
+    def _complete(self, group: Any, k: int) -> bool:
+        members = self._members.get(group, [])
+        if len(members) < (self.trials_per_group or 0):
+            return False
+        values = self._rungs.get((group, k), {})
+        return all(t in values or t in self._ended or (group, k, t) in self._skipped for t in members)
+
+    def _pump(self) -> None:
+        """Decide every complete rung, lowest first, until nothing changes."""
+        while True:
+            todo = sorted((gk for gk in self._rungs if gk not in self._decided and self._complete(*gk)),
+                          key=lambda gk: gk[1])
+            if not todo:
+                return
+            self._decide_rung(*todo[0])
+
+    def _decide_rung(self, group: Any, k: int) -> None:
+        """Judge every trial waiting at rung ``k`` of ``group`` on all the values recorded there."""
+        self._decided.add((group, k))
+        values = self._rungs.get((group, k), {})
+        n = len(values)
+        keep = self._keep(values)
+        for tid in sorted(values, key=lambda t: values[t]):
+            st = self._trials[tid]
+            if self.waiting.get(tid) != k or tid in self._ended:
+                continue
+            v = values[tid]
+            better = sum(1 for x in values.values() if x < v)
+            stop = better >= keep
+            d = RungDecision(rung=k, flops=self.rung_flops(st.flops_per_token)[k], value=v, better=better,
+                             peers=n, keep=keep, stop=stop)
+            st.decisions.append(d)
+            log.debug("trial %s (%s=%s): %s", tid, self.group_by, group, d.label())
+            del self.waiting[tid]
+            if stop:
+                st.stopped = True
+                self._ended.add(tid)
+                self.to_prune.append(tid)
+                self.pruned_while_paused[tid] = self.annotation(tid)
+            elif not self._walk(tid):  # promoted; its reports may already cover the next rung
+                self.to_resume.append(tid)
+
+    def _keep(self, values: dict[str, float]) -> int:
+        n = len(values)
+        if n < self.min_trials_per_rung:
+            return n
+        if self.margin is None:
+            return max(1, math.ceil(n / self.reduction_factor - 1e-9))
+        best = min(values.values())
+        return sum(1 for v in values.values() if v <= best + self.margin) if math.isfinite(best) else n
+
+    def may_start(self, live_trial_ids: Sequence[str]) -> bool:
+        """Mode ``"pause"``: may the searcher start another trial? Paused trials do not count as running."""
+        if self.max_concurrent is None:
+            return True
+        running = sum(1 for t in live_trial_ids if t not in self.waiting and t not in self._ended)
+        return running < self.max_concurrent
 
     def annotation(self, trial_id: str) -> dict[str, Any]:
         """The result keys (:data:`RESULT_KEYS`) describing this trial's decisions so far."""
@@ -390,8 +579,10 @@ class EqualComputeScheduler(FIFOScheduler):
                 "trials reach neither the searcher, the tracker nor result.json as PRUNED. Pass "
                 "callbacks=[scheduler.annotator(), ...].")
         group = trial.config.get(self.group_by)
-        st = self._state(trial.trial_id, group)
         loss = result.get(self._metric)
+        if self.mode == "pause":
+            return self._on_result_pause(tune_controller, trial, group, result, loss)
+        st = self._state(trial.trial_id, group)
         made = self._advance(trial.trial_id, st, float(result.get("flops") or 0.0),
                              float(result.get("tokens_seen") or 0.0),
                              float(loss) if loss is not None else math.nan, decide=True)
@@ -401,6 +592,81 @@ class EqualComputeScheduler(FIFOScheduler):
             result.update(self.annotation(trial.trial_id))  # the flat copy: for readers of this dict
             return TrialScheduler.STOP
         return TrialScheduler.CONTINUE
+
+    def _on_result_pause(self, tune_controller, trial, group, result: dict, loss) -> str:
+        what = self.report(trial.trial_id, group, float(result.get("flops") or 0.0),
+                           float(result.get("tokens_seen") or 0.0), float(loss) if loss is not None else math.nan)
+        self._prune_paused(tune_controller)
+        if what == "stop":
+            result.update(self.annotation(trial.trial_id))
+            return TrialScheduler.STOP
+        if what == "pause":
+            # Ray Train keeps the checkpoint of this milestone; Tune's own checkpoint of a function
+            # trainable holds nothing more, so none is taken (the trial resumes through Ray Train's)
+            if trial.status == "RUNNING":
+                tune_controller.pause_trial(trial, should_checkpoint=False)
+            return TrialScheduler.NOOP
+        return TrialScheduler.CONTINUE
+
+    def _prune_paused(self, tune_controller) -> None:
+        """Stop the paused trials that their rung's decision pruned; their last result says so."""
+        if not self.to_prune:
+            return
+        by_id = {t.trial_id: t for t in tune_controller.get_trials()}
+        for tid in list(self.to_prune):
+            self.to_prune.remove(tid)
+            t = by_id.get(tid)
+            if t is None:
+                continue
+            t.last_result.update(self.annotation(tid))  # read by the tracker and the driver
+            tune_controller.stop_trial(t)
+        if self.state_path:
+            import json
+            import os
+
+            tmp = self.state_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.pruned_while_paused, f)
+            os.replace(tmp, self.state_path)
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        if self.mode == "pause":
+            self.add_member(trial.trial_id, trial.config.get(self.group_by),
+                            ended=trial.status in ("TERMINATED", "ERROR"))
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        self._trial_ended(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._trial_ended(tune_controller, trial)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        self._trial_ended(tune_controller, trial)
+
+    def _trial_ended(self, tune_controller, trial) -> None:
+        if self.mode == "pause" and trial.trial_id not in self._ended:
+            self.end(trial.trial_id)
+            self._prune_paused(tune_controller)
+
+    def choose_trial_to_run(self, tune_controller):
+        if self.mode != "pause":
+            return super().choose_trial_to_run(tune_controller)
+        trials = tune_controller.get_trials()
+        active = [t for t in trials if t.status in ("RUNNING", "PENDING")]
+        if not active and not self.to_resume and self.waiting and tune_controller.search_alg.is_finished():
+            # nothing can complete a waiting rung any more: decide it on what it has
+            self.force_lowest()
+            self._prune_paused(tune_controller)
+        by_id = {t.trial_id: t for t in trials}
+        running = sum(1 for t in trials if t.status == "RUNNING")
+        for tid in self.to_resume:
+            t = by_id.get(tid)
+            if t is not None and t.status == "PAUSED" and (self.max_concurrent is None or running < self.max_concurrent):
+                return t
+        for t in trials:
+            if t.status == "PENDING":
+                return t
+        return None
 
     def debug_string(self) -> str:
         stopped = sum(1 for s in self._trials.values() if s.stopped)

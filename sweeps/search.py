@@ -112,6 +112,16 @@ class BatchSizeSearcher(Searcher):
         self.groups: dict[str, _Group] = {}  # tune trial id -> group
         self._subs: dict[int, OptunaSearch] | None = None
         self._rr = 0
+        #: the pruning scheduler in mode "pause" (``EqualComputeScheduler``): it gates new trials (paused
+        #: trials do not count as running) and says which trials it pruned while they were paused
+        self.scheduler = None
+
+    def exhausted(self) -> bool:
+        """True once every batch size has been handed all its trials."""
+        return all(self.assigned[b] >= self.quota for b in self.batches)
+
+    def _live(self) -> list[str]:
+        return [t for t, g in self.groups.items() if t not in g.results]
 
     # Optuna searchers hold a storage connection: build them lazily, never pickle them.
     def _sub(self, b: int) -> OptunaSearch | None:
@@ -137,6 +147,8 @@ class BatchSizeSearcher(Searcher):
         return None
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.scheduler is not None and not self.exhausted() and not self.scheduler.may_start(self._live()):
+            return None  # as many trials running as allowed (paused ones do not count): ask again later
         b = self._next_batch()
         if b is None:
             return Searcher.FINISHED
@@ -163,6 +175,8 @@ class BatchSizeSearcher(Searcher):
         group = self.groups.get(trial_id)
         if group is None or trial_id in group.results:
             return
+        if result is None and self.scheduler is not None and trial_id in self.scheduler.pruned_while_paused:
+            result = self.scheduler.pruned_while_paused[trial_id]  # Tune passes no result for a paused trial
         if error:
             group.results[trial_id] = ("FAIL", None)
         elif result is not None and result.get("pruned"):
@@ -194,6 +208,7 @@ class BatchSizeSearcher(Searcher):
         )
         d["_subs_completed"] = {b: set(s._completed_trials) for b, s in self._subs.items()} if self._subs else {}
         d["_subs"] = None
+        d["scheduler"] = None  # re-attached by the driver
         return d
 
     def save(self, checkpoint_path: str) -> None:
@@ -205,6 +220,7 @@ class BatchSizeSearcher(Searcher):
             state = pickle.load(f)
         ot_trials = state.pop("_subs_ot_trials", {})
         completed = state.pop("_subs_completed", {})
+        state["scheduler"] = getattr(self, "scheduler", None)
         self.__dict__.update(state)
         self._subs = None
         # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
@@ -223,4 +239,4 @@ class BatchSizeSearcher(Searcher):
         return self._state()
 
     def set_state(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({**state, "scheduler": getattr(self, "scheduler", None)})

@@ -319,6 +319,12 @@ class PruningSpec(_Strict):
         default_factory=lambda: [0.5, 0.75, 1.0],
         description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs")
 
+    mode: Literal["stop", "pause"] = Field(
+        default="stop",
+        description="stop: a trial is judged when it reaches a rung, against the values recorded there so far "
+                    "(asynchronous successive halving); pause: it waits paused at the rung until every trial of "
+                    "its batch size has reached it, then the best resume from their checkpoints (successive "
+                    "halving; fewer FLOPs, one restart per promoted trial)")
     margin: float | None = Field(
         default=None, ge=0,
         description="if set: at a rung, the trials whose value is within this many nats of the best recorded "
