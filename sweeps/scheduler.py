@@ -450,7 +450,11 @@ class EqualComputeScheduler(FIFOScheduler):
         if st.last is None or flops > st.last[0]:
             st.history.append((flops, y))
             st.last = (flops, y)
-        if trial_id not in self.waiting:
+        if tokens >= self.budget_tokens * (1 - 1e-9):  # its whole budget: done, its rung values still count
+            while self._walk(trial_id):
+                self.waiting.pop(trial_id)
+            self._ended.add(trial_id)
+        elif trial_id not in self.waiting:
             self._walk(trial_id)
         self._pump()
         if st.stopped:

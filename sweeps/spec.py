@@ -320,7 +320,7 @@ class PruningSpec(_Strict):
         description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs")
 
     mode: Literal["stop", "pause"] = Field(
-        default="stop",
+        default="pause",
         description="stop: a trial is judged when it reaches a rung, against the values recorded there so far "
                     "(asynchronous successive halving); pause: it waits paused at the rung until every trial of "
                     "its batch size has reached it, then the best resume from their checkpoints (successive "

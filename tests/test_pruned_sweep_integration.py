@@ -135,6 +135,81 @@ def test_tune_pruned_trials_are_pruned_in_mlflow(tune_sweep):
         assert run.data.tags["critbatch.status"] == ("PRUNED" if r.metrics.get("pruned") else "COMPLETED")
 
 
+@pytest.fixture(scope="module")
+def tune_sweep_pause(ray_local, tmp_path_factory):
+    """Mode "pause" in a real Tuner: the scheduler gates the searcher, pauses and resumes real Tune trials."""
+    from ray import tune
+
+    from sweeps.scheduler import EqualComputeScheduler
+    from sweeps.search import BatchSizeSearcher
+    from sweeps.spec import parse_spec
+    from sweeps.tracking import MlflowTrialCallback, Tracker
+
+    tmp = tmp_path_factory.mktemp("tune-pause")
+    d = yaml.safe_load(TINY.read_text())
+    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 6, "lr_multiplier": [0.1, 10.0]}
+    d["pruning"] = {"enabled": True, "mode": "pause"}
+    d["resources"] = {"max_concurrent_trials": 2}
+    spec = parse_spec(d)
+    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, "tune-pause")
+    tracker.start_parent()
+    storage = f"sqlite:///{tmp / 'optuna.db'}"
+    scheduler = EqualComputeScheduler.from_spec(spec)
+    scheduler.state_path = str(tmp / "pruned_while_paused.json")
+    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix="tune-pause")
+    searcher.scheduler = scheduler
+    tuner = tune.Tuner(
+        tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
+        param_space={"_budget_tokens": spec.budget_tokens},
+        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.n_trials),
+        run_config=tune.RunConfig(name="tune", storage_path=str(tmp), verbose=0,
+                                  callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})]),
+    )
+    grid = tuner.fit()
+    tracker.outbox.drain(timeout_s=30)
+    return {"grid": grid, "tmp": tmp, "storage": storage, "tracker": tracker, "spec": spec, "scheduler": scheduler}
+
+
+def test_tune_pause_keeps_the_top_half_of_each_batch_size_at_each_rung(tune_sweep_pause):
+    results = list(tune_sweep_pause["grid"])
+    assert len(results) == 12 and all(r.error is None for r in results)
+    budget_flops = C_TOK * tune_sweep_pause["spec"].budget_tokens
+    for b in (4, 8):
+        mine = [r for r in results if r.config["batch_size_sequences"] == b]
+        # 6 trials: 3 pass rung 0 (25 % of the budget), 2 pass rung 1 (50 %) and train their whole budget;
+        # the curves differ by a constant (2 + |ln m|), so the survivors are the multipliers closest to 1
+        by_dist = sorted(mine, key=lambda r: abs(math.log(r.config["lr_multiplier"])))
+        assert [r.metrics.get("pruned_rung") for r in by_dist] == [None, None, 1, 0, 0, 0]
+        assert [r.metrics["flops"] for r in by_dist[:2]] == [budget_flops, budget_flops]
+        for r in by_dist[2:]:
+            m = r.metrics
+            assert m["pruned"] is True and m["flops"] == m["pruned_at_flops"] == (0.25, 0.5)[m["pruned_rung"]] * budget_flops
+            decisions = m["rung_decisions"].split(";")
+            assert len(decisions) == m["pruned_rung"] + 1 and ":stop(" in decisions[-1]
+            assert all(":continue(" in d for d in decisions[:-1])
+
+
+def test_tune_pause_pruned_trials_reach_optuna_and_mlflow(tune_sweep_pause):
+    results = list(tune_sweep_pause["grid"])
+    for b in (4, 8):
+        study = optuna.load_study(study_name=f"tune-pause-B{b}", storage=tune_sweep_pause["storage"])
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        assert states.count(optuna.trial.TrialState.PRUNED) == 4 and states.count(optuna.trial.TrialState.COMPLETE) == 2
+    tracker = tune_sweep_pause["tracker"]
+    children = tracker.client.search_runs([tracker.experiment_id], filter_string="tags.`critbatch.role` = 'trial'")
+    by_trial = {r.data.tags["critbatch.trial_id"]: r for r in children}
+    assert len(by_trial) == 12
+    for r in results:
+        tags = by_trial[r.metrics["trial_id"]].data.tags
+        assert tags["critbatch.status"] == ("PRUNED" if r.metrics.get("pruned") else "COMPLETED")
+        if r.metrics.get("pruned"):
+            assert float(tags["critbatch.pruned_at_flops"]) == r.metrics["pruned_at_flops"]
+    saved = json.loads((tune_sweep_pause["tmp"] / "pruned_while_paused.json").read_text())
+    assert set(saved) <= {r.metrics["trial_id"] for r in results if r.metrics.get("pruned")}
+    assert len(saved) >= 4  # most are pruned while they wait (the last to arrive is stopped as it reports)
+
+
 def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
     from ray import tune
 
@@ -215,6 +290,20 @@ def test_cli_pruned_sweep_succeeds_with_every_batch_size(cli_sweep):
     assert cbs["trials"]["PRUNED"] >= 1
     assert cbs["trials"]["COMPLETED"] + cbs["trials"]["PRUNED"] + cbs["trials"]["DIVERGED"] == 8
     assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8]
+
+
+def test_cli_pause_mode_keeps_one_trial_per_batch_size_and_resumes_from_checkpoints(cli_sweep):
+    """The spec's default mode, "pause": 4 trials per batch size, rungs at 25 % and 50 %, the top half goes on."""
+    trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
+    for b in (4, 8):
+        mine = [t for t in trials if t["batch_size_sequences"] == b]
+        assert len(mine) == 4
+        if not any(t["status"] == "DIVERGED" for t in mine):
+            assert sorted(t["status"] for t in mine) == ["COMPLETED", "PRUNED", "PRUNED", "PRUNED"]
+            assert sorted(t["tokens"][-1] for t in mine) == [2048, 2048, 4096, 8192]
+    # a promoted trial went on from its checkpoint at the rung: every milestone once, in order
+    for t in trials:
+        assert t["tokens"] == [1024 * (i + 1) for i in range(len(t["tokens"]))]
 
 
 def test_cli_pruned_trials_stop_at_a_rung(cli_sweep):

@@ -499,3 +499,205 @@ def test_scheduler_rejects_bad_rule_arguments():
         make_scheduler(fit_fractions=(0.5, 0.5))
     with pytest.raises(ValueError):
         make_scheduler(margin=-1.0)
+
+
+# ---- mode "pause": each rung waits for the whole batch size ----------------------------------------------
+
+
+def make_pause_scheduler(n_per_group: int, **kw) -> EqualComputeScheduler:
+    return make_scheduler(mode="pause", trials_per_group=n_per_group, max_concurrent=kw.pop("max_concurrent", 2), **kw)
+
+
+def run_paused(s: EqualComputeScheduler, trials, concurrency: int = 2) -> dict[str, float]:
+    """Drive ``trials`` (``(id, batch, loss(f), report fractions)``, started in list order, ``concurrency``
+    running at a time, all at the same speed) the way Tune does in mode "pause": a paused trial frees
+    its slot, promoted trials resume first, pruned paused trials end. Returns the budget fraction each
+    trained."""
+    import heapq
+
+    spec = {tid: (b, loss, fr) for tid, b, loss, fr in trials}
+    queue = [tid for tid, *_ in trials]
+    for tid, b, *_ in trials:
+        s.add_member(tid, b)  # Tune adds each trial as the searcher creates it
+    nxt = {tid: 0 for tid in spec}
+    start = {}
+    trained = {}
+    events: list = []
+    running: set[str] = set()
+    now = 0.0
+
+    def launch(tid):
+        fr = spec[tid][2]
+        start[tid] = now - (fr[nxt[tid] - 1] if nxt[tid] else 0.0)
+        running.add(tid)
+        heapq.heappush(events, (start[tid] + fr[nxt[tid]], tid))
+
+    def fill():
+        while s.to_prune:
+            tid = s.to_prune.pop(0)
+            trained[tid] = spec[tid][2][nxt[tid] - 1]
+        while len(running) < concurrency and (s.to_resume or queue):
+            launch(s.to_resume.pop(0) if s.to_resume else queue.pop(0))
+
+    fill()
+    while events or s.waiting:
+        if not events:
+            s.force_lowest()
+            fill()
+            continue
+        now, tid = heapq.heappop(events)
+        b, loss, fr = spec[tid]
+        f = fr[nxt[tid]]
+        nxt[tid] += 1
+        what = s.report(tid, b, C_TOK * f * BUDGET_TOKENS, f * BUDGET_TOKENS, loss(f))
+        if what in ("stop", "pause") or nxt[tid] == len(fr):
+            running.discard(tid)
+            if what != "pause":
+                trained[tid] = f
+                if what == "continue":
+                    s.end(tid)
+        else:
+            heapq.heappush(events, (start[tid] + fr[nxt[tid]], tid))
+        fill()
+    return trained
+
+
+def test_pause_waits_for_every_trial_of_the_batch_size_then_decides_the_rung_at_once():
+    s = make_pause_scheduler(4)
+    ids = ["a", "b", "c", "d"]
+    for tid in ids:
+        s.add_member(tid, 8)
+    levels = {"a": 2.3, "b": 2.0, "c": 2.2, "d": 2.1}  # final losses: b < d < c < a
+    for tid in ids:
+        assert s.report(tid, 8, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, 3.0) == "continue"
+    for tid in ids[:3]:
+        assert s.report(tid, 8, C_TOK * 0.3 * BUDGET_TOKENS, 0.3 * BUDGET_TOKENS, levels[tid]) == "pause"
+    assert s.decisions("a") == [] and set(s.waiting) == {"a", "b", "c"}
+    # the last one arrives: the top ceil(4/2) = 2 of all four continue, whatever the arrival order
+    assert s.report("d", 8, C_TOK * 0.3 * BUDGET_TOKENS, 0.3 * BUDGET_TOKENS, levels["d"]) == "continue"
+    assert s.to_resume == ["b"] and s.to_prune == ["c", "a"] and not s.waiting
+    assert outcomes(s, ids) == {"a": [(0, True)], "b": [(0, False)], "c": [(0, True)], "d": [(0, False)]}
+    assert [(d.better, d.peers, d.keep) for d in s.decisions("a")] == [(3, 4, 2)]
+    assert s.pruned_while_paused["a"]["pruned"] is True and s.pruned_while_paused["a"]["pruned_rung"] == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pause_decisions_depend_on_neither_cadence_nor_arrival_order(seed):
+    rng = random.Random(seed)
+    # crossing curves: who leads early is not who wins; six trials of one batch size
+    trials = [(f"t{i}", 16, line(3.0 + 0.1 * i, 0.4 + 0.17 * ((i * 5) % 6)), None) for i in range(6)]
+    reference = None
+    for _ in range(4):
+        order = trials[:]
+        rng.shuffle(order)
+        s = make_pause_scheduler(6, rule="loss_at_rung")
+        # a report between the last rung and the budget (as milestones are): a report that jumps from before
+        # a rung to the budget finishes the trial, which then cannot be judged there
+        run_paused(s, [(t, b, loss, sorted(random_cadence(rng) + [rng.uniform(0.51, 0.99)])) for t, b, loss, _ in order],
+                   concurrency=rng.randint(1, 4))
+        got = outcomes(s, [t for t, *_ in trials])
+        reference = reference or got
+        assert got == reference
+    # hand-computed from the lines: the losses at 0.25 rank t3 < t4 < t5 < t0 < t1 < t2... checked by value:
+    s_vals = {t: loss(0.25) for t, _, loss, _ in trials}
+    top3 = sorted(s_vals, key=s_vals.get)[:3]
+    assert {t for t, d in reference.items() if d[0] == (0, False)} == set(top3)
+
+
+def test_pause_compares_only_trials_of_the_same_batch_size():
+    s = make_pause_scheduler(2)
+    trials = [("b4-good", 4, line(1.0, 0.1), cadence(8)), ("b8-bad", 8, line(9.0, 0.1), cadence(8)),
+              ("b4-bad", 4, line(2.0, 0.1), cadence(8)), ("b8-worse", 8, line(9.5, 0.1), cadence(8))]
+    trained = run_paused(s, trials)
+    # each batch size keeps its own best, however much worse than the other batch size's
+    assert trained == {"b4-good": 1.0, "b8-bad": 1.0, "b4-bad": 0.25, "b8-worse": 0.25}
+    # the rung-0 decisions count two peers each (its own batch size's), rung 1 only the survivor
+    assert [d.peers for d in s.decisions("b4-good")] == [d.peers for d in s.decisions("b8-bad")] == [2, 1]
+    assert [d.peers for d in s.decisions("b4-bad")] == [d.peers for d in s.decisions("b8-worse")] == [2]
+
+
+def test_pause_saves_flops_over_stop_on_the_same_trials():
+    """The first trial to reach a rung always continues in mode "stop"; in mode "pause" only the best do."""
+    trials = [(f"t{i}", 8, line(3.0 - 0.1 * i, 0.5), cadence(16)) for i in range(4)]  # later = better
+    stop = make_scheduler(rule="loss_at_rung")
+    spent_stop = 0.0
+    for tid, b, loss, fr in trials:
+        spent_stop += feed(stop, trial(tid, b), loss, fr)[1]
+    trained = run_paused(make_pause_scheduler(4, rule="loss_at_rung"), trials, concurrency=1)
+    assert trained == {"t0": 0.25, "t1": 0.25, "t2": 0.5, "t3": 1.0}  # 4 x 0.25, 2 x 0.25 more, 1 x 0.5 more
+    assert sum(trained.values()) == 2.0 < spent_stop
+
+
+def test_pause_a_report_past_two_rungs_waits_at_the_second_after_promotion_without_resuming():
+    s = make_pause_scheduler(3)
+    for tid in ("coarse", "f1", "f2"):
+        s.add_member(tid, 8)
+        assert s.report(tid, 8, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, 3.0) == "continue"
+    # "coarse" reports next at 0.6: past both rungs (0.25, 0.5); it waits at rung 0 first
+    assert s.report("coarse", 8, C_TOK * 0.6 * BUDGET_TOKENS, 0.6 * BUDGET_TOKENS, 2.0) == "pause"
+    assert s.waiting == {"coarse": 0}
+    assert s.report("f1", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 9.0) == "pause"
+    # rung 0 complete: 2.5 (f2) and 2.7 (coarse, interpolated) continue, 9.0 (f1) is pruned where it waits
+    assert s.report("f2", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.5) == "continue"
+    assert s.to_prune == ["f1"]
+    # promoted, "coarse" already has the report that covers rung 1: it waits there, it is not resumed
+    assert s.waiting == {"coarse": 1} and s.to_resume == []
+    assert s.report("f2", 8, C_TOK * 0.5 * BUDGET_TOKENS, 0.5 * BUDGET_TOKENS, 2.4) == "stop"  # 2.2 < 2.4
+    assert s.to_resume == ["coarse"]
+    assert outcomes(s, ["coarse", "f1", "f2"]) == {"coarse": [(0, False), (1, False)], "f1": [(0, True)],
+                                                    "f2": [(0, False), (1, True)]}
+
+
+def test_pause_a_trial_that_reports_its_budget_is_done_not_paused():
+    s = make_pause_scheduler(2)
+    s.add_member("a", 8)
+    s.add_member("b", 8)
+    s.report("a", 8, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, 3.0)
+    assert s.report("a", 8, C_TOK * BUDGET_TOKENS, BUDGET_TOKENS, 2.0) == "continue"  # past both rungs, finished
+    assert not s.waiting
+    s.report("b", 8, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, 3.0)
+    assert s.report("b", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 9.0) == "stop"  # a's value counts
+
+
+def test_pause_trial_that_ends_before_a_rung_does_not_hold_it_up():
+    s = make_pause_scheduler(3)
+    for tid in ("x", "y", "z"):
+        s.add_member(tid, 4)
+    assert s.report("x", 4, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.0) == "pause"
+    assert s.report("y", 4, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.5) == "pause"
+    assert s.report("z", 4, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, float("nan")) == "continue"
+    s.end("z")  # diverged before the rung
+    assert s.to_resume == ["x"] and s.to_prune == ["y"]
+
+
+def test_pause_force_lowest_decides_a_rung_that_cannot_complete():
+    s = make_pause_scheduler(4)  # 4 expected, only 2 ever come (a searcher that stopped early)
+    for tid, v in (("p", 2.0), ("q", 3.0)):
+        s.add_member(tid, 4)
+        assert s.report(tid, 4, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, v) == "pause"
+    assert s.force_lowest() is True
+    assert s.to_resume == ["p"] and s.to_prune == ["q"]
+    assert s.force_lowest() is False
+
+
+def test_pause_may_start_counts_running_trials_only():
+    s = make_pause_scheduler(4, max_concurrent=2)
+    for tid in ("a", "b"):
+        s.add_member(tid, 4)
+        s.report(tid, 4, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.0)
+    assert set(s.waiting) == {"a", "b"}
+    assert s.may_start(["a", "b"])  # both paused: two slots free
+    assert s.may_start(["a", "b", "c"])
+    assert not s.may_start(["a", "b", "c", "d"])
+
+
+def test_pause_mode_from_spec_and_its_arguments(tiny_spec_dict):
+    d = tiny_spec_dict | {"pruning": {"enabled": True}, "seeds": [0, 1]}
+    d["search"] = d["search"] | {"trials_per_batch_size": 3}
+    d["resources"] = {"max_concurrent_trials": 3}
+    s = EqualComputeScheduler.from_spec(parse_spec(d))
+    assert (s.mode, s.trials_per_group, s.max_concurrent) == ("pause", 6, 3)  # pause is the default
+    with pytest.raises(ValueError, match="trials_per_group"):
+        EqualComputeScheduler(budget_tokens=10, mode="pause")
+    with pytest.raises(ValueError, match="mode"):
+        EqualComputeScheduler(budget_tokens=10, mode="wait")
