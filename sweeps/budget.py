@@ -25,7 +25,7 @@ from sweeps.errors import InvalidInput
 from sweeps.scheduler import rung_fractions
 from sweeps.spec import PruningSpec, SweepSpec
 
-__all__ = ["TrialPlan", "plan_trials", "apply_plan", "expected_trial_fraction", "SweepBudgetStopper"]
+__all__ = ["TrialPlan", "plan_trials", "apply_plan", "expected_trial_fraction", "paused_group_cost", "SweepBudgetStopper"]
 
 
 def expected_trial_fraction(pruning: PruningSpec) -> float:
@@ -45,6 +45,30 @@ def expected_trial_fraction(pruning: PruningSpec) -> float:
     f = rung_fractions(pruning.grace_fraction, pruning.reduction_factor) + [1.0]
     r = pruning.reduction_factor
     return f[0] + sum((f[k + 1] - f[k]) / r ** (k + 1) for k in range(len(f) - 1))
+
+
+def paused_group_cost(pruning: PruningSpec, n_trials: int) -> float:
+    """Trial budgets that ``n_trials`` trials of one batch size train under ``pruning.mode: pause``.
+
+    Every rung waits for the whole batch size, so the cost is fixed by the counts: with rungs at
+    fractions ``f_0 < ... < f_{K-1}`` (``f_{-1} = 0``, ``f_K = 1``), ``n_0 = n_trials`` trials train to
+    ``f_0`` and ``n_{k+1} = ceil(n_k / r)`` of them (all while ``n_k < min_trials_per_rung``) from ``f_k``
+    to ``f_{k+1}``: ``sum_k n_k (f_k - f_{k-1})`` (synchronous successive halving, Jamieson & Talwalkar
+    2016, arXiv 1502.07943). With a ``margin`` the survivors are not known in advance: counted as
+    ``ceil(n_k / r)``. A diverged trial ends sooner, so this is an upper estimate.
+
+    >>> paused_group_cost(PruningSpec(enabled=True, grace_fraction=0.25, reduction_factor=2.0), 4)
+    2.0
+    """
+    if not pruning.enabled:
+        return float(n_trials)
+    f = [0.0] + rung_fractions(pruning.grace_fraction, pruning.reduction_factor) + [1.0]
+    n, total = n_trials, 0.0
+    for k in range(1, len(f)):
+        total += n * (f[k] - f[k - 1])
+        if n >= pruning.min_trials_per_rung:
+            n = max(1, math.ceil(n / pruning.reduction_factor - 1e-9))
+    return total
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,9 +96,11 @@ class TrialPlan:
 def plan_trials(spec: SweepSpec, flops_per_token: float | None) -> TrialPlan:
     """The largest number of trials per batch size (at most the spec's) whose expected FLOPs fit.
 
-    A cell (one batch size, one seed) with ``k`` trials is expected to cost
+    ``pruning.mode: stop``: a cell (one batch size, one seed) with ``k`` trials is expected to cost
     ``trial_flops * (1 + (k - 1) * expected_trial_fraction(spec.pruning))``: its first trial always
-    trains the whole budget (nothing to compare it with), the others may be pruned.
+    trains the whole budget (nothing to compare it with), the others may be pruned. ``pause``: a batch
+    size's ``k * seeds`` trials cost ``trial_flops * paused_group_cost(...)`` (known in advance).
+    Without pruning every trial costs ``trial_flops``.
 
     Args:
         spec: the sweep (``budget.sweep_flops``, ``budget_tokens``, batch sizes, seeds, pruning).
@@ -93,8 +119,11 @@ def plan_trials(spec: SweepSpec, flops_per_token: float | None) -> TrialPlan:
         return TrialPlan(trials_per_batch_size=k_spec, n_trials=cells * k_spec, trial_flops=trial_flops,
                          planned_flops=None, sweep_flops=budget, reduced=False)
     frac = expected_trial_fraction(spec.pruning)
+    paused = spec.pruning.enabled and spec.pruning.mode == "pause"
 
     def cost(k: int) -> float:
+        if paused:  # the rungs compare a batch size's trials across seeds: one group per batch size
+            return len(s.batch_sizes_sequences) * trial_flops * paused_group_cost(spec.pruning, k * len(spec.seeds))
         return cells * trial_flops * (1 + (k - 1) * frac)
 
     if cost(1) > budget * (1 + 1e-9):
@@ -102,7 +131,10 @@ def plan_trials(spec: SweepSpec, flops_per_token: float | None) -> TrialPlan:
             f"budget.sweep_flops ({budget:.3g}) cannot train one trial per batch size and seed: that needs "
             f"{cost(1):.3g} FLOPs ({cells} x {trial_flops:.3g}); raise the budget, or lower budget_tokens, "
             f"the batch sizes or the seeds")
-    k = 1 + int(math.floor((budget / (cells * trial_flops) - 1) / frac + 1e-9))
+    if paused:
+        k = max(k for k in range(1, k_spec + 1) if k == 1 or cost(k) <= budget * (1 + 1e-9))
+    else:
+        k = 1 + int(math.floor((budget / (cells * trial_flops) - 1) / frac + 1e-9))
     k = min(k, k_spec)
     return TrialPlan(trials_per_batch_size=k, n_trials=cells * k, trial_flops=trial_flops, planned_flops=cost(k),
                      sweep_flops=budget, reduced=k < k_spec)

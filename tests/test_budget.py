@@ -11,8 +11,8 @@ from sweeps.spec import PruningSpec, parse_spec
 C_TOK = 1.0e5  # FLOPs per token (any value: the plan scales with it)
 
 
-def spec_with(d: dict, *, sweep_flops=None, pruning=True, trials=4, seeds=(0,)):
-    d = d | {"pruning": {"enabled": pruning}, "budget": {"sweep_flops": sweep_flops}, "seeds": list(seeds)}
+def spec_with(d: dict, *, sweep_flops=None, pruning=True, trials=4, seeds=(0,), mode="stop"):
+    d = d | {"pruning": {"enabled": pruning, "mode": mode}, "budget": {"sweep_flops": sweep_flops}, "seeds": list(seeds)}
     d["search"] = d["search"] | {"trials_per_batch_size": trials}
     return parse_spec(d)
 
@@ -46,6 +46,28 @@ def test_plan_fits_the_budget_with_pruning(tiny_spec_dict):
     assert derived.search.trials_per_batch_size == 3 and derived.n_trials == 9
     assert spec.search.trials_per_batch_size == 4  # the base spec is untouched
     assert derived.model_dump(exclude={"search"}) == spec.model_dump(exclude={"search"})
+
+
+def test_paused_group_cost_hand_values():
+    from sweeps.budget import paused_group_cost
+    from sweeps.spec import PruningSpec
+
+    p = PruningSpec(enabled=True, grace_fraction=0.25, reduction_factor=2.0)
+    # rungs 0.25, 0.5: n trials to 0.25, ceil(n/2) on to 0.5, ceil(ceil(n/2)/2) to the budget
+    assert [paused_group_cost(p, n) for n in (1, 2, 3, 4, 6)] == [1.0, 1.25, 1.75, 2.0, 3.25]
+    assert paused_group_cost(PruningSpec(enabled=True, grace_fraction=0.25, reduction_factor=4.0), 4) == 1.75
+    assert paused_group_cost(PruningSpec(enabled=False), 4) == 4.0
+
+
+def test_plan_in_pause_mode_uses_the_exact_group_cost(tiny_spec_dict):
+    trial = C_TOK * 8192
+    spec = spec_with(tiny_spec_dict, sweep_flops=3 * trial * 1.8, mode="pause")  # 3 batch sizes, 1 seed
+    plan = plan_trials(spec, C_TOK)
+    assert (plan.trials_per_batch_size, plan.reduced) == (3, True)  # 3 trials cost 1.75, 4 cost 2.0
+    assert plan.planned_flops == pytest.approx(3 * trial * 1.75)
+    # two seeds: a batch size's rungs compare its trials of both seeds (one group of 2k trials)
+    plan2 = plan_trials(spec_with(tiny_spec_dict, sweep_flops=3 * trial * 2.0, mode="pause", seeds=(0, 1)), C_TOK)
+    assert (plan2.trials_per_batch_size, plan2.n_trials) == (2, 12)  # 4 trials of a batch size cost 2.0
 
 
 def test_plan_without_pruning_counts_full_trials(tiny_spec_dict):
