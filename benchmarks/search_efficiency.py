@@ -1,6 +1,6 @@
 """Search efficiency: the critical batch size from a pruned search, for a fraction of a full grid's FLOPs.
 
-    python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 3]
+    python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 4]
         [--multipliers 0.7,1,1.4,2,2.8,4] [--grace-fraction G] [--reduction-factor R]
         [--rule loss_at_rung|predicted_final] [--fit-fractions 0.5,0.75,1] [--margin M]
         [--min-trials-per-rung N] [--no-pruning] [--concurrency 2] [--jobs 2]
@@ -73,7 +73,7 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
     d["eval"] = {"milestones": 16, "eval_tokens": 16384}
     d["search"].update(lr_rules=["sqrt"], lr_multiplier=[min(multipliers), max(multipliers)],
                        beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
-                       trials_per_batch_size=trials_per_batch_size)
+                       trials_per_batch_size=min(trials_per_batch_size, len(multipliers)))
     d["resources"]["max_concurrent_trials"] = concurrency
     d["pruning"] = {"enabled": True, **(pruning or {})}
     if quick:
@@ -316,7 +316,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny model on 4 batch sizes (checks the script)")
     ap.add_argument("--searches", type=int, default=5, help="pruned searches (search seeds 0, 1, ...)")
-    ap.add_argument("--trials-per-batch-size", type=int, default=3, help="distinct LR multipliers each search tries")
+    ap.add_argument("--trials-per-batch-size", type=int, default=4,
+                    help="distinct LR multipliers each search tries (3 of 6 misses the interval even unpruned)")
     ap.add_argument("--multipliers", default="0.7,1,1.4,2,2.8,4", help="the grid's LR multipliers (sqrt rule)")
     ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
     ap.add_argument("--grace-fraction", type=float, default=None, help="pruning.grace_fraction (default: the spec's)")
