@@ -246,3 +246,62 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
         assert state["mlflow_complete"] is True
     finally:
         stop_group(server)
+
+
+def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path):
+    """Mode "pause": SIGKILL the driver while trials wait paused at a rung, then `critbatch resume`.
+
+    The scheduler's memory is rebuilt from the trials' reports (and pruned_while_paused.json); the
+    waiting trials restart from their checkpoints, are paused again at their next report, and every
+    rung is decided once its batch size is complete: each batch size still ends with one survivor.
+    """
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="cbp", dir="/tmp")
+    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
+                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_for(lambda: port_open(port), 120, "the Ray head")
+        d = spec_dict(name="fault-pause")
+        d["eval"] = {"milestones": 8, "eval_tokens": 1024}
+        d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=3, lr_multiplier=[0.05, 20.0])
+        d["resources"] = {"max_concurrent_trials": 2}
+        d["pruning"] = {"enabled": True, "mode": "pause"}
+        uri = f"sqlite:///{tmp_path / 'ml.db'}"
+        out = tmp_path / "out"
+        spec = write_spec(tmp_path, d)
+        log = open(tmp_path / "driver.log", "w")
+        proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                                       "--address", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                                text=True)
+
+        def at_rung() -> int:  # trials that reported the first rung's milestone (25 % = 2048 tokens)
+            return len({r["trial_id"] for r in result_rows(out) if r.get("tokens_seen", 0) >= 2048})
+
+        try:
+            wait_for(lambda: at_rung() >= 3, 900, "three trials at the first rung",
+                     diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        assert not any(r.get("done") for r in result_rows(out))  # killed with every trial unfinished
+        r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    finally:
+        stop_group(head)
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 6 and len({t["trial_id"] for t in trials}) == 6
+    for b in (4, 8):
+        statuses = sorted(t["status"] for t in trials if t["batch_size_sequences"] == b)
+        if "DIVERGED" not in statuses:
+            assert statuses == ["COMPLETED", "PRUNED", "PRUNED"], statuses
+    c, parents, kids = children(uri, "fault-pause")
+    assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
+    by_id = {t["trial_id"]: t for t in trials}
+    assert sorted(k.data.tags["critbatch.trial_id"] for k in kids) == sorted(by_id)
+    for k in kids:
+        assert k.data.tags["critbatch.status"] == by_id[k.data.tags["critbatch.trial_id"]]["status"]
