@@ -3,7 +3,7 @@
     python benchmarks/search_efficiency.py [--quick] [--searches 5] [--trials-per-batch-size 4]
         [--multipliers 0.7,1,1.4,2,2.8,4] [--grace-fraction G] [--reduction-factor R]
         [--rule loss_at_rung|predicted_final] [--fit-fractions 0.5,0.75,1] [--margin M]
-        [--min-trials-per-rung N] [--no-pruning] [--concurrency 2] [--jobs 2]
+        [--min-trials-per-rung N] [--mode stop|pause] [--no-pruning] [--concurrency 2] [--jobs 2]
 
 1. **Full grid.** Every batch size of the Shakespeare example (``sweeps/examples/shakespeare-char.yaml``)
    times every LR multiplier of ``--multipliers`` (square-root rule, one beta2 half-life, seed 0),
@@ -20,9 +20,10 @@
    the order of trials of one batch size matters to the decisions, and their steps cost the same);
    every report goes through ``sweeps.scheduler.EqualComputeScheduler`` (the spec's default pruning
    section, or ``--grace-fraction``/``--reduction-factor``/``--rule``/``--fit-fractions``/``--margin``/
-   ``--min-trials-per-rung``, the ``pruning`` fields of the same names; ``--no-pruning`` for the same searches
-   without early stopping), which stops trials at its FLOP rungs; a stopped trial is told
-   to its study as PRUNED. Training is deterministic for a fixed config and seed, so a trial's curve up
+   ``--min-trials-per-rung``/``--mode``, the ``pruning`` fields of the same names; ``--no-pruning`` for the same
+   searches without early stopping), which stops trials at its FLOP rungs; a stopped trial is told
+   to its study as PRUNED. In ``mode: pause`` a trial at a rung frees its slot and waits; promoted, it
+   resumes (first, before new trials) from where it stopped, as a real sweep does from its checkpoint. Training is deterministic for a fixed config and seed, so a trial's curve up
    to where it was stopped is the cached curve: replaying it is what running it again would report.
    The FLOPs a search spends are the training FLOPs of every trial up to its last report. Its
    ``b_crit`` is analysed at the grid's target loss.
@@ -186,8 +187,9 @@ class _Running:
 
 
 def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]], multipliers: list[float],
-                  search_seed: int, prune: bool = True) -> tuple[list[TrialRecord], float]:
-    """One asynchronous pruned search (module docstring, step 2). Returns its records and FLOPs spent.
+                  search_seed: int, prune: bool = True) -> tuple[list[TrialRecord], float, int]:
+    """One pruned search (module docstring, step 2). Returns its records, the FLOPs spent and how many
+    times a paused trial was resumed (``mode: pause``: each resume restarts a Ray Train run).
 
     ``prune=False``: the same search without early stopping (every trial trains its budget)."""
     import optuna
@@ -243,6 +245,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
 
     pause = sched is not None and sched.mode == "pause"
     paused: dict[str, _Running] = {}
+    resumes = 0
     conc = spec.resources.max_concurrent_trials
 
     def finish(run: _Running, pruned: bool) -> None:
@@ -265,6 +268,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
 
     def fill(now: float) -> None:
         """Prune what the scheduler pruned while paused; resume the promoted trials, then start new ones."""
+        nonlocal resumes
         if pause:
             while sched.to_prune:
                 finish(paused.pop(sched.to_prune.pop(0)), pruned=True)
@@ -272,6 +276,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
             if pause and sched.to_resume:
                 run = paused.pop(sched.to_resume.pop(0))
                 run.start = now - run.seen[-1]["flops"]  # it goes on from its checkpoint at the rung
+                resumes += 1
                 running[run.tid] = run
                 schedule_next(run)
             elif not start(now):
@@ -306,7 +311,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
         else:
             schedule_next(run)
         fill(now)
-    return records, spent
+    return records, spent, resumes
 
 
 # ---- main -------------------------------------------------------------------------------------------------------
@@ -361,7 +366,7 @@ def main() -> None:
 
     fractions, inside = [], []
     for s in range(a.searches):
-        records, spent = pruned_search(spec, grid, multipliers, s, prune=not a.no_pruning)
+        records, spent, resumes = pruned_search(spec, grid, multipliers, s, prune=not a.no_pruning)
         pa = analyse(spec, records, [target])
         frac = spent / grid_flops
         fractions.append(frac)
@@ -371,7 +376,8 @@ def main() -> None:
         counts = {k: v for k, v in pa["trials"].items() if v}
         far = f"{b:.1f} sequences ({math.log2(b / ga['b_crit']):+.2f} octaves from the grid's)" if b else \
             f"none ({pa.get('status')}: {pa.get('b_crit_bound') or pa.get('message')})"
-        print(f"search seed {s}: {len(records)} trials {counts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
+        restarts = f", {resumes} resumed from a rung" if resumes else ""
+        print(f"search seed {s}: {len(records)} trials {counts}{restarts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
               f"b_crit {far}; {'inside' if ok else 'outside'} the grid's CI")
     p = spec.pruning
     what = "without pruning" if a.no_pruning else (

@@ -1,4 +1,4 @@
-"""Equal-compute early stopping within each batch size: asynchronous successive halving in FLOPs.
+"""Equal-compute early stopping within each batch size: successive halving in FLOPs.
 
 Why not Ray's ASHA or Optuna's pruners: ASHA decides on the first report past a rung and Optuna
 compares trials that reported the very same step, so a trial that reports often is judged on less
@@ -26,14 +26,14 @@ sizes (methodology note section 11.2: never compare on ``training_iteration``). 
   report is skipped for that trial. Why: with a constant learning rate the loss at a fraction of the
   budget ranks the LR multipliers close to the reverse of their final ranking (short-horizon bias,
   docs/search_efficiency.md); the extrapolation favours the curves still falling at the rung.
-* **Asynchronous successive halving** (Li et al. 2020, arXiv 1810.05934): a trial reaching a rung
+* **Mode ``stop``: asynchronous successive halving** (Li et al. 2020, arXiv 1810.05934): a trial reaching a rung
   is compared with the values recorded there so far; fewer than ``min_trials_per_rung`` values: it
   continues; otherwise it continues if fewer than ``ceil(n / reduction_factor)`` recorded values are
   strictly better than its own (it is in the top ``1/reduction_factor``). With ``margin`` set, it
   continues instead if its value is at most the best recorded value plus ``margin`` (nats; 0: only a
   new best continues), and ``reduction_factor`` only spaces the rungs. A trial that reaches a rung
   before its peers is therefore judged against fewer values, as in ASHA.
-* **Successive halving with pausing** (``mode="pause"``): a trial reaching a rung is *paused* (its
+* **Mode ``pause`` (the spec's default): successive halving with pausing**: a trial reaching a rung is *paused* (its
   workers stop; Ray Train keeps its checkpoint at that milestone) until every trial of its batch size
   has reached the rung or ended (``trials_per_group`` trials are expected per batch size: the
   searcher's quota). Then the rung is decided at once, on all its values: the top
@@ -228,7 +228,7 @@ class _TrialState:
 
 
 class EqualComputeScheduler(FIFOScheduler):
-    """Asynchronous successive halving with rungs in FLOPs, within each batch size (module docstring).
+    """Successive halving with rungs in FLOPs, within each batch size (module docstring).
 
     Args:
         budget_tokens: the per-trial token budget (every trial's budget).
@@ -240,6 +240,16 @@ class EqualComputeScheduler(FIFOScheduler):
             FLOPs (at least 2 distinct values in ``(0, 1]``).
         margin: ``None``: the top ``1/reduction_factor`` continue; a number (nats, >= 0): the trials
             within ``margin`` of the best value recorded at the rung continue.
+        mode: ``"stop"`` (decide each trial as it reaches a rung) or ``"pause"`` (wait, paused, for the
+            whole batch size at every rung; module docstring).
+        trials_per_group: ``"pause"``: how many trials each batch size gets (the searcher's quota:
+            trials per batch size times seeds); a rung is complete when all of them reached it or ended.
+        max_concurrent: ``"pause"``: trials running at once (paused ones excluded), for :meth:`may_start`
+            and the resumes of :meth:`choose_trial_to_run`; None: no limit.
+
+    Raises:
+        ValueError: an argument out of range (``"pause"`` without ``trials_per_group``, an unknown rule
+            or mode, fewer than 2 fit fractions...).
         metric: the loss compared (minimised); ``group_by``: the trial config key whose trials are
             compared with each other (the batch size).
 
