@@ -93,3 +93,33 @@ def test_outbox_keeps_order_and_retries():
     box.put("c", write(3))
     assert not box.drain(timeout_s=0.2, interval_s=0.05)
     assert box.failures >= 3
+
+
+def test_pause_mode_gate_and_pruned_while_paused(tiny_spec_dict, tmp_path):
+    """In pruning mode "pause" the scheduler gates new trials (paused ones do not count as running) and
+    a trial pruned while paused (Tune reports no result for it) reaches its study as PRUNED."""
+    from sweeps.scheduler import EqualComputeScheduler
+
+    s, searcher, url = make(tiny_spec_dict, tmp_path, trials_per_batch_size=2, batch_sizes_sequences=[4])
+    s = parse_spec({**s.model_dump(), "seeds": [0], "pruning": {"enabled": True, "mode": "pause"},
+                    "resources": {"max_concurrent_trials": 1}})
+    searcher = BatchSizeSearcher(s, url, "gate")
+    sched = EqualComputeScheduler.from_spec(s)
+    searcher.scheduler = sched
+    assert searcher.suggest("a")["batch_size_sequences"] == 4
+    assert searcher.suggest("b") is None  # one trial running, max_concurrent_trials 1
+    sched.waiting["a"] = 0  # "a" waits paused at a rung: its slot is free
+    assert searcher.suggest("b")["batch_size_sequences"] == 4
+    assert searcher.exhausted() and searcher.suggest("c") == Searcher.FINISHED
+    sched.pruned_while_paused["a"] = {"pruned": True, "pruned_rung": 0}
+    searcher.on_trial_complete("a")  # Tune's call for a PAUSED trial that is stopped: no result
+    searcher.on_trial_complete("b", {"objective": 2.0})
+    study = optuna.load_study(study_name="gate-B4", storage=url)
+    assert sorted(t.state.name for t in study.get_trials(deepcopy=False)) == ["COMPLETE", "PRUNED"]
+    # the searcher's saved state leaves the scheduler out; a restore keeps the one attached now
+    path = tmp_path / "searcher.pkl"
+    searcher.save(str(path))
+    other = BatchSizeSearcher(s, url, "gate")
+    other.scheduler = sched
+    other.restore(str(path))
+    assert other.scheduler is sched and other.assigned == {4: 2}
