@@ -629,6 +629,8 @@ def _counts(trials: list[Any], planned: int | None) -> TrialCounts:
     c: Counter[str] = Counter()
     for r in trials:
         tag = r.data.tags.get(TAG_STATUS, "RUNNING")
+        if tag == "PAUSED":  # waiting at a rung (pruning.mode: pause): still part of the live sweep
+            tag = "RUNNING"
         if tag == "RUNNING" and r.info.status != "RUNNING":
             tag = TRIAL_STOPPED if r.info.status == "KILLED" else "FAILED"
         c[tag] += 1

@@ -46,7 +46,7 @@ class ProgressCallback(Callback):
         return d
 
     def counts(self) -> dict[str, int]:
-        c = {"done": 0, "running": 0, "failed": 0, "diverged": 0}
+        c = {"done": 0, "running": 0, "paused": 0, "failed": 0, "diverged": 0}
         for s in self.status.values():
             if s in c:
                 c[s] += 1
@@ -66,8 +66,9 @@ class ProgressCallback(Callback):
     def render(self) -> Group:
         c = self.counts()
         eta_txt = self._eta_text()
+        paused = f", {c['paused']} paused" if c.get("paused") else ""
         head = Text(
-            f"trials {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
+            f"trials {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
             f"{c['diverged']} diverged   elapsed {int(time.monotonic() - self.t0)}s   ETA {eta_txt}"
         )
         table = Table(show_header=True, header_style="bold", box=None)
@@ -92,8 +93,9 @@ class ProgressCallback(Callback):
         elif time.monotonic() - self._last_plain > 10:
             self._last_plain = time.monotonic()
             c = self.counts()
+            paused = f", {c['paused']} paused" if c.get("paused") else ""
             self.console.print(
-                f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running, {c['failed']} failed, "
+                f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
                 f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}; best: "
                 + ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best)),
                 highlight=False,
@@ -106,6 +108,8 @@ class ProgressCallback(Callback):
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
+        if trial.status == "PAUSED":  # waits at a rung for its batch size (pruning.mode: pause)
+            self.status[trial.trial_id] = "paused"
         b = trial.config.get("batch_size_sequences")
         v = result.get("val_loss")
         if b is not None and isinstance(v, (int, float)) and math.isfinite(v):

@@ -156,11 +156,10 @@ class Tracker:
     # ---- per-trial ---------------------------------------------------------------------------------
 
     def trial_started(self, trial_id: str, config: dict[str, Any], extra_params: dict[str, Any]) -> None:
-        if trial_id in self.child_runs:
-            run_id = self.child_runs[trial_id]
+        if trial_id in self.child_runs:  # a resumed trial (a resumed sweep, or promoted from a rung)
             self.ended.discard(trial_id)
-            self.outbox.put(f"reopen {trial_id}", lambda: self.client.update_run(run_id, status="RUNNING"))
-            self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(run_id, "critbatch.status", "RUNNING"))
+            self.outbox.put(f"reopen {trial_id}", lambda: self.client.update_run(self._run_id(trial_id), status="RUNNING"))
+            self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), "critbatch.status", "RUNNING"))
             return
         B = config["batch_size_sequences"]
         name = f"B{B}-s{config['seed']}-{trial_id}"
@@ -221,6 +220,12 @@ class Tracker:
         if result.get("val_loss") is not None and result["val_loss"] != result["val_loss"]:
             metrics.append(Metric("val_loss", float("nan"), ts, step))
         self.outbox.put(f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics))
+
+    def trial_paused(self, trial_id: str) -> None:
+        """Tag a trial's run ``critbatch.status = PAUSED`` (it waits at a rung; the MLflow run stays open)."""
+        if trial_id not in self.child_runs or trial_id in self.ended:
+            return
+        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), "critbatch.status", "PAUSED"))
 
     def trial_ended(self, trial_id: str, status: str, error: str | None = None) -> None:
         """status: COMPLETED, DIVERGED, FAILED, PRUNED or STOPPED."""
@@ -308,6 +313,8 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.tracker.trial_result(trial.trial_id, result)
+        if trial.status == "PAUSED":  # waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
+            self.tracker.trial_paused(trial.trial_id)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
