@@ -450,6 +450,8 @@ class EqualComputeScheduler(FIFOScheduler):
         """
         st = self._state(trial_id, group)
         self.add_member(trial_id, group)
+        if trial_id in self.to_resume:  # it reports, so it runs: resumed
+            self.to_resume.remove(trial_id)
         if st.stopped:
             return "stop"
         if not (flops > 0 and tokens > 0):

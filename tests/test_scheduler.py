@@ -701,3 +701,17 @@ def test_pause_mode_from_spec_and_its_arguments(tiny_spec_dict):
         EqualComputeScheduler(budget_tokens=10, mode="pause")
     with pytest.raises(ValueError, match="mode"):
         EqualComputeScheduler(budget_tokens=10, mode="wait")
+
+
+def test_pause_a_resumed_trial_that_waits_again_is_not_resumed_twice():
+    s = make_pause_scheduler(3)
+    for tid in ("a", "b", "c"):
+        s.add_member(tid, 8)
+        s.report(tid, 8, C_TOK * 0.1 * BUDGET_TOKENS, 0.1 * BUDGET_TOKENS, 3.0)
+    assert s.report("a", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.0) == "pause"
+    assert s.report("b", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.1) == "pause"
+    assert s.report("c", 8, C_TOK * 0.25 * BUDGET_TOKENS, 0.25 * BUDGET_TOKENS, 2.5) == "stop"
+    assert s.to_resume == ["a", "b"]
+    # "a" is resumed first and reaches rung 1 before "b": it waits again, and must not be resumed again
+    assert s.report("a", 8, C_TOK * 0.5 * BUDGET_TOKENS, 0.5 * BUDGET_TOKENS, 1.8) == "pause"
+    assert s.to_resume == ["b"] and s.waiting == {"a": 1}
