@@ -99,7 +99,7 @@ def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
 
 
 # TrialConfig fields added after the cache was written (test-only fault injection): left out while unset
-_ADDED_LATER = {"hold_at_milestone", "hold_file"}
+_ADDED_LATER = {"hold_at_milestone", "hold_file", "rung_barrier_tokens", "rung_gate_key"}
 
 
 def cache_key(d: dict[str, Any]) -> str:

@@ -309,7 +309,10 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     root = state.get("storage_root") or str(output)
     save_root = str(output / "checkpoints") if spec.tracking.checkpoint_artifact_max_mb > 0 and root == str(output) else (
         root + "/checkpoints" if spec.tracking.checkpoint_artifact_max_mb > 0 else None)
-    trainable = make_trainable(spec, data_path=state["data_path"], storage_path=root + "/train", save_dir_root=save_root)
+    pause_mode = spec.pruning.enabled and spec.pruning.mode == "pause"
+    gate_prefix = f"critbatch-rung-gate/{state['sweep_id']}" if pause_mode else None
+    trainable = make_trainable(spec, data_path=state["data_path"], storage_path=root + "/train", save_dir_root=save_root,
+                               rung_gate_prefix=gate_prefix)
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
     c_tok, convention = flops_accounting(spec)
     mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
@@ -326,6 +329,8 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         from sweeps.budget import SweepBudgetStopper
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
+    if scheduler is not None:
+        scheduler.gate_prefix = gate_prefix
     if scheduler is not None and root == str(output):
         scheduler.state_path = str(output / PRUNED_WHILE_PAUSED)
         if resume and (output / PRUNED_WHILE_PAUSED).is_file():

@@ -84,6 +84,7 @@ __all__ = [
     "PlacementGroupReaper",
     "RungDecision",
     "rung_fractions",
+    "rung_gate_key",
     "interpolate",
     "curve_at",
     "predict_final_log_linear",
@@ -102,6 +103,11 @@ MODES = ("stop", "pause")
 
 #: result keys written by :class:`PruningAnnotator` (flat, so Tune's flattening leaves them as they are)
 RESULT_KEYS = ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
+
+
+def rung_gate_key(prefix: str, trial_id: str) -> str:
+    """The Ray KV key under which the scheduler lets a trial's workers go on past a rung (mode ``pause``)."""
+    return f"{prefix}/{trial_id}"
 
 
 def rung_fractions(grace_fraction: float, reduction_factor: float) -> list[float]:
@@ -318,6 +324,10 @@ class EqualComputeScheduler(FIFOScheduler):
         self.to_prune: list[str] = []  # pruned while paused: stop these (their Tune trials are PAUSED)
         self.pruned_while_paused: dict[str, dict[str, Any]] = {}  # trial id -> its annotation
         self.state_path: str | None = None  # if set: pruned_while_paused is written there (JSON) on each change
+        # if set: after each CONTINUE, the Ray KV value under rung_gate_key(gate_prefix, trial) becomes the
+        # reported tokens; a worker waits at a rung for it (workloads._ray_adapter), so that a trial to be
+        # paused or pruned never trains on while Tune stops it
+        self.gate_prefix: str | None = None
 
     @classmethod
     def from_spec(cls, spec: SweepSpec) -> "EqualComputeScheduler":
@@ -622,7 +632,14 @@ class EqualComputeScheduler(FIFOScheduler):
             if trial.status == "RUNNING":
                 tune_controller.pause_trial(trial, should_checkpoint=False)
             return TrialScheduler.NOOP
+        self._let_go(trial.trial_id, float(result.get("tokens_seen") or 0.0))
         return TrialScheduler.CONTINUE
+
+    def _let_go(self, trial_id: str, tokens: float) -> None:
+        if self.gate_prefix:
+            from ray.experimental.internal_kv import _internal_kv_put
+
+            _internal_kv_put(rung_gate_key(self.gate_prefix, trial_id), repr(tokens).encode(), overwrite=True)
 
     def _prune_paused(self, tune_controller) -> None:
         """Stop the paused trials that their rung's decision pruned; their last result says so."""

@@ -17,6 +17,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from sweeps.scheduler import rung_fractions
 from sweeps.spec import SweepSpec
 from workloads.batching import plan_batch
 from workloads.config import TrialConfig
@@ -29,9 +30,15 @@ def train_run_name(trial_id: str) -> str:
     return f"train-{trial_id}"
 
 
-def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str) -> TrialConfig:
-    """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search.py``)."""
+def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str,
+                 rung_gate_key: str | None = None) -> TrialConfig:
+    """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search.py``).
+
+    ``rung_gate_key``: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this trial
+    go on past a rung (the worker waits there; ``sweeps.scheduler.rung_gate_key``).
+    """
     m = spec.model
+    gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
     return TrialConfig(
         trial_id=trial_id,
         workload=spec.workload,
@@ -73,10 +80,14 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         if os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE") else None,
         hold_file=os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None,
         finetune=spec.finetune.model_dump() if spec.finetune else None,
+        rung_barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
+            spec.pruning.grace_fraction, spec.pruning.reduction_factor)) if gated else None,
+        rung_gate_key=rung_gate_key if gated else None,
     )
 
 
-def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None):
+def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,
+                   rung_gate_prefix: str | None = None):
     """A Tune function trainable for this sweep, with its per-trial resource request.
 
     Args:
@@ -85,6 +96,8 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         storage_path: where Ray Train keeps each trial's checkpoints (shared by all nodes).
         save_dir_root: if set, rank 0 saves each completed trial's Hugging Face checkpoint in
             ``save_dir_root/<trial_id>``.
+        rung_gate_prefix: ``pruning.mode: pause``: the sweep's prefix of the rung-gate KV keys (the
+            scheduler's ``gate_prefix``); a trial's workers wait at each rung for its decision.
     """
     res = spec.resources
     spec_json = spec.model_dump_json()
@@ -95,7 +108,10 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
 
         s = _S.model_validate_json(spec_json)
         trial_id = ray.tune.get_context().get_trial_id()
-        cfg = trial_config(s, config, trial_id, data_path=data_path)
+        from sweeps.scheduler import rung_gate_key
+
+        cfg = trial_config(s, config, trial_id, data_path=data_path,
+                           rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None)
         loop_config = cfg.to_dict()
         if save_dir_root:
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)

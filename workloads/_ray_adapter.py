@@ -19,9 +19,41 @@ import ray.train.torch
 from workloads.config import TrialConfig
 from workloads.registry import get_entry
 
-__all__ = ["train_fn_per_worker", "STATE_FILE"]
+__all__ = ["train_fn_per_worker", "STATE_FILE", "reaches_rung", "wait_for_rung_decision"]
 
 STATE_FILE = "trial_state.pt"
+
+#: how long a worker waits at a rung for the scheduler's go before going on anyway (a lost signal costs
+#: FLOPs, never the sweep)
+RUNG_WAIT_TIMEOUT_S = 1800.0
+
+
+def reaches_rung(cfg: TrialConfig, tokens_seen: float) -> bool:
+    """Whether the report at ``tokens_seen`` is the first at or past one of ``cfg.rung_barrier_tokens``."""
+    if not cfg.rung_barrier_tokens:
+        return False
+    earlier = [m for m in cfg.milestones_tokens if m < tokens_seen]
+    prev = max(earlier) if earlier else 0.0
+    return any(prev < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_barrier_tokens)
+
+
+def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG_WAIT_TIMEOUT_S,
+                           poll_s: float = 0.1) -> bool:
+    """Block until the Ray KV value under ``key`` (written by the sweep's scheduler) is >= ``tokens_seen``.
+
+    Returns False if ``timeout_s`` passed first (the worker then goes on).
+    """
+    import time
+
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        raw = _internal_kv_get(key)
+        if raw is not None and float(raw) >= tokens_seen:
+            return True
+        time.sleep(poll_s)
+    return False
 
 
 def _load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | None:
@@ -49,10 +81,17 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
         if state is None:
             ray.train.report(clean)
-            return
-        with tempfile.TemporaryDirectory() as tmp:
-            torch.save(state, os.path.join(tmp, STATE_FILE))
-            ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                torch.save(state, os.path.join(tmp, STATE_FILE))
+                ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+        tokens = float(metrics.get("tokens_seen") or 0.0)
+        if cfg.rung_gate_key and not metrics.get("done") and reaches_rung(cfg, tokens):
+            if not wait_for_rung_decision(cfg.rung_gate_key, tokens):
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "no rung decision for %s after %.0f s: going on", cfg.rung_gate_key, RUNG_WAIT_TIMEOUT_S)
 
     entry = get_entry(cfg.workload)
     entry(cfg, device=device, report=report, resume_state=resume_state, save_dir=save_dir if rank == 0 else None)

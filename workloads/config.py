@@ -68,6 +68,12 @@ class TrialConfig:
     hold_at_milestone: int | None = None
     hold_file: str | None = None
     finetune: dict[str, Any] | None = field(default=None)
+    # pruning mode "pause" (sweeps/scheduler.py): after the report that reaches one of these token
+    # positions (the rungs), wait until the sweep's scheduler has decided to let the trial go on: the
+    # value under the Ray KV key ``rung_gate_key`` reaches the reported tokens (a paused or pruned
+    # trial is stopped while it waits, so it never trains past its rung)
+    rung_barrier_tokens: tuple[float, ...] | None = None
+    rung_gate_key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -82,4 +88,6 @@ class TrialConfig:
         d["milestones_tokens"] = tuple(d["milestones_tokens"])
         if d.get("batch_warmup") is not None:
             d["batch_warmup"] = tuple(tuple(x) for x in d["batch_warmup"])
+        if d.get("rung_barrier_tokens") is not None:
+            d["rung_barrier_tokens"] = tuple(d["rung_barrier_tokens"])
         return cls(**d)
