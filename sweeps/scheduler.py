@@ -42,6 +42,9 @@ sizes (methodology note section 11.2: never compare on ``training_iteration``). 
   of Jamieson & Talwalkar 2016 (arXiv 1502.07943) within each batch size; the decisions depend on the
   rung values only, not on the order in which trials arrive. It spends less than the asynchronous rule
   (where the first trials to reach a rung always continue) for one restart per promoted trial.
+  The workers wait after the report that reaches a rung until the scheduler lets them go on (a Ray KV
+  key per trial, :attr:`EqualComputeScheduler.gate_prefix`): a trial that is paused or pruned is
+  stopped while it waits, so it never trains past its rung, however slowly Tune stops it.
   Paused trials hold no CPUs; the searcher's ``may_start`` gate keeps ``max_concurrent`` trials
   *running* (Tune's ``max_concurrent_trials`` would count the paused ones and deadlock). If nothing is
   running or pending while trials wait (a group that will never be complete: a resumed sweep, a
