@@ -331,6 +331,7 @@ class EqualComputeScheduler(FIFOScheduler):
         # reported tokens; a worker waits at a rung for it (workloads._ray_adapter), so that a trial to be
         # paused or pruned never trains on while Tune stops it
         self.gate_prefix: str | None = None
+        self._limiter_checked = False
 
     @classmethod
     def from_spec(cls, spec: SweepSpec) -> "EqualComputeScheduler":
@@ -666,6 +667,16 @@ class EqualComputeScheduler(FIFOScheduler):
             os.replace(tmp, self.state_path)
 
     def on_trial_add(self, tune_controller, trial) -> None:
+        if self.mode == "pause" and not self._limiter_checked:
+            self._limiter_checked = True
+            alg = getattr(tune_controller, "search_alg", None)
+            while alg is not None:
+                if type(alg).__name__ == "ConcurrencyLimiter" or getattr(alg, "max_concurrent", 0):
+                    raise RuntimeError(
+                        "EqualComputeScheduler(mode='pause'): Tune's max_concurrent_trials (ConcurrencyLimiter) "
+                        "counts paused trials as running, so the sweep would wait forever; leave it unset and give "
+                        "the searcher the scheduler's may_start gate (BatchSizeSearcher.scheduler)")
+                alg = getattr(alg, "searcher", None)
         if self.mode == "pause":
             self.add_member(trial.trial_id, trial.config.get(self.group_by),
                             ended=trial.status in ("TERMINATED", "ERROR"))

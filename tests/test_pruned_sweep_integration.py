@@ -77,7 +77,7 @@ def tune_sweep(ray_local, tmp_path_factory):
     d = yaml.safe_load(TINY.read_text())
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
     d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 6, "lr_multiplier": [0.1, 10.0]}
-    d["pruning"] = {"enabled": True}
+    d["pruning"] = {"enabled": True, "mode": "stop"}
     spec = parse_spec(d)
     tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, "tune-it")
     tracker.start_parent()
@@ -208,6 +208,23 @@ def test_tune_pause_pruned_trials_reach_optuna_and_mlflow(tune_sweep_pause):
     saved = json.loads((tune_sweep_pause["tmp"] / "pruned_while_paused.json").read_text())
     assert set(saved) <= {r.metrics["trial_id"] for r in results if r.metrics.get("pruned")}
     assert len(saved) >= 4  # most are pruned while they wait (the last to arrive is stopped as it reports)
+
+
+def test_tune_pause_mode_refuses_tunes_concurrency_limiter(ray_local, tmp_path):
+    """Tune's limiter counts paused trials as running: with it, pause mode would wait forever."""
+    from ray import tune
+
+    from sweeps.scheduler import EqualComputeScheduler
+
+    scheduler = EqualComputeScheduler(budget_tokens=1000, mode="pause", trials_per_group=2)
+    tuner = tune.Tuner(
+        tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
+        param_space={"_budget_tokens": 1000, "lr_multiplier": tune.grid_search([1.0, 2.0]), "batch_size_sequences": 4},
+        tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=1, metric="val_loss", mode="min"),
+        run_config=tune.RunConfig(name="limiter", storage_path=str(tmp_path), verbose=0, callbacks=[scheduler.annotator()]),
+    )
+    with pytest.raises(Exception, match="max_concurrent_trials"):
+        tuner.fit()
 
 
 def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
