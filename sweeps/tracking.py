@@ -276,7 +276,8 @@ class Tracker:
         pid = self.parent_run_id
         for tid in list(self.child_runs):
             if tid not in self.ended:
-                self.trial_ended(tid, "STOPPED" if status == "STOPPED" else "FAILED", error="sweep ended before the trial")
+                # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
+                self.trial_ended(tid, "FAILED" if status == "FAILED" else "STOPPED", error="sweep ended before the trial")
 
         def summary_write() -> None:
             ts = int(time.time() * 1000)
