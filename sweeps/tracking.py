@@ -328,8 +328,8 @@ class MlflowTrialCallback(Callback):
             status = "DIVERGED"
         elif last.get("done"):
             status = "COMPLETED"
-        else:
-            status = "FAILED"
+        else:  # ended without its last report and without an error: cut short by a budget or a stop
+            status = "STOPPED"
         self.tracker.trial_ended(trial.trial_id, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
