@@ -311,6 +311,11 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         root + "/checkpoints" if spec.tracking.checkpoint_artifact_max_mb > 0 else None)
     pause_mode = spec.pruning.enabled and spec.pruning.mode == "pause"
     gate_prefix = f"critbatch-rung-gate/{state['sweep_id']}" if pause_mode else None
+    # A trial that Tune stops before its end (paused or pruned at a rung, cut by a budget) is still inside
+    # TorchTrainer.fit() (in mode pause its workers wait at the rung gate): Tune's graceful stop waits up to
+    # TUNE_FORCE_TRIAL_CLEANUP_S (600 s) before killing its actor, which holds its CPUs meanwhile, and the
+    # next trials wait for them (seen: a 7-batch-size pause-mode sweep stalled). Kill it within seconds.
+    os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
     trainable = make_trainable(spec, data_path=state["data_path"], storage_path=root + "/train", save_dir_root=save_root,
                                rung_gate_prefix=gate_prefix)
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
