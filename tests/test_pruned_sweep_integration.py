@@ -64,8 +64,11 @@ def ray_local():
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tune_sweep(ray_local, tmp_path_factory):
+def _tune_sweep(tmp, mode: str, study_prefix: str) -> dict:
+    """A real Tuner over 2 batch sizes x 6 synthetic trials with the scheduler in ``mode``.
+
+    Mode "stop" uses Tune's concurrency limiter; mode "pause" gives the searcher the scheduler's gate
+    instead (the limiter would count paused trials as running)."""
     from ray import tune
 
     from sweeps.scheduler import EqualComputeScheduler
@@ -73,28 +76,36 @@ def tune_sweep(ray_local, tmp_path_factory):
     from sweeps.spec import parse_spec
     from sweeps.tracking import MlflowTrialCallback, Tracker
 
-    tmp = tmp_path_factory.mktemp("tune")
     d = yaml.safe_load(TINY.read_text())
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
     d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 6, "lr_multiplier": [0.1, 10.0]}
-    d["pruning"] = {"enabled": True, "mode": "stop"}
+    d["pruning"] = {"enabled": True, "mode": mode}
+    d["resources"] = {"max_concurrent_trials": 2}
     spec = parse_spec(d)
-    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, "tune-it")
+    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, study_prefix)
     tracker.start_parent()
     storage = f"sqlite:///{tmp / 'optuna.db'}"
     scheduler = EqualComputeScheduler.from_spec(spec)
-    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix="tune-it")
+    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix=study_prefix)
+    if mode == "pause":
+        scheduler.state_path = str(tmp / "pruned_while_paused.json")
+        searcher.scheduler = scheduler
     tuner = tune.Tuner(
         tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
         param_space={"_budget_tokens": spec.budget_tokens},
         tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.n_trials,
-                                    max_concurrent_trials=2),
+                                    max_concurrent_trials=2 if mode == "stop" else None),
         run_config=tune.RunConfig(name="tune", storage_path=str(tmp), verbose=0,
                                   callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})]),
     )
     grid = tuner.fit()
     tracker.outbox.drain(timeout_s=30)
     return {"grid": grid, "tmp": tmp, "storage": storage, "tracker": tracker, "spec": spec, "scheduler": scheduler}
+
+
+@pytest.fixture(scope="module")
+def tune_sweep(ray_local, tmp_path_factory):
+    return _tune_sweep(tmp_path_factory.mktemp("tune"), "stop", "tune-it")
 
 
 def test_tune_pruned_trials_carry_the_decision_in_last_result_and_result_json(tune_sweep):
@@ -138,37 +149,7 @@ def test_tune_pruned_trials_are_pruned_in_mlflow(tune_sweep):
 @pytest.fixture(scope="module")
 def tune_sweep_pause(ray_local, tmp_path_factory):
     """Mode "pause" in a real Tuner: the scheduler gates the searcher, pauses and resumes real Tune trials."""
-    from ray import tune
-
-    from sweeps.scheduler import EqualComputeScheduler
-    from sweeps.search import BatchSizeSearcher
-    from sweeps.spec import parse_spec
-    from sweeps.tracking import MlflowTrialCallback, Tracker
-
-    tmp = tmp_path_factory.mktemp("tune-pause")
-    d = yaml.safe_load(TINY.read_text())
-    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
-    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 6, "lr_multiplier": [0.1, 10.0]}
-    d["pruning"] = {"enabled": True, "mode": "pause"}
-    d["resources"] = {"max_concurrent_trials": 2}
-    spec = parse_spec(d)
-    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, "tune-pause")
-    tracker.start_parent()
-    storage = f"sqlite:///{tmp / 'optuna.db'}"
-    scheduler = EqualComputeScheduler.from_spec(spec)
-    scheduler.state_path = str(tmp / "pruned_while_paused.json")
-    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix="tune-pause")
-    searcher.scheduler = scheduler
-    tuner = tune.Tuner(
-        tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
-        param_space={"_budget_tokens": spec.budget_tokens},
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.n_trials),
-        run_config=tune.RunConfig(name="tune", storage_path=str(tmp), verbose=0,
-                                  callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})]),
-    )
-    grid = tuner.fit()
-    tracker.outbox.drain(timeout_s=30)
-    return {"grid": grid, "tmp": tmp, "storage": storage, "tracker": tracker, "spec": spec, "scheduler": scheduler}
+    return _tune_sweep(tmp_path_factory.mktemp("tune-pause"), "pause", "tune-pause")
 
 
 def test_tune_pause_keeps_the_top_half_of_each_batch_size_at_each_rung(tune_sweep_pause):
