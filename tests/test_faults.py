@@ -65,6 +65,24 @@ def stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def start_ray_head() -> tuple[subprocess.Popen, str]:
+    """An external Ray head (3 CPUs) in its own process group; returns it and its address once it listens.
+
+    Stop it with :func:`stop_group` (``ray stop`` would stop every cluster on the machine)."""
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="cbf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
+                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
+                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: port_open(port), 120, "the Ray head")
+    except BaseException:
+        stop_group(head)
+        raise
+    return head, f"127.0.0.1:{port}"
+
+
 def spec_dict(**over) -> dict:
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
@@ -133,16 +151,8 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path):
 
 def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path):
     """SIGKILL the sweep driver (on an external Ray cluster) mid-sweep, then `critbatch resume`."""
-    port = free_port()
-    temp = tempfile.mkdtemp(prefix="cbf", dir="/tmp")  # short: Ray's socket paths are length-limited
-    # its own process group, stopped by killing that group: `ray stop` would stop every cluster here
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
-                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
-                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    address = f"127.0.0.1:{port}"
+    head, address = start_ray_head()
     try:
-        wait_for(lambda: port_open(port), 120, "the Ray head")
         d = spec_dict(name="fault-driver")
         d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
         d["resources"] = {"max_concurrent_trials": 2}
@@ -255,15 +265,8 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path):
     waiting trials restart from their checkpoints, are paused again at their next report, and every
     rung is decided once its batch size is complete: each batch size still ends with one survivor.
     """
-    port = free_port()
-    temp = tempfile.mkdtemp(prefix="cbp", dir="/tmp")
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
-                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
-                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    address = f"127.0.0.1:{port}"
+    head, address = start_ray_head()
     try:
-        wait_for(lambda: port_open(port), 120, "the Ray head")
         d = spec_dict(name="fault-pause")
         d["eval"] = {"milestones": 8, "eval_tokens": 1024}
         d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=3, lr_multiplier=[0.05, 20.0])
