@@ -217,6 +217,9 @@ class TrialRecord:
     val_loss: list[float] = field(default_factory=list)
     flops: list[float] = field(default_factory=list)
     b_simple: list[float | None] = field(default_factory=list)
+    #: the equal-compute scheduler's annotation of its last report (``sweeps.scheduler.RESULT_KEYS``:
+    #: ``rung_decisions``, and ``pruned``, ``pruned_rung``, ``pruned_at_flops`` if it was pruned); empty without pruning
+    pruning: dict[str, Any] = field(default_factory=dict)
 
     @property
     def final_loss(self) -> float | None:

@@ -343,9 +343,11 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     if resume and root == str(output):  # neither is in Tune's experiment checkpoint: rebuild from the trials so far
         past = collect_records(output, spec)
         if scheduler is not None:
-            for r in past:
+            for r in past:  # a FAILED or STOPPED trial is restarted by Tune.restore (resume_errored, resume_unfinished)
                 scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
-                                  ended=r.status in ("COMPLETED", "DIVERGED", "PRUNED", "FAILED"))
+                                  ended=r.status in ("COMPLETED", "DIVERGED", "PRUNED"), pruning=r.pruning)
+            if scheduler.mode == "pause":
+                scheduler.restore_decisions()
         if stopper is not None:
             stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
     stop_flag = {"stopped": False}
@@ -517,6 +519,7 @@ def collect_records(output: Path, spec: SweepSpec) -> list:
             val_loss=[float(r["val_loss"]) if r.get("val_loss") is not None else float("nan") for r in curve],
             flops=[float(r.get("flops", 0.0)) for r in curve],
             b_simple=[r.get("b_simple") for r in curve],
+            pruning=_pruning_of(last),
         ))
     return records
 
@@ -571,6 +574,13 @@ def flops_accounting(spec: SweepSpec) -> tuple[float | None, str]:
         return None, FLOPS_CONVENTION
 
 
+def _pruning_of(row: dict) -> dict[str, Any]:
+    """The equal-compute scheduler's keys (``RESULT_KEYS``) of a result row, without the missing ones."""
+    from sweeps.scheduler import RESULT_KEYS
+
+    return {k: row[k] for k in RESULT_KEYS if row.get(k) is not None and row.get(k) == row.get(k)}
+
+
 def records_from_grid(grid) -> list:
     """Trial records from a Tune ``ResultGrid`` (used when the Tune state lives on remote storage)."""
     from sweeps.analysis import TrialRecord
@@ -586,8 +596,7 @@ def records_from_grid(grid) -> list:
         last = curve[-1] if curve else {}
         cfg = res.config or {}
         if (res.metrics or {}).get("pruned") and not last.get("pruned"):  # pruned while paused
-            last = {**last, **{k: res.metrics[k] for k in ("pruned", "pruned_at_flops", "pruned_rung", "rung_decisions")
-                               if k in res.metrics}}
+            last = {**last, **_pruning_of(res.metrics)}
             if curve:
                 curve[-1] = last
         if last.get("pruned"):
@@ -605,7 +614,8 @@ def records_from_grid(grid) -> list:
             hyperparameters={k: cfg.get(k) for k in ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")},
             tokens=[float(r["tokens_seen"]) for r in curve],
             val_loss=[float(r["val_loss"]) if r.get("val_loss") is not None else float("nan") for r in curve],
-            flops=[float(r.get("flops", 0.0)) for r in curve], b_simple=[r.get("b_simple") for r in curve]))
+            flops=[float(r.get("flops", 0.0)) for r in curve], b_simple=[r.get("b_simple") for r in curve],
+            pruning=_pruning_of(last)))
     return out
 
 

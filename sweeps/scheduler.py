@@ -418,23 +418,72 @@ class EqualComputeScheduler(FIFOScheduler):
         return predict_final_log_linear(self.fit_fractions, ys, 1.0 / self.fractions[k])
 
     def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
-                losses: Sequence[float], *, ended: bool = False) -> None:
-        """Record a trial's past curve at the rungs it passed, without deciding (after a resume:
-        the scheduler's memory is not part of Tune's experiment checkpoint).
+                losses: Sequence[float], *, ended: bool = False, pruning: dict[str, Any] | None = None) -> None:
+        """Give back a trial's past curve after a resume (the scheduler's memory is not part of Tune's
+        experiment checkpoint).
 
-        Mode ``"pause"``: the trial also joins its batch size's members (``ended``: it will report nothing
-        more), and an unfinished trial whose last report is the one that reached a rung waits there again.
+        Args:
+            tokens, flops, losses: the trial's reports so far, in order (tokens seen, training FLOPs,
+                ``val_loss``; equal lengths).
+            ended: it will report nothing more (completed, diverged or pruned).
+            pruning: the annotation of its last report (:data:`RESULT_KEYS`); ``pruned`` True: it was
+                pruned at ``pruned_rung``, and it is stopped if Tune restarts it.
+
+        Mode ``"stop"``: the rung values it passed are recorded, nothing is decided. Mode ``"pause"``: its
+        curve is kept until :meth:`restore_decisions` replays every rung of the sweep so far.
         """
+        pruned = bool(pruning and pruning.get("pruned"))
         st = self._state(trial_id, group)
-        reached = None
+        if self.mode != "pause":
+            for t, f, y in zip(tokens, flops, losses):
+                self._advance(trial_id, st, float(f), float(t), float(y) if y is not None else math.nan, decide=False)
+            return
         for t, f, y in zip(tokens, flops, losses):
-            before = st.next_rung
-            self._advance(trial_id, st, float(f), float(t), float(y) if y is not None else math.nan, decide=False)
-            reached = st.next_rung - 1 if st.next_rung > before else None
-        if self.mode == "pause":
-            self.add_member(trial_id, group, ended=ended)
-            if not ended and reached is not None and trial_id in self._rungs.get((group, reached), {}):
-                self.waiting[trial_id] = reached
+            t, f = float(t), float(f)
+            if not (f > 0 and t > 0) or (st.last is not None and f <= st.last[0]):
+                continue
+            if st.flops_per_token is None:
+                st.flops_per_token = f / t
+            y = float(y) if y is not None and math.isfinite(float(y)) else math.inf
+            st.history.append((f, y))
+            st.last = (f, y)
+        self.add_member(trial_id, group, ended=ended or pruned)
+        if pruned:
+            last_rung = int(pruning.get("pruned_rung", len(self.fractions) - 1))
+            while st.next_rung <= last_rung and self._walk(trial_id):  # its values up to the rung it was pruned at
+                self.waiting.pop(trial_id)
+            st.stopped = True
+            self.pruned_while_paused.setdefault(trial_id, {k: pruning[k] for k in RESULT_KEYS if k in pruning})
+            self.to_prune.append(trial_id)  # Tune restarts an unfinished trial: stop it instead
+        elif ended:
+            while self._walk(trial_id):  # finished: every rung it covered counts
+                self.waiting.pop(trial_id)
+
+    def restore_decisions(self) -> None:
+        """Mode ``"pause"``, after :meth:`observe` of every trial of a resumed sweep: replay the rungs.
+
+        Each unfinished trial walks its curve to the first rung it reached, every complete rung is decided
+        again (the decisions depend on the rung values only, so they are the ones taken before the
+        interruption), the promoted trials walk on. Afterwards a trial waits (:attr:`waiting`) at the first
+        rung of its curve still undecided, is to be resumed (:attr:`to_resume`) if its last report is at a
+        rung that promoted it, or is to be pruned (:attr:`to_prune`); :meth:`on_trial_add` keeps all of
+        those paused instead of letting Tune restart them.
+        """
+        for tid in [t for ts in self._members.values() for t in ts]:
+            if tid not in self._ended and tid not in self.waiting:
+                self._walk(tid)
+        self._pump()
+        for tid in list(self.to_resume):
+            st = self._trials[tid]
+            r = self.rung_flops(st.flops_per_token)[st.decisions[-1].rung]
+            if sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1:
+                self.to_resume.remove(tid)  # it had been let go past the rung: Tune restarts it as it is
+
+    def held(self, trial_id: str) -> bool:
+        """Mode ``"pause"``: a restored trial that must not restart yet (it waits at a rung, waits to be
+        resumed, or is to be pruned)."""
+        st = self._trials.get(trial_id)
+        return trial_id in self.waiting or trial_id in self.to_resume or (st is not None and st.stopped)
 
     # ---- mode "pause": each rung waits for its whole batch size (module docstring) ---------------------
 
@@ -655,7 +704,7 @@ class EqualComputeScheduler(FIFOScheduler):
             t = by_id.get(tid)
             if t is None:
                 continue
-            t.last_result.update(self.annotation(tid))  # read by the tracker and the driver
+            t.last_result.update(self.pruned_while_paused.get(tid) or self.annotation(tid))  # read by the tracker, the driver
             tune_controller.stop_trial(t)
         if self.state_path:
             import json
@@ -678,6 +727,10 @@ class EqualComputeScheduler(FIFOScheduler):
                         "the searcher the scheduler's may_start gate (BatchSizeSearcher.scheduler)")
                 alg = getattr(alg, "searcher", None)
         if self.mode == "pause":
+            if trial.status == "PENDING" and self.held(trial.trial_id):
+                # a resumed sweep (restore_decisions): Tune restarts every unfinished trial; one that waits at a
+                # rung stays paused until its rung is decided (restarted, it would train on past the rung)
+                trial.set_status("PAUSED")
             self.add_member(trial.trial_id, trial.config.get(self.group_by),
                             ended=trial.status in ("TERMINATED", "ERROR"))
 
@@ -698,6 +751,7 @@ class EqualComputeScheduler(FIFOScheduler):
     def choose_trial_to_run(self, tune_controller):
         if self.mode != "pause":
             return super().choose_trial_to_run(tune_controller)
+        self._prune_paused(tune_controller)  # after a resume: trials pruned before the interruption
         trials = tune_controller.get_trials()
         active = [t for t in trials if t.status in ("RUNNING", "PENDING")]
         if not active and not self.to_resume and self.waiting and tune_controller.search_alg.is_finished():

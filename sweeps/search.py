@@ -131,9 +131,14 @@ class BatchSizeSearcher(Searcher):
             self._subs = {}
         if b not in self._subs:
             storage = optuna.storages.RDBStorage(self.storage_url, engine_kwargs={"connect_args": {"timeout": 30}})
+            name = f"{self.study_prefix}-B{b}"
+            try:  # a resumed sweep: the trials asked so far shift the seed, or the sampler would repeat them
+                asked = len(storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False))
+            except KeyError:
+                asked = 0
             self._subs[b] = OptunaSearch(
                 space=self.space, metric=OBJECTIVE, mode="min", storage=storage,
-                study_name=f"{self.study_prefix}-B{b}", seed=(self.spec.seeds[0] * 7919 + b) % (2**31),
+                study_name=name, seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31),
             )
         return self._subs[b]
 

@@ -508,58 +508,93 @@ def make_pause_scheduler(n_per_group: int, **kw) -> EqualComputeScheduler:
     return make_scheduler(mode="pause", trials_per_group=n_per_group, max_concurrent=kw.pop("max_concurrent", 2), **kw)
 
 
-def run_paused(s: EqualComputeScheduler, trials, concurrency: int = 2) -> dict[str, float]:
-    """Drive ``trials`` (``(id, batch, loss(f), report fractions)``, started in list order, ``concurrency``
+class PausedSweep:
+    """Drives ``trials`` (``(id, batch, loss(f), report fractions)``, started in list order, ``concurrency``
     running at a time, all at the same speed) the way Tune does in mode "pause": a paused trial frees
-    its slot, promoted trials resume first, pruned paused trials end. Returns the budget fraction each
-    trained."""
-    import heapq
+    its slot, promoted trials resume first, pruned paused trials end. Each report is a checkpoint."""
 
-    spec = {tid: (b, loss, fr) for tid, b, loss, fr in trials}
-    queue = [tid for tid, *_ in trials]
-    for tid, b, *_ in trials:
-        s.add_member(tid, b)  # Tune adds each trial as the searcher creates it
-    nxt = {tid: 0 for tid in spec}
-    start = {}
-    trained = {}
-    events: list = []
-    running: set[str] = set()
-    now = 0.0
+    def __init__(self, s: EqualComputeScheduler, trials, concurrency: int):
+        self.s = s
+        self.spec = {tid: (b, loss, fr) for tid, b, loss, fr in trials}
+        self.queue = [tid for tid, *_ in trials]
+        self.concurrency = concurrency
+        for tid, b, *_ in trials:
+            s.add_member(tid, b)  # Tune adds each trial as the searcher creates it
+        self.nxt = {tid: 0 for tid in self.spec}
+        self.start: dict[str, float] = {}
+        self.trained: dict[str, float] = {}  # ended trials: the budget fraction each trained
+        self.pruned: dict[str, dict] = {}  # pruned trials: the annotation of their last result
+        self.events: list = []
+        self.running: set[str] = set()
+        self.now = 0.0
 
-    def launch(tid):
-        fr = spec[tid][2]
-        start[tid] = now - (fr[nxt[tid] - 1] if nxt[tid] else 0.0)
-        running.add(tid)
-        heapq.heappush(events, (start[tid] + fr[nxt[tid]], tid))
+    def launch(self, tid: str) -> None:
+        import heapq
 
-    def fill():
+        fr = self.spec[tid][2]
+        self.start[tid] = self.now - (fr[self.nxt[tid] - 1] if self.nxt[tid] else 0.0)
+        self.running.add(tid)
+        heapq.heappush(self.events, (self.start[tid] + fr[self.nxt[tid]], tid))
+
+    def fill(self) -> None:
+        s = self.s
         while s.to_prune:
             tid = s.to_prune.pop(0)
-            trained[tid] = spec[tid][2][nxt[tid] - 1]
-        while len(running) < concurrency and (s.to_resume or queue):
-            launch(s.to_resume.pop(0) if s.to_resume else queue.pop(0))
+            self.trained[tid] = self.spec[tid][2][self.nxt[tid] - 1]
+            self.pruned[tid] = s.pruned_while_paused[tid]
+        while len(self.running) < self.concurrency and (s.to_resume or self.queue):
+            self.launch(s.to_resume.pop(0) if s.to_resume else self.queue.pop(0))
 
-    fill()
-    while events or s.waiting:
-        if not events:
-            s.force_lowest()
-            fill()
-            continue
-        now, tid = heapq.heappop(events)
-        b, loss, fr = spec[tid]
-        f = fr[nxt[tid]]
-        nxt[tid] += 1
-        what = s.report(tid, b, C_TOK * f * BUDGET_TOKENS, f * BUDGET_TOKENS, loss(f))
-        if what in ("stop", "pause") or nxt[tid] == len(fr):
-            running.discard(tid)
-            if what != "pause":
-                trained[tid] = f
-                if what == "continue":
-                    s.end(tid)
-        else:
-            heapq.heappush(events, (start[tid] + fr[nxt[tid]], tid))
-        fill()
-    return trained
+    def run(self, max_reports: int | None = None) -> dict[str, float]:
+        """Run until every trial ended (or ``max_reports`` reports: the driver dies); returns :attr:`trained`."""
+        import heapq
+
+        s = self.s
+        self.fill()
+        n = 0
+        while (self.events or s.waiting) and (max_reports is None or n < max_reports):
+            if not self.events:
+                s.force_lowest()
+                self.fill()
+                continue
+            self.now, tid = heapq.heappop(self.events)
+            b, loss, fr = self.spec[tid]
+            f = fr[self.nxt[tid]]
+            self.nxt[tid] += 1
+            n += 1
+            what = s.report(tid, b, C_TOK * f * BUDGET_TOKENS, f * BUDGET_TOKENS, loss(f))
+            if what in ("stop", "pause") or self.nxt[tid] == len(fr):
+                self.running.discard(tid)
+                if what != "pause":
+                    self.trained[tid] = f
+                    if what == "continue":
+                        s.end(tid)
+                    else:
+                        self.pruned[tid] = s.annotation(tid)
+            else:
+                heapq.heappush(self.events, (self.start[tid] + fr[self.nxt[tid]], tid))
+            self.fill()
+        return self.trained
+
+    def resume(self, s2: EqualComputeScheduler) -> "PausedSweep":
+        """The driver died: a new scheduler learns the sweep from the trials' reports (as the driver's
+        ``critbatch resume`` does); Tune restarts every unfinished trial the scheduler does not hold."""
+        for tid, (b, loss, fr) in self.spec.items():
+            done = fr[: self.nxt[tid]]
+            s2.observe(tid, b, [f * BUDGET_TOKENS for f in done], [C_TOK * f * BUDGET_TOKENS for f in done],
+                       [loss(f) for f in done], ended=tid in self.trained, pruning=self.pruned.get(tid))
+        s2.restore_decisions()
+        new = PausedSweep.__new__(PausedSweep)
+        new.__dict__.update(self.__dict__, s=s2, events=[], running=set(), trained=dict(self.trained),
+                            pruned=dict(self.pruned))
+        started = [tid for tid in self.spec if tid not in self.queue]
+        new.queue = [t for t in started if t not in self.trained and not s2.held(t)] + list(self.queue)
+        return new
+
+
+def run_paused(s: EqualComputeScheduler, trials, concurrency: int = 2) -> dict[str, float]:
+    """:class:`PausedSweep` to the end; returns the budget fraction each trial trained."""
+    return PausedSweep(s, trials, concurrency).run()
 
 
 def test_pause_waits_for_every_trial_of_the_batch_size_then_decides_the_rung_at_once():
@@ -715,3 +750,55 @@ def test_pause_a_resumed_trial_that_waits_again_is_not_resumed_twice():
     # "a" is resumed first and reaches rung 1 before "b": it waits again, and must not be resumed again
     assert s.report("a", 8, C_TOK * 0.5 * BUDGET_TOKENS, 0.5 * BUDGET_TOKENS, 1.8) == "pause"
     assert s.to_resume == ["b"] and s.waiting == {"a": 1}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pause_a_driver_killed_at_any_report_resumes_to_the_same_decisions(seed):
+    """Kill the driver after every possible number of reports; the resumed scheduler rebuilds the rungs
+    from the reports alone and the sweep ends exactly as without the kill: the same trials pruned at
+    the same rungs, the same FLOPs trained (a waiting trial is held, not restarted past its rung)."""
+    rng = random.Random(seed)
+    trials = [(f"b{b}-t{i}", b, line(3.0 + 0.1 * i + 0.01 * b, 0.4 + 0.17 * ((i * 5 + b) % 6)),
+               sorted(set(rng.choice([cadence(8), cadence(6), random_cadence(rng)]))))
+              for b in (4, 8) for i in range(4)]
+    rng.shuffle(trials)
+    concurrency = rng.randint(1, 3)
+    whole = PausedSweep(make_pause_scheduler(4), trials, concurrency)
+    reference = whole.run()
+    pruned_at = {t: a["pruned_rung"] for t, a in whole.pruned.items()}
+    total = sum(len(fr) for *_, fr in trials)
+    assert sorted(reference.values()).count(1.0) == 2 and len(pruned_at) == 6  # one survivor per batch size
+    for kill_after in range(1, total):
+        first = PausedSweep(make_pause_scheduler(4), trials, concurrency)
+        first.run(max_reports=kill_after)
+        second = first.resume(make_pause_scheduler(4))
+        assert second.run() == reference, f"killed after {kill_after} reports"
+        assert {t: a["pruned_rung"] for t, a in second.pruned.items()} == pruned_at, f"killed after {kill_after} reports"
+
+
+def test_pause_resume_holds_the_waiting_trials_and_resumes_the_promoted_ones():
+    """Hand-built: after the kill, rung 0 of batch size 8 is complete (decided again: c pruned, a and b
+    promoted); a's last report is at the rung (held, to resume), b had been let go past it (restarts by
+    itself); rung 0 of batch size 4 waits for its second trial (x held, waiting)."""
+    s = make_pause_scheduler(3)
+    F = lambda f: (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)
+    def obs(tid, b, fr, losses, **kw):
+        s.observe(tid, b, [F(f)[0] for f in fr], [F(f)[1] for f in fr], losses, **kw)
+    obs("a", 8, [0.125, 0.25], [3.0, 2.0])
+    obs("b", 8, [0.125, 0.25, 0.375], [3.0, 2.1, 2.0])
+    obs("c", 8, [0.125, 0.25], [3.0, 2.5], ended=True,
+        pruning={"pruned": True, "pruned_rung": 0, "pruned_at_flops": F(0.25)[1], "rung_decisions": "r0:stop"})
+    obs("x", 4, [0.125, 0.25], [3.0, 2.2])
+    obs("y", 4, [0.125], [3.1])
+    obs("z", 4, [], [])
+    s.restore_decisions()
+    assert s.waiting == {"x": 0}
+    assert s.to_resume == ["a"] and s.to_prune == ["c"]
+    assert [(d.rung, d.stop) for d in s.decisions("a")] == [(0, False)] == [(d.rung, d.stop) for d in s.decisions("b")]
+    assert [s.held(t) for t in "abcxyz"] == [True, False, True, True, False, False]
+    assert s.pruned_while_paused["c"]["pruned_rung"] == 0
+    # the restored trial x waits at rung 0 until y (restarted) reaches it and z ends before it; then the
+    # rung is decided on x and y: y continues, x (held paused since the resume) is pruned
+    assert s.report("y", 4, F(0.25)[1], F(0.25)[0], 2.1) == "pause"
+    s.end("z")
+    assert s.waiting == {} and s.to_resume == ["a", "y"] and s.to_prune == ["c", "x"]
