@@ -123,3 +123,22 @@ def test_pause_mode_gate_and_pruned_while_paused(tiny_spec_dict, tmp_path):
     other.scheduler = sched
     other.restore(str(path))
     assert other.scheduler is sched and other.assigned == {4: 2}
+
+
+def test_a_restored_searcher_does_not_repeat_the_hyperparameters_already_asked(tiny_spec_dict, tmp_path):
+    """After a driver kill the searcher is restored from its saved state: its Optuna samplers are rebuilt,
+    and seeded as at the start they would propose the first trials' hyperparameters again."""
+    s, searcher, url = make(tiny_spec_dict, tmp_path, trials_per_batch_size=4, batch_sizes_sequences=[4])
+    s = parse_spec({**s.model_dump(), "seeds": [0]})
+    searcher = BatchSizeSearcher(s, url, "again")
+    first = [searcher.suggest(t) for t in ("a", "b")]
+    path = tmp_path / "searcher.pkl"
+    searcher.save(str(path))
+    restored = BatchSizeSearcher(s, url, "again")
+    restored.restore(str(path))
+    later = [restored.suggest(t) for t in ("c", "d")]
+    key = lambda c: (c["lr_rule"], c["lr_multiplier"], c["beta2"])  # noqa: E731
+    assert len({key(c) for c in first + later}) == 4
+    # a fresh study is seeded as before: the same spec proposes the same first trial
+    fresh = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'other.db'}", "again")
+    assert key(fresh.suggest("a")) == key(first[0])
