@@ -261,9 +261,10 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path):
 def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path):
     """Mode "pause": SIGKILL the driver while trials wait paused at a rung, then `critbatch resume`.
 
-    The scheduler's memory is rebuilt from the trials' reports (and pruned_while_paused.json); the
-    waiting trials restart from their checkpoints, are paused again at their next report, and every
-    rung is decided once its batch size is complete: each batch size still ends with one survivor.
+    The scheduler replays every rung from the trials' reports (and pruned_while_paused.json): the rungs
+    decided before the kill are decided again alike, a trial that waited at a rung stays paused (Tune
+    would restart it past the rung) until its batch size completes the rung, and each batch size still
+    ends with one survivor.
     """
     head, address = start_ray_head()
     try:
@@ -302,6 +303,15 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path):
         statuses = sorted(t["status"] for t in trials if t["batch_size_sequences"] == b)
         if "DIVERGED" not in statuses:
             assert statuses == ["COMPLETED", "PRUNED", "PRUNED"], statuses
+    for t in trials:
+        # continuous curves (a restart resumes from the last milestone), and no trial trained past the rung
+        # it was pruned at (rungs at 25 % and 50 %: milestones 2048 and 4096): a trial that waited at a rung
+        # when the driver died was held paused on resume, not restarted
+        assert t["tokens"] == [1024.0 * (i + 1) for i in range(len(t["tokens"]))], t
+        if t["status"] == "PRUNED":
+            assert t["tokens"][-1] == 2048.0 * (t["pruning"]["pruned_rung"] + 1), t
+        if t["status"] == "COMPLETED":  # its decisions, taken before and after the kill, are all on record
+            assert [d.split(":")[0].split("@")[0] for d in t["pruning"]["rung_decisions"].split(";")] == ["r0", "r1"], t
     c, parents, kids = children(uri, "fault-pause")
     assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
     by_id = {t["trial_id"]: t for t in trials}
