@@ -802,3 +802,23 @@ def test_pause_resume_holds_the_waiting_trials_and_resumes_the_promoted_ones():
     assert s.report("y", 4, F(0.25)[1], F(0.25)[0], 2.1) == "pause"
     s.end("z")
     assert s.waiting == {} and s.to_resume == ["a", "y"] and s.to_prune == ["c", "x"]
+
+
+def test_pause_on_trial_add_keeps_a_held_restored_trial_paused():
+    """Tune's restore re-queues every unfinished trial as PENDING; the scheduler turns the ones it holds
+    (waiting at a rung, to resume, to prune) into PAUSED before Tune files them, and leaves the others."""
+
+    class T(SimpleNamespace):
+        def set_status(self, status):
+            self.status = status
+
+    s = make_pause_scheduler(2)
+    F = lambda f: (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)  # noqa: E731
+    s.observe("w", 8, [F(0.25)[0]], [F(0.25)[1]], [2.0])  # waits at rung 0 for its peer
+    s.observe("r", 8, [F(0.125)[0]], [F(0.125)[1]], [2.5])  # mid-way to rung 0: restarts
+    s.restore_decisions()
+    tc = SimpleNamespace(search_alg=None)
+    trials = {t: T(trial_id=t, config={"batch_size_sequences": 8}, status="PENDING") for t in ("w", "r", "new")}
+    for t in trials.values():
+        s.on_trial_add(tc, t)
+    assert {t: x.status for t, x in trials.items()} == {"w": "PAUSED", "r": "PENDING", "new": "PENDING"}
