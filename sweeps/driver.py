@@ -343,11 +343,14 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     if resume and root == str(output):  # neither is in Tune's experiment checkpoint: rebuild from the trials so far
         past = collect_records(output, spec)
         if scheduler is not None:
-            for r in past:  # a FAILED or STOPPED trial is restarted by Tune.restore (resume_errored, resume_unfinished)
+            for r in past:
                 scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
-                                  ended=r.status in ("COMPLETED", "DIVERGED", "PRUNED"), pruning=r.pruning)
+                                  ended=r.status in ("COMPLETED", "DIVERGED", "PRUNED", "FAILED"), pruning=r.pruning)
             if scheduler.mode == "pause":
                 scheduler.restore_decisions()
+                for r in past:
+                    if r.status == "FAILED":  # Tune.restore(resume_errored=True) retries it
+                        scheduler.reopen(r.trial_id)
         if stopper is not None:
             stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
     stop_flag = {"stopped": False}

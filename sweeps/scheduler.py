@@ -515,7 +515,7 @@ class EqualComputeScheduler(FIFOScheduler):
         self.add_member(trial_id, group)
         if trial_id in self.to_resume:  # it reports, so it runs: resumed
             self.to_resume.remove(trial_id)
-        if st.stopped:
+        if st.stopped or trial_id in self._ended:  # ended: restarted by a resume that Tune's snapshot predates
             return "stop"
         if not (flops > 0 and tokens > 0):
             return "pause" if trial_id in self.waiting else "continue"
@@ -569,6 +569,10 @@ class EqualComputeScheduler(FIFOScheduler):
                 self._skipped.add((st.group, k, trial_id))
                 continue
             self._rungs.setdefault((st.group, k), {})[trial_id] = value
+            if (st.group, k) in self._decided:  # a late arrival (a retried trial): decided on arrival
+                if self._judge(trial_id, k).stop:
+                    return False
+                continue
             self.waiting[trial_id] = k
             return True
         return False
@@ -593,27 +597,55 @@ class EqualComputeScheduler(FIFOScheduler):
         """Judge every trial waiting at rung ``k`` of ``group`` on all the values recorded there."""
         self._decided.add((group, k))
         values = self._rungs.get((group, k), {})
-        n = len(values)
-        keep = self._keep(values)
         for tid in sorted(values, key=lambda t: values[t]):
-            st = self._trials[tid]
-            if self.waiting.get(tid) != k or tid in self._ended:
-                continue
-            v = values[tid]
-            better = sum(1 for x in values.values() if x < v)
-            stop = better >= keep
-            d = RungDecision(rung=k, flops=self.rung_flops(st.flops_per_token)[k], value=v, better=better,
-                             peers=n, keep=keep, stop=stop)
-            st.decisions.append(d)
-            log.debug("trial %s (%s=%s): %s", tid, self.group_by, group, d.label())
-            del self.waiting[tid]
-            if stop:
-                st.stopped = True
-                self._ended.add(tid)
-                self.to_prune.append(tid)
-                self.pruned_while_paused[tid] = self.annotation(tid)
-            elif not self._walk(tid):  # promoted; its reports may already cover the next rung
-                self.to_resume.append(tid)
+            if self.waiting.get(tid) == k and tid not in self._ended:
+                self._settle(tid, k)
+
+    def _judge(self, trial_id: str, k: int) -> RungDecision:
+        """Decide a trial at rung ``k`` on the values recorded there (its own included) and record it."""
+        st = self._trials[trial_id]
+        values = self._rungs[(st.group, k)]
+        v = values[trial_id]
+        keep = self._keep(values)
+        better = sum(1 for x in values.values() if x < v)
+        d = RungDecision(rung=k, flops=self.rung_flops(st.flops_per_token)[k], value=v, better=better,
+                         peers=len(values), keep=keep, stop=better >= keep)
+        st.decisions.append(d)
+        log.debug("trial %s (%s=%s): %s", trial_id, self.group_by, st.group, d.label())
+        if d.stop:
+            st.stopped = True
+            self._ended.add(trial_id)
+        return d
+
+    def _settle(self, trial_id: str, k: int) -> None:
+        """Judge a paused trial at rung ``k``: pruned where it waits, or to be resumed (or waiting again)."""
+        self.waiting.pop(trial_id, None)
+        if self._judge(trial_id, k).stop:
+            self.to_prune.append(trial_id)
+            self.pruned_while_paused[trial_id] = self.annotation(trial_id)
+        elif not self._walk(trial_id):  # promoted; its reports may already cover the next rung
+            self.to_resume.append(trial_id)
+
+    def reopen(self, trial_id: str) -> None:
+        """Mode ``"pause"``, after :meth:`restore_decisions`: a trial observed as ended (it failed) that Tune
+        retries. The rungs it missed were decided without it; if its last report reached a rung, it is
+        judged there now (that rung decided) or waits there (undecided); each later rung it reaches is
+        decided for it on arrival if its batch size already decided it (:meth:`_walk`)."""
+        st = self._trials[trial_id]
+        if st.stopped or trial_id not in self._ended:
+            return
+        self._ended.discard(trial_id)
+        k = st.next_rung - 1
+        if k < 0 or trial_id not in self._rungs.get((st.group, k), {}) or any(d.rung == k for d in st.decisions):
+            return
+        r = self.rung_flops(st.flops_per_token)[k]
+        if sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1:
+            return  # it had been let go past the rung before it failed
+        if (st.group, k) in self._decided:
+            self._settle(trial_id, k)
+        else:
+            self.waiting[trial_id] = k
+        self._pump()
 
     def _keep(self, values: dict[str, float]) -> int:
         n = len(values)

@@ -822,3 +822,59 @@ def test_pause_on_trial_add_keeps_a_held_restored_trial_paused():
     for t in trials.values():
         s.on_trial_add(tc, t)
     assert {t: x.status for t, x in trials.items()} == {"w": "PAUSED", "r": "PENDING", "new": "PENDING"}
+
+
+def _rep(s, tid, f, loss, b=8):
+    return s.report(tid, b, C_TOK * f * BUDGET_TOKENS, f * BUDGET_TOKENS, loss)
+
+
+def _obs(s, tid, fr, losses, b=8, **kw):
+    s.observe(tid, b, [f * BUDGET_TOKENS for f in fr], [C_TOK * f * BUDGET_TOKENS for f in fr], losses, **kw)
+
+
+def test_pause_a_failed_trial_retried_after_a_resume_does_not_reopen_decided_rungs():
+    """F failed before rung 0, which was then decided on A, B, C (A and B on, C pruned); A and B trained
+    past it; the driver dies. On resume F is observed as ended (the rungs were decided without it),
+    then reopened, since Tune retries errored trials: A and B are not held at rung 0 again, and F, on
+    reaching the decided rung 0, is decided there on arrival (never un-promoting B)."""
+    live = make_pause_scheduler(4)
+    for t in "FABC":
+        live.add_member(t, 8)
+        _rep(live, t, 0.125, 3.0)
+    live.end("F")  # Tune: on_trial_error
+    assert [_rep(live, t, 0.25, v) for t, v in (("A", 2.0), ("B", 2.1), ("C", 2.5))] == ["pause", "pause", "stop"]
+    s = make_pause_scheduler(4)
+    _obs(s, "F", [0.125], [3.0], ended=True)  # the driver: FAILED is ended for the replay ...
+    _obs(s, "A", [0.125, 0.25, 0.375], [3.0, 2.0, 1.9])
+    _obs(s, "B", [0.125, 0.25, 0.375], [3.0, 2.1, 2.0])
+    _obs(s, "C", [0.125, 0.25], [3.0, 2.5], ended=True, pruning=live.pruned_while_paused["C"])
+    s.restore_decisions()
+    s.reopen("F")  # ... then reopened
+    assert not any(s.held(t) for t in "ABF") and s.held("C")
+    assert [d.label() for d in s.decisions("B")] == [d.label() for d in live.decisions("B")]
+    assert _rep(s, "F", 0.25, 1.8) == "continue"  # the best at rung 0: on, and B stays on
+    assert [(d.rung, d.stop, d.peers) for d in s.decisions("F")] == [(0, False, 4)]
+    assert [d.stop for d in s.decisions("B")] == [False]
+    assert _rep(s, "F", 0.375, 1.7) == "continue"
+    # rung 1 now waits for A, B and F (C was pruned): F, A, B reach it; the best of three goes on... two
+    assert [_rep(s, t, 0.5, v) for t, v in (("F", 1.6), ("A", 1.7))] == ["pause", "pause"]
+    assert _rep(s, "B", 0.5, 1.9) == "stop" and s.to_resume == ["F", "A"]
+
+
+def test_pause_a_failed_trial_that_waited_at_a_rung_is_judged_there_when_retried():
+    s = make_pause_scheduler(3)
+    _obs(s, "F", [0.125, 0.25], [3.0, 2.6], ended=True)  # failed while waiting at rung 0
+    _obs(s, "A", [0.125, 0.25], [3.0, 2.0])
+    _obs(s, "B", [0.125], [3.0])
+    s.restore_decisions()
+    s.reopen("F")
+    assert s.waiting == {"A": 0, "F": 0} and s.held("F")  # rung 0 undecided: F waits there, paused
+    assert _rep(s, "B", 0.25, 2.1) == "continue"  # completes rung 0: A and B on, F pruned where it waits
+    assert s.to_prune == ["F"] and s.to_resume == ["A"]
+
+
+def test_pause_a_trial_that_ended_is_stopped_if_tune_restarts_it():
+    s = make_pause_scheduler(2)
+    _obs(s, "done", [0.5, 1.0], [2.0, 1.5], ended=True)
+    s.restore_decisions()
+    assert _rep(s, "done", 1.0, 1.5) == "stop"
