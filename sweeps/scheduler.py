@@ -49,6 +49,13 @@ sizes (methodology note section 11.2: never compare on ``training_iteration``). 
   *running* (Tune's ``max_concurrent_trials`` would count the paused ones and deadlock). If nothing is
   running or pending while trials wait (a group that will never be complete: a resumed sweep, a
   searcher that stopped early), the lowest waiting rung is decided on the values it has.
+  After the driver dies, ``critbatch resume`` gives the scheduler every trial's reports
+  (:meth:`EqualComputeScheduler.observe`) and :meth:`EqualComputeScheduler.restore_decisions` replays
+  the rungs: the decisions depend on the rung values only, so the rungs decided before are decided
+  alike; the trials that wait at a rung, or wait to be resumed, stay paused (Tune would restart them
+  past their rung), and those pruned before are stopped. A failed trial that the resume retries
+  (:meth:`EqualComputeScheduler.reopen`) is decided on arrival at a rung its batch size decided
+  without it.
 
 Decisions reach the rest of the sweep through the result dict: Ray Tune hands a scheduler a flattened
 *copy* of each result (Ray 2.60, ``TuneController._process_trial_result``), so keys set there reach
