@@ -7,6 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from sweeps.jobs import TrialCounts
+
+#: trials by outcome (``done``: completed normally; ``stopped``: cut short by a stop); the dataclass that
+#: ``sweeps.jobs`` counts them in, served as it is
+TrialCountsOut = TrialCounts
+
 __all__ = [
     "SweepStatus",
     "TrialCountsOut",
@@ -38,18 +44,6 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-class TrialCountsOut(BaseModel):
-    """Trials by outcome. ``done``: completed normally; ``stopped``: cut short by a stop."""
-
-    planned: int | None = None
-    done: int = 0
-    running: int = 0
-    failed: int = 0
-    diverged: int = 0
-    pruned: int = 0
-    stopped: int = 0
-
-
 class BestTrialOut(BaseModel):
     """The trial with the lowest validation loss so far (at its latest milestone)."""
 
@@ -73,7 +67,7 @@ class SweepOut(BaseModel):
     reason: str | None = Field(default=None, description="why it FAILED or was STOPPED")
     submitted_at: str | None = None
     ended_at: str | None = None
-    trials: TrialCountsOut | None = Field(default=None, description="null when MLflow could not be read")
+    trials: TrialCounts | None = Field(default=None, description="null when MLflow could not be read")
     best: BestTrialOut | None = None
     result: dict[str, float | None] | None = Field(default=None, description="b_crit and friends once analysed")
     tracking_uri: str | None = None
