@@ -22,6 +22,8 @@ from workloads.registry import get_entry
 __all__ = ["train_fn_per_worker", "STATE_FILE", "reaches_rung", "wait_for_rung_decision"]
 
 STATE_FILE = "trial_state.pt"
+#: the key of the checkpointed state that holds every report so far (``pruning.mode: pause``)
+REPORTED_KEY = "_reported_rows"
 
 #: how long a worker waits at a rung for the scheduler's go before going on anyway (a lost signal costs
 #: FLOPs, never the sweep)
@@ -76,22 +78,39 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     device = ray.train.torch.get_device()
     resume_state = _load_state(ray.train.get_checkpoint())
+    # pruning.mode pause: every report so far travels in the checkpoint, and a restored worker group sends
+    # them again first. Ray Train saves a checkpoint before Tune has the report that came with it: a driver
+    # that dies in between (seen under load: two milestones) loses those reports, and the scheduler would
+    # neither see the trial reach its rung nor have the points its rung value needs. Replays it already
+    # has are ignored (the scheduler, the MLflow tracker and the trial records keep one row per milestone).
+    reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
-    def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
-        clean = {k: v for k, v in metrics.items() if v is not None}
+    def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
         if state is None:
             ray.train.report(clean)
         else:
             with tempfile.TemporaryDirectory() as tmp:
                 torch.save(state, os.path.join(tmp, STATE_FILE))
                 ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        tokens = float(metrics.get("tokens_seen") or 0.0)
-        if cfg.rung_gate_key and not metrics.get("done") and reaches_rung(cfg, tokens):
+        tokens = float(clean.get("tokens_seen") or 0.0)
+        if cfg.rung_gate_key and not clean.get("done") and reaches_rung(cfg, tokens):
             if not wait_for_rung_decision(cfg.rung_gate_key, tokens):
                 import logging
 
                 logging.getLogger(__name__).warning(
                     "no rung decision for %s after %.0f s: going on", cfg.rung_gate_key, RUNG_WAIT_TIMEOUT_S)
+
+    def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
+        clean = {k: v for k, v in metrics.items() if v is not None}
+        if cfg.rung_gate_key:
+            reported.append(clean)
+            if state is not None:
+                state = {**state, REPORTED_KEY: list(reported)}
+        publish(clean, state)
+
+    if cfg.rung_gate_key:
+        for row in list(reported):
+            publish(row, None)
 
     entry = get_entry(cfg.workload)
     entry(cfg, device=device, report=report, resume_state=resume_state, save_dir=save_dir if rank == 0 else None)
