@@ -446,14 +446,8 @@ class EqualComputeScheduler(FIFOScheduler):
                 self._advance(trial_id, st, float(f), float(t), float(y) if y is not None else math.nan, decide=False)
             return
         for t, f, y in zip(tokens, flops, losses):
-            t, f = float(t), float(f)
-            if not (f > 0 and t > 0) or (st.last is not None and f <= st.last[0]):
-                continue
-            if st.flops_per_token is None:
-                st.flops_per_token = f / t
-            y = float(y) if y is not None and math.isfinite(float(y)) else math.inf
-            st.history.append((f, y))
-            st.last = (f, y)
+            if float(f) > 0 and float(t) > 0:
+                self._append(st, float(f), float(t), float(y) if y is not None else math.nan)
         self.add_member(trial_id, group, ended=ended or pruned)
         if pruned:
             last_rung = int(pruning.get("pruned_rung", len(self.fractions) - 1))
@@ -465,6 +459,20 @@ class EqualComputeScheduler(FIFOScheduler):
         elif ended:
             while self._walk(trial_id):  # finished: every rung it covered counts
                 self.waiting.pop(trial_id)
+
+    def _append(self, st: _TrialState, flops: float, tokens: float, loss: float) -> None:
+        """Mode ``"pause"``: add a report (``flops``, ``tokens`` > 0) to a trial's curve unless it is a replay
+        (not past its last report); a non-finite loss counts as ``inf``."""
+        if st.flops_per_token is None:
+            st.flops_per_token = flops / tokens
+        if st.last is None or flops > st.last[0]:
+            st.last = (flops, loss if (loss is not None and math.isfinite(loss)) else math.inf)
+            st.history.append(st.last)
+
+    def _went_past(self, st: _TrialState, k: int) -> bool:
+        """Whether a trial reported past the first report that reached rung ``k`` (it had been let go on)."""
+        r = self.rung_flops(st.flops_per_token)[k]
+        return sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1
 
     def restore_decisions(self) -> None:
         """Mode ``"pause"``, after :meth:`observe` of every trial of a resumed sweep: replay the rungs.
@@ -482,8 +490,7 @@ class EqualComputeScheduler(FIFOScheduler):
         self._pump()
         for tid in list(self.to_resume):
             st = self._trials[tid]
-            r = self.rung_flops(st.flops_per_token)[st.decisions[-1].rung]
-            if sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1:
+            if self._went_past(st, st.decisions[-1].rung):
                 self.to_resume.remove(tid)  # it had been let go past the rung: Tune restarts it as it is
 
     def held(self, trial_id: str) -> bool:
@@ -526,12 +533,7 @@ class EqualComputeScheduler(FIFOScheduler):
             return "stop"
         if not (flops > 0 and tokens > 0):
             return "pause" if trial_id in self.waiting else "continue"
-        if st.flops_per_token is None:
-            st.flops_per_token = flops / tokens
-        y = loss if (loss is not None and math.isfinite(loss)) else math.inf
-        if st.last is None or flops > st.last[0]:
-            st.history.append((flops, y))
-            st.last = (flops, y)
+        self._append(st, flops, tokens, loss)
         if tokens >= self.budget_tokens * (1 - 1e-9):  # its whole budget: done, its rung values still count
             while self._walk(trial_id):
                 self.waiting.pop(trial_id)
@@ -645,8 +647,7 @@ class EqualComputeScheduler(FIFOScheduler):
         k = st.next_rung - 1
         if k < 0 or trial_id not in self._rungs.get((st.group, k), {}) or any(d.rung == k for d in st.decisions):
             return
-        r = self.rung_flops(st.flops_per_token)[k]
-        if sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1:
+        if self._went_past(st, k):
             return  # it had been let go past the rung before it failed
         if (st.group, k) in self._decided:
             self._settle(trial_id, k)
