@@ -169,7 +169,7 @@ def status_of(curve: list[dict[str, Any]]) -> str:
 
 def analyse(spec: SweepSpec, records: list[TrialRecord], targets: list[float] | None) -> dict[str, Any]:
     return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
-                          reference_batch=float(spec.search.base_batch_size_sequences), targets=targets, n_boot=1000)
+                          reference_batch=float(spec.search.base_batch_size_sequences), targets=targets)
 
 
 # ---- one pruned search, replayed on the cached curves --------------------------------------------------------
@@ -359,7 +359,7 @@ def main() -> None:
         return
     lo, hi = ga["b_crit_ci"][0], ga["b_crit_ci"][1] if ga["b_crit_ci"][1] is not None else math.inf
     target = ga["target_loss"]
-    best = {p["batch_size_sequences"]: p["best_config"]["lr_multiplier"] for p in ga["per_batch"]}
+    best = {p["batch_size_sequences"]: p["best_config_at_budget"]["lr_multiplier"] for p in ga["per_batch"]}
     print(f"grid: {len(grid_records)} trials ({len(batches)} batch sizes x {len(multipliers)} LR multipliers), "
           f"{grid_flops:.4g} training FLOPs; target loss {target:.4f}: b_crit {ga['b_crit']:.1f} sequences, "
           f"95% CI [{lo:.1f}, {hi:.1f}]; best multiplier per batch size {best}")

@@ -7,6 +7,7 @@ remote job failed); 2 invalid input (a bad spec, a missing file, a refused outpu
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -42,10 +43,10 @@ def _fail_invalid(exc: Exception) -> None:
 
 @app.command()
 def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None:
-    """Validate a sweep spec: exit 0, or 2 with every invalid field named by its path."""
+    """Validate a sweep spec: exit 0 (doubtful choices printed as warnings), or 2 with every invalid field named by its path."""
     try:
         s = load_spec(spec)
-        from sweeps.preflight import check_data_files
+        from sweeps.preflight import check_data_files, spec_warnings
 
         check_data_files(s)
     except (SpecError, InvalidInput) as exc:
@@ -56,6 +57,8 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         f"{s.budget_tokens} tokens each",
         highlight=False,
     )
+    for warning in spec_warnings(s):
+        console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
 @app.command()
@@ -102,17 +105,42 @@ def _sweep_and_report(call) -> None:
 
 @app.command()
 def analyze(
-    csv: Path = typer.Option(..., "--csv", help="CSV with columns batch_size,steps_to_target[,group]"),
-    reference_batch: float = typer.Option(..., "--reference-batch", help="reference batch B0 for the 20% CBS (Zhang et al. 2024)"),
+    csv: Optional[Path] = typer.Option(None, "--csv", help="CSV with columns batch_size,steps_to_target[,seed][,group]; "
+                                       "a batch size may repeat (one row per seed or trial)"),
+    trials: Optional[Path] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse it "
+                                          "(same output as OUT/cbs.json; cbs.json must lie beside it)"),
+    reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="reference batch B0 for the 20% CBS "
+                                                    "(Zhang et al. 2024); required with --csv, else the sweep's"),
+    target: Optional[list[float]] = typer.Option(None, "--target", help="target loss (repeatable); --trials only: "
+                                                 "default, the sweep's own target rule"),
+    level: float = typer.Option(0.95, "--level", help="confidence level of b_crit_ci, in (0, 1)"),
 ) -> None:
-    """Fit S = S_min + E_min/B to steps-to-target points and print JSON (s_min, e_min, b_crit, cbs_20)."""
-    from sweeps.analysis import analyze_csv
+    """Fit S = S_min + E_min/B and print JSON: b_crit, b_crit_ci and status for every fit.
+
+    A knee outside the swept batch sizes is never printed as a bare number: b_crit is null and
+    status says above_range, below_range or no_knee (b_crit_bound gives the side).
+    """
+    from sweeps.analysis import analyze_csv, analyze_trials_file, finite_json
 
     try:
-        result = analyze_csv(csv, reference_batch)
+        if (csv is None) == (trials is None):
+            raise InvalidInput("give exactly one of --csv or --trials")
+        if not 0.0 < level < 1.0:
+            raise InvalidInput(f"--level must lie in (0, 1), got {level}")
+        if csv is not None:
+            if reference_batch is None:
+                raise InvalidInput("--csv needs --reference-batch")
+            if target:
+                raise InvalidInput("--target goes with --trials (a CSV already holds steps to one target)")
+            result = analyze_csv(csv, reference_batch, level=level)
+        else:
+            if target and any(not math.isfinite(t) or t <= 0 for t in target):
+                raise InvalidInput("--target must be a positive, finite loss")
+            result = analyze_trials_file(trials, reference_batch=reference_batch, targets=list(target) if target else None,
+                                         level=level)
     except InvalidInput as exc:
         _fail_invalid(exc)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(finite_json(result), indent=2))
 
 
 @app.command("init-checkpoint")

@@ -134,15 +134,9 @@ def _json_default(o: Any) -> Any:
 
 def _finite(o: Any) -> Any:
     """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
-    import math
+    from sweeps.analysis import finite_json
 
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
+    return finite_json(o)
 
 
 def run_sweep(
@@ -534,7 +528,7 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | No
     if not rows or spec.tracking.checkpoint_artifact_max_mb <= 0:
         return None
     best = min(rows, key=lambda r: r["loss_at_budget"])
-    for tid in best["trial_ids"]:
+    for tid in best["trial_ids_at_budget"]:
         src = output / "checkpoints" / tid
         if src.is_dir():
             dst = output / "best_checkpoint"
@@ -542,7 +536,7 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | No
             shutil.copytree(src, dst)
             (dst / "critbatch.json").write_text(json.dumps(
                 {"trial_id": tid, "batch_size_sequences": best["batch_size_sequences"],
-                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config"]}, indent=2))
+                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config_at_budget"]}, indent=2))
             size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
             analysis["best_checkpoint"] = {"path": str(dst), "trial_id": tid, "size_mb": size_mb}
             if size_mb <= spec.tracking.checkpoint_artifact_max_mb:

@@ -17,17 +17,24 @@ import numpy as np  # noqa: E402
 __all__ = ["write_report", "make_plots"]
 
 
-def _best_curves(records: list, per_batch: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per batch size: (tokens, flops, mean val loss over seeds) of its best configuration."""
-    ids = {pb["batch_size_sequences"]: set(pb["trial_ids"]) for pb in per_batch}
+def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per batch size: (tokens, flops, lowest val loss over its trials at each milestone).
+
+    The lower envelope over every trial of a batch size (completed, pruned or stopped, all seeds): the
+    curve the selection rule reads steps to target from (``sweeps.analysis.TARGET_RULE``)."""
+    by_b: dict[int, list] = {}
+    for r in records:
+        if r.val_loss:
+            by_b.setdefault(r.batch_size_sequences, []).append(r)
     out = {}
-    for b, tids in ids.items():
-        ts = [r for r in records if r.trial_id in tids and r.val_loss]
-        if not ts:
-            continue
-        n = min(len(t.val_loss) for t in ts)
-        loss = np.nanmean(np.array([t.val_loss[:n] for t in ts], dtype=float), axis=0)
-        out[b] = (np.array(ts[0].tokens[:n]), np.array(ts[0].flops[:n]), loss)
+    for b, ts in by_b.items():
+        longest = max(ts, key=lambda t: len(t.val_loss))
+        n = len(longest.val_loss)
+        loss = np.full(n, np.nan)
+        for t in ts:
+            v = np.array(t.val_loss[:n], dtype=float)
+            loss[:len(v)] = np.fmin(loss[:len(v)], v)
+        out[b] = (np.array(longest.tokens[:n]), np.array(longest.flops[:n]), loss)
     return out
 
 
@@ -36,8 +43,7 @@ def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_l
     out_dir.mkdir(parents=True, exist_ok=True)
     T = context_length_tokens
     paths: dict[str, Path] = {}
-    per_batch = analysis.get("per_batch") or []
-    curves = _best_curves(records, per_batch)
+    curves = _envelopes(records)
     cmap = plt.get_cmap("viridis")
     bs = sorted(curves)
     colors = {b: cmap(i / max(len(bs) - 1, 1)) for i, b in enumerate(bs)}
@@ -53,7 +59,7 @@ def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_l
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs" if bs and np.all(curves[bs[0]][1] > 0) else "tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("Validation loss against compute (best configuration per batch size)")
+    ax.set_title("Validation loss against compute (lower envelope of each batch size's trials)")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     paths["loss_vs_flops"] = out_dir / "loss_vs_flops.png"
@@ -167,24 +173,35 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
         for n, p in plots.items()
     )
     b = analysis.get("b_crit")
+    ci = analysis.get("b_crit_ci") or [None, None]
+    ci_text = f"[{_fmt(ci[0])}, {_fmt(ci[1]) if ci[1] is not None else 'unbounded'}]"
     if b is not None:
-        ci = analysis.get("b_crit_ci") or [None, None]
         headline = (f"Critical batch size <b>b_crit = {b:.1f} sequences</b> ({b * T:.0f} tokens), 95% CI "
-                    f"[{_fmt(ci[0])}, {_fmt(ci[1]) if ci[1] is not None else 'unbounded'}] at target loss "
-                    f"{_fmt(analysis.get('target_loss'))}")
+                    f"{ci_text} at target loss {_fmt(analysis.get('target_loss'))} (status {html.escape(str(analysis.get('status')))})")
     else:
-        headline = f"No critical batch size inside the swept range: {html.escape(analysis.get('message') or analysis.get('status', ''))}"
+        bound = analysis.get("b_crit_bound")
+        headline = (f"No critical batch size inside the swept range ({html.escape(str(analysis.get('status')))}"
+                    + (f", b_crit {html.escape(bound)}" if bound else "") + (f", 95% CI {ci_text}" if analysis.get("b_crit_ci") else "")
+                    + f"): {html.escape(analysis.get('message') or '')}")
+    lr_fit, lr_null = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_by_chance")
+    lr_text = (f"Fitted LR scaling exponent over the trials that reached the target first: {_fmt(lr_fit)}; one trial per "
+               f"batch size picked at random gives {_fmt(lr_null['mean'])} &plusmn; {_fmt(lr_null['sd'])}, so the fit is "
+               "evidence for a rule only where it lies outside that spread.") if lr_fit is not None and lr_null else ""
     rows = "".join(
         "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
-            p["batch_size_sequences"], p["best_config"].get("lr_rule"), p["best_config"].get("lr"),
-            p["best_config"].get("beta2"), p["best_config"].get("beta2_half_life_tokens"), p["loss_at_budget"],
-            p["tokens_to_target"], p["steps_to_target"], p.get("flops_to_target"), len(p["seeds"]))) + "</tr>"
+            p["batch_size_sequences"], p["tokens_to_target"], p["steps_to_target"], p.get("flops_to_target"),
+            ", ".join(p.get("trial_ids_to_target") or []),
+            (p.get("config_to_target") or {}).get("lr"), (p.get("config_to_target") or {}).get("beta2_half_life_tokens"),
+            p["best_config_at_budget"].get("lr_rule"), p["best_config_at_budget"].get("lr"), p["loss_at_budget"],
+            len(p["seeds"]))) + "</tr>"
         for p in analysis.get("per_batch") or []
     )
     trows = "".join(
         "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
-            t["target_loss"], t.get("b_crit"), (t.get("b_crit_ci") or [None, None])[0],
-            (t.get("b_crit_ci") or [None, None])[1], t.get("cbs_20"), t.get("status"), t.get("n_points"))) + "</tr>"
+            t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
+            (t.get("b_crit_ci") or [None, None])[0],
+            (t.get("b_crit_ci") or [None, None])[1], t.get("cbs_20"), t.get("status"), t.get("n_batch_sizes"),
+            ", ".join(str(x) for x in t.get("excluded_batch_sizes") or []))) + "</tr>"
         for t in analysis.get("targets") or []
     )
     counts = analysis.get("trials") or {}
@@ -198,12 +215,14 @@ figure{{display:inline-block;margin:0.5em}}img{{max-width:480px}}</style></head>
 <p>20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
 batch with 20% compute overhead (0.2 b_crit): {_fmt(analysis.get('b_compute_overhead_20'))} sequences;
 S_min = {_fmt(analysis.get('s_min'))} steps, E_min = {_fmt(analysis.get('e_min'))} sequences.
-Fitted LR scaling exponent over the best configurations: {_fmt(analysis.get('lr_scaling_exponent_fit'))}.</p>
+{lr_text}</p>
+<p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
 Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
-<h2>Per target loss</h2><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>points</th></tr>{trows}</table>
-<h2>Per batch size (best configuration)</h2><table><tr><th>B (seq)</th><th>LR rule</th><th>LR</th><th>beta2</th><th>beta2 half-life (tok)</th>
-<th>loss at budget</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>seeds</th></tr>{rows}</table>
+<h2>Per target loss</h2><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
+<h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
+<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
+<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>
 <h2>Plots</h2>{imgs}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},
 parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>

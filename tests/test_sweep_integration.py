@@ -45,7 +45,7 @@ def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
     assert cbs["trials"]["COMPLETED"] == 3
     assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8, 16]
     for p in cbs["per_batch"]:
-        assert p["best_config"]["lr_rule"] in ("sqrt", "linear")
+        assert p["best_config_at_budget"]["lr_rule"] in ("sqrt", "linear")
         assert 0 < p["loss_at_budget"] < 5.6
     # either a number inside the swept range, or a clear statement that the knee is outside it
     if cbs["b_crit"] is not None:
