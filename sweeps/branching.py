@@ -2,7 +2,8 @@
 
 From checkpoints of a base run at batch ``B0`` taken at several points of its training, each branch
 continues with batch ``k * B0``, learning rate ``sqrt(k) * lr`` (Adam) and beta2 by the token
-half-life rule, for a fixed window of tokens. The local CBS at that point is ``k* * B0`` with
+half-life rule, for a fixed window of tokens (and the base run's LR warmup, not one of its own).
+The local CBS at that point is ``k* * B0`` with
 ``k* = max k such that L_k <= L_j + epsilon for every j < k`` (methodology note section 5.2).
 
 Deviation from the paper, stated in ``branch.json``: ``L_k`` is the validation loss on the sweep's
@@ -72,7 +73,7 @@ def _base_hyperparameters(spec: SweepSpec, b0: int, from_run_id: str | None, cli
     if not rows:
         raise InvalidInput(f"--from {from_run_id}: its sweep has no completed batch size")
     row = min(rows, key=lambda r: abs(math.log(r["batch_size_sequences"] / b0)))
-    hp = dict(row["best_config"])
+    hp = dict(row["best_config_at_budget"])
     # carry the tuned config to B0 with the square-root rule and the token half-life
     from workloads.scaling import beta2_from_half_life
 
@@ -157,6 +158,9 @@ def run_branching(
     hp = _base_hyperparameters(spec, b0, from_run_id, client)
 
     step_tokens = b0 * T
+    from workloads.scaling import warmup_length_tokens
+
+    base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
     points = sorted({int(round(f * spec.budget_tokens / step_tokens)) * step_tokens for f in br.points_fraction})
     data_path = resolve_data_path(spec)
     base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
@@ -188,7 +192,11 @@ def run_branching(
                                    f"branch-{p}-k{k}", data_path=data_path).to_dict()
                 end = p + br.window_tokens
                 cfg.update(budget_tokens=end, milestones_tokens=(end,), checkpoint_every_milestones=0,
-                           eval_raw_every_milestone=True, warmup_tokens=spec.schedule.warmup_tokens)
+                           eval_raw_every_milestone=True)
+                if p > 0:
+                    # a branch continues the base run's LR warmup (in tokens, set by B0); it does not
+                    # ramp again over warmup_min_steps steps of its own larger batch
+                    cfg.update(warmup_tokens=base_warmup_tokens, warmup_min_steps=0)
                 state = str(states_dir / f"base_{p}.pt") if p > 0 else None
                 refs[(p, k)] = task.remote(cfg, state, None)
         results = {key: ray.get(ref) for key, ref in refs.items()}

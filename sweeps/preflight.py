@@ -15,7 +15,19 @@ from pathlib import Path
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 
-__all__ = ["resolve_paths", "check_data_files", "check_output_folder", "ResourcePlan", "plan_resources", "resolve_data_path"]
+__all__ = [
+    "resolve_paths",
+    "check_data_files",
+    "check_output_folder",
+    "ResourcePlan",
+    "plan_resources",
+    "resolve_data_path",
+    "spec_warnings",
+    "MIN_WARMUP_STEPS",
+]
+
+#: ``critbatch validate`` warns when the LR warmup covers fewer optimizer steps of the largest batch.
+MIN_WARMUP_STEPS = 4
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +76,33 @@ def check_data_files(spec: SweepSpec) -> None:
         raise InvalidInput(f"data.path: {exc}") from None
     if len(corpus.val_ids) < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", len(corpus.val_ids), spec.eval.eval_tokens)
+
+
+def spec_warnings(spec: SweepSpec) -> list[str]:
+    """Valid but doubtful choices in a spec, one sentence each (``critbatch validate`` prints them).
+
+    The LR warmup, ``max(warmup_tokens, warmup_min_steps * B * T)`` tokens, should cover at least
+    :data:`MIN_WARMUP_STEPS` optimizer steps of the largest batch (Goyal et al. 2017, gradual warmup):
+    with fewer, the largest batch sizes start at nearly full LR. With ``batch_warmup`` the ramp runs
+    at the largest trial's first (smallest) batch.
+    """
+    from workloads.scaling import warmup_length_tokens
+
+    out: list[str] = []
+    b = max(spec.search.batch_sizes_sequences)
+    if spec.batch_warmup is not None:
+        sched = spec.batch_warmup.schedule
+        b = max(1, b * sched[0][1] // sched[-1][1])
+    step_tokens = b * spec.model.context_length_tokens
+    sch = spec.schedule
+    warm = warmup_length_tokens(sch.warmup_tokens, sch.warmup_min_steps, step_tokens)
+    if warm < MIN_WARMUP_STEPS * step_tokens:
+        out.append(
+            f"schedule: the LR warmup ({warm} tokens) covers {warm / step_tokens:.3g} optimizer step(s) of the largest "
+            f"batch ({b} sequences x {spec.model.context_length_tokens} tokens), fewer than {MIN_WARMUP_STEPS}; set "
+            f"schedule.warmup_min_steps >= {MIN_WARMUP_STEPS} (or warmup_tokens >= {MIN_WARMUP_STEPS * step_tokens})"
+        )
+    return out
 
 
 def resolve_paths(spec: SweepSpec) -> SweepSpec:

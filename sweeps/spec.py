@@ -131,7 +131,9 @@ class EvalSpec(_Strict):
 class ScheduleSpec(_Strict):
     """Horizon-free learning-rate schedule (methodology section 11.2).
 
-    ``constant_ema``: linear warmup over ``warmup_tokens``, then a constant LR; an exponential
+    ``constant_ema``: linear warmup over ``max(warmup_tokens, warmup_min_steps * B * T)`` tokens
+    (the same tokens for every batch size, yet a ramp of at least ``warmup_min_steps`` optimizer
+    steps at large batches: Goyal et al. 2017, gradual warmup), then a constant LR; an exponential
     moving average of the weights (half-life in tokens, so equal for every batch size) is what is
     evaluated (Zhang et al. 2024). ``wsd``: warmup-stable-decay, where each milestone's evaluation
     is taken after a short linear decay branch of ``decay_fraction`` of the tokens seen, and
@@ -139,7 +141,12 @@ class ScheduleSpec(_Strict):
     """
 
     kind: Literal["constant_ema", "wsd"] = "constant_ema"
-    warmup_tokens: int = Field(default=32768, ge=0)
+    warmup_tokens: int = Field(default=32768, ge=0, description="linear LR warmup, in tokens (the same for every batch size)")
+    warmup_min_steps: int = Field(
+        default=4, ge=0, le=10000,
+        description="the warmup lasts at least this many optimizer steps of the trial's batch: it ramps over "
+                    "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
+                    "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
     ema_half_life_tokens: float = Field(default=32768.0, gt=0)
     decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
 

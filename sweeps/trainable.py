@@ -57,6 +57,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         eval_tokens=spec.eval.eval_tokens,
         schedule_kind=spec.schedule.kind,
         warmup_tokens=spec.schedule.warmup_tokens,
+        warmup_min_steps=spec.schedule.warmup_min_steps,
         ema_half_life_tokens=spec.schedule.ema_half_life_tokens,
         decay_fraction=spec.schedule.decay_fraction,
         batch_size_sequences=int(config["batch_size_sequences"]),

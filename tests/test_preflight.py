@@ -4,7 +4,7 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.preflight import check_output_folder, plan_resources
+from sweeps.preflight import check_output_folder, plan_resources, spec_warnings
 from sweeps.spec import parse_spec
 
 
@@ -61,3 +61,23 @@ def test_output_folder_rules(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidInput, match="not a folder"):
         check_output_folder(tmp_path / "file")
+
+
+@pytest.mark.parametrize("schedule,batch_warmup,warned", [
+    ({"warmup_tokens": 1024}, None, False),                          # default 4 steps floor: 2048 tokens
+    ({"warmup_tokens": 1024, "warmup_min_steps": 0}, None, True),    # 2 steps of 16 x 32
+    ({"warmup_tokens": 2048, "warmup_min_steps": 0}, None, False),   # exactly 4 steps
+    ({"warmup_tokens": 0, "warmup_min_steps": 3}, None, True),
+    # with batch warmup the ramp runs at the largest trial's first batch, 16 / 4 = 4 sequences (128 tokens)
+    ({"warmup_tokens": 512, "warmup_min_steps": 0}, {"schedule": [[0, 1], [2048, 4]]}, False),
+])
+def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(tiny_spec_dict, schedule, batch_warmup,
+                                                                               warned):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["schedule"] = {**d["schedule"], **schedule}
+    if batch_warmup:
+        d["batch_warmup"] = batch_warmup
+    warnings = spec_warnings(parse_spec(d))
+    assert len(warnings) == int(warned)
+    if warned:
+        assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]

@@ -27,6 +27,7 @@ def test_examples_validate(path, repo_root, tiny_checkpoint):
     r = CliRunner().invoke(app, ["validate", str(path)])
     assert r.exit_code == 0, r.output
     assert "ok:" in r.output
+    assert "warmup" not in r.output  # every example ramps the LR over at least 4 steps of its largest batch
 
 
 def test_main_example_sweeps_4_to_256():
@@ -67,6 +68,42 @@ def test_cross_field_errors(tiny_spec_dict, mutate, path):
     d = copy.deepcopy(tiny_spec_dict)
     mutate(d)
     assert path in _errors(d)
+
+
+def test_warmup_min_steps_defaults_to_4_and_is_bounded(tiny_spec_dict):
+    assert parse_spec(tiny_spec_dict).schedule.warmup_min_steps == 4
+    for bad in (-1, 10001, 2.5):
+        d = copy.deepcopy(tiny_spec_dict)
+        d["schedule"]["warmup_min_steps"] = bad
+        assert "schedule.warmup_min_steps" in _errors(d)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["schedule"]["warmup_min_steps"] = 0
+    assert parse_spec(d).schedule.warmup_min_steps == 0
+
+
+def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
+    from sweeps.trainable import trial_config
+
+    d = copy.deepcopy(tiny_spec_dict)
+    d["schedule"]["warmup_min_steps"] = 7
+    hp = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
+          "beta2_half_life_tokens": 4096.0}
+    c = trial_config(parse_spec(d), hp, "t0", data_path="x")
+    assert (c.warmup_tokens, c.warmup_min_steps) == (1024, 7)
+
+
+def test_cli_validate_warns_about_a_warmup_shorter_than_4_steps_and_exits_0(tmp_path, tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    # largest batch 16 x 32 = 512 tokens per step; warmup_tokens 1024 = 2 steps once the step floor is lowered
+    d["schedule"]["warmup_min_steps"] = 1
+    r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
+    assert r.exit_code == 0, r.output
+    assert "ok:" in r.output
+    assert "warning: schedule: the LR warmup (1024 tokens) covers 2 optimizer step(s)" in r.output
+    assert "schedule.warmup_min_steps >= 4" in r.output
+    d["schedule"]["warmup_min_steps"] = 4
+    r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
+    assert r.exit_code == 0 and "warning" not in r.output, r.output
 
 
 def test_cli_validate_bad_spec_exits_2_with_paths(tmp_path, tiny_spec_dict):

@@ -39,6 +39,8 @@ class TrialConfig:
     # schedule
     schedule_kind: str = "constant_ema"
     warmup_tokens: int = 0
+    # the LR ramps over max(warmup_tokens, warmup_min_steps * B * T) tokens (workloads.scaling.warmup_length_tokens)
+    warmup_min_steps: int = 4
     ema_half_life_tokens: float = 32768.0
     decay_fraction: float = 0.1
     # batch

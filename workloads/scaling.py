@@ -1,14 +1,22 @@
 """Learning-rate scaling rules and Adam beta2 by token half-life: pure functions.
 
-Sources: methodology note ``cbs-methodology.md`` sections 6.1 and 7 (Goyal et al. 2017 linear rule;
-Malladi et al. 2022 square-root rule for Adam; Marek et al. 2025 token half-life for beta2).
+Sources: methodology note ``cbs-methodology.md`` sections 6.1, 7 and 11.2 (Goyal et al. 2017 linear
+rule and gradual warmup; Malladi et al. 2022 square-root rule for Adam; Marek et al. 2025 token
+half-life for beta2).
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["LR_RULE_EXPONENTS", "scaled_lr", "beta2_from_half_life", "half_life_from_beta2"]
+__all__ = [
+    "LR_RULE_EXPONENTS",
+    "scaled_lr",
+    "beta2_from_half_life",
+    "half_life_from_beta2",
+    "warmup_length_tokens",
+    "warmup_factor",
+]
 
 #: exponent alpha of ``lr(B) = lr0 * (B / B0) ** alpha`` for each named rule.
 LR_RULE_EXPONENTS: dict[str, float] = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -68,3 +76,26 @@ def half_life_from_beta2(beta2: float, batch_size_sequences: float, context_leng
     if not 0.0 < beta2 < 1.0:
         raise ValueError(f"beta2 must lie in (0, 1), got {beta2}")
     return batch_size_sequences * context_length_tokens * math.log(0.5) / math.log(beta2)
+
+
+def warmup_length_tokens(warmup_tokens: int, warmup_min_steps: int, tokens_per_step: int) -> int:
+    """Tokens over which the learning rate ramps up: ``max(warmup_tokens, warmup_min_steps * B*T)``.
+
+    The warmup is measured in tokens, the same for every batch size (methodology note section
+    11.2), but never shorter than ``warmup_min_steps`` optimizer steps of ``tokens_per_step``
+    (``B*T``): at a large batch a token warmup can be one or two steps, which is no ramp at all;
+    Goyal et al. 2017 (section 2.2, gradual warmup) ramp large batches over several steps.
+    """
+    return max(int(warmup_tokens), int(warmup_min_steps) * int(tokens_per_step))
+
+
+def warmup_factor(tokens_after_step: int, warmup_len_tokens: int) -> float:
+    """Learning-rate factor of the step after which ``tokens_after_step`` tokens have been seen.
+
+    ``min(1, tokens_after_step / warmup_len_tokens)`` (linear in tokens; 1 without warmup). Taken
+    from the tokens seen *after* the step, so the first step already trains (``B*T / warmup``) and
+    with a warmup of ``n`` steps the factors are ``1/n, 2/n, ..., 1``.
+    """
+    if warmup_len_tokens <= 0:
+        return 1.0
+    return min(1.0, tokens_after_step / warmup_len_tokens)
