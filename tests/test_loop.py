@@ -1,14 +1,21 @@
-"""The training loop without Ray: batching, batch-size warmup, exact resume, divergence."""
+"""The training loop without Ray: batching, batch-size warmup, LR warmup, exact resume, divergence,
+and a step's token-weighted gradient for every split of the global batch (real 2-process gloo group)."""
 
 import copy
+import json
 import math
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 from workloads.batching import batch_schedule_steps, plan_batch
 from workloads.config import TrialConfig
+from workloads.loop import IGNORE_INDEX, step_gradient
 from workloads.pretrain import build_pretrain, run_pretrain
+from workloads.scaling import warmup_factor, warmup_length_tokens
 from tests.conftest import ROOT
 
 DATA = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
@@ -108,3 +115,200 @@ def test_wsd_schedule_runs_decay_branches_and_counts_their_flops():
 def test_noise_scale_needs_two_micro_batches_for_tiny_batches():
     out, reports = run(cfg(batch_size_sequences=2, beta2_half_life_tokens=2048.0))
     assert reports[-1][0]["b_simple"] is not None
+
+
+# ---- LR warmup ----------------------------------------------------------------------------------
+
+
+def test_warmup_ramps_over_four_steps_at_the_largest_batch():
+    # the main example's largest batch: 256 x 64 = 16384 tokens per step, warmup_tokens 16384
+    step = 256 * 64
+    length = warmup_length_tokens(16384, 4, step)
+    assert length == 65536
+    assert [warmup_factor(s * step, length) for s in (1, 2, 3, 4, 5)] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    # without the step floor the token warmup alone is one step, at full LR from the first step
+    assert [warmup_factor(s * step, warmup_length_tokens(16384, 0, step)) for s in (1, 2)] == [1.0, 1.0]
+
+
+def test_warmup_at_a_small_batch_is_linear_in_tokens_after_the_step():
+    step = 4 * 64  # B = 4: the token warmup (64 steps) is longer than 4 steps
+    length = warmup_length_tokens(16384, 4, step)
+    assert length == 16384
+    for s in (1, 2, 10, 63, 64):
+        assert warmup_factor(s * step, length) == pytest.approx(s / 64)
+    assert warmup_factor(65 * step, length) == 1.0
+    assert warmup_factor(123, 0) == 1.0
+
+
+def test_the_loop_sets_each_step_lr_from_the_tokens_after_it():
+    # B = 8 x T = 32 = 256 tokens per step, warmup_tokens 256 < 4 steps: the LR ramps over 1024 tokens
+    c = cfg(warmup_tokens=256, budget_tokens=1536, milestones_tokens=(256, 512, 768, 1024, 1280, 1536),
+            eval_tokens=256)
+    out, reports = run(c)
+    assert [m["tokens_seen"] for m, _ in reports] == [256, 512, 768, 1024, 1280, 1536]
+    assert [m["lr"] for m, _ in reports] == pytest.approx([c.lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)])
+
+
+# ---- token-weighted gradient of one step ---------------------------------------------------------
+#
+# Each case is a global batch of 8 rows. ``_micro_batches`` gives the micro-batches a rank computes;
+# every split must give the gradient of (sum of token losses) / (loss tokens) over all 8 rows.
+
+CPU = torch.device("cpu")
+FT_CONTEXT = 96
+
+
+def _build(case: dict):
+    if case["kind"] == "pretrain":
+        return build_pretrain(case["cfg"], CPU)
+    from workloads.finetune import build_finetune
+
+    return build_finetune(case["cfg"], CPU)
+
+
+def _micro_batches(case: dict, work, start: int, count: int, micro: int) -> list:
+    """Rows ``start .. start+count`` of the case's global batch, in micro-batches of ``micro`` rows."""
+    out = []
+    for s in range(start, start + count, micro):
+        if case["kind"] == "pretrain":
+            out.append(work.train_batch(step=0, global_batch_size_sequences=8, start=s, count=micro))
+        else:
+            from workloads.finetune_data import rows_batch
+
+            out.append(rows_batch(work.data.train, case["rows"][s:s + micro]))
+    return out
+
+
+def _params(work) -> list[torch.Tensor]:
+    return [p for p in work.model.parameters() if p.requires_grad]
+
+
+def _step(case: dict, work, micro_batches: list):
+    return step_gradient(work.model, _params(work), micro_batches, device=CPU, real_tokens=work.real_tokens,
+                         noise_scale=True)
+
+
+def _logits(work, x) -> torch.Tensor:
+    return (work.model(**x) if isinstance(x, dict) else work.model(input_ids=x)).logits
+
+
+def _mean_loss_grad(work, x, y) -> list[torch.Tensor]:
+    """Gradient of the mean over ``y``'s loss tokens, computed directly."""
+    logits = _logits(work, x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX)
+    return list(torch.autograd.grad(loss, _params(work)))
+
+
+def _flat(grads) -> torch.Tensor:
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def _rel(a, b) -> float:
+    return float((_flat(a) - _flat(b)).norm() / _flat(b).norm())
+
+
+def _gloo_worker(rank: int, world: int, init_file: str, cases: dict, splits: dict, out_dir: str) -> None:
+    """One rank of a real gloo group: the step gradient of each case for each ``{name: micro}`` split."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        res = {}
+        for cname, case in cases.items():
+            work = _build(case)
+            per = 8 // world
+            for sname, micro in splits.items():
+                sg = _step(case, work, _micro_batches(case, work, rank * per, per, micro))
+                res[(cname, sname)] = (sg.grads, sg.loss, sg.loss_tokens, sg.real_tokens, sg.small_sq_norm_mean,
+                                       sg.big_sq_norm, sg.micro_batches)
+        torch.save(res, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def step_cases(tmp_path_factory):
+    """A pretraining batch (every token counts) and a fine-tuning batch of 4 long + 4 short responses."""
+    from workloads.finetune import build_finetune, init_checkpoint
+
+    tmp = tmp_path_factory.mktemp("token_weighting")
+    ckpt = init_checkpoint(str(tmp / "ckpt"), d_model=32, n_layers=1, n_heads=2, context_length_tokens=128, d_ff=64)
+    recs = [{"question": f"long {i}?", "answer": f"{i} " * 30} for i in range(10)]
+    recs += [{"question": f"short {i}?", "answer": f"{i % 10}"} for i in range(10)]
+    (tmp / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    ft = cfg(workload="finetune", data_path=str(tmp / "mixed.jsonl"), context_length_tokens=FT_CONTEXT,
+             validation_fraction=0.2, finetune=dict(checkpoint_dir=str(ckpt), prompt_field="question",
+                                                    response_field="answer", prompt_template="Q: {prompt}\nA: ",
+                                                    packing="padded", truncate=False, lora=None))
+    rows = build_finetune(ft, CPU).data.train
+    n_loss = (rows.targets != IGNORE_INDEX).sum(1)
+    order = torch.argsort(n_loss, descending=True)
+    # the 4 longest responses, then the 4 shortest: a 2 x 4 split puts them in different micro-batches
+    chosen = torch.cat([order[:4], order[-4:]])
+    assert n_loss[chosen[:4]].min() > 5 * n_loss[chosen[4:]].max()
+    return {"pretrain": {"kind": "pretrain", "cfg": cfg()}, "finetune": {"kind": "finetune", "cfg": ft, "rows": chosen}}
+
+
+@pytest.fixture(scope="module")
+def two_workers(step_cases, tmp_path_factory):
+    """The step gradients computed by a real 2-process gloo group: 2 workers x 4 rows, and 2 x (2 x 2)."""
+    tmp = tmp_path_factory.mktemp("gloo")
+    mp.spawn(_gloo_worker, args=(2, str(tmp / "init"), step_cases, {"2x4": 4, "2x2x2": 2}, str(tmp)), nprocs=2,
+             join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.parametrize("case_name", ["pretrain", "finetune"])
+def test_step_gradient_is_the_token_mean_for_every_split(step_cases, two_workers, case_name):
+    case = step_cases[case_name]
+    work = _build(case)
+    (x, y), = _micro_batches(case, work, 0, 8, 8)
+    # direct: sum of token losses over the 8 rows / their loss tokens
+    n_tokens = int((y != IGNORE_INDEX).sum())
+    logits = _logits(work, x)
+    direct_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
+                                  reduction="sum") / n_tokens
+    direct = list(torch.autograd.grad(direct_loss, _params(work)))
+    for micro in (8, 4, 2):  # 1 x 8, 2 x 4 and 4 x 2 (accumulation)
+        sg = _step(case, work, _micro_batches(case, work, 0, 8, micro))
+        assert _rel(sg.grads, direct) < 1e-5, micro
+        assert sg.loss == pytest.approx(float(direct_loss.detach()), rel=1e-5)
+        assert sg.loss_tokens == n_tokens and sg.micro_batches == 8 // micro
+    for rank, res in enumerate(two_workers):
+        for split in ("2x4", "2x2x2"):
+            grads, loss, loss_tokens, _, _, _, k = res[(case_name, split)]
+            assert _rel(grads, direct) < 1e-5, (rank, split)
+            assert loss == pytest.approx(float(direct_loss.detach()), rel=1e-5)
+            assert loss_tokens == n_tokens and k == (2 if split == "2x4" else 4)
+    # the old weighting (mean of micro-batch means) only agrees when every micro-batch has the same tokens
+    halves = _micro_batches(case, work, 0, 8, 4)
+    old = [(a + b) / 2 for a, b in zip(*(_mean_loss_grad(work, hx, hy) for hx, hy in halves))]
+    if case_name == "pretrain":
+        assert _rel(old, direct) < 1e-5
+    else:
+        assert _rel(old, direct) > 0.1
+
+
+@pytest.mark.parametrize("case_name", ["pretrain", "finetune"])
+def test_noise_scale_norms_are_those_of_each_micro_batch_mean_gradient(step_cases, two_workers, case_name):
+    case = step_cases[case_name]
+    work = _build(case)
+    for micro in (4, 2):
+        mbs = _micro_batches(case, work, 0, 8, micro)
+        sg = _step(case, work, mbs)
+        small = [float(_flat(_mean_loss_grad(work, x, y)).pow(2).sum()) for x, y in mbs]
+        assert sg.small_sq_norm_mean == pytest.approx(sum(small) / len(small), rel=1e-4)
+        assert sg.big_sq_norm == pytest.approx(float(_flat(sg.grads).pow(2).sum()), rel=1e-6)
+        gloo = two_workers[0][(case_name, "2x4" if micro == 4 else "2x2x2")]
+        assert gloo[4] == pytest.approx(sg.small_sq_norm_mean, rel=1e-4)
+        assert gloo[5] == pytest.approx(sg.big_sq_norm, rel=1e-4)
+        assert gloo[3] == sg.real_tokens
+
+
+def test_a_micro_batch_without_loss_tokens_adds_nothing(step_cases):
+    case = step_cases["pretrain"]
+    work = _build(case)
+    (x, y), = _micro_batches(case, work, 0, 4, 4)
+    alone = _step(case, work, [(x, y)])
+    silent = _step(case, work, [(x, y), (x, torch.full_like(y, IGNORE_INDEX))])
+    assert _rel(silent.grads, alone.grads) < 1e-6 and silent.loss == pytest.approx(alone.loss, rel=1e-6)
+    assert silent.micro_batches == 1 and silent.small_sq_norm_mean == pytest.approx(alone.small_sq_norm_mean, rel=1e-5)

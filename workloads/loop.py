@@ -1,15 +1,22 @@
 """The training loop shared by the workloads: plain PyTorch, no Ray, no tracking.
 
 One optimizer step = ``grad_accum_steps`` micro-batches on each of ``workers`` data-parallel
-ranks; gradients are averaged with one all-reduce of a flat buffer (gloo on CPU, NCCL on GPU),
-which also gives the gradient-noise-scale estimator its small- and big-batch norms at no extra
+ranks (:func:`step_gradient`). The loss is token-weighted over the whole global batch: the step's
+gradient is that of (sum of per-token losses) / (loss tokens in the global batch), whatever the
+micro-batch size, accumulation steps or worker count, so fine-tuning rows of unequal response
+lengths weigh by their tokens, not by the micro-batch they land in. The loss-token count is
+all-reduced once before the backward passes, micro-batch gradients are summed, and one all-reduce
+(sum) of a flat buffer (gloo on CPU, NCCL on GPU) gives every rank the step's gradient; it also
+gives the gradient-noise-scale estimator its small- and big-batch norms at no extra
 forward/backward cost. The loop reports at token milestones only, through a ``report`` callable
 that the Ray adapter (or a test, or the benchmark) provides.
 
-Schedule (methodology section 11.2): linear warmup over ``warmup_tokens`` tokens (the same for
-every batch size), then a constant LR; ``constant_ema`` evaluates a bias-corrected weight EMA whose
-half-life is fixed in tokens (Zhang et al. 2024); ``wsd`` evaluates each milestone after a short
-linear-decay branch and continues from the stable branch.
+Schedule (methodology section 11.2): linear warmup in tokens, then a constant LR. The warmup is
+``warmup_tokens`` (the same for every batch size) but at least ``warmup_min_steps`` optimizer steps
+of the batch (Goyal et al. 2017, gradual warmup), and each step's factor is taken from the tokens
+seen after it (:func:`workloads.scaling.warmup_factor`). ``constant_ema`` evaluates a
+bias-corrected weight EMA whose half-life is fixed in tokens (Zhang et al. 2024); ``wsd``
+evaluates each milestone after a short linear-decay branch and continues from the stable branch.
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ import torch.nn.functional as F
 from workloads.batching import BatchPlan, plan_batch
 from workloads.config import TrialConfig
 from workloads.noise_scale import NoiseScaleEMA, step_estimates
-from workloads.scaling import LR_RULE_EXPONENTS, beta2_from_half_life
+from workloads.scaling import LR_RULE_EXPONENTS, beta2_from_half_life, warmup_factor, warmup_length_tokens
 
-__all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter"]
+__all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter", "StepGradient", "step_gradient"]
 
 Reporter = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 IGNORE_INDEX = -100
@@ -67,12 +74,6 @@ def _dist_info() -> tuple[int, int]:
     return 0, 1
 
 
-def _warmup_factor(tokens_seen: int, warmup_tokens: int) -> float:
-    if warmup_tokens <= 0:
-        return 1.0
-    return min(1.0, (tokens_seen + 1) / warmup_tokens)
-
-
 def _phase_plans(cfg: TrialConfig, workers: int, min_micro: int) -> list[tuple[int, int, BatchPlan]]:
     """``[(first_tokens_seen, batch, plan)]``: the batch in force from a tokens-seen threshold on."""
     if not cfg.batch_warmup:
@@ -93,8 +94,100 @@ def _forward(model: torch.nn.Module, inputs, device: torch.device) -> torch.Tens
     return model(input_ids=inputs.to(device)).logits
 
 
-def _masked_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+def _token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-token cross-entropies over the positions whose target is not -100."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+@dataclass(frozen=True)
+class StepGradient:
+    """One optimizer step's gradient over the global batch (every micro-batch of every worker).
+
+    Attributes:
+        grads: per trainable parameter, the gradient of ``sum of token losses / loss_tokens`` over
+            the global batch (the same on every rank).
+        loss: that token-weighted mean loss (nats per loss token); NaN when no token carries loss.
+        loss_tokens: loss tokens (targets other than -100) in the global batch.
+        real_tokens: real input tokens in the global batch (``Workload.real_tokens``: tokens seen).
+        small_sq_norm_mean: mean over the micro-batches with loss tokens of the squared norm of each
+            one's *mean* gradient (its own token mean), or None when not asked for.
+        big_sq_norm: squared norm of ``grads``, or None when not asked for.
+        micro_batches: micro-batches with loss tokens over all workers (``K`` of the estimator).
+    """
+
+    grads: list[torch.Tensor]
+    loss: float
+    loss_tokens: int
+    real_tokens: int
+    small_sq_norm_mean: float | None
+    big_sq_norm: float | None
+    micro_batches: int
+
+
+def step_gradient(
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    micro_batches: list[tuple[Any, torch.Tensor]],
+    *,
+    device: torch.device,
+    real_tokens: Callable[[Any, torch.Tensor], int],
+    autocast_dtype: torch.dtype | None = None,
+    noise_scale: bool = False,
+) -> StepGradient:
+    """Forward, backward and all-reduce of one optimizer step; this rank holds ``micro_batches``.
+
+    Micro-batch ``j`` with ``n_j`` loss tokens contributes the gradient of ``CE_sum_j / N``, where
+    ``N`` is the loss tokens of the whole step (all micro-batches, all-reduced over workers once,
+    before any backward pass); the contributions are summed, locally and by one all-reduce. So the
+    result is the gradient of the global token-mean loss for any split of the batch. For the
+    noise-scale estimator (McCandlish et al. 2018, Eq. A.2), which needs each micro-batch's mean
+    gradient, ``|grad_j|^2`` is rescaled by ``(N / n_j)^2``; micro-batches without loss tokens are
+    left out of it. With equal micro-batches in which every token counts (pretraining) this is the
+    old mean of micro-batch means.
+    """
+    _, world = _dist_info()
+    n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+    n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
+    counts = torch.tensor([sum(n_loss), n_real, sum(1 for n in n_loss if n)], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(counts)
+    n_global, real_global, k_global = (int(v) for v in counts.tolist())
+    scale = 1.0 / max(n_global, 1)
+    acc: list[torch.Tensor] | None = None
+    small_sq = torch.zeros((), dtype=torch.float32, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    for (x, y), n_j in zip(micro_batches, n_loss):
+        y = y.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = _forward(model, x, device)
+        token_sum = _token_loss_sum(logits, y)
+        grads = torch.autograd.grad(token_sum * scale, params)
+        if noise_scale and n_j:
+            small_sq += torch.stack(torch._foreach_norm(grads)).float().pow(2).sum() * (n_global / n_j) ** 2
+        if acc is None:
+            acc = [g.float() for g in grads]
+        else:
+            torch._foreach_add_(acc, grads)
+        loss_sum += token_sum.detach().float()
+    if acc is None:
+        raise ValueError("a step needs at least one micro-batch")
+    if world > 1:
+        flat = torch.cat([g.reshape(-1) for g in acc] + [small_sq.reshape(1), loss_sum.reshape(1)])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in acc:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+        small_sq, loss_sum = flat[-2], flat[-1]
+    small_mean = big_sq = None
+    if noise_scale:
+        small_mean = float(small_sq) / k_global if k_global else float("nan")
+        big_sq = float(torch.stack(torch._foreach_norm(acc)).float().pow(2).sum())
+    return StepGradient(grads=acc, loss=float(loss_sum) / n_global if n_global else float("nan"), loss_tokens=n_global,
+                        real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
+                        micro_batches=k_global)
 
 
 @torch.no_grad()
@@ -130,7 +223,8 @@ def run_loop(
     """Train ``work.model`` for ``cfg.budget_tokens`` tokens, reporting at ``cfg.milestones_tokens``.
 
     Each report's metrics carry ``tokens_seen`` (global, all workers), ``step``, ``val_loss``
-    (EMA weights for ``constant_ema``, the decayed branch for ``wsd``), ``train_loss``, ``flops``
+    (EMA weights for ``constant_ema``, the decayed branch for ``wsd``), ``train_loss`` (mean over
+    the steps since the last report of each step's token-weighted loss), ``flops``
     (training FLOPs so far: ``flops_per_token * tokens_seen``), ``flops_measurement`` (evaluation and
     decay branches), ``lr``, ``beta2``, ``tokens_per_s``, ``mfu`` (None off CUDA or on an unknown
     device), ``b_simple``, ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``status``
@@ -184,67 +278,44 @@ def run_loop(
                 b, plan = pb, pp
         return b, plan
 
-    def set_hparams(b: int, tokens_seen: int, lr_scale: float = 1.0) -> None:
-        lr = cfg.lr * (b / cfg.batch_size_sequences) ** alpha * _warmup_factor(tokens_seen, cfg.warmup_tokens) * lr_scale
+    # the warmup is at least warmup_min_steps steps of the batch the run starts with (the one in
+    # force during the ramp; with batch-size warmup the ramp does not restart when the batch grows)
+    warmup_len = warmup_length_tokens(cfg.warmup_tokens, cfg.warmup_min_steps, phases[0][1] * T)
+
+    def set_hparams(b: int, tokens_after_step: int, lr_scale: float = 1.0) -> None:
+        lr = cfg.lr * (b / cfg.batch_size_sequences) ** alpha * warmup_factor(tokens_after_step, warmup_len) * lr_scale
         beta2 = beta2_from_half_life(cfg.beta2_half_life_tokens, b, T)
         for g in opt.param_groups:
             g["lr"] = lr
             g["betas"] = (cfg.beta1, beta2)
         last["lr"], last["beta2"] = lr, beta2
 
-    def one_step(step: int, b: int, plan: BatchPlan, stream: int = 0) -> tuple[float, int, tuple[float, float] | None]:
-        """Forward/backward/all-reduce/update for one optimizer step. Returns (loss, tokens, ns estimates)."""
+    def one_step(step: int, b: int, plan: BatchPlan, tokens_before: int, stream: int = 0, lr_scale: float = 1.0
+                 ) -> tuple[float, int, tuple[float, float] | None]:
+        """Forward/backward/all-reduce/update for one optimizer step. Returns (loss, tokens, ns estimates).
+
+        The LR is set once the step's tokens are known: its warmup factor counts them (tokens seen after the step).
+        """
         k, micro = plan.grad_accum_steps, plan.micro_batch_size_sequences
         per_worker = b // world
-        acc: list[torch.Tensor] | None = None
-        small_sq = torch.zeros((), dtype=torch.float32, device=device)
-        loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-        n_tokens = torch.zeros((), dtype=torch.float32, device=device)
-        for j in range(k):
-            x, y = work.train_batch(step=step, global_batch_size_sequences=b, start=rank * per_worker + j * micro,
-                                    count=micro, stream=stream)
-            y = y.to(device)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                logits = _forward(model, x, device)
-            loss = _masked_loss(logits, y)
-            grads = torch.autograd.grad(loss, params)
-            if ns_enabled:
-                small_sq += torch.stack(torch._foreach_norm(grads)).float().pow(2).sum()
-            if acc is None:
-                acc = list(grads)
-            else:
-                torch._foreach_add_(acc, grads)
-            loss_sum += loss.detach().float()
-            n_tokens += work.real_tokens(x, y)
-        assert acc is not None
-        torch._foreach_div_(acc, float(k))
-        if world > 1:
-            flat = torch.cat([g.reshape(-1).float() for g in acc] + [small_sq.reshape(1), loss_sum.reshape(1), n_tokens.reshape(1)])
-            dist.all_reduce(flat)
-            scal = flat[-3:]
-            flat = flat[:-3] / world
-            offset = 0
-            for g in acc:
-                n = g.numel()
-                g.copy_(flat[offset:offset + n].view_as(g))
-                offset += n
-            small_sq, loss_sum, n_tokens = scal[0], scal[1], scal[2]
-        K = k * world
+        batches = [work.train_batch(step=step, global_batch_size_sequences=b, start=rank * per_worker + j * micro,
+                                    count=micro, stream=stream) for j in range(k)]
+        sg = step_gradient(model, params, batches, device=device, real_tokens=work.real_tokens,
+                           autocast_dtype=autocast_dtype, noise_scale=ns_enabled)
         est = None
-        if ns_enabled and K >= 2:
-            big_sq = float(torch.stack(torch._foreach_norm(acc)).float().pow(2).sum())
-            est = step_estimates(float(small_sq) / K, big_sq, micro, K)
-        for p, g in zip(params, acc):
+        if ns_enabled and sg.micro_batches >= 2:
+            est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, micro, sg.micro_batches)
+        set_hparams(b, tokens_before + sg.real_tokens, lr_scale)
+        for p, g in zip(params, sg.grads):
             p.grad = g
         if cfg.grad_clip_norm is not None:
             last["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip_norm))
         else:
-            last["grad_norm"] = float(torch.stack(torch._foreach_norm(acc)).pow(2).sum().sqrt())
-        mean_loss = float(loss_sum) / K
-        if math.isfinite(mean_loss) and mean_loss <= diverge_at and math.isfinite(last["grad_norm"]):
+            last["grad_norm"] = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
+        if math.isfinite(sg.loss) and sg.loss <= diverge_at and math.isfinite(last["grad_norm"]):
             opt.step()
         opt.zero_grad(set_to_none=True)
-        return mean_loss, int(n_tokens), est
+        return sg.loss, sg.real_tokens, est
 
     def ema_update(b: int, tokens: int) -> None:
         decay = 0.5 ** (tokens / cfg.ema_half_life_tokens)
@@ -278,8 +349,8 @@ def run_loop(
             n_steps = max(1, round(decay_tokens / (b * T)))
             branch_tokens = 0
             for i in range(n_steps):
-                set_hparams(b, st["tokens_seen"], lr_scale=1.0 - (i + 1) / (n_steps + 1))
-                _, nt, _ = one_step(st["step"] + i, b, plan, stream=1)
+                _, nt, _ = one_step(st["step"] + i, b, plan, st["tokens_seen"], stream=1,
+                                    lr_scale=1.0 - (i + 1) / (n_steps + 1))
                 branch_tokens += nt
             val = evaluate(model, val_set, device, autocast_dtype)
             st["flops_measurement"] += 2 * fwd_flops + work.flops_per_token * branch_tokens
@@ -296,9 +367,8 @@ def run_loop(
     b, plan = current_phase(st["tokens_seen"])
     while st["tokens_seen"] < cfg.budget_tokens:
         b, plan = current_phase(st["tokens_seen"])
-        set_hparams(b, st["tokens_seen"])
         t0 = time.perf_counter()
-        loss, n_tok, est = one_step(st["step"], b, plan)
+        loss, n_tok, est = one_step(st["step"], b, plan, st["tokens_seen"])
         st["train_time_s"] += time.perf_counter() - t0
         st["step"] += 1
         st["tokens_seen"] += n_tok
