@@ -339,3 +339,13 @@ def test_cli_pruned_trials_have_the_decision_tags_in_mlflow(cli_sweep):
             assert ":stop(" in tags["critbatch.rung_decisions"]
         else:
             assert "critbatch.pruned_at_flops" not in tags
+
+
+def test_cli_pruned_cbs_json_counts_pruned_curves_in_the_minimum(cli_sweep):
+    """Steps to target are the minimum over every trial of a batch size, pruned ones included
+    (their curve up to the rung); ``critbatch analyze --trials`` reproduces cbs.json."""
+    from tests.cbs_checks import assert_analyze_trials_reproduces_cbs_json, assert_steps_are_minimum_over_trials
+
+    assert cli_sweep["result"].returncode == 0
+    assert assert_steps_are_minimum_over_trials(cli_sweep["out"]) >= 2
+    assert_analyze_trials_reproduces_cbs_json(cli_sweep["out"])

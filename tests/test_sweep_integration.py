@@ -126,3 +126,11 @@ def test_sweep_where_every_trial_diverges_ends_failed(tmp_path):
     assert all(x.info.status != "RUNNING" for x in runs)
     cbs = json.loads((tmp_path / "out" / "cbs.json").read_text())
     assert cbs["trials"]["DIVERGED"] == 2 and cbs["b_crit"] is None
+
+
+def test_cbs_json_steps_are_the_minimum_over_trials_and_analyze_trials_reproduces_it(tiny_sweep):
+    from tests.cbs_checks import assert_analyze_trials_reproduces_cbs_json, assert_steps_are_minimum_over_trials
+
+    assert tiny_sweep["result"].returncode == 0
+    assert assert_steps_are_minimum_over_trials(tiny_sweep["out"]) >= 3
+    assert_analyze_trials_reproduces_cbs_json(tiny_sweep["out"])
