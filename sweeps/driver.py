@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import time
@@ -53,6 +54,25 @@ def storage_root(spec: SweepSpec, output: Path, sweep_id: str) -> str:
     if not base:
         return str(output)
     return base.rstrip("/") + "/" + sweep_id
+
+
+def tune_experiment_dir(root: str, sweep_id: str) -> str:
+    """The sweep's Tune experiment folder: ``ROOT/tune/<sweep id>`` (the Tune run is named by the sweep id).
+
+    Ray stages an experiment's files on the driver node under ``<session>/artifacts/<start
+    second>/<run name>/`` and syncs that whole folder to the run's storage: two sweeps on one
+    cluster that started in the same second under one run name would share it, and each would
+    read (and resume) the other's trials.
+    """
+    return f"{root}/tune/{sweep_id}"
+
+
+def _tune_dir_of(root: str, sweep_id: str) -> str:
+    """:func:`tune_experiment_dir`, or ``ROOT/tune`` for a sweep started before runs were named by sweep id."""
+    legacy = f"{root}/tune"
+    if not Path(tune_experiment_dir(root, sweep_id)).exists() and Path(legacy, "tuner.pkl").is_file():
+        return legacy
+    return tune_experiment_dir(root, sweep_id)
 
 
 def optuna_storage_url(output: Path) -> str:
@@ -163,7 +183,8 @@ def run_sweep(
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()
     check_output_folder(output)
-    sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # the random tail keeps two runs of one spec started in the same second apart (MLflow, Ray staging)
+    sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     if not _SWEEP_ID.fullmatch(sweep_id):
         raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     uri = resolve_tracking_uri(spec, tracking_uri)
@@ -178,7 +199,7 @@ def run_sweep(
         if root != str(output):
             from ray import tune
 
-            if tune.Tuner.can_restore(root + "/tune"):
+            if tune.Tuner.can_restore(_tune_dir_of(root, sweep_id)):
                 # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
                 return _resume_from_shared(spec, output, sweep_id, uri, root, plan.concurrency, show_progress,
                                            ray_address)
@@ -335,7 +356,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         if resume and (output / PRUNED_WHILE_PAUSED).is_file():
             scheduler.pruned_while_paused.update(json.loads((output / PRUNED_WHILE_PAUSED).read_text()))
     if resume and root == str(output):  # neither is in Tune's experiment checkpoint: rebuild from the trials so far
-        past = collect_records(output, spec)
+        past = collect_records(output, spec, sweep_id=state["sweep_id"])
         if scheduler is not None:
             for r in past:
                 scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
@@ -358,7 +379,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     grid = None
     try:
         if resume:
-            tuner = tune.Tuner.restore(root + "/tune", trainable=trainable, resume_unfinished=True,
+            tuner = tune.Tuner.restore(_tune_dir_of(root, state["sweep_id"]), trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
             tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
             tuner._local_tuner._run_config.stop = stopper
@@ -381,7 +402,8 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                     reuse_actors=False,
                     time_budget_s=spec.budget.wall_clock_s,
                 ),
-                run_config=tune.RunConfig(name="tune", storage_path=root, callbacks=callbacks, verbose=0, stop=stopper,
+                run_config=tune.RunConfig(name=state["sweep_id"], storage_path=root + "/tune",  # tune_experiment_dir
+                                          callbacks=callbacks, verbose=0, stop=stopper,
                                           failure_config=tune.FailureConfig(max_failures=0)),
             )
         grid = tuner.fit()
@@ -392,7 +414,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         if old is not None:
             signal.signal(signal.SIGTERM, old)
 
-    records = collect_records(output, spec) if root == str(output) else records_from_grid(grid)
+    records = collect_records(output, spec, sweep_id=state["sweep_id"]) if root == str(output) else records_from_grid(grid)
     note = ""
     if stopper is not None and stopper.exhausted:
         note = f"the sweep's FLOP budget ({spec.budget.sweep_flops:.3g}) ran out"
@@ -453,16 +475,24 @@ def _trial_id_from_dir(name: str) -> str:
     return m.group(1) if m else name
 
 
-def collect_records(output: Path, spec: SweepSpec) -> list:
-    """Every trial's config, status and milestone curve, read from the Tune experiment folder.
+def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = None) -> list:
+    """Every trial's config, status and milestone curve, read from the sweep's own Tune experiment folder.
 
-    Reads ``OUT/tune/*/result.json`` (one JSON line per report) and ``params.json``, so that it works
-    the same after a resume as after an uninterrupted run.
+    Reads ``OUT/tune/<sweep id>/*/result.json`` (one JSON line per report) and ``params.json``, so
+    that it works the same after a resume as after an uninterrupted run; no other folder is read.
+
+    Args:
+        sweep_id: the sweep's id; default the one in ``OUT/sweep.json``.
     """
     from sweeps.analysis import TrialRecord
 
     records = []
-    tune_dir = output / "tune"
+    if sweep_id is None:
+        sweep_file = output / "sweep.json"
+        if not sweep_file.is_file():
+            return records
+        sweep_id = json.loads(sweep_file.read_text())["sweep_id"]
+    tune_dir = Path(_tune_dir_of(str(output), sweep_id))
     if not tune_dir.is_dir():
         return records
     pruned_file = output / PRUNED_WHILE_PAUSED
