@@ -425,8 +425,9 @@ def analyze_points(
     Several points may share a batch size (seeds); the fit and the interval use one point per batch
     size (mean ``log S``), see :func:`interval_b_crit`.
 
-    Returns a dict with ``status`` (one of :data:`STATUSES`: ``ok``; ``edge``: fewer than 2 batch
-    sizes on one side of the knee, or an interval that the data do not bound on one side;
+    Returns a dict with ``status`` (one of :data:`STATUSES`: ``ok``: the knee and its whole interval
+    lie inside the swept batch sizes, with at least 2 on each side of the knee; ``edge``: fewer than
+    2 batch sizes on one side of the knee, or an interval reaching past the swept range;
     ``below_range``/``above_range``: the knee lies outside the swept batch sizes; ``no_knee``: fewer
     than 3 batch sizes, or an interval unbounded on both sides), ``message``, ``b_crit`` (None unless
     ``ok`` or ``edge``: a knee outside the range is never a bare number), ``b_crit_bound`` (for the
@@ -462,13 +463,14 @@ def analyze_points(
     else:
         below = sum(1 for b in distinct if b <= fit.b_crit)
         above = sum(1 for b in distinct if b >= fit.b_crit)
-        unbounded = lo <= 0.0 or not math.isfinite(hi)
-        status = "ok" if below >= 2 and above >= 2 and not unbounded else "edge"
+        outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
+        status = "ok" if below >= 2 and above >= 2 and not outside else "edge"
         message = ""
         if below < 2 or above < 2:
             message = "the knee is near the edge of the swept range (fewer than 2 batch sizes on one side)"
-        elif unbounded:
-            message = f"the interval is unbounded {'below' if lo <= 0.0 else 'above'}: the data bound the knee on one side only"
+        elif outside:
+            message = (f"the 95 % interval reaches {' and '.join(outside)} swept batch size: the swept range does "
+                       "not pin the knee down")
         out.update(status=status, b_crit=fit.b_crit, cbs_20=cbs_20(fit.b_crit, reference_batch),
                    b_compute_overhead_20=0.2 * fit.b_crit, message=message)
     return out

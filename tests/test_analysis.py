@@ -357,3 +357,13 @@ def test_analyze_trials_file_reproduces_cbs_json(tmp_path):
 def test_cli_analyze_bad_flags_exit_2(tmp_path, args, msg):
     r = CliRunner().invoke(app, ["analyze", *[str(tmp_path / a) if a.endswith((".json", ".csv")) else a for a in args]])
     assert r.exit_code == 2 and msg in r.output
+
+
+def test_an_interval_past_the_swept_range_is_edge_not_ok():
+    """Five noisy batch sizes (the main job's situation): the knee's estimate lies inside the range
+    but its interval reaches below the smallest batch size, so the status is edge, with the reason."""
+    b = np.array([4, 8, 16, 32, 64], dtype=float)
+    s = 50 * (1 + 13 / b) * np.exp(np.array([0.25, -0.2, 0.1, -0.15, 0.2]))
+    r = analyze_points(b, s, 16)
+    assert r["b_crit_ci"][0] < 4 and 4 <= r["b_crit"] <= 64
+    assert r["status"] == "edge" and "below the smallest" in r["message"]
