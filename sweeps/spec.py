@@ -75,20 +75,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-PositiveInt = Annotated[int, Field(gt=0)]
+#: Integers refuse booleans, floats and strings (strict): ``true`` is not 1 and ``8.0`` is not 8.
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+#: Upper bounds (issue 14): generous for any real sweep, small enough that no field can ask for absurd work.
+MAX_TOKENS = 10**13  # 10 T tokens: more than a frontier model's whole training run
+MAX_BATCH_SEQUENCES = 2**20  # ~1 M sequences per global batch
+MAX_WIDTH = 65536  # d_model (today's largest models use <= 16384)
 
 
 class ModelSpec(_Strict):
     """A Hugging Face causal-LM built from a config (pretraining)."""
 
     family: Literal["llama", "gpt2"] = "llama"
-    d_model: PositiveInt = 96
-    n_layers: PositiveInt = 3
-    n_heads: PositiveInt = 4
+    d_model: PositiveInt = Field(default=96, le=MAX_WIDTH, description="hidden width (at most 65536)")
+    n_layers: PositiveInt = Field(default=3, le=1024, description="transformer blocks (at most 1024)")
+    n_heads: PositiveInt = Field(default=4, le=1024, description="attention heads (at most 1024)")
     d_ff: PositiveInt | None = Field(
-        default=None, description="MLP width; default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
+        default=None, le=4 * MAX_WIDTH,
+        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
     )
-    context_length_tokens: PositiveInt = 64
+    context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
     tie_word_embeddings: bool = False
 
     @model_validator(mode="after")
@@ -124,8 +130,9 @@ class DataSpec(_Strict):
 class EvalSpec(_Strict):
     """Evaluation on the held-out split at token milestones shared by every batch size."""
 
-    milestones: int = Field(default=16, ge=2, le=200, description="evaluations per trial, evenly spaced in tokens")
-    eval_tokens: PositiveInt = Field(default=16384, description="held-out tokens per evaluation (a fixed set)")
+    milestones: int = Field(default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens")
+    eval_tokens: PositiveInt = Field(default=16384, le=10**9,
+                                     description="held-out tokens per evaluation (a fixed set; at most 1e9)")
 
 
 class ScheduleSpec(_Strict):
@@ -141,13 +148,14 @@ class ScheduleSpec(_Strict):
     """
 
     kind: Literal["constant_ema", "wsd"] = "constant_ema"
-    warmup_tokens: int = Field(default=32768, ge=0, description="linear LR warmup, in tokens (the same for every batch size)")
+    warmup_tokens: int = Field(default=32768, ge=0, le=MAX_TOKENS, strict=True,
+                               description="linear LR warmup, in tokens (the same for every batch size; at most 1e13)")
     warmup_min_steps: int = Field(
-        default=4, ge=0, le=10000,
+        default=4, ge=0, le=10000, strict=True,
         description="the warmup lasts at least this many optimizer steps of the trial's batch: it ramps over "
                     "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
                     "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
-    ema_half_life_tokens: float = Field(default=32768.0, gt=0)
+    ema_half_life_tokens: float = Field(default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)")
     decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
 
 
@@ -159,8 +167,8 @@ class Beta2Spec(_Strict):
     """
 
     values: list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None = None
-    half_life_tokens: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]] | None = Field(
-        default=None, description="[low, high], searched log-uniformly"
+    half_life_tokens: tuple[Annotated[float, Field(gt=0, le=MAX_TOKENS)], Annotated[float, Field(gt=0, le=MAX_TOKENS)]] | None = Field(
+        default=None, description="[low, high] in tokens (at most 1e13), searched log-uniformly"
     )
 
     @model_validator(mode="after")
@@ -177,13 +185,14 @@ class Beta2Spec(_Strict):
 class SearchSpec(_Strict):
     """What is searched: batch sizes (a grid), and per batch size the LR rule, multiplier and beta2."""
 
-    batch_sizes_sequences: list[PositiveInt] = Field(min_length=1)
+    batch_sizes_sequences: list[Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]] = Field(
+        min_length=1, max_length=64, description="global batch sizes in sequences (1-64 of them, each at most 2^20)")
     base_lr: float = Field(gt=0, lt=10)
-    base_batch_size_sequences: PositiveInt
+    base_batch_size_sequences: PositiveInt = Field(le=MAX_BATCH_SEQUENCES, description="the batch the base LR is for (sequences)")
     lr_rules: list[LrRule] = Field(default_factory=lambda: ["sqrt"], min_length=1)
-    lr_multiplier: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]] = (1.0, 1.0)
+    lr_multiplier: tuple[Annotated[float, Field(gt=0, le=1000)], Annotated[float, Field(gt=0, le=1000)]] = (1.0, 1.0)
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
-    trials_per_batch_size: PositiveInt = 1
+    trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
     algorithm: Literal["optuna"] = "optuna"
 
     @field_validator("batch_sizes_sequences")
@@ -213,10 +222,10 @@ class OptimizerSpec(_Strict):
 
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
     eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip_norm: float | None = Field(default=1.0, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
     divergence_loss_factor: float = Field(
-        default=1.5, gt=1.0, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
+        default=1.5, gt=1.0, le=100, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
     )
 
 
@@ -235,7 +244,9 @@ class BatchWarmupSpec(_Strict):
     the trial's batch size). Multipliers are integers, increasing, each a factor of the next.
     """
 
-    schedule: list[tuple[Annotated[int, Field(ge=0)], PositiveInt]] = Field(min_length=1)
+    schedule: list[tuple[Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)],
+                         Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]]] = Field(
+        min_length=1, max_length=64, description="[tokens seen, multiplier] pairs (at most 64)")
 
     @model_validator(mode="after")
     def _monotone(self) -> "BatchWarmupSpec":
@@ -252,13 +263,15 @@ class BatchWarmupSpec(_Strict):
 class ResourcesSpec(_Strict):
     """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
 
-    workers_per_trial: PositiveInt = 1
-    cpus_per_worker: float = Field(default=1.0, gt=0)
-    gpus_per_worker: float = Field(default=0.0, ge=0)
-    max_concurrent_trials: PositiveInt = 2
-    micro_batch_size_sequences_max: PositiveInt = Field(default=64, description="largest micro-batch one worker runs at once")
+    workers_per_trial: PositiveInt = Field(default=1, le=4096, description="Ray Train workers per trial (at most 4096)")
+    cpus_per_worker: float = Field(default=1.0, gt=0, le=512, description="CPUs per worker (at most 512)")
+    gpus_per_worker: float = Field(default=0.0, ge=0, le=16, description="GPUs per worker (at most 16)")
+    max_concurrent_trials: PositiveInt = Field(default=2, le=1024, description="trials running at once (at most 1024)")
+    micro_batch_size_sequences_max: PositiveInt = Field(default=64, le=MAX_BATCH_SEQUENCES,
+                                                        description="largest micro-batch one worker runs at once")
     trial_driver_cpus: float = Field(default=0.01, gt=0, le=1, description="CPU reserved for each trial's Tune driver")
-    max_failures: int = Field(default=2, ge=0, description="worker-failure retries per trial (Ray Train FailureConfig)")
+    max_failures: int = Field(default=2, ge=0, le=100, strict=True,
+                              description="worker-failure retries per trial (Ray Train FailureConfig; at most 100)")
     storage_path: str | None = Field(
         default=None,
         description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
@@ -270,13 +283,13 @@ class TrackingSpec(_Strict):
 
     uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     experiment: str | None = None
-    checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0)
+    checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0, le=100_000)
 
 
 class LoraSpec(_Strict):
     """LoRA adapters through ``peft``."""
 
-    rank: PositiveInt = 8
+    rank: PositiveInt = Field(default=8, le=4096)
     alpha: float = Field(default=16.0, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
@@ -299,16 +312,16 @@ class BranchSpec(_Strict):
 
     points_fraction: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 1.0])
     multipliers: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.5, 1, 2, 4, 8])
-    window_tokens: PositiveInt = 32768
+    window_tokens: PositiveInt = Field(default=32768, le=MAX_TOKENS)
     epsilon: float = Field(default=0.01, gt=0)
-    base_batch_size_sequences: PositiveInt | None = None
+    base_batch_size_sequences: PositiveInt | None = Field(default=None, le=MAX_BATCH_SEQUENCES)
 
 
 class BudgetSpec(_Strict):
     """Sweep-wide limits; the sweep plans to fit and stops cleanly when one runs out."""
 
-    sweep_flops: float | None = Field(default=None, gt=0)
-    wall_clock_s: float | None = Field(default=None, gt=0)
+    sweep_flops: float | None = Field(default=None, gt=0, le=1e30, description="FLOPs for the whole sweep (at most 1e30)")
+    wall_clock_s: float | None = Field(default=None, gt=0, le=90 * 86400, description="seconds (at most 90 days)")
 
 
 class PruningSpec(_Strict):
@@ -316,8 +329,8 @@ class PruningSpec(_Strict):
 
     enabled: bool = False
     grace_fraction: float = Field(default=0.25, gt=0, lt=1, description="first rung, as a fraction of the trial budget")
-    reduction_factor: float = Field(default=2.0, gt=1)
-    min_trials_per_rung: PositiveInt = 2
+    reduction_factor: float = Field(default=2.0, gt=1, le=100)
+    min_trials_per_rung: PositiveInt = Field(default=2, le=1000)
     rule: Literal["loss_at_rung", "predicted_final"] = Field(
         default="predicted_final",
         description="what a trial is judged on at a rung: its validation loss there, or its loss at the budget "
@@ -353,7 +366,7 @@ class SweepSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     finetune: FinetuneSpec | None = None
-    budget_tokens: PositiveInt = Field(description="training tokens per trial (equal for every batch size)")
+    budget_tokens: PositiveInt = Field(le=MAX_TOKENS, description="training tokens per trial (equal for every batch size; at most 1e13)")
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     search: SearchSpec
@@ -363,8 +376,9 @@ class SweepSpec(_Strict):
     branch: BranchSpec | None = None
     pruning: PruningSpec = Field(default_factory=PruningSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    seeds: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
-    targets: list[Annotated[float, Field(gt=0)]] | None = Field(
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]] = Field(
+        default_factory=lambda: [0], min_length=1, max_length=100, description="training seeds (1-100 of them)")
+    targets: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(max_length=20,
         default=None, description="target validation losses; default: chosen from the curves (3-5 reached by the small batches)"
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
