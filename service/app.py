@@ -10,9 +10,13 @@ Create the app with :func:`create_app` (``critbatch serve`` does, or
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
 import yaml
@@ -31,6 +35,7 @@ from service.schemas import (
     ErrorOut,
     HealthOut,
     InvalidRequestOut,
+    ReadyOut,
     ReportOut,
     SweepCreatedOut,
     SweepOut,
@@ -38,9 +43,11 @@ from service.schemas import (
     SweepStoppedOut,
     finite,
 )
+from service.policy import policy_errors
 from service.settings import Settings
 from sweeps.errors import InvalidInput
 from sweeps.jobs import (
+    BackendTimeout,
     ClusterUnavailable,
     ReportNotReady,
     StagingError,
@@ -49,6 +56,7 @@ from sweeps.jobs import (
     SweepNotFound,
     SweepState,
     StagingLimits,
+    TooManySweeps,
     check_sweep_id,
     default_job_python,
     is_valid_sweep_id,
@@ -65,6 +73,11 @@ JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
 _bearer = HTTPBearer(auto_error=False, description="the service's CRITBATCH_API_TOKEN")
+log = logging.getLogger("critbatch.service")
+#: Ray job statuses that hold a place under ``CRITBATCH_MAX_RUNNING``.
+ACTIVE_RAY_STATUSES = ("PENDING", "RUNNING")
+#: ``Retry-After`` (seconds) of a 429 when the service runs ``max_running`` sweeps already.
+RETRY_AFTER_S = 60
 
 
 # ---- request body: size limit, parsing --------------------------------------------------------
@@ -232,6 +245,10 @@ def _http_error(exc: Exception) -> HTTPException | JSONResponse:
         )
     if isinstance(exc, ReportNotReady):
         return HTTPException(status_code=409, detail=str(exc))
+    if isinstance(exc, TooManySweeps):
+        return HTTPException(status_code=429, detail=str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, BackendTimeout):
+        return HTTPException(status_code=504, detail=str(exc))
     if isinstance(exc, ClusterUnavailable):
         return HTTPException(status_code=503, detail=str(exc))
     if isinstance(exc, StagingError):
@@ -245,7 +262,7 @@ def _run(fn: Callable[[], Any]) -> Any:
     """Call a backend function, turning its known errors into HTTP responses."""
     try:
         return fn()
-    except (SweepNotFound, SweepExists, ReportNotReady, ClusterUnavailable, InvalidInput) as exc:
+    except (SweepNotFound, SweepExists, ReportNotReady, ClusterUnavailable, InvalidInput, TooManySweeps) as exc:
         err = _http_error(exc)
         if isinstance(err, HTTPException):
             raise err from None
@@ -268,6 +285,7 @@ _ERRORS = {
     422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"},
     413: {"model": ErrorOut, "description": "request body too large"},
     503: {"model": ErrorOut, "description": "the Ray cluster cannot be reached"},
+    504: {"model": ErrorOut, "description": "the Ray cluster or MLflow did not answer in time"},
 }
 _NOT_FOUND = {404: {"model": ErrorOut, "description": "no sweep with this id"}}
 _INVALID = {422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"}}
@@ -301,7 +319,19 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         jobs: the Ray Jobs + MLflow backend; default one for ``settings.ray_address``.
     """
     settings = settings or Settings.from_env()
-    jobs = jobs or SweepJobs(settings.ray_address, tracking_uri=settings.tracking_uri)
+    jobs = jobs or SweepJobs(settings.ray_address, tracking_uri=settings.tracking_uri,
+                             ray_timeout_s=settings.ray_timeout_s)
+    # the service reads MLflow at its own tracking URI only, and its errors quote no backend
+    jobs.only_tracking_uri = True
+    jobs.public_errors = True
+    if jobs.tracking_uri is None:
+        jobs.tracking_uri = settings.tracking_uri
+    # Backend calls and body parsing run on pools of their own: a stuck dependency or a flood of
+    # large bodies can neither block the event loop (/healthz) nor take every thread.
+    backend_pool = ThreadPoolExecutor(max_workers=settings.backend_threads, thread_name_prefix="critbatch-backend")
+    parse_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="critbatch-parse")
+    ready_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="critbatch-ready")
+    submit_lock = threading.Lock()
     app = FastAPI(
         title="critbatch",
         version=API_VERSION,
@@ -331,9 +361,34 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         return _invalid(errors, "invalid request")
 
     @app.get("/healthz", response_model=HealthOut, tags=["health"])
-    def healthz() -> dict[str, str]:
-        """Liveness: the process serves requests (no token needed; touches neither Ray nor MLflow)."""
+    async def healthz() -> dict[str, str]:
+        """Liveness: the event loop serves requests (no token; touches neither Ray nor MLflow, no thread)."""
         return {"status": "ok"}
+
+    @app.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut, "description": "not ready"}},
+             tags=["health"])
+    async def readyz() -> JSONResponse:
+        """Readiness: Ray's job server and MLflow answer within ``CRITBATCH_READY_TIMEOUT_S`` (no token)."""
+        loop = asyncio.get_running_loop()
+        checks: dict[str, str] = {}
+        for name, fn in (("ray", jobs.ping_ray), ("mlflow", jobs.ping_mlflow)):
+            try:
+                checks[name] = await asyncio.wait_for(loop.run_in_executor(ready_pool, fn), settings.ready_timeout_s)
+            except asyncio.TimeoutError:
+                checks[name] = f"no answer within {settings.ready_timeout_s:g} s"
+            except Exception as exc:  # noqa: BLE001 - any failure means not ready; no detail leaves the service
+                log.warning("readiness check %s failed: %s", name, exc)
+                checks[name] = f"unavailable ({type(exc).__name__})"
+        ok = all(v in ("ok", "not configured") for v in checks.values())
+        return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "unavailable", **checks})
+
+    async def backend(fn: Callable[[], Any], timeout_s: float | None = None) -> Any:
+        """``fn()`` on the backend pool, its known errors turned into HTTP answers; 504 after ``timeout_s``."""
+        limit = timeout_s if timeout_s is not None else settings.request_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(backend_pool, _run, fn), limit)
+        except asyncio.TimeoutError:
+            raise HTTPException(status_code=504, detail=f"the Ray cluster or MLflow did not answer within {limit:g} s") from None
 
     api = APIRouter(prefix="/v1", dependencies=[Depends(require_token), Depends(reject_unknown_query)], responses=_ERRORS)
 
@@ -342,7 +397,8 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         status_code=201,
         response_model=SweepCreatedOut,
         responses={**_INVALID, 409: {"model": ConflictOut, "description": "a sweep with this id was already submitted"},
-                   415: {"model": ErrorOut, "description": "not YAML or JSON"}},
+                   415: {"model": ErrorOut, "description": "not YAML or JSON"},
+                   429: {"model": ErrorOut, "description": "CRITBATCH_MAX_RUNNING sweeps are running: retry after Retry-After seconds"}},
         openapi_extra={"requestBody": {"required": True, "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
             "application/yaml": {"schema": {"type": "string", "description": "the spec as YAML"}},
@@ -358,10 +414,13 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         settings: Settings = Depends(get_settings),
         jobs: SweepJobs = Depends(get_jobs),
     ) -> Any:
-        """Validate the spec and submit it as a Ray Job. 201 with the sweep id; 409 if that id exists."""
+        """Validate the spec and submit it as a Ray Job. 201 with the sweep id; 409 if that id exists;
+        429 (with ``Retry-After``) when ``CRITBATCH_MAX_RUNNING`` sweeps are pending or running."""
         body = await request.body()
         try:
-            spec = parse_body(request.headers.get("content-type"), body)
+            # parsing and validating a large body takes CPU seconds: never on the event loop
+            spec = await asyncio.get_running_loop().run_in_executor(parse_pool, parse_body,
+                                                                    request.headers.get("content-type"), body)
             if sweep_id is not None:
                 check_sweep_id(sweep_id)
         except _BodyError as exc:
@@ -370,6 +429,9 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
             return _invalid(exc.errors)
         except InvalidInput as exc:
             return _invalid([("sweep_id", str(exc))], "invalid request")
+        refused = policy_errors(spec, settings)
+        if refused:
+            return _invalid(refused, "the spec names a location the service does not allow")
 
         def submit() -> tuple[SweepState, list[str]]:
             with staged_sweep(
@@ -380,10 +442,12 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
                 ship_data=settings.data_dir is not None,
                 limits=StagingLimits.from_mb(ship_data_max_mb=settings.ship_data_max_mb, upload_max_mb=settings.upload_max_mb),
                 python=settings.job_python or default_job_python(jobs.address),
+                storage_root=settings.storage_root,
             ) as staged:
-                return jobs.submit(staged), list(staged.warnings)
+                with submit_lock:  # the count and the submission as one step: the cap holds for concurrent POSTs
+                    return jobs.submit(staged, max_active=settings.max_running), list(staged.warnings)
 
-        out = await run_in_threadpool(_run, submit)
+        out = await backend(submit)
         if isinstance(out, Response):
             return out
         state, warnings = out
@@ -392,13 +456,13 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         return JSONResponse(status_code=201, content=body_out, headers={"Location": f"/v1/sweeps/{state.id}"})
 
     @api.get("/sweeps", response_model=SweepPageOut, responses=_INVALID, tags=["sweeps"])
-    def list_sweeps(
+    async def list_sweeps(
         limit: int = Query(20, ge=1, le=100, description="page size"),
         offset: int = Query(0, ge=0, le=1_000_000, description="sweeps to skip (newest first)"),
         jobs: SweepJobs = Depends(get_jobs),
     ) -> Any:
         """Submitted sweeps, newest first, one page at a time (status only; no trial counts)."""
-        out = _run(lambda: jobs.list(limit=limit, offset=offset))
+        out = await backend(lambda: jobs.list(limit=limit, offset=offset))
         if isinstance(out, Response):
             return out
         states, total = out
@@ -409,11 +473,11 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         }
 
     @api.get("/sweeps/{sweep_id}", response_model=SweepOut, responses=_NOT_FOUND, tags=["sweeps"])
-    def get_sweep(sweep_id: str = _sweep_id_param(), jobs: SweepJobs = Depends(get_jobs)) -> Any:
+    async def get_sweep(sweep_id: str = _sweep_id_param(), jobs: SweepJobs = Depends(get_jobs)) -> Any:
         """Status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), reason, trial counts, best trial so far."""
         if not is_valid_sweep_id(sweep_id):
             raise HTTPException(status_code=404, detail=f"no sweep with id {sweep_id!r}")
-        out = _run(lambda: jobs.get(sweep_id))
+        out = await backend(lambda: jobs.get(sweep_id))
         return out if isinstance(out, Response) else _sweep_out(out)
 
     @api.delete(
@@ -421,7 +485,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         responses={**_NOT_FOUND, **_INVALID, 202: {"model": SweepStoppedOut, "description": "stop sent, still stopping"}},
         tags=["sweeps"],
     )
-    def stop_sweep(
+    async def stop_sweep(
         sweep_id: str = _sweep_id_param(),
         wait_s: float = Query(30.0, ge=0, le=120, description="seconds to wait for the job to end"),
         jobs: SweepJobs = Depends(get_jobs),
@@ -429,7 +493,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         """Stop the sweep (its Ray job). 200 once it has ended (STOPPED, or its earlier final status); 202 if still stopping."""
         if not is_valid_sweep_id(sweep_id):
             raise HTTPException(status_code=404, detail=f"no sweep with id {sweep_id!r}")
-        out = _run(lambda: jobs.stop(sweep_id, wait_s=wait_s))
+        out = await backend(lambda: jobs.stop(sweep_id, wait_s=wait_s), timeout_s=wait_s + settings.request_timeout_s)
         if isinstance(out, Response):
             return out
         state, sent = out
@@ -443,7 +507,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
                    200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
         tags=["sweeps"],
     )
-    def sweep_logs(
+    async def sweep_logs(
         sweep_id: str = _sweep_id_param(),
         tail: int | None = Query(None, ge=1, le=100_000, description="only the last N lines"),
         jobs: SweepJobs = Depends(get_jobs),
@@ -451,7 +515,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         """The driver's log (the job's stdout and stderr), at most the last 5 MiB."""
         if not is_valid_sweep_id(sweep_id):
             raise HTTPException(status_code=404, detail=f"no sweep with id {sweep_id!r}")
-        out = _run(lambda: jobs.logs(sweep_id, tail_lines=tail))
+        out = await backend(lambda: jobs.logs(sweep_id, tail_lines=tail))
         if isinstance(out, Response):
             return out
         data = out.encode("utf-8", "replace")
@@ -464,12 +528,12 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         responses={**_NOT_FOUND, 409: {"model": ErrorOut, "description": "no report yet (running) or none (failed)"}},
         tags=["sweeps"],
     )
-    def sweep_report(sweep_id: str = _sweep_id_param(), settings: Settings = Depends(get_settings),
-                     jobs: SweepJobs = Depends(get_jobs)) -> Any:
+    async def sweep_report(sweep_id: str = _sweep_id_param(), settings: Settings = Depends(get_settings),
+                           jobs: SweepJobs = Depends(get_jobs)) -> Any:
         """The sweep's cbs.json (from its MLflow parent run) with links to its MLflow runs."""
         if not is_valid_sweep_id(sweep_id):
             raise HTTPException(status_code=404, detail=f"no sweep with id {sweep_id!r}")
-        out = _run(lambda: jobs.report(sweep_id, ui_url=settings.mlflow_ui_url))
+        out = await backend(lambda: jobs.report(sweep_id, ui_url=settings.mlflow_ui_url))
         return out if isinstance(out, Response) else finite(out)
 
     app.include_router(api)

@@ -15,6 +15,7 @@ TrialCountsOut = TrialCounts
 
 __all__ = [
     "SweepStatus",
+    "ReadyOut",
     "TrialCountsOut",
     "BestTrialOut",
     "SweepOut",
@@ -128,3 +129,11 @@ class ConflictOut(BaseModel):
 
 class HealthOut(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    """``/readyz``: ``ok`` when Ray's job server and MLflow answer; each dependency's state."""
+
+    status: str
+    ray: str
+    mlflow: str

@@ -3,10 +3,16 @@
 | variable | meaning | default |
 |---|---|---|
 | ``RAY_ADDRESS`` | the Ray cluster's job server, ``http://HEAD:8265`` | Ray's auto-detection |
-| ``MLFLOW_TRACKING_URI`` | the MLflow server sweeps log to (and the service reads) | the spec's ``tracking.uri`` |
+| ``MLFLOW_TRACKING_URI`` | the MLflow server sweeps log to and the only one the service reads; a spec may name no other | none: sweeps log to a file on the cluster |
 | ``CRITBATCH_API_TOKEN`` | bearer token every route but ``/healthz`` requires (>= 16 characters) | none: refuse to start |
 | ``CRITBATCH_MAX_BODY_BYTES`` | largest request body | 1 MiB |
-| ``CRITBATCH_DATA_DIR`` | inputs under this folder are shipped with a job; other paths are cluster paths | none: ship nothing |
+| ``CRITBATCH_DATA_DIR`` | a spec's relative input paths name files under this folder, shipped with the job | none: ship nothing |
+| ``CRITBATCH_CLUSTER_DATA_DIR`` | a spec's absolute input paths must lie inside this folder (read on the cluster) | none: no absolute paths |
+| ``CRITBATCH_STORAGE_ROOT`` | ``resources.storage_path`` must lie inside it (a path or URI prefix); jobs keep their Tune/Train state under ``ROOT/<sweep id>`` | none: a spec may not set one |
+| ``CRITBATCH_MAX_RUNNING`` | sweeps running or pending at once; a submission past it gets 429 with ``Retry-After`` | 4 |
+| ``CRITBATCH_RAY_TIMEOUT_S`` / ``CRITBATCH_MLFLOW_TIMEOUT_S`` | the longest one HTTP request to Ray's job server / MLflow may take | 10 / 10 |
+| ``CRITBATCH_REQUEST_TIMEOUT_S`` | the longest a route waits for its backend calls (then 504; ``DELETE`` adds its ``wait_s``) | 30 |
+| ``CRITBATCH_READY_TIMEOUT_S`` | ``/readyz``: the longest each dependency check may take | 2 |
 | ``CRITBATCH_MLFLOW_UI_URL`` | base URL of the MLflow UI for report links | the tracking URI if it is http(s) |
 | ``CRITBATCH_SHIP_DATA_MAX_MB`` | largest input shipped with a job | 20 |
 | ``CRITBATCH_UPLOAD_MAX_MB`` | largest job working directory | 100 |
@@ -70,6 +76,14 @@ class Settings:
     ship_data_max_mb: float | None = None
     upload_max_mb: float | None = None
     job_python: str | None = None
+    cluster_data_dir: str | None = None
+    storage_root: str | None = None
+    max_running: int = 4
+    ray_timeout_s: float = 10.0
+    mlflow_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    ready_timeout_s: float = 2.0
+    backend_threads: int = 32
 
     def __post_init__(self) -> None:
         if self.api_token is not None and len(self.api_token) < MIN_TOKEN_CHARS:
@@ -81,6 +95,12 @@ class Settings:
             )
         if self.max_body_bytes <= 0:
             raise SettingsError("CRITBATCH_MAX_BODY_BYTES must be positive")
+        if self.cluster_data_dir is not None and not os.path.isabs(self.cluster_data_dir):
+            raise SettingsError("CRITBATCH_CLUSTER_DATA_DIR must be an absolute path")
+        if self.data_dir is not None and not os.path.isdir(self.data_dir):
+            raise SettingsError("CRITBATCH_DATA_DIR must be an existing folder")
+        if self.max_running < 1:
+            raise SettingsError("CRITBATCH_MAX_RUNNING must be at least 1")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> "Settings":
@@ -95,6 +115,11 @@ class Settings:
             max_body = int(body) if body else 1024 * 1024
         except ValueError:
             raise SettingsError(f"CRITBATCH_MAX_BODY_BYTES={body!r} is not an integer") from None
+        running = env.get("CRITBATCH_MAX_RUNNING")
+        try:
+            max_running = int(running) if running else 4
+        except ValueError:
+            raise SettingsError(f"CRITBATCH_MAX_RUNNING={running!r} is not an integer") from None
         return cls(
             ray_address=env.get("RAY_ADDRESS") or None,
             tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
@@ -106,4 +131,11 @@ class Settings:
             ship_data_max_mb=_float_env(env, "CRITBATCH_SHIP_DATA_MAX_MB"),
             upload_max_mb=_float_env(env, "CRITBATCH_UPLOAD_MAX_MB"),
             job_python=env.get("CRITBATCH_JOB_PYTHON") or None,
+            cluster_data_dir=env.get("CRITBATCH_CLUSTER_DATA_DIR") or None,
+            storage_root=env.get("CRITBATCH_STORAGE_ROOT") or None,
+            max_running=max_running,
+            ray_timeout_s=_float_env(env, "CRITBATCH_RAY_TIMEOUT_S") or 10.0,
+            mlflow_timeout_s=_float_env(env, "CRITBATCH_MLFLOW_TIMEOUT_S") or 10.0,
+            request_timeout_s=_float_env(env, "CRITBATCH_REQUEST_TIMEOUT_S") or 30.0,
+            ready_timeout_s=_float_env(env, "CRITBATCH_READY_TIMEOUT_S") or 2.0,
         )

@@ -46,7 +46,10 @@ __all__ = [
     "SWEEP_STATUSES",
     "TERMINAL_STATUSES",
     "SWEEP_ID_PATTERN",
+    "BackendTimeout",
     "ClusterUnavailable",
+    "StoreRefused",
+    "TooManySweeps",
     "SweepExists",
     "SweepNotFound",
     "ReportNotReady",
@@ -57,6 +60,7 @@ __all__ = [
     "SweepState",
     "SweepJobs",
     "build_entrypoint",
+    "check_existing_store",
     "check_sweep_id",
     "default_job_python",
     "default_sweep_id",
@@ -117,6 +121,23 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 class ClusterUnavailable(CritbatchError):
     """The Ray cluster's job server cannot be reached, or answered with an error."""
+
+
+class BackendTimeout(ClusterUnavailable):
+    """Ray's job server (or MLflow) did not answer in time."""
+
+
+class TooManySweeps(CritbatchError):
+    """``max_active`` sweeps are already pending or running on the cluster; nothing was submitted."""
+
+    def __init__(self, active: int, max_active: int):
+        self.active = active
+        self.max_active = max_active
+        super().__init__(f"{active} sweeps are pending or running (at most {max_active} at once): submit again later")
+
+
+class StoreRefused(CritbatchError):
+    """The tracking URI does not name an existing MLflow store: a reader never creates or migrates one."""
 
 
 class SweepNotFound(CritbatchError):
@@ -341,9 +362,46 @@ def _tree_size(p: Path, stop_above: int | None = None) -> int:
     return total
 
 
-def _skip_links_and_caches(folder: str, names: list[str]) -> set[str]:
-    """``copytree`` ignore: symbolic links (they could point anywhere), caches and VCS folders."""
-    return {n for n in names if n in ("__pycache__", ".git") or os.path.islink(os.path.join(folder, n))}
+#: Never shipped from an input folder: caches and build leftovers (and every name starting with '.').
+_NOT_SHIPPED = ("__pycache__", "node_modules", "*.pyc", "*.pyo", "*.egg-info")
+
+
+def _shipped(name: str) -> bool:
+    import fnmatch
+
+    return not name.startswith(".") and not any(fnmatch.fnmatch(name, pat) for pat in _NOT_SHIPPED)
+
+
+def shippable_files(folder: Path) -> list[tuple[Path, Path]]:
+    """``(source, path relative to folder)`` of every file an input folder ships.
+
+    Left out: dotfiles and dot-folders (``.git``, ``.venv``, ``.env``), caches (``__pycache__``,
+    ``node_modules``, ``*.pyc``, ``*.egg-info``), links to folders, and links to files outside
+    ``folder`` (a link to a file inside it is shipped as that file). A Hugging Face cache snapshot
+    (links into ``../../blobs``) therefore ships nothing: ``save_pretrained`` it to a folder first.
+    """
+    root = folder.resolve()
+    out: list[tuple[Path, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        keep = []
+        for d in sorted(dirnames):
+            p = here / d
+            if _shipped(d) and not p.is_symlink():  # a linked folder is left out (inside: shipped as itself)
+                keep.append(d)
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            p = here / f
+            if not _shipped(f):
+                continue
+            try:
+                target = p.resolve(strict=True)
+            except (OSError, RuntimeError):
+                continue  # a dangling link
+            if not target.is_relative_to(root) or not target.is_file():
+                continue
+            out.append((target, p.relative_to(root)))
+    return out
 
 
 def _mb(n: int) -> str:
@@ -391,6 +449,7 @@ def stage_sweep(
     limits: StagingLimits = StagingLimits(),
     python: str = "python",
     output_root: str = "outputs",
+    storage_root: str | None = None,
 ) -> StagedSweep:
     """Build the job's working directory in the empty folder ``into`` and the job's arguments.
 
@@ -409,6 +468,9 @@ def stage_sweep(
         python: the cluster-side interpreter (:func:`default_job_python`).
         output_root: the job's output folder is ``output_root/sweep_id``, relative to the job's
             working directory unless absolute.
+        storage_root: the job keeps its Tune and Train state under ``storage_root/sweep_id``
+            (``CRITBATCH_STORAGE_PATH`` in the job's environment) unless the spec names a
+            ``resources.storage_path``; the service sets its ``CRITBATCH_STORAGE_ROOT``.
 
     Raises:
         InvalidInput: a bad sweep id, an input too big to ship, or a working directory over
@@ -446,19 +508,26 @@ def stage_sweep(
             if not Path(path).is_absolute():
                 warnings.append(f"{fld} {path!r} is relative and not shipped: the job resolves it on the cluster")
             continue
-        size = _tree_size(local, stop_above=limits.ship_data_max_bytes)
+        if any(not _shipped(part) for part in Path(path).parts if part not in (".", "/")):
+            raise StagingError(fld, f"{fld} {path!r}: hidden files and folders (names starting with '.') and caches "
+                                    "are never shipped with a job")
+        files = shippable_files(local) if local.is_dir() else [(local, Path(local.name))]
+        size = sum(src.stat().st_size for src, _ in files)
         if size > limits.ship_data_max_bytes:
             raise StagingError(
                 fld,
-                f"{fld} {path!r} holds at least {_mb(size)}, over the {_mb(limits.ship_data_max_bytes)} limit for data shipped "
+                f"{fld} {path!r} holds {_mb(size)} to ship, over the {_mb(limits.ship_data_max_bytes)} limit for data shipped "
                 "with a job: put it where the cluster can read it (a shared filesystem or the image), set "
                 f"{fld} to that path, and submit with --no-ship-data (or raise --ship-data-max-mb)"
             )
         dest = into / staged_name
-        dest.parent.mkdir(parents=True, exist_ok=True)
         if local.is_dir():
-            shutil.copytree(local, dest, ignore=_skip_links_and_caches)
+            dest.mkdir(parents=True)
+            for src, rel in files:
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest / rel)
         else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(local, dest)
         _set_field(data, fld, staged_name)
         shipped.append((fld, path))
@@ -507,6 +576,8 @@ def stage_sweep(
         "excludes": [".git", ".venv", "venv", "__pycache__", "*.pyc", "outputs", "mlruns", "mlflow.db"],
         "env_vars": {"MLFLOW_TRACKING_URI": tracking_uri, "PYTHONUNBUFFERED": "1"},
     }
+    if storage_root:
+        runtime_env["env_vars"]["CRITBATCH_STORAGE_PATH"] = storage_root
     return StagedSweep(
         sweep_id=sweep_id,
         spec=staged_spec,
@@ -695,12 +766,72 @@ def mlflow_ui_links(ui_url: str | None, experiment_id: str | None, parent_run_id
     return links
 
 
+_DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def check_existing_store(uri: str) -> None:
+    """Refuse a tracking URI that does not name an existing MLflow store.
+
+    MLflow's SQL store creates its tables (and runs its migrations) when a database lacks them,
+    and adds a default experiment when it has none; its file store creates its folder. A reader
+    must do neither: a SQL database is inspected first (SQLite opened read-only) and must hold
+    every MLflow table and the default experiment; a file store's folder must hold experiment
+    ``0``. HTTP(S) servers and other schemes are left to MLflow.
+
+    Raises:
+        StoreRefused: no such database or folder, or not an MLflow store.
+    """
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower().split("+", 1)[0]
+    if scheme in ("http", "https", "databricks", "mlflow-artifacts"):
+        return
+    if scheme in _DB_SCHEMES:
+        import sqlalchemy
+
+        if scheme == "sqlite":
+            path = uri.split(":///", 1)[1] if ":///" in uri else ""
+            if not path or path == ":memory:" or not Path(path).is_file():
+                raise StoreRefused(f"no MLflow database at {redact_uri(uri)!r} (a reader creates none)")
+            url = f"sqlite:///file:{quote(str(Path(path).resolve()))}?mode=ro&uri=true"
+        else:
+            url = uri
+        try:
+            from mlflow.store.db.db_types import DATABASE_ENGINES  # noqa: F401 - MLflow's drivers
+            from mlflow.store.tracking.dbmodels.models import Base
+
+            engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10} if scheme != "sqlite" else {})
+            try:
+                tables = set(sqlalchemy.inspect(engine).get_table_names())
+                missing = set(Base.metadata.tables) - tables
+                has_default = False
+                if not missing:
+                    with engine.connect() as conn:
+                        has_default = conn.execute(
+                            sqlalchemy.text("SELECT 1 FROM experiments WHERE experiment_id = 0")).first() is not None
+            finally:
+                engine.dispose()
+        except Exception as exc:  # noqa: BLE001 - driver errors of any kind
+            raise StoreRefused(f"cannot open {redact_uri(uri)!r} read-only ({type(exc).__name__})") from None
+        if missing or not has_default:
+            raise StoreRefused(f"{redact_uri(uri)!r} is not an MLflow store (no MLflow tables): a reader creates none")
+        return
+    if scheme in ("", "file"):
+        root = Path(parts.path if scheme == "file" else uri)
+        if not (root / "0" / "meta.yaml").is_file():
+            raise StoreRefused(f"{redact_uri(uri)!r} is not an MLflow file store: a reader creates none")
+
+
 class _MlflowReader:
-    """The sweep's runs in one MLflow store (explicit client, no active-run state)."""
+    """The sweep's runs in one MLflow store (explicit client, no active-run state).
+
+    Raises:
+        StoreRefused: ``tracking_uri`` names no existing MLflow store (see :func:`check_existing_store`).
+    """
 
     def __init__(self, tracking_uri: str):
         from mlflow import MlflowClient
 
+        check_existing_store(tracking_uri)
         self.uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
 
@@ -784,13 +915,22 @@ SUBMIT_ATTEMPTS = 3
 WAIT_MAX_CONSECUTIVE_ERRORS = 5
 
 
-def _make_client(address: str | None, headers: dict[str, str] | None) -> Any:
-    """A ``JobSubmissionClient`` for exactly ``address``.
+def _make_client(address: str | None, headers: dict[str, str] | None, timeout_s: float | None = None) -> Any:
+    """A ``JobSubmissionClient`` for exactly ``address``; with ``timeout_s``, every HTTP request it
+    makes (the version check in its constructor included) gives up after that long.
 
     Ray lets ``RAY_API_SERVER_ADDRESS`` / ``RAY_ADDRESS`` override the ``address`` argument; an
     explicit address must win, so they are hidden while the client resolves its address.
     """
     from ray.job_submission import JobSubmissionClient
+
+    if timeout_s is not None:
+        class _TimedClient(JobSubmissionClient):
+            def _do_request(self, method, endpoint, **kwargs):  # noqa: ANN001 - Ray's signature
+                kwargs.setdefault("timeout", timeout_s)
+                return super()._do_request(method, endpoint, **kwargs)
+
+        JobSubmissionClient = _TimedClient  # noqa: N806
 
     if address is None:
         return JobSubmissionClient(None, headers=headers)
@@ -820,6 +960,12 @@ class SweepJobs:
         tracking_uri: the MLflow URI used when a job's metadata does not record one.
         client: an object with ``JobSubmissionClient``'s methods (tests); default connects lazily.
         reader_factory: ``tracking_uri -> reader`` (tests); default an MLflow client.
+        only_tracking_uri: read MLflow at ``tracking_uri`` only: a job whose metadata records
+            another URI is shown with ``mlflow_error`` and never contacted (the service: it would
+            call that URI with its own credentials).
+        public_errors: error texts name no address and quote no remote answer (the service).
+        ray_timeout_s: the longest one HTTP request to the job server may take
+            (:class:`BackendTimeout` after it).
     """
 
     def __init__(
@@ -830,6 +976,9 @@ class SweepJobs:
         tracking_uri: str | None = None,
         client: Any | None = None,
         reader_factory: Callable[[str], Any] | None = None,
+        only_tracking_uri: bool = False,
+        public_errors: bool = False,
+        ray_timeout_s: float | None = None,
     ):
         self.address = address
         self._headers = headers
@@ -837,6 +986,9 @@ class SweepJobs:
         self._lock = threading.Lock()
         self.tracking_uri = tracking_uri
         self._reader_factory = reader_factory or _MlflowReader
+        self.only_tracking_uri = only_tracking_uri
+        self.public_errors = public_errors
+        self.ray_timeout_s = ray_timeout_s
 
     # -- plumbing
 
@@ -845,10 +997,18 @@ class SweepJobs:
         with self._lock:
             if self._client is None:
                 try:
-                    self._client = _make_client(self.address, self._headers)
+                    self._client = _make_client(self.address, self._headers, self.ray_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - requests/ConnectionError/RuntimeError
-                    raise ClusterUnavailable(f"cannot reach the Ray job server at {self.address or '(auto)'}: {exc}") from None
+                    raise self._unavailable(exc) from None
             return self._client
+
+    def _unavailable(self, exc: Exception, what: str = "cannot reach the Ray job server") -> ClusterUnavailable:
+        timed_out = type(exc).__name__ in ("Timeout", "ReadTimeout", "ConnectTimeout", "TimeoutError")
+        if timed_out:
+            return BackendTimeout(f"the Ray job server did not answer within {self.ray_timeout_s or 0:g} s")
+        if self.public_errors:
+            return ClusterUnavailable(f"{what} ({type(exc).__name__})")
+        return ClusterUnavailable(f"{what} at {self.address or '(auto)'}: {exc}")
 
     def _call(self, fn: str, *args: Any, sweep_id: str | None = None, **kwargs: Any) -> Any:
         try:
@@ -858,9 +1018,11 @@ class SweepJobs:
         except RuntimeError as exc:
             if sweep_id is not None and _is_not_found(exc):
                 raise SweepNotFound(sweep_id) from None
+            if self.public_errors:
+                raise ClusterUnavailable("the Ray job server answered with an error") from None
             raise ClusterUnavailable(f"Ray job server error: {str(exc)[:2000]}") from None
         except Exception as exc:  # noqa: BLE001 - connection errors of requests
-            raise ClusterUnavailable(f"cannot reach the Ray job server at {self.address or '(auto)'}: {exc}") from None
+            raise self._unavailable(exc) from None
 
     def _job(self, sweep_id: str) -> Any:
         if not is_valid_sweep_id(sweep_id):
@@ -873,10 +1035,43 @@ class SweepJobs:
     def _tracking_uri_of(self, job: Any) -> str | None:
         return (job.metadata or {}).get(META_TRACKING_URI) or self.tracking_uri
 
+    def _foreign_uri(self, uri: str | None) -> bool:
+        """``only_tracking_uri``: whether ``uri`` is not the one store this reader may contact."""
+        return self.only_tracking_uri and (not uri or not self.tracking_uri
+                                           or uri.rstrip("/") != self.tracking_uri.rstrip("/"))
+
     # -- commands
 
-    def submit(self, staged: StagedSweep) -> SweepState:
-        """Submit a staged sweep, unless a job with its id exists (then :class:`SweepExists`)."""
+    def active_count(self) -> int:
+        """Sweeps (critbatch jobs) that Ray reports PENDING or RUNNING."""
+        return sum(1 for j in self._call("list_jobs") if META_SWEEP_ID in (j.metadata or {})
+                   and str(getattr(j.status, "value", j.status)) in ("PENDING", "RUNNING"))
+
+    def ping_ray(self) -> str:
+        """``"ok"`` if the job server answers (its version route), else raises :class:`ClusterUnavailable`."""
+        client = self.client
+        self._call("get_version") if hasattr(client, "get_version") else self._call("list_jobs")
+        return "ok"
+
+    def ping_mlflow(self, timeout_s: float = 2.0) -> str:
+        """``"ok"`` if the tracking store answers (an HTTP server's ``/health``, or an existing
+        store: :func:`check_existing_store`), ``"not configured"`` without one; else raises."""
+        uri = self.tracking_uri
+        if not uri:
+            return "not configured"
+        if urlsplit(uri).scheme.lower() in ("http", "https"):
+            import requests
+
+            r = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+            if r.status_code != 200:
+                raise StoreRefused(f"MLflow answered {r.status_code}")
+            return "ok"
+        check_existing_store(uri)
+        return "ok"
+
+    def submit(self, staged: StagedSweep, *, max_active: int | None = None) -> SweepState:
+        """Submit a staged sweep, unless a job with its id exists (then :class:`SweepExists`), or
+        ``max_active`` sweeps are pending or running already (then :class:`TooManySweeps`)."""
         try:
             existing = self._job(staged.sweep_id)
         except SweepNotFound:
@@ -884,6 +1079,10 @@ class SweepJobs:
         if existing is not None:
             same = (existing.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
             raise SweepExists(staged.sweep_id, self._state(existing, with_mlflow=False).status, same)
+        if max_active is not None:
+            active = self.active_count()
+            if active >= max_active:
+                raise TooManySweeps(active, max_active)
         for attempt in range(SUBMIT_ATTEMPTS):
             try:
                 self.client.submit_job(
@@ -994,7 +1193,7 @@ class SweepJobs:
         state = self._state(job, with_mlflow=True, reconcile=True)
         if not state.terminal:
             raise ReportNotReady(sweep_id, state.status, "the sweep has not finished")
-        if state.mlflow_error or state.parent_run_id is None:
+        if state.mlflow_error or state.parent_run_id is None or self._foreign_uri(uri):
             raise ReportNotReady(sweep_id, state.status, state.mlflow_error or state.reason or "no MLflow parent run")
         reader = self._reader_factory(uri)
         cbs = reader.load_json_artifact(state.parent_run_id, "cbs.json")
@@ -1057,6 +1256,8 @@ class SweepJobs:
 
         uri = self._tracking_uri_of(job)
         ok, why = _mlflow_readable(uri)
+        if ok and self._foreign_uri(uri):
+            ok, why = False, "the sweep logs to a tracking URI that this service does not read"
         if not ok:
             return SweepState(status=status, reason=reason, mlflow_error=why, **base)
         try:
@@ -1072,7 +1273,11 @@ class SweepJobs:
                 parent = reader.parent(sweep_id, exp_ids)
                 trials = reader.trials(sweep_id, exp_ids)
         except Exception as exc:  # noqa: BLE001 - MLflow unreachable or erroring: Ray's view still stands
-            return SweepState(status=status, reason=reason, mlflow_error=f"cannot read MLflow at {redact_uri(uri)}: {exc}"[:2000], **base)
+            if self.public_errors:  # neither the server's answer nor its address goes to the client
+                why = "no MLflow store there" if isinstance(exc, StoreRefused) else f"MLflow could not be read ({type(exc).__name__})"
+            else:
+                why = f"cannot read MLflow at {redact_uri(uri)}: {exc}"[:2000]
+            return SweepState(status=status, reason=reason, mlflow_error=why, **base)
 
         if parent is not None and planned is None:
             tp = parent.data.tags.get(TAG_TRIALS_PLANNED, "")

@@ -134,21 +134,36 @@ def _start(cmd: list[str], tmp: Path, name: str, env: dict[str, str]) -> tuple[s
     return proc, log
 
 
-def _start_ray(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen, str]:
-    """``ray start --head --block`` on free ports; retried because Ray gives a head node 30 s
-    (hard-coded) to register, which a loaded 2-core machine can miss."""
+#: Ray Tune's date_str() in every process of the test cluster (tests/service/pin_date): every sweep
+#: on it "starts in the same second", the case where Ray's staging folders of two sweeps meet.
+PINNED_DATE = "2026-01-01_00-00-00"
+
+
+def pinned_date_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with Ray Tune's start second pinned to :data:`PINNED_DATE` (tests/service/pin_date)."""
+    pin_dir = str(Path(__file__).resolve().parent / "pin_date")
+    return dict(env, CRITBATCH_TEST_PIN_DATE=PINNED_DATE,
+                PYTHONPATH=os.pathsep.join(p for p in (pin_dir, env.get("PYTHONPATH")) if p))
+
+
+def _start_ray(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen, str, str]:
+    """``ray start --head --block`` on free ports (worker ports chosen by the OS, so none in Ray's
+    default 10002-19999); retried because Ray gives a head node 30 s (hard-coded) to register,
+    which a loaded 2-core machine can miss. Returns the process, the job server URL and the GCS
+    address (``127.0.0.1:PORT``, for ``critbatch run --address``)."""
     for attempt in range(attempts):
         dash = free_port()
+        gcs = free_port()
         cmd = [
             str(VENV_BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats",
             "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp}",
-            f"--port={free_port()}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
+            f"--port={gcs}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
             f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
             f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
             "--min-worker-port=0", "--max-worker-port=0",
         ]
-        proc, log = _start(cmd, tmp, f"ray-start-{attempt}", base_env())
+        proc, log = _start(cmd, tmp, f"ray-start-{attempt}", pinned_date_env(base_env()))
         url = f"http://127.0.0.1:{dash}"
         deadline = time.monotonic() + 180
         while proc.poll() is None and time.monotonic() < deadline and "block forever" not in log.read_text():
@@ -156,19 +171,24 @@ def _start_ray(tmp: Path, attempts: int = 3) -> tuple[subprocess.Popen, str]:
         if proc.poll() is None and "block forever" in log.read_text():
             _wait_http(f"{url}/api/version", 120, proc, log)
             _wait_http(f"{url}/api/jobs/", 60, proc, log)
-            return proc, url
+            return proc, url, f"127.0.0.1:{gcs}"
         _stop_group(proc, grace_s=5)
     raise RuntimeError(f"ray start failed {attempts} times:\n{log.read_text()[-4000:]}")
 
 
+_RAY_TMP: list[Path] = []
+
+
 @pytest.fixture(scope="session")
-def backends() -> Iterator[tuple[str, str]]:
-    """An ``mlflow server`` and a local Ray head (2 CPUs), started side by side; yields
-    ``(ray job server URL, MLflow URL)``. (Both at once can starve Ray's head of the 30 s it gets
+def backends() -> Iterator[tuple[str, str, str]]:
+    """An ``mlflow server`` and a local Ray head (2 CPUs, Tune's start second pinned: see
+    :func:`pinned_date_env`), started side by side; yields ``(ray job server URL, MLflow URL,
+    GCS address)``. (Both at once can starve Ray's head of the 30 s it gets
     to register: ``_start_ray`` retries.)
     Set ``CRITBATCH_KEEP_TEST_LOGS=1`` to keep their folders (logs) after the session.
     """
     ray_tmp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    _RAY_TMP[:] = [ray_tmp]
     ml_tmp = Path(tempfile.mkdtemp(prefix="cbmlflow"))
     ml_port = free_port()
     ml_cmd = [
@@ -182,9 +202,9 @@ def backends() -> Iterator[tuple[str, str]]:
     ml_url = f"http://127.0.0.1:{ml_port}"
     try:
         ml_proc, ml_log = _start(ml_cmd, ml_tmp, "mlflow", ml_env)  # the slow one (~45 s idle): first
-        ray_proc, ray_url = _start_ray(ray_tmp)
+        ray_proc, ray_url, gcs = _start_ray(ray_tmp)
         _wait_http(f"{ml_url}/health", 300, ml_proc, ml_log)
-        yield ray_url, ml_url
+        yield ray_url, ml_url, gcs
     finally:
         if ml_proc is not None:
             _stop_group(ml_proc, grace_s=5)
@@ -196,15 +216,27 @@ def backends() -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(backends: tuple[str, str]) -> str:
+def ray_cluster(backends: tuple[str, str, str]) -> str:
     """The test Ray cluster's job server URL (``http://127.0.0.1:PORT``)."""
     return backends[0]
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(backends: tuple[str, str]) -> str:
+def mlflow_server(backends: tuple[str, str, str]) -> str:
     """The test ``mlflow server`` (SQLite backend, served artifacts) URL."""
     return backends[1]
+
+
+@pytest.fixture(scope="session")
+def ray_gcs_address(backends: tuple[str, str, str]) -> str:
+    """The test Ray cluster's GCS address (``127.0.0.1:PORT``), for ``critbatch run --address``."""
+    return backends[2]
+
+
+@pytest.fixture(scope="session")
+def ray_temp_dir(backends: tuple[str, str, str]) -> Path:
+    """The test Ray head's ``--temp-dir`` (its sessions' staging folders are under ``session_*/artifacts``)."""
+    return _RAY_TMP[0]
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ SPEC = {
 
 @pytest.fixture
 def client(fake_jobs):
-    settings = Settings(api_token=TOKEN, tracking_uri="http://mlflow:5000", data_dir=str(REPO))
+    settings = Settings(api_token=TOKEN, tracking_uri="http://mlflow.invalid", data_dir=str(REPO))
     with TestClient(create_app(settings, jobs=fake_jobs)) as c:
         yield c
 
@@ -89,7 +89,7 @@ def test_submit_yaml_then_duplicate_is_409(client, fake_ray):
     assert r.headers["location"] == f"/v1/sweeps/{body['id']}"
     [sub] = fake_ray.submitted
     assert sub["submission_id"] == body["id"]
-    assert "--tracking-uri" in sub["entrypoint"] and "http://mlflow:5000" in sub["entrypoint"]
+    assert "--tracking-uri" in sub["entrypoint"] and "http://mlflow.invalid" in sub["entrypoint"]
     assert "inputs/data/input.txt" in sub["files"]  # inside CRITBATCH_DATA_DIR: shipped
     r2 = post_yaml(client, SPEC)
     assert r2.status_code == 409 and r2.json()["same_spec"] is True and r2.json()["id"] == body["id"]
@@ -213,9 +213,11 @@ def test_unknown_ids_are_404(client, path):
 
 
 def test_cluster_down_is_503_not_500():
-    app = create_app(Settings(api_token=TOKEN, ray_address="http://127.0.0.1:9"))
+    app = create_app(Settings(api_token=TOKEN, ray_address="http://127.0.0.1:9", data_dir=str(REPO)))
     with TestClient(app) as c:
-        assert c.get("/v1/sweeps", headers=AUTH).status_code == 503
+        r = c.get("/v1/sweeps", headers=AUTH)
+        assert r.status_code == 503
+        assert "127.0.0.1" not in r.text and ":9" not in r.text  # no internal address in an error
         assert c.get("/v1/sweeps/x", headers=AUTH).status_code == 503
         assert post_yaml(c, SPEC).status_code == 503
 
@@ -224,7 +226,7 @@ def test_openapi_schema_is_published_behind_the_token(client):
     r = client.get("/openapi.json", headers=AUTH)
     assert r.status_code == 200
     s = r.json()
-    assert set(s["paths"]) == {"/healthz", "/v1/sweeps", "/v1/sweeps/{sweep_id}", "/v1/sweeps/{sweep_id}/logs",
+    assert set(s["paths"]) == {"/healthz", "/readyz", "/v1/sweeps", "/v1/sweeps/{sweep_id}", "/v1/sweeps/{sweep_id}/logs",
                                "/v1/sweeps/{sweep_id}/report"}
     body = s["paths"]["/v1/sweeps"]["post"]["requestBody"]["content"]
     assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/SweepSpec"}

@@ -38,7 +38,7 @@ def _app():
                                            params={"batch_size_sequences": "4", "lr": "0.001"})]
     reader.artifacts[f"p{EXAMPLE_SWEEP_ID}"] = {"b_crit": 8.0, "nan": float("nan")}
     jobs = SweepJobs("http://ray.invalid:8265", client=ray, reader_factory=reader)
-    return create_app(Settings(api_token=TOKEN, data_dir=str(REPO), tracking_uri="http://mlflow:5000"), jobs=jobs)
+    return create_app(Settings(api_token=TOKEN, data_dir=str(REPO), tracking_uri="http://mlflow.invalid"), jobs=jobs)
 
 
 APP = _app()

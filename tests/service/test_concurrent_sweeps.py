@@ -1,0 +1,164 @@
+"""Sweeps that share a cluster keep to their own trials (issue 14, item 1).
+
+Four tiny sweeps start together on the test cluster, whose Ray Tune start second is pinned
+(``conftest.pinned_date_env``), so all four "start in the same second": two local drivers
+(``critbatch run --address``) and two Ray Jobs through the REST service. In each pair one sweep is
+normal and one has trials that all raise. Before the Tune run was named by the sweep id, Ray
+staged all four under ``<session>/artifacts/<second>/tune/`` and every sweep read the others'
+trials (a failing sweep reported SUCCEEDED with another's ``target_loss``).
+
+Each sweep must report exactly its own two trials: its status, its trial counts, ``cbs.json`` and
+``trials.json``, and its MLflow children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from conftest import PINNED_DATE, pinned_date_env
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "test-token-0123456789abcdef"  # conftest.TOKEN
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TIMEOUT_S = 900
+
+
+def spec(name: str, *, failing: bool) -> dict:
+    d = {
+        "name": name,
+        "model": {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+        "data": {"path": "data/tinyshakespeare/input.txt"},
+        "budget_tokens": 8192,
+        "schedule": {"warmup_tokens": 1024, "ema_half_life_tokens": 1024},
+        "eval": {"milestones": 4, "eval_tokens": 1024},
+        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4,
+                   "trials_per_batch_size": 1},
+        "resources": {"workers_per_trial": 1, "cpus_per_worker": 0.25, "max_concurrent_trials": 1, "max_failures": 0},
+    }
+    if failing:  # every trial raises in its worker: the warmup's first phase is B*1//16 = 0 sequences
+        d["batch_warmup"] = {"schedule": [[0, 1], [2048, 16]]}
+    return d
+
+
+def mlflow_trials(uri: str, sweep_id: str) -> tuple[list, list]:
+    from mlflow import MlflowClient
+
+    c = MlflowClient(uri)
+    exps = [e.experiment_id for e in c.search_experiments()]
+    runs = c.search_runs(exps, filter_string=f"tags.`critbatch.sweep_id` = '{sweep_id}'", max_results=1000)
+    return ([r for r in runs if r.data.tags.get("critbatch.role") == "sweep"],
+            [r for r in runs if r.data.tags.get("critbatch.role") == "trial"])
+
+
+def check_own_trials(sweep_id: str, cbs: dict, trials: list[dict], uri: str, *, failing: bool) -> None:
+    """cbs.json, trials.json and the MLflow children name the same two trials, all of this sweep."""
+    parents, children = mlflow_trials(uri, sweep_id)
+    assert len(parents) == 1, parents
+    child_ids = sorted(r.data.tags["critbatch.trial_id"] for r in children)
+    assert len(child_ids) == 2, child_ids
+    assert cbs["sweep_id"] == sweep_id
+    assert sorted(t["trial_id"] for t in trials) == child_ids, (sweep_id, trials, child_ids)
+    assert sorted(cbs["mlflow"]["child_runs"]) == child_ids
+    status = "FAILED" if failing else "COMPLETED"
+    assert {k: v for k, v in cbs["trials"].items() if v} == {status: 2}, cbs["trials"]
+    assert [t["status"] for t in trials] == [status] * 2
+    assert [r.data.tags["critbatch.status"] for r in children] == [status] * 2
+    m = parents[0].data.metrics
+    assert (m.get("trials_completed", 0), m.get("trials_failed", 0)) == ((0, 2) if failing else (2, 0)), m
+    if failing:
+        assert "target_loss" not in m and parents[0].data.tags["critbatch.status"] == "FAILED"
+    else:
+        assert parents[0].data.tags["critbatch.status"] == "SUCCEEDED"
+
+
+@pytest.fixture(scope="module")
+def four_sweeps(cluster_env, ray_gcs_address, mlflow_server, service_url, tmp_path_factory) -> dict:
+    """Start the four sweeps at once; wait for all; return what each left."""
+    tmp = tmp_path_factory.mktemp("concurrent")
+    env = pinned_date_env(dict(cluster_env))
+    env.pop("RAY_ADDRESS")
+    local = {}
+    for name, failing in (("iso-local-ok", False), ("iso-local-fail", True)):
+        path = tmp / f"{name}.yaml"
+        d = spec(name, failing=failing)
+        d["data"]["path"] = str(REPO / d["data"]["path"])
+        path.write_text(yaml.safe_dump(d))
+        out = tmp / name
+        log = open(tmp / f"{name}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sweeps.cli", "run", str(path), "--output", str(out), "--sweep-id", name,
+             "--address", ray_gcs_address, "--tracking-uri", mlflow_server, "--no-progress"],
+            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        local[name] = (proc, out, tmp / f"{name}.log", failing)
+    rest = {}
+    for name, failing in (("iso-rest-ok", False), ("iso-rest-fail", True)):
+        r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
+                       content=json.dumps(spec(name, failing=failing)), params={"sweep_id": name}, timeout=120)
+        assert r.status_code == 201, r.text
+        rest[name] = failing
+    try:
+        for name, (proc, _out, log, _f) in local.items():
+            try:
+                proc.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} did not finish:\n{log.read_text()[-4000:]}")
+        deadline = time.monotonic() + TIMEOUT_S
+        states = {}
+        for name in rest:
+            while True:
+                body = httpx.get(f"{service_url}/v1/sweeps/{name}", headers=AUTH, timeout=60).json()
+                if body["status"] in ("SUCCEEDED", "FAILED", "STOPPED") or time.monotonic() > deadline:
+                    break
+                time.sleep(3)
+            states[name] = body
+    finally:
+        for proc, *_ in local.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return {"local": local, "rest": rest, "states": states}
+
+
+def test_the_four_sweeps_started_in_one_second_on_one_cluster(four_sweeps, ray_temp_dir):
+    """The premise: Ray staged every sweep under the same start second, each in its own folder."""
+    staged = sorted(p.name for p in ray_temp_dir.glob(f"session_*/artifacts/{PINNED_DATE}/iso-*"))
+    assert staged == ["iso-local-fail", "iso-local-ok", "iso-rest-fail", "iso-rest-ok"], staged
+
+
+def test_two_local_drivers_started_together_each_report_their_own_trials(four_sweeps, mlflow_server):
+    for name, (proc, out, log, failing) in four_sweeps["local"].items():
+        assert proc.returncode == (1 if failing else 0), log.read_text()[-4000:]
+        cbs = json.loads((out / "cbs.json").read_text())
+        trials = json.loads((out / "trials.json").read_text())
+        check_own_trials(name, cbs, trials, mlflow_server, failing=failing)
+        assert json.loads((out / "sweep.json").read_text())["status"] == ("FAILED" if failing else "SUCCEEDED")
+
+
+def test_two_service_sweeps_started_together_each_report_their_own_trials(four_sweeps, mlflow_server, service_url):
+    from mlflow import MlflowClient
+
+    for name, failing in four_sweeps["rest"].items():
+        body = four_sweeps["states"][name]
+        assert body["status"] == ("FAILED" if failing else "SUCCEEDED"), body
+        assert (body["trials"]["done"], body["trials"]["failed"]) == ((0, 2) if failing else (2, 0)), body
+        assert body["trials"]["planned"] == 2
+        if not failing:
+            assert body["result"]["target_loss"] > 0
+        else:
+            assert not (body["result"] or {}).get("target_loss")
+        c = MlflowClient(mlflow_server)
+        with tempfile.TemporaryDirectory() as t:
+            cbs = json.loads(Path(c.download_artifacts(body["parent_run_id"], "cbs.json", t)).read_text())
+            trials = json.loads(Path(c.download_artifacts(body["parent_run_id"], "trials.json", t)).read_text())
+        check_own_trials(name, cbs, trials, mlflow_server, failing=failing)
