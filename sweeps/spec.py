@@ -37,6 +37,7 @@ __all__ = [
     "EvalSpec",
     "ScheduleSpec",
     "SearchSpec",
+    "InitialPointSpec",
     "Beta2Spec",
     "OptimizerSpec",
     "ResourcesSpec",
@@ -124,6 +125,9 @@ class DataSpec(_Strict):
     def _non_empty(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be empty")
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
+            # every worker opens data.path as a local file: a URI validated, then failed every trial
+            raise ValueError(f"{v!r} is a URI; the workers read local files only: give a path every node can read")
         return v
 
 
@@ -182,6 +186,36 @@ class Beta2Spec(_Strict):
         return self
 
 
+class InitialPointSpec(_Strict):
+    """A known configuration evaluated first at every batch size (Optuna ``enqueue_trial``).
+
+    Each field is one searched dimension; a dimension left out is sampled as usual. Give ``beta2``
+    when the spec searches ``beta2.values``, ``beta2_half_life_tokens`` when it searches
+    ``beta2.half_life_tokens`` (tokens, so the same point means the same averaging horizon at every
+    batch size).
+    """
+
+    lr_rule: LrRule | None = Field(default=None, description="one of search.lr_rules")
+    lr_multiplier: float | None = Field(default=None, gt=0, le=1000,
+                                        description="within search.lr_multiplier [low, high] (at most 1000)")
+    beta2: float | None = Field(default=None, gt=0.0, lt=1.0, description="one of search.beta2.values")
+    beta2_half_life_tokens: float | None = Field(
+        default=None, gt=0, le=MAX_TOKENS,
+        description="beta2 as a token half-life in tokens, within search.beta2.half_life_tokens (at most 1e13)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "InitialPointSpec":
+        if all(v is None for v in (self.lr_rule, self.lr_multiplier, self.beta2, self.beta2_half_life_tokens)):
+            raise ValueError("give at least one of lr_rule, lr_multiplier, beta2, beta2_half_life_tokens")
+        if self.beta2 is not None and self.beta2_half_life_tokens is not None:
+            raise ValueError("give beta2 or beta2_half_life_tokens, not both")
+        return self
+
+    def given(self) -> dict[str, Any]:
+        """The dimensions this point fixes, ``{name: value}``."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class SearchSpec(_Strict):
     """What is searched: batch sizes (a grid), and per batch size the LR rule, multiplier and beta2."""
 
@@ -194,6 +228,10 @@ class SearchSpec(_Strict):
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
     trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
     algorithm: Literal["optuna"] = "optuna"
+    initial_points: list[InitialPointSpec] = Field(
+        default_factory=list, max_length=1000,
+        description="configurations evaluated first at every batch size, in order, before Optuna samples "
+                    "(enqueued trials of each batch size's study); they count in trials_per_batch_size")
 
     @field_validator("batch_sizes_sequences")
     @classmethod
@@ -214,7 +252,42 @@ class SearchSpec(_Strict):
         lo, hi = self.lr_multiplier
         if lo > hi:
             raise ValueError("lr_multiplier: low must be <= high")
+        errs = [f"initial_points.{i}.{msg}" for i, p in enumerate(self.initial_points) for msg in self._outside(p)]
+        if len(self.initial_points) > self.trials_per_batch_size:
+            errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
+                        f"{self.trials_per_batch_size} (they count in it)")
+        seen: dict[tuple, int] = {}
+        for i, p in enumerate(self.initial_points):
+            key = tuple(sorted(p.given().items()))
+            if key in seen:
+                errs.append(f"initial_points.{i}: the same point as initial_points.{seen[key]}")
+            seen.setdefault(key, i)
+        if errs:
+            raise ValueError("; ".join(errs))
         return self
+
+    def _outside(self, p: "InitialPointSpec") -> list[str]:
+        """Why an initial point lies outside the searched space (one message per field)."""
+        out = []
+        if p.lr_rule is not None and p.lr_rule not in self.lr_rules:
+            out.append(f"lr_rule: {p.lr_rule!r} is not one of lr_rules {list(self.lr_rules)}")
+        lo, hi = self.lr_multiplier
+        if p.lr_multiplier is not None and not lo <= p.lr_multiplier <= hi:
+            out.append(f"lr_multiplier: {p.lr_multiplier:g} lies outside lr_multiplier [{lo:g}, {hi:g}]")
+        if p.beta2 is not None:
+            if self.beta2.values is None:
+                out.append("beta2: the spec searches beta2.half_life_tokens: give beta2_half_life_tokens")
+            elif p.beta2 not in self.beta2.values:
+                out.append(f"beta2: {p.beta2:g} is not one of beta2.values {list(self.beta2.values)}")
+        if p.beta2_half_life_tokens is not None:
+            if self.beta2.half_life_tokens is None:
+                out.append("beta2_half_life_tokens: the spec searches beta2.values: give beta2")
+            else:
+                lo2, hi2 = self.beta2.half_life_tokens
+                if not lo2 <= p.beta2_half_life_tokens <= hi2:
+                    out.append(f"beta2_half_life_tokens: {p.beta2_half_life_tokens:g} lies outside "
+                               f"beta2.half_life_tokens [{lo2:g}, {hi2:g}]")
+        return out
 
 
 class OptimizerSpec(_Strict):
