@@ -7,6 +7,11 @@ each batch size gets its own tuned hyperparameters: a fair comparison across bat
 that (methodology note sections 2.4 and 11.1). A suggestion is repeated for every seed; the Optuna
 trial is told the mean objective over seeds, ``FAIL`` when every seed failed, ``PRUNED`` when a
 seed was stopped early.
+
+``search.initial_points`` are enqueued in every batch size's study when it is created (Optuna
+``enqueue_trial``, user attribute ``critbatch.initial_point``), so they are its first suggestions.
+The samplers travel in the searcher's saved state: a restored sweep asks for exactly the
+hyperparameters the uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -69,14 +74,22 @@ def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dic
     return {"lr_rule": rule, "lr_multiplier": mult, "lr": lr, "beta2": beta2, "beta2_half_life_tokens": t_half}
 
 
+#: Optuna user attribute of an enqueued ``search.initial_points`` trial: the point's index
+INITIAL_POINT_ATTR = "critbatch.initial_point"
+#: Optuna study user attribute: the fingerprint of the spec the sweep id is bound to
+FINGERPRINT_ATTR = "critbatch.fingerprint"
+
+
 class _Group:
     """One Optuna suggestion, run once per seed."""
 
-    def __init__(self, primary: str, batch: int, params: dict[str, Any], n_seeds: int):
+    def __init__(self, primary: str, batch: int, params: dict[str, Any], n_seeds: int,
+                 initial_point: int | None = None):
         self.primary = primary
         self.batch = batch
         self.params = params
         self.n_seeds = n_seeds
+        self.initial_point = initial_point
         self.trial_ids: list[str] = []
         self.results: dict[str, tuple[str, float | None]] = {}  # trial id -> (state, objective)
 
@@ -95,15 +108,21 @@ class BatchSizeSearcher(Searcher):
         storage_url: Optuna RDB storage URL (``sqlite:///OUT/optuna.db``).
         study_prefix: study names are ``{study_prefix}-B{batch}``.
 
+        fingerprint: if given, recorded in each study (user attribute ``critbatch.fingerprint``).
+
     Emits exactly ``spec.n_trials`` configs, then ``Searcher.FINISHED``. Each config holds
-    ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters.
+    ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters, and
+    ``initial_point`` (its index in ``search.initial_points``) when it is one.
     """
 
-    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str):
+    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str, fingerprint: str | None = None):
         super().__init__(metric=OBJECTIVE, mode="min")
         self.spec = spec
         self.storage_url = storage_url
         self.study_prefix = study_prefix
+        self.fingerprint = fingerprint
+        #: pickled samplers of a restored searcher, by batch size, until their study is opened again
+        self._sampler_blobs: dict[int, bytes] = {}
         self.space = search_space(spec)
         self.batches = list(spec.search.batch_sizes_sequences)
         self.quota = spec.search.trials_per_batch_size * len(spec.seeds)
@@ -132,15 +151,34 @@ class BatchSizeSearcher(Searcher):
         if b not in self._subs:
             storage = optuna.storages.RDBStorage(self.storage_url, engine_kwargs={"connect_args": {"timeout": 30}})
             name = f"{self.study_prefix}-B{b}"
-            try:  # a resumed sweep: the trials asked so far shift the seed, or the sampler would repeat them
-                asked = len(storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False))
-            except KeyError:
-                asked = 0
-            self._subs[b] = OptunaSearch(
-                space=self.space, metric=OBJECTIVE, mode="min", storage=storage,
-                study_name=name, seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31),
-            )
+            blob = self._sampler_blobs.pop(b, None)
+            if blob is not None:  # restored: the sampler goes on where the saved state left it
+                sampler = pickle.loads(blob)
+            else:
+                try:  # a resumed sweep without a saved sampler: the trials asked so far shift the seed, or the
+                    # sampler would repeat them
+                    asked = len(storage.get_all_trials(storage.get_study_id_from_name(name), deepcopy=False))
+                except KeyError:
+                    asked = 0
+                sampler = optuna.samplers.TPESampler(seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31))
+            sub = OptunaSearch(space=self.space, metric=OBJECTIVE, mode="min", storage=storage, study_name=name,
+                               sampler=sampler)
+            self._prepare_study(sub._ot_study)
+            self._subs[b] = sub
         return self._subs[b]
+
+    def _prepare_study(self, study: optuna.Study) -> None:
+        """Record the spec's fingerprint and, in a new study, enqueue ``search.initial_points`` (in order)."""
+        attrs = study.user_attrs
+        if self.fingerprint and attrs.get(FINGERPRINT_ATTR) != self.fingerprint:
+            study.set_user_attr(FINGERPRINT_ATTR, self.fingerprint)
+        points = self.spec.search.initial_points
+        if not points or attrs.get("critbatch.initial_points_enqueued") or study.get_trials(deepcopy=False):
+            return
+        for i, p in enumerate(points):
+            study.enqueue_trial({k: v for k, v in p.given().items() if k in self.space},
+                                user_attrs={INITIAL_POINT_ATTR: i})
+        study.set_user_attr("critbatch.initial_points_enqueued", len(points))
 
     def _next_batch(self) -> int | None:
         n = len(self.batches)
@@ -163,14 +201,17 @@ class BatchSizeSearcher(Searcher):
             params = sub.suggest(trial_id) if sub is not None else {}
             if params is None:
                 return None
-            group = _Group(trial_id, b, dict(params), len(self.spec.seeds))
+            point = sub._ot_trials[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
+            group = _Group(trial_id, b, dict(params), len(self.spec.seeds), initial_point=point)
             self.open_group[b] = group
         seed = self.spec.seeds[len(group.trial_ids)]
         group.trial_ids.append(trial_id)
         self.groups[trial_id] = group
         self.assigned[b] += 1
         hp = hyperparameters_for(self.spec, b, group.params)
-        return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp}
+        point = getattr(group, "initial_point", None)
+        return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,
+                **({"initial_point": point} if point is not None else {})}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         # Intermediate results go to the equal-compute scheduler, not to Optuna's step-indexed pruners.
@@ -212,6 +253,9 @@ class BatchSizeSearcher(Searcher):
             {b: {tid: t._trial_id for tid, t in s._ot_trials.items()} for b, s in self._subs.items()} if self._subs else {}
         )
         d["_subs_completed"] = {b: set(s._completed_trials) for b, s in self._subs.items()} if self._subs else {}
+        # the samplers' state (their RNG): a restored sweep then asks for what the uninterrupted one would have
+        d["_sampler_blobs"] = {**self._sampler_blobs, **(
+            {b: pickle.dumps(s._ot_study.sampler) for b, s in self._subs.items()} if self._subs else {})}
         d["_subs"] = None
         d["scheduler"] = None  # re-attached by the driver
         return d
@@ -226,6 +270,8 @@ class BatchSizeSearcher(Searcher):
         ot_trials = state.pop("_subs_ot_trials", {})
         completed = state.pop("_subs_completed", {})
         state["scheduler"] = getattr(self, "scheduler", None)
+        state.setdefault("_sampler_blobs", {})  # saved before samplers were saved: the seed is shifted instead
+        state.setdefault("fingerprint", None)
         self.__dict__.update(state)
         self._subs = None
         # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
@@ -244,4 +290,5 @@ class BatchSizeSearcher(Searcher):
         return self._state()
 
     def set_state(self, state: dict) -> None:
-        self.__dict__.update({**state, "scheduler": getattr(self, "scheduler", None)})
+        self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, **state,
+                              "scheduler": getattr(self, "scheduler", None)})
