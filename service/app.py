@@ -78,6 +78,8 @@ log = logging.getLogger("critbatch.service")
 ACTIVE_RAY_STATUSES = ("PENDING", "RUNNING")
 #: ``Retry-After`` (seconds) of a 429 when the service runs ``max_running`` sweeps already.
 RETRY_AFTER_S = 60
+#: ``GET /v1/sweeps`` answers at most this old are shared between concurrent callers (seconds).
+LIST_CACHE_S = 1.0
 
 
 # ---- request body: size limit, parsing --------------------------------------------------------
@@ -340,7 +342,7 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
     """
     settings = settings or Settings.from_env()
     jobs = jobs or SweepJobs(settings.ray_address, tracking_uri=settings.tracking_uri,
-                             ray_timeout_s=settings.ray_timeout_s)
+                             ray_timeout_s=settings.ray_timeout_s, list_cache_s=LIST_CACHE_S)
     # the service reads MLflow at its own tracking URI only, and its errors quote no backend
     jobs.only_tracking_uri = True
     jobs.public_errors = True

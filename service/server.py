@@ -29,7 +29,7 @@ def serve(*, host: str, port: int, local_only: bool = False, log_level: str = "i
     settings = check_serve_settings(host=host, local_only=local_only)
     # Reads of an unreachable MLflow server fail within seconds instead of retrying for minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, round(settings.mlflow_timeout_s)))
     import uvicorn
 
     from service.app import create_app

@@ -966,6 +966,7 @@ class SweepJobs:
         public_errors: error texts name no address and quote no remote answer (the service).
         ray_timeout_s: the longest one HTTP request to the job server may take
             (:class:`BackendTimeout` after it).
+        list_cache_s: :meth:`list` answers at most this old are shared (0: every call reads).
     """
 
     def __init__(
@@ -979,6 +980,7 @@ class SweepJobs:
         only_tracking_uri: bool = False,
         public_errors: bool = False,
         ray_timeout_s: float | None = None,
+        list_cache_s: float = 0.0,
     ):
         self.address = address
         self._headers = headers
@@ -989,6 +991,9 @@ class SweepJobs:
         self.only_tracking_uri = only_tracking_uri
         self.public_errors = public_errors
         self.ray_timeout_s = ray_timeout_s
+        self.list_cache_s = list_cache_s
+        self._list_lock = threading.Lock()
+        self._list_cache: dict[tuple, tuple[float, Any]] = {}
 
     # -- plumbing
 
@@ -1108,6 +1113,7 @@ class SweepJobs:
                 if attempt + 1 == SUBMIT_ATTEMPTS:
                     raise ClusterUnavailable(f"cannot submit to the Ray job server at {self.address}: {exc}") from None
                 time.sleep(2.0 * (attempt + 1))
+        self._list_cache.clear()
         return SweepState(
             id=staged.sweep_id, status="PENDING", ray_status="PENDING", name=staged.spec.name,
             tracking_uri=staged.tracking_uri, trials=TrialCounts(planned=staged.spec.n_trials),
@@ -1125,7 +1131,26 @@ class SweepJobs:
         return self._state(self._job(sweep_id), with_mlflow=with_mlflow, reconcile=reconcile)
 
     def list(self, *, limit: int = 20, offset: int = 0, with_mlflow: bool = True) -> tuple[list[SweepState], int]:
-        """Sweeps on the cluster, newest first: ``(page, total)``."""
+        """Sweeps on the cluster, newest first: ``(page, total)``.
+
+        With ``list_cache_s``, concurrent and repeated calls within that many seconds share one
+        answer (one call to Ray's job list, one MLflow read per listed sweep): status only, so a
+        second old at most.
+        """
+        key = (limit, offset, with_mlflow)
+        if self.list_cache_s <= 0:
+            return self._list(limit, offset, with_mlflow)
+        with self._list_lock:  # single flight: callers arriving while one computes wait for its answer
+            hit = self._list_cache.get(key)
+            if hit is not None and time.monotonic() - hit[0] < self.list_cache_s:
+                return hit[1]
+            out = self._list(limit, offset, with_mlflow)
+            if len(self._list_cache) > 64:
+                self._list_cache.clear()
+            self._list_cache[key] = (time.monotonic(), out)
+            return out
+
+    def _list(self, limit: int, offset: int, with_mlflow: bool) -> tuple[list[SweepState], int]:
         jobs = [j for j in self._call("list_jobs") if META_SWEEP_ID in (j.metadata or {}) and j.submission_id]
         jobs.sort(key=lambda j: (j.start_time or 0, j.submission_id), reverse=True)
         page = jobs[offset : offset + limit]

@@ -215,3 +215,17 @@ def test_concurrent_submissions_respect_the_cap(fake_jobs, fake_ray):
                 headers={**AUTH, "Content-Type": "application/yaml"}).status_code, range(6)))
     assert sorted(codes) == [201, 201, 429, 429, 429, 429], codes
     assert len(fake_ray.submitted) == 2
+
+
+def test_concurrent_list_calls_share_one_read_of_ray():
+    class Counting(BlockingRay):
+        calls = 0
+
+        def list_jobs(self):
+            Counting.calls += 1
+            return super().list_jobs()
+
+    jobs = SweepJobs("http://ray.invalid:8265", client=Counting(0.5), list_cache_s=1.0)
+    with ThreadPoolExecutor(20) as pool:
+        pages = list(pool.map(lambda _: jobs.list(), range(20)))
+    assert pages == [([], 0)] * 20 and Counting.calls == 1
