@@ -187,7 +187,8 @@ def test_service_deployment_talks_to_ray_and_mlflow_with_tokens_and_no_api_right
     assert env["RAY_AUTH_MODE"]["value"] == "token"
     svc = _by(objs, "Service", "critbatch")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http"}]
-    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     # its ServiceAccount: no token in the pod, and bound to no Role at all
     sa = _by(objs, "ServiceAccount", "critbatch")
     assert pod["serviceAccountName"] == "critbatch"
