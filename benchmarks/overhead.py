@@ -86,7 +86,7 @@ def main() -> None:
             print(r.stdout, r.stderr)
             raise SystemExit("the sweep failed")
         rows = []
-        for f in sorted(Path(tmp, "out", "tune").glob("*/result.json")):
+        for f in sorted(Path(tmp, "out", "tune").glob("**/result.json")):
             rows.append([json.loads(x) for x in f.read_text().splitlines() if x.strip()])
         first = [r_[0]["time_total_s"] for r_ in rows]
         total = [r_[-1]["time_total_s"] for r_ in rows]
