@@ -483,8 +483,10 @@ def _lr_exponent(rows: list[tuple[int, float]]) -> float | None:
     return float(slope)
 
 
-def _lr_exponent_by_chance(trials: list[TrialRecord], draws: int = 2000, seed: int = 0) -> dict[str, float] | None:
-    """The fitted LR exponent when one trial per batch size is picked at random: the null to beat.
+def _lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], draws: int = 2000, seed: int = 0
+                           ) -> dict[str, float] | None:
+    """The fitted LR exponent when one trial per batch size (of ``batch_sizes``, those of the fit) is
+    picked at random: the null to beat.
 
     A search space whose LR rules and multipliers are spread evenly around a rule gives that rule's
     exponent on average whatever the data say; a fitted exponent is evidence only where it differs
@@ -493,7 +495,7 @@ def _lr_exponent_by_chance(trials: list[TrialRecord], draws: int = 2000, seed: i
     by_b: dict[int, list[float]] = {}
     for t in trials:
         lr = t.hyperparameters.get("lr")
-        if lr and t.tokens:
+        if lr and t.tokens and t.batch_size_sequences in batch_sizes:
             by_b.setdefault(t.batch_size_sequences, []).append(float(lr))
     if len(by_b) < 3:
         return None
@@ -609,7 +611,7 @@ def analyze_trials(
     fitted = _lr_exponent([(b, lr) for b, lr in winners if lr])
     if fitted is not None:
         result["lr_scaling_exponent_fit"] = fitted
-        result["lr_scaling_exponent_by_chance"] = _lr_exponent_by_chance(trials)
+        result["lr_scaling_exponent_by_chance"] = _lr_exponent_by_chance(trials, {b for b, lr in winners if lr})
     return result
 
 
