@@ -141,7 +141,9 @@ def test_healthz_answers_while_every_backend_thread_waits_on_ray():
             lat = health_latencies(url, lambda: not all(f.done() for f in lists))
             codes = [f.result().status_code for f in lists]
     assert set(codes) <= {200, 504} and 200 in codes
-    assert max(lat) < 0.5, max(lat)
+    # queued behind the blocked calls (a sync /healthz in the request pool) it would wait >= 3 s;
+    # the bound is relative because the machine running the tests may be loaded
+    assert max(lat) < 0.5 * 3.0, max(lat)
 
 
 @pytest.fixture
