@@ -1,8 +1,8 @@
 """The one place ``workloads`` touches Ray Train: the per-worker function of a ``TorchTrainer``.
 
 Checkpoints: rank 0 writes the loop state (model, optimizer, weight EMA, noise-scale EMAs, data
-position = step, RNG) with each milestone report; a restarted worker group resumes from
-``ray.train.get_checkpoint()``.
+position = step, RNG) and every report so far with each milestone report; a restarted worker group
+resumes from ``ray.train.get_checkpoint()`` and first sends those reports again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from workloads.registry import get_entry
 __all__ = ["train_fn_per_worker", "STATE_FILE", "reaches_rung", "wait_for_rung_decision"]
 
 STATE_FILE = "trial_state.pt"
-#: the key of the checkpointed state that holds every report so far (``pruning.mode: pause``)
+#: the key of the checkpointed state that holds every report so far (sent again by a restored worker group)
 REPORTED_KEY = "_reported_rows"
 
 #: how long a worker waits at a rung for the scheduler's go before going on anyway (a lost signal costs
@@ -78,11 +78,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     device = ray.train.torch.get_device()
     resume_state = _load_state(ray.train.get_checkpoint())
-    # pruning.mode pause: every report so far travels in the checkpoint, and a restored worker group sends
-    # them again first. Ray Train saves a checkpoint before Tune has the report that came with it: a driver
-    # that dies in between (seen under load: two milestones) loses those reports, and the scheduler would
-    # neither see the trial reach its rung nor have the points its rung value needs. Replays it already
-    # has are ignored (the scheduler, the MLflow tracker and the trial records keep one row per milestone).
+    # Every report so far travels in the checkpoint, and a restored worker group sends them all again
+    # first, whatever the pruning mode. Ray Train saves a checkpoint before Tune has the report that came
+    # with it: a driver that dies or is stopped in between (seen: SIGTERM, kill -9, two milestones under
+    # load) loses those reports, so MLflow and trials.json missed a milestone and, in pruning mode pause,
+    # the scheduler neither saw the trial reach its rung nor had the points its rung value needs. Replays
+    # that Tune already has are ignored downstream (the scheduler, the MLflow tracker and the trial
+    # records keep one row per milestone, by tokens seen).
     reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
@@ -102,15 +104,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
-        if cfg.rung_gate_key:
-            reported.append(clean)
-            if state is not None:
-                state = {**state, REPORTED_KEY: list(reported)}
+        reported.append(clean)
+        if state is not None:
+            state = {**state, REPORTED_KEY: list(reported)}
         publish(clean, state)
 
-    if cfg.rung_gate_key:
-        for row in list(reported):
-            publish(row, None)
+    for row in list(reported):
+        publish(row, None)
 
     entry = get_entry(cfg.workload)
     entry(cfg, device=device, report=report, resume_state=resume_state, save_dir=save_dir if rank == 0 else None)
