@@ -1,7 +1,9 @@
 """The ``critbatch`` command line.
 
 Exit codes: 0 success; 1 the sweep ran but failed (every trial failed, analysis impossible, or a
-remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder).
+remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder, a sweep id
+bound to another spec); 130 / 143 the sweep was stopped by SIGINT (Ctrl-C) / SIGTERM and
+``critbatch resume OUT`` continues it.
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def resume(
 
 
 def _sweep_and_report(call) -> None:
-    """Run ``call()`` (a sweep), print its summary; exit 2 on invalid input, 1 on a failed sweep."""
+    """Run ``call()`` (a sweep), print its summary; exit 2 on invalid input, 1 on a failed sweep,
+    128 + the signal on a sweep stopped by SIGINT or SIGTERM."""
     try:
         result = call()
     except (SpecError, InvalidInput) as exc:
@@ -99,6 +102,8 @@ def _sweep_and_report(call) -> None:
         console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_FAILED)
     _print_summary(result)
+    if result.get("exit_code"):  # stopped by SIGINT or SIGTERM: 128 + the signal (130, 143); resumable
+        raise typer.Exit(int(result["exit_code"]))
     if not result.get("ok", False):
         raise typer.Exit(EXIT_FAILED)
 
@@ -174,12 +179,18 @@ def _print_summary(result: dict) -> None:
     if result.get("message"):
         out.print(result["message"], highlight=False)
     if cbs.get("b_crit") is not None:
+        ci = cbs.get("b_crit_ci") or [None, None]
+        ci_text = (f"95% CI [{ci[0]:.1f}, {f'{ci[1]:.1f}' if ci[1] is not None else 'unbounded'}]"
+                   if ci[0] is not None else "no interval")
         out.print(
             f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
-            f"({cbs['b_crit_tokens']:.0f} tokens) at target loss {cbs['target_loss']:.4f}; "
-            f"20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
+            f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
+            f"{cbs['target_loss']:.4f}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
             highlight=False,
         )
+    elif cbs.get("status") and cbs.get("target_loss") is not None:
+        out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
+                  + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
     if result.get("output"):
         out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
 

@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,18 @@ from typing import Any
 import yaml
 
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
-from sweeps.preflight import check_data_files, check_output_folder, plan_resources, resolve_data_path, resolve_paths
+from sweeps.preflight import (
+    check_data_files,
+    check_output_folder,
+    check_sweep_id_binding,
+    check_tracking_uri,
+    claim_output_folder,
+    lock_output_folder,
+    plan_resources,
+    resolve_data_path,
+    resolve_paths,
+    write_storage_binding,
+)
 from sweeps.spec import SweepSpec, parse_spec
 
 __all__ = ["run_sweep", "resume_sweep", "resolve_tracking_uri", "collect_records", "DEFAULT_TRACKING_URI"]
@@ -33,6 +45,111 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 #: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
 HEALTH_CHECK_INTERVAL_S = "0.1"
 _SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: MLflow writes a force-quit still waits for (seconds); a clean stop waits CRITBATCH_MLFLOW_DRAIN_S
+FORCE_QUIT_DRAIN_S = 15.0
+
+
+class StopSignals:
+    """SIGINT (Ctrl-C) and SIGTERM (``kill``, ``ray job stop``, Kubernetes) stop a sweep cleanly.
+
+    The first signal asks Tune to end its run (Tune's own interrupt, reached through its SIGUSR1
+    handler): Tune snapshots the experiment, in which the running trials stay unfinished, each with
+    its last milestone checkpoint, and stops them; the driver then ends every MLflow run
+    ``STOPPED``, writes ``sweep.json`` ``STOPPED`` and the CLI exits ``128 + signal`` (130, 143), so
+    that ``critbatch resume OUT`` continues the sweep. Ray Tune's own SIGINT handler is turned off
+    (``TUNE_DISABLE_SIGINT_HANDLER``): it made ``fit()`` return normally, and an interrupted sweep was
+    reported ``SUCCEEDED``. A second signal force-quits (``KeyboardInterrupt`` wherever the driver
+    is): no analysis, the runs are still ended ``STOPPED`` (waiting at most
+    :data:`FORCE_QUIT_DRAIN_S` for MLflow), and the sweep resumes from Tune's last snapshot (taken
+    every ``TUNE_GLOBAL_CHECKPOINT_S``). Later signals are ignored while it quits.
+
+    Handlers are installed in the main thread only (elsewhere Python refuses them), and again by
+    :meth:`install` after ``ray.init``, which sets a SIGTERM handler of its own (``sys.exit``).
+
+    Attributes:
+        signum: the first signal received, or None.
+        forced: a ``KeyboardInterrupt`` was raised (force-quit, or a stop before Tune ran).
+        tune_running: set by the driver around ``Tuner.fit()``.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.forced = False
+        self.tune_running = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        return self.install()
+
+    def install(self) -> "StopSignals":
+        """(Re)install the handlers; the ones found first are restored on exit."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old = signal.signal(sig, self._on_signal)
+                self._old.setdefault(sig, old)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
+        return False
+
+    @property
+    def exit_code(self) -> int | None:
+        """``128 + signal`` once a signal arrived (the shell's convention: 130 for SIGINT, 143 for SIGTERM)."""
+        return None if self.signum is None else 128 + int(self.signum)
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.forced:
+            log.warning("%s: already quitting", name)
+            return
+        if self.signum is not None:
+            self.forced = True
+            log.warning("%s again: force-quitting; `critbatch resume` continues from Tune's last snapshot", name)
+            raise KeyboardInterrupt
+        self.signum = signum
+        tune_interrupt = signal.getsignal(signal.SIGUSR1)
+        if self.tune_running and getattr(tune_interrupt, "__name__", "") == "signal_interrupt_tune_run":
+            log.warning("%s: stopping the sweep cleanly (trials keep their last checkpoint; `critbatch resume` "
+                        "continues it); send it again to force-quit", name)
+            tune_interrupt(signum, frame)  # Tune ends fit() after one last experiment snapshot
+            return
+        self.forced = True
+        log.warning("%s: stopping the sweep", name)
+        raise KeyboardInterrupt
+
+
+def _tracking_source(spec: SweepSpec, flag: str | None) -> str:
+    """Which setting gave the tracking URI (for error messages)."""
+    if flag:
+        return "--tracking-uri"
+    if spec.tracking.uri:
+        return "tracking.uri"
+    return "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the default tracking URI"
+
+
+def _mlflow_parents(uri: str, experiment: str, sweep_id: str) -> list[tuple[str, str | None]]:
+    """``(run id, critbatch.fingerprint tag)`` of the MLflow parent runs of a sweep id; [] when the store
+    does not exist yet or cannot be read (starting the parent run then says why)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
+        return []
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.tracking import configure_mlflow_env
+
+    configure_mlflow_env()
+    try:
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        runs = client.search_runs([exp.experiment_id], filter_string=(
+            f"tags.`critbatch.sweep_id` = '{sweep_id}' and tags.`critbatch.role` = 'sweep'"))
+    except Exception:  # noqa: BLE001
+        return []
+    return [(r.info.run_id, r.data.tags.get("critbatch.fingerprint")) for r in runs]
 
 
 def resolve_tracking_uri(spec: SweepSpec, flag: str | None) -> str:
@@ -170,15 +287,21 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run a whole sweep and write ``OUT/cbs.json`` and ``OUT/report.html``.
 
+    The output folder is claimed atomically before anything starts (:func:`claim_output_folder`);
+    SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`StopSignals`).
+
     Returns:
-        ``{"ok", "status", "sweep_id", "cbs", "output", "message"}``; ``ok`` is False when the sweep
-        FAILED (no trial completed, or the analysis could not run) or was STOPPED.
+        ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}``; ``ok`` is False when
+        the sweep FAILED (no trial completed, or the analysis could not run) or was STOPPED;
+        ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
 
     Raises:
-        InvalidInput: bad data, an output folder of another sweep, a bad sweep id, resources that
-            cannot fit the cluster. Nothing was created.
-        CritbatchError: MLflow unreachable when the sweep starts.
+        InvalidInput: bad data, a tracking URI MLflow would refuse, an output folder that cannot be
+            created or holds (or is being claimed by) another sweep, a bad sweep id, a sweep id bound
+            to another spec's fingerprint, resources that cannot fit the cluster. Nothing was created.
+        CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
+    fingerprint = spec.fingerprint()  # of the spec as given: what the sweep id is bound to
     check_data_files(spec)
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()
@@ -188,94 +311,146 @@ def run_sweep(
     if not _SWEEP_ID.fullmatch(sweep_id):
         raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     uri = resolve_tracking_uri(spec, tracking_uri)
+    check_tracking_uri(uri, source=_tracking_source(spec, tracking_uri))
+    root = storage_root(spec, output, sweep_id)
+    shared = root != str(output)
+    check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if shared else None,
+                           mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
+                           optuna_storage=os.environ.get("CRITBATCH_OPTUNA_STORAGE"))
 
-    started_ray = _init_ray(ray_address, spec)
-    try:
-        total, largest = _cluster_shape()
-        plan = plan_resources(spec, total, largest)
-        if plan.warning:
-            log.warning(plan.warning)
-        root = storage_root(spec, output, sweep_id)
-        if root != str(output):
-            from ray import tune
-
-            if tune.Tuner.can_restore(_tune_dir_of(root, sweep_id)):
-                # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
-                return _resume_from_shared(spec, output, sweep_id, uri, root, plan.concurrency, show_progress,
-                                           ray_address)
-        created = not output.exists()
-        output.mkdir(parents=True, exist_ok=True)
-        from mlflow.tracking import MlflowClient
-
-        from sweeps.tracking import Tracker, configure_mlflow_env
-
-        configure_mlflow_env()
-        tracker = Tracker(MlflowClient(uri), spec, sweep_id)
+    with StopSignals() as stop:
+        claim = claim_output_folder(output, sweep_id, fingerprint)  # exclusive: a second run exits 2
+        started = False
+        tracker = None
         try:
-            tracker.start_parent()
-        except Exception as exc:  # noqa: BLE001
-            if created:
-                shutil.rmtree(output, ignore_errors=True)
-            raise CritbatchError(f"cannot create the sweep's MLflow run at {uri}: {exc}") from None
-        state = {
-            "sweep_id": sweep_id,
-            "tracking_uri": uri,
-            "experiment_id": tracker.experiment_id,
-            "parent_run_id": tracker.parent_run_id,
-            "data_path": resolve_data_path(spec),
-            "ray_address": ray_address,
-            "storage_root": root,
-            "optuna_storage": optuna_storage_url(output),
-            "status": "RUNNING",
-            "created": time.time(),
-        }
-        (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
-        _write_json(output / "sweep.json", state)
-        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=False)
-    finally:
-        if started_ray:
-            import ray
+            started_ray = _init_ray(ray_address, spec)
+            stop.install()  # ray.init replaced the SIGTERM handler
+            try:
+                total, largest = _cluster_shape()
+                plan = plan_resources(spec, total, largest)
+                if plan.warning:
+                    log.warning(plan.warning)
+                if shared:
+                    from ray import tune
 
-            ray.shutdown()
+                    if tune.Tuner.can_restore(_tune_dir_of(root, sweep_id)):
+                        # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
+                        tracker, state = _attach_shared(spec, output, sweep_id, uri, root, ray_address, fingerprint)
+                        started = True
+                        log.warning("resuming sweep %s from %s", sweep_id, root)
+                        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
+                                                resume=True, stop=stop)
+                from mlflow.tracking import MlflowClient
+
+                from sweeps.tracking import Tracker, configure_mlflow_env
+
+                configure_mlflow_env()
+                tracker = Tracker(MlflowClient(uri), spec, sweep_id, fingerprint=fingerprint)
+                try:
+                    tracker.start_parent()
+                except Exception as exc:  # noqa: BLE001
+                    raise CritbatchError(f"cannot create the sweep's MLflow run at {uri}: {exc}") from None
+                if shared:
+                    write_storage_binding(root, sweep_id, fingerprint)
+                state = {
+                    "sweep_id": sweep_id,
+                    "fingerprint": fingerprint,
+                    "tracking_uri": uri,
+                    "experiment_id": tracker.experiment_id,
+                    "parent_run_id": tracker.parent_run_id,
+                    "data_path": resolve_data_path(spec),
+                    "ray_address": ray_address,
+                    "storage_root": root,
+                    "optuna_storage": optuna_storage_url(output),
+                    "status": "RUNNING",
+                    "created": time.time(),
+                }
+                (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+                _write_json(output / "sweep.json", state)
+                started = True
+                return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=False,
+                                        stop=stop)
+            finally:
+                if started_ray:
+                    import ray
+
+                    ray.shutdown()
+        except KeyboardInterrupt:
+            if started:
+                raise
+            # stopped before the sweep started: nothing to resume, so nothing is left behind
+            return {"ok": False, "status": "STOPPED", "sweep_id": sweep_id, "cbs": None, "output": str(output),
+                    "message": "stopped before the sweep started; nothing was kept", "exit_code": stop.exit_code}
+        finally:
+            if not started and tracker is not None and tracker.parent_run_id:
+                try:
+                    tracker.client.delete_run(tracker.parent_run_id)
+                except Exception:  # noqa: BLE001
+                    log.warning("could not delete the MLflow run %s of the sweep that did not start",
+                                tracker.parent_run_id)
+            if not started:
+                for name in ("spec.yaml",):
+                    (output / name).unlink(missing_ok=True)
+            claim.release(remove=not started)
 
 
 def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept).
 
-    Unfinished trials continue from their last checkpoint; finished ones are not rerun.
+    Unfinished trials continue from their last checkpoint (every report it holds is sent again,
+    so no milestone is lost); finished ones are not rerun.
 
     Raises:
-        InvalidInput: ``OUT`` holds no sweep, or its spec no longer validates.
+        InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
+            no longer validates, or another driver is running there.
     """
     output = Path(output).expanduser().resolve()
     check_output_folder(output, resuming=True)
     state = json.loads((output / "sweep.json").read_text())
+    if state.get("status") == "STARTING" or "parent_run_id" not in state:
+        raise InvalidInput(f"sweep '{state.get('sweep_id', '?')}' in {output} never started (its driver died while "
+                           f"starting): nothing to resume; `critbatch run SPEC --output {output}` starts it again")
     spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     if state.get("status") in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
         raise InvalidInput(f"sweep '{state['sweep_id']}' in {output} already finished ({state['status']})")
-    started_ray = _init_ray(ray_address or state.get("ray_address"), spec)
-    try:
-        total, largest = _cluster_shape()
-        plan = plan_resources(spec, total, largest)
-        from mlflow.tracking import MlflowClient
+    with StopSignals() as stop:
+        claim = lock_output_folder(output, state["sweep_id"])  # a second driver on one folder exits 2
+        try:
+            started_ray = _init_ray(ray_address or state.get("ray_address"), spec)
+            stop.install()  # ray.init replaced the SIGTERM handler
+            try:
+                total, largest = _cluster_shape()
+                plan = plan_resources(spec, total, largest)
+                from mlflow.tracking import MlflowClient
 
-        from sweeps.tracking import Tracker, configure_mlflow_env
+                from sweeps.tracking import Tracker, configure_mlflow_env
 
-        configure_mlflow_env()
-        tracker = Tracker(MlflowClient(state["tracking_uri"]), spec, state["sweep_id"])
-        tracker.attach_parent(state["experiment_id"], state["parent_run_id"])
-        state["status"] = "RUNNING"
-        _write_json(output / "sweep.json", state)
-        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=True)
-    finally:
-        if started_ray:
-            import ray
+                configure_mlflow_env()
+                tracker = Tracker(MlflowClient(state["tracking_uri"]), spec, state["sweep_id"],
+                                  fingerprint=state.get("fingerprint"))
+                tracker.attach_parent(state["experiment_id"], state["parent_run_id"])
+                state["status"] = "RUNNING"
+                _write_json(output / "sweep.json", state)
+                return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=True,
+                                        stop=stop)
+            finally:
+                if started_ray:
+                    import ray
 
-            ray.shutdown()
+                    ray.shutdown()
+        except KeyboardInterrupt:  # stopped before the resume began: the sweep is as it was
+            return {"ok": False, "status": "STOPPED", "sweep_id": state["sweep_id"], "cbs": None,
+                    "output": str(output), "message": "stopped before the resume began", "exit_code": stop.exit_code}
+        finally:
+            claim.release()
 
 
-def _resume_from_shared(spec, output, sweep_id, uri, root, concurrency, show_progress, ray_address):
-    """Re-attach to a sweep whose Tune state lives on shared storage (found by its sweep id)."""
+def _attach_shared(spec, output, sweep_id, uri, root, ray_address, fingerprint):
+    """The tracker and state of a sweep whose Tune state lives on shared storage (found by its sweep id).
+
+    Raises:
+        InvalidInput: MLflow has no parent run for it.
+    """
     from mlflow.tracking import MlflowClient
 
     from sweeps.tracking import Tracker, configure_mlflow_env
@@ -287,23 +462,24 @@ def _resume_from_shared(spec, output, sweep_id, uri, root, concurrency, show_pro
         f"tags.`critbatch.sweep_id` = '{sweep_id}' and tags.`critbatch.role` = 'sweep'")) if exp else []
     if not parents:
         raise InvalidInput(f"shared storage {root} holds sweep '{sweep_id}' but MLflow at {uri} has no parent run for it")
-    tracker = Tracker(client, spec, sweep_id)
+    tracker = Tracker(client, spec, sweep_id, fingerprint=fingerprint)
     tracker.attach_parent(exp.experiment_id, parents[0].info.run_id)
-    output.mkdir(parents=True, exist_ok=True)
-    state = {"sweep_id": sweep_id, "tracking_uri": uri, "experiment_id": exp.experiment_id,
+    state = {"sweep_id": sweep_id, "fingerprint": fingerprint, "tracking_uri": uri, "experiment_id": exp.experiment_id,
              "parent_run_id": parents[0].info.run_id, "data_path": resolve_data_path(spec), "ray_address": ray_address,
              "storage_root": root, "optuna_storage": optuna_storage_url(output), "status": "RUNNING",
              "created": time.time()}
     (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
     _write_json(output / "sweep.json", state)
-    log.warning("resuming sweep %s from %s", sweep_id, root)
-    return _execute_guarded(spec, output, tracker, state, concurrency, show_progress, resume=True)
+    return tracker, state
 
 
-def _execute_guarded(spec, output, tracker, state, concurrency, show_progress, *, resume):
-    """:func:`_execute`, ending every MLflow run as FAILED if the sweep machinery itself crashes."""
+def _execute_guarded(spec, output, tracker, state, concurrency, show_progress, *, resume, stop: StopSignals):
+    """:func:`_execute`, ending every MLflow run as FAILED if the sweep machinery itself crashes, and as
+    STOPPED on a force-quit (see :class:`StopSignals`)."""
     try:
-        return _execute(spec, output, tracker, state, concurrency, show_progress, resume=resume)
+        return _execute(spec, output, tracker, state, concurrency, show_progress, resume=resume, stop=stop)
+    except KeyboardInterrupt:
+        return _force_quit(output, tracker, state, stop)
     except Exception as exc:
         log.exception("sweep crashed")
         tracker.finish("FAILED", {}, None, message=f"sweep crashed: {exc}")
@@ -312,8 +488,22 @@ def _execute_guarded(spec, output, tracker, state, concurrency, show_progress, *
         raise SweepFailed(f"sweep crashed: {exc}") from exc
 
 
+def _force_quit(output: Path, tracker, state: dict, stop: StopSignals) -> dict[str, Any]:
+    """End a sweep stopped by a second signal (or before Tune ran): every open MLflow run STOPPED,
+    ``sweep.json`` STOPPED, no analysis; Tune's last snapshot and the trials' checkpoints stay for
+    ``critbatch resume``."""
+    stop.forced = True  # later signals are ignored while it quits
+    message = "the sweep was force-quit before all trials finished: `critbatch resume` continues it"
+    complete = tracker.finish("STOPPED", {}, None, message=message, drain_s=FORCE_QUIT_DRAIN_S)
+    state["status"] = "STOPPED"
+    state["mlflow_complete"] = complete
+    _write_json(output / "sweep.json", state)
+    return {"ok": False, "status": "STOPPED", "sweep_id": state["sweep_id"], "cbs": None, "output": str(output),
+            "message": message, "exit_code": stop.exit_code or 130}
+
+
 def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: int, show_progress: bool,
-             *, resume: bool) -> dict[str, Any]:
+             *, resume: bool, stop: StopSignals) -> dict[str, Any]:
     from ray import tune
 
     from sweeps.progress import ProgressCallback
@@ -344,6 +534,9 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
     if scheduler is not None:
         callbacks.insert(0, PruningAnnotator(scheduler))  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
+    from sweeps.tracking import ReportLog
+
+    callbacks.append(ReportLog(output / REPORTS_DIR))  # last: sees each result as annotated by the others
     stopper = None
     if spec.budget.sweep_flops is not None:
         from sweeps.budget import SweepBudgetStopper
@@ -368,18 +561,14 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                         scheduler.reopen(r.trial_id)
         if stopper is not None:
             stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
-    stop_flag = {"stopped": False}
     t0 = time.monotonic()
-
-    def on_term(signum, frame):  # Ray Jobs' stop sends SIGTERM
-        stop_flag["stopped"] = True
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
+    # StopSignals turns SIGINT into Tune's interrupt itself; Tune's SIGINT handler would hide it (fit() returns)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     grid = None
+    tune_dir = _tune_dir_of(root, state["sweep_id"])
     try:
-        if resume:
-            tuner = tune.Tuner.restore(_tune_dir_of(root, state["sweep_id"]), trainable=trainable, resume_unfinished=True,
+        if resume and tune.Tuner.can_restore(tune_dir):
+            tuner = tune.Tuner.restore(tune_dir, trainable=trainable, resume_unfinished=True,
                                        resume_errored=True)
             tuner._local_tuner._run_config.callbacks = callbacks  # callbacks hold live clients: re-attach
             tuner._local_tuner._run_config.stop = stopper
@@ -388,7 +577,7 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                 _searcher_of(tuner._local_tuner._tune_config.search_alg).scheduler = scheduler
         else:
             searcher = BatchSizeSearcher(spec, storage_url=state.get("optuna_storage") or optuna_storage_url(output),
-                                         study_prefix=state["sweep_id"])
+                                         study_prefix=state["sweep_id"], fingerprint=state.get("fingerprint"))
             pause = scheduler is not None and scheduler.mode == "pause"
             if pause:  # the scheduler gates new trials: Tune's limiter would count the paused ones and deadlock
                 searcher.scheduler = scheduler
@@ -406,13 +595,11 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
                                           callbacks=callbacks, verbose=0, stop=stopper,
                                           failure_config=tune.FailureConfig(max_failures=0)),
             )
+        stop.tune_running = True
         grid = tuner.fit()
-    except KeyboardInterrupt:
-        stop_flag["stopped"] = True
     finally:
+        stop.tune_running = False
         progress.close()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
 
     records = collect_records(output, spec, sweep_id=state["sweep_id"]) if root == str(output) else records_from_grid(grid)
     note = ""
@@ -420,13 +607,11 @@ def _execute(spec: SweepSpec, output: Path, tracker, state: dict, concurrency: i
         note = f"the sweep's FLOP budget ({spec.budget.sweep_flops:.3g}) ran out"
     elif spec.budget.wall_clock_s is not None and time.monotonic() - t0 >= spec.budget.wall_clock_s:
         note = f"the sweep's wall-clock budget ({spec.budget.wall_clock_s:g} s) ran out"
-    return _finish(spec, output, tracker, state, records, stopped=stop_flag["stopped"], budget_note=note)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+    try:
+        return _finish(spec, output, tracker, state, records, stopped=stop.signum is not None, budget_note=note,
+                       exit_code=stop.exit_code)
+    except KeyboardInterrupt:  # a second signal while the stopped sweep was being analysed
+        return _force_quit(output, tracker, state, stop)
 
 
 def _plan_budget(spec: SweepSpec) -> SweepSpec:
@@ -469,6 +654,24 @@ def _scheduler(spec: SweepSpec):
 PRUNED_WHILE_PAUSED = "pruned_while_paused.json"
 
 
+#: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.tracking.ReportLog`)
+REPORTS_DIR = "reports"
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON Lines file, skipping torn lines; [] if it does not exist."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+    return rows
+
+
 def _trial_id_from_dir(name: str) -> str:
     """Tune names a trial's folder ``run_trial_<trial id>_<index>_<params>_<date>``."""
     m = re.match(r"run_trial_([^_]+)_", name)
@@ -478,8 +681,10 @@ def _trial_id_from_dir(name: str) -> str:
 def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = None) -> list:
     """Every trial's config, status and milestone curve, read from the sweep's own Tune experiment folder.
 
-    Reads ``OUT/tune/<sweep id>/*/result.json`` (one JSON line per report) and ``params.json``, so
-    that it works the same after a resume as after an uninterrupted run; no other folder is read.
+    Reads ``params.json`` and the reports of ``OUT/tune/<sweep id>/*/result.json`` and
+    ``OUT/reports/<trial id>.jsonl`` (one JSON line per report, every restart included:
+    :class:`sweeps.tracking.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
+    other sweep's folder is read.
 
     Args:
         sweep_id: the sweep's id; default the one in ``OUT/sweep.json``.
@@ -502,16 +707,10 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         if not params_file.is_file():
             continue
         cfg = json.loads(params_file.read_text())
-        rows = []
-        if result_file.is_file():
-            for line in result_file.read_text().splitlines():
-                line = line.strip()
-                if line:
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError:
-                        continue
+        rows = _json_lines(result_file)
         trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)
+        # every report across the trial's restarts: result.json holds only some after a restore
+        rows += _json_lines(output / REPORTS_DIR / f"{trial_id}.jsonl")
         # keep one row per tokens value (a restarted worker group may report a milestone twice)
         by_tokens: dict[int, dict] = {}
         for r in rows:
@@ -657,7 +856,7 @@ def _tokens_per_sequence(spec: SweepSpec) -> float:
 
 
 def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool,
-            budget_note: str = "") -> dict[str, Any]:
+            budget_note: str = "", exit_code: int | None = None) -> dict[str, Any]:
     from sweeps.analysis import analyze_trials
     from sweeps.report import write_report
 
@@ -687,8 +886,15 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
     except Exception:  # noqa: BLE001
         log.exception("report failed")
     counts = analysis.get("trials", {})
+    unfinished = sum(1 for r in records if r.status == "STOPPED") + max(0, spec.n_trials - len(records))
     if stopped:
-        status, message = "STOPPED", "the sweep was stopped before all trials finished"
+        status, message = "STOPPED", ("the sweep was stopped before all trials finished: `critbatch resume "
+                                      f"{output}` continues it")
+    elif unfinished and not budget_note:
+        # Tune ended its run with trials unfinished (an interrupt that did not come through StopSignals,
+        # e.g. Tune's SIGUSR1): not a result, and resumable
+        status, message = "STOPPED", (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
+                                      f"`critbatch resume {output}` continues the sweep")
     elif analysis_error is not None:
         status, message = "FAILED", analysis["message"]
     elif not counts.get("COMPLETED"):
@@ -726,4 +932,4 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
         log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
     _write_json(output / "sweep.json", state)
     return {"ok": status == "SUCCEEDED", "status": status, "sweep_id": state["sweep_id"], "cbs": analysis,
-            "output": str(output), "message": message}
+            "output": str(output), "message": message, "exit_code": exit_code if stopped else None}

@@ -8,10 +8,12 @@ the next event, so training goes on and nothing is lost once the server is back.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable
 
 from mlflow.entities import Metric, Param, RunTag
@@ -21,7 +23,7 @@ from ray.tune import Callback
 from sweeps.spec import SweepSpec
 from workloads.flops import FLOPS_CONVENTION
 
-__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "METRIC_KEYS", "configure_mlflow_env"]
+__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "METRIC_KEYS", "configure_mlflow_env"]
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +101,15 @@ class Tracker:
         client: an explicit ``MlflowClient``.
         spec: the sweep.
         sweep_id: the sweep id (``critbatch.sweep_id`` tag).
+        fingerprint: the fingerprint of the spec the sweep id is bound to (``critbatch.fingerprint``
+            tag of the parent run; a run under this id with another fingerprint is refused).
     """
 
-    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str):
+    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str, fingerprint: str | None = None):
         self.client = client
         self.spec = spec
         self.sweep_id = sweep_id
+        self.fingerprint = fingerprint
         self.outbox = Outbox()
         self.experiment_id: str | None = None
         self.parent_run_id: str | None = None
@@ -127,6 +132,7 @@ class Tracker:
                 "critbatch.role": "sweep",
                 "critbatch.status": "RUNNING",
                 "critbatch.trials_planned": str(self.spec.n_trials),
+                **({"critbatch.fingerprint": self.fingerprint} if self.fingerprint else {}),
             },
         )
         self.parent_run_id = run.info.run_id
@@ -158,8 +164,17 @@ class Tracker:
     def trial_started(self, trial_id: str, config: dict[str, Any], extra_params: dict[str, Any]) -> None:
         if trial_id in self.child_runs:  # a resumed trial (a resumed sweep, or promoted from a rung)
             self.ended.discard(trial_id)
-            self.outbox.put(f"reopen {trial_id}", lambda: self.client.update_run(self._run_id(trial_id), status="RUNNING"))
-            self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), "critbatch.status", "RUNNING"))
+
+            def reopen() -> None:
+                rid = self._run_id(trial_id)
+                self.client.update_run(rid, status="RUNNING")
+                self.client.set_tag(rid, "critbatch.status", "RUNNING")
+                # the stop that ended it ("sweep ended before the trial") is over: a stale error would stay
+                # on a trial that then completes
+                if "critbatch.error" in self.client.get_run(rid).data.tags:
+                    self.client.delete_tag(rid, "critbatch.error")
+
+            self.outbox.put(f"reopen {trial_id}", reopen)
             return
         B = config["batch_size_sequences"]
         name = f"B{B}-s{config['seed']}-{trial_id}"
@@ -171,6 +186,8 @@ class Tracker:
             "critbatch.group_id": str(config.get("group_id", "")),
             "critbatch.status": "RUNNING",
         }
+        if config.get("initial_point") is not None:  # search.initial_points: an enqueued configuration
+            tags["critbatch.initial_point"] = str(config["initial_point"])
         params = {
             "batch_size_sequences": B,
             "batch_size_tokens": B * self.spec.model.context_length_tokens,
@@ -266,11 +283,14 @@ class Tracker:
 
     # ---- end of sweep -----------------------------------------------------------------------------
 
-    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "") -> bool:
+    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
+               drain_s: float | None = None) -> bool:
         """Log the summary and artifacts to the parent run and end it.
 
         Args:
             status: SUCCEEDED, FAILED or STOPPED (``critbatch.status`` tag).
+            drain_s: how long to retry writes MLflow refuses, in seconds (default
+                ``CRITBATCH_MLFLOW_DRAIN_S``, 300).
         Returns: True if every queued write reached MLflow.
         """
         pid = self.parent_run_id
@@ -292,7 +312,9 @@ class Tracker:
             self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
 
         self.outbox.put("parent summary", summary_write)
-        return self.outbox.drain(timeout_s=float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300")))
+        if drain_s is None:
+            drain_s = float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300"))
+        return self.outbox.drain(timeout_s=drain_s)
 
 
 class MlflowTrialCallback(Callback):
@@ -342,3 +364,22 @@ class MlflowTrialCallback(Callback):
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.outbox.flush()
+
+
+class ReportLog(Callback):
+    """A Tune callback that appends every trial report to ``FOLDER/<trial id>.jsonl``; never truncated.
+
+    Tune rewrites a restored trial's ``result.json`` from its own copy (seen with Ray 2.60 and a local
+    storage path: the rows before the restart were gone, so ``trials.json`` showed a curve that
+    started at the restart). :func:`collect_records` reads these files with ``result.json``, one row
+    per tokens value.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        row = {k: v for k, v in result.items() if k != "config"}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"{trial.trial_id}.jsonl", "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -65,15 +66,21 @@ def stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def start_ray_head() -> tuple[subprocess.Popen, str]:
+def start_ray_head(env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """An external Ray head (3 CPUs) in its own process group; returns it and its address once it listens.
 
+    Every port it opens lies outside 10002-19999 (``ray start``'s default worker ports, which other
+    Ray clusters on a shared machine use): workers get a random 1000-port window in 20000-29999, the
+    other servers free ports. ``env``: its environment (default :data:`ENV`), which its trials inherit.
     Stop it with :func:`stop_group` (``ray stop`` would stop every cluster on the machine)."""
     port = free_port()
+    workers = 20000 + 1000 * random.randrange(10)
     temp = tempfile.mkdtemp(prefix="cbf", dir="/tmp")  # short: Ray's socket paths are length-limited
     head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
+                             f"--min-worker-port={workers}", f"--max-worker-port={workers + 999}",
+                             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
                              "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
-                            env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env or ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         wait_for(lambda: port_open(port), 120, "the Ray head")
@@ -91,8 +98,9 @@ def spec_dict(**over) -> dict:
 
 
 def result_rows(out: Path) -> list[dict]:
+    """Every row of the sweep's Tune ``result.json`` files (``OUT/tune/<sweep id>/<trial>/``)."""
     rows = []
-    for f in sorted((out / "tune").glob("*/result.json")):
+    for f in sorted((out / "tune").glob("**/result.json")):
         rows += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
     return rows
 
