@@ -12,6 +12,7 @@ from k8s_validate import defaulted, reference_problems, validate_objects
 from typer.testing import CliRunner
 
 from sweeps.errors import InvalidInput
+from sweeps.spec import SpecError
 from sweeps.k8s import (
     MLFLOW_TRACKING_URI,
     S3_SECRET,
@@ -227,7 +228,10 @@ def test_worker_pods_never_outnumber_the_trials():
 
 def test_deadline_follows_the_wall_clock_budget():
     assert active_deadline_s(_spec(budget={"wall_clock_s": 3600.5})) == 3601 + 1800
-    assert active_deadline_s(_spec(budget={"wall_clock_s": 1e12})) == 2**31 - 1  # int32
+    # the spec bounds the budget at 90 days, well inside the field's int32
+    assert active_deadline_s(_spec(budget={"wall_clock_s": 90 * 86400})) == 90 * 86400 + 1800 < 2**31 - 1
+    with pytest.raises(SpecError, match="wall_clock_s"):
+        _spec(budget={"wall_clock_s": 1e12})
     _, rj = render_rayjob(_spec(budget={"wall_clock_s": 7200}), EXAMPLE_TEXT, IMAGE, None)
     assert rj["spec"]["activeDeadlineSeconds"] == 9000
     assert defaulted(rj)["spec"]["activeDeadlineSeconds"] == 9000
