@@ -65,4 +65,13 @@ def test_no_5xx_and_responses_match_the_schema(case):
     # Excluded: "schema-valid data must be accepted". A spec's JSON Schema cannot express its
     # validators (the name pattern, cross-field rules such as budget >= 2 steps of the largest
     # batch), so a schema-valid spec may rightly get 422.
-    case.call_and_validate(excluded_checks=[schemathesis.checks.positive_data_acceptance])
+    excluded = [schemathesis.checks.positive_data_acceptance]
+    if case.path == "/readyz":
+        # readiness answers 503 by design while a dependency is down (this app's MLflow does not
+        # resolve); the status must still be one the schema documents, and nothing else is a 5xx
+        excluded.append(schemathesis.checks.not_a_server_error)
+        response = case.call()
+        assert response.status_code < 500 or response.status_code == 503, response.text
+        case.validate_response(response, excluded_checks=excluded)
+        return
+    case.call_and_validate(excluded_checks=excluded)
