@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis import TrialRecord, analyze_trials, finite_json  # noqa: E402
+from sweeps.analysis.fit import TrialRecord, analyze_trials, finite_json  # noqa: E402
 
 
 def load(out: Path) -> tuple[list[TrialRecord], dict[str, Any]]:
@@ -174,7 +174,7 @@ def main() -> None:
         }
         own = report["budget"]["2x_own_targets"]
         print(f"  batch sizes whose best trial at the budget changes from 1x to 2x: {report['budget']['winners_changed']}")
-        print(f"  2x with its own (lower) targets: " + "; ".join(f"L*={t['target_loss']:.3f}: {_fmt_fit(t)}" for t in own["targets"]))
+        print("  2x with its own (lower) targets: " + "; ".join(f"L*={t['target_loss']:.3f}: {_fmt_fit(t)}" for t in own["targets"]))
         if a.plots:
             plot(a.plots / "invariance_budget.png", "(a) budget: 1x vs 2x, minimum over trials",
                  {"1x (cut at 262k tokens)": res["1x_min"], "2x": res["2x_min"]})

@@ -46,8 +46,8 @@ def _plain_trial(args: tuple[dict, int]) -> float:
 
     torch.set_num_threads(1)
     from sweeps.spec import parse_spec
-    from sweeps.search import hyperparameters_for
-    from sweeps.trainable import trial_config
+    from sweeps.search.searcher import hyperparameters_for
+    from sweeps.run.trainable import trial_config
     from workloads.pretrain import run_pretrain
 
     spec = parse_spec(spec_dict)

@@ -10,7 +10,7 @@
    each trained for the example's token budget by ``workloads.pretrain.run_pretrain`` (plain PyTorch,
    ``--jobs`` processes of one thread). Each trial's milestone curve (tokens, FLOPs, validation loss,
    seconds since the trial started) is cached as JSON in ``benchmarks/cache/search_efficiency/``, keyed
-   by a hash of its full trial config, so reruns train nothing. ``sweeps.analysis.analyze_trials``
+   by a hash of its full trial config, so reruns train nothing. ``sweeps.analysis.fit.analyze_trials``
    gives the grid's ``b_crit`` and its 95 % bootstrap interval.
 2. **Pruned searches.** ``--searches`` times (search seed 0, 1, ...): per batch size, an Optuna TPE
    study (the sampler ``BatchSizeSearcher`` uses, seeded the same way) proposes LR multipliers from the
@@ -18,7 +18,7 @@
    handed out round-robin over batch sizes as ``BatchSizeSearcher`` does, every trial training at the
    same FLOP rate (the clock is FLOPs, so the replay does not depend on the machine's load; only
    the order of trials of one batch size matters to the decisions, and their steps cost the same);
-   every report goes through ``sweeps.scheduler.EqualComputeScheduler`` (the spec's default pruning
+   every report goes through ``sweeps.pruning.scheduler.EqualComputeScheduler`` (the spec's default pruning
    section, or ``--grace-fraction``/``--reduction-factor``/``--rule``/``--fit-fractions``/``--margin``/
    ``--min-trials-per-rung``/``--mode``, the ``pruning`` fields of the same names; ``--no-pruning`` for the same
    searches without early stopping), which stops trials at its FLOP rungs; a stopped trial is told
@@ -55,9 +55,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
-from sweeps.scheduler import EqualComputeScheduler  # noqa: E402
-from sweeps.search import hyperparameters_for  # noqa: E402
+from sweeps.analysis.fit import TrialRecord, analyze_trials  # noqa: E402
+from sweeps.pruning.scheduler import EqualComputeScheduler  # noqa: E402
+from sweeps.search.searcher import hyperparameters_for  # noqa: E402
 from sweeps.spec import SweepSpec, parse_spec  # noqa: E402
 
 CACHE = ROOT / "benchmarks" / "cache" / "search_efficiency"
@@ -90,7 +90,7 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
 
 
 def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
-    from sweeps.trainable import trial_config
+    from sweeps.run.trainable import trial_config
 
     cfg = {"batch_size_sequences": b, "seed": spec.seeds[0], **hyperparameters_for(spec, b, {"lr_multiplier": m})}
     d = trial_config(spec, cfg, f"grid-B{b}-m{m:g}", data_path=spec.data.path).to_dict()

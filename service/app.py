@@ -27,7 +27,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.schemas import (
@@ -46,7 +45,7 @@ from service.schemas import (
 from service.policy import policy_errors
 from service.settings import Settings
 from sweeps.errors import InvalidInput
-from sweeps.jobs import (
+from sweeps.remote.jobs import (
     BackendTimeout,
     ClusterUnavailable,
     ReportNotReady,

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sweeps.jobs import TrialCounts
+from sweeps.remote.jobs import TrialCounts
 
 #: trials by outcome (``done``: completed normally; ``stopped``: cut short by a stop); the dataclass that
-#: ``sweeps.jobs`` counts them in, served as it is
+#: ``sweeps.remote.jobs`` counts them in, served as it is
 TrialCountsOut = TrialCounts
 
 __all__ = [

@@ -16,7 +16,7 @@
 | ``CRITBATCH_MLFLOW_UI_URL`` | base URL of the MLflow UI for report links | the tracking URI if it is http(s) |
 | ``CRITBATCH_SHIP_DATA_MAX_MB`` | largest input shipped with a job | 20 |
 | ``CRITBATCH_UPLOAD_MAX_MB`` | largest job working directory | 100 |
-| ``CRITBATCH_JOB_PYTHON`` | the Python that runs a job on the cluster | see ``sweeps.jobs.default_job_python`` |
+| ``CRITBATCH_JOB_PYTHON`` | the Python that runs a job on the cluster | see ``sweeps.remote.jobs.default_job_python`` |
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class TrialConfig:
     hold_at_milestone: int | None = None
     hold_file: str | None = None
     finetune: dict[str, Any] | None = field(default=None)
-    # pruning mode "pause" (sweeps/scheduler.py): after the report that reaches one of these token
+    # pruning mode "pause" (sweeps/pruning/scheduler.py): after the report that reaches one of these token
     # positions (the rungs), wait until the sweep's scheduler has decided to let the trial go on: the
     # value under the Ray KV key ``rung_gate_key`` reaches the reported tokens (a paused or pruned
     # trial is stopped while it waits, so it never trains past its rung)

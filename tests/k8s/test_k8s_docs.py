@@ -6,7 +6,7 @@ import re
 
 from k8s_fixtures import K8S, ROOT, render
 
-from sweeps.k8s import rayjob_name
+from sweeps.remote.k8s import rayjob_name
 
 DOC = (ROOT / "docs" / "kubernetes.md").read_text()
 CODE = "\n".join(re.findall(r"```bash\n(.*?)```", DOC, flags=re.S))

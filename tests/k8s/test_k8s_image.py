@@ -8,7 +8,7 @@ from importlib import metadata
 from k8s_fixtures import ROOT, kustomizations, render
 from k8s_validate import pod_specs
 
-from sweeps.k8s import RAY_VERSION
+from sweeps.remote.k8s import RAY_VERSION
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 DOCKERIGNORE = (ROOT / ".dockerignore").read_text().splitlines()

@@ -22,7 +22,7 @@ from k8s_validate import (
     validate_objects,
 )
 
-from sweeps import k8s as render_mod
+from sweeps.remote import k8s as render_mod
 
 ALL = kustomizations()
 PLATFORM = "overlays/example"

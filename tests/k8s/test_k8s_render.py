@@ -1,4 +1,4 @@
-"""``sweeps.k8s.render_rayjob`` and ``critbatch k8s render``: one sweep as a KubeRay RayJob."""
+"""``sweeps.remote.k8s.render_rayjob`` and ``critbatch k8s render``: one sweep as a KubeRay RayJob."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from sweeps.errors import InvalidInput
 from sweeps.spec import SpecError
-from sweeps.k8s import (
+from sweeps.remote.k8s import (
     MLFLOW_TRACKING_URI,
     S3_SECRET,
     TrialPodResources,
@@ -258,7 +258,7 @@ def test_bad_image_or_namespace_is_invalid_input(image, namespace):
 
 @pytest.fixture(scope="module")
 def cli():
-    from sweeps.cli import app
+    from sweeps.cli.main import app
 
     runner = CliRunner()
     return lambda *args: runner.invoke(app, ["k8s", "render", *map(str, args)])

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeps.cli import app
+from sweeps.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {

@@ -194,7 +194,7 @@ def test_a_failed_trial_keeps_its_mlflow_run(sweeps, cluster_env):
     assert p.returncode == 1, p.stdout + p.stderr
     trials = [r for r in mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid) if r.data.tags.get("critbatch.role") == "trial"]
     assert [(r.info.status, r.data.tags.get("critbatch.status")) for r in trials] == [("FAILED", "FAILED")], (
-        "the failed trial's child run is missing or mis-tagged (sweeps.driver prunes child runs whose trial id "
+        "the failed trial's child run is missing or mis-tagged (sweeps.run.driver prunes child runs whose trial id "
         "collect_records could not read back)"
     )
 

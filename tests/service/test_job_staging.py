@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from sweeps.errors import InvalidInput
-from sweeps.jobs import (
+from sweeps.remote.jobs import (
     StagingError,
     StagingLimits,
     build_entrypoint,
@@ -72,7 +72,7 @@ def test_working_dir_holds_only_code_spec_and_small_data(tmp_path):
     tops = {f.split("/")[0] for f in files}
     assert tops == {"sweeps", "workloads", "service", "pyproject.toml", "spec.yaml", "inputs"}
     assert not any("__pycache__" in f or f.endswith(".pyc") or "/." in f or f.startswith(".") for f in files)
-    assert "sweeps/jobs.py" in files and "sweeps/spec.py" in files and "workloads/registry.py" in files
+    assert "sweeps/remote/jobs.py" in files and "sweeps/spec/sweep.py" in files and "workloads/registry.py" in files
     # the data travelled, and the spec points at the shipped copy (relative to the job's working dir)
     shipped = yaml.safe_load((tmp_path / "spec.yaml").read_text())
     assert shipped["data"]["path"] == "inputs/data/input.txt"
@@ -196,7 +196,7 @@ def test_redact_uri():
 
 def test_explicit_address_wins_over_ray_address_env(monkeypatch):
     """Ray lets RAY_ADDRESS override the address argument; an explicit --address must win."""
-    from sweeps import jobs as jobs_mod
+    from sweeps.remote import jobs as jobs_mod
 
     seen = {}
 
@@ -215,17 +215,17 @@ def test_explicit_address_wins_over_ray_address_env(monkeypatch):
 
 def test_job_tracking_uri_precedence():
     """flag > a server named in the spec > the environment's server > the spec's file store."""
-    from sweeps.jobs import resolve_job_tracking_uri
+    from sweeps.spec.identity import job_tracking_uri
 
     file_spec = tiny()  # sqlite:///mlflow.db: a file on the cluster node
     no_uri = tiny(tracking={})
     server_spec = tiny(tracking={"uri": "http://team-mlflow:5000"})
-    assert resolve_job_tracking_uri(file_spec, "http://flag:1", "http://env:2") == "http://flag:1"
-    assert resolve_job_tracking_uri(server_spec, None, "http://env:2") == "http://team-mlflow:5000"
-    assert resolve_job_tracking_uri(file_spec, None, "http://env:2") == "http://env:2"
-    assert resolve_job_tracking_uri(file_spec, None, None) == "sqlite:///mlflow.db"
-    assert resolve_job_tracking_uri(no_uri, None, "http://env:2") == "http://env:2"
-    assert resolve_job_tracking_uri(no_uri, None, None) == "sqlite:///mlflow.db"
+    assert job_tracking_uri(file_spec, "http://flag:1", "http://env:2") == "http://flag:1"
+    assert job_tracking_uri(server_spec, None, "http://env:2") == "http://team-mlflow:5000"
+    assert job_tracking_uri(file_spec, None, "http://env:2") == "http://env:2"
+    assert job_tracking_uri(file_spec, None, None) == "sqlite:///mlflow.db"
+    assert job_tracking_uri(no_uri, None, "http://env:2") == "http://env:2"
+    assert job_tracking_uri(no_uri, None, None) == "sqlite:///mlflow.db"
 
 
 def test_links_inside_a_shipped_folder_are_not_followed(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.jobs import (
+from sweeps.remote.jobs import (
     ReportNotReady,
     SweepExists,
     SweepJobs,
@@ -219,7 +219,7 @@ def test_orphans_are_closed_in_a_real_mlflow_store(tmp_path, fake_ray):
 
 
 def test_a_dropped_connection_is_retried_and_a_lost_answer_is_not_a_duplicate(fake_jobs, fake_ray, monkeypatch):
-    import sweeps.jobs as jobs_mod
+    import sweeps.remote.jobs as jobs_mod
 
     monkeypatch.setattr(jobs_mod.time, "sleep", lambda s: None)
     real = fake_ray.submit_job
@@ -241,7 +241,7 @@ def test_a_dropped_connection_is_retried_and_a_lost_answer_is_not_a_duplicate(fa
 
 
 def test_wait_rides_out_a_few_unreachable_reads(fake_jobs, fake_ray, monkeypatch):
-    from sweeps.jobs import ClusterUnavailable
+    from sweeps.remote.jobs import ClusterUnavailable
 
     fake_ray.add("w", "SUCCEEDED")
     real = fake_ray.get_job_info

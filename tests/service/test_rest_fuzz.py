@@ -19,7 +19,7 @@ from svc_fakes import FakeRayJobs, FakeReader, fake_run
 
 from service.app import EXAMPLE_SWEEP_ID, create_app
 from service.settings import Settings
-from sweeps.jobs import SweepJobs
+from sweeps.remote.jobs import SweepJobs
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "fuzz-token-0123456789abcdef"

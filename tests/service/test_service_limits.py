@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app, parse_body
 from service.settings import Settings
-from sweeps.jobs import SweepJobs
+from sweeps.remote.jobs import SweepJobs
 from sweeps.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from sweeps.jobs import (
+from sweeps.remote.jobs import (
     StagingError,
     StagingLimits,
     StoreRefused,

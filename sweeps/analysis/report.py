@@ -1,0 +1,232 @@
+"""The sweep report: PNG plots (matplotlib) and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+__all__ = ["write_report", "make_plots"]
+
+
+def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per batch size: (tokens, flops, lowest val loss over its trials at each milestone).
+
+    The lower envelope over every trial of a batch size (completed, pruned or stopped, all seeds): the
+    curve the selection rule reads steps to target from (``sweeps.analysis.fit.TARGET_RULE``)."""
+    by_b: dict[int, list] = {}
+    for r in records:
+        if r.val_loss:
+            by_b.setdefault(r.batch_size_sequences, []).append(r)
+    out = {}
+    for b, ts in by_b.items():
+        longest = max(ts, key=lambda t: len(t.val_loss))
+        n = len(longest.val_loss)
+        loss = np.full(n, np.nan)
+        for t in ts:
+            v = np.array(t.val_loss[:n], dtype=float)
+            loss[:len(v)] = np.fmin(loss[:len(v)], v)
+        out[b] = (np.array(longest.tokens[:n]), np.array(longest.flops[:n]), loss)
+    return out
+
+
+def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_length_tokens: int) -> dict[str, Path]:
+    """Write the report's plots as PNG files under ``out_dir``; returns name -> path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    T = context_length_tokens
+    paths: dict[str, Path] = {}
+    curves = _envelopes(records)
+    cmap = plt.get_cmap("viridis")
+    bs = sorted(curves)
+    colors = {b: cmap(i / max(len(bs) - 1, 1)) for i, b in enumerate(bs)}
+
+    # 1. validation loss against training FLOPs, one curve per batch size
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for b in bs:
+        tok, flops, loss = curves[b]
+        x = flops if np.all(flops > 0) else tok
+        ax.plot(x, loss, marker="o", ms=3, color=colors[b], label=f"B={b}")
+    for t in analysis.get("targets") or []:
+        ax.axhline(t["target_loss"], color="grey", lw=0.6, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs" if bs and np.all(curves[bs[0]][1] > 0) else "tokens seen")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("Validation loss against compute (lower envelope of each batch size's trials)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    paths["loss_vs_flops"] = out_dir / "loss_vs_flops.png"
+    fig.savefig(paths["loss_vs_flops"], dpi=110)
+    plt.close(fig)
+
+    # 2./3. tokens and steps to target against batch size, with the fitted hyperbola
+    targets = analysis.get("targets") or []
+    for kind in ("steps", "tokens"):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        tc = plt.get_cmap("plasma")
+        for i, t in enumerate(targets):
+            pts = t.get("points") or []
+            if not pts:
+                continue
+            c = tc(i / max(len(targets) - 1, 1))
+            B = np.array([p["batch_size_sequences"] for p in pts], dtype=float)
+            S = np.array([p["steps_to_target"] for p in pts], dtype=float)
+            y = S if kind == "steps" else S * B * T
+            ax.scatter(B, y, color=c, s=18, label=f"L*={t['target_loss']:.3f}")
+            if t.get("s_min") is not None and t.get("e_min") is not None:
+                grid = np.geomspace(B.min() / 1.5, B.max() * 1.5, 100)
+                fit_s = t["s_min"] + t["e_min"] / grid
+                ax.plot(grid, fit_s if kind == "steps" else fit_s * grid * T, color=c, lw=1)
+            if t.get("b_crit"):
+                ax.axvline(t["b_crit"], color=c, lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("global batch size (sequences)")
+        ax.set_ylabel("optimizer steps to target" if kind == "steps" else "tokens to target")
+        ax.set_title(("Steps" if kind == "steps" else "Tokens") + " to target: S = S_min + E_min/B (dashed: b_crit)")
+        if targets:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        paths[f"{kind}_to_target"] = out_dir / f"{kind}_to_target.png"
+        fig.savefig(paths[f"{kind}_to_target"], dpi=110)
+        plt.close(fig)
+
+    # 4. b_crit per target, with confidence intervals
+    with_b = [t for t in targets if t.get("b_crit")]
+    if with_b:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        L = np.array([t["target_loss"] for t in with_b])
+        bc = np.array([t["b_crit"] for t in with_b])
+        lo = np.array([(t.get("b_crit_ci") or [None, None])[0] or b for t, b in zip(with_b, bc)])
+        hi = np.array([(t.get("b_crit_ci") or [None, None])[1] or np.nan for t in with_b], dtype=float)
+        hi_plot = np.where(np.isnan(hi), bc * 4, hi)
+        ax.errorbar(L, bc, yerr=[bc - lo, hi_plot - bc], fmt="o-", capsize=3)
+        ax.set_yscale("log", base=2)
+        ax.invert_xaxis()
+        ax.set_xlabel("target validation loss (lower = later in training)")
+        ax.set_ylabel("b_crit (sequences), 95% CI")
+        ax.set_title("Critical batch size by target loss")
+        fig.tight_layout()
+        paths["b_crit_by_target"] = out_dir / "b_crit_by_target.png"
+        fig.savefig(paths["b_crit_by_target"], dpi=110)
+        plt.close(fig)
+
+    # 5. gradient noise scale over training
+    series = [s for s in (analysis.get("b_simple") or []) if any(v is not None for v in s["b_simple"])]
+    if series:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for s in series:
+            tok = np.array(s["tokens"], dtype=float)
+            v = np.array([np.nan if x is None else x for x in s["b_simple"]], dtype=float)
+            ax.plot(tok, v, marker=".", color=colors.get(s["batch_size_sequences"]), label=f"B={s['batch_size_sequences']}")
+        if analysis.get("b_crit"):
+            ax.axhline(analysis["b_crit"], color="k", ls="--", lw=1, label=f"fitted b_crit={analysis['b_crit']:.0f}")
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens seen")
+        ax.set_ylabel("B_simple (sequences)")
+        ax.set_title("Gradient noise scale B_simple = tr(Sigma)/|G|^2 during training")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        paths["b_simple"] = out_dir / "b_simple.png"
+        fig.savefig(paths["b_simple"], dpi=110)
+        plt.close(fig)
+
+    # 6. local critical batch size by branching
+    local = analysis.get("local_cbs") or []
+    if local:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([p["tokens_seen"] for p in local], [p["local_cbs_sequences"] for p in local], "o-")
+        ax.set_xlabel("tokens seen at the branch point")
+        ax.set_ylabel("local CBS (sequences)")
+        ax.set_title("Local critical batch size by branching (Merrill et al. 2025)")
+        fig.tight_layout()
+        paths["local_cbs"] = out_dir / "local_cbs.png"
+        fig.savefig(paths["local_cbs"], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def _fmt(v: Any, nd: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return f"{v:.{nd}g}"
+    return html.escape(str(v))
+
+
+def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
+    """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded)."""
+    T = spec.model.context_length_tokens
+    plots = make_plots(output / "plots", analysis, records, T)
+    imgs = "".join(
+        f'<figure><img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{n}">'
+        f"<figcaption>{n.replace('_', ' ')}</figcaption></figure>"
+        for n, p in plots.items()
+    )
+    b = analysis.get("b_crit")
+    ci = analysis.get("b_crit_ci") or [None, None]
+    ci_text = f"[{_fmt(ci[0])}, {_fmt(ci[1]) if ci[1] is not None else 'unbounded'}]"
+    if b is not None:
+        headline = (f"Critical batch size <b>b_crit = {b:.1f} sequences</b> ({b * T:.0f} tokens), 95% CI "
+                    f"{ci_text} at target loss {_fmt(analysis.get('target_loss'))} (status {html.escape(str(analysis.get('status')))})")
+    else:
+        bound = analysis.get("b_crit_bound")
+        headline = (f"No critical batch size inside the swept range ({html.escape(str(analysis.get('status')))}"
+                    + (f", b_crit {html.escape(bound)}" if bound else "") + (f", 95% CI {ci_text}" if analysis.get("b_crit_ci") else "")
+                    + f"): {html.escape(analysis.get('message') or '')}")
+    lr_fit, lr_null = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_by_chance")
+    lr_text = (f"Fitted LR scaling exponent over the trials that reached the target first: {_fmt(lr_fit)}; one trial per "
+               f"batch size picked at random gives {_fmt(lr_null['mean'])} &plusmn; {_fmt(lr_null['sd'])}, so the fit is "
+               "evidence for a rule only where it lies outside that spread.") if lr_fit is not None and lr_null else ""
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
+            p["batch_size_sequences"], p["tokens_to_target"], p["steps_to_target"], p.get("flops_to_target"),
+            ", ".join(p.get("trial_ids_to_target") or []),
+            (p.get("config_to_target") or {}).get("lr"), (p.get("config_to_target") or {}).get("beta2_half_life_tokens"),
+            p["best_config_at_budget"].get("lr_rule"), p["best_config_at_budget"].get("lr"), p["loss_at_budget"],
+            len(p["seeds"]))) + "</tr>"
+        for p in analysis.get("per_batch") or []
+    )
+    trows = "".join(
+        "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
+            t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
+            (t.get("b_crit_ci") or [None, None])[0],
+            (t.get("b_crit_ci") or [None, None])[1], t.get("cbs_20"), t.get("status"), t.get("n_batch_sizes"),
+            ", ".join(str(x) for x in t.get("excluded_batch_sizes") or []))) + "</tr>"
+        for t in analysis.get("targets") or []
+    )
+    counts = analysis.get("trials") or {}
+    ml = analysis.get("mlflow") or {}
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>critbatch report: {html.escape(spec.name)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
+figure{{display:inline-block;margin:0.5em}}img{{max-width:480px}}</style></head><body>
+<h1>critbatch report: {html.escape(spec.name)}</h1>
+<p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>. {headline}.</p>
+<p>20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
+batch with 20% compute overhead (0.2 b_crit): {_fmt(analysis.get('b_compute_overhead_20'))} sequences;
+S_min = {_fmt(analysis.get('s_min'))} steps, E_min = {_fmt(analysis.get('e_min'))} sequences.
+{lr_text}</p>
+<p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
+<p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
+Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
+<h2>Per target loss</h2><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
+<h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
+<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
+<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>
+<h2>Plots</h2>{imgs}
+<p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},
+parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>
+</body></html>"""
+    path = output / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path

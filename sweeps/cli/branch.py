@@ -1,0 +1,36 @@
+"""``critbatch branch``: local critical batch size by branched training (Merrill et al. 2025)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def branch(
+        spec: Path = typer.Argument(..., help="pretraining sweep spec; its `branch:` section configures the branching"),
+        output: Path = typer.Option(..., "--output", "-o", help="folder for branch.json (a sweep's OUT adds local_cbs to its cbs.json)"),
+        from_run: Optional[str] = typer.Option(None, "--from", help="MLflow run id of a sweep's parent run: branch from its tuned config"),
+        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
+    ) -> None:
+        """Measure the local critical batch size along a base run by branching (batch k*B0, LR sqrt(k)*lr)."""
+        from sweeps.run.branching import run_branching
+        from sweeps.cli.main import _fail_invalid, out
+        from sweeps.errors import InvalidInput
+        from sweeps.spec import SpecError, load_spec
+
+        try:
+            s = load_spec(spec)
+            res = run_branching(s, output, tracking_uri=tracking_uri, from_run_id=from_run, ray_address=address)
+        except (SpecError, InvalidInput) as exc:
+            _fail_invalid(exc)
+        for p in res["local_cbs"]:
+            out.print(f"tokens {p['tokens_seen']:>9}: k* = {p['k_star']}, local CBS = {p['local_cbs_sequences']} sequences",
+                      highlight=False)
+        out.print(f"wrote {output}/branch.json", highlight=False)

@@ -1,0 +1,64 @@
+"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``sweeps.cli._register_optional``)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def _default_image() -> str:
+    try:
+        return f"critbatch:{metadata.version('critbatch')}"
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "critbatch:latest"
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``k8s`` command group (``critbatch k8s render``) to the ``critbatch`` app."""
+    k8s = typer.Typer(
+        help="Kubernetes: KubeRay manifests for a sweep (see docs/kubernetes.md).",
+        no_args_is_help=True,
+    )
+
+    @k8s.command("render")
+    def render(
+        spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
+        image: str = typer.Option(_default_image(), "--image", help="critbatch container image"),
+        namespace: Optional[str] = typer.Option(
+            "critbatch", "--namespace", "-n", help="namespace of the critbatch platform (k8s/base); '' leaves it out"
+        ),
+    ) -> None:
+        """Print a ConfigMap (the spec) and a KubeRay RayJob that runs the sweep, as YAML for `kubectl apply -f -`."""
+        from sweeps.cli.main import _fail_invalid
+        from sweeps.errors import InvalidInput
+        from sweeps.remote.k8s import dump_manifests, render_rayjob
+        from sweeps.spec import SpecError, parse_spec_text
+
+        try:
+            try:
+                text = spec.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise SpecError([("<root>", f"spec file not found: {spec}")]) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SpecError([("<root>", f"cannot read spec file {spec}: {exc}")]) from None
+            import yaml
+
+            from sweeps.spec import resolved_spec_dict
+
+            try:
+                has_base = isinstance(yaml.safe_load(text), dict) and "base" in yaml.safe_load(text)
+            except yaml.YAMLError:
+                has_base = False
+            if has_base:  # a derived spec travels resolved: the cluster has no base file
+                text = yaml.safe_dump(resolved_spec_dict(spec), sort_keys=False)
+            objects = render_rayjob(parse_spec_text(text), text, image, namespace or None)
+        except (SpecError, InvalidInput) as exc:
+            _fail_invalid(exc)
+        typer.echo(dump_manifests(objects), nl=False)
+
+    app.add_typer(k8s, name="k8s")

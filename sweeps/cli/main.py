@@ -1,0 +1,220 @@
+"""The ``critbatch`` command line.
+
+Exit codes: 0 success; 1 the sweep ran but failed (every trial failed, analysis impossible, or a
+remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder, a sweep id
+bound to another spec); 130 / 143 the sweep was stopped by SIGINT (Ctrl-C) / SIGTERM and
+``critbatch resume OUT`` continues it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.spec import SpecError, load_spec
+
+app = typer.Typer(
+    help="critbatch: find the critical batch size of an LLM training run (Ray Tune + Optuna + MLflow).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def _fail_invalid(exc: Exception) -> None:
+    if isinstance(exc, SpecError):
+        console.print(f"[bold red]error:[/] invalid sweep spec ({len(exc.errors)} error(s))", highlight=False)
+        for path, msg in exc.errors:
+            console.print(f"  [yellow]{path}[/]: {msg}", highlight=False)
+    else:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(EXIT_INVALID)
+
+
+@app.command()
+def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None:
+    """Validate a sweep spec: exit 0 (doubtful choices printed as warnings), or 2 with every invalid field named by its path."""
+    try:
+        s = load_spec(spec)
+        from sweeps.run.preflight import check_data_files, spec_warnings
+
+        check_data_files(s)
+    except (SpecError, InvalidInput) as exc:
+        _fail_invalid(exc)
+    out.print(
+        f"ok: sweep '{s.name}': {len(s.search.batch_sizes_sequences)} batch sizes x "
+        f"{s.search.trials_per_batch_size} trials x {len(s.seeds)} seed(s) = {s.n_trials} trials, "
+        f"{s.budget_tokens} tokens each",
+        highlight=False,
+    )
+    for warning in spec_warnings(s):
+        console.print(f"warning: {warning}", markup=False, highlight=False)
+
+
+@app.command()
+def run(
+    spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
+    output: Path = typer.Option(..., "--output", "-o", help="output folder (created; must not hold another sweep)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
+    sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id (default: NAME-TIMESTAMP)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray in-process)"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress table"),
+) -> None:
+    """Run a sweep: trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html."""
+    from sweeps.run.driver import run_sweep
+
+    _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
+                                         ray_address=address, show_progress=progress))
+
+
+@app.command()
+def resume(
+    output: Path = typer.Argument(..., help="output folder of an interrupted sweep"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Resume an interrupted sweep from its output folder (Tune state, Optuna study and MLflow runs kept)."""
+    from sweeps.run.driver import resume_sweep
+
+    _sweep_and_report(lambda: resume_sweep(output, ray_address=address, show_progress=progress))
+
+
+def _sweep_and_report(call) -> None:
+    """Run ``call()`` (a sweep), print its summary; exit 2 on invalid input, 1 on a failed sweep,
+    128 + the signal on a sweep stopped by SIGINT or SIGTERM."""
+    try:
+        result = call()
+    except (SpecError, InvalidInput) as exc:
+        _fail_invalid(exc)
+    except CritbatchError as exc:
+        console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+    _print_summary(result)
+    if result.get("exit_code"):  # stopped by SIGINT or SIGTERM: 128 + the signal (130, 143); resumable
+        raise typer.Exit(int(result["exit_code"]))
+    if not result.get("ok", False):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def analyze(
+    csv: Optional[Path] = typer.Option(None, "--csv", help="CSV with columns batch_size,steps_to_target[,seed][,group]; "
+                                       "a batch size may repeat (one row per seed or trial)"),
+    trials: Optional[Path] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse it "
+                                          "(same output as OUT/cbs.json; cbs.json must lie beside it)"),
+    reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="reference batch B0 for the 20% CBS "
+                                                    "(Zhang et al. 2024); required with --csv, else the sweep's"),
+    target: Optional[list[float]] = typer.Option(None, "--target", help="target loss (repeatable); --trials only: "
+                                                 "default, the sweep's own target rule"),
+    level: float = typer.Option(0.95, "--level", help="confidence level of b_crit_ci, in (0, 1)"),
+) -> None:
+    """Fit S = S_min + E_min/B and print JSON: b_crit, b_crit_ci and status for every fit.
+
+    A knee outside the swept batch sizes is never printed as a bare number: b_crit is null and
+    status says above_range, below_range or no_knee (b_crit_bound gives the side).
+    """
+    from sweeps.analysis.fit import analyze_csv, analyze_trials_file, finite_json
+
+    try:
+        if (csv is None) == (trials is None):
+            raise InvalidInput("give exactly one of --csv or --trials")
+        if not 0.0 < level < 1.0:
+            raise InvalidInput(f"--level must lie in (0, 1), got {level}")
+        if csv is not None:
+            if reference_batch is None:
+                raise InvalidInput("--csv needs --reference-batch")
+            if target:
+                raise InvalidInput("--target goes with --trials (a CSV already holds steps to one target)")
+            result = analyze_csv(csv, reference_batch, level=level)
+        else:
+            if target and any(not math.isfinite(t) or t <= 0 for t in target):
+                raise InvalidInput("--target must be a positive, finite loss")
+            result = analyze_trials_file(trials, reference_batch=reference_batch, targets=list(target) if target else None,
+                                         level=level)
+    except InvalidInput as exc:
+        _fail_invalid(exc)
+    print(json.dumps(finite_json(result), indent=2))
+
+
+@app.command("init-checkpoint")
+def init_checkpoint(
+    directory: Path = typer.Argument(..., help="folder for the new checkpoint"),
+    d_model: int = typer.Option(64, "--d-model", min=1),
+    n_layers: int = typer.Option(2, "--n-layers", min=1),
+    n_heads: int = typer.Option(4, "--n-heads", min=1),
+    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1),
+    family: str = typer.Option("llama", "--family", help="llama or gpt2"),
+    seed: int = typer.Option(0, "--seed"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace a checkpoint already there"),
+) -> None:
+    """Write a freshly initialised byte-level causal LM and its tokenizer (a checkpoint to fine-tune offline)."""
+    from workloads.finetune import init_checkpoint as _init
+
+    if family not in ("llama", "gpt2"):
+        _fail_invalid(InvalidInput(f"--family must be 'llama' or 'gpt2', got {family!r}"))
+    if d_model % n_heads:
+        _fail_invalid(InvalidInput(f"--d-model ({d_model}) must be divisible by --n-heads ({n_heads})"))
+    try:
+        path = _init(str(directory), d_model, n_layers, n_heads, context_length_tokens, family=family, seed=seed,
+                     overwrite=overwrite)
+    except (ValueError, FileExistsError) as exc:
+        _fail_invalid(exc)
+    out.print(f"wrote {path}", highlight=False)
+
+
+def _print_summary(result: dict) -> None:
+    cbs = result.get("cbs") or {}
+    if result.get("message"):
+        out.print(result["message"], highlight=False)
+    if cbs.get("b_crit") is not None:
+        ci = cbs.get("b_crit_ci") or [None, None]
+        ci_text = (f"95% CI [{ci[0]:.1f}, {f'{ci[1]:.1f}' if ci[1] is not None else 'unbounded'}]"
+                   if ci[0] is not None else "no interval")
+        out.print(
+            f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
+            f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
+            f"{cbs['target_loss']:.4f}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
+            highlight=False,
+        )
+    elif cbs.get("status") and cbs.get("target_loss") is not None:
+        out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
+                  + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
+    if result.get("output"):
+        out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
+
+
+def _register_optional() -> None:
+    """Attach command groups that live in their own modules (submission, Kubernetes, branching)."""
+    import importlib
+
+    for mod in ("sweeps.cli.cluster", "sweeps.cli.k8s", "sweeps.cli.branch"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                continue
+            raise
+        m.register(app)
+
+
+_register_optional()
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

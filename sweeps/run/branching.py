@@ -1,0 +1,272 @@
+"""Local critical batch size by branched training (Merrill et al. 2025, arXiv 2505.23971, section 3.1).
+
+From checkpoints of a base run at batch ``B0`` taken at several points of its training, each branch
+continues with batch ``k * B0``, learning rate ``sqrt(k) * lr`` (Adam) and beta2 by the token
+half-life rule, for a fixed window of tokens (and the base run's LR warmup, not one of its own).
+The local CBS at that point is ``k* * B0`` with
+``k* = max k such that L_k <= L_j + epsilon for every j < k`` (methodology note section 5.2).
+
+Deviation from the paper, stated in ``branch.json``: ``L_k`` is the validation loss on the sweep's
+fixed held-out set at the end of the window (the paper smooths the training loss with an EMA); on
+corpora this small the fixed validation set is the less noisy of the two.
+
+Branches run as single-worker Ray tasks (no Train worker group per branch, so a branch costs its
+training time, not a worker-group start), and their FLOPs are logged as ``flops_measurement``,
+apart from the sweep's trials.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sweeps.errors import InvalidInput
+from sweeps.spec import BranchSpec, SweepSpec
+
+__all__ = ["local_cbs_multiplier", "run_branching"]
+
+
+def local_cbs_multiplier(losses: dict[float, float], epsilon: float) -> float | None:
+    """``k* = max k such that L_k <= L_j + epsilon for all j < k`` (Merrill et al. 2025, section 3.1).
+
+    Args:
+        losses: branch multiplier ``k`` -> loss at the end of the window (non-finite: diverged).
+        epsilon: tolerance in nats.
+
+    Returns:
+        ``k*``, or None when no branch has a finite loss. The smallest ``k`` is always accepted.
+    """
+    ks = sorted(k for k, v in losses.items() if v is not None and math.isfinite(v))
+    if not ks:
+        return None
+    best = ks[0]
+    for i, k in enumerate(ks):
+        if all(losses[k] <= losses[j] + epsilon for j in ks[:i]):
+            best = k
+    return best
+
+
+def _base_hyperparameters(spec: SweepSpec, b0: int, from_run_id: str | None, client) -> dict[str, Any]:
+    from sweeps.search.searcher import hyperparameters_for
+
+    if from_run_id is None or client is None:
+        sampled: dict[str, Any] = {}
+        if spec.search.beta2.half_life_tokens is not None:
+            lo, hi = spec.search.beta2.half_life_tokens
+            sampled["beta2_half_life_tokens"] = math.sqrt(lo * hi)
+        lo_m, hi_m = spec.search.lr_multiplier
+        sampled["lr_multiplier"] = math.sqrt(lo_m * hi_m)
+        return hyperparameters_for(spec, b0, sampled)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(from_run_id, "cbs.json", tmp)
+        except Exception as exc:  # noqa: BLE001
+            raise InvalidInput(f"--from {from_run_id}: no cbs.json artifact on that MLflow run ({exc})") from None
+        cbs = json.loads(Path(path).read_text())
+    rows = cbs.get("per_batch") or []
+    if not rows:
+        raise InvalidInput(f"--from {from_run_id}: its sweep has no completed batch size")
+    row = min(rows, key=lambda r: abs(math.log(r["batch_size_sequences"] / b0)))
+    hp = dict(row["best_config_at_budget"])
+    # carry the tuned config to B0 with the square-root rule and the token half-life
+    from workloads.scaling import beta2_from_half_life
+
+    hp["lr"] = hp["lr"] * math.sqrt(b0 / row["batch_size_sequences"])
+    hp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b0, spec.model.context_length_tokens)
+    return hp
+
+
+def _train_task(cfg_dict: dict[str, Any], state_path: str | None, save_states: dict[int, str] | None) -> dict[str, Any]:
+    """Ray task body: run the pretraining loop from ``state_path`` (or from init)."""
+    import torch
+
+    from workloads.config import TrialConfig
+    from workloads.loop import run_loop
+    from workloads.pretrain import build_pretrain
+
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    cfg = TrialConfig.from_dict(cfg_dict)
+    work = build_pretrain(cfg, torch.device("cpu"))
+    resume = torch.load(state_path, weights_only=False) if state_path else None
+    if resume is not None:
+        resume["loop"]["milestone_idx"] = 0  # the branch has its own milestones
+    reports: list[dict[str, Any]] = []
+
+    def report(metrics, state):
+        reports.append(metrics)
+        if save_states is not None and state is not None and metrics["tokens_seen"] in save_states:
+            torch.save(state, save_states[metrics["tokens_seen"]])
+
+    t0 = time.perf_counter()
+    outcome = run_loop(cfg, work, device=torch.device("cpu"), report=report, resume_state=resume, attempt=1)
+    return {"status": outcome.status, "reports": reports, "flops_per_token": work.flops_per_token,
+            "wall_s": time.perf_counter() - t0}
+
+
+def run_branching(
+    spec: SweepSpec,
+    output: Path,
+    *,
+    tracking_uri: str | None = None,
+    from_run_id: str | None = None,
+    ray_address: str | None = None,
+) -> dict[str, Any]:
+    """Run the base run and its branches; write ``OUT/branch.json`` and log MLflow child runs.
+
+    With ``from_run_id`` (a sweep's parent MLflow run), the base run uses that sweep's best
+    configuration near ``B0`` and the branch runs become children of that run; otherwise a new
+    parent run (role ``branch``) is created in the sweep's experiment.
+
+    Returns:
+        ``{"local_cbs": [{"tokens_seen", "k_star", "local_cbs_sequences", "losses"}...], ...}``.
+
+    Raises:
+        InvalidInput: a pretraining spec is required; multipliers that do not give whole batches.
+    """
+    import ray
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.run.driver import _init_ray
+    from sweeps.spec.identity import local_tracking_uri
+    from sweeps.run.preflight import check_data_files, resolve_data_path
+    from sweeps.search.searcher import hyperparameters_for
+    from sweeps.tracking.writer import configure_mlflow_env
+    from sweeps.run.trainable import trial_config
+
+    if spec.workload != "pretrain":
+        raise InvalidInput("branching needs a pretraining spec (workload: pretrain)")
+    check_data_files(spec)
+    br = spec.branch or BranchSpec()
+    b0 = br.base_batch_size_sequences or spec.search.base_batch_size_sequences
+    bad = [k for k in br.multipliers if abs(k * b0 - round(k * b0)) > 1e-9 or round(k * b0) < 1]
+    if bad:
+        raise InvalidInput(f"branch.multipliers {bad} x base batch {b0} are not whole batch sizes")
+    T = spec.model.context_length_tokens
+    output = Path(output).expanduser().resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    states_dir = output / "branch_states"
+    states_dir.mkdir(exist_ok=True)
+    uri = local_tracking_uri(spec, tracking_uri)
+    configure_mlflow_env()
+    client = MlflowClient(uri)
+    hp = _base_hyperparameters(spec, b0, from_run_id, client)
+
+    step_tokens = b0 * T
+    from workloads.scaling import warmup_length_tokens
+
+    base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
+    points = sorted({int(round(f * spec.budget_tokens / step_tokens)) * step_tokens for f in br.points_fraction})
+    data_path = resolve_data_path(spec)
+    base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
+                            data_path=data_path)
+    positive = [p for p in points if p > 0]
+    started = _init_ray(ray_address, spec)
+    try:
+        task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(_train_task)
+        base_dict = base_cfg.to_dict()
+        if positive:
+            base_dict.update(budget_tokens=max(positive), milestones_tokens=tuple(positive), checkpoint_every_milestones=1)
+            # the last point's state is needed too: the loop does not save a state with its final report
+            base_dict["budget_tokens"] = max(positive) + step_tokens
+            base_dict["milestones_tokens"] = tuple(positive) + (max(positive) + step_tokens,)
+            save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
+            base = ray.get(task.remote(base_dict, None, save))
+        else:
+            base = {"status": "completed", "reports": [], "flops_per_token": None, "wall_s": 0.0}
+        refs = {}
+        for p in points:
+            for k in br.multipliers:
+                b = int(round(k * b0))
+                bhp = hyperparameters_for(spec, b, {})
+                bhp.update(lr=hp["lr"] * math.sqrt(k), lr_rule="sqrt", beta2_half_life_tokens=hp["beta2_half_life_tokens"])
+                from workloads.scaling import beta2_from_half_life
+
+                bhp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b, T)
+                cfg = trial_config(spec, {"batch_size_sequences": b, "seed": spec.seeds[0], **bhp},
+                                   f"branch-{p}-k{k}", data_path=data_path).to_dict()
+                end = p + br.window_tokens
+                cfg.update(budget_tokens=end, milestones_tokens=(end,), checkpoint_every_milestones=0,
+                           eval_raw_every_milestone=True)
+                if p > 0:
+                    # a branch continues the base run's LR warmup (in tokens, set by B0); it does not
+                    # ramp again over warmup_min_steps steps of its own larger batch
+                    cfg.update(warmup_tokens=base_warmup_tokens, warmup_min_steps=0)
+                state = str(states_dir / f"base_{p}.pt") if p > 0 else None
+                refs[(p, k)] = task.remote(cfg, state, None)
+        results = {key: ray.get(ref) for key, ref in refs.items()}
+    finally:
+        if started:
+            ray.shutdown()
+
+    series = []
+    for p in points:
+        losses = {}
+        for k in br.multipliers:
+            r = results[(p, k)]
+            last = r["reports"][-1] if r["reports"] else {}
+            raw = last.get("val_loss_raw")
+            losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
+        k_star = local_cbs_multiplier(losses, br.epsilon)
+        series.append({"tokens_seen": p, "k_star": k_star, "local_cbs_sequences": None if k_star is None else k_star * b0,
+                       "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()}})
+
+    flops_branches = sum(
+        (r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"] for (p, _), r in results.items() if r["reports"])
+    flops_base = (base["reports"][-1]["tokens_seen"] * base["flops_per_token"]) if base["reports"] else 0.0
+
+    # MLflow: branch runs are children of the sweep's parent (or of a new branch parent)
+    exp = client.get_experiment_by_name(spec.experiment_name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(spec.experiment_name)
+    parent = from_run_id
+    if parent is None:
+        parent = client.create_run(exp_id, run_name=f"{spec.name}-branching",
+                                   tags={"critbatch.role": "branch-sweep", "critbatch.status": "RUNNING"}).info.run_id
+    ts = int(time.time() * 1000)
+    for (p, k), r in results.items():
+        run = client.create_run(exp_id, run_name=f"branch-t{p}-k{k}", tags={
+            "mlflow.parentRunId": parent, "critbatch.role": "branch", "critbatch.status": r["status"].upper()})
+        rid = run.info.run_id
+        client.log_batch(rid, params=[Param("branch_tokens_seen", str(p)), Param("multiplier", str(k)),
+                                      Param("batch_size_sequences", str(int(round(k * b0)))),
+                                      Param("window_tokens", str(br.window_tokens))])
+        ms = []
+        for m in r["reports"]:
+            for key in ("val_loss", "val_loss_raw", "train_loss"):
+                v = m.get(key)
+                if isinstance(v, float) and math.isfinite(v):
+                    ms.append(Metric(key, v, ts, int(m["tokens_seen"])))
+        if r["reports"]:
+            ms.append(Metric("flops_measurement", float((r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"]), ts, 0))
+        if ms:
+            client.log_batch(rid, metrics=ms)
+        client.set_terminated(rid, status="FINISHED" if r["status"] == "completed" else "FAILED")
+    client.log_batch(parent, metrics=[Metric("flops_measurement_branching", float(flops_branches + flops_base), ts, 0)])
+    if from_run_id is None:
+        client.set_tag(parent, "critbatch.status", "SUCCEEDED")
+        client.set_terminated(parent, "FINISHED")
+
+    out = {
+        "base_batch_size_sequences": b0,
+        "base_hyperparameters": hp,
+        "window_tokens": br.window_tokens,
+        "epsilon": br.epsilon,
+        "multipliers": list(br.multipliers),
+        "loss_used": "validation loss (raw weights) at the end of the window",
+        "flops_measurement": flops_branches + flops_base,
+        "local_cbs": series,
+        "mlflow_parent_run_id": parent,
+    }
+    (output / "branch.json").write_text(json.dumps(out, indent=2))
+    cbs_path = output / "cbs.json"
+    if cbs_path.is_file():
+        cbs = json.loads(cbs_path.read_text())
+        cbs["local_cbs"] = series
+        cbs_path.write_text(json.dumps(cbs, indent=2))
+    return out

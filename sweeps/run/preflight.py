@@ -1,0 +1,484 @@
+"""Checks made before anything starts: data files, output folder, cluster resources.
+
+Each failure is an :class:`~sweeps.errors.InvalidInput` naming what is wrong, so the CLI exits 2
+with nothing created (no output folder, no MLflow run, no Ray job).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sweeps.errors import InvalidInput
+from sweeps.spec import SweepSpec
+
+__all__ = [
+    "resolve_paths",
+    "check_data_files",
+    "check_output_folder",
+    "check_tracking_uri",
+    "check_sweep_id_binding",
+    "read_storage_binding",
+    "write_storage_binding",
+    "OutputClaim",
+    "claim_output_folder",
+    "lock_output_folder",
+    "LOCK_FILE",
+    "STORAGE_BINDING_FILE",
+    "ResourcePlan",
+    "plan_resources",
+    "resolve_data_path",
+    "spec_warnings",
+    "MIN_WARMUP_STEPS",
+]
+
+#: ``critbatch validate`` warns when the LR warmup covers fewer optimizer steps of the largest batch.
+MIN_WARMUP_STEPS = 4
+
+log = logging.getLogger(__name__)
+
+
+def resolve_data_path(spec: SweepSpec) -> str:
+    """The spec's data path made absolute (relative paths resolve from the working directory).
+
+    URIs (``s3://``, ``gs://``...) are returned unchanged.
+    """
+    p = spec.data.path
+    if "://" in p:
+        return p
+    return str(Path(p).expanduser().resolve())
+
+
+def check_data_files(spec: SweepSpec) -> None:
+    """Check the corpus (and tokenizer, checkpoint) exist and are big enough for the spec.
+
+    Raises:
+        InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
+            training window and one validation window of ``context_length_tokens``.
+    """
+    from workloads.data import DataError, load_corpus
+
+    path = resolve_data_path(spec)
+    if "://" in path:
+        return  # read by the workers; checked there
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInput(f"data.path: file not found: {spec.data.path} (resolved to {path})")
+    if p.stat().st_size == 0:
+        raise InvalidInput(f"data.path: {spec.data.path} is empty")
+    if spec.data.tokenizer != "byte":
+        _check_tokenizer(spec.data.tokenizer)
+    if spec.workload == "finetune":
+        from workloads.finetune_data import check_finetune_inputs
+
+        try:
+            check_finetune_inputs(spec)
+        except DataError as exc:
+            raise InvalidInput(str(exc)) from None
+        return
+    try:
+        corpus = load_corpus(path, spec.data.tokenizer, spec.data.validation_fraction, spec.model.context_length_tokens)
+    except DataError as exc:
+        raise InvalidInput(f"data.path: {exc}") from None
+    if len(corpus.val_ids) < spec.eval.eval_tokens // 4:
+        log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", len(corpus.val_ids), spec.eval.eval_tokens)
+
+
+def _check_tokenizer(tokenizer: str) -> None:
+    """A local Hugging Face tokenizer directory that loads.
+
+    Raises:
+        InvalidInput: not a folder, a folder without tokenizer files (an empty one gave a
+            ``ValueError`` traceback from transformers), or files that do not load.
+    """
+    from workloads.tokenizer import has_tokenizer_files
+
+    if not Path(tokenizer).is_dir():
+        raise InvalidInput(f"data.tokenizer: not 'byte' and not a local tokenizer directory: {tokenizer}")
+    if not has_tokenizer_files(tokenizer):
+        raise InvalidInput(f"data.tokenizer: {tokenizer} holds no Hugging Face tokenizer "
+                           "(no tokenizer.json, tokenizer_config.json, vocab.json or tokenizer model)")
+    from workloads.data import tokenizer_vocab_size
+
+    try:
+        tokenizer_vocab_size(tokenizer)
+    except Exception as exc:  # noqa: BLE001 - transformers raises anything from ValueError to OSError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInput(f"data.tokenizer: the tokenizer in {tokenizer} does not load: {first}") from None
+
+
+def check_tracking_uri(uri: str, *, source: str) -> None:
+    """Refuse a tracking URI that MLflow would refuse only once the sweep has started.
+
+    Args:
+        uri: the resolved tracking URI (:func:`sweeps.spec.identity.local_tracking_uri`).
+        source: where it came from, named in the error (``--tracking-uri``, ``tracking.uri``,
+            ``MLFLOW_TRACKING_URI`` or the default).
+
+    Raises:
+        InvalidInput: a file store (``file://`` or a bare folder) without MLflow's opt-in
+            ``MLFLOW_ALLOW_FILE_STORE=true`` (MLflow 3 refuses it with an ``MlflowException``), or a
+            ``sqlite:///`` database whose folder does not exist.
+    """
+    file_store = uri.startswith("file:") or "://" not in uri
+    if file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
+        raise InvalidInput(
+            f"{source} {uri!r}: MLflow's file store is refused unless MLFLOW_ALLOW_FILE_STORE=true; "
+            "use sqlite:///PATH/mlflow.db or an MLflow server")
+    if uri.startswith("sqlite:///") and len(uri) > len("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+        if not db.parent.is_dir():
+            raise InvalidInput(f"{source} {uri!r}: the folder {db.parent} does not exist")
+
+
+#: the file in a sweep's shared storage root (``resources.storage_path/<sweep id>``) that binds its
+#: sweep id to its spec's fingerprint
+STORAGE_BINDING_FILE = "critbatch-sweep.json"
+
+
+def _fs_of(root: str):
+    """``(pyarrow filesystem, path)`` of a storage root (a local folder or a URI such as ``s3://``)."""
+    import pyarrow.fs
+
+    if "://" in root:
+        return pyarrow.fs.FileSystem.from_uri(root)
+    return pyarrow.fs.LocalFileSystem(), str(Path(root).expanduser().resolve())
+
+
+def read_storage_binding(root: str) -> dict | None:
+    """The ``{"sweep_id", "fingerprint"}`` stored in a sweep's storage root, or None if there is none."""
+    fs, path = _fs_of(root)
+    try:
+        with fs.open_input_stream(f"{path}/{STORAGE_BINDING_FILE}") as f:
+            return json.loads(f.read().decode())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+
+
+def write_storage_binding(root: str, sweep_id: str, fingerprint: str) -> None:
+    """Record in the storage root which spec (by fingerprint) this sweep id runs."""
+    fs, path = _fs_of(root)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{STORAGE_BINDING_FILE}") as f:
+        f.write(json.dumps({"sweep_id": sweep_id, "fingerprint": fingerprint}).encode())
+
+
+def check_sweep_id_binding(sweep_id: str, fingerprint: str, *, storage_root: str | None = None,
+                           mlflow_parents: list | None = None, optuna_storage: str | None = None) -> None:
+    """Refuse a spec other than the one a sweep id already runs, wherever the id is stored.
+
+    Args:
+        sweep_id: the sweep id asked for.
+        fingerprint: :meth:`SweepSpec.fingerprint` of the spec as given.
+        storage_root: the sweep's shared storage root (``resources.storage_path/<sweep id>``), if any.
+        mlflow_parents: ``(run id, fingerprint tag or None)`` of MLflow parent runs with this sweep id.
+        optuna_storage: an Optuna RDB URL shared beyond the output folder (``CRITBATCH_OPTUNA_STORAGE``).
+
+    Raises:
+        InvalidInput: the storage root, an MLflow parent run or an Optuna study of this sweep id
+            records another fingerprint (a resumed sweep would run the old spec's trials and
+            report the old batch sizes under the new spec).
+    """
+    def refuse(where: str, other: str) -> None:
+        raise InvalidInput(
+            f"--sweep-id {sweep_id!r} already runs another spec (fingerprint {other}, {where}); this spec's "
+            f"fingerprint is {fingerprint}: choose another --sweep-id, or run the original spec to resume it")
+
+    if storage_root is not None:
+        bound = read_storage_binding(storage_root)
+        if bound is not None and bound.get("fingerprint") not in (None, fingerprint):
+            refuse(f"in {storage_root}/{STORAGE_BINDING_FILE}", bound["fingerprint"])
+    for run_id, fp in mlflow_parents or []:
+        if fp is not None and fp != fingerprint:
+            refuse(f"MLflow parent run {run_id}", fp)
+    if optuna_storage:
+        import optuna
+
+        try:
+            summaries = optuna.study.get_all_study_summaries(optuna_storage, include_best_trial=False)
+        except Exception:  # noqa: BLE001 - unreadable storage: the searcher reports it when it opens it
+            summaries = []
+        for st in summaries:
+            fp = (st.user_attrs or {}).get("critbatch.fingerprint")
+            if st.study_name.startswith(f"{sweep_id}-B") and fp not in (None, fingerprint):
+                refuse(f"Optuna study {st.study_name}", fp)
+
+
+#: the lock a running driver holds on its output folder (``flock``; released when the process ends)
+LOCK_FILE = ".critbatch.lock"
+
+
+def _holder(output: Path) -> str:
+    """Who holds an output folder, for error messages: its sweep id and the driver's pid and host."""
+    who = {}
+    for name in (LOCK_FILE, "sweep.json"):
+        try:
+            who = {**json.loads((output / name).read_text() or "{}"), **who}
+        except (OSError, ValueError):
+            continue
+    sweep = who.get("sweep_id", "?")
+    where = f" (pid {who['pid']} on {who.get('host', '?')})" if who.get("pid") else ""
+    return f"sweep '{sweep}'{where}"
+
+
+def _lock(output: Path) -> int | None:
+    """Take the folder's exclusive lock without waiting; the fd, or None when another process holds it."""
+    import fcntl
+
+    path = output / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return None
+            raise
+        try:  # the holder before us may have removed the file after we opened it: lock the one on disk
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@dataclass
+class OutputClaim:
+    """An output folder claimed by this process: its lock is held until :meth:`release`.
+
+    Attributes:
+        output: the folder.
+        created: the folders the claim created (to remove if the sweep never starts), outermost first.
+    """
+
+    output: Path
+    created: list[Path] = field(default_factory=list)
+    fd: int | None = None
+
+    def _write_holder(self, sweep_id: str) -> None:
+        data = json.dumps({"sweep_id": sweep_id, "pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def release(self, *, remove: bool = False) -> None:
+        """Give the folder up; ``remove``: the sweep never started, so remove what the claim made
+        (``sweep.json``, the lock, and every folder it created if empty)."""
+        if self.fd is None:
+            return
+        if remove:
+            for name in ("sweep.json", "sweep.json.tmp"):
+                (self.output / name).unlink(missing_ok=True)
+        (self.output / LOCK_FILE).unlink(missing_ok=True)
+        os.close(self.fd)  # releases the flock
+        self.fd = None
+        if remove:
+            for d in reversed(self.created):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+
+
+def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> OutputClaim:
+    """Claim a new sweep's output folder atomically, before anything starts.
+
+    Creates the folder (and missing parents), takes its exclusive lock (:data:`LOCK_FILE`) and
+    creates ``sweep.json`` exclusively (status ``STARTING``). Two runs into one folder started at
+    once: exactly one claims it. A ``STARTING`` claim whose driver died (its lock is free) is taken over.
+
+    Raises:
+        InvalidInput: the folder cannot be created, another driver holds it, or it holds another
+            sweep (the message names it).
+    """
+    output = Path(output)
+    created = [p for p in [*reversed(output.parents), output] if not p.exists()]
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise InvalidInput(f"--output {output}: cannot create the folder: {exc.strerror or exc}") from None
+    if not output.is_dir():
+        raise InvalidInput(f"--output {output} exists and is not a folder")
+    claim = OutputClaim(output=output, created=created)
+    claim.fd = _lock(output)
+    if claim.fd is None:
+        raise InvalidInput(f"--output {output} is in use by {_holder(output)}: choose another folder")
+    marker = output / "sweep.json"
+    try:
+        if marker.is_file():
+            try:
+                old = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                old = {}
+            if old.get("status") != "STARTING":  # a STARTING claim whose driver died is taken over
+                raise InvalidInput(
+                    f"--output {output} already holds sweep '{old.get('sweep_id', '?')}': use `critbatch resume "
+                    f"{output}` to continue it, or choose another folder")
+            marker.unlink()
+        claim._write_holder(sweep_id)
+        tmp = output / f".sweep.json.{os.getpid()}"
+        tmp.write_text(json.dumps({"sweep_id": sweep_id, "fingerprint": fingerprint, "status": "STARTING",
+                                   "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()}))
+        try:
+            os.link(tmp, marker)  # exclusive and atomic: fails if sweep.json appeared meanwhile
+        except FileExistsError:
+            raise InvalidInput(f"--output {output} already holds {_holder(output)}: choose another folder") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    except BaseException:
+        claim.release(remove=not marker.is_file() or _own_marker(marker))
+        raise
+    return claim
+
+
+def _own_marker(marker: Path) -> bool:
+    try:
+        return json.loads(marker.read_text()).get("pid") == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def lock_output_folder(output: Path, sweep_id: str) -> OutputClaim:
+    """Take the lock of an existing sweep's output folder (``critbatch resume``).
+
+    Raises:
+        InvalidInput: another driver (a run or a resume) holds it.
+    """
+    claim = OutputClaim(output=Path(output))
+    claim.fd = _lock(claim.output)
+    if claim.fd is None:
+        raise InvalidInput(f"{output}: {_holder(claim.output)} is running there: stop it before resuming")
+    claim._write_holder(sweep_id)
+    return claim
+
+
+def spec_warnings(spec: SweepSpec) -> list[str]:
+    """Valid but doubtful choices in a spec, one sentence each (``critbatch validate`` prints them).
+
+    The LR warmup, ``max(warmup_tokens, warmup_min_steps * B * T)`` tokens, should cover at least
+    :data:`MIN_WARMUP_STEPS` optimizer steps of the largest batch (Goyal et al. 2017, gradual warmup):
+    with fewer, the largest batch sizes start at nearly full LR. With ``batch_warmup`` the ramp runs
+    at the largest trial's first (smallest) batch.
+    """
+    from workloads.scaling import warmup_length_tokens
+
+    out: list[str] = []
+    b = max(spec.search.batch_sizes_sequences)
+    if spec.batch_warmup is not None:
+        sched = spec.batch_warmup.schedule
+        b = max(1, b * sched[0][1] // sched[-1][1])
+    step_tokens = b * spec.model.context_length_tokens
+    sch = spec.schedule
+    warm = warmup_length_tokens(sch.warmup_tokens, sch.warmup_min_steps, step_tokens)
+    if warm < MIN_WARMUP_STEPS * step_tokens:
+        out.append(
+            f"schedule: the LR warmup ({warm} tokens) covers {warm / step_tokens:.3g} optimizer step(s) of the largest "
+            f"batch ({b} sequences x {spec.model.context_length_tokens} tokens), fewer than {MIN_WARMUP_STEPS}; set "
+            f"schedule.warmup_min_steps >= {MIN_WARMUP_STEPS} (or warmup_tokens >= {MIN_WARMUP_STEPS * step_tokens})"
+        )
+    return out
+
+
+def resolve_paths(spec: SweepSpec) -> SweepSpec:
+    """The spec with its local paths made absolute (workers run in another working directory)."""
+    update: dict = {"data": spec.data.model_copy(update={"path": resolve_data_path(spec)})}
+    if spec.data.tokenizer != "byte" and "://" not in spec.data.tokenizer:
+        update["data"] = update["data"].model_copy(update={"tokenizer": str(Path(spec.data.tokenizer).expanduser().resolve())})
+    if spec.finetune is not None and "://" not in spec.finetune.checkpoint_dir:
+        update["finetune"] = spec.finetune.model_copy(
+            update={"checkpoint_dir": str(Path(spec.finetune.checkpoint_dir).expanduser().resolve())})
+    return spec.model_copy(update=update)
+
+
+def check_output_folder(output: Path, *, resuming: bool = False) -> None:
+    """Refuse an output folder that holds another sweep (unless resuming it).
+
+    A quick look, not the claim (:func:`claim_output_folder` makes it atomic).
+
+    Raises:
+        InvalidInput: ``OUT/sweep.json`` exists and we are not resuming, or is missing when resuming.
+    """
+    marker = output / "sweep.json"
+    if resuming:
+        if not marker.is_file():
+            raise InvalidInput(f"{output} holds no sweep to resume (no sweep.json)")
+        return
+    if output.exists() and not output.is_dir():
+        raise InvalidInput(f"--output {output} exists and is not a folder")
+    if marker.is_file():
+        try:
+            held = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            held = {}
+        if held.get("status") == "STARTING":
+            return  # a claim, live or abandoned: claim_output_folder tells which
+        other = held.get("sweep_id", "?")
+        raise InvalidInput(
+            f"--output {output} already holds sweep '{other}': use `critbatch resume {output}` to continue it, "
+            "or choose another folder"
+        )
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """How many trials run at once, and what one trial takes."""
+
+    bundle_cpus: float
+    bundle_gpus: float
+    concurrency: int
+    warning: str | None = None
+
+
+def plan_resources(spec: SweepSpec, cluster: dict[str, float], largest_node: dict[str, float]) -> ResourcePlan:
+    """Fit the trial bundle (workers x per-worker resources + the trial's Tune driver) to the cluster.
+
+    Args:
+        cluster: total resources (``ray.cluster_resources()``).
+        largest_node: resources of the biggest node (one worker must fit on one node).
+
+    Returns:
+        the plan; concurrency lowered (with a warning) when the requested one does not fit.
+
+    Raises:
+        InvalidInput: one worker does not fit on any node, or one whole trial does not fit the
+            cluster (the trial would stay PENDING forever).
+    """
+    r = spec.resources
+    w_cpu, w_gpu = r.cpus_per_worker, r.gpus_per_worker
+    if w_cpu > largest_node.get("CPU", 0) + 1e-9 or w_gpu > largest_node.get("GPU", 0) + 1e-9:
+        raise InvalidInput(
+            f"resources: one worker needs {w_cpu:g} CPU and {w_gpu:g} GPU, but the largest node has "
+            f"{largest_node.get('CPU', 0):g} CPU and {largest_node.get('GPU', 0):g} GPU"
+        )
+    cpus = r.workers_per_trial * w_cpu + r.trial_driver_cpus
+    gpus = r.workers_per_trial * w_gpu
+    tot_cpu, tot_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if cpus > tot_cpu + 1e-9 or gpus > tot_gpu + 1e-9:
+        raise InvalidInput(
+            f"resources: one trial needs {cpus:g} CPU and {gpus:g} GPU "
+            f"({r.workers_per_trial} worker(s) x {w_cpu:g} CPU/{w_gpu:g} GPU + {r.trial_driver_cpus:g} CPU for its driver), "
+            f"but the cluster has {tot_cpu:g} CPU and {tot_gpu:g} GPU"
+        )
+    fit = int(math.floor(tot_cpu / cpus + 1e-9))
+    if gpus > 0:
+        fit = min(fit, int(math.floor(tot_gpu / gpus + 1e-9)))
+    conc = min(r.max_concurrent_trials, max(fit, 1))
+    warning = None
+    if conc < r.max_concurrent_trials:
+        warning = (
+            f"resources.max_concurrent_trials={r.max_concurrent_trials} does not fit the cluster "
+            f"({tot_cpu:g} CPU, {tot_gpu:g} GPU; {cpus:g} CPU and {gpus:g} GPU per trial): running {conc} at a time"
+        )
+    return ResourcePlan(bundle_cpus=cpus, bundle_gpus=gpus, concurrency=conc, warning=warning)

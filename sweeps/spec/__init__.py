@@ -1,0 +1,40 @@
+"""The sweep spec: a YAML file validated by pydantic models (the public face of this package).
+
+A spec says *what* to sweep (the workload, the model, the data, the per-trial token budget, the
+batch sizes, the learning-rate scaling rules and Adam's beta2) and *where* (resources, tracking).
+Load and validate with :func:`load_spec`; every invalid field is reported by its dotted path
+(``search.batch_sizes_sequences.2``) in one :class:`SpecError`. Sections live in
+:mod:`sweeps.spec.sections` and :mod:`sweeps.spec.sweep`, reading in :mod:`sweeps.spec.loading`, the
+sweep id and tracking-URI rules in :mod:`sweeps.spec.identity`.
+
+Plain data: imports neither torch nor Ray, so the REST service can use it.
+"""
+
+from sweeps.spec.loading import SpecError, load_spec, parse_spec, parse_spec_text, resolved_spec_dict, spec_errors
+from sweeps.spec.sections import (
+    MAX_BATCH_SEQUENCES,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    BatchWarmupSpec,
+    Beta2Spec,
+    DataSpec,
+    EvalSpec,
+    FinetuneSpec,
+    InitialPointSpec,
+    LoraSpec,
+    ModelSpec,
+    NoiseScaleSpec,
+    OptimizerSpec,
+    ResourcesSpec,
+    ScheduleSpec,
+    SearchSpec,
+    TrackingSpec,
+)
+from sweeps.spec.sweep import BranchSpec, BudgetSpec, PruningSpec, SweepSpec
+
+__all__ = [
+    "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec",
+    "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
+    "BranchSpec", "BudgetSpec", "PruningSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
+    "parse_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+]

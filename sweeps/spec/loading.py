@@ -1,0 +1,131 @@
+"""Reading a sweep spec: YAML or JSON text or files, a ``base:`` chain deep-merged, every invalid field
+reported by its dotted path (``search.batch_sizes_sequences.2``) in one :class:`SpecError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sweeps.spec.sweep import SweepSpec
+
+__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict"]
+
+
+class SpecError(ValueError):
+    """A sweep spec is invalid.
+
+    Attributes:
+        errors: one ``(path, message)`` pair per invalid field; ``path`` is dotted
+            (``search.batch_sizes_sequences.2``), or ``<root>`` for file-level problems.
+    """
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        self.errors = errors
+        lines = "\n".join(f"  {p}: {m}" for p, m in errors)
+        super().__init__(f"invalid sweep spec ({len(errors)} error(s)):\n{lines}")
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    parts = []
+    for p in loc:
+        if isinstance(p, str) and p.startswith("function-"):
+            continue
+        text = str(p)
+        # keys that would make the dotted path ambiguous are quoted
+        parts.append(text if text and "." not in text and not text.isspace() else repr(text))
+    return ".".join(parts) if parts else "<root>"
+
+
+def spec_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    """Turn a pydantic ``ValidationError`` into ``(dotted path, message)`` pairs."""
+    out = []
+    for e in exc.errors():
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        out.append((_format_loc(tuple(e["loc"])), msg))
+    return out
+
+
+def parse_spec(data: Any) -> SweepSpec:
+    """Validate a parsed spec (a mapping).
+
+    Raises:
+        SpecError: with every invalid field's path.
+    """
+    if not isinstance(data, dict):
+        raise SpecError([("<root>", f"a sweep spec must be a mapping, got {type(data).__name__}")])
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(spec_errors(exc)) from None
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("<root>", f"spec file not found: {p}")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([("<root>", f"cannot read spec file {p}: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+    if isinstance(data, dict) and "base" in data:
+        ref = data.pop("base")
+        if not isinstance(ref, str):
+            raise SpecError([("base", "must be the path of another spec file")])
+        bp = (p.parent / ref).resolve()
+        if bp in seen:
+            raise SpecError([("base", f"circular base: {bp}")])
+        base = _read_yaml_with_base(bp, seen + (p.resolve(),))
+        if not isinstance(base, dict):
+            raise SpecError([("base", f"{ref} is not a mapping")])
+        data = _deep_merge(base, data)
+    return data
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a YAML (or JSON) sweep spec file.
+
+    A spec may derive from another: ``base: other.yaml`` (relative to the spec's folder) loads that
+    spec first and deep-merges this file's fields over it, so variants do not copy and drift.
+
+    Raises:
+        SpecError: the file (or its base) is missing, is not YAML, or has invalid fields (each
+            named by path).
+    """
+    return parse_spec(_read_yaml_with_base(Path(path)))
+
+
+def resolved_spec_dict(path: str | Path) -> dict:
+    """The spec file's content with its ``base`` chain merged (what :func:`load_spec` validates)."""
+    data = _read_yaml_with_base(Path(path))
+    if not isinstance(data, dict):
+        raise SpecError([("<root>", f"a sweep spec must be a mapping, got {type(data).__name__}")])
+    return data
+
+
+def parse_spec_text(text: str) -> SweepSpec:
+    """Validate a spec given as YAML or JSON text.
+
+    Raises:
+        SpecError: not YAML, or invalid fields.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+    return parse_spec(data)

@@ -1,0 +1,332 @@
+"""The sweep spec's sections: pydantic models for the model, data, evaluation, schedule, search,
+optimizer, noise scale, batch warmup, resources, tracking and fine-tuning parts of a spec.
+
+Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, ``_s``. Every model is
+strict (unknown fields refused, integers refuse booleans) and frozen. The whole spec is
+:class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
+
+Plain data: imports neither torch nor Ray, so the REST service can use it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
+    "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
+    "BatchWarmupSpec", "LrRule", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+]
+
+LrRule = Literal["linear", "sqrt", "none"]
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+#: Integers refuse booleans, floats and strings (strict): ``true`` is not 1 and ``8.0`` is not 8.
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+#: Upper bounds (issue 14): generous for any real sweep, small enough that no field can ask for absurd work.
+MAX_TOKENS = 10**13  # 10 T tokens: more than a frontier model's whole training run
+MAX_BATCH_SEQUENCES = 2**20  # ~1 M sequences per global batch
+MAX_WIDTH = 65536  # d_model (today's largest models use <= 16384)
+
+
+class ModelSpec(_Strict):
+    """A Hugging Face causal-LM built from a config (pretraining)."""
+
+    family: Literal["llama", "gpt2"] = "llama"
+    d_model: PositiveInt = Field(default=96, le=MAX_WIDTH, description="hidden width (at most 65536)")
+    n_layers: PositiveInt = Field(default=3, le=1024, description="transformer blocks (at most 1024)")
+    n_heads: PositiveInt = Field(default=4, le=1024, description="attention heads (at most 1024)")
+    d_ff: PositiveInt | None = Field(
+        default=None, le=4 * MAX_WIDTH,
+        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
+    )
+    context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
+    tie_word_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelSpec":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+    @property
+    def d_ff_resolved(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.family == "gpt2":
+            return 4 * self.d_model
+        return int(math.ceil(8 * self.d_model / 3 / 16) * 16)
+
+
+class DataSpec(_Strict):
+    """Training text and its tokenizer."""
+
+    path: str = Field(description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
+    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory")
+    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5)
+
+    @field_validator("path")
+    @classmethod
+    def _non_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
+            # every worker opens data.path as a local file: a URI validated, then failed every trial
+            raise ValueError(f"{v!r} is a URI; the workers read local files only: give a path every node can read")
+        return v
+
+
+class EvalSpec(_Strict):
+    """Evaluation on the held-out split at token milestones shared by every batch size."""
+
+    milestones: int = Field(default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens")
+    eval_tokens: PositiveInt = Field(default=16384, le=10**9,
+                                     description="held-out tokens per evaluation (a fixed set; at most 1e9)")
+
+
+class ScheduleSpec(_Strict):
+    """Horizon-free learning-rate schedule (methodology section 11.2).
+
+    ``constant_ema``: linear warmup over ``max(warmup_tokens, warmup_min_steps * B * T)`` tokens
+    (the same tokens for every batch size, yet a ramp of at least ``warmup_min_steps`` optimizer
+    steps at large batches: Goyal et al. 2017, gradual warmup), then a constant LR; an exponential
+    moving average of the weights (half-life in tokens, so equal for every batch size) is what is
+    evaluated (Zhang et al. 2024). ``wsd``: warmup-stable-decay, where each milestone's evaluation
+    is taken after a short linear decay branch of ``decay_fraction`` of the tokens seen, and
+    training continues from the stable branch.
+    """
+
+    kind: Literal["constant_ema", "wsd"] = "constant_ema"
+    warmup_tokens: int = Field(default=32768, ge=0, le=MAX_TOKENS, strict=True,
+                               description="linear LR warmup, in tokens (the same for every batch size; at most 1e13)")
+    warmup_min_steps: int = Field(
+        default=4, ge=0, le=10000, strict=True,
+        description="the warmup lasts at least this many optimizer steps of the trial's batch: it ramps over "
+                    "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
+                    "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
+    ema_half_life_tokens: float = Field(default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)")
+    decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
+
+
+class Beta2Spec(_Strict):
+    """Adam's beta2: fixed values, or a token half-life range (Marek et al. 2025).
+
+    With a half-life ``t_half`` in tokens, ``beta2 = 0.5 ** (B*T / t_half)``.
+    Exactly one of ``values`` and ``half_life_tokens`` is given.
+    """
+
+    values: list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None = None
+    half_life_tokens: tuple[Annotated[float, Field(gt=0, le=MAX_TOKENS)], Annotated[float, Field(gt=0, le=MAX_TOKENS)]] | None = Field(
+        default=None, description="[low, high] in tokens (at most 1e13), searched log-uniformly"
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Beta2Spec":
+        if (self.values is None) == (self.half_life_tokens is None):
+            raise ValueError("give exactly one of 'values' and 'half_life_tokens'")
+        if self.values is not None and not self.values:
+            raise ValueError("'values' must not be empty")
+        if self.half_life_tokens is not None and self.half_life_tokens[0] > self.half_life_tokens[1]:
+            raise ValueError("half_life_tokens: low must be <= high")
+        return self
+
+
+class InitialPointSpec(_Strict):
+    """A known configuration evaluated first at every batch size (Optuna ``enqueue_trial``).
+
+    Each field is one searched dimension; a dimension left out is sampled as usual. Give ``beta2``
+    when the spec searches ``beta2.values``, ``beta2_half_life_tokens`` when it searches
+    ``beta2.half_life_tokens`` (tokens, so the same point means the same averaging horizon at every
+    batch size).
+    """
+
+    lr_rule: LrRule | None = Field(default=None, description="one of search.lr_rules")
+    lr_multiplier: float | None = Field(default=None, gt=0, le=1000,
+                                        description="within search.lr_multiplier [low, high] (at most 1000)")
+    beta2: float | None = Field(default=None, gt=0.0, lt=1.0, description="one of search.beta2.values")
+    beta2_half_life_tokens: float | None = Field(
+        default=None, gt=0, le=MAX_TOKENS,
+        description="beta2 as a token half-life in tokens, within search.beta2.half_life_tokens (at most 1e13)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "InitialPointSpec":
+        if all(v is None for v in (self.lr_rule, self.lr_multiplier, self.beta2, self.beta2_half_life_tokens)):
+            raise ValueError("give at least one of lr_rule, lr_multiplier, beta2, beta2_half_life_tokens")
+        if self.beta2 is not None and self.beta2_half_life_tokens is not None:
+            raise ValueError("give beta2 or beta2_half_life_tokens, not both")
+        return self
+
+    def given(self) -> dict[str, Any]:
+        """The dimensions this point fixes, ``{name: value}``."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class SearchSpec(_Strict):
+    """What is searched: batch sizes (a grid), and per batch size the LR rule, multiplier and beta2."""
+
+    batch_sizes_sequences: list[Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]] = Field(
+        min_length=1, max_length=64, description="global batch sizes in sequences (1-64 of them, each at most 2^20)")
+    base_lr: float = Field(gt=0, lt=10)
+    base_batch_size_sequences: PositiveInt = Field(le=MAX_BATCH_SEQUENCES, description="the batch the base LR is for (sequences)")
+    lr_rules: list[LrRule] = Field(default_factory=lambda: ["sqrt"], min_length=1)
+    lr_multiplier: tuple[Annotated[float, Field(gt=0, le=1000)], Annotated[float, Field(gt=0, le=1000)]] = (1.0, 1.0)
+    beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
+    trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
+    algorithm: Literal["optuna"] = "optuna"
+    initial_points: list[InitialPointSpec] = Field(
+        default_factory=list, max_length=1000,
+        description="configurations evaluated first at every batch size, in order, before Optuna samples "
+                    "(enqueued trials of each batch size's study); they count in trials_per_batch_size")
+
+    @field_validator("batch_sizes_sequences")
+    @classmethod
+    def _unique_sorted(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("batch sizes must be unique")
+        return sorted(v)
+
+    @field_validator("lr_rules")
+    @classmethod
+    def _unique_rules(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("LR rules must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "SearchSpec":
+        lo, hi = self.lr_multiplier
+        if lo > hi:
+            raise ValueError("lr_multiplier: low must be <= high")
+        errs = [f"initial_points.{i}.{msg}" for i, p in enumerate(self.initial_points) for msg in self._outside(p)]
+        if len(self.initial_points) > self.trials_per_batch_size:
+            errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
+                        f"{self.trials_per_batch_size} (they count in it)")
+        seen: dict[tuple, int] = {}
+        for i, p in enumerate(self.initial_points):
+            key = tuple(sorted(p.given().items()))
+            if key in seen:
+                errs.append(f"initial_points.{i}: the same point as initial_points.{seen[key]}")
+            seen.setdefault(key, i)
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+    def _outside(self, p: "InitialPointSpec") -> list[str]:
+        """Why an initial point lies outside the searched space (one message per field)."""
+        out = []
+        if p.lr_rule is not None and p.lr_rule not in self.lr_rules:
+            out.append(f"lr_rule: {p.lr_rule!r} is not one of lr_rules {list(self.lr_rules)}")
+        lo, hi = self.lr_multiplier
+        if p.lr_multiplier is not None and not lo <= p.lr_multiplier <= hi:
+            out.append(f"lr_multiplier: {p.lr_multiplier:g} lies outside lr_multiplier [{lo:g}, {hi:g}]")
+        if p.beta2 is not None:
+            if self.beta2.values is None:
+                out.append("beta2: the spec searches beta2.half_life_tokens: give beta2_half_life_tokens")
+            elif p.beta2 not in self.beta2.values:
+                out.append(f"beta2: {p.beta2:g} is not one of beta2.values {list(self.beta2.values)}")
+        if p.beta2_half_life_tokens is not None:
+            if self.beta2.half_life_tokens is None:
+                out.append("beta2_half_life_tokens: the spec searches beta2.values: give beta2")
+            else:
+                lo2, hi2 = self.beta2.half_life_tokens
+                if not lo2 <= p.beta2_half_life_tokens <= hi2:
+                    out.append(f"beta2_half_life_tokens: {p.beta2_half_life_tokens:g} lies outside "
+                               f"beta2.half_life_tokens [{lo2:g}, {hi2:g}]")
+        return out
+
+
+class OptimizerSpec(_Strict):
+    """AdamW settings that are not searched."""
+
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
+    divergence_loss_factor: float = Field(
+        default=1.5, gt=1.0, le=100, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
+    )
+
+
+class NoiseScaleSpec(_Strict):
+    """Online gradient-noise-scale estimate (McCandlish et al. 2018, Appendix A.1)."""
+
+    enabled: bool = True
+    ema_decay: float = Field(default=0.95, gt=0, lt=1)
+
+
+class BatchWarmupSpec(_Strict):
+    """Batch-size warmup: global batch sizes by tokens seen (Merrill et al. 2025).
+
+    ``schedule`` is a list of ``[tokens_seen, multiplier]``: from that many tokens on, the global batch
+    is the trial's batch times ``multiplier`` divided by the last multiplier (so the run ends at
+    the trial's batch size). Multipliers are integers, increasing, each a factor of the next.
+    """
+
+    schedule: list[tuple[Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)],
+                         Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]]] = Field(
+        min_length=1, max_length=64, description="[tokens seen, multiplier] pairs (at most 64)")
+
+    @model_validator(mode="after")
+    def _monotone(self) -> "BatchWarmupSpec":
+        if self.schedule[0][0] != 0:
+            raise ValueError("schedule must start at 0 tokens")
+        for (t0, m0), (t1, m1) in zip(self.schedule, self.schedule[1:]):
+            if t1 <= t0:
+                raise ValueError("token thresholds must increase")
+            if m1 <= m0 or m1 % m0:
+                raise ValueError("multipliers must increase by integer factors")
+        return self
+
+
+class ResourcesSpec(_Strict):
+    """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
+
+    workers_per_trial: PositiveInt = Field(default=1, le=4096, description="Ray Train workers per trial (at most 4096)")
+    cpus_per_worker: float = Field(default=1.0, gt=0, le=512, description="CPUs per worker (at most 512)")
+    gpus_per_worker: float = Field(default=0.0, ge=0, le=16, description="GPUs per worker (at most 16)")
+    max_concurrent_trials: PositiveInt = Field(default=2, le=1024, description="trials running at once (at most 1024)")
+    micro_batch_size_sequences_max: PositiveInt = Field(default=64, le=MAX_BATCH_SEQUENCES,
+                                                        description="largest micro-batch one worker runs at once")
+    trial_driver_cpus: float = Field(default=0.01, gt=0, le=1, description="CPU reserved for each trial's Tune driver")
+    max_failures: int = Field(default=2, ge=0, le=100, strict=True,
+                              description="worker-failure retries per trial (Ray Train FailureConfig; at most 100)")
+    storage_path: str | None = Field(
+        default=None,
+        description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
+    )
+
+
+class TrackingSpec(_Strict):
+    """MLflow tracking. The experiment is named after the sweep unless given."""
+
+    uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    experiment: str | None = None
+    checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0, le=100_000)
+
+
+class LoraSpec(_Strict):
+    """LoRA adapters through ``peft``."""
+
+    rank: PositiveInt = Field(default=8, le=4096)
+    alpha: float = Field(default=16.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+
+
+class FinetuneSpec(_Strict):
+    """Supervised fine-tuning of a local Hugging Face checkpoint on instruction JSON Lines."""
+
+    checkpoint_dir: str
+    prompt_field: str = "question"
+    response_field: str = "answer"
+    prompt_template: str = "Question: {prompt}\nAnswer: "
+    packing: Literal["packed", "padded"] = "packed"
+    truncate: bool = Field(default=False, description="truncate over-long examples (counted and reported) instead of refusing")
+    lora: LoraSpec | None = None

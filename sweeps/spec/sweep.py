@@ -1,0 +1,156 @@
+"""The whole sweep spec (:class:`SweepSpec`) and its sweep-level sections: the sweep budget, pruning
+and branching. Cross-field rules (batch sizes divisible by the workers, at least two steps of the
+largest batch, a fine-tuning section exactly when the workload is fine-tuning) live here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from sweeps.spec.sections import (
+    MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, FinetuneSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
+    PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, TrackingSpec, _Strict,
+)
+
+__all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec"]
+
+
+class BranchSpec(_Strict):
+    """Local critical batch size by branching (Merrill et al. 2025)."""
+
+    points_fraction: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 1.0])
+    multipliers: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.5, 1, 2, 4, 8])
+    window_tokens: PositiveInt = Field(default=32768, le=MAX_TOKENS)
+    epsilon: float = Field(default=0.01, gt=0)
+    base_batch_size_sequences: PositiveInt | None = Field(default=None, le=MAX_BATCH_SEQUENCES)
+
+
+class BudgetSpec(_Strict):
+    """Sweep-wide limits; the sweep plans to fit and stops cleanly when one runs out."""
+
+    sweep_flops: float | None = Field(default=None, gt=0, le=1e30, description="FLOPs for the whole sweep (at most 1e30)")
+    wall_clock_s: float | None = Field(default=None, gt=0, le=90 * 86400, description="seconds (at most 90 days)")
+
+
+class PruningSpec(_Strict):
+    """Equal-compute early stopping within each batch size (rungs in FLOPs)."""
+
+    enabled: bool = False
+    grace_fraction: float = Field(default=0.25, gt=0, lt=1, description="first rung, as a fraction of the trial budget")
+    reduction_factor: float = Field(default=2.0, gt=1, le=100)
+    min_trials_per_rung: PositiveInt = Field(default=2, le=1000)
+    rule: Literal["loss_at_rung", "predicted_final"] = Field(
+        default="predicted_final",
+        description="what a trial is judged on at a rung: its validation loss there, or its loss at the budget "
+                    "predicted from the rung's fit points (sweeps.pruning.scheduler, docs/search_efficiency.md)")
+    fit_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=lambda: [0.5, 0.75, 1.0],
+        description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs")
+
+    mode: Literal["stop", "pause"] = Field(
+        default="pause",
+        description="stop: a trial is judged when it reaches a rung, against the values recorded there so far "
+                    "(asynchronous successive halving); pause: it waits paused at the rung until every trial of "
+                    "its batch size has reached it, then the best resume from their checkpoints (successive "
+                    "halving; fewer FLOPs, one restart per promoted trial)")
+    margin: float | None = Field(
+        default=None, ge=0,
+        description="if set: at a rung, the trials whose value is within this many nats of the best recorded "
+                    "there (same batch size) continue, instead of the top 1/reduction_factor")
+
+    @field_validator("fit_fractions")
+    @classmethod
+    def _fit_fractions(cls, v: list[float]) -> list[float]:
+        if len(set(v)) < 2 or len(set(v)) != len(v):
+            raise ValueError("give at least 2 distinct fractions")
+        return sorted(v)
+
+
+class SweepSpec(_Strict):
+    """A whole critical-batch-size sweep."""
+
+    name: str = Field(description="sweep name: letters, digits, '-', '_' and '.'; names the MLflow experiment")
+    workload: Literal["pretrain", "finetune"] = "pretrain"
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    data: DataSpec
+    finetune: FinetuneSpec | None = None
+    budget_tokens: PositiveInt = Field(le=MAX_TOKENS, description="training tokens per trial (equal for every batch size; at most 1e13)")
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    search: SearchSpec
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    noise_scale: NoiseScaleSpec = Field(default_factory=NoiseScaleSpec)
+    batch_warmup: BatchWarmupSpec | None = None
+    branch: BranchSpec | None = None
+    pruning: PruningSpec = Field(default_factory=PruningSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]] = Field(
+        default_factory=lambda: [0], min_length=1, max_length=100, description="training seeds (1-100 of them)")
+    targets: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(max_length=20,
+        default=None, description="target validation losses; default: chosen from the curves (3-5 reached by the small batches)"
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", v):
+            raise ValueError("use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("seeds must be unique")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "SweepSpec":
+        errs: list[str] = []
+        w = self.resources.workers_per_trial
+        bad = [b for b in self.search.batch_sizes_sequences if b % w]
+        if bad:
+            errs.append(f"search.batch_sizes_sequences: {bad} not divisible by resources.workers_per_trial={w}")
+        T = self.model.context_length_tokens
+        largest = max(self.search.batch_sizes_sequences) * T
+        if self.budget_tokens < 2 * largest:
+            errs.append(
+                f"budget_tokens ({self.budget_tokens}) gives the largest batch ({largest} tokens/step) fewer than 2 steps"
+            )
+        if self.schedule.warmup_tokens >= self.budget_tokens:
+            errs.append("schedule.warmup_tokens must be smaller than budget_tokens")
+        if self.workload == "finetune" and self.finetune is None:
+            errs.append("finetune: required when workload is 'finetune'")
+        if self.workload == "pretrain" and self.finetune is not None:
+            errs.append("finetune: only allowed when workload is 'finetune'")
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+    # ---- derived values -------------------------------------------------------------------------
+
+    @property
+    def experiment_name(self) -> str:
+        return self.tracking.experiment or self.name
+
+    @property
+    def n_trials(self) -> int:
+        """Planned Tune trials: batch sizes x trials per batch size x seeds."""
+        return len(self.search.batch_sizes_sequences) * self.search.trials_per_batch_size * len(self.seeds)
+
+    def milestones_tokens(self) -> list[int]:
+        """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""
+        n = self.eval.milestones
+        return [int(round(self.budget_tokens * (i + 1) / n)) for i in range(n)]
+
+    def fingerprint(self) -> str:
+        """A short hash of the spec's content (used as part of the sweep id)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]

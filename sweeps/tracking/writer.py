@@ -1,0 +1,385 @@
+"""MLflow tracking: a parent run per sweep, a child run per trial, all written by the driver.
+
+Every write goes through an explicit ``MlflowClient`` (no fluent active-run state) and through an
+:class:`Outbox`: if the tracking server is unreachable, the write is queued and retried in order at
+the next event, so training goes on and nothing is lost once the server is back. Metrics use
+``step = tokens seen``; a restarted trial never logs a tokens value twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from sweeps.spec import SweepSpec
+from workloads.flops import FLOPS_CONVENTION
+
+__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "METRIC_KEYS", "configure_mlflow_env"]
+
+log = logging.getLogger(__name__)
+
+#: trial metrics logged to MLflow at each milestone (step = tokens seen)
+METRIC_KEYS = (
+    "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
+    "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
+)
+
+
+def configure_mlflow_env() -> None:
+    """Make MLflow's HTTP client fail fast (the Outbox retries instead of blocking training)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+class Outbox:
+    """An ordered queue of MLflow writes, retried until they succeed.
+
+    Args:
+        name: for log messages.
+    """
+
+    def __init__(self, name: str = "mlflow"):
+        self.name = name
+        self.pending: deque[tuple[str, Callable[[], Any]]] = deque()
+        self.failures = 0
+        self._warned = False
+
+    def put(self, what: str, fn: Callable[[], Any]) -> None:
+        self.pending.append((what, fn))
+        self.flush()
+
+    def flush(self) -> bool:
+        """Try the queued writes in order; stop at the first failure. True when empty."""
+        while self.pending:
+            what, fn = self.pending[0]
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - any tracking failure is retried later
+                self.failures += 1
+                if not self._warned:
+                    log.warning("MLflow write failed (%s): %s; buffering and retrying", what, exc)
+                    self._warned = True
+                return False
+            self.pending.popleft()
+            self._warned = False
+        return True
+
+    def drain(self, timeout_s: float = 60.0, interval_s: float = 1.0) -> bool:
+        """Retry until the queue is empty or ``timeout_s`` passes. True when everything was written."""
+        deadline = time.monotonic() + timeout_s
+        while not self.flush():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval_s)
+        return True
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class Tracker:
+    """The sweep's MLflow runs: parent creation, child runs per trial, summary at the end.
+
+    Args:
+        client: an explicit ``MlflowClient``.
+        spec: the sweep.
+        sweep_id: the sweep id (``critbatch.sweep_id`` tag).
+        fingerprint: the fingerprint of the spec the sweep id is bound to (``critbatch.fingerprint``
+            tag of the parent run; a run under this id with another fingerprint is refused).
+    """
+
+    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str, fingerprint: str | None = None):
+        self.client = client
+        self.spec = spec
+        self.sweep_id = sweep_id
+        self.fingerprint = fingerprint
+        self.outbox = Outbox()
+        self.experiment_id: str | None = None
+        self.parent_run_id: str | None = None
+        self.child_runs: dict[str, str] = {}  # tune trial id -> run id
+        self.last_step: dict[str, int] = {}  # tune trial id -> last tokens logged
+        self.ended: set[str] = set()
+
+    def start_parent(self) -> str:
+        """Create (or find) the experiment and create the sweep's parent run; returns its id.
+
+        Raises: whatever MLflow raises: a sweep does not start without its parent run.
+        """
+        exp = self.client.get_experiment_by_name(self.spec.experiment_name)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.spec.experiment_name)
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=self.sweep_id,
+            tags={
+                "critbatch.sweep_id": self.sweep_id,
+                "critbatch.role": "sweep",
+                "critbatch.status": "RUNNING",
+                "critbatch.trials_planned": str(self.spec.n_trials),
+                **({"critbatch.fingerprint": self.fingerprint} if self.fingerprint else {}),
+            },
+        )
+        self.parent_run_id = run.info.run_id
+        params = _flatten(self.spec.model_dump(mode="json"))
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 90):
+            self.client.log_batch(self.parent_run_id, params=items[i : i + 90])
+        return self.parent_run_id
+
+    def attach_parent(self, experiment_id: str, parent_run_id: str) -> None:
+        """Re-attach to an existing sweep's runs (resume): finds child runs by their trial-id tag."""
+        self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
+        runs = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000
+        )
+        for r in runs:
+            tid = r.data.tags.get("critbatch.trial_id")
+            if tid:
+                self.child_runs[tid] = r.info.run_id
+                hist = self.client.get_metric_history(r.info.run_id, "val_loss")
+                self.last_step[tid] = max((m.step for m in hist), default=-1)
+                if r.info.status != "RUNNING":
+                    self.ended.add(tid)
+        self.client.update_run(parent_run_id, status="RUNNING")
+        self.client.set_tag(parent_run_id, "critbatch.status", "RUNNING")
+
+    # ---- per-trial ---------------------------------------------------------------------------------
+
+    def trial_started(self, trial_id: str, config: dict[str, Any], extra_params: dict[str, Any]) -> None:
+        if trial_id in self.child_runs:  # a resumed trial (a resumed sweep, or promoted from a rung)
+            self.ended.discard(trial_id)
+
+            def reopen() -> None:
+                rid = self._run_id(trial_id)
+                self.client.update_run(rid, status="RUNNING")
+                self.client.set_tag(rid, "critbatch.status", "RUNNING")
+                # the stop that ended it ("sweep ended before the trial") is over: a stale error would stay
+                # on a trial that then completes
+                if "critbatch.error" in self.client.get_run(rid).data.tags:
+                    self.client.delete_tag(rid, "critbatch.error")
+
+            self.outbox.put(f"reopen {trial_id}", reopen)
+            return
+        B = config["batch_size_sequences"]
+        name = f"B{B}-s{config['seed']}-{trial_id}"
+        tags = {
+            "mlflow.parentRunId": self.parent_run_id,
+            "critbatch.sweep_id": self.sweep_id,
+            "critbatch.role": "trial",
+            "critbatch.trial_id": trial_id,
+            "critbatch.group_id": str(config.get("group_id", "")),
+            "critbatch.status": "RUNNING",
+        }
+        if config.get("initial_point") is not None:  # search.initial_points: an enqueued configuration
+            tags["critbatch.initial_point"] = str(config["initial_point"])
+        params = {
+            "batch_size_sequences": B,
+            "batch_size_tokens": B * self.spec.model.context_length_tokens,
+            "lr": config["lr"],
+            "lr_rule": config["lr_rule"],
+            "lr_multiplier": config["lr_multiplier"],
+            "beta2": config["beta2"],
+            "beta2_half_life_tokens": config["beta2_half_life_tokens"],
+            "seed": config["seed"],
+            "budget_tokens": self.spec.budget_tokens,
+            "context_length_tokens": self.spec.model.context_length_tokens,
+            "flops_convention": FLOPS_CONVENTION,
+            **extra_params,  # may override flops_convention (fine-tuning, LoRA)
+        }
+        holder: dict[str, str] = {}
+
+        def create() -> None:
+            if "run_id" not in holder:
+                run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+                holder["run_id"] = run.info.run_id
+            self.client.log_batch(holder["run_id"], params=[Param(k, str(v)) for k, v in params.items()])
+
+        # child run ids are needed by later writes: resolve lazily through the holder
+        self.child_runs[trial_id] = holder  # type: ignore[assignment]
+        self.outbox.put(f"create child {trial_id}", create)
+
+    def _run_id(self, trial_id: str) -> str:
+        r = self.child_runs[trial_id]
+        if isinstance(r, dict):
+            if "run_id" not in r:
+                raise RuntimeError("child run not created yet")
+            self.child_runs[trial_id] = r["run_id"]
+            return r["run_id"]
+        return r
+
+    def trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        step = int(result.get("tokens_seen", -1))
+        if step <= self.last_step.get(trial_id, -1):
+            return  # already logged (a restarted worker group replays from its checkpoint)
+        self.last_step[trial_id] = step
+        ts = int(time.time() * 1000)
+        metrics = [
+            Metric(k, float(result[k]), ts, step)
+            for k in METRIC_KEYS
+            if isinstance(result.get(k), (int, float)) and result.get(k) == result.get(k)
+        ]
+        if result.get("val_loss") is not None and result["val_loss"] != result["val_loss"]:
+            metrics.append(Metric("val_loss", float("nan"), ts, step))
+        self.outbox.put(f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics))
+
+    def trial_paused(self, trial_id: str) -> None:
+        """Tag a trial's run ``critbatch.status = PAUSED`` (it waits at a rung; the MLflow run stays open)."""
+        if trial_id not in self.child_runs or trial_id in self.ended:
+            return
+        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), "critbatch.status", "PAUSED"))
+
+    def trial_ended(self, trial_id: str, status: str, error: str | None = None) -> None:
+        """status: COMPLETED, DIVERGED, FAILED, PRUNED or STOPPED."""
+        if trial_id in self.ended or trial_id not in self.child_runs:
+            return
+        self.ended.add(trial_id)
+        mlflow_status = {"COMPLETED": "FINISHED", "DIVERGED": "FINISHED", "PRUNED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED")
+
+        def end() -> None:
+            rid = self._run_id(trial_id)
+            tags = [RunTag("critbatch.status", status)]
+            if error:
+                tags.append(RunTag("critbatch.error", error[:4000]))
+            self.client.log_batch(rid, tags=tags)
+            self.client.set_terminated(rid, status=mlflow_status)
+
+        self.outbox.put(f"end {trial_id}", end)
+
+    def log_trial_param(self, trial_id: str, key: str, value: Any) -> None:
+        self.outbox.put(f"param {trial_id}", lambda: self.client.log_param(self._run_id(trial_id), key, str(value)))
+
+    def log_trial_tag(self, trial_id: str, key: str, value: str) -> None:
+        self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), key, value))
+
+    def prune_children(self, keep: set[str]) -> None:
+        """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
+        def prune() -> None:
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'", max_results=10000)
+            for r in runs:
+                tid = r.data.tags.get("critbatch.trial_id")
+                if r.data.tags.get("critbatch.role") == "trial" and tid not in keep:
+                    self.client.delete_run(r.info.run_id)
+                    self.child_runs.pop(tid, None)
+                    self.ended.add(tid)
+
+        self.outbox.put("prune orphan child runs", prune)
+
+    # ---- end of sweep -----------------------------------------------------------------------------
+
+    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
+               drain_s: float | None = None) -> bool:
+        """Log the summary and artifacts to the parent run and end it.
+
+        Args:
+            status: SUCCEEDED, FAILED or STOPPED (``critbatch.status`` tag).
+            drain_s: how long to retry writes MLflow refuses, in seconds (default
+                ``CRITBATCH_MLFLOW_DRAIN_S``, 300).
+        Returns: True if every queued write reached MLflow.
+        """
+        pid = self.parent_run_id
+        for tid in list(self.child_runs):
+            if tid not in self.ended:
+                # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
+                self.trial_ended(tid, "FAILED" if status == "FAILED" else "STOPPED", error="sweep ended before the trial")
+
+        def summary_write() -> None:
+            ts = int(time.time() * 1000)
+            ms = [Metric(k, float(v), ts, 0) for k, v in summary.items() if v is not None]
+            if ms:
+                self.client.log_batch(pid, metrics=ms)
+            if message:
+                self.client.set_tag(pid, "critbatch.message", message[:4000])
+            if artifacts_dir:
+                self.client.log_artifacts(pid, artifacts_dir)
+            self.client.set_tag(pid, "critbatch.status", status)
+            self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
+
+        self.outbox.put("parent summary", summary_write)
+        if drain_s is None:
+            drain_s = float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300"))
+        return self.outbox.drain(timeout_s=drain_s)
+
+
+class MlflowTrialCallback(Callback):
+    """Tune callback that mirrors trials into MLflow child runs through a :class:`Tracker`."""
+
+    def __init__(self, tracker: Tracker, extra_params: Callable[[dict[str, Any]], dict[str, Any]]):
+        self.tracker = tracker
+        self.extra_params = extra_params
+
+    def __getstate__(self):  # Tune pickles its run config; live clients are re-attached on restore
+        return {"tracker": None, "extra_params": None}
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.tracker.trial_started(trial.trial_id, trial.config, self.extra_params(trial.config))
+
+    def on_trial_restore(self, iteration, trials, trial, **info):
+        if trial.trial_id not in self.tracker.child_runs:
+            self.tracker.trial_started(trial.trial_id, trial.config, self.extra_params(trial.config))
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.tracker.trial_result(trial.trial_id, result)
+        if trial.status == "PAUSED":  # waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
+            self.tracker.trial_paused(trial.trial_id)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        last = trial.last_result or {}
+        for key in ("pruned_at_flops", "pruned_rung", "rung_decisions"):
+            if last.get(key) is not None:  # the equal-compute scheduler's decisions (sweeps/pruning/scheduler.py)
+                self.tracker.log_trial_tag(trial.trial_id, f"critbatch.{key}", str(last[key]))
+        if last.get("pruned"):
+            status = "PRUNED"
+        elif last.get("status") == "diverged":
+            status = "DIVERGED"
+        elif last.get("done"):
+            status = "COMPLETED"
+        else:  # ended without its last report and without an error: cut short by a budget or a stop
+            status = "STOPPED"
+        self.tracker.trial_ended(trial.trial_id, status)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        err = None
+        try:
+            err = trial.error_file and open(trial.error_file).read()[-2000:]
+        except OSError:
+            err = None
+        self.tracker.trial_ended(trial.trial_id, "FAILED", error=err or "trial raised")
+
+    def on_step_end(self, iteration, trials, **info):
+        self.tracker.outbox.flush()
+
+
+class ReportLog(Callback):
+    """A Tune callback that appends every trial report to ``FOLDER/<trial id>.jsonl``; never truncated.
+
+    Tune rewrites a restored trial's ``result.json`` from its own copy (seen with Ray 2.60 and a local
+    storage path: the rows before the restart were gone, so ``trials.json`` showed a curve that
+    started at the restart). :func:`collect_records` reads these files with ``result.json``, one row
+    per tokens value.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        row = {k: v for k, v in result.items() if k != "config"}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"{trial.trial_id}.jsonl", "a") as f:
+            f.write(json.dumps(row, default=str) + "\n")

@@ -1,0 +1,83 @@
+import copy
+import json
+
+import pytest
+
+from sweeps.errors import InvalidInput
+from sweeps.run.preflight import check_output_folder, plan_resources, spec_warnings
+from sweeps.spec import parse_spec
+
+
+def spec(d, **res):
+    d = copy.deepcopy(d)
+    d["resources"] = {**d.get("resources", {}), **res}
+    return parse_spec(d)
+
+
+def test_concurrency_lowered_with_warning_when_it_does_not_fit(tiny_spec_dict):
+    s = spec(tiny_spec_dict, max_concurrent_trials=4, cpus_per_worker=1, trial_driver_cpus=0.01)
+    plan = plan_resources(s, {"CPU": 3.0}, {"CPU": 3.0})
+    assert plan.concurrency == 2 and "running 2 at a time" in plan.warning
+    assert plan.bundle_cpus == pytest.approx(1.01)
+
+
+def test_fits_exactly_without_warning(tiny_spec_dict):
+    s = spec(tiny_spec_dict, max_concurrent_trials=2)
+    plan = plan_resources(s, {"CPU": 3.0}, {"CPU": 3.0})
+    assert plan.concurrency == 2 and plan.warning is None
+
+
+def test_worker_larger_than_any_node_is_refused_with_numbers(tiny_spec_dict):
+    s = spec(tiny_spec_dict, cpus_per_worker=8)
+    with pytest.raises(InvalidInput, match="one worker needs 8 CPU.*largest node has 4 CPU"):
+        plan_resources(s, {"CPU": 16.0}, {"CPU": 4.0})
+
+
+def test_trial_larger_than_cluster_is_refused(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"]["batch_sizes_sequences"] = [4, 8, 16]
+    s = spec(d, workers_per_trial=4, cpus_per_worker=1)
+    with pytest.raises(InvalidInput, match="one trial needs 4.01 CPU"):
+        plan_resources(s, {"CPU": 3.0}, {"CPU": 3.0})
+
+
+def test_gpu_trials_need_gpus(tiny_spec_dict):
+    s = spec(tiny_spec_dict, gpus_per_worker=1)
+    with pytest.raises(InvalidInput, match="GPU"):
+        plan_resources(s, {"CPU": 8.0}, {"CPU": 8.0})
+    plan = plan_resources(s, {"CPU": 8.0, "GPU": 1.0}, {"CPU": 8.0, "GPU": 1.0})
+    assert plan.concurrency == 1
+
+
+def test_output_folder_rules(tmp_path):
+    check_output_folder(tmp_path / "new")  # a new folder is fine
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "sweep.json").write_text(json.dumps({"sweep_id": "abc"}))
+    with pytest.raises(InvalidInput, match="already holds sweep 'abc'"):
+        check_output_folder(tmp_path / "old")
+    check_output_folder(tmp_path / "old", resuming=True)
+    with pytest.raises(InvalidInput, match="no sweep to resume"):
+        check_output_folder(tmp_path / "new", resuming=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidInput, match="not a folder"):
+        check_output_folder(tmp_path / "file")
+
+
+@pytest.mark.parametrize("schedule,batch_warmup,warned", [
+    ({"warmup_tokens": 1024}, None, False),                          # default 4 steps floor: 2048 tokens
+    ({"warmup_tokens": 1024, "warmup_min_steps": 0}, None, True),    # 2 steps of 16 x 32
+    ({"warmup_tokens": 2048, "warmup_min_steps": 0}, None, False),   # exactly 4 steps
+    ({"warmup_tokens": 0, "warmup_min_steps": 3}, None, True),
+    # with batch warmup the ramp runs at the largest trial's first batch, 16 / 4 = 4 sequences (128 tokens)
+    ({"warmup_tokens": 512, "warmup_min_steps": 0}, {"schedule": [[0, 1], [2048, 4]]}, False),
+])
+def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(tiny_spec_dict, schedule, batch_warmup,
+                                                                               warned):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["schedule"] = {**d["schedule"], **schedule}
+    if batch_warmup:
+        d["batch_warmup"] = batch_warmup
+    warnings = spec_warnings(parse_spec(d))
+    assert len(warnings) == int(warned)
+    if warned:
+        assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]

@@ -1,0 +1,133 @@
+"""One tiny sweep through real Ray Tune, Ray Train, Optuna RDB storage and MLflow (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, run_cli, write_spec
+
+pytestmark = pytest.mark.slow
+
+CLI = [sys.executable, "-m", "sweeps.cli"]
+
+
+def _run(args, cwd=ROOT, timeout=600):
+    return run_cli(args, timeout_s=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def tiny_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sweep")
+    import yaml
+
+    d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
+    spec = write_spec(tmp, d)
+    out = tmp / "out"
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "tiny-it", "--no-progress"])
+    return {"result": r, "out": out, "uri": uri, "spec": spec, "tmp": tmp}
+
+
+def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
+    r = tiny_sweep["result"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    cbs = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
+    for key in ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss", "per_batch", "targets", "b_simple"):
+        assert key in cbs
+    assert cbs["trials"]["COMPLETED"] == 3
+    assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8, 16]
+    for p in cbs["per_batch"]:
+        assert p["best_config_at_budget"]["lr_rule"] in ("sqrt", "linear")
+        assert 0 < p["loss_at_budget"] < 5.6
+    # either a number inside the swept range, or a clear statement that the knee is outside it
+    if cbs["b_crit"] is not None:
+        assert 4 <= cbs["b_crit"] <= 16
+        assert cbs["b_crit_tokens"] == pytest.approx(cbs["b_crit"] * 32)
+        assert "critical batch size b_crit" in r.stdout
+    else:
+        assert cbs["message"] and cbs["message"] in r.stdout
+    html = (tiny_sweep["out"] / "report.html").read_text()
+    assert html.count("data:image/png;base64") >= 3
+
+
+def test_mlflow_has_one_parent_and_one_child_per_trial(tiny_sweep):
+    c = MlflowClient(tiny_sweep["uri"])
+    exp = c.get_experiment_by_name("tiny")
+    runs = c.search_runs([exp.experiment_id], max_results=1000)
+    parents = [x for x in runs if x.data.tags.get("critbatch.role") == "sweep"]
+    children = [x for x in runs if x.data.tags.get("critbatch.role") == "trial"]
+    assert len(parents) == 1 and len(children) == 3
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["critbatch.status"] == "SUCCEEDED"
+    assert parent.data.tags["critbatch.sweep_id"] == "tiny-it"
+    arts = {a.path for a in c.list_artifacts(parent.info.run_id)}
+    assert {"cbs.json", "report.html", "trials.json", "spec.yaml", "plots"} <= arts
+    assert "trials_completed" in parent.data.metrics
+    for ch in children:
+        assert ch.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert ch.info.status == "FINISHED" and ch.data.tags["critbatch.status"] == "COMPLETED"
+        for p in ("batch_size_sequences", "micro_batch_size_sequences", "grad_accum_steps", "workers", "lr",
+                  "lr_rule", "beta2", "beta2_half_life_tokens", "seed", "flops_convention"):
+            assert p in ch.data.params
+        hist = c.get_metric_history(ch.info.run_id, "val_loss")
+        assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [2048, 4096, 6144, 8192]
+        for key in ("train_loss", "flops", "lr", "tokens_per_s", "b_simple"):
+            assert c.get_metric_history(ch.info.run_id, key), key
+
+
+def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):
+    url = f"sqlite:///{tiny_sweep['out'] / 'optuna.db'}"
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(url))
+    assert names == ["tiny-it-B16", "tiny-it-B4", "tiny-it-B8"]
+    for n in names:
+        study = optuna.load_study(study_name=n, storage=url)
+        assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
+        assert set(study.trials[0].params) == {"lr_rule", "lr_multiplier", "beta2_half_life_tokens"}
+
+
+def test_output_folder_of_another_sweep_is_refused(tiny_sweep):
+    r = _run(["run", str(tiny_sweep["spec"]), "--output", str(tiny_sweep["out"]), "--tracking-uri", tiny_sweep["uri"]])
+    assert r.returncode == 2
+    assert "already holds sweep 'tiny-it'" in r.stderr and "critbatch resume" in r.stderr
+    c = MlflowClient(tiny_sweep["uri"])
+    exp = c.get_experiment_by_name("tiny")
+    assert len(c.search_runs([exp.experiment_id], "tags.`critbatch.role` = 'sweep'")) == 1
+
+
+def test_sweep_where_every_trial_diverges_ends_failed(tmp_path):
+    import yaml
+
+    d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
+    d["name"] = "tiny-diverge"
+    d["search"].update(batch_sizes_sequences=[4, 8], base_lr=9.0, lr_rules=["none"], lr_multiplier=[1.0, 1.0],
+                       beta2={"values": [0.99]})
+    d["optimizer"] = {"grad_clip_norm": None}
+    d["schedule"]["warmup_tokens"] = 0
+    spec = write_spec(tmp_path, d)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    r = _run(["run", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri, "--no-progress"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "no trial completed" in r.stdout
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("tiny-diverge")
+    runs = c.search_runs([exp.experiment_id])
+    parent = [x for x in runs if x.data.tags.get("critbatch.role") == "sweep"][0]
+    assert parent.data.tags["critbatch.status"] == "FAILED" and parent.info.status == "FAILED"
+    children = [x for x in runs if x.data.tags.get("critbatch.role") == "trial"]
+    assert sorted(x.data.tags["critbatch.status"] for x in children) == ["DIVERGED", "DIVERGED"]
+    assert all(x.info.status != "RUNNING" for x in runs)
+    cbs = json.loads((tmp_path / "out" / "cbs.json").read_text())
+    assert cbs["trials"]["DIVERGED"] == 2 and cbs["b_crit"] is None
+
+
+def test_cbs_json_steps_are_the_minimum_over_trials_and_analyze_trials_reproduces_it(tiny_sweep):
+    from tests.cbs_checks import assert_analyze_trials_reproduces_cbs_json, assert_steps_are_minimum_over_trials
+
+    assert tiny_sweep["result"].returncode == 0
+    assert assert_steps_are_minimum_over_trials(tiny_sweep["out"]) >= 3
+    assert_analyze_trials_reproduces_cbs_json(tiny_sweep["out"])
