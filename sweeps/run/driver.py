@@ -23,17 +23,15 @@ import yaml
 
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, tracking_uri_source
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
+from sweeps.run.workload import flops_accounting, tokens_per_sequence
+from sweeps.run.claims import check_sweep_id_binding, claim_output_folder, lock_output_folder, write_storage_binding
 from sweeps.run.preflight import (
     check_data_files,
     check_output_folder,
-    check_sweep_id_binding,
     check_tracking_uri,
-    claim_output_folder,
-    lock_output_folder,
     plan_resources,
     resolve_data_path,
     resolve_paths,
-    write_storage_binding,
 )
 from sweeps.spec import SweepSpec, parse_spec
 
@@ -752,31 +750,6 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | No
     return None
 
 
-def flops_accounting(spec: SweepSpec) -> tuple[float | None, str]:
-    """FLOPs per trained token of the sweep's model and the convention they follow."""
-    from workloads.flops import FLOPS_CONVENTION
-
-    try:
-        if spec.workload == "pretrain":
-            from workloads.data import tokenizer_vocab_size
-            from workloads.flops import flops_per_token
-            from workloads.model import ModelConfig, _hf_config, shape_of
-
-            m = spec.model
-            hf = _hf_config(ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-                                        d_ff=m.d_ff_resolved, context_length_tokens=m.context_length_tokens,
-                                        vocab_size=tokenizer_vocab_size(spec.data.tokenizer)))
-            return flops_per_token(shape_of(hf, m.context_length_tokens)), FLOPS_CONVENTION
-        from workloads.finetune_data import finetune_flops_convention, finetune_flops_per_token
-
-        lora = spec.finetune.lora.model_dump() if spec.finetune and spec.finetune.lora else None
-        return (finetune_flops_per_token(spec.finetune.checkpoint_dir, spec.model.context_length_tokens, lora),
-                finetune_flops_convention(lora))
-    except Exception:  # noqa: BLE001 - reporting only
-        log.exception("could not count FLOPs per token")
-        return None, FLOPS_CONVENTION
-
-
 def _pruning_of(row: dict) -> dict[str, Any]:
     """The equal-compute scheduler's keys (``RESULT_KEYS``) of a result row, without the missing ones."""
     from sweeps.pruning.scheduler import RESULT_KEYS
@@ -822,16 +795,6 @@ def records_from_grid(grid) -> list:
     return out
 
 
-def _tokens_per_sequence(spec: SweepSpec) -> float:
-    """Real tokens one sequence of a batch holds: the context length when pretraining (packed), the
-    training rows' mean non-padding tokens when fine-tuning (``finetune_data.check_finetune_inputs``)."""
-    if spec.workload != "finetune":
-        return float(spec.model.context_length_tokens)
-    from workloads.finetune_data import check_finetune_inputs
-
-    return float(check_finetune_inputs(spec)["mean_real_tokens_per_row"])
-
-
 def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, *, stopped: bool,
             budget_note: str = "", exit_code: int | None = None) -> dict[str, Any]:
     from sweeps.analysis.fit import analyze_trials
@@ -842,7 +805,7 @@ def _finish(spec: SweepSpec, output: Path, tracker, state: dict, records: list, 
     try:
         analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
                                   reference_batch=reference, flops_per_token=c_tok, targets=spec.targets,
-                                  tokens_per_sequence=_tokens_per_sequence(spec))
+                                  tokens_per_sequence=tokens_per_sequence(spec))
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")

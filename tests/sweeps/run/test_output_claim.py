@@ -7,9 +7,9 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.preflight import (
+from sweeps.run.preflight import check_output_folder
+from sweeps.run.claims import (
     LOCK_FILE,
-    check_output_folder,
     check_sweep_id_binding,
     claim_output_folder,
     lock_output_folder,

@@ -128,7 +128,7 @@ def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path):
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from sweeps.run.driver import flops_accounting
+    from sweeps.run.workload import flops_accounting
     from tests.conftest import ROOT, TINY, write_spec
 
     d = yaml.safe_load(TINY.read_text())
