@@ -1,7 +1,7 @@
 """Coverage of ``b_crit_ci`` on simulated sweeps with a known critical batch size (issue 13).
 
 Each simulated sweep has a true hyperbola ``S(B) = S_min (1 + b_crit / B)`` (McCandlish et al. 2018,
-Eq. 2.11) and is analysed exactly as a real one, through :func:`sweeps.analysis.fit.analyze_trials` on
+Eq. 2.11) and is analysed exactly as a real one, through :func:`sweeps.analysis.analyze_trials` on
 loss curves, so the selection rule (minimum steps to target over the trials of a batch size), the
 target rule and the interval are all exercised. The errors are the ones a real sweep has:
 
@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeps.analysis.fit import TrialRecord, analyze_trials  # noqa: E402
+from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
 
 T = 64  # tokens per sequence
 

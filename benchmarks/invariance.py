@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis.fit import TrialRecord, analyze_trials, finite_json  # noqa: E402
+from sweeps.analysis import TrialRecord, analyze_trials, finite_json  # noqa: E402
 
 
 def load(out: Path) -> tuple[list[TrialRecord], dict[str, Any]]:

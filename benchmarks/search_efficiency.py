@@ -10,7 +10,7 @@
    each trained for the example's token budget by ``workloads.pretrain.run_pretrain`` (plain PyTorch,
    ``--jobs`` processes of one thread). Each trial's milestone curve (tokens, FLOPs, validation loss,
    seconds since the trial started) is cached as JSON in ``benchmarks/cache/search_efficiency/``, keyed
-   by a hash of its full trial config, so reruns train nothing. ``sweeps.analysis.fit.analyze_trials``
+   by a hash of its full trial config, so reruns train nothing. ``sweeps.analysis.analyze_trials``
    gives the grid's ``b_crit`` and its 95 % bootstrap interval.
 2. **Pruned searches.** ``--searches`` times (search seed 0, 1, ...): per batch size, an Optuna TPE
    study (the sampler ``BatchSizeSearcher`` uses, seeded the same way) proposes LR multipliers from the
@@ -55,7 +55,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis.fit import TrialRecord, analyze_trials  # noqa: E402
+from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
 from sweeps.pruning.scheduler import EqualComputeScheduler  # noqa: E402
 from sweeps.search.searcher import hyperparameters_for  # noqa: E402
 from sweeps.spec import SweepSpec, parse_spec  # noqa: E402

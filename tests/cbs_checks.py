@@ -1,5 +1,5 @@
 """An independent check of ``cbs.json`` against ``trials.json`` (issue 13's done-when), shared by the
-integration tests: written from the methodology's rule, not from ``sweeps.analysis.fit``."""
+integration tests: written from the methodology's rule, not from ``sweeps.analysis``."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndar
     """Per batch size: (tokens, flops, lowest val loss over its trials at each milestone).
 
     The lower envelope over every trial of a batch size (completed, pruned or stopped, all seeds): the
-    curve the selection rule reads steps to target from (``sweeps.analysis.fit.TARGET_RULE``)."""
+    curve the selection rule reads steps to target from (``sweeps.analysis.targets.TARGET_RULE``)."""
     by_b: dict[int, list] = {}
     for r in records:
         if r.val_loss:

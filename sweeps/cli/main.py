@@ -125,7 +125,7 @@ def analyze(
     A knee outside the swept batch sizes is never printed as a bare number: b_crit is null and
     status says above_range, below_range or no_knee (b_crit_bound gives the side).
     """
-    from sweeps.analysis.fit import analyze_csv, analyze_trials_file, finite_json
+    from sweeps.analysis import analyze_csv, analyze_trials_file, finite_json
 
     try:
         if (csv is None) == (trials is None):

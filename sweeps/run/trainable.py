@@ -17,7 +17,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweeps.pruning.scheduler import rung_fractions
+from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import SweepSpec
 from workloads.batching import plan_batch
 from workloads.config import TrialConfig
@@ -109,7 +109,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
 
         s = _S.model_validate_json(spec_json)
         trial_id = ray.tune.get_context().get_trial_id()
-        from sweeps.pruning.scheduler import rung_gate_key
+        from sweeps.pruning.rungs import rung_gate_key
 
         cfg = trial_config(s, config, trial_id, data_path=data_path,
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None)

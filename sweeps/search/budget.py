@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ray.tune import Stopper
 
 from sweeps.errors import InvalidInput
-from sweeps.pruning.scheduler import rung_fractions
+from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import PruningSpec, SweepSpec
 
 __all__ = ["TrialPlan", "plan_trials", "apply_plan", "expected_trial_fraction", "paused_group_cost", "SweepBudgetStopper"]

@@ -24,6 +24,13 @@ import optuna
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
+from sweeps._compat import (
+    optuna_search_completed,
+    optuna_trial_id,
+    optuna_search_reattach,
+    optuna_search_study,
+    optuna_search_trials,
+)
 from sweeps.spec import SweepSpec
 from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
@@ -109,13 +116,16 @@ class BatchSizeSearcher(Searcher):
         study_prefix: study names are ``{study_prefix}-B{batch}``.
 
         fingerprint: if given, recorded in each study (user attribute ``critbatch.fingerprint``).
+        scheduler: the pruning scheduler in mode ``pause``: new trials start only when it says so
+            (:meth:`~sweeps.pruning.halving.SuccessiveHalving.may_start`); None otherwise.
 
     Emits exactly ``spec.n_trials`` configs, then ``Searcher.FINISHED``. Each config holds
     ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters, and
     ``initial_point`` (its index in ``search.initial_points``) when it is one.
     """
 
-    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str, fingerprint: str | None = None):
+    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str, fingerprint: str | None = None,
+                 scheduler: Any = None):
         super().__init__(metric=OBJECTIVE, mode="min")
         self.spec = spec
         self.storage_url = storage_url
@@ -133,7 +143,11 @@ class BatchSizeSearcher(Searcher):
         self._rr = 0
         #: the pruning scheduler in mode "pause" (``EqualComputeScheduler``): it gates new trials (paused
         #: trials do not count as running) and says which trials it pruned while they were paused
-        self.scheduler = None
+        self.scheduler = scheduler
+
+    def attach_scheduler(self, scheduler: Any) -> None:
+        """Attach the pause-mode scheduler to a restored searcher (its pickled state leaves it out)."""
+        self.scheduler = scheduler
 
     def exhausted(self) -> bool:
         """True once every batch size has been handed all its trials."""
@@ -163,7 +177,7 @@ class BatchSizeSearcher(Searcher):
                 sampler = optuna.samplers.TPESampler(seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31))
             sub = OptunaSearch(space=self.space, metric=OBJECTIVE, mode="min", storage=storage, study_name=name,
                                sampler=sampler)
-            self._prepare_study(sub._ot_study)
+            self._prepare_study(optuna_search_study(sub))
             self._subs[b] = sub
         return self._subs[b]
 
@@ -201,7 +215,7 @@ class BatchSizeSearcher(Searcher):
             params = sub.suggest(trial_id) if sub is not None else {}
             if params is None:
                 return None
-            point = sub._ot_trials[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
+            point = optuna_search_trials(sub)[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
             group = _Group(trial_id, b, dict(params), len(self.spec.seeds), initial_point=point)
             self.open_group[b] = group
         seed = self.spec.seeds[len(group.trial_ids)]
@@ -249,13 +263,12 @@ class BatchSizeSearcher(Searcher):
 
     def _state(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d["_subs_ot_trials"] = (
-            {b: {tid: t._trial_id for tid, t in s._ot_trials.items()} for b, s in self._subs.items()} if self._subs else {}
-        )
-        d["_subs_completed"] = {b: set(s._completed_trials) for b, s in self._subs.items()} if self._subs else {}
+        subs = self._subs or {}
+        d["_subs_ot_trials"] = {b: {tid: optuna_trial_id(t) for tid, t in optuna_search_trials(s).items()} for b, s in subs.items()}
+        d["_subs_completed"] = {b: set(optuna_search_completed(s)) for b, s in subs.items()}
         # the samplers' state (their RNG): a restored sweep then asks for what the uninterrupted one would have
-        d["_sampler_blobs"] = {**self._sampler_blobs, **(
-            {b: pickle.dumps(s._ot_study.sampler) for b, s in self._subs.items()} if self._subs else {})}
+        d["_sampler_blobs"] = {**self._sampler_blobs,
+                               **{b: pickle.dumps(optuna_search_study(s).sampler) for b, s in subs.items()}}
         d["_subs"] = None
         d["scheduler"] = None  # re-attached by the driver
         return d
@@ -279,12 +292,7 @@ class BatchSizeSearcher(Searcher):
             sub = self._sub(b)
             if sub is None:
                 continue
-            study = sub._ot_study
-            for tune_id, ot_id in mapping.items():
-                number = study._storage.get_trial_number_from_id(ot_id)
-                sub._ot_trials[tune_id] = optuna.Trial(study, ot_id)
-                del number
-            sub._completed_trials.update(completed.get(b, set()))
+            optuna_search_reattach(sub, mapping, completed.get(b, set()))
 
     def get_state(self) -> dict:
         return self._state()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.analysis.fit import (
+from sweeps.analysis import (
     TrialRecord,
     analyze_points,
     analyze_trials,

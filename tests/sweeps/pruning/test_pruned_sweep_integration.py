@@ -231,7 +231,7 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from sweeps.pruning.scheduler import PlacementGroupReaper
+    from sweeps.run.reaper import PlacementGroupReaper
 
     @ray.remote(num_cpus=0)
     class Controller:  # stands for a Ray Train controller that creates its workers' placement group

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from sweeps.pruning.scheduler import EqualComputeScheduler, rung_gate_key
+from sweeps.pruning.rungs import rung_gate_key
+from sweeps.pruning.scheduler import EqualComputeScheduler
 from workloads._ray_adapter import reaches_rung, wait_for_rung_decision
 from workloads.config import TrialConfig
 

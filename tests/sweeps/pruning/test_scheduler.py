@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 from ray.tune.schedulers import TrialScheduler
 
-from sweeps.pruning.scheduler import (EqualComputeScheduler, RungDecision, curve_at, interpolate, predict_final_log_linear,
-                              rung_fractions)
+from sweeps.pruning.rungs import RungDecision, curve_at, interpolate, predict_final_log_linear, rung_fractions
+from sweeps.pruning.scheduler import EqualComputeScheduler
 from sweeps.spec import parse_spec
 
 BUDGET_TOKENS = 100_000

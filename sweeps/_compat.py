@@ -1,0 +1,107 @@
+"""Every use of a private Ray Tune, Ray core or Optuna-integration API by the driver side of critbatch, in
+one place, each with the reason it is needed and a test (tests/sweeps/test_compat.py) that fails when
+the installed version changes it. Pinned against Ray 2.60 and Optuna 4.x.
+
+The worker side (Ray Train sessions) has its own module, :mod:`workloads._ray_compat`, because
+``workloads`` never imports ``sweeps``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "reattach_restored_tuner", "searcher_inside", "placement_group_table", "kv_put",
+    "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
+]
+
+
+def reattach_restored_tuner(tuner: Any, *, callbacks: list, stop: Any, scheduler: Any) -> Any:
+    """Give a ``Tuner.restore``-d tuner live callbacks, stopper and scheduler; return its search algorithm.
+
+    Why: ``Tuner.restore`` unpickles the run and tune configs of the interrupted run, whose callbacks
+    hold clients (MLflow) and whose scheduler is bound to its annotator; ``restore()`` takes neither as
+    an argument (Ray 2.60), so they are set on the private ``_local_tuner``.
+    """
+    local = tuner._local_tuner
+    local._run_config.callbacks = callbacks
+    local._run_config.stop = stop
+    local._tune_config.scheduler = scheduler
+    return local._tune_config.search_alg
+
+
+def searcher_inside(search_alg: Any, *, has: str = "exhausted") -> Any:
+    """The innermost searcher of Tune's wrappers (``SearchGenerator``, ``ConcurrencyLimiter``): the first
+    object along ``.searcher`` that has attribute ``has``.
+
+    Raises:
+        RuntimeError: none has it.
+    """
+    s = search_alg
+    while s is not None and not hasattr(s, has):
+        s = getattr(s, "searcher", None)
+    if s is None:
+        raise RuntimeError(f"no searcher with {has!r} inside {search_alg!r}")
+    return s
+
+
+def placement_group_table() -> list:
+    """Every placement group of the cluster as ``gcs_pb2.PlacementGroupTableData`` (with creator actor
+    and job, which ``ray.util.placement_group_table()`` does not give).
+
+    Why: finding the placement groups whose creating Train controller died (:mod:`sweeps.run.reaper`).
+    """
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    return [gcs_pb2.PlacementGroupTableData.FromString(raw)
+            for raw in state._connect_and_get_accessor().get_placement_group_table()]
+
+
+def kv_put(key: str, value: bytes) -> None:
+    """Set a key of Ray's internal key-value store (overwriting).
+
+    Why: the pause-mode rung gate (:mod:`sweeps.pruning.scheduler`) tells a waiting worker it may go on;
+    Ray has no public KV store reachable from both the driver and the workers.
+    """
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, value, overwrite=True)
+
+
+def optuna_search_trials(sub: Any) -> dict[str, Any]:
+    """``{Tune trial id: optuna.Trial}`` of a Ray ``OptunaSearch`` (its private ``_ot_trials``).
+
+    Why: saving and restoring the searcher keeps the Optuna trials asked before an interruption.
+    """
+    return sub._ot_trials
+
+
+def optuna_trial_id(trial: Any) -> int:
+    """The storage id of an ``optuna.Trial`` (its private ``_trial_id``; ``number`` is per study, not unique)."""
+    return trial._trial_id
+
+
+def optuna_search_completed(sub: Any) -> set:
+    """The Tune trial ids a Ray ``OptunaSearch`` has told Optuna about (its private ``_completed_trials``)."""
+    return sub._completed_trials
+
+
+def optuna_search_study(sub: Any) -> Any:
+    """The ``optuna.Study`` of a Ray ``OptunaSearch`` (its private ``_ot_study``)."""
+    return sub._ot_study
+
+
+def optuna_search_reattach(sub: Any, trial_ids: dict[str, int], completed: set) -> None:
+    """Re-attach the Optuna trials (by Optuna trial id, as stored in the RDB) asked before an interruption.
+
+    Raises:
+        KeyError: an Optuna trial id the study's storage does not hold (``get_trial_number_from_id``).
+    """
+    import optuna
+
+    study = sub._ot_study
+    for tune_id, ot_id in trial_ids.items():
+        study._storage.get_trial_number_from_id(ot_id)  # raises if the storage lost it
+        sub._ot_trials[tune_id] = optuna.Trial(study, ot_id)
+    sub._completed_trials.update(completed)

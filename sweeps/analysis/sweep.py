@@ -1,0 +1,294 @@
+"""The critical-batch-size analysis of a sweep (the content of ``cbs.json``), and its re-analysis from
+``trials.json`` or a CSV of points.
+
+For a target loss ``L*``, each batch size ``B`` needs ``S(B)`` optimizer steps to first reach ``L*`` with
+hyperparameters tuned for that batch size (:mod:`sweeps.analysis.targets`); ``S(B) = S_min + E_min / B``
+is fitted and ``b_crit = E_min / S_min`` reported with its interval (:mod:`sweeps.analysis.fit`,
+McCandlish et al. 2018, arXiv 1812.06162, Eqs. 2.11-2.12).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
+from sweeps.analysis.targets import TARGET_RULE, TrialRecord, best_at_budget, choose_targets, steps_to_target_points
+from sweeps.errors import InvalidInput
+
+__all__ = ["analyze_trials", "analyze_trials_file", "analyze_csv", "finite_json"]
+
+def finite_json(o: Any) -> Any:
+    """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: finite_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite_json(v) for v in o]
+    return o
+
+
+def _lr_exponent(rows: list[tuple[int, float]]) -> float | None:
+    if len({b for b, _ in rows}) < 3:
+        return None
+    slope, _ = np.polyfit(np.log([b for b, _ in rows]), np.log([lr for _, lr in rows]), 1)
+    return float(slope)
+
+
+def _lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], draws: int = 2000, seed: int = 0
+                           ) -> dict[str, float] | None:
+    """The fitted LR exponent when one trial per batch size (of ``batch_sizes``, those of the fit) is
+    picked at random: the null to beat.
+
+    A search space whose LR rules and multipliers are spread evenly around a rule gives that rule's
+    exponent on average whatever the data say; a fitted exponent is evidence only where it differs
+    from this distribution.
+    """
+    by_b: dict[int, list[float]] = {}
+    for t in trials:
+        lr = t.hyperparameters.get("lr")
+        if lr and t.tokens and t.batch_size_sequences in batch_sizes:
+            by_b.setdefault(t.batch_size_sequences, []).append(float(lr))
+    if len(by_b) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    x = np.log(np.array(sorted(by_b), dtype=float))
+    picks = np.stack([np.log(np.asarray(by_b[b]))[rng.integers(0, len(by_b[b]), draws)] for b in sorted(by_b)], axis=1)
+    xc = x - x.mean()
+    slopes = (picks - picks.mean(axis=1, keepdims=True)) @ xc / (xc @ xc)
+    return {"mean": float(slopes.mean()), "sd": float(slopes.std(ddof=1)), "draws": draws}
+
+
+def analyze_trials(
+    trials: list[TrialRecord],
+    *,
+    context_length_tokens: int,
+    reference_batch: float,
+    flops_per_token: float | None = None,
+    targets: list[float] | None = None,
+    level: float = 0.95,
+    tokens_per_sequence: float | None = None,
+) -> dict[str, Any]:
+    """The sweep's critical batch size from its trials (the content of ``cbs.json``).
+
+    ``tokens_per_sequence`` is the number of real (counted) tokens one sequence of the batch holds:
+    the context length for packed pretraining (the default), the mean non-padding tokens per row for
+    padded fine-tuning. Steps to target = tokens to target / (B * tokens_per_sequence), and
+    ``b_crit_tokens`` = ``b_crit`` * tokens_per_sequence.
+
+    For each target loss, each (batch size, seed) gives one point: the minimum steps to target over
+    all that batch size's trials of that seed (:func:`steps_to_target_points`, :data:`TARGET_RULE`).
+    The fit and its interval are :func:`analyze_points`.
+
+    Returns a dict with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
+    ``cbs_20``, ``b_compute_overhead_20``, ``s_min``, ``e_min``, ``target_loss``, ``status``,
+    ``message``; ``target_rule`` and ``interval_method`` (how points and intervals are made);
+    ``targets`` (one entry per target, with its ``points`` and the trial each came from);
+    ``per_batch`` (each batch size's steps and tokens to the primary target with the trials that gave
+    them, and, separately, ``best_config_at_budget``: the configuration with the lowest mean loss at
+    the budget); ``b_simple`` (the noise-scale series of each batch size's best-at-budget trial);
+    ``lr_scaling_exponent_fit`` over the primary target's winning trials with
+    ``lr_scaling_exponent_by_chance`` (the same fit on random picks). The primary target is the
+    lowest whose status is ``ok``, else the lowest ``edge``, else the lowest.
+    """
+    T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
+    at_budget = best_at_budget(trials)
+    counts = {s: sum(1 for t in trials if t.status == s) for s in ("COMPLETED", "DIVERGED", "FAILED", "PRUNED", "STOPPED")}
+    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
+                              "context_length_tokens": context_length_tokens, "tokens_per_sequence": T,
+                              "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}
+    if not at_budget:
+        result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
+                      s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
+                      message="no trial completed: there is nothing to analyse")
+        return result
+    tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
+    per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
+    primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
+                   next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
+    result["targets"] = [{k: e.get(k) for k in _TARGET_KEYS} for e in per_target]
+    result.update(_primary_summary(primary, T))
+    by_trial = {t.trial_id: t for t in trials}
+    primary_points: dict[int, list[dict[str, Any]]] = {}
+    for p in primary["points"]:
+        primary_points.setdefault(p["batch_size_sequences"], []).append(p)
+    result["per_batch"] = _per_batch(trials, at_budget, primary_points, by_trial, T, flops_per_token)
+    result["b_simple"] = [
+        {"batch_size_sequences": b, "tokens": ts[0].tokens, "b_simple": ts[0].b_simple} for b, ts in at_budget.items()
+    ]
+    # LR scaling exponent of the configurations that reached the primary target first (methodology
+    # section 7.4), beside what random picks of one trial per batch size give
+    winners = [(b, by_trial[pts[0]["trial_id"]].hyperparameters.get("lr")) for b, pts in sorted(primary_points.items())]
+    fitted = _lr_exponent([(b, lr) for b, lr in winners if lr])
+    if fitted is not None:
+        result["lr_scaling_exponent_fit"] = fitted
+        result["lr_scaling_exponent_by_chance"] = _lr_exponent_by_chance(trials, {b for b, lr in winners if lr})
+    return result
+
+
+#: the keys of each entry of ``cbs.json``'s ``targets``
+_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "s_min", "e_min", "status", "n_points",
+                "n_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
+
+
+def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
+                    level: float) -> dict[str, Any]:
+    """One target loss: its points (:func:`steps_to_target_points`) and their fit (:func:`analyze_points`)."""
+    points, excluded = steps_to_target_points(trials, target, T)
+    fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
+                         reference_batch, level=level)
+    return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded}
+
+
+def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
+    """The primary target's headline values, in sequences and (``*_tokens``) in tokens."""
+    b_crit = primary.get("b_crit")
+    return dict(
+        target_loss=primary["target_loss"],
+        b_crit=b_crit,
+        b_crit_tokens=b_crit * T if b_crit is not None else None,
+        b_crit_ci=primary.get("b_crit_ci"),
+        b_crit_ci_tokens=[x * T if x is not None else None for x in primary["b_crit_ci"]] if primary.get("b_crit_ci") else None,
+        b_crit_bound=primary.get("b_crit_bound"),
+        cbs_20=primary.get("cbs_20"),
+        b_compute_overhead_20=primary.get("b_compute_overhead_20"),
+        s_min=primary.get("s_min"),
+        e_min=primary.get("e_min"),
+        e_min_tokens=primary["e_min"] * T if primary.get("e_min") is not None else None,
+        status=primary["status"],
+        message=primary.get("message", ""),
+    )
+
+
+def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]],
+               primary_points: dict[int, list[dict[str, Any]]], by_trial: dict[str, TrialRecord], T: float,
+               flops_per_token: float | None) -> list[dict[str, Any]]:
+    """``cbs.json``'s ``per_batch``: each batch size's steps and tokens to the primary target (geometric
+    mean over its seeds, only when every seed reached it) and its best configuration at the budget."""
+    seeds_of = {b: sorted({t.seed for t in trials if t.batch_size_sequences == b}) for b in at_budget}
+    per_batch = []
+    for b, ts in at_budget.items():
+        pts = primary_points.get(b, [])
+        tok = float(np.exp(np.mean([math.log(p["tokens_to_target"]) for p in pts]))) \
+            if pts and len(pts) == len(seeds_of[b]) else None
+        per_batch.append({
+            "batch_size_sequences": b,
+            "batch_size_tokens": b * T,
+            "tokens_to_target": tok,
+            "steps_to_target": tok / (b * T) if tok is not None else None,
+            "flops_to_target": tok * flops_per_token if (tok is not None and flops_per_token) else None,
+            "trial_ids_to_target": [p["trial_id"] for p in pts],
+            "config_to_target": by_trial[pts[0]["trial_id"]].hyperparameters if pts else None,
+            "best_config_at_budget": ts[0].hyperparameters,
+            "trial_ids_at_budget": [t.trial_id for t in ts],
+            "seeds": [t.seed for t in ts],
+            "loss_at_budget": float(np.mean([t.final_loss for t in ts])),
+        })
+    return per_batch
+
+
+def analyze_trials_file(path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None,
+                        level: float = 0.95) -> dict[str, Any]:
+    """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
+
+    Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
+    (context length, real tokens per sequence, FLOPs per token, reference batch, and the sweep-level
+    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``). With no
+    other targets or reference batch the result equals that ``cbs.json``.
+
+    Raises:
+        InvalidInput: missing or unreadable files, a record without its fields, no ``cbs.json`` beside.
+    """
+    import json
+
+    p = Path(path)
+    try:
+        rows = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"--trials: file not found: {p}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidInput(f"--trials: cannot read {p} as JSON: {exc}") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise InvalidInput(f"--trials: {p} is not a list of trial records")
+    cbs_path = p.parent / "cbs.json"
+    try:
+        prev = json.loads(cbs_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"--trials: no cbs.json beside {p} (it holds the context length and tokens per sequence)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidInput(f"--trials: cannot read {cbs_path}: {exc}") from None
+    try:
+        context = int(prev["context_length_tokens"])
+        tps = float(prev.get("tokens_per_sequence") or context)
+    except (KeyError, TypeError, ValueError):
+        raise InvalidInput(f"--trials: {cbs_path} has no context_length_tokens") from None
+    ref = float(reference_batch if reference_batch is not None else prev.get("reference_batch") or 0)
+    if ref <= 0:
+        raise InvalidInput("--reference-batch must be positive")
+    records = [TrialRecord.from_dict(r) for r in rows]
+    out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
+                         flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
+                         tokens_per_sequence=tps)
+    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs"):
+        if k in prev and k not in out:
+            out[k] = prev[k]
+    return out
+
+
+def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95) -> dict[str, Any]:
+    """``critbatch analyze --csv``: fit points from a CSV of ``batch_size,steps_to_target[,seed][,group]``.
+
+    A batch size may repeat (one row per seed or trial; the optional ``seed`` column is only
+    recorded). Returns :func:`analyze_points`'s dict (always with ``status`` and ``b_crit_ci``) or,
+    with a ``group`` column, that dict per group.
+
+    Raises:
+        InvalidInput: missing file or columns, non-numeric or non-positive values.
+    """
+    p = Path(path)
+    if reference_batch <= 0:
+        raise InvalidInput("--reference-batch must be positive")
+    try:
+        with p.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except FileNotFoundError:
+        raise InvalidInput(f"CSV file not found: {p}") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InvalidInput(f"cannot read CSV {p}: {exc}") from None
+    if not rows:
+        raise InvalidInput(f"{p}: no data rows")
+    cols = set(rows[0].keys())
+    missing = {"batch_size", "steps_to_target"} - cols
+    if missing:
+        raise InvalidInput(f"{p}: missing column(s) {sorted(missing)}; expected batch_size,steps_to_target[,seed][,group]")
+    groups: dict[str | None, tuple[list[float], list[float], list[str]]] = {}
+    for i, row in enumerate(rows, start=2):
+        try:
+            b, s = float(row["batch_size"]), float(row["steps_to_target"])
+        except (TypeError, ValueError):
+            raise InvalidInput(f"{p}, line {i}: batch_size and steps_to_target must be numbers") from None
+        if not (b > 0 and s > 0 and math.isfinite(b) and math.isfinite(s)):
+            raise InvalidInput(f"{p}, line {i}: batch_size and steps_to_target must be positive and finite")
+        g = row.get("group") if "group" in cols else None
+        groups.setdefault(g, ([], [], []))
+        groups[g][0].append(b)
+        groups[g][1].append(s)
+        groups[g][2].append(str(row.get("seed", "")))
+
+    def one(name: str | None, bs: list[float], ss: list[float], seeds: list[str]) -> dict[str, Any]:
+        if len(set(bs)) < 2:
+            label = f"group {name!r}" if name is not None else str(p)
+            raise InvalidInput(f"{label}: need at least 2 distinct batch sizes to fit S = S_min + E_min/B")
+        res = analyze_points(bs, ss, reference_batch, level=level)
+        if "seed" in cols:
+            res["seeds"] = sorted(set(seeds))
+        return res
+
+    if list(groups) == [None]:
+        return one(None, *groups[None])
+    return {str(g): one(g, *v) for g, v in groups.items()}

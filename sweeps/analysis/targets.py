@@ -1,0 +1,196 @@
+"""From trials to points: a trial's record (:class:`TrialRecord`), its first crossing of a target loss,
+and the selection rule (:data:`TARGET_RULE`): steps to target at a batch size is the minimum over every
+trial of that batch size and seed (Zhang et al. 2024, arXiv 2410.21676, section 2; methodology note
+section 11.3), read from each trial's curve, pruned and stopped trials included.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from sweeps.errors import InvalidInput
+
+__all__ = ["TrialRecord", "tokens_to_target", "steps_to_target_points", "choose_targets", "best_at_budget", "TARGET_RULE"]
+
+#: how a batch size enters the fit at a target; stated in ``cbs.json``
+TARGET_RULE = (
+    "steps to target at a batch size = the minimum over all its trials (completed, pruned or stopped: "
+    "the curve each reported) of the first crossing, interpolated in log tokens; a batch size enters the "
+    "fit at a target only if a trial crosses it at a milestone before that batch size's last one (the "
+    "budget); automatic targets are chosen among the losses that at least max(3, 70 %) of the batch sizes "
+    "reach that way"
+)
+
+
+def _first_crossing(tokens: Sequence[float], losses: Sequence[float], target: float) -> tuple[float, int] | None:
+    """``(tokens at the crossing, index of the first milestone at or below target)``, or None."""
+    prev_t, prev_l = None, None
+    for i, (t, l) in enumerate(zip(tokens, losses)):
+        if l is None or not math.isfinite(l):
+            return None
+        if l <= target:
+            if prev_t is None or prev_l is None or prev_l == l:
+                return float(t), i
+            w = (prev_l - target) / (prev_l - l)
+            return float(math.exp(math.log(prev_t) + w * (math.log(t) - math.log(prev_t)))), i
+        prev_t, prev_l = t, l
+    return None
+
+
+def tokens_to_target(tokens: Sequence[float], losses: Sequence[float], target: float) -> float | None:
+    """Tokens at which a loss curve first reaches ``target``.
+
+    Interpolates linearly in ``log(tokens)`` between the last milestone above the target and the
+    first one at or below it (methodology section 11.2). A curve already at or below the target at
+    its first milestone returns that milestone's tokens (an upper bound). None if never reached, or
+    if the curve turns non-finite (diverges) before reaching it.
+    """
+    hit = _first_crossing(tokens, losses, target)
+    return hit[0] if hit is not None else None
+
+
+@dataclass
+class TrialRecord:
+    """One trial as the analysis sees it: config, status and its milestone curve."""
+
+    trial_id: str
+    batch_size_sequences: int
+    seed: int
+    group_id: str
+    status: str  # COMPLETED | DIVERGED | FAILED | PRUNED | STOPPED
+    hyperparameters: dict[str, Any]
+    tokens: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+    b_simple: list[float | None] = field(default_factory=list)
+    #: the equal-compute scheduler's annotation of its last report (``sweeps.pruning.scheduler.RESULT_KEYS``:
+    #: ``rung_decisions``, and ``pruned``, ``pruned_rung``, ``pruned_at_flops`` if it was pruned); empty without pruning
+    pruning: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float | None:
+        if self.status != "COMPLETED" or not self.val_loss:
+            return None
+        v = self.val_loss[-1]
+        return v if v is not None and math.isfinite(v) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrialRecord":
+        """A record as ``trials.json`` holds it (``None`` losses, written for non-finite ones, become NaN).
+
+        Raises:
+            InvalidInput: a required field is missing or of the wrong type.
+        """
+        try:
+            return cls(
+                trial_id=str(d["trial_id"]), batch_size_sequences=int(d["batch_size_sequences"]), seed=int(d["seed"]),
+                group_id=str(d.get("group_id", d["trial_id"])), status=str(d["status"]),
+                hyperparameters=dict(d.get("hyperparameters") or {}),
+                tokens=[float(x) for x in d.get("tokens") or []],
+                val_loss=[float(x) if x is not None else math.nan for x in d.get("val_loss") or []],
+                flops=[float(x) if x is not None else math.nan for x in d.get("flops") or []],
+                b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"a trial record lacks or mistypes a field ({exc!r})") from None
+
+
+def _last_tokens_by_batch(trials: list[TrialRecord]) -> dict[int, float]:
+    """Per batch size, its last milestone: the most tokens any of its trials reported (the budget)."""
+    out: dict[int, float] = {}
+    for t in trials:
+        if t.tokens:
+            out[t.batch_size_sequences] = max(out.get(t.batch_size_sequences, 0.0), max(t.tokens))
+    return out
+
+
+def _crossing_before_last(t: TrialRecord, target: float, last_tokens: float) -> float | None:
+    """Tokens to target of one trial, if it crosses at a milestone before its batch size's last one."""
+    hit = _first_crossing(t.tokens, t.val_loss, target)
+    if hit is None or t.tokens[hit[1]] >= last_tokens:
+        return None
+    return hit[0]
+
+
+def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float
+                           ) -> tuple[list[dict[str, Any]], list[int]]:
+    """The methodology's points at one target: per (batch size, seed), the minimum over its trials.
+
+    For each trial the tokens to target are its first crossing (:func:`tokens_to_target`); a crossing
+    at the batch size's last milestone does not count (see :data:`TARGET_RULE`). Steps to target =
+    tokens / (B * tokens_per_sequence).
+
+    Returns:
+        ``(points, excluded)``: points sorted by batch size then seed, each ``{batch_size_sequences,
+        seed, tokens_to_target, steps_to_target, trial_id, group_id}``; ``excluded``: batch sizes with
+        a trial but no counted crossing.
+    """
+    last = _last_tokens_by_batch(trials)
+    best: dict[tuple[int, int], tuple[float, TrialRecord]] = {}
+    for t in trials:
+        if not t.tokens:
+            continue
+        tok = _crossing_before_last(t, target, last[t.batch_size_sequences])
+        key = (t.batch_size_sequences, t.seed)
+        if tok is not None and (key not in best or tok < best[key][0]):
+            best[key] = (tok, t)
+    points = [{"batch_size_sequences": b, "seed": s, "tokens_to_target": tok,
+               "steps_to_target": tok / (b * tokens_per_sequence), "trial_id": t.trial_id, "group_id": t.group_id}
+              for (b, s), (tok, t) in sorted(best.items())]
+    reached = {p["batch_size_sequences"] for p in points}
+    return points, sorted(set(last) - reached)
+
+
+def best_at_budget(trials: list[TrialRecord]) -> dict[int, list[TrialRecord]]:
+    """Per batch size, the trials (all seeds) of the configuration with the lowest mean final loss."""
+    by_group: dict[tuple[int, str], list[TrialRecord]] = {}
+    for t in trials:
+        by_group.setdefault((t.batch_size_sequences, t.group_id), []).append(t)
+    best: dict[int, tuple[float, list[TrialRecord]]] = {}
+    for (b, _), ts in by_group.items():
+        finals = [t.final_loss for t in ts if t.final_loss is not None]
+        if not finals:
+            continue
+        m = float(np.mean(finals))
+        if b not in best or m < best[b][0]:
+            best[b] = (m, [t for t in ts if t.final_loss is not None])
+    return {b: v[1] for b, v in sorted(best.items())}
+
+
+def choose_targets(trials: list[TrialRecord], n_targets: int = 4) -> list[float]:
+    """Target losses that most batch sizes reach before their last milestone.
+
+    Per batch size, ``reach`` is the lowest loss any of its trials shows at a milestone before the
+    batch size's last one, and ``first`` the lowest loss at a first milestone. The lowest target lies
+    just above the ``max(3, ceil(0.7 n))``-th smallest ``reach``, so that many batch sizes cross it
+    strictly before their last milestone (:data:`TARGET_RULE`); the others are spaced evenly up to
+    halfway to the lowest ``first``. Returned in decreasing order; empty if no trial has a curve.
+    """
+    last = _last_tokens_by_batch(trials)
+    reach: dict[int, float] = {}
+    firsts: dict[int, float] = {}
+    for t in trials:
+        b = t.batch_size_sequences
+        for tok, loss in zip(t.tokens, t.val_loss):
+            if loss is None or not math.isfinite(loss):
+                break
+            if tok < last[b]:
+                reach[b] = min(reach.get(b, math.inf), loss)
+        if t.val_loss and t.val_loss[0] is not None and math.isfinite(t.val_loss[0]):
+            firsts[b] = min(firsts.get(b, math.inf), t.val_loss[0])
+    if not reach:
+        return []
+    mins = sorted(reach.values())
+    n_min = min(len(mins), max(3, math.ceil(0.7 * len(last))))
+    lo = mins[n_min - 1] + 1e-4
+    hi = min(firsts.values()) - 1e-4
+    if hi <= lo:
+        return [lo]
+    top = lo + 0.5 * (hi - lo)
+    return [float(x) for x in np.linspace(top, lo, n_targets)]

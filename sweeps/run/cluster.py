@@ -1,0 +1,73 @@
+"""Connecting the driver to Ray: a given cluster (``--address``, ``RAY_ADDRESS``) or one started
+in-process, with the environment every trial needs; and the cluster's shape for the resource plan."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from sweeps.spec import SweepSpec
+
+__all__ = ["init_ray", "cluster_shape", "HEALTH_CHECK_INTERVAL_S"]
+
+log = logging.getLogger(__name__)
+
+#: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
+HEALTH_CHECK_INTERVAL_S = "0.1"
+
+
+def init_ray(address: str | None, spec: SweepSpec) -> bool:
+    """Connect to a cluster (``address`` or ``RAY_ADDRESS``) or start one in-process.
+
+    Returns True if this call started Ray (and so must shut it down).
+    """
+    import ray
+
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false"}
+    os.environ.update(env)
+    # Tune snapshots the experiment (trials, searcher) this often: what a killed driver can lose
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if ray.is_initialized():
+        return False
+    runtime_env = {"env_vars": env}
+    addr = address or os.environ.get("RAY_ADDRESS")
+    if addr:
+        ray.init(address=addr, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+        return True
+    # Local: the trials' Tune drivers mostly wait on their Train workers, so one extra logical CPU
+    # lets `max_concurrent_trials` workers use every core (ray-notes.md: a trainable needs a
+    # non-empty resource request of its own).
+    r = spec.resources
+    cpus = os.cpu_count() or 1
+    extra = 1 if r.trial_driver_cpus * r.max_concurrent_trials <= 1 else int(
+        -(-r.trial_driver_cpus * r.max_concurrent_trials // 1))
+    # one actor process less per trial: a local machine is not preempted by a cloud provider
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    for attempt in range(3):
+        try:
+            ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=True)
+            return True
+        except Exception as exc:  # noqa: BLE001 - Ray's own startup timeout on an overloaded machine
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            log.warning("Ray did not start in time (%s); retrying", exc)
+            ray.shutdown()
+    return True
+
+
+def cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
+    """``(total resources, resources of the node with most CPUs)`` of the connected cluster (alive nodes)."""
+    import ray
+
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    largest: dict[str, float] = {}
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        if res.get("CPU", 0) >= largest.get("CPU", 0):
+            largest = {k: float(v) for k, v in res.items()}
+    return total, largest

@@ -1,0 +1,187 @@
+"""The Tune run of a sweep: the trainable, the searcher, the pruning scheduler, the callbacks and the
+stopper built from the spec and the sweep's state, a new ``Tuner`` or a restored one, ``fit()``, and
+the trials read back for :func:`sweeps.run.finish.finish_sweep`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweeps._compat import reattach_restored_tuner, searcher_inside
+from sweeps.run.finish import finish_sweep
+from sweeps.run.records import collect_records, records_from_grid
+from sweeps.run.signals import StopSignals
+from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, SweepState, optuna_storage_url, tune_dir_of
+from sweeps.run.workload import flops_accounting
+from sweeps.spec import SweepSpec
+
+__all__ = ["execute_sweep"]
+
+#: statuses of past trials that report nothing more (a resumed scheduler sees them as ended)
+_ENDED = ("COMPLETED", "DIVERGED", "PRUNED", "FAILED")
+
+
+@dataclass
+class _Parts:
+    """What one Tune run is made of."""
+
+    trainable: Any
+    scheduler: Any  # EqualComputeScheduler | None
+    stopper: Any  # SweepBudgetStopper | None
+    progress: Any  # ProgressCallback
+    callbacks: list
+
+
+def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
+                  *, resume: bool, stop: StopSignals) -> dict[str, Any]:
+    """Run (or continue) the sweep's Tune run to its end, then finish the sweep.
+
+    Args:
+        tracker: the sweep's :class:`sweeps.tracking.writer.Tracker` (parent run started or attached).
+        concurrency: trials running at once (:func:`sweeps.run.preflight.plan_resources`).
+        resume: continue the Tune run in the sweep's storage (``Tuner.restore``) if there is one.
+        stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
+
+    Returns:
+        :func:`sweeps.run.finish.finish_sweep`'s result.
+    """
+    from ray import tune
+
+    local = state.storage_root == str(output)  # Tune's state is in OUT (else on shared storage)
+    parts = _build_parts(spec, output, tracker, state, concurrency, show_progress, resume=resume)
+    if resume and local:
+        _replay_past_trials(spec, output, state, parts)
+    t0 = time.monotonic()
+    # StopSignals turns SIGINT into Tune's interrupt itself; Tune's SIGINT handler would hide it (fit() returns)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    grid = None
+    tune_dir = tune_dir_of(state.storage_root, state.sweep_id)
+    try:
+        if resume and tune.Tuner.can_restore(tune_dir):
+            tuner = _restored_tuner(tune_dir, parts)
+        else:
+            tuner = _new_tuner(spec, output, state, parts, concurrency)
+        stop.tune_running = True
+        grid = tuner.fit()
+    finally:
+        stop.tune_running = False
+        parts.progress.close()
+
+    records = collect_records(output, spec, sweep_id=state.sweep_id) if local else records_from_grid(grid)
+    note = ""
+    if parts.stopper is not None and parts.stopper.exhausted:
+        note = f"the sweep's FLOP budget ({spec.budget.sweep_flops:.3g}) ran out"
+    elif spec.budget.wall_clock_s is not None and time.monotonic() - t0 >= spec.budget.wall_clock_s:
+        note = f"the sweep's wall-clock budget ({spec.budget.wall_clock_s:g} s) ran out"
+    return finish_sweep(spec, output, tracker, state, records, stopped=stop.signum is not None, budget_note=note,
+                        exit_code=stop.exit_code)
+
+
+def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
+                 *, resume: bool) -> _Parts:
+    from sweeps.run.progress import ProgressCallback
+    from sweeps.run.reaper import PlacementGroupReaper
+    from sweeps.run.trainable import batch_plan_params, make_trainable
+    from sweeps.tracking.writer import MlflowTrialCallback, ReportLog
+
+    root = state.storage_root
+    local = root == str(output)
+    keep_checkpoints = spec.tracking.checkpoint_artifact_max_mb > 0
+    save_root = (str(output / "checkpoints") if local else root + "/checkpoints") if keep_checkpoints else None
+    pause_mode = spec.pruning.enabled and spec.pruning.mode == "pause"
+    gate_prefix = f"critbatch-rung-gate/{state.sweep_id}" if pause_mode else None
+    # A trial that Tune stops before its end (paused or pruned at a rung, cut by a budget) is still inside
+    # TorchTrainer.fit() (in mode pause its workers wait at the rung gate): Tune's graceful stop waits up to
+    # TUNE_FORCE_TRIAL_CLEANUP_S (600 s) before killing its actor, which holds its CPUs meanwhile, and the
+    # next trials wait for them (seen: a 7-batch-size pause-mode sweep stalled). Kill it within seconds.
+    os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
+    trainable = make_trainable(spec, data_path=state.data_path, storage_path=root + "/train", save_dir_root=save_root,
+                               rung_gate_prefix=gate_prefix)
+    progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
+    c_tok, convention = flops_accounting(spec)
+    mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
+        **batch_plan_params(spec, int(cfg["batch_size_sequences"])), "flops_per_token": c_tok, "flops_convention": convention})
+    scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=resume)
+    callbacks = [mlflow_cb, progress]
+    if scheduler is not None:
+        callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
+    callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
+    callbacks.append(ReportLog(output / REPORTS_DIR))  # last: sees each result as annotated by the others
+    stopper = None
+    if spec.budget.sweep_flops is not None:
+        from sweeps.search.budget import SweepBudgetStopper
+
+        stopper = SweepBudgetStopper(spec.budget.sweep_flops)
+    return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks)
+
+
+def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local: bool, resume: bool):
+    """The equal-compute pruning scheduler (None without pruning), with the trials a resumed sweep
+    pruned while they were paused (``OUT/pruned_while_paused.json``, kept only when Tune's state is in OUT)."""
+    if not spec.pruning.enabled:
+        return None
+    from sweeps.pruning.scheduler import EqualComputeScheduler
+
+    path = output / PRUNED_WHILE_PAUSED
+    pruned = json.loads(path.read_text()) if local and resume and path.is_file() else None
+    return EqualComputeScheduler.from_spec(spec, gate_prefix=gate_prefix, state_path=str(path) if local else None,
+                                           pruned_while_paused=pruned)
+
+
+def _replay_past_trials(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts) -> None:
+    """Give the scheduler and the budget stopper the trials so far: neither is in Tune's experiment checkpoint."""
+    past = collect_records(output, spec, sweep_id=state.sweep_id)
+    scheduler = parts.scheduler
+    if scheduler is not None:
+        for r in past:
+            scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
+                              ended=r.status in _ENDED, pruning=r.pruning)
+        if scheduler.mode == "pause":
+            scheduler.restore_decisions()
+            for r in past:
+                if r.status == "FAILED":  # Tune.restore(resume_errored=True) retries it
+                    scheduler.reopen(r.trial_id)
+    if parts.stopper is not None:
+        parts.stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
+
+
+def _restored_tuner(tune_dir: str, parts: _Parts):
+    from ray import tune
+
+    tuner = tune.Tuner.restore(tune_dir, trainable=parts.trainable, resume_unfinished=True, resume_errored=True)
+    # callbacks hold live clients, and the scheduler is the one its annotator is bound to: re-attach them
+    search_alg = reattach_restored_tuner(tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler)
+    if parts.scheduler is not None and parts.scheduler.mode == "pause":
+        searcher_inside(search_alg).attach_scheduler(parts.scheduler)
+    return tuner
+
+
+def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, concurrency: int):
+    from ray import tune
+
+    from sweeps.search.searcher import BatchSizeSearcher
+
+    pause = parts.scheduler is not None and parts.scheduler.mode == "pause"
+    # in mode pause the scheduler gates new trials: Tune's limiter would count the paused ones and deadlock
+    searcher = BatchSizeSearcher(spec, storage_url=state.optuna_storage or optuna_storage_url(output),
+                                 study_prefix=state.sweep_id, fingerprint=state.fingerprint,
+                                 scheduler=parts.scheduler if pause else None)
+    return tune.Tuner(
+        parts.trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=parts.scheduler,
+            num_samples=spec.n_trials,
+            max_concurrent_trials=None if pause else concurrency,
+            reuse_actors=False,
+            time_budget_s=spec.budget.wall_clock_s,
+        ),
+        run_config=tune.RunConfig(name=state.sweep_id, storage_path=state.storage_root + "/tune",  # tune_experiment_dir
+                                  callbacks=parts.callbacks, verbose=0, stop=parts.stopper,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )

@@ -1,0 +1,162 @@
+"""The end of a sweep: analysis, ``trials.json``, ``cbs.json``, the report, the best checkpoint, the
+sweep's status and message, and the MLflow parent run closed with its summary metrics and artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sweeps.analysis import analyze_trials, finite_json
+from sweeps.analysis.report import write_report
+from sweeps.run.state import SweepState, write_json
+from sweeps.run.workload import flops_accounting, tokens_per_sequence
+from sweeps.spec import SweepSpec
+
+__all__ = ["finish_sweep", "SUMMARY_METRICS"]
+
+log = logging.getLogger(__name__)
+
+#: the ``cbs.json`` values logged as metrics of the sweep's MLflow parent run
+SUMMARY_METRICS = ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")
+
+
+def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, records: list, *, stopped: bool,
+                 budget_note: str = "", exit_code: int | None = None) -> dict[str, Any]:
+    """Analyse ``records``, write the sweep's files, close its MLflow runs and ``sweep.json``.
+
+    Args:
+        tracker: the sweep's :class:`sweeps.tracking.writer.Tracker`.
+        records: every trial's :class:`sweeps.analysis.TrialRecord`.
+        stopped: a signal stopped the sweep (its status is then ``STOPPED``, resumable).
+        budget_note: why a sweep budget ended it early ("" if none did).
+        exit_code: the exit code a signal asks for (returned when ``stopped``).
+
+    Returns:
+        ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}`` (see
+        :func:`sweeps.run.driver.run_sweep`).
+    """
+    analysis, analysis_error = _analyse(spec, records, state, tracker)
+    best = _best_checkpoint(spec, output, analysis)
+    analysis = finite_json(analysis)
+    write_json(output / "trials.json", finite_json([r.to_dict() for r in records]))
+    write_json(output / "cbs.json", analysis)
+    try:
+        write_report(output, analysis, records, spec)
+    except Exception:  # noqa: BLE001
+        log.exception("report failed")
+    counts = analysis.get("trials", {})
+    status, message = _final_status(spec, output, records, counts, stopped=stopped, budget_note=budget_note,
+                                    analysis_error=analysis_error, analysis=analysis)
+    if budget_note and not stopped:
+        for r in records:
+            if r.status == "STOPPED":
+                tracker.trial_ended(r.trial_id, "STOPPED", error=budget_note)
+    summary = {k: analysis.get(k) for k in SUMMARY_METRICS}
+    summary.update({f"trials_{k.lower()}": v for k, v in counts.items()})
+    # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
+    # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
+    tracker.prune_children(keep={r.trial_id for r in records})
+    complete = _close_parent(output, tracker, status, summary, message, best)
+    state.status = status
+    state.mlflow_complete = complete
+    if not complete:
+        state.mlflow_incomplete_writes = [w for w, _ in tracker.outbox.pending]
+        log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
+    state.save(output)
+    return {"ok": status == "SUCCEEDED", "status": status, "sweep_id": state.sweep_id, "cbs": analysis,
+            "output": str(output), "message": message, "exit_code": exit_code if stopped else None}
+
+
+def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker) -> tuple[dict[str, Any], str | None]:
+    """``(cbs.json's content, the analysis error or None)``: an analysis bug must not lose the trials."""
+    c_tok, _ = flops_accounting(spec)
+    reference = float(spec.search.base_batch_size_sequences)
+    try:
+        analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
+                                  reference_batch=reference, flops_per_token=c_tok, targets=spec.targets,
+                                  tokens_per_sequence=tokens_per_sequence(spec))
+        analysis_error = None
+    except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
+        log.exception("analysis failed")
+        analysis = {"status": "analysis_failed", "message": f"analysis failed: {exc}", "b_crit": None}
+        analysis_error = str(exc)
+    analysis["sweep_id"] = state.sweep_id
+    analysis["flops_per_token"] = c_tok
+    analysis["trials_planned"] = spec.n_trials
+    analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
+                          "parent_run_id": state.parent_run_id,
+                          "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}
+    return analysis, analysis_error
+
+
+def _final_status(spec: SweepSpec, output: Path, records: list, counts: dict[str, int], *, stopped: bool,
+                  budget_note: str, analysis_error: str | None, analysis: dict[str, Any]) -> tuple[str, str]:
+    """The sweep's ``(status, message)``: ``STOPPED`` (resumable), ``FAILED`` or ``SUCCEEDED``."""
+    unfinished = sum(1 for r in records if r.status == "STOPPED") + max(0, spec.n_trials - len(records))
+    if stopped:
+        status, message = "STOPPED", ("the sweep was stopped before all trials finished: `critbatch resume "
+                                      f"{output}` continues it")
+    elif unfinished and not budget_note:
+        # Tune ended its run with trials unfinished (an interrupt that did not come through StopSignals,
+        # e.g. Tune's SIGUSR1): not a result, and resumable
+        status, message = "STOPPED", (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
+                                      f"`critbatch resume {output}` continues the sweep")
+    elif analysis_error is not None:
+        status, message = "FAILED", analysis["message"]
+    elif not counts.get("COMPLETED"):
+        status, message = "FAILED", "no trial completed (every trial failed or diverged)"
+    else:
+        status, message = "SUCCEEDED", analysis.get("message", "")
+    if budget_note and not stopped:
+        message = f"{budget_note}: analysed the {counts.get('COMPLETED', 0)} trial(s) that completed" + (
+            f"; {message}" if message else "")
+    return status, message
+
+
+def _close_parent(output: Path, tracker, status: str, summary: dict[str, Any], message: str,
+                  best: Path | None) -> bool:
+    """End the MLflow parent run with the summary metrics and the sweep's files as artifacts; True if
+    every MLflow write was delivered."""
+    artifacts = output / "_artifacts"
+    shutil.rmtree(artifacts, ignore_errors=True)
+    artifacts.mkdir()
+    for name in ("cbs.json", "report.html", "trials.json", "spec.yaml"):
+        if (output / name).is_file():
+            shutil.copy(output / name, artifacts / name)
+    if (output / "plots").is_dir():
+        shutil.copytree(output / "plots", artifacts / "plots")
+    if best is not None:
+        shutil.copytree(best, artifacts / "best_checkpoint")
+    complete = tracker.finish(status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts),
+                              message=message)
+    shutil.rmtree(artifacts, ignore_errors=True)
+    return complete
+
+
+def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | None:
+    """Copy the best trial's Hugging Face checkpoint to ``OUT/best_checkpoint``; return it if it is
+    small enough (``tracking.checkpoint_artifact_max_mb``) to log as an MLflow artifact."""
+    rows = [r for r in analysis.get("per_batch") or [] if r.get("loss_at_budget") is not None]
+    if not rows or spec.tracking.checkpoint_artifact_max_mb <= 0:
+        return None
+    best = min(rows, key=lambda r: r["loss_at_budget"])
+    for tid in best["trial_ids_at_budget"]:
+        src = output / "checkpoints" / tid
+        if src.is_dir():
+            dst = output / "best_checkpoint"
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+            (dst / "critbatch.json").write_text(json.dumps(
+                {"trial_id": tid, "batch_size_sequences": best["batch_size_sequences"],
+                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config_at_budget"]}, indent=2))
+            size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
+            analysis["best_checkpoint"] = {"path": str(dst), "trial_id": tid, "size_mb": size_mb}
+            if size_mb <= spec.tracking.checkpoint_artifact_max_mb:
+                return dst
+            log.warning("best checkpoint is %.1f MB, over tracking.checkpoint_artifact_max_mb: not logged to MLflow", size_mb)
+            return None
+    return None

@@ -1,0 +1,64 @@
+"""Stopping a trial that wraps a Ray Train run: its actor cannot be reused (``reuse_actors=True``
+fails in ``reset_config``, whose thread is still inside ``TorchTrainer.fit()``), so it exits and
+kills its Train controller in the middle of ``fit()``.
+In Ray 2.60 that can leave the workers' placement group behind (a controller that was restarting
+its worker group when it died creates a group its ``PlacementGroupCleaner`` never hears of; the
+cleaner also needs a dashboard), and the next trials then wait forever for those CPUs.
+:class:`PlacementGroupReaper` is the Tune callback that removes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ray.tune import Callback
+
+from sweeps._compat import placement_group_table
+
+__all__ = ["PlacementGroupReaper"]
+
+log = logging.getLogger(__name__)
+
+
+class PlacementGroupReaper(Callback):
+    """Removes this job's placement groups whose creating actor is dead.
+
+    A placement group created by an actor (a Ray Train controller) is only usable by that actor's
+    workers, which die with it; Ray keeps such a group until the job ends. Pruned trials leave them
+    (module docstring). Checked at most every ``interval_s`` seconds of the Tune loop.
+    """
+
+    def __init__(self, interval_s: float = 2.0):
+        self.interval_s = interval_s
+        self._last = 0.0
+        self.removed: list[str] = []
+
+    def on_step_begin(self, iteration, trials, **info):
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            self.reap()
+
+    def reap(self) -> int:
+        """Remove every orphaned placement group of this job now; returns how many."""
+        import ray
+        from ray.core.generated import gcs_pb2
+        from ray.util.placement_group import PlacementGroup
+
+        if not ray.is_initialized():
+            return 0
+        job = ray.get_runtime_context().get_job_id()
+        nil = ray.ActorID.nil().binary()
+        n = 0
+        for pg in placement_group_table():
+            orphan = (pg.state in (gcs_pb2.PlacementGroupTableData.CREATED, gcs_pb2.PlacementGroupTableData.PENDING)
+                      and not pg.is_detached and pg.creator_actor_dead and pg.creator_actor_id not in (b"", nil)
+                      and pg.creator_job_id.hex() == job)
+            if orphan:
+                pg_id = ray.PlacementGroupID(pg.placement_group_id)
+                ray.util.remove_placement_group(PlacementGroup(pg_id))
+                self.removed.append(pg_id.hex())
+                log.warning("removed placement group %s: its Ray Train controller is gone (trial finished or stopped)", pg_id.hex())
+                n += 1
+        return n

@@ -1,0 +1,149 @@
+"""Trial records (:class:`sweeps.analysis.TrialRecord`) read back from what a sweep wrote: its Tune
+experiment folder and report log (:func:`collect_records`), or a Tune ``ResultGrid`` when the state lives on
+remote storage (:func:`records_from_grid`). One classifier (:func:`trial_status`) names every trial's end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from sweeps.analysis import TrialRecord
+from sweeps.pruning.rungs import RESULT_KEYS
+from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
+from sweeps.spec import SweepSpec
+
+__all__ = ["collect_records", "records_from_grid", "trial_status", "TRIAL_STATUSES", "HYPERPARAMETER_KEYS"]
+
+#: how a trial ended, as the analysis counts it
+TRIAL_STATUSES = ("COMPLETED", "PRUNED", "DIVERGED", "FAILED", "STOPPED")
+#: the sampled hyperparameters a record keeps (the Tune config's keys)
+HYPERPARAMETER_KEYS = ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
+
+
+def trial_status(last: dict[str, Any], *, failed: bool) -> str:
+    """How a trial ended, from its last report (annotated by the pruning scheduler) and whether it failed.
+
+    ``PRUNED`` (the scheduler stopped it at a rung), ``DIVERGED`` (the loop said so), ``COMPLETED``
+    (its last report is ``done`` and it did not fail), ``FAILED`` (an error), else ``STOPPED``
+    (unfinished: a stop, a budget, an interrupt).
+    """
+    if last.get("pruned"):
+        return "PRUNED"
+    if last.get("status") == "diverged":
+        return "DIVERGED"
+    if failed:
+        return "FAILED"
+    return "COMPLETED" if last.get("done") else "STOPPED"
+
+
+def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str) -> TrialRecord:
+    """A :class:`TrialRecord` from a trial's Tune config and its reports (one per tokens value, in order)."""
+    return TrialRecord(
+        trial_id=trial_id,
+        batch_size_sequences=int(cfg["batch_size_sequences"]),
+        seed=int(cfg["seed"]),
+        group_id=str(cfg.get("group_id", trial_id)),
+        status=status,
+        hyperparameters={k: cfg.get(k) for k in HYPERPARAMETER_KEYS},
+        tokens=[float(r["tokens_seen"]) for r in curve],
+        val_loss=[float(r["val_loss"]) if r.get("val_loss") is not None else float("nan") for r in curve],
+        flops=[float(r.get("flops", 0.0)) for r in curve],
+        b_simple=[r.get("b_simple") for r in curve],
+        pruning=_pruning_of(last),
+    )
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON Lines file, skipping torn lines; [] if it does not exist."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+    return rows
+
+
+def _trial_id_from_dir(name: str) -> str:
+    """Tune names a trial's folder ``run_trial_<trial id>_<index>_<params>_<date>``."""
+    m = re.match(r"run_trial_([^_]+)_", name)
+    return m.group(1) if m else name
+
+
+def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = None) -> list:
+    """Every trial's config, status and milestone curve, read from the sweep's own Tune experiment folder.
+
+    Reads ``params.json`` and the reports of ``OUT/tune/<sweep id>/*/result.json`` and
+    ``OUT/reports/<trial id>.jsonl`` (one JSON line per report, every restart included:
+    :class:`sweeps.tracking.writer.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
+    other sweep's folder is read.
+
+    Args:
+        sweep_id: the sweep's id; default the one in ``OUT/sweep.json``.
+    """
+    records = []
+    if sweep_id is None:
+        sweep_file = output / "sweep.json"
+        if not sweep_file.is_file():
+            return records
+        sweep_id = json.loads(sweep_file.read_text())["sweep_id"]
+    tune_dir = Path(tune_dir_of(str(output), sweep_id))
+    if not tune_dir.is_dir():
+        return records
+    pruned_file = output / PRUNED_WHILE_PAUSED
+    pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
+    for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
+        params_file, result_file = d / "params.json", d / "result.json"
+        if not params_file.is_file():
+            continue
+        cfg = json.loads(params_file.read_text())
+        rows = _json_lines(result_file)
+        trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)
+        # every report across the trial's restarts: result.json holds only some after a restore
+        rows += _json_lines(output / REPORTS_DIR / f"{trial_id}.jsonl")
+        # keep one row per tokens value (a restarted worker group may report a milestone twice)
+        by_tokens: dict[int, dict] = {}
+        for r in rows:
+            if "tokens_seen" in r:
+                by_tokens[int(r["tokens_seen"])] = r
+        curve = [by_tokens[k] for k in sorted(by_tokens)]
+        last = curve[-1] if curve else {}
+        has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
+        if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
+            last = {**last, **pruned_while_paused[trial_id]}
+            if curve:
+                curve[-1] = last
+        records.append(_record(trial_id, cfg, curve, last, trial_status(last, failed=has_error)))
+    return records
+
+
+def _pruning_of(row: dict) -> dict[str, Any]:
+    """The equal-compute scheduler's keys (``RESULT_KEYS``) of a result row, without the missing ones."""
+    return {k: row[k] for k in RESULT_KEYS if row.get(k) is not None and row.get(k) == row.get(k)}
+
+
+def records_from_grid(grid) -> list:
+    """Trial records from a Tune ``ResultGrid`` (used when the Tune state lives on remote storage)."""
+    out = []
+    if grid is None:
+        return out
+    for res in grid:
+        df = res.metrics_dataframe
+        rows = df.to_dict("records") if df is not None else []
+        by_tokens = {int(r["tokens_seen"]): r for r in rows if r.get("tokens_seen") == r.get("tokens_seen") and "tokens_seen" in r}
+        curve = [by_tokens[k] for k in sorted(by_tokens)]
+        last = curve[-1] if curve else {}
+        cfg = res.config or {}
+        if (res.metrics or {}).get("pruned") and not last.get("pruned"):  # pruned while paused
+            last = {**last, **_pruning_of(res.metrics)}
+            if curve:
+                curve[-1] = last
+        tid = str((res.metrics or {}).get("trial_id") or Path(res.path).name)
+        out.append(_record(tid, cfg, curve, last, trial_status(last, failed=res.error is not None)))
+    return out
