@@ -1,0 +1,88 @@
+"""Every private Ray / Optuna API that ``sweeps._compat`` wraps, exercised against the installed versions:
+each test fails if an upgrade renames or changes what critbatch relies on."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray import tune
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.search.optuna import OptunaSearch
+from ray.tune.search.search_generator import SearchGenerator
+
+from sweeps import _compat
+
+
+def _trainable(config):
+    return {"loss": 1.0}
+
+
+def test_reattach_restored_tuner_sets_the_live_callbacks_stopper_and_scheduler(tmp_path):
+    searcher = ConcurrencyLimiter(OptunaSearch(metric="loss", mode="min", space={"x": tune.uniform(0, 1)}), 1)
+    tuner = tune.Tuner(_trainable, tune_config=tune.TuneConfig(search_alg=searcher, num_samples=1),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path)))
+    callbacks, stop, scheduler = [tune.Callback()], {"training_iteration": 3}, tune.schedulers.FIFOScheduler()
+    search_alg = _compat.reattach_restored_tuner(tuner, callbacks=callbacks, stop=stop, scheduler=scheduler)
+    local = tuner._local_tuner
+    assert local._run_config.callbacks is callbacks and local._run_config.stop is stop
+    assert local._tune_config.scheduler is scheduler and search_alg is searcher
+
+
+def test_searcher_inside_unwraps_tune_wrappers():
+    inner = OptunaSearch(metric="loss", mode="min", space={"x": tune.uniform(0, 1)})
+    inner.exhausted = lambda: False  # the attribute BatchSizeSearcher is found by
+    wrapped = SearchGenerator(ConcurrencyLimiter(inner, 1))
+    assert _compat.searcher_inside(wrapped) is inner
+    with pytest.raises(RuntimeError, match="no searcher"):
+        _compat.searcher_inside(SearchGenerator(ConcurrencyLimiter(OptunaSearch(metric="loss", mode="min"), 1)))
+
+
+def test_optuna_search_private_state_round_trips(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    import optuna
+
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(storage=storage, study_name="s", direction="minimize")
+    sub = OptunaSearch(metric="loss", mode="min", space={"x": tune.uniform(0, 1)}, storage=storage, study_name="s")
+    assert _compat.optuna_search_study(sub).study_name == study.study_name
+    config = sub.suggest("t1")
+    assert 0 <= config["x"] <= 1
+    trials = _compat.optuna_search_trials(sub)
+    assert list(trials) == ["t1"]
+    ot_id = _compat.optuna_trial_id(trials["t1"])
+    assert isinstance(ot_id, int)
+    sub.on_trial_complete("t1", {"loss": 0.5})
+    assert "t1" in _compat.optuna_search_completed(sub)
+    fresh = OptunaSearch(metric="loss", mode="min", space={"x": tune.uniform(0, 1)}, storage=storage, study_name="s")
+    fresh.suggest("t2")  # opens the study
+    _compat.optuna_search_reattach(fresh, {"t1": ot_id}, {"t1"})
+    assert _compat.optuna_trial_id(_compat.optuna_search_trials(fresh)["t1"]) == ot_id
+    assert "t1" in _compat.optuna_search_completed(fresh)
+    with pytest.raises(KeyError):
+        _compat.optuna_search_reattach(fresh, {"t9": 10**6}, set())
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_placement_group_table_and_kv_put(local_ray):
+    from ray.experimental.internal_kv import _internal_kv_get
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{"CPU": 1}])
+    ray.get(pg.ready(), timeout=60)
+    rows = _compat.placement_group_table()
+    mine = [r for r in rows if r.placement_group_id == pg.id.binary()]
+    assert len(mine) == 1
+    row = mine[0]  # the fields the reaper reads
+    assert row.creator_job_id.hex() == ray.get_runtime_context().get_job_id()
+    assert not row.is_detached and isinstance(row.creator_actor_dead, bool)
+    assert row.creator_actor_id in (b"", ray.ActorID.nil().binary())  # made by the driver, not an actor: no orphan
+    remove_placement_group(pg)
+    _compat.kv_put("critbatch-test/key", b"123")
+    _compat.kv_put("critbatch-test/key", b"456")  # overwrites
+    assert _internal_kv_get("critbatch-test/key") == b"456"
