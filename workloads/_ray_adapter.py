@@ -16,10 +16,10 @@ import torch
 import ray.train
 import ray.train.torch
 
+from workloads._ray_compat import kv_get
 from workloads.config import TrialConfig
-from workloads.registry import get_entry
 
-__all__ = ["train_fn_per_worker", "STATE_FILE", "reaches_rung", "wait_for_rung_decision"]
+__all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "reaches_rung", "wait_for_rung_decision"]
 
 STATE_FILE = "trial_state.pt"
 #: the key of the checkpointed state that holds every report so far (sent again by a restored worker group)
@@ -31,12 +31,12 @@ RUNG_WAIT_TIMEOUT_S = 1800.0
 
 
 def reaches_rung(cfg: TrialConfig, tokens_seen: float) -> bool:
-    """Whether the report at ``tokens_seen`` is the first at or past one of ``cfg.rung_barrier_tokens``."""
-    if not cfg.rung_barrier_tokens:
+    """Whether the report at ``tokens_seen`` is the first at or past one of ``cfg.rung_gate.barrier_tokens``."""
+    if cfg.rung_gate is None or not cfg.rung_gate.barrier_tokens:
         return False
-    earlier = [m for m in cfg.milestones_tokens if m < tokens_seen]
+    earlier = [m for m in cfg.eval.milestones_tokens if m < tokens_seen]
     prev = max(earlier) if earlier else 0.0
-    return any(prev < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_barrier_tokens)
+    return any(prev < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_gate.barrier_tokens)
 
 
 def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG_WAIT_TIMEOUT_S,
@@ -47,11 +47,9 @@ def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG
     """
     import time
 
-    from ray.experimental.internal_kv import _internal_kv_get
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        raw = _internal_kv_get(key)
+        raw = kv_get(key)
         if raw is not None and float(raw) >= tokens_seen:
             return True
         time.sleep(poll_s)
@@ -95,12 +93,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 torch.save(state, os.path.join(tmp, STATE_FILE))
                 ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         tokens = float(clean.get("tokens_seen") or 0.0)
-        if cfg.rung_gate_key and not clean.get("done") and reaches_rung(cfg, tokens):
-            if not wait_for_rung_decision(cfg.rung_gate_key, tokens):
+        gate = cfg.rung_gate
+        if gate is not None and gate.key and not clean.get("done") and reaches_rung(cfg, tokens):
+            if not wait_for_rung_decision(gate.key, tokens):
                 import logging
 
                 logging.getLogger(__name__).warning(
-                    "no rung decision for %s after %.0f s: going on", cfg.rung_gate_key, RUNG_WAIT_TIMEOUT_S)
+                    "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S)
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None}
@@ -112,5 +111,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     for row in list(reported):
         publish(row, None)
 
-    entry = get_entry(cfg.workload)
-    entry(cfg, device=device, report=report, resume_state=resume_state, save_dir=save_dir if rank == 0 else None)
+    from workloads.api import get_workload
+
+    get_workload(cfg.workload.name).train(cfg, device=device, report=report, resume_state=resume_state,
+                                          save_dir=save_dir if rank == 0 else None)

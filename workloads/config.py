@@ -1,25 +1,73 @@
-"""The per-trial configuration a worker receives: plain, frozen, keyword-only data.
+"""The per-trial configuration a worker receives: nested, frozen, keyword-only data, defined once.
 
-Built by the sweep from the spec plus the sampled hyperparameters, and sent to Ray Train workers
-as a dict (:meth:`TrialConfig.to_dict` / :meth:`TrialConfig.from_dict`).
+Built by the sweep from the spec plus the sampled hyperparameters (``sweeps/run/trainable.py``) and
+sent to Ray Train workers as a dict (:meth:`TrialConfig.to_dict` / :meth:`TrialConfig.from_dict`,
+an exact round trip). Every size carries its unit in its name.
+
+::
+
+    TrialConfig
+      workload: WorkloadConfig     which workload and what it reads (the same for every trial of a sweep)
+        model: ModelConfig           architecture (pretraining) and the sequence length (both workloads)
+        data: DataConfig             corpus or JSON Lines file, tokenizer, held-out fraction
+        finetune: FinetuneConfig     checkpoint, fields, template, packing; lora: LoraConfig | None
+      optimizer: OptimizerConfig   AdamW, LR and beta2 already scaled for the trial's batch
+      schedule: ScheduleConfig     LR warmup, weight EMA or WSD decay branches
+      batch: BatchConfig           global batch, micro-batch cap, batch-size warmup
+      eval: EvalConfig             report milestones, held-out tokens, checkpoint cadence
+      noise_scale: NoiseScaleConfig
+      rung_gate: RungGateConfig | None   pruning mode "pause"
+      faults: FaultPlan | None           set by tests only
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TrialConfig"]
+from workloads.errors import DataError
+from workloads.faults import FaultPlan
+
+__all__ = [
+    "TrialConfig",
+    "WorkloadConfig",
+    "ModelConfig",
+    "DataConfig",
+    "FinetuneConfig",
+    "LoraConfig",
+    "OptimizerConfig",
+    "ScheduleConfig",
+    "BatchConfig",
+    "EvalConfig",
+    "NoiseScaleConfig",
+    "RungGateConfig",
+    "FaultPlan",
+    "WORKLOAD_NAMES",
+]
+
+#: the workloads a config may name (their entries are in :mod:`workloads.api`)
+WORKLOAD_NAMES = ("pretrain", "finetune")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrialConfig:
-    """Everything one trial's training loop needs. Sizes carry their unit in the name."""
+class ModelConfig:
+    """A Hugging Face causal LM's architecture (pretraining) and the trained sequence length.
 
-    trial_id: str
-    workload: str = "pretrain"
-    # model (pretraining); fine-tuning reads its architecture from the checkpoint
+    Fine-tuning reads its architecture from the checkpoint and uses only ``context_length_tokens``.
+
+    Attributes:
+        family: ``"llama"`` or ``"gpt2"``.
+        d_model: residual width; ``n_heads`` must divide it.
+        n_layers: transformer blocks.
+        n_heads: attention heads (as many key/value heads).
+        d_ff: MLP hidden width.
+        context_length_tokens: ``T``, tokens per sequence (input positions of a row).
+        tie_word_embeddings: share the input embedding and the LM head.
+    """
+
     family: str = "llama"
     d_model: int = 64
     n_layers: int = 2
@@ -27,27 +75,131 @@ class TrialConfig:
     d_ff: int = 176
     context_length_tokens: int = 64
     tie_word_embeddings: bool = False
-    # data
-    data_path: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """The training text and its tokenizer.
+
+    Attributes:
+        path: a text file (pretraining) or JSON Lines (fine-tuning), absolute on the workers.
+        tokenizer: ``"byte"`` (256 ids) or a local Hugging Face tokenizer directory.
+        validation_fraction: the held-out tail (of tokens, or of examples when fine-tuning).
+    """
+
+    path: str
     tokenizer: str = "byte"
     validation_fraction: float = 0.1
-    # budget and evaluation
-    budget_tokens: int
-    milestones_tokens: tuple[int, ...]
-    eval_tokens: int = 16384
-    eval_raw_every_milestone: bool = False
-    # schedule
-    schedule_kind: str = "constant_ema"
-    warmup_tokens: int = 0
-    # the LR ramps over max(warmup_tokens, warmup_min_steps * B * T) tokens (workloads.scaling.warmup_length_tokens)
-    warmup_min_steps: int = 4
-    ema_half_life_tokens: float = 32768.0
-    decay_fraction: float = 0.1
-    # batch
-    batch_size_sequences: int
-    micro_batch_size_sequences_max: int = 64
-    batch_warmup: tuple[tuple[int, int], ...] | None = None
-    # optimizer (lr and beta2 already scaled for batch_size_sequences)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA adapters (``peft``): only they train.
+
+    Attributes:
+        rank: ``r`` of each adapter pair.
+        alpha: ``lora_alpha`` (the update is scaled by ``alpha / r``).
+        dropout: dropout on the adapter input (draws from the torch RNG in training forwards).
+        target_modules: a module is adapted when its name ends with one of these.
+    """
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{rank, alpha, dropout, target_modules}`` with a list of modules (JSON, ``peft``)."""
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
+                "target_modules": list(self.target_modules)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneConfig:
+    """Supervised fine-tuning of a local checkpoint on instruction JSON Lines.
+
+    Attributes:
+        checkpoint_dir: a local Hugging Face checkpoint (``config.json`` + weights), or a LoRA
+            adapter directory saved by this workload.
+        prompt_field, response_field: JSON keys of each line.
+        prompt_template: text around the prompt; must contain ``{prompt}`` (replaced literally, so
+            other braces are kept as they are).
+        packing: ``"packed"`` or ``"padded"``.
+        truncate: cut over-long examples to the context length (counted; an example whose prompt
+            alone fills the context is skipped, also counted) instead of refusing the data.
+        lora: None (full fine-tuning) or the adapters.
+
+    Raises:
+        DataError: a template without ``{prompt}``, an unknown packing, an empty field name.
+    """
+
+    checkpoint_dir: str
+    prompt_field: str = "question"
+    response_field: str = "answer"
+    prompt_template: str = "Question: {prompt}\nAnswer: "
+    packing: str = "packed"
+    truncate: bool = False
+    lora: LoraConfig | None = None
+
+    def __post_init__(self) -> None:
+        if "{prompt}" not in self.prompt_template:
+            raise DataError(f"finetune.prompt_template must contain '{{prompt}}': {self.prompt_template!r}")
+        if self.packing not in ("packed", "padded"):
+            raise DataError(f"finetune.packing must be 'packed' or 'padded', got {self.packing!r}")
+        if not self.prompt_field or not self.response_field:
+            raise DataError("finetune.prompt_field and finetune.response_field must not be empty")
+
+    def template(self, prompt: str) -> str:
+        """The prompt text the model sees."""
+        return self.prompt_template.replace("{prompt}", prompt)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    """Which workload a trial runs and what it reads: the same for every trial of a sweep.
+
+    Attributes:
+        name: ``"pretrain"`` or ``"finetune"`` (:data:`WORKLOAD_NAMES`).
+        model: the architecture and ``context_length_tokens``.
+        data: the data file and tokenizer.
+        finetune: required by (and only read by) the ``finetune`` workload.
+
+    Raises:
+        ValueError: an unknown workload name.
+        DataError: the ``finetune`` workload without its section.
+    """
+
+    name: str = "pretrain"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig
+    finetune: FinetuneConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOAD_NAMES:
+            raise ValueError(f"unknown workload {self.name!r}; known: {sorted(WORKLOAD_NAMES)}")
+        if self.name == "finetune" and self.finetune is None:
+            raise DataError("the finetune workload needs a 'finetune' section (checkpoint_dir, fields, template)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW with the trial's peak LR and beta2, already scaled for ``BatchConfig.batch_size_sequences``.
+
+    Attributes:
+        lr: peak learning rate at the trial's batch (after warmup).
+        lr_rule: ``"linear"``, ``"sqrt"`` or ``"none"``: how the LR follows the batch during
+            batch-size warmup (``workloads.scaling.scaled_lr``).
+        beta1: Adam beta1.
+        beta2: Adam beta2 at the trial's batch (reported until the first step).
+        beta2_half_life_tokens: the second-moment EMA's half-life in tokens; beta2 follows the
+            batch in force (``workloads.scaling.beta2_from_half_life``).
+        eps: Adam epsilon.
+        weight_decay: decoupled weight decay.
+        grad_clip_norm: global gradient-norm clip, or None.
+        divergence_loss_factor: a step whose loss exceeds this times ``ln(vocab)`` is not applied
+            and ends the trial as diverged.
+    """
+
     lr: float
     lr_rule: str = "sqrt"
     beta1: float = 0.9
@@ -57,39 +209,160 @@ class TrialConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float | None = 1.0
     divergence_loss_factor: float = 1.5
-    # measurement
-    noise_scale_enabled: bool = True
-    noise_scale_ema_decay: float = 0.95
-    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """LR warmup and how a milestone's model is evaluated (methodology section 11.2).
+
+    Attributes:
+        kind: ``"constant_ema"`` (constant LR, a bias-corrected weight EMA is evaluated) or
+            ``"wsd"`` (each milestone is evaluated after a short linear-decay branch).
+        warmup_tokens: linear LR warmup in tokens (the same for every batch size).
+        warmup_min_steps: the warmup lasts at least this many optimizer steps of the first batch
+            (``workloads.scaling.warmup_length_tokens``).
+        ema_half_life_tokens: the weight EMA's half-life in tokens (``constant_ema``).
+        decay_fraction: a WSD decay branch lasts this fraction of the tokens seen.
+    """
+
+    kind: str = "constant_ema"
+    warmup_tokens: int = 0
+    warmup_min_steps: int = 4
+    ema_half_life_tokens: float = 32768.0
+    decay_fraction: float = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    """The global batch and how it is split.
+
+    Attributes:
+        batch_size_sequences: ``B``, sequences per optimizer step over all workers (the final
+            batch with batch-size warmup).
+        micro_batch_size_sequences_max: the largest micro-batch a worker computes at once.
+        warmup: batch-size warmup ``((tokens_seen_threshold, multiplier), ...)`` from 0, the batch
+            being ``B * multiplier / last multiplier``; None for a constant batch.
+    """
+
+    batch_size_sequences: int
+    micro_batch_size_sequences_max: int = 64
+    warmup: tuple[tuple[int, int], ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """When the loop reports, on how much held-out data, and which reports carry a checkpoint.
+
+    Attributes:
+        milestones_tokens: tokens seen at which to evaluate and report (increasing).
+        eval_tokens: held-out tokens per evaluation.
+        raw_every_milestone: also evaluate the raw (non-EMA) weights at every milestone, not only
+            at the last.
+        checkpoint_every_milestones: rank 0 saves the loop state with every n-th report (0: never).
+    """
+
+    milestones_tokens: tuple[int, ...]
+    eval_tokens: int = 16384
+    raw_every_milestone: bool = False
     checkpoint_every_milestones: int = 1
-    save_hf_checkpoint: bool = False
-    # fault injection for tests: raise at this milestone index on the first attempt only
-    fail_at_milestone: int | None = None
-    # fault injection for tests: after reporting this milestone index on the first attempt, wait
-    # while the file ``hold_file`` exists (a test kills the worker in that window, then deletes it)
-    hold_at_milestone: int | None = None
-    hold_file: str | None = None
-    finetune: dict[str, Any] | None = field(default=None)
-    # pruning mode "pause" (sweeps/pruning/scheduler.py): after the report that reaches one of these token
-    # positions (the rungs), wait until the sweep's scheduler has decided to let the trial go on: the
-    # value under the Ray KV key ``rung_gate_key`` reaches the reported tokens (a paused or pruned
-    # trial is stopped while it waits, so it never trains past its rung)
-    rung_barrier_tokens: tuple[float, ...] | None = None
-    rung_gate_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoiseScaleConfig:
+    """The gradient-noise-scale estimator (McCandlish et al. 2018, Eq. A.2).
+
+    Attributes:
+        enabled: estimate ``B_simple`` (needs at least two micro-batches per step).
+        ema_decay: decay of its bias-corrected EMAs, per optimizer step.
+    """
+
+    enabled: bool = True
+    ema_decay: float = 0.95
+
+
+@dataclass(frozen=True, kw_only=True)
+class RungGateConfig:
+    """Pruning mode ``pause`` (``sweeps/pruning``): after the report that reaches one of these token
+    positions (the rungs), wait until the value under the Ray KV key ``key`` reaches the reported
+    tokens (a paused or pruned trial is stopped while it waits, so it never trains past its rung).
+
+    Attributes:
+        barrier_tokens: the rungs, in tokens seen.
+        key: the Ray KV key the sweep's scheduler writes.
+    """
+
+    barrier_tokens: tuple[float, ...]
+    key: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one trial's training loop needs.
+
+    Attributes:
+        trial_id: the Tune trial id.
+        workload: which workload, on which model and data.
+        budget_tokens: tokens to train (the last milestone).
+        optimizer, schedule, batch, eval, noise_scale: the sections above.
+        seed: the model initialisation and the data stream.
+        rung_gate: set only in pruning mode ``pause``.
+        faults: set only by tests (:class:`workloads.faults.FaultPlan`).
+    """
+
+    trial_id: str
+    workload: WorkloadConfig
+    budget_tokens: int
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig = ScheduleConfig()
+    batch: BatchConfig
+    eval: EvalConfig
+    noise_scale: NoiseScaleConfig = NoiseScaleConfig()
+    seed: int = 0
+    rung_gate: RungGateConfig | None = None
+    faults: FaultPlan | None = None
+
+    @property
+    def context_length_tokens(self) -> int:
+        """``T`` (``workload.model.context_length_tokens``), which the loop reads everywhere."""
+        return self.workload.model.context_length_tokens
 
     def to_dict(self) -> dict[str, Any]:
+        """A nested dict of plain values (sections as dicts); :meth:`from_dict` inverts it exactly."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrialConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown trial config keys: {sorted(unknown)}")
-        d = dict(d)
-        d["milestones_tokens"] = tuple(d["milestones_tokens"])
-        if d.get("batch_warmup") is not None:
-            d["batch_warmup"] = tuple(tuple(x) for x in d["batch_warmup"])
-        if d.get("rung_barrier_tokens") is not None:
-            d["rung_barrier_tokens"] = tuple(d["rung_barrier_tokens"])
-        return cls(**d)
+        """Rebuild from :meth:`to_dict` (lists are accepted for tuples, e.g. after JSON).
+
+        Raises:
+            ValueError: an unknown key, named by its dotted path (``optimizer.lrr``).
+            DataError: see :class:`WorkloadConfig` and :class:`FinetuneConfig`.
+        """
+        return _build(cls, d, "")
+
+
+def _build(cls: type, d: dict[str, Any], where: str) -> Any:
+    """``cls(**d)`` with nested sections built from dicts and sequences made tuples."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ValueError(f"unknown trial config keys: {sorted(where + k for k in unknown)}")
+    return cls(**{k: _coerce(hints[k], v, f"{where}{k}.") for k, v in d.items()})
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(inner[0], value, where) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return _build(tp, value, where)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, where) for v in value)
+        return tuple(_coerce(a, v, where) for a, v in zip(args, value))
+    return value

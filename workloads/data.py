@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["DataError", "Corpus", "load_corpus", "tokenizer_vocab_size", "encode_text", "window_batch", "validation_batches"]
+from workloads.errors import DataError
 
-
-class DataError(ValueError):
-    """The corpus cannot be used: missing, empty, or too short for the context length."""
+__all__ = ["Corpus", "load_corpus", "tokenizer_vocab_size", "encode_text", "step_generator", "window_batch",
+           "validation_batches"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,9 @@ def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_l
     return corpus
 
 
-def _step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    """The generator of step ``step``'s global batch: seeded by a BLAKE2b hash of ``seed/stream/step``
+    (stream 0: training, 1: WSD decay branches), so it is the same on every worker and after a resume."""
     digest = hashlib.blake2b(f"{seed}/{stream}/{step}".encode(), digest_size=8).digest()
     g = torch.Generator()
     g.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
@@ -107,7 +108,7 @@ def window_batch(
         ``(inputs, targets)``, each ``[count, context_length_tokens]`` int64; targets are inputs
         shifted by one token.
     """
-    g = _step_generator(seed, step, stream)
+    g = step_generator(seed, step, stream)
     offsets = torch.randint(0, len(ids) - context_length_tokens - 1 + 1, (global_batch_size_sequences,), generator=g)
     offs = offsets[start : start + count]
     idx = offs[:, None] + torch.arange(context_length_tokens + 1)[None, :]

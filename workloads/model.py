@@ -6,35 +6,27 @@ directory with ``from_pretrained`` (no hub access).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from workloads.config import ModelConfig
 from workloads.flops import TransformerShape
 
-__all__ = ["ModelConfig", "build_model", "shape_of", "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
+__all__ = ["hf_config", "build_model", "shape_of", "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Architecture of a pretraining model (mirrors ``sweeps.spec.ModelSpec``)."""
+def hf_config(cfg: ModelConfig, vocab_size: int):
+    """The ``transformers`` config of an architecture (Llama or GPT-2) with ``vocab_size`` ids.
 
-    family: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    context_length_tokens: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
+    No bos/eos/pad ids (the byte tokenizer has none); GPT-2 without dropout.
 
-
-def _hf_config(cfg: ModelConfig):
+    Raises:
+        ValueError: an unknown ``family``.
+    """
     if cfg.family == "llama":
         from transformers import LlamaConfig
 
         return LlamaConfig(
-            vocab_size=cfg.vocab_size,
+            vocab_size=vocab_size,
             hidden_size=cfg.d_model,
             intermediate_size=cfg.d_ff,
             num_hidden_layers=cfg.n_layers,
@@ -50,7 +42,7 @@ def _hf_config(cfg: ModelConfig):
         from transformers import GPT2Config
 
         return GPT2Config(
-            vocab_size=cfg.vocab_size,
+            vocab_size=vocab_size,
             n_embd=cfg.d_model,
             n_inner=cfg.d_ff,
             n_layer=cfg.n_layers,
@@ -66,31 +58,31 @@ def _hf_config(cfg: ModelConfig):
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
 
 
-def build_model(cfg: ModelConfig) -> torch.nn.Module:
+def build_model(cfg: ModelConfig, vocab_size: int) -> torch.nn.Module:
     """A freshly initialised ``transformers`` causal LM (uses the current torch RNG state)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(_hf_config(cfg), attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_config(hf_config(cfg, vocab_size), attn_implementation="sdpa")
 
 
-def shape_of(hf_config, context_length_tokens: int | None = None) -> TransformerShape:
+def shape_of(hf, context_length_tokens: int | None = None) -> TransformerShape:
     """The FLOP-counting shape of a Hugging Face config (Llama-, Qwen-, Mistral- or GPT-2-style)."""
-    d = getattr(hf_config, "hidden_size", None) or hf_config.n_embd
-    n_layers = getattr(hf_config, "num_hidden_layers", None) or hf_config.n_layer
-    n_heads = getattr(hf_config, "num_attention_heads", None) or hf_config.n_head
-    n_kv = getattr(hf_config, "num_key_value_heads", None) or n_heads
-    model_type = getattr(hf_config, "model_type", "")
+    d = getattr(hf, "hidden_size", None) or hf.n_embd
+    n_layers = getattr(hf, "num_hidden_layers", None) or hf.n_layer
+    n_heads = getattr(hf, "num_attention_heads", None) or hf.n_head
+    n_kv = getattr(hf, "num_key_value_heads", None) or n_heads
+    model_type = getattr(hf, "model_type", "")
     if model_type == "gpt2":
-        d_ff = hf_config.n_inner or 4 * d
+        d_ff = hf.n_inner or 4 * d
         gated = False
-        ctx = context_length_tokens or hf_config.n_positions
+        ctx = context_length_tokens or hf.n_positions
     else:
-        d_ff = hf_config.intermediate_size
+        d_ff = hf.intermediate_size
         gated = True
-        ctx = context_length_tokens or hf_config.max_position_embeddings
+        ctx = context_length_tokens or hf.max_position_embeddings
     return TransformerShape(
         d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_ff=d_ff, gated_mlp=gated,
-        vocab_size=hf_config.vocab_size, context_length_tokens=ctx,
+        vocab_size=hf.vocab_size, context_length_tokens=ctx,
     )
 
 

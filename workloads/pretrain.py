@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from workloads.config import TrialConfig
-from workloads.data import Corpus, load_corpus, validation_batches, window_batch
-from workloads.flops import flops_per_token
+from workloads.config import TrialConfig, WorkloadConfig
+from workloads.data import Corpus, load_corpus, tokenizer_vocab_size, validation_batches, window_batch
+from workloads.errors import DataError
+from workloads.flops import FLOPS_CONVENTION, flops_per_token
 from workloads.loop import Reporter, TrainingOutcome, run_loop
-from workloads.model import ModelConfig, build_model, peak_flops_per_s, shape_of
+from workloads.model import build_model, hf_config, peak_flops_per_s, shape_of
 
-__all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "model_config_of"]
-
-
-def model_config_of(cfg: TrialConfig, vocab_size: int) -> ModelConfig:
-    return ModelConfig(
-        family=cfg.family, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_ff=cfg.d_ff,
-        context_length_tokens=cfg.context_length_tokens, vocab_size=vocab_size, tie_word_embeddings=cfg.tie_word_embeddings,
-    )
+__all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
+           "train_in_process"]
 
 
 @dataclass
@@ -37,27 +35,35 @@ class PretrainWorkload:
         return self.corpus.vocab_size
 
     def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0):
+        """Windows ``start .. start+count`` of step ``step``'s global batch (``workloads.data.window_batch``)."""
         return window_batch(self.corpus.train_ids, seed=self.cfg.seed, step=step,
                             global_batch_size_sequences=global_batch_size_sequences,
-                            context_length_tokens=self.cfg.context_length_tokens, start=start, count=count, stream=stream)
+                            context_length_tokens=self.cfg.context_length_tokens, start=start, count=count,
+                            stream=stream)
 
     def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+        """Every position of a window is a real token."""
         return targets.numel()
 
     def val_batches(self):
-        return validation_batches(self.corpus.val_ids, eval_tokens=self.cfg.eval_tokens,
+        """The fixed held-out windows (``workloads.data.validation_batches``), 64 per batch."""
+        return validation_batches(self.corpus.val_ids, eval_tokens=self.cfg.eval.eval_tokens,
                                   context_length_tokens=self.cfg.context_length_tokens, batch_size_sequences=64)
+
+
+def _load(wc: WorkloadConfig) -> Corpus:
+    return load_corpus(wc.data.path, wc.data.tokenizer, wc.data.validation_fraction, wc.model.context_length_tokens)
 
 
 def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
     """Load the corpus and build the model (seeded by ``cfg.seed``, identical on every rank).
 
     Raises:
-        workloads.data.DataError: unusable corpus.
+        workloads.errors.DataError: unusable corpus.
     """
-    corpus = load_corpus(cfg.data_path, cfg.tokenizer, cfg.validation_fraction, cfg.context_length_tokens)
+    corpus = _load(cfg.workload)
     torch.manual_seed(cfg.seed)
-    model = build_model(model_config_of(cfg, corpus.vocab_size)).to(device)
+    model = build_model(cfg.workload.model, corpus.vocab_size).to(device)
     c_tok = flops_per_token(shape_of(model.config, cfg.context_length_tokens))
     return PretrainWorkload(model=model, corpus=corpus, cfg=cfg, flops_per_token=c_tok)
 
@@ -82,4 +88,69 @@ def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str
     model.save_pretrained(save_dir)
     from workloads.tokenizer import save_tokenizer
 
-    save_tokenizer(cfg.tokenizer, save_dir)
+    save_tokenizer(cfg.workload.data.tokenizer, save_dir)
+
+
+def pretrain_flops(wc: WorkloadConfig) -> tuple[float, str]:
+    """``(training FLOPs per token, FLOPS_CONVENTION)`` of ``wc``'s model with its tokenizer's vocabulary
+    (``workloads.flops.flops_per_token``: ``6 N_matmul + 12 n_layer n_ctx d_attn + 6 d V``).
+
+    Raises:
+        workloads.errors.DataError: a tokenizer directory that does not exist.
+    """
+    m = wc.model
+    hf = hf_config(m, tokenizer_vocab_size(wc.data.tokenizer))
+    return flops_per_token(shape_of(hf, m.context_length_tokens)), FLOPS_CONVENTION
+
+
+def check_pretrain_inputs(wc: WorkloadConfig) -> dict[str, Any]:
+    """Load the corpus as a trial would, before launch (the sweep's preflight).
+
+    Returns:
+        ``train_tokens`` and ``validation_tokens`` (of each split), ``vocab_size`` and
+        ``mean_real_tokens_per_row`` (``context_length_tokens``: windows are full).
+
+    Raises:
+        workloads.errors.DataError: ``data.path: ...``, a missing, non-UTF-8 or too short corpus.
+    """
+    try:
+        corpus = _load(wc)
+    except DataError as exc:
+        raise DataError(f"data.path: {exc}") from None
+    return {"train_tokens": len(corpus.train_ids), "validation_tokens": len(corpus.val_ids),
+            "vocab_size": corpus.vocab_size, "mean_real_tokens_per_row": float(wc.model.context_length_tokens)}
+
+
+def train_in_process(config: dict[str, Any], state_path: str | None, save_states: dict[int, str] | None
+                     ) -> dict[str, Any]:
+    """Run a pretraining loop on CPU in this process (a branched-training Ray task, ``sweeps/run/branching.py``).
+
+    Args:
+        config: :meth:`TrialConfig.to_dict`.
+        state_path: a state saved by an earlier call (``torch.save``) to continue from, with its
+            milestones restarted (the branch has its own); None starts from the initialisation.
+        save_states: tokens seen -> file: save the state reported at those milestones there.
+
+    Returns:
+        ``{"status", "reports" (every report's metrics), "flops_per_token", "wall_s"}``.
+
+    Raises:
+        workloads.errors.DataError: unusable corpus.
+    """
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+    cfg = TrialConfig.from_dict(config)
+    work = build_pretrain(cfg, torch.device("cpu"))
+    resume = torch.load(state_path, weights_only=False) if state_path else None
+    if resume is not None:
+        resume["loop"]["milestone_idx"] = 0  # the branch has its own milestones
+    reports: list[dict[str, Any]] = []
+
+    def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
+        reports.append(metrics)
+        if save_states is not None and state is not None and metrics["tokens_seen"] in save_states:
+            torch.save(state, save_states[metrics["tokens_seen"]])
+
+    t0 = time.perf_counter()
+    outcome = run_loop(cfg, work, device=torch.device("cpu"), report=report, resume_state=resume, attempt=1)
+    return {"status": outcome.status, "reports": reports, "flops_per_token": work.flops_per_token,
+            "wall_s": time.perf_counter() - t0}

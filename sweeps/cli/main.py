@@ -160,7 +160,7 @@ def init_checkpoint(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a checkpoint already there"),
 ) -> None:
     """Write a freshly initialised byte-level causal LM and its tokenizer (a checkpoint to fine-tune offline)."""
-    from workloads.finetune import init_checkpoint as _init
+    from workloads.api import init_checkpoint as _init
 
     if family not in ("llama", "gpt2"):
         _fail_invalid(InvalidInput(f"--family must be 'llama' or 'gpt2', got {family!r}"))

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from sweeps.errors import InvalidInput
 from sweeps.spec import BranchSpec, SweepSpec
+from workloads.api import beta2_from_half_life, train_in_process, warmup_length_tokens
 
 __all__ = ["local_cbs_multiplier", "run_branching"]
 
@@ -75,38 +76,9 @@ def _base_hyperparameters(spec: SweepSpec, b0: int, from_run_id: str | None, cli
     row = min(rows, key=lambda r: abs(math.log(r["batch_size_sequences"] / b0)))
     hp = dict(row["best_config_at_budget"])
     # carry the tuned config to B0 with the square-root rule and the token half-life
-    from workloads.scaling import beta2_from_half_life
-
     hp["lr"] = hp["lr"] * math.sqrt(b0 / row["batch_size_sequences"])
     hp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b0, spec.model.context_length_tokens)
     return hp
-
-
-def _train_task(cfg_dict: dict[str, Any], state_path: str | None, save_states: dict[int, str] | None) -> dict[str, Any]:
-    """Ray task body: run the pretraining loop from ``state_path`` (or from init)."""
-    import torch
-
-    from workloads.config import TrialConfig
-    from workloads.loop import run_loop
-    from workloads.pretrain import build_pretrain
-
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
-    cfg = TrialConfig.from_dict(cfg_dict)
-    work = build_pretrain(cfg, torch.device("cpu"))
-    resume = torch.load(state_path, weights_only=False) if state_path else None
-    if resume is not None:
-        resume["loop"]["milestone_idx"] = 0  # the branch has its own milestones
-    reports: list[dict[str, Any]] = []
-
-    def report(metrics, state):
-        reports.append(metrics)
-        if save_states is not None and state is not None and metrics["tokens_seen"] in save_states:
-            torch.save(state, save_states[metrics["tokens_seen"]])
-
-    t0 = time.perf_counter()
-    outcome = run_loop(cfg, work, device=torch.device("cpu"), report=report, resume_state=resume, attempt=1)
-    return {"status": outcome.status, "reports": reports, "flops_per_token": work.flops_per_token,
-            "wall_s": time.perf_counter() - t0}
 
 
 def run_branching(
@@ -140,7 +112,7 @@ def run_branching(
     from sweeps.tracking.writer import configure_mlflow_env
     from sweeps.run.trainable import trial_config
 
-    if spec.workload != "pretrain":
+    if spec.workload != "pretrain":  # a spec check, not a dispatch: branching is defined for pretraining only
         raise InvalidInput("branching needs a pretraining spec (workload: pretrain)")
     check_data_files(spec)
     br = spec.branch or BranchSpec()
@@ -159,8 +131,6 @@ def run_branching(
     hp = _base_hyperparameters(spec, b0, from_run_id, client)
 
     step_tokens = b0 * T
-    from workloads.scaling import warmup_length_tokens
-
     base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
     points = sorted({int(round(f * spec.budget_tokens / step_tokens)) * step_tokens for f in br.points_fraction})
     data_path = resolve_data_path(spec)
@@ -169,15 +139,14 @@ def run_branching(
     positive = [p for p in points if p > 0]
     started = _init_ray(ray_address, spec)
     try:
-        task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(_train_task)
-        base_dict = base_cfg.to_dict()
+        task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(train_in_process)
         if positive:
-            base_dict.update(budget_tokens=max(positive), milestones_tokens=tuple(positive), checkpoint_every_milestones=1)
             # the last point's state is needed too: the loop does not save a state with its final report
-            base_dict["budget_tokens"] = max(positive) + step_tokens
-            base_dict["milestones_tokens"] = tuple(positive) + (max(positive) + step_tokens,)
+            end = max(positive) + step_tokens
+            base_run = replace(base_cfg, budget_tokens=end, eval=replace(
+                base_cfg.eval, milestones_tokens=tuple(positive) + (end,), checkpoint_every_milestones=1))
             save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
-            base = ray.get(task.remote(base_dict, None, save))
+            base = ray.get(task.remote(base_run.to_dict(), None, save))
         else:
             base = {"status": "completed", "reports": [], "flops_per_token": None, "wall_s": 0.0}
         refs = {}
@@ -186,20 +155,19 @@ def run_branching(
                 b = int(round(k * b0))
                 bhp = hyperparameters_for(spec, b, {})
                 bhp.update(lr=hp["lr"] * math.sqrt(k), lr_rule="sqrt", beta2_half_life_tokens=hp["beta2_half_life_tokens"])
-                from workloads.scaling import beta2_from_half_life
-
                 bhp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b, T)
                 cfg = trial_config(spec, {"batch_size_sequences": b, "seed": spec.seeds[0], **bhp},
-                                   f"branch-{p}-k{k}", data_path=data_path).to_dict()
+                                   f"branch-{p}-k{k}", data_path=data_path)
                 end = p + br.window_tokens
-                cfg.update(budget_tokens=end, milestones_tokens=(end,), checkpoint_every_milestones=0,
-                           eval_raw_every_milestone=True)
+                cfg = replace(cfg, budget_tokens=end, eval=replace(
+                    cfg.eval, milestones_tokens=(end,), checkpoint_every_milestones=0, raw_every_milestone=True))
                 if p > 0:
                     # a branch continues the base run's LR warmup (in tokens, set by B0); it does not
                     # ramp again over warmup_min_steps steps of its own larger batch
-                    cfg.update(warmup_tokens=base_warmup_tokens, warmup_min_steps=0)
+                    cfg = replace(cfg, schedule=replace(cfg.schedule, warmup_tokens=base_warmup_tokens,
+                                                        warmup_min_steps=0))
                 state = str(states_dir / f"base_{p}.pt") if p > 0 else None
-                refs[(p, k)] = task.remote(cfg, state, None)
+                refs[(p, k)] = task.remote(cfg.to_dict(), state, None)
         results = {key: ray.get(ref) for key, ref in refs.items()}
     finally:
         if started:

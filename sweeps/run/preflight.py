@@ -52,7 +52,8 @@ def check_data_files(spec: SweepSpec) -> None:
         InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
             training window and one validation window of ``context_length_tokens``.
     """
-    from workloads.data import DataError, load_corpus
+    from sweeps.run.workload import workload_config
+    from workloads.api import DataError, get_workload
 
     path = resolve_data_path(spec)
     if "://" in path:
@@ -64,20 +65,13 @@ def check_data_files(spec: SweepSpec) -> None:
         raise InvalidInput(f"data.path: {spec.data.path} is empty")
     if spec.data.tokenizer != "byte":
         _check_tokenizer(spec.data.tokenizer)
-    if spec.workload == "finetune":
-        from workloads.finetune_data import check_finetune_inputs
-
-        try:
-            check_finetune_inputs(spec)
-        except DataError as exc:
-            raise InvalidInput(str(exc)) from None
-        return
     try:
-        corpus = load_corpus(path, spec.data.tokenizer, spec.data.validation_fraction, spec.model.context_length_tokens)
+        facts = get_workload(spec.workload).check_inputs(workload_config(spec, data_path=path))
     except DataError as exc:
-        raise InvalidInput(f"data.path: {exc}") from None
-    if len(corpus.val_ids) < spec.eval.eval_tokens // 4:
-        log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", len(corpus.val_ids), spec.eval.eval_tokens)
+        raise InvalidInput(str(exc)) from None
+    val_tokens = facts.get("validation_tokens")
+    if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
+        log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
 
 
 def _check_tokenizer(tokenizer: str) -> None:
@@ -87,15 +81,13 @@ def _check_tokenizer(tokenizer: str) -> None:
         InvalidInput: not a folder, a folder without tokenizer files (an empty one gave a
             ``ValueError`` traceback from transformers), or files that do not load.
     """
-    from workloads.tokenizer import has_tokenizer_files
+    from workloads.api import has_tokenizer_files, tokenizer_vocab_size
 
     if not Path(tokenizer).is_dir():
         raise InvalidInput(f"data.tokenizer: not 'byte' and not a local tokenizer directory: {tokenizer}")
     if not has_tokenizer_files(tokenizer):
         raise InvalidInput(f"data.tokenizer: {tokenizer} holds no Hugging Face tokenizer "
                            "(no tokenizer.json, tokenizer_config.json, vocab.json or tokenizer model)")
-    from workloads.data import tokenizer_vocab_size
-
     try:
         tokenizer_vocab_size(tokenizer)
     except Exception as exc:  # noqa: BLE001 - transformers raises anything from ValueError to OSError
@@ -135,7 +127,7 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
     with fewer, the largest batch sizes start at nearly full LR. With ``batch_warmup`` the ramp runs
     at the largest trial's first (smallest) batch.
     """
-    from workloads.scaling import warmup_length_tokens
+    from workloads.api import warmup_length_tokens
 
     out: list[str] = []
     b = max(spec.search.batch_sizes_sequences)

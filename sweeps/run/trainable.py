@@ -1,7 +1,7 @@
 """The Tune trainable: one trial = one Ray Train ``TorchTrainer`` run of a workload.
 
 Three levels, as Ray recommends for Tune + Train V2: the workload's pure training loop
-(``workloads``), wrapped by ``train_fn_per_worker`` (``workloads._ray_adapter``), wrapped by this
+(``workloads``), wrapped by ``train_fn_per_worker`` (``workloads.api``), wrapped by this
 Tune function trainable, which turns the sweep's config into a :class:`TrialConfig`, sizes the
 worker group and forwards rank 0's milestone metrics to Tune.
 """
@@ -19,10 +19,22 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import SweepSpec
-from workloads.batching import plan_batch
-from workloads.config import TrialConfig
+from sweeps.run.workload import workload_config
+from workloads.api import (
+    BatchConfig,
+    EvalConfig,
+    FaultPlan,
+    NoiseScaleConfig,
+    OptimizerConfig,
+    RungGateConfig,
+    ScheduleConfig,
+    TrialConfig,
+    drain_report_queue,
+    plan_batch,
+    train_fn_per_worker,
+)
 
-__all__ = ["trial_config", "make_trainable", "train_run_name"]
+__all__ = ["trial_config", "faults_from_env", "make_trainable", "train_run_name", "batch_plan_params", "objective_of"]
 
 
 def train_run_name(trial_id: str) -> str:
@@ -31,60 +43,55 @@ def train_run_name(trial_id: str) -> str:
 
 
 def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str,
-                 rung_gate_key: str | None = None) -> TrialConfig:
-    """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search.py``).
+                 rung_gate_key: str | None = None, faults: FaultPlan | None = None) -> TrialConfig:
+    """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search/searcher.py``).
 
-    ``rung_gate_key``: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this trial
-    go on past a rung (the worker waits there; ``sweeps.pruning.scheduler.rung_gate_key``).
+    Args:
+        config: the sampled trial: ``batch_size_sequences``, ``seed``, ``lr``, ``lr_rule``,
+            ``beta2``, ``beta2_half_life_tokens`` (the LR and beta2 already scaled for the batch).
+        data_path: the data path the workers read.
+        rung_gate_key: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this
+            trial go on past a rung (the worker waits there; ``sweeps.pruning.rungs.rung_gate_key``).
+        faults: test-only fault injection (:func:`faults_from_env`).
     """
-    m = spec.model
     gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
+    sch, opt = spec.schedule, spec.optimizer
     return TrialConfig(
         trial_id=trial_id,
-        workload=spec.workload,
-        family=m.family,
-        d_model=m.d_model,
-        n_layers=m.n_layers,
-        n_heads=m.n_heads,
-        d_ff=m.d_ff_resolved,
-        context_length_tokens=m.context_length_tokens,
-        tie_word_embeddings=m.tie_word_embeddings,
-        data_path=data_path,
-        tokenizer=spec.data.tokenizer,
-        validation_fraction=spec.data.validation_fraction,
+        workload=workload_config(spec, data_path=data_path),
         budget_tokens=spec.budget_tokens,
-        milestones_tokens=tuple(spec.milestones_tokens()),
-        eval_tokens=spec.eval.eval_tokens,
-        schedule_kind=spec.schedule.kind,
-        warmup_tokens=spec.schedule.warmup_tokens,
-        warmup_min_steps=spec.schedule.warmup_min_steps,
-        ema_half_life_tokens=spec.schedule.ema_half_life_tokens,
-        decay_fraction=spec.schedule.decay_fraction,
-        batch_size_sequences=int(config["batch_size_sequences"]),
-        micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
-        batch_warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None,
-        lr=float(config["lr"]),
-        lr_rule=str(config["lr_rule"]),
-        beta1=spec.optimizer.beta1,
-        beta2=float(config["beta2"]),
-        beta2_half_life_tokens=float(config["beta2_half_life_tokens"]),
-        eps=spec.optimizer.eps,
-        weight_decay=spec.optimizer.weight_decay,
-        grad_clip_norm=spec.optimizer.grad_clip_norm,
-        divergence_loss_factor=spec.optimizer.divergence_loss_factor,
-        noise_scale_enabled=spec.noise_scale.enabled,
-        noise_scale_ema_decay=spec.noise_scale.ema_decay,
+        optimizer=OptimizerConfig(
+            lr=float(config["lr"]), lr_rule=str(config["lr_rule"]), beta1=opt.beta1, beta2=float(config["beta2"]),
+            beta2_half_life_tokens=float(config["beta2_half_life_tokens"]), eps=opt.eps, weight_decay=opt.weight_decay,
+            grad_clip_norm=opt.grad_clip_norm, divergence_loss_factor=opt.divergence_loss_factor),
+        schedule=ScheduleConfig(kind=sch.kind, warmup_tokens=sch.warmup_tokens, warmup_min_steps=sch.warmup_min_steps,
+                                ema_half_life_tokens=sch.ema_half_life_tokens, decay_fraction=sch.decay_fraction),
+        batch=BatchConfig(
+            batch_size_sequences=int(config["batch_size_sequences"]),
+            micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
+            warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
+        eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens()), eval_tokens=spec.eval.eval_tokens),
+        noise_scale=NoiseScaleConfig(enabled=spec.noise_scale.enabled, ema_decay=spec.noise_scale.ema_decay),
         seed=int(config["seed"]),
-        fail_at_milestone=config.get("fail_at_milestone"),
-        # fault-injection hook of tests/sweeps/run/test_faults.py (unset in normal use)
-        hold_at_milestone=int(os.environ["CRITBATCH_TEST_HOLD_AT_MILESTONE"])
-        if os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE") else None,
-        hold_file=os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None,
-        finetune=spec.finetune.model_dump() if spec.finetune else None,
-        rung_barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
-            spec.pruning.grace_fraction, spec.pruning.reduction_factor)) if gated else None,
-        rung_gate_key=rung_gate_key if gated else None,
+        rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
+            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key) if gated else None,
+        faults=faults,
     )
+
+
+def faults_from_env() -> FaultPlan | None:
+    """The fault-injection plan of ``tests/sweeps/run/test_faults.py`` and ``test_interrupts.py``, or None.
+
+    Those tests run real sweeps in subprocesses (and Ray heads), so the trial processes are reached
+    only through their environment: ``CRITBATCH_TEST_HOLD_AT_MILESTONE`` (a milestone index) and
+    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report). This is the one
+    place the variables are read; unset in normal use.
+    """
+    hold_at = os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE")
+    hold_file = os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None
+    if not hold_at and not hold_file:
+        return None
+    return FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file)
 
 
 def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,
@@ -112,12 +119,11 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         from sweeps.pruning.rungs import rung_gate_key
 
         cfg = trial_config(s, config, trial_id, data_path=data_path,
-                           rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None)
+                           rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
+                           faults=faults_from_env())
         loop_config = cfg.to_dict()
         if save_dir_root:
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
-        from workloads._ray_adapter import train_fn_per_worker
-
         resources = {"CPU": res.cpus_per_worker}
         if use_gpu:
             resources["GPU"] = res.gpus_per_worker
@@ -135,44 +141,9 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
             ),
         )
         trainer.fit()
-        _drain_report_queue()
+        drain_report_queue()
 
     return ray.tune.with_resources(run_trial, {"CPU": res.trial_driver_cpus})
-
-
-def _drain_report_queue(timeout_s: float = 300.0) -> None:
-    """Wait until Tune has taken every metrics item that ``TuneReportCallback`` forwarded.
-
-    The Train controller's last report can still sit in the Tune session's inter-actor queue when
-    ``fit()`` returns; if the trainable function ends first, Ray 2.60's function-trainable session can
-    block forever putting that item on its own result queue (seen with restored trials under load).
-    Returning only once the queue is empty keeps the consumer alive for it.
-    """
-    import time
-
-    from ray.train._internal.session import get_session
-
-    session = get_session()
-    q = getattr(session, "_inter_actor_queue", None) if session is not None else None
-    if q is None:
-        return
-    def drained() -> bool:
-        try:
-            return q.empty() and session.result_queue.empty()
-        except Exception:  # noqa: BLE001 - the queue actor is gone: nothing left to drain
-            return True
-
-    deadline = time.monotonic() + timeout_s
-    quiet_since = None
-    while time.monotonic() < deadline:
-        if drained():
-            # the main thread moves an item from one queue to the other: require a quiet half second
-            quiet_since = quiet_since or time.monotonic()
-            if time.monotonic() - quiet_since >= 0.5:
-                return
-        else:
-            quiet_since = None
-        time.sleep(0.05)
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

@@ -32,7 +32,7 @@ from sweeps._compat import (
     optuna_search_trials,
 )
 from sweeps.spec import SweepSpec
-from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr
+from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "OBJECTIVE"]
 

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from sweeps.spec import SweepSpec
-from workloads.flops import FLOPS_CONVENTION
+from workloads.api import FLOPS_CONVENTION
 
 __all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "METRIC_KEYS", "configure_mlflow_env"]
 

@@ -4,15 +4,16 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoModelForCausalLM
 
 from workloads.flops import FLOPS_CONVENTION, TransformerShape, flops_per_token, lora_flops_per_token, matmul_params
-from workloads.model import ModelConfig, _hf_config, shape_of
+from workloads.config import ModelConfig
+from workloads.model import hf_config, shape_of
 
 
 @pytest.mark.parametrize("family,d_ff", [("llama", 176), ("gpt2", 256)])
 def test_flops_per_token_matches_torch_flop_counter(family, d_ff):
-    cfg = ModelConfig(family=family, d_model=64, n_layers=2, n_heads=4, d_ff=d_ff, context_length_tokens=64, vocab_size=256)
+    cfg = ModelConfig(family=family, d_model=64, n_layers=2, n_heads=4, d_ff=d_ff, context_length_tokens=64)
     torch.manual_seed(0)
     # eager attention: the CPU SDPA kernel is not seen by FlopCounterMode
-    model = AutoModelForCausalLM.from_config(_hf_config(cfg), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(hf_config(cfg, 256), attn_implementation="eager")
     x = torch.randint(0, 256, (4, 64))
     with FlopCounterMode(display=False) as fc:
         logits = model(input_ids=x).logits

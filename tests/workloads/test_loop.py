@@ -12,22 +12,40 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from workloads.batching import batch_schedule_steps, plan_batch
-from workloads.config import TrialConfig
-from workloads.loop import IGNORE_INDEX, step_gradient
+from workloads.config import (
+    BatchConfig,
+    DataConfig,
+    EvalConfig,
+    FaultPlan,
+    FinetuneConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    TrialConfig,
+    WorkloadConfig,
+)
 from workloads.pretrain import build_pretrain, run_pretrain
 from workloads.scaling import warmup_factor, warmup_length_tokens
+from workloads.step import IGNORE_INDEX, step_gradient
 from tests.conftest import ROOT
+from tests.workloads.trial import with_sections
 
 DATA = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+BASE = TrialConfig(
+    trial_id="t",
+    workload=WorkloadConfig(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32),
+                            data=DataConfig(path=DATA)),
+    budget_tokens=4096,
+    optimizer=OptimizerConfig(lr=3e-3, beta2=0.99, beta2_half_life_tokens=8 * 32 * math.log(0.5) / math.log(0.99)),
+    schedule=ScheduleConfig(warmup_tokens=512, ema_half_life_tokens=1024),
+    batch=BatchConfig(batch_size_sequences=8, micro_batch_size_sequences_max=64),
+    eval=EvalConfig(milestones_tokens=(1024, 2048, 3072, 4096), eval_tokens=1024),
+)
 
 
-def cfg(**kw) -> TrialConfig:
-    base = dict(trial_id="t", data_path=DATA, d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32,
-                budget_tokens=4096, milestones_tokens=(1024, 2048, 3072, 4096), eval_tokens=1024, warmup_tokens=512,
-                ema_half_life_tokens=1024, batch_size_sequences=8, lr=3e-3, beta2=0.99,
-                beta2_half_life_tokens=8 * 32 * math.log(0.5) / math.log(0.99), micro_batch_size_sequences_max=64)
-    base.update(kw)
-    return TrialConfig(**base)
+def cfg(**changes) -> TrialConfig:
+    """The tiny pretraining trial, with sections changed (:func:`tests.workloads.trial.with_sections`)."""
+    return with_sections(BASE, **changes)
 
 
 def run(c: TrialConfig, resume=None):
@@ -62,8 +80,8 @@ def test_batch_warmup_takes_the_exact_number_of_steps():
     # 4096 tokens, T = 32; batch 4 (128 tok/step) until 1024 tokens, 8 until 2048, then 16 (512 tok/step)
     phases = batch_schedule_steps(4096, 32, 16, [(0, 1), (1024, 2), (2048, 4)])
     assert phases == [(4, 8), (8, 4), (16, 4)]
-    out, reports = run(cfg(batch_size_sequences=16, batch_warmup=((0, 1), (1024, 2), (2048, 4)),
-                           beta2_half_life_tokens=4096.0))
+    out, reports = run(cfg(batch={"batch_size_sequences": 16, "warmup": ((0, 1), (1024, 2), (2048, 4))},
+                           optimizer={"beta2_half_life_tokens": 4096.0}))
     assert out.status == "completed"
     final = reports[-1][0]
     assert final["step"] == 8 + 4 + 4 and final["tokens_seen"] == 4096
@@ -96,7 +114,7 @@ def test_resume_from_checkpoint_is_exact():
 
 
 def test_divergence_is_a_named_outcome():
-    out, reports = run(cfg(lr=50.0, warmup_tokens=0, grad_clip_norm=None))
+    out, reports = run(cfg(optimizer={"lr": 50.0, "grad_clip_norm": None}, schedule={"warmup_tokens": 0}))
     assert out.status == "diverged"
     last = reports[-1][0]
     assert last["status"] == "diverged" and last["done"]
@@ -105,7 +123,7 @@ def test_divergence_is_a_named_outcome():
 
 
 def test_wsd_schedule_runs_decay_branches_and_counts_their_flops():
-    out, reports = run(cfg(schedule_kind="wsd", decay_fraction=0.25))
+    out, reports = run(cfg(schedule={"kind": "wsd", "decay_fraction": 0.25}))
     assert out.status == "completed"
     m = reports[-1][0]
     assert m["flops_measurement"] > 0
@@ -113,7 +131,7 @@ def test_wsd_schedule_runs_decay_branches_and_counts_their_flops():
 
 
 def test_noise_scale_needs_two_micro_batches_for_tiny_batches():
-    out, reports = run(cfg(batch_size_sequences=2, beta2_half_life_tokens=2048.0))
+    out, reports = run(cfg(batch={"batch_size_sequences": 2}, optimizer={"beta2_half_life_tokens": 2048.0}))
     assert reports[-1][0]["b_simple"] is not None
 
 
@@ -142,11 +160,11 @@ def test_warmup_at_a_small_batch_is_linear_in_tokens_after_the_step():
 
 def test_the_loop_sets_each_step_lr_from_the_tokens_after_it():
     # B = 8 x T = 32 = 256 tokens per step, warmup_tokens 256 < 4 steps: the LR ramps over 1024 tokens
-    c = cfg(warmup_tokens=256, budget_tokens=1536, milestones_tokens=(256, 512, 768, 1024, 1280, 1536),
-            eval_tokens=256)
+    c = cfg(schedule={"warmup_tokens": 256}, budget_tokens=1536,
+            eval={"milestones_tokens": (256, 512, 768, 1024, 1280, 1536), "eval_tokens": 256})
     out, reports = run(c)
     assert [m["tokens_seen"] for m, _ in reports] == [256, 512, 768, 1024, 1280, 1536]
-    assert [m["lr"] for m, _ in reports] == pytest.approx([c.lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)])
+    assert [m["lr"] for m, _ in reports] == pytest.approx([c.optimizer.lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)])
 
 
 # ---- token-weighted gradient of one step ---------------------------------------------------------
@@ -173,7 +191,7 @@ def _micro_batches(case: dict, work, start: int, count: int, micro: int) -> list
         if case["kind"] == "pretrain":
             out.append(work.train_batch(step=0, global_batch_size_sequences=8, start=s, count=micro))
         else:
-            from workloads.finetune_data import rows_batch
+            from workloads.finetune.packing import rows_batch
 
             out.append(rows_batch(work.data.train, case["rows"][s:s + micro]))
     return out
@@ -235,10 +253,10 @@ def step_cases(tmp_path_factory):
     recs = [{"question": f"long {i}?", "answer": f"{i} " * 30} for i in range(10)]
     recs += [{"question": f"short {i}?", "answer": f"{i % 10}"} for i in range(10)]
     (tmp / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    ft = cfg(workload="finetune", data_path=str(tmp / "mixed.jsonl"), context_length_tokens=FT_CONTEXT,
-             validation_fraction=0.2, finetune=dict(checkpoint_dir=str(ckpt), prompt_field="question",
-                                                    response_field="answer", prompt_template="Q: {prompt}\nA: ",
-                                                    packing="padded", truncate=False, lora=None))
+    ft = cfg(name="finetune", data={"path": str(tmp / "mixed.jsonl"), "validation_fraction": 0.2},
+             model={"context_length_tokens": FT_CONTEXT},
+             finetune=FinetuneConfig(checkpoint_dir=str(ckpt), prompt_field="question", response_field="answer",
+                                     prompt_template="Q: {prompt}\nA: ", packing="padded", truncate=False, lora=None))
     rows = build_finetune(ft, CPU).data.train
     n_loss = (rows.targets != IGNORE_INDEX).sum(1)
     order = torch.argsort(n_loss, descending=True)
@@ -312,3 +330,17 @@ def test_a_micro_batch_without_loss_tokens_adds_nothing(step_cases):
     silent = _step(case, work, [(x, y), (x, torch.full_like(y, IGNORE_INDEX))])
     assert _rel(silent.grads, alone.grads) < 1e-6 and silent.loss == pytest.approx(alone.loss, rel=1e-6)
     assert silent.micro_batches == 1 and silent.small_sq_norm_mean == pytest.approx(alone.small_sq_norm_mean, rel=1e-5)
+
+
+# ---- fault injection ------------------------------------------------------------------------------
+
+
+def test_a_planned_fault_fires_before_its_report_on_the_first_attempt_only():
+    c = cfg(faults=FaultPlan(fail_at_milestone=1))
+    reports = []
+    with pytest.raises(RuntimeError, match="injected fault at milestone 1"):
+        run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))))
+    assert [m["tokens_seen"] for m, _ in reports] == [1024]  # milestone 1 was never reported
+    # a restored worker group (attempt 1) runs clean from the state of milestone 0
+    out, resumed = run(c, resume=reports[0][1])
+    assert out.status == "completed" and [m["tokens_seen"] for m, _ in resumed] == [2048, 3072, 4096]

@@ -8,25 +8,32 @@ import pytest
 from sweeps.pruning.rungs import rung_gate_key
 from sweeps.pruning.scheduler import EqualComputeScheduler
 from workloads._ray_adapter import reaches_rung, wait_for_rung_decision
-from workloads.config import TrialConfig
+from workloads.config import (
+    BatchConfig,
+    DataConfig,
+    EvalConfig,
+    OptimizerConfig,
+    RungGateConfig,
+    TrialConfig,
+    WorkloadConfig,
+)
 
 
-BASE = {"trial_id": "t", "data_path": "x", "batch_size_sequences": 4, "lr": 1e-3, "beta2_half_life_tokens": 8192.0}
-
-
-def cfg(milestones, rungs) -> TrialConfig:
-    return TrialConfig(**BASE, budget_tokens=milestones[-1], milestones_tokens=tuple(milestones),
-                       rung_barrier_tokens=tuple(rungs), rung_gate_key="k")
+def cfg(milestones, rungs=None) -> TrialConfig:
+    return TrialConfig(trial_id="t", workload=WorkloadConfig(data=DataConfig(path="x")), budget_tokens=milestones[-1],
+                       optimizer=OptimizerConfig(lr=1e-3, beta2_half_life_tokens=8192.0),
+                       batch=BatchConfig(batch_size_sequences=4), eval=EvalConfig(milestones_tokens=tuple(milestones)),
+                       rung_gate=RungGateConfig(barrier_tokens=tuple(rungs), key="k") if rungs is not None else None)
 
 
 def test_reaches_rung_is_the_first_report_at_or_past_each_rung():
     c = cfg([1024 * (i + 1) for i in range(8)], [2048.0, 4096.0])
-    assert [m for m in c.milestones_tokens if reaches_rung(c, m)] == [2048, 4096]
+    assert [m for m in c.eval.milestones_tokens if reaches_rung(c, m)] == [2048, 4096]
     coarse = cfg([3000, 6000, 8192], [2048.0, 4096.0])  # one report past each rung
-    assert [m for m in coarse.milestones_tokens if reaches_rung(coarse, m)] == [3000, 6000]
+    assert [m for m in coarse.eval.milestones_tokens if reaches_rung(coarse, m)] == [3000, 6000]
     jump = cfg([1000, 8192], [2048.0, 4096.0])  # one report past both
-    assert [m for m in jump.milestones_tokens if reaches_rung(jump, m)] == [8192]
-    assert not reaches_rung(TrialConfig(**BASE, budget_tokens=2048, milestones_tokens=(2048,)), 2048)
+    assert [m for m in jump.eval.milestones_tokens if reaches_rung(jump, m)] == [8192]
+    assert not reaches_rung(cfg([2048]), 2048)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ EXAMPLES = sorted((ROOT / "sweeps" / "examples").glob("*.yaml"))
 @pytest.fixture
 def tiny_checkpoint(repo_root):
     """The fine-tuning example's checkpoint (`critbatch init-checkpoint out/tiny-checkpoint ...`)."""
-    from workloads.finetune import init_checkpoint
+    from workloads.api import init_checkpoint
 
     ck = ROOT / "out" / "tiny-checkpoint"
     if not (ck / "config.json").is_file():
@@ -89,7 +89,7 @@ def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
     hp = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
           "beta2_half_life_tokens": 4096.0}
     c = trial_config(parse_spec(d), hp, "t0", data_path="x")
-    assert (c.warmup_tokens, c.warmup_min_steps) == (1024, 7)
+    assert (c.schedule.warmup_tokens, c.schedule.warmup_min_steps) == (1024, 7)
 
 
 def test_cli_validate_warns_about_a_warmup_shorter_than_4_steps_and_exits_0(tmp_path, tiny_spec_dict):

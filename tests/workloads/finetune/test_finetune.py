@@ -8,19 +8,21 @@ import json
 import pytest
 import torch
 
-from workloads.data import DataError
+from workloads.api import get_workload
+from workloads.config import LoraConfig
+from workloads.errors import DataError
+from workloads.evaluation import evaluate
 from workloads.finetune import FINETUNE_META_FILE, build_finetune, load_finetuned, run_finetune, save_finetuned
-from workloads.finetune_data import finetune_flops_per_token
+from workloads.finetune.lora import finetune_flops_per_token
 from workloads.flops import flops_per_token, lora_flops_per_token, matmul_params
-from workloads.loop import evaluate, run_loop
+from workloads.loop import run_loop
 from workloads.model import shape_of
-from workloads.registry import get_entry
 
 from .conftest import CONTEXT, ft_cfg
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 CPU = torch.device("cpu")
-LORA = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "v_proj"))
 # tiny checkpoint: d 32, 2 layers, 2 heads, d_ff 64, vocab 256; LoRA r = 4 on q_proj and v_proj (32 x 32 each)
 ADAPTER_PARAMS = 2 * 2 * 4 * (32 + 32)
 
@@ -30,8 +32,8 @@ def collect():
     return reports, lambda m, s: reports.append((m, copy.deepcopy(s)))
 
 
-def test_registry_resolves_the_finetune_entry():
-    assert get_entry("finetune") is run_finetune
+def test_the_api_entry_of_finetune_runs_run_finetune():
+    assert get_workload("finetune").train is run_finetune
 
 
 def test_full_finetune_counts_real_tokens_and_saves_a_checkpoint(ckpt, qa_file, tmp_path):

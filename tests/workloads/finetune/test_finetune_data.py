@@ -7,22 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workloads.data import DataError
-from workloads.finetune_data import (
-    Example,
-    FinetuneOptions,
-    load_finetune_data,
-    pack_examples,
-    read_records,
-    rows_batch,
-    tokenize_examples,
-)
+from workloads.config import FinetuneConfig, LoraConfig
+from workloads.errors import DataError
+from workloads.finetune.examples import load_finetune_data, read_records, tokenize_examples
+from workloads.finetune.packing import Example, pack_examples, rows_batch
 from workloads.tokenizer import byte_tokenizer
 
 from .conftest import CONTEXT, TEMPLATE, qa_records, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
-OPTS = FinetuneOptions(checkpoint_dir="unused", prompt_template=TEMPLATE)
+OPTS = FinetuneConfig(checkpoint_dir="unused", prompt_template=TEMPLATE)
 
 
 def examples(n: int = 6) -> list[Example]:
@@ -76,11 +70,12 @@ def test_packing_fills_rows_and_counts_real_tokens():
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_packed_example_logits_equal_the_example_alone(family):
-    from workloads.model import ModelConfig, build_model
+    from workloads.config import ModelConfig
+    from workloads.model import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(family=family, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                                    context_length_tokens=CONTEXT, vocab_size=256)).eval()
+                                    context_length_tokens=CONTEXT), 256).eval()
     exs = examples(6)
     rows = pack_examples(exs, context_length_tokens=CONTEXT, packing="packed")
     assert int(rows.segment_ids.max()) >= 1  # some row holds more than one example
@@ -108,12 +103,13 @@ def test_packed_example_logits_equal_the_example_alone(family):
 def test_eager_float_mask_gives_the_same_logits():
     from transformers import AutoModelForCausalLM
 
-    from workloads.model import ModelConfig, _hf_config
+    from workloads.config import ModelConfig
+    from workloads.model import hf_config
 
     torch.manual_seed(0)
-    mc = ModelConfig(family="llama", d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=CONTEXT, vocab_size=256)
-    sdpa = AutoModelForCausalLM.from_config(_hf_config(mc), attn_implementation="sdpa").eval()
-    eager = AutoModelForCausalLM.from_config(_hf_config(mc), attn_implementation="eager").eval()
+    mc = ModelConfig(family="llama", d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=CONTEXT)
+    sdpa = AutoModelForCausalLM.from_config(hf_config(mc, 256), attn_implementation="sdpa").eval()
+    eager = AutoModelForCausalLM.from_config(hf_config(mc, 256), attn_implementation="eager").eval()
     assert (sdpa.config._attn_implementation, eager.config._attn_implementation) == ("sdpa", "eager")
     eager.load_state_dict(sdpa.state_dict())
     rows = pack_examples(examples(6), context_length_tokens=CONTEXT, packing="packed")
@@ -159,7 +155,7 @@ def test_over_long_example_is_refused_or_truncated_and_counted(tmp_path):
     with pytest.raises(DataError, match=r"line 4: example is \d+ tokens .* longer than context_length_tokens \+ 1 = 97; "
                                         r"2 of 10 examples are too long \(lines 4, 7\).*finetune.truncate"):
         load_finetune_data(str(p), opts=OPTS, **kw)
-    trunc = FinetuneOptions(checkpoint_dir="unused", prompt_template=TEMPLATE, truncate=True)
+    trunc = FinetuneConfig(checkpoint_dir="unused", prompt_template=TEMPLATE, truncate=True)
     data = load_finetune_data(str(p), opts=trunc, **kw)
     s = data.stats
     assert (s["truncated"], s["skipped"], s["truncated_lines"], s["skipped_lines"]) == (1, 1, [4], [7])
@@ -169,7 +165,7 @@ def test_over_long_example_is_refused_or_truncated_and_counted(tmp_path):
 
 def test_template_without_placeholder_is_refused():
     with pytest.raises(DataError, match=r"prompt_template must contain '\{prompt\}'"):
-        FinetuneOptions(checkpoint_dir="x", prompt_template="Question: ")
+        FinetuneConfig(checkpoint_dir="x", prompt_template="Question: ")
 
 
 def test_token_ids_beyond_the_model_vocabulary_are_refused():
@@ -179,29 +175,33 @@ def test_token_ids_beyond_the_model_vocabulary_are_refused():
 
 
 def _spec(ckpt, data, **ft):
+    """The workload config of a fine-tuning spec, converted as the sweep converts it."""
+    from sweeps.run.workload import workload_config
     from sweeps.spec import parse_spec
 
-    return parse_spec({
+    return workload_config(parse_spec({
         "name": "ft", "workload": "finetune", "model": {"context_length_tokens": CONTEXT},
         "data": {"path": str(data), "validation_fraction": 0.2},
         "finetune": {"checkpoint_dir": str(ckpt), "prompt_template": TEMPLATE, **ft},
         "budget_tokens": 4096, "schedule": {"warmup_tokens": 0}, "search": {"batch_sizes_sequences": [2, 4], "base_lr": 1e-3, "base_batch_size_sequences": 2},
-    })
+    }))
 
 
 def test_check_finetune_inputs_reports_the_data_and_flops(ckpt, qa_file):
-    from workloads.finetune_data import check_finetune_inputs, finetune_flops_per_token
+    from workloads.finetune import check_finetune_inputs
+    from workloads.finetune.lora import finetune_flops_per_token
 
     lora = {"rank": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     out = check_finetune_inputs(_spec(ckpt, qa_file, lora=lora))
     assert (out["examples"], out["train_examples"], out["validation_examples"]) == (40, 32, 8)
     assert out["adapter_params"] == 2 * 2 * 4 * (32 + 32)
-    assert out["flops_per_token"] == finetune_flops_per_token(str(ckpt), CONTEXT, lora)
+    assert out["flops_per_token"] == finetune_flops_per_token(str(ckpt), CONTEXT, LoraConfig(
+        rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "v_proj")))
     assert out["tokenizer"] == str(ckpt)
 
 
 def test_check_finetune_inputs_names_each_problem(ckpt, qa_file, tmp_path):
-    from workloads.finetune_data import check_finetune_inputs
+    from workloads.finetune import check_finetune_inputs
 
     with pytest.raises(DataError, match=r"finetune.checkpoint_dir: directory not found: .*nowhere.*init-checkpoint"):
         check_finetune_inputs(_spec(tmp_path / "nowhere", qa_file))

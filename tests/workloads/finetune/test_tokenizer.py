@@ -44,7 +44,7 @@ def test_save_tokenizer_rejects_a_folder_without_tokenizer(tmp_path):
 def test_init_checkpoint_writes_a_loadable_byte_checkpoint(ckpt):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workloads.finetune import init_checkpoint
+    from workloads.api import init_checkpoint
 
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), local_files_only=True)
     assert (model.config.vocab_size, model.config.hidden_size, model.config.num_hidden_layers) == (256, 32, 2)

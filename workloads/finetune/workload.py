@@ -2,7 +2,8 @@
 
 The model and its tokenizer load from a checkpoint directory with ``from_pretrained`` (no hub
 access); LoRA adapters come from ``peft`` and are then the only trainable parameters. Data,
-masking and packing are in :mod:`workloads.finetune_data`; the training loop is the shared
+masking and packing are in :mod:`workloads.finetune.examples` and :mod:`workloads.finetune.packing`,
+the checkpoint in :mod:`workloads.finetune.checkpoint`, LoRA in :mod:`workloads.finetune.lora`; the training loop is the shared
 :func:`workloads.loop.run_loop`, so the search, tracking and analysis are those of pretraining.
 Tokens seen and FLOPs count real (non-padding) input tokens, prompt tokens included: they are
 computed even though they carry no loss.
@@ -12,41 +13,36 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from workloads.config import TrialConfig
-from workloads.data import DataError, _step_generator
-from workloads.finetune_data import (
-    FinetuneData,
-    FinetuneOptions,
-    ModelInputs,
+from workloads.config import FinetuneConfig, TrialConfig, WorkloadConfig
+from workloads.data import step_generator
+from workloads.errors import DataError
+from workloads.finetune.checkpoint import (
     check_context_length,
     load_checkpoint_config,
-    load_finetune_data,
-    lora_config,
+    load_checkpoint_model,
     resolve_checkpoint,
     resolve_tokenizer,
-    rows_batch,
 )
+from workloads.finetune.examples import FinetuneData, load_finetune_data
+from workloads.finetune.lora import (
+    count_adapter_params,
+    finetune_flops_convention,
+    finetune_flops_per_token,
+    lora_config,
+)
+from workloads.finetune.packing import ModelInputs, rows_batch
 from workloads.flops import flops_per_token, lora_flops_per_token
 from workloads.loop import Reporter, TrainingOutcome, run_loop
-from workloads.model import ModelConfig, build_model, peak_flops_per_s, shape_of
+from workloads.model import peak_flops_per_s, shape_of
 
-__all__ = [
-    "FinetuneWorkload",
-    "build_finetune",
-    "run_finetune",
-    "load_checkpoint_model",
-    "save_finetuned",
-    "load_finetuned",
-    "init_checkpoint",
-    "FINETUNE_META_FILE",
-]
+__all__ = ["FinetuneWorkload", "build_finetune", "run_finetune", "save_finetuned", "check_finetune_inputs",
+           "finetune_flops", "finetune_tokens_per_sequence", "FINETUNE_META_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -56,38 +52,6 @@ FINETUNE_META_FILE = "critbatch_finetune.json"
 #: Largest number of validation rows per batch, also bounded by ``_VAL_BATCH_TOKENS // T``.
 _VAL_BATCH_ROWS = 64
 _VAL_BATCH_TOKENS = 16384
-
-
-def load_checkpoint_model(checkpoint_dir: str, *, merge_adapter: bool = True) -> torch.nn.Module:
-    """A causal LM from a local checkpoint directory, in float32, scaled-dot-product attention when
-    the architecture supports it (eager otherwise).
-
-    A LoRA adapter directory (``adapter_config.json``) loads its base and the adapter; with
-    ``merge_adapter`` the adapter is merged into the weights (a plain model to fine-tune further),
-    otherwise a ``peft.PeftModel`` is returned.
-
-    Raises:
-        DataError: missing or unreadable checkpoint (see ``finetune_data.resolve_checkpoint``).
-    """
-    from transformers import AutoModelForCausalLM
-
-    base, adapter = resolve_checkpoint(checkpoint_dir)
-    try:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32,
-                                                         attn_implementation="sdpa")
-        except ValueError:  # the architecture has no SDPA path
-            model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32,
-                                                         attn_implementation="eager")
-    except (OSError, ValueError) as exc:
-        raise DataError(f"finetune.checkpoint_dir: cannot load the model in {base}: {exc}") from None
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter))
-        if merge_adapter:
-            model = model.merge_and_unload()
-    return model
 
 
 @dataclass
@@ -110,7 +74,7 @@ class FinetuneWorkload:
     model: torch.nn.Module
     data: FinetuneData
     cfg: TrialConfig
-    opts: FinetuneOptions
+    opts: FinetuneConfig
     vocab_size: int
     flops_per_token: float
     tokenizer_source: str
@@ -131,16 +95,16 @@ class FinetuneWorkload:
             block-diagonal causal ``attention_mask`` ``[count, 1, T, T]``, ``position_ids``
             ``[count, T]``) and targets ``[count, T]`` with -100 on prompt and padding positions.
         """
-        g = _step_generator(self.cfg.seed, step, stream)
+        g = step_generator(self.cfg.seed, step, stream)
         rows = torch.randint(0, len(self.data.train), (global_batch_size_sequences,), generator=g)
         return rows_batch(self.data.train, rows[start : start + count], float_mask_dtype=self.float_mask_dtype)
 
     def val_batches(self) -> list[tuple[ModelInputs, torch.Tensor]]:
-        """The fixed held-out set: validation rows in order until ``cfg.eval_tokens`` real tokens (at
+        """The fixed held-out set: validation rows in order until ``cfg.eval.eval_tokens`` real tokens (at
         least one row), in batches of at most ``min(64, 16384 // T)`` rows."""
         real = self.data.val.real_tokens
         cum = torch.cumsum(real, 0)
-        n = int((cum < self.cfg.eval_tokens).sum()) + 1
+        n = int((cum < self.cfg.eval.eval_tokens).sum()) + 1
         n = min(n, len(self.data.val))
         per = max(1, min(_VAL_BATCH_ROWS, _VAL_BATCH_TOKENS // self.cfg.context_length_tokens))
         return [rows_batch(self.data.val, torch.arange(i, min(i + per, n)), float_mask_dtype=self.float_mask_dtype)
@@ -153,26 +117,35 @@ class FinetuneWorkload:
         return int(targets.numel())
 
 
+def _load_inputs(wc: WorkloadConfig, data_path: str) -> tuple[FinetuneConfig, Any, int, str, FinetuneData]:
+    """``(finetune section, checkpoint config, vocabulary size, tokenizer source, data)`` of a
+    fine-tuning workload, checked: the context fits the checkpoint, the data fits the tokenizer."""
+    opts = wc.finetune
+    if opts is None:
+        raise DataError("the finetune workload needs a 'finetune' section (checkpoint_dir, fields, template)")
+    T = wc.model.context_length_tokens
+    hf = load_checkpoint_config(opts.checkpoint_dir)
+    check_context_length(hf, T)
+    vocab = int(hf.vocab_size)
+    source = resolve_tokenizer(opts.checkpoint_dir, wc.data.tokenizer, vocab)
+    data = load_finetune_data(data_path, tokenizer_source=source, opts=opts, context_length_tokens=T,
+                              validation_fraction=wc.data.validation_fraction, vocab_size=vocab)
+    return opts, hf, vocab, source, data
+
+
 def build_finetune(cfg: TrialConfig, device: torch.device) -> FinetuneWorkload:
     """Load the checkpoint, its tokenizer and the data; add LoRA adapters when configured.
 
     The LoRA initialisation is seeded by ``cfg.seed`` (identical on every rank).
 
     Raises:
-        workloads.data.DataError: missing checkpoint, unusable data (line and field named), a
+        workloads.errors.DataError: missing checkpoint, unusable data (line and field named), a
             context longer than learned positions, LoRA targets that match nothing.
     """
-    opts = FinetuneOptions.from_dict(cfg.finetune)
-    T = cfg.context_length_tokens
-    hf = load_checkpoint_config(opts.checkpoint_dir)
-    check_context_length(hf, T)
-    vocab = int(hf.vocab_size)
-    source = resolve_tokenizer(opts.checkpoint_dir, cfg.tokenizer, vocab)
-    data = load_finetune_data(cfg.data_path, tokenizer_source=source, opts=opts, context_length_tokens=T,
-                              validation_fraction=cfg.validation_fraction, vocab_size=vocab)
+    opts, _, vocab, source, data = _load_inputs(cfg.workload, cfg.workload.data.path)
     base_dir, _ = resolve_checkpoint(opts.checkpoint_dir)
     model = load_checkpoint_model(opts.checkpoint_dir)
-    shape = shape_of(model.config, T)
+    shape = shape_of(model.config, cfg.context_length_tokens)
     torch.manual_seed(cfg.seed)
     adapters = 0
     if opts.lora is not None:
@@ -199,12 +172,13 @@ def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
                  save_dir: str | None = None) -> TrainingOutcome:
     """Run one fine-tuning trial; if ``save_dir`` is given, save the result there at the end.
 
-    Same contract as ``workloads.pretrain.run_pretrain`` (the registry's ``finetune`` entry).
-    Tokens seen, milestones and FLOPs count real input tokens; the validation loss is the mean
-    cross-entropy (nats per token) on response tokens of the held-out examples.
+    Same contract as ``workloads.pretrain.run_pretrain`` (the ``finetune`` entry of
+    :mod:`workloads.api`). Tokens seen, milestones and FLOPs count real input tokens; the
+    validation loss is the mean cross-entropy (nats per token) on response tokens of the held-out
+    examples.
 
     Raises:
-        workloads.data.DataError: see :func:`build_finetune`.
+        workloads.errors.DataError: see :func:`build_finetune`.
     """
     work = build_finetune(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
@@ -219,7 +193,8 @@ def save_finetuned(work: FinetuneWorkload, save_dir: str) -> None:
 
     Full fine-tuning writes a complete Hugging Face checkpoint. LoRA writes only the adapter
     (``adapter_config.json`` + ``adapter_model.safetensors``, ``peft``'s ``save_pretrained``) whose
-    ``base_model_name_or_path`` is the base checkpoint's absolute path; :func:`load_finetuned` (or
+    ``base_model_name_or_path`` is the base checkpoint's absolute path;
+    :func:`workloads.finetune.checkpoint.load_finetuned` (or
     ``peft.AutoPeftModelForCausalLM.from_pretrained``) reloads it while the base stays in place, and
     ``finetune.checkpoint_dir`` may point at it to fine-tune further. The weights saved are the
     trained (raw) weights, whose loss the last report gives as ``val_loss_raw``.
@@ -235,7 +210,7 @@ def save_finetuned(work: FinetuneWorkload, save_dir: str) -> None:
     save_tokenizer(work.tokenizer_source, str(out))
     meta = {
         "base_checkpoint": str(work.base_dir),
-        "lora": work.opts.lora,
+        "lora": work.opts.lora.to_dict() if work.opts.lora is not None else None,
         "adapter_params": work.adapter_params,
         "prompt_field": work.opts.prompt_field,
         "response_field": work.opts.response_field,
@@ -247,54 +222,55 @@ def save_finetuned(work: FinetuneWorkload, save_dir: str) -> None:
     (out / FINETUNE_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def load_finetuned(checkpoint_dir: str) -> torch.nn.Module:
-    """Reload a checkpoint saved by :func:`save_finetuned` (or any local checkpoint), in eval mode.
-
-    A LoRA result comes back as a ``peft.PeftModel`` over its base (adapter not merged, so its
-    outputs are exactly those of the trained model).
-
-    Raises:
-        DataError: missing directory, or a LoRA adapter whose base checkpoint is gone.
-    """
-    return load_checkpoint_model(checkpoint_dir, merge_adapter=False).eval()
-
-
-def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, context_length_tokens: int, *,
-                    d_ff: int | None = None, family: str = "llama", seed: int = 0, overwrite: bool = False) -> Path:
-    """Write a freshly initialised byte-level causal LM and its tokenizer: a checkpoint to fine-tune offline.
+def check_finetune_inputs(wc: WorkloadConfig) -> dict[str, Any]:
+    """Check everything a fine-tuning sweep reads, before launch (the sweep's preflight).
 
     Args:
-        directory: created if missing.
-        d_model, n_layers, n_heads: the architecture (``d_model`` divisible by ``n_heads``).
-        context_length_tokens: ``max_position_embeddings`` (``n_positions`` for GPT-2).
-        d_ff: MLP width; default as ``sweeps.spec.ModelSpec`` (8/3 d_model rounded up to 16 for
-            Llama, 4 d_model for GPT-2).
-        family: ``'llama'`` or ``'gpt2'``.
-        seed: initialisation seed.
-        overwrite: replace a checkpoint already in ``directory``.
+        wc: the workload (``finetune``, ``data``, ``model.context_length_tokens``). Relative paths
+            resolve from the working directory.
 
     Returns:
-        the directory (absolute).
+        the data set's ``stats`` (see :class:`workloads.finetune.examples.FinetuneData`) plus
+        ``flops_per_token``, ``flops_convention``, ``adapter_params`` (0 for full fine-tuning),
+        ``checkpoint_dir`` (absolute) and ``mean_real_tokens_per_row`` (training rows; the tokens a
+        "sequence" holds).
 
     Raises:
-        FileExistsError: ``directory`` already holds a checkpoint and not ``overwrite``.
-        ValueError: ``d_model`` not divisible by ``n_heads``, non-positive sizes, unknown family.
+        DataError: a missing checkpoint or data file; a line that is not a JSON object or lacks a
+            configured field; an over-long example (unless ``finetune.truncate``); a context longer
+            than learned positions; LoRA targets that match no module; too few examples; no
+            ``finetune`` section.
     """
-    from workloads.tokenizer import BYTE_VOCAB_SIZE, save_tokenizer
-
-    if min(d_model, n_layers, n_heads, context_length_tokens) <= 0:
-        raise ValueError("d_model, n_layers, n_heads and context_length_tokens must be positive")
-    if d_model % n_heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-    out = Path(directory).expanduser().resolve()
-    if (out / "config.json").exists() and not overwrite:
-        raise FileExistsError(f"{out} already holds a checkpoint (config.json); pass overwrite to replace it")
-    if d_ff is None:
-        d_ff = 4 * d_model if family == "gpt2" else int(math.ceil(8 * d_model / 3 / 16) * 16)
-    torch.manual_seed(seed)
-    model = build_model(ModelConfig(family=family, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff,
-                                    context_length_tokens=context_length_tokens, vocab_size=BYTE_VOCAB_SIZE))
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    save_tokenizer("byte", str(out))
+    path = str(Path(wc.data.path).expanduser().resolve())
+    opts, hf, _, _, data = _load_inputs(wc, path)
+    shape = shape_of(hf, wc.model.context_length_tokens)
+    if opts.lora is None:
+        adapters, c_tok = 0, flops_per_token(shape)
+    else:
+        adapters = count_adapter_params(hf, opts.lora)
+        c_tok = lora_flops_per_token(shape, adapters, frozen_head=True)
+    out = dict(data.stats)
+    out.update(flops_per_token=c_tok, flops_convention=finetune_flops_convention(opts.lora), adapter_params=adapters,
+               checkpoint_dir=str(Path(opts.checkpoint_dir).expanduser().resolve()),
+               mean_real_tokens_per_row=data.stats["train_real_tokens"] / max(data.stats["train_rows"], 1))
     return out
+
+
+def finetune_flops(wc: WorkloadConfig) -> tuple[float, str]:
+    """``(training FLOPs per real token, their convention)`` of fine-tuning ``wc``'s checkpoint
+    (:func:`workloads.finetune.lora.finetune_flops_per_token`).
+
+    Raises:
+        DataError: a missing checkpoint; LoRA targets that match nothing; no ``finetune`` section.
+    """
+    if wc.finetune is None:
+        raise DataError("the finetune workload needs a 'finetune' section (checkpoint_dir, fields, template)")
+    lora = wc.finetune.lora
+    return (finetune_flops_per_token(wc.finetune.checkpoint_dir, wc.model.context_length_tokens, lora),
+            finetune_flops_convention(lora))
+
+
+def finetune_tokens_per_sequence(wc: WorkloadConfig) -> float:
+    """Real tokens one training row holds on average (:func:`check_finetune_inputs`'s
+    ``mean_real_tokens_per_row``): what a "sequence" of the batch size means when fine-tuning."""
+    return float(check_finetune_inputs(wc)["mean_real_tokens_per_row"])

@@ -1,0 +1,160 @@
+"""The public interface of ``workloads``: the only module ``sweeps`` imports.
+
+A :class:`Workload` entry per name (``pretrain``, ``finetune``) says what a sweep may ask of a
+workload: its config section, the function a Ray Train worker runs, its FLOPs per token, its
+input checks. Beside the entries: the per-trial config (:class:`TrialConfig` and its sections),
+the scaling rules, the FLOP convention, the tokenizer checks, the worker function
+(``train_fn_per_worker``), the in-process training of branched runs (``train_in_process``), the
+Ray session plumbing of the Tune trainable (``drain_report_queue``) and the checkpoint builder
+(``init_checkpoint``).
+
+Importing this module is light (no torch): the entries are built on first use and the
+torch-backed functions load on first access (module ``__getattr__``), so ``critbatch validate``
+and the tracking code do not pay for the training stack.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from workloads.batching import BatchPlan, plan_batch
+from workloads.config import (
+    WORKLOAD_NAMES,
+    BatchConfig,
+    DataConfig,
+    EvalConfig,
+    FaultPlan,
+    FinetuneConfig,
+    LoraConfig,
+    ModelConfig,
+    NoiseScaleConfig,
+    OptimizerConfig,
+    RungGateConfig,
+    ScheduleConfig,
+    TrialConfig,
+    WorkloadConfig,
+)
+from workloads.errors import DataError
+from workloads.flops import FLOPS_CONVENTION
+from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
+from workloads.tokenizer import has_tokenizer_files
+
+if TYPE_CHECKING:  # loaded on first access, see _LAZY
+    from workloads._ray_adapter import train_fn_per_worker
+    from workloads._ray_compat import drain_report_queue
+    from workloads.data import tokenizer_vocab_size
+    from workloads.finetune import init_checkpoint
+    from workloads.pretrain import train_in_process
+
+__all__ = [
+    "Workload",
+    "get_workload",
+    "WORKLOAD_NAMES",
+    "TrialConfig",
+    "WorkloadConfig",
+    "ModelConfig",
+    "DataConfig",
+    "FinetuneConfig",
+    "LoraConfig",
+    "OptimizerConfig",
+    "ScheduleConfig",
+    "BatchConfig",
+    "EvalConfig",
+    "NoiseScaleConfig",
+    "RungGateConfig",
+    "FaultPlan",
+    "DataError",
+    "BatchPlan",
+    "plan_batch",
+    "FLOPS_CONVENTION",
+    "scaled_lr",
+    "beta2_from_half_life",
+    "half_life_from_beta2",
+    "warmup_length_tokens",
+    "has_tokenizer_files",
+    "tokenizer_vocab_size",
+    "train_fn_per_worker",
+    "train_in_process",
+    "drain_report_queue",
+    "init_checkpoint",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What a sweep can ask of one workload.
+
+    Attributes:
+        name: ``"pretrain"`` or ``"finetune"`` (``TrialConfig.workload.name``).
+        config_type: the section of :class:`WorkloadConfig` the workload is defined by: pretraining
+            builds its model from ``model`` (:class:`ModelConfig`); fine-tuning reads its model
+            from ``finetune`` (:class:`FinetuneConfig`).
+        train: ``train(cfg: TrialConfig, *, device, report, resume_state=None, save_dir=None) ->
+            TrainingOutcome``: one trial on this worker (what ``train_fn_per_worker`` runs), reporting
+            at ``cfg.eval.milestones_tokens`` through ``report(metrics, state)``; raises
+            :class:`DataError` for unusable inputs.
+        flops_per_token: ``(config: WorkloadConfig) -> (FLOPs per real trained token, convention)``;
+            raises :class:`DataError` (or a ``transformers``/tokenizer error) when it cannot count.
+        check_inputs: ``(config: WorkloadConfig) -> facts``: loads everything a trial reads, as it
+            would, and returns facts about it, always ``mean_real_tokens_per_row`` (the real tokens a
+            "sequence" of the batch size holds); pretraining also ``train_tokens``,
+            ``validation_tokens`` and ``vocab_size``; fine-tuning the data set's ``stats``,
+            ``flops_per_token``, ``flops_convention``, ``adapter_params`` and ``checkpoint_dir``.
+            Raises :class:`DataError` naming the field (``data.path: ...``, ``finetune....``).
+        tokens_per_sequence: ``(config: WorkloadConfig) -> float``: ``mean_real_tokens_per_row``,
+            without reading the corpus when rows are always full (pretraining: ``T``).
+    """
+
+    name: str
+    config_type: type
+    train: Callable[..., Any]
+    flops_per_token: Callable[[WorkloadConfig], tuple[float, str]]
+    check_inputs: Callable[[WorkloadConfig], dict[str, Any]]
+    tokens_per_sequence: Callable[[WorkloadConfig], float]
+
+
+@functools.cache
+def _entries() -> dict[str, Workload]:
+    from workloads import finetune, pretrain
+
+    def full_rows(wc: WorkloadConfig) -> float:
+        return float(wc.model.context_length_tokens)
+
+    return {
+        "pretrain": Workload(name="pretrain", config_type=ModelConfig, train=pretrain.run_pretrain,
+                             flops_per_token=pretrain.pretrain_flops, check_inputs=pretrain.check_pretrain_inputs,
+                             tokens_per_sequence=full_rows),
+        "finetune": Workload(name="finetune", config_type=FinetuneConfig, train=finetune.run_finetune,
+                             flops_per_token=finetune.finetune_flops, check_inputs=finetune.check_finetune_inputs,
+                             tokens_per_sequence=finetune.finetune_tokens_per_sequence),
+    }
+
+
+def get_workload(name: str) -> Workload:
+    """The entry of workload ``name``.
+
+    Raises:
+        KeyError: an unknown workload (the known ones named).
+    """
+    if name not in WORKLOAD_NAMES:
+        raise KeyError(f"unknown workload {name!r}; known: {sorted(WORKLOAD_NAMES)}")
+    return _entries()[name]
+
+
+#: public names whose modules import torch (or Ray Train): loaded on first access
+_LAZY = {
+    "tokenizer_vocab_size": "workloads.data",
+    "train_fn_per_worker": "workloads._ray_adapter",
+    "train_in_process": "workloads.pretrain",
+    "drain_report_queue": "workloads._ray_compat",
+    "init_checkpoint": "workloads.finetune",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

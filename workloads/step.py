@@ -1,0 +1,239 @@
+"""One optimizer step: accumulation over micro-batches, one all-reduce, the noise-scale norms, the update.
+
+One optimizer step = ``grad_accum_steps`` micro-batches on each of ``workers`` data-parallel ranks
+(:func:`step_gradient`). The loss is token-weighted over the whole global batch: the step's
+gradient is that of (sum of per-token losses) / (loss tokens in the global batch), whatever the
+micro-batch size, accumulation steps or worker count, so fine-tuning rows of unequal response
+lengths weigh by their tokens, not by the micro-batch they land in. The loss-token count is
+all-reduced once before the backward passes, micro-batch gradients are summed, and one all-reduce
+(sum) of a flat buffer (gloo on CPU, NCCL on GPU) gives every rank the step's gradient; it also
+gives the gradient-noise-scale estimator its small- and big-batch norms at no extra
+forward/backward cost. :class:`Stepper` draws the batches, sets the step's LR and beta2 from the
+:class:`workloads.schedule.Schedule`, clips and applies the update unless the step diverged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from workloads.noise_scale import step_estimates
+from workloads.schedule import BatchPhase, Schedule
+
+__all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
+           "forward_logits"]
+
+IGNORE_INDEX = -100
+
+
+def dist_info() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+
+def forward_logits(model: torch.nn.Module, inputs, device: torch.device) -> torch.Tensor:
+    """Logits for ``inputs``: a tensor of input ids, or a dict of model keyword arguments
+    (``input_ids`` plus e.g. a 4-D ``attention_mask`` and ``position_ids`` for packed sequences)."""
+    if isinstance(inputs, dict):
+        return model(**{k: v.to(device) for k, v in inputs.items()}).logits
+    return model(input_ids=inputs.to(device)).logits
+
+
+def _token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-token cross-entropies over the positions whose target is not -100."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+@dataclass(frozen=True)
+class StepGradient:
+    """One optimizer step's gradient over the global batch (every micro-batch of every worker).
+
+    Attributes:
+        grads: per trainable parameter, the gradient of ``sum of token losses / loss_tokens`` over
+            the global batch (the same on every rank).
+        loss: that token-weighted mean loss (nats per loss token); NaN when no token carries loss.
+        loss_tokens: loss tokens (targets other than -100) in the global batch.
+        real_tokens: real input tokens in the global batch (``Workload.real_tokens``: tokens seen).
+        small_sq_norm_mean: mean over the micro-batches with loss tokens of the squared norm of each
+            one's *mean* gradient (its own token mean), or None when not asked for.
+        big_sq_norm: squared norm of ``grads``, or None when not asked for.
+        micro_batches: micro-batches with loss tokens over all workers (``K`` of the estimator).
+    """
+
+    grads: list[torch.Tensor]
+    loss: float
+    loss_tokens: int
+    real_tokens: int
+    small_sq_norm_mean: float | None
+    big_sq_norm: float | None
+    micro_batches: int
+
+
+def step_gradient(
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    micro_batches: list[tuple[Any, torch.Tensor]],
+    *,
+    device: torch.device,
+    real_tokens: Callable[[Any, torch.Tensor], int],
+    autocast_dtype: torch.dtype | None = None,
+    noise_scale: bool = False,
+) -> StepGradient:
+    """Forward, backward and all-reduce of one optimizer step; this rank holds ``micro_batches``.
+
+    Micro-batch ``j`` with ``n_j`` loss tokens contributes the gradient of ``CE_sum_j / N``, where
+    ``N`` is the loss tokens of the whole step (all micro-batches, all-reduced over workers once,
+    before any backward pass); the contributions are summed, locally and by one all-reduce. So the
+    result is the gradient of the global token-mean loss for any split of the batch. For the
+    noise-scale estimator (McCandlish et al. 2018, Eq. A.2), which needs each micro-batch's mean
+    gradient, ``|grad_j|^2`` is rescaled by ``(N / n_j)^2``; micro-batches without loss tokens are
+    left out of it. With equal micro-batches in which every token counts (pretraining) this is the
+    old mean of micro-batch means.
+    """
+    _, world = dist_info()
+    n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+    n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
+    counts = torch.tensor([sum(n_loss), n_real, sum(1 for n in n_loss if n)], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(counts)
+    n_global, real_global, k_global = (int(v) for v in counts.tolist())
+    scale = 1.0 / max(n_global, 1)
+    acc: list[torch.Tensor] | None = None
+    small_sq = torch.zeros((), dtype=torch.float32, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    for (x, y), n_j in zip(micro_batches, n_loss):
+        y = y.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = forward_logits(model, x, device)
+        token_sum = _token_loss_sum(logits, y)
+        grads = torch.autograd.grad(token_sum * scale, params)
+        if noise_scale and n_j:
+            small_sq += torch.stack(torch._foreach_norm(grads)).float().pow(2).sum() * (n_global / n_j) ** 2
+        if acc is None:
+            acc = [g.float() for g in grads]
+        else:
+            torch._foreach_add_(acc, grads)
+        loss_sum += token_sum.detach().float()
+    if acc is None:
+        raise ValueError("a step needs at least one micro-batch")
+    if world > 1:
+        flat = torch.cat([g.reshape(-1) for g in acc] + [small_sq.reshape(1), loss_sum.reshape(1)])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in acc:
+            n = g.numel()
+            g.copy_(flat[offset:offset + n].view_as(g))
+            offset += n
+        small_sq, loss_sum = flat[-2], flat[-1]
+    small_mean = big_sq = None
+    if noise_scale:
+        small_mean = float(small_sq) / k_global if k_global else float("nan")
+        big_sq = float(torch.stack(torch._foreach_norm(acc)).float().pow(2).sum())
+    return StepGradient(grads=acc, loss=float(loss_sum) / n_global if n_global else float("nan"), loss_tokens=n_global,
+                        real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
+                        micro_batches=k_global)
+
+
+
+
+class TrainBatches(Protocol):
+    """What the stepper needs of a workload (``workloads.loop.Workload``)."""
+
+    def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
+                    ) -> tuple[Any, torch.Tensor]: ...
+
+    def real_tokens(self, inputs: Any, targets: torch.Tensor) -> int: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step did.
+
+    Attributes:
+        loss: the global batch's token-weighted mean loss (nats per loss token; NaN without loss tokens).
+        real_tokens: real input tokens of the global batch (tokens seen).
+        noise_estimates: the step's ``(|G|^2, tr(Sigma))`` estimates, or None (estimator off, or
+            fewer than two micro-batches with loss tokens).
+        lr, beta2: the step's learning rate and Adam beta2.
+        grad_norm: the global gradient norm before clipping.
+    """
+
+    loss: float
+    real_tokens: int
+    noise_estimates: tuple[float, float] | None
+    lr: float
+    beta2: float
+    grad_norm: float
+
+    def diverged(self, diverge_at: float) -> bool:
+        """Whether the loss is non-finite or above ``diverge_at`` nats, or the gradient norm non-finite."""
+        return not (math.isfinite(self.loss) and self.loss <= diverge_at) or not math.isfinite(self.grad_norm)
+
+
+class Stepper:
+    """Runs optimizer steps of one trial on this rank.
+
+    Args:
+        model: the trained model; ``params`` its trainable parameters.
+        opt: the AdamW optimizer over ``params``.
+        work: where the micro-batches come from.
+        schedule: LR and beta2 of each step.
+        device: where the model lives; bf16 autocast on CUDA.
+        beta1: Adam beta1 (kept while beta2 changes).
+        grad_clip_norm: global-norm clip, or None.
+        diverge_at: a step whose loss exceeds this (nats) is not applied.
+        noise_scale: compute the noise-scale norms.
+    """
+
+    def __init__(self, *, model: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
+                 work: TrainBatches, schedule: Schedule, device: torch.device, beta1: float,
+                 grad_clip_norm: float | None, diverge_at: float, noise_scale: bool):
+        self.model, self.params, self.opt, self.work, self.schedule = model, params, opt, work, schedule
+        self.device, self.beta1, self.grad_clip_norm = device, beta1, grad_clip_norm
+        self.diverge_at, self.noise_scale = diverge_at, noise_scale
+        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        self.rank, self.world = dist_info()
+
+    def step(self, step: int, phase: BatchPhase, tokens_before: int, *, stream: int = 0, lr_scale: float = 1.0
+             ) -> StepOutcome:
+        """Forward/backward/all-reduce/update for optimizer step ``step`` of ``phase``'s batch.
+
+        The LR is set once the step's tokens are known: its warmup factor counts them (tokens seen
+        after the step). The update is skipped when the step diverged (:meth:`StepOutcome.diverged`).
+        """
+        b, plan = phase.batch_size_sequences, phase.plan
+        k, micro = plan.grad_accum_steps, plan.micro_batch_size_sequences
+        per_worker = b // self.world
+        batches = [self.work.train_batch(step=step, global_batch_size_sequences=b,
+                                         start=self.rank * per_worker + j * micro, count=micro, stream=stream)
+                   for j in range(k)]
+        sg = step_gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
+                           autocast_dtype=self.autocast_dtype, noise_scale=self.noise_scale)
+        est = None
+        if self.noise_scale and sg.micro_batches >= 2:
+            est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, micro, sg.micro_batches)
+        lr, beta2 = self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+            g["betas"] = (self.beta1, beta2)
+        for p, g in zip(self.params, sg.grads):
+            p.grad = g
+        if self.grad_clip_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
+        else:
+            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
+        out = StepOutcome(loss=sg.loss, real_tokens=sg.real_tokens, noise_estimates=est, lr=lr, beta2=beta2,
+                          grad_norm=grad_norm)
+        if not out.diverged(self.diverge_at):
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return out
