@@ -1,6 +1,8 @@
 """The REST service: submit sweeps to a Ray cluster as Ray Jobs, read them back from Ray and MLflow.
 
 ``service.app.create_app`` builds the FastAPI app; ``critbatch serve`` runs it (docs/service.md).
-It depends on ``sweeps.spec`` (plain data), ``sweeps.remote.jobs`` (Ray Jobs and MLflow readers) and
-``sweeps.errors`` only: never torch, transformers, Ray Tune or ``workloads``.
+Routes in ``service.routes``, their dependencies in ``service.deps``, error answers in
+``service.errors``. It depends on ``sweeps.spec`` (plain data, ``sweeps.spec.identity`` included),
+``sweeps.remote`` (Ray Jobs and, through it, the MLflow reader) and ``sweeps.errors`` only: never torch,
+transformers, Ray Tune or ``workloads``.
 """

@@ -22,18 +22,12 @@ import re
 from pathlib import Path, PurePosixPath
 
 from service.settings import Settings
+from sweeps.remote import same_tracking_uri
 from sweeps.spec import SweepSpec
 
-__all__ = ["policy_errors", "same_tracking_uri"]
+__all__ = ["policy_errors"]
 
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-
-
-def same_tracking_uri(a: str | None, b: str | None) -> bool:
-    """Whether two tracking URIs name the same store (a trailing slash aside)."""
-    if not a or not b:
-        return False
-    return a.rstrip("/") == b.rstrip("/")
 
 
 def _has_dotdot(path: str) -> bool:

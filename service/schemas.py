@@ -7,14 +7,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from sweeps.remote.jobs import TrialCounts
+from sweeps.remote import TrialCounts
 
 #: trials by outcome (``done``: completed normally; ``stopped``: cut short by a stop); the dataclass that
-#: ``sweeps.remote.jobs`` counts them in, served as it is
+#: ``sweeps.remote.status`` counts them in, served as it is
 TrialCountsOut = TrialCounts
 
 __all__ = [
-    "SweepStatus",
+    "SweepStatusName",
     "ReadyOut",
     "TrialCountsOut",
     "BestTrialOut",
@@ -31,7 +31,8 @@ __all__ = [
     "finite",
 ]
 
-SweepStatus = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+#: A sweep's status as served (``sweeps.remote.SWEEP_STATUSES``).
+SweepStatusName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
 
 
 def finite(obj: Any) -> Any:
@@ -62,7 +63,7 @@ class SweepOut(BaseModel):
     """A sweep's state: Ray's job status corrected by its MLflow runs."""
 
     id: str
-    status: SweepStatus
+    status: SweepStatusName
     ray_status: str = Field(description="the Ray job's own status")
     name: str | None = None
     reason: str | None = Field(default=None, description="why it FAILED or was STOPPED")
@@ -84,7 +85,7 @@ class SweepStoppedOut(SweepOut):
 
 class SweepCreatedOut(BaseModel):
     id: str
-    status: SweepStatus
+    status: SweepStatusName
     warnings: list[str] = Field(default_factory=list)
     links: dict[str, str] = Field(default_factory=dict)
 
@@ -101,7 +102,7 @@ class ReportOut(BaseModel):
     """The sweep's ``cbs.json`` and where its runs are in MLflow."""
 
     id: str
-    status: SweepStatus
+    status: SweepStatusName
     cbs: dict[str, Any]
     mlflow: dict[str, Any]
 

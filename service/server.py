@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from service.settings import Settings, SettingsError, is_loopback_host
+from service.settings import Settings, SettingsError
+from sweeps.spec.identity import is_loopback_host
 
 __all__ = ["serve", "check_serve_settings"]
 

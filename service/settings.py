@@ -16,32 +16,22 @@
 | ``CRITBATCH_MLFLOW_UI_URL`` | base URL of the MLflow UI for report links | the tracking URI if it is http(s) |
 | ``CRITBATCH_SHIP_DATA_MAX_MB`` | largest input shipped with a job | 20 |
 | ``CRITBATCH_UPLOAD_MAX_MB`` | largest job working directory | 100 |
-| ``CRITBATCH_JOB_PYTHON`` | the Python that runs a job on the cluster | see ``sweeps.remote.jobs.default_job_python`` |
+| ``CRITBATCH_JOB_PYTHON`` | the Python that runs a job on the cluster | see ``sweeps.remote.default_job_python`` |
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS", "is_loopback_host"]
+__all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS"]
 
 MIN_TOKEN_CHARS = 16
 
 
 class SettingsError(ValueError):
     """The service cannot start with these settings."""
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _float_env(env: Mapping[str, str], key: str) -> float | None:

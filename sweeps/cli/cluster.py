@@ -1,7 +1,7 @@
 """CLI commands for sweeps on a Ray cluster: ``submit``, ``status``, ``logs``, ``stop``, ``list``, ``serve``.
 
 ``critbatch submit SPEC --address http://HEAD:8265`` validates the spec here, stages the job's
-working directory (``sweeps.remote.jobs``) and submits it as a Ray Job whose submission id is the sweep
+working directory (``sweeps.remote.staging``) and submits it as a Ray Job whose submission id is the sweep
 id. The other commands read Ray Jobs and MLflow; nothing is kept locally.
 
 Exit codes as for ``critbatch run``: 0 success; 1 the sweep failed or was stopped (``--wait``), or
@@ -21,6 +21,17 @@ import typer
 from rich.console import Console
 
 from sweeps.errors import InvalidInput
+from sweeps.remote import (
+    ClusterUnavailable,
+    StagingLimits,
+    SweepExists,
+    SweepJobs,
+    SweepNotFound,
+    SweepStatus,
+    default_job_python,
+    staged_summary,
+    staged_sweep,
+)
 from sweeps.spec import SpecError, load_spec
 
 __all__ = ["register"]
@@ -49,16 +60,14 @@ def _fail_spec(exc: SpecError) -> None:
     raise typer.Exit(EXIT_INVALID)
 
 
-def _jobs(address: Optional[str], tracking_uri: Optional[str] = None):
+def _jobs(address: Optional[str], tracking_uri: Optional[str] = None) -> SweepJobs:
     # Status reads of an unreachable MLflow server fail within seconds instead of retrying for minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    from sweeps.remote.jobs import SweepJobs
-
     return SweepJobs(address, tracking_uri=tracking_uri)
 
 
-def _print_state(state) -> None:
+def _print_state(state: SweepStatus) -> None:
     _out.print(f"sweep {state.id}: {state.status}" + (f" (Ray: {state.ray_status})" if state.ray_status != state.status else ""),
                markup=False)
     if state.reason:
@@ -86,14 +95,14 @@ def _print_state(state) -> None:
         _out.print(f"  MLflow: {state.mlflow_error}", markup=False)
 
 
-def _exit_for(state) -> None:
+def _exit_for(state: SweepStatus) -> None:
     raise typer.Exit(0 if state.status == "SUCCEEDED" else EXIT_FAILED)
 
 
-def _follow(jobs, sweep_id: str, timeout_s: float, as_json: bool):
+def _follow(jobs: SweepJobs, sweep_id: str, timeout_s: float, as_json: bool) -> SweepStatus:
     last: list[str] = []
 
-    def on_update(state) -> None:
+    def on_update(state: SweepStatus) -> None:
         line = (state.status, state.trials and (state.trials.done, state.trials.running, state.trials.failed))
         if not as_json and str(line) != (last[0] if last else None):
             last[:] = [str(line)]
@@ -125,14 +134,6 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run", help="stage and print what would be submitted; submit nothing"),
 ) -> None:
     """Submit a sweep to a Ray cluster as a Ray Job (the submission id is the sweep id)."""
-    from sweeps.remote.jobs import (
-        ClusterUnavailable,
-        StagingLimits,
-        SweepExists,
-        default_job_python,
-        staged_summary,
-        staged_sweep,
-    )
 
     try:
         s = load_spec(spec)
@@ -190,7 +191,6 @@ def status(
     timeout_s: float = typer.Option(24 * 3600.0, "--timeout-s", help="with --wait: give up after this long"),
 ) -> None:
     """Status of a submitted sweep: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED, trial counts, best so far."""
-    from sweeps.remote.jobs import ClusterUnavailable, SweepNotFound
 
     jobs = _jobs(address)
     try:
@@ -214,7 +214,6 @@ def logs(
     tail: Optional[int] = typer.Option(None, "--tail", min=1, help="only the last N lines"),
 ) -> None:
     """The sweep driver's log (its Ray job's output)."""
-    from sweeps.remote.jobs import ClusterUnavailable, SweepNotFound
 
     jobs = _jobs(address)
     try:
@@ -238,7 +237,6 @@ def stop(
     wait_s: float = typer.Option(60.0, "--wait-s", min=0, help="seconds to wait for the job to end"),
 ) -> None:
     """Stop a sweep: its Ray job ends and its MLflow runs are closed (STOPPED)."""
-    from sweeps.remote.jobs import ClusterUnavailable, SweepNotFound
 
     jobs = _jobs(address)
     try:
@@ -261,7 +259,6 @@ def list_sweeps(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Sweeps submitted to the cluster, newest first."""
-    from sweeps.remote.jobs import ClusterUnavailable
 
     jobs = _jobs(address)
     try:

@@ -21,17 +21,41 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from sweeps.spec import SweepSpec
+from sweeps.tracking.schema import (
+    METRIC_KEYS,
+    METRIC_VAL_LOSS,
+    PARAM_BATCH_SIZE_SEQUENCES,
+    PARAM_BETA2,
+    PARAM_LR,
+    PARAM_LR_RULE,
+    ROLE_SWEEP,
+    ROLE_TRIAL,
+    SCHEDULER_TAG_KEYS,
+    TAG_ERROR,
+    TAG_FINGERPRINT,
+    TAG_GROUP_ID,
+    TAG_INITIAL_POINT,
+    TAG_MESSAGE,
+    TAG_PARENT_RUN_ID,
+    TAG_ROLE,
+    TAG_STATUS,
+    TAG_SWEEP_ID,
+    TAG_TRIAL_ID,
+    TAG_TRIALS_PLANNED,
+    TRIAL_COMPLETED,
+    TRIAL_DIVERGED,
+    TRIAL_FAILED,
+    TRIAL_PAUSED,
+    TRIAL_PRUNED,
+    TRIAL_RUNNING,
+    TRIAL_STOPPED,
+    scheduler_tag,
+)
 from workloads.api import FLOPS_CONVENTION
 
-__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "METRIC_KEYS", "configure_mlflow_env"]
+__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "configure_mlflow_env"]
 
 log = logging.getLogger(__name__)
-
-#: trial metrics logged to MLflow at each milestone (step = tokens seen)
-METRIC_KEYS = (
-    "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
-    "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
-)
 
 
 def configure_mlflow_env() -> None:
@@ -128,11 +152,11 @@ class Tracker:
             self.experiment_id,
             run_name=self.sweep_id,
             tags={
-                "critbatch.sweep_id": self.sweep_id,
-                "critbatch.role": "sweep",
-                "critbatch.status": "RUNNING",
-                "critbatch.trials_planned": str(self.spec.n_trials),
-                **({"critbatch.fingerprint": self.fingerprint} if self.fingerprint else {}),
+                TAG_SWEEP_ID: self.sweep_id,
+                TAG_ROLE: ROLE_SWEEP,
+                TAG_STATUS: "RUNNING",
+                TAG_TRIALS_PLANNED: str(self.spec.n_trials),
+                **({TAG_FINGERPRINT: self.fingerprint} if self.fingerprint else {}),
             },
         )
         self.parent_run_id = run.info.run_id
@@ -146,18 +170,18 @@ class Tracker:
         """Re-attach to an existing sweep's runs (resume): finds child runs by their trial-id tag."""
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         runs = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=10000
+            [experiment_id], filter_string=f"tags.{TAG_PARENT_RUN_ID} = '{parent_run_id}'", max_results=10000
         )
         for r in runs:
-            tid = r.data.tags.get("critbatch.trial_id")
+            tid = r.data.tags.get(TAG_TRIAL_ID)
             if tid:
                 self.child_runs[tid] = r.info.run_id
-                hist = self.client.get_metric_history(r.info.run_id, "val_loss")
+                hist = self.client.get_metric_history(r.info.run_id, METRIC_VAL_LOSS)
                 self.last_step[tid] = max((m.step for m in hist), default=-1)
                 if r.info.status != "RUNNING":
                     self.ended.add(tid)
         self.client.update_run(parent_run_id, status="RUNNING")
-        self.client.set_tag(parent_run_id, "critbatch.status", "RUNNING")
+        self.client.set_tag(parent_run_id, TAG_STATUS, "RUNNING")
 
     # ---- per-trial ---------------------------------------------------------------------------------
 
@@ -168,33 +192,33 @@ class Tracker:
             def reopen() -> None:
                 rid = self._run_id(trial_id)
                 self.client.update_run(rid, status="RUNNING")
-                self.client.set_tag(rid, "critbatch.status", "RUNNING")
+                self.client.set_tag(rid, TAG_STATUS, TRIAL_RUNNING)
                 # the stop that ended it ("sweep ended before the trial") is over: a stale error would stay
                 # on a trial that then completes
-                if "critbatch.error" in self.client.get_run(rid).data.tags:
-                    self.client.delete_tag(rid, "critbatch.error")
+                if TAG_ERROR in self.client.get_run(rid).data.tags:
+                    self.client.delete_tag(rid, TAG_ERROR)
 
             self.outbox.put(f"reopen {trial_id}", reopen)
             return
-        B = config["batch_size_sequences"]
+        B = config[PARAM_BATCH_SIZE_SEQUENCES]
         name = f"B{B}-s{config['seed']}-{trial_id}"
         tags = {
-            "mlflow.parentRunId": self.parent_run_id,
-            "critbatch.sweep_id": self.sweep_id,
-            "critbatch.role": "trial",
-            "critbatch.trial_id": trial_id,
-            "critbatch.group_id": str(config.get("group_id", "")),
-            "critbatch.status": "RUNNING",
+            TAG_PARENT_RUN_ID: self.parent_run_id,
+            TAG_SWEEP_ID: self.sweep_id,
+            TAG_ROLE: ROLE_TRIAL,
+            TAG_TRIAL_ID: trial_id,
+            TAG_GROUP_ID: str(config.get("group_id", "")),
+            TAG_STATUS: TRIAL_RUNNING,
         }
         if config.get("initial_point") is not None:  # search.initial_points: an enqueued configuration
-            tags["critbatch.initial_point"] = str(config["initial_point"])
+            tags[TAG_INITIAL_POINT] = str(config["initial_point"])
         params = {
-            "batch_size_sequences": B,
+            PARAM_BATCH_SIZE_SEQUENCES: B,
             "batch_size_tokens": B * self.spec.model.context_length_tokens,
-            "lr": config["lr"],
-            "lr_rule": config["lr_rule"],
+            PARAM_LR: config["lr"],
+            PARAM_LR_RULE: config["lr_rule"],
             "lr_multiplier": config["lr_multiplier"],
-            "beta2": config["beta2"],
+            PARAM_BETA2: config["beta2"],
             "beta2_half_life_tokens": config["beta2_half_life_tokens"],
             "seed": config["seed"],
             "budget_tokens": self.spec.budget_tokens,
@@ -234,28 +258,29 @@ class Tracker:
             for k in METRIC_KEYS
             if isinstance(result.get(k), (int, float)) and result.get(k) == result.get(k)
         ]
-        if result.get("val_loss") is not None and result["val_loss"] != result["val_loss"]:
-            metrics.append(Metric("val_loss", float("nan"), ts, step))
+        if result.get(METRIC_VAL_LOSS) is not None and result[METRIC_VAL_LOSS] != result[METRIC_VAL_LOSS]:
+            metrics.append(Metric(METRIC_VAL_LOSS, float("nan"), ts, step))
         self.outbox.put(f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics))
 
     def trial_paused(self, trial_id: str) -> None:
         """Tag a trial's run ``critbatch.status = PAUSED`` (it waits at a rung; the MLflow run stays open)."""
         if trial_id not in self.child_runs or trial_id in self.ended:
             return
-        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), "critbatch.status", "PAUSED"))
+        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), TAG_STATUS, TRIAL_PAUSED))
 
     def trial_ended(self, trial_id: str, status: str, error: str | None = None) -> None:
         """status: COMPLETED, DIVERGED, FAILED, PRUNED or STOPPED."""
         if trial_id in self.ended or trial_id not in self.child_runs:
             return
         self.ended.add(trial_id)
-        mlflow_status = {"COMPLETED": "FINISHED", "DIVERGED": "FINISHED", "PRUNED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED")
+        mlflow_status = {TRIAL_COMPLETED: "FINISHED", TRIAL_DIVERGED: "FINISHED", TRIAL_PRUNED: "FINISHED",
+                         TRIAL_FAILED: "FAILED"}.get(status, "KILLED")
 
         def end() -> None:
             rid = self._run_id(trial_id)
-            tags = [RunTag("critbatch.status", status)]
+            tags = [RunTag(TAG_STATUS, status)]
             if error:
-                tags.append(RunTag("critbatch.error", error[:4000]))
+                tags.append(RunTag(TAG_ERROR, error[:4000]))
             self.client.log_batch(rid, tags=tags)
             self.client.set_terminated(rid, status=mlflow_status)
 
@@ -271,10 +296,11 @@ class Tracker:
         """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
         def prune() -> None:
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{self.parent_run_id}'", max_results=10000)
+                [self.experiment_id], filter_string=f"tags.{TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                max_results=10000)
             for r in runs:
-                tid = r.data.tags.get("critbatch.trial_id")
-                if r.data.tags.get("critbatch.role") == "trial" and tid not in keep:
+                tid = r.data.tags.get(TAG_TRIAL_ID)
+                if r.data.tags.get(TAG_ROLE) == ROLE_TRIAL and tid not in keep:
                     self.client.delete_run(r.info.run_id)
                     self.child_runs.pop(tid, None)
                     self.ended.add(tid)
@@ -297,7 +323,8 @@ class Tracker:
         for tid in list(self.child_runs):
             if tid not in self.ended:
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
-                self.trial_ended(tid, "FAILED" if status == "FAILED" else "STOPPED", error="sweep ended before the trial")
+                self.trial_ended(tid, TRIAL_FAILED if status == "FAILED" else TRIAL_STOPPED,
+                                 error="sweep ended before the trial")
 
         def summary_write() -> None:
             ts = int(time.time() * 1000)
@@ -305,10 +332,10 @@ class Tracker:
             if ms:
                 self.client.log_batch(pid, metrics=ms)
             if message:
-                self.client.set_tag(pid, "critbatch.message", message[:4000])
+                self.client.set_tag(pid, TAG_MESSAGE, message[:4000])
             if artifacts_dir:
                 self.client.log_artifacts(pid, artifacts_dir)
-            self.client.set_tag(pid, "critbatch.status", status)
+            self.client.set_tag(pid, TAG_STATUS, status)
             self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
 
         self.outbox.put("parent summary", summary_write)
@@ -341,17 +368,17 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        for key in ("pruned_at_flops", "pruned_rung", "rung_decisions"):
+        for key in SCHEDULER_TAG_KEYS:
             if last.get(key) is not None:  # the equal-compute scheduler's decisions (sweeps/pruning/scheduler.py)
-                self.tracker.log_trial_tag(trial.trial_id, f"critbatch.{key}", str(last[key]))
+                self.tracker.log_trial_tag(trial.trial_id, scheduler_tag(key), str(last[key]))
         if last.get("pruned"):
-            status = "PRUNED"
+            status = TRIAL_PRUNED
         elif last.get("status") == "diverged":
-            status = "DIVERGED"
+            status = TRIAL_DIVERGED
         elif last.get("done"):
-            status = "COMPLETED"
+            status = TRIAL_COMPLETED
         else:  # ended without its last report and without an error: cut short by a budget or a stop
-            status = "STOPPED"
+            status = TRIAL_STOPPED
         self.tracker.trial_ended(trial.trial_id, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -360,7 +387,7 @@ class MlflowTrialCallback(Callback):
             err = trial.error_file and open(trial.error_file).read()[-2000:]
         except OSError:
             err = None
-        self.tracker.trial_ended(trial.trial_id, "FAILED", error=err or "trial raised")
+        self.tracker.trial_ended(trial.trial_id, TRIAL_FAILED, error=err or "trial raised")
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.outbox.flush()

@@ -51,7 +51,7 @@ def fake_reader() -> FakeReader:
 
 @pytest.fixture
 def fake_jobs(fake_ray: FakeRayJobs, fake_reader: FakeReader):
-    from sweeps.remote.jobs import SweepJobs
+    from sweeps.remote import SweepJobs
 
     return SweepJobs("http://ray.invalid:8265", client=fake_ray, reader_factory=fake_reader)
 

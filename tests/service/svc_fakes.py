@@ -94,7 +94,7 @@ def fake_run(run_id: str, *, role: str, sweep_id: str, status: str = "RUNNING", 
 
 
 class FakeReader:
-    """The subset of ``sweeps.remote.jobs._MlflowReader`` that ``SweepJobs`` uses, over in-memory runs."""
+    """The subset of ``sweeps.tracking.reader.MlflowReader`` that ``SweepJobs`` uses, over in-memory runs."""
 
     def __init__(self) -> None:
         self.parents: dict[str, SimpleNamespace] = {}

@@ -10,17 +10,15 @@ import pytest
 import yaml
 
 from sweeps.errors import InvalidInput
-from sweeps.remote.jobs import (
+from sweeps.remote import (
     StagingError,
     StagingLimits,
     build_entrypoint,
-    check_sweep_id,
     default_job_python,
-    default_sweep_id,
-    redact_uri,
     stage_sweep,
     staged_sweep,
 )
+from sweeps.spec.identity import check_sweep_id, default_sweep_id, redact_uri
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +70,7 @@ def test_working_dir_holds_only_code_spec_and_small_data(tmp_path):
     tops = {f.split("/")[0] for f in files}
     assert tops == {"sweeps", "workloads", "service", "pyproject.toml", "spec.yaml", "inputs"}
     assert not any("__pycache__" in f or f.endswith(".pyc") or "/." in f or f.startswith(".") for f in files)
-    assert "sweeps/remote/jobs.py" in files and "sweeps/spec/sweep.py" in files and "workloads/registry.py" in files
+    assert "sweeps/remote/staging.py" in files and "sweeps/spec/sweep.py" in files and "workloads/__init__.py" in files
     # the data travelled, and the spec points at the shipped copy (relative to the job's working dir)
     shipped = yaml.safe_load((tmp_path / "spec.yaml").read_text())
     assert shipped["data"]["path"] == "inputs/data/input.txt"
@@ -196,7 +194,7 @@ def test_redact_uri():
 
 def test_explicit_address_wins_over_ray_address_env(monkeypatch):
     """Ray lets RAY_ADDRESS override the address argument; an explicit --address must win."""
-    from sweeps.remote import jobs as jobs_mod
+    from sweeps.remote._ray_client import make_client
 
     seen = {}
 
@@ -208,7 +206,7 @@ def test_explicit_address_wins_over_ray_address_env(monkeypatch):
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
     monkeypatch.setenv("RAY_ADDRESS", "http://other:8265")
-    jobs_mod._make_client("http://mine:8265", None)
+    make_client("http://mine:8265", None)
     assert seen == {"address": "http://mine:8265", "env": None}
     assert os.environ["RAY_ADDRESS"] == "http://other:8265"
 

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.remote.jobs import (
+from sweeps.remote import (
     ReportNotReady,
     SweepExists,
     SweepJobs,
     SweepNotFound,
-    _MlflowReader,
     mlflow_ui_links,
     staged_sweep,
 )
+from sweeps.tracking.reader import MlflowReader
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,7 +214,7 @@ def test_orphans_are_closed_in_a_real_mlflow_store(tmp_path, fake_ray):
     assert p.info.status == "KILLED" and p.data.tags["critbatch.status"] == "STOPPED"
     assert c.get_run(done.info.run_id).data.tags["critbatch.status"] == "COMPLETED"
     assert c.get_run(other.info.run_id).info.status == "RUNNING"  # another sweep's run is not touched
-    reader = _MlflowReader(uri)
+    reader = MlflowReader(uri)
     assert [x for x in reader.trials("sw", [exp]) if x.info.status == "RUNNING"] == []
 
 
@@ -241,7 +241,7 @@ def test_a_dropped_connection_is_retried_and_a_lost_answer_is_not_a_duplicate(fa
 
 
 def test_wait_rides_out_a_few_unreachable_reads(fake_jobs, fake_ray, monkeypatch):
-    from sweeps.remote.jobs import ClusterUnavailable
+    from sweeps.remote import ClusterUnavailable
 
     fake_ray.add("w", "SUCCEEDED")
     real = fake_ray.get_job_info

@@ -17,9 +17,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from svc_fakes import FakeRayJobs, FakeReader, fake_run
 
-from service.app import EXAMPLE_SWEEP_ID, create_app
+from service.app import create_app
+from service.deps import EXAMPLE_SWEEP_ID
 from service.settings import Settings
-from sweeps.remote.jobs import SweepJobs
+from sweeps.remote import SweepJobs
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "fuzz-token-0123456789abcdef"

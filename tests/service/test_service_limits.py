@@ -19,9 +19,10 @@ import uvicorn
 import yaml
 from fastapi.testclient import TestClient
 
-from service.app import create_app, parse_body
+from service.app import create_app
+from service.body import parse_body
 from service.settings import Settings
-from sweeps.remote.jobs import SweepJobs
+from sweeps.remote import SweepJobs
 from sweeps.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.settings import Settings
-from sweeps.remote.jobs import (
+from sweeps.remote import (
     StagingError,
     StagingLimits,
     StoreRefused,

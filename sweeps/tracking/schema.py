@@ -1,0 +1,131 @@
+"""The one owner of the names in a sweep's record: MLflow tags, params, metrics and artifacts, and
+the Ray job metadata keys of a submitted sweep (docs/design.md, "MLflow schema").
+
+A sweep is one MLflow *parent* run (``critbatch.role = sweep``, run name = sweep id) with one
+*child* run per trial (``critbatch.role = trial``, ``mlflow.parentRunId`` = the parent). The driver
+writes them (:mod:`sweeps.tracking.writer`); the Ray Jobs client and the service read them
+(:mod:`sweeps.tracking.reader`). Every module that writes or reads one of these names uses the
+constant here, never the string.
+
+Plain data: imports nothing, so the REST service can use it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
+    "TAG_MESSAGE", "TAG_ERROR", "TAG_CLOSED_BY", "TAG_GROUP_ID", "TAG_INITIAL_POINT", "TAG_PARENT_RUN_ID",
+    "SCHEDULER_TAG_KEYS", "scheduler_tag",
+    "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
+    "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
+    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS",
+    "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
+    "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "TRIAL_PARAMS",
+    "ARTIFACT_CBS",
+    "META_SWEEP_ID", "META_NAME", "META_FINGERPRINT", "META_EXPERIMENT", "META_TRACKING_URI", "META_TRIALS_PLANNED",
+]
+
+# ---- MLflow tags ---------------------------------------------------------------------------------
+
+#: Every critbatch tag starts with this.
+TAG_PREFIX = "critbatch."
+#: The sweep id, on the parent run and on every trial run.
+TAG_SWEEP_ID = "critbatch.sweep_id"
+#: What a run is: one of the ``ROLE_*`` values.
+TAG_ROLE = "critbatch.role"
+#: A trial's ``TRIAL_*`` status; the parent's sweep status (RUNNING, SUCCEEDED, FAILED, STOPPED).
+TAG_STATUS = "critbatch.status"
+#: Tune's trial id, on a trial run.
+TAG_TRIAL_ID = "critbatch.trial_id"
+#: The number of trials the spec plans, on the parent run.
+TAG_TRIALS_PLANNED = "critbatch.trials_planned"
+#: The fingerprint of the spec the sweep id is bound to, on the parent run.
+TAG_FINGERPRINT = "critbatch.fingerprint"
+#: The parent run's one-line outcome (why it failed), set by the driver.
+TAG_MESSAGE = "critbatch.message"
+#: A trial's error (the end of its traceback).
+TAG_ERROR = "critbatch.error"
+#: Set on runs a reader closed after their process ended (value :data:`CLOSED_BY_JOBS`).
+TAG_CLOSED_BY = "critbatch.closed_by"
+#: The search group (same batch size and seed) of a trial.
+TAG_GROUP_ID = "critbatch.group_id"
+#: The index of an enqueued configuration (``search.initial_points``) a trial runs.
+TAG_INITIAL_POINT = "critbatch.initial_point"
+#: MLflow's own parent-run tag.
+TAG_PARENT_RUN_ID = "mlflow.parentRunId"
+
+#: The equal-compute scheduler's decisions, tagged on a trial run as ``critbatch.<key>``.
+SCHEDULER_TAG_KEYS = ("pruned_at_flops", "pruned_rung", "rung_decisions")
+
+
+def scheduler_tag(key: str) -> str:
+    """The tag name of one of :data:`SCHEDULER_TAG_KEYS` (``critbatch.<key>``)."""
+    return f"{TAG_PREFIX}{key}"
+
+
+ROLE_SWEEP = "sweep"
+ROLE_TRIAL = "trial"
+#: Branched training (``critbatch branch``): its parent run and one run per branch.
+ROLE_BRANCH_SWEEP = "branch-sweep"
+ROLE_BRANCH = "branch"
+
+# ---- trial statuses (values of TAG_STATUS on a trial run) ---------------------------------------
+
+TRIAL_RUNNING = "RUNNING"
+#: Waiting at a rung (``pruning.mode: pause``); still part of the live sweep.
+TRIAL_PAUSED = "PAUSED"
+TRIAL_COMPLETED = "COMPLETED"
+TRIAL_DIVERGED = "DIVERGED"
+TRIAL_PRUNED = "PRUNED"
+TRIAL_FAILED = "FAILED"
+#: Cut short by a stopped sweep or a budget.
+TRIAL_STOPPED = "STOPPED"
+TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, TRIAL_PRUNED, TRIAL_FAILED,
+                  TRIAL_STOPPED)
+#: The value of :data:`TAG_CLOSED_BY` a reader sets.
+CLOSED_BY_JOBS = "critbatch.jobs"
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+#: Trial metrics logged to MLflow at each milestone (step = tokens seen).
+METRIC_KEYS = (
+    "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
+    "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
+)
+METRIC_VAL_LOSS = "val_loss"
+#: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.
+SUMMARY_METRICS = ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")
+#: The parent run's trial counts at the end: ``trials_<status in lower case>`` (``trials_completed``, ...).
+TRIAL_COUNT_PREFIX = "trials_"
+
+
+def trial_count_metric(status: str) -> str:
+    """The parent-run metric that counts trials ending with ``status`` (``COMPLETED`` -> ``trials_completed``)."""
+    return f"{TRIAL_COUNT_PREFIX}{status.lower()}"
+
+
+# ---- params (on a trial run) ---------------------------------------------------------------------
+
+PARAM_BATCH_SIZE_SEQUENCES = "batch_size_sequences"
+PARAM_LR = "lr"
+PARAM_LR_RULE = "lr_rule"
+PARAM_BETA2 = "beta2"
+#: Every param the writer logs on a trial run (a workload may add its own, such as LoRA's rank).
+TRIAL_PARAMS = (
+    PARAM_BATCH_SIZE_SEQUENCES, "batch_size_tokens", PARAM_LR, PARAM_LR_RULE, "lr_multiplier", PARAM_BETA2,
+    "beta2_half_life_tokens", "seed", "budget_tokens", "context_length_tokens", "flops_convention",
+)
+
+# ---- artifacts (on the parent run) ---------------------------------------------------------------
+
+ARTIFACT_CBS = "cbs.json"
+
+# ---- Ray job metadata of a submitted sweep (strings only) ----------------------------------------
+
+#: Marks a Ray job as a critbatch sweep.
+META_SWEEP_ID = "critbatch.sweep_id"
+META_NAME = "critbatch.name"
+META_FINGERPRINT = "critbatch.fingerprint"
+META_EXPERIMENT = "critbatch.experiment"
+META_TRACKING_URI = "critbatch.tracking_uri"
+META_TRIALS_PLANNED = "critbatch.trials_planned"
