@@ -288,8 +288,7 @@ def serve(
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the REST API (settings from RAY_ADDRESS, MLFLOW_TRACKING_URI, CRITBATCH_API_TOKEN; see docs/service.md)."""
-    from service.server import serve as run_server
-    from service.settings import SettingsError
+    from service.server import SettingsError, serve as run_server  # the CLI is the composition root
 
     try:
         run_server(host=host, port=port, local_only=local_only, log_level=log_level)

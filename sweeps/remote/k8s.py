@@ -277,35 +277,38 @@ def render_rayjob(spec: SweepSpec, spec_yaml_text: str, image: str, namespace: s
         "critbatch.io/sweep-name": spec.name,
         "critbatch.io/spec-fingerprint": spec.fingerprint(),
     }
-    pod = trial_pod_resources(spec)
-    worker_resources = {"cpu": str(pod.cpus), "memory": f"{pod.memory_gib}Gi"}
-    if pod.gpus:
-        worker_resources["nvidia.com/gpu"] = str(pod.gpus)
-
     entrypoint = (
         f"critbatch run {SPEC_MOUNT_DIR}/spec.yaml --output {OUTPUT_DIR} "
         f"--tracking-uri $MLFLOW_TRACKING_URI --sweep-id {name} --no-progress"
     )
-    head = _ray_pod(
-        container="ray-head",
-        image=image,
-        labels={**labels, "app.kubernetes.io/component": "ray-head"},
-        resources={"cpu": HEAD_CPUS, "memory": HEAD_MEMORY},
-        spec_configmap=configmap,
-        ports=[
-            {"name": "gcs-server", "containerPort": 6379},
-            {"name": "dashboard", "containerPort": 8265},
-            {"name": "client", "containerPort": 10001},
-        ],
-    )
-    worker = _ray_pod(
-        container="ray-worker",
-        image=image,
-        labels={**labels, "app.kubernetes.io/component": "ray-worker"},
-        resources=worker_resources,
-        spec_configmap=configmap,
-    )
-    submitter = {
+    rayjob = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": _metadata(name, namespace, labels, annotations),
+        "spec": {
+            "submissionMode": "K8sJobMode",
+            "entrypoint": entrypoint,
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "activeDeadlineSeconds": active_deadline_s(spec),
+            "backoffLimit": RAYJOB_BACKOFF_LIMIT,
+            "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
+            "submitterPodTemplate": _submitter_pod(image, labels),
+            "rayClusterSpec": _ray_cluster_spec(spec, image, labels, configmap),
+        },
+    }
+    configmap_obj = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(configmap, namespace, labels, annotations),
+        "data": {"spec.yaml": spec_yaml_text},
+    }
+    return [configmap_obj, rayjob]
+
+
+def _submitter_pod(image: str, labels: dict[str, str]) -> dict:
+    """The pod template of KubeRay's submitter (it submits the Ray job and follows it)."""
+    return {
         "metadata": {"labels": {**labels, "app.kubernetes.io/component": "ray-job-submitter"}},
         "spec": {
             "restartPolicy": "Never",
@@ -325,46 +328,52 @@ def render_rayjob(spec: SweepSpec, spec_yaml_text: str, image: str, namespace: s
             ],
         },
     }
-    rayjob = {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayJob",
-        "metadata": _metadata(name, namespace, labels, annotations),
-        "spec": {
-            "submissionMode": "K8sJobMode",
-            "entrypoint": entrypoint,
-            "shutdownAfterJobFinishes": True,
-            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
-            "activeDeadlineSeconds": active_deadline_s(spec),
-            "backoffLimit": RAYJOB_BACKOFF_LIMIT,
-            "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
-            "submitterPodTemplate": submitter,
-            "rayClusterSpec": {
-                "rayVersion": RAY_VERSION,
-                "enableInTreeAutoscaling": False,
-                # KubeRay generates a token Secret for this cluster and hands it to every Ray
-                # container and to the submitter: the dashboard runs any code it is sent.
-                "authOptions": {"mode": "token"},
-                "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": head},
-                "workerGroupSpecs": [
-                    {
-                        "groupName": WORKER_GROUP,
-                        "replicas": pod.replicas,
-                        "minReplicas": pod.replicas,
-                        "maxReplicas": pod.replicas,
-                        "rayStartParams": {},
-                        "template": worker,
-                    }
-                ],
-            },
-        },
+
+
+def _ray_cluster_spec(spec: SweepSpec, image: str, labels: dict[str, str], configmap: str) -> dict:
+    """The RayJob's ``rayClusterSpec``: a head that runs no trials, and one worker group sized for
+    the sweep's trials (:func:`trial_pod_resources`), token auth on."""
+    pod = trial_pod_resources(spec)
+    worker_resources = {"cpu": str(pod.cpus), "memory": f"{pod.memory_gib}Gi"}
+    if pod.gpus:
+        worker_resources["nvidia.com/gpu"] = str(pod.gpus)
+    head = _ray_pod(
+        container="ray-head",
+        image=image,
+        labels={**labels, "app.kubernetes.io/component": "ray-head"},
+        resources={"cpu": HEAD_CPUS, "memory": HEAD_MEMORY},
+        spec_configmap=configmap,
+        ports=[
+            {"name": "gcs-server", "containerPort": 6379},
+            {"name": "dashboard", "containerPort": 8265},
+            {"name": "client", "containerPort": 10001},
+        ],
+    )
+    worker = _ray_pod(
+        container="ray-worker",
+        image=image,
+        labels={**labels, "app.kubernetes.io/component": "ray-worker"},
+        resources=worker_resources,
+        spec_configmap=configmap,
+    )
+    return {
+        "rayVersion": RAY_VERSION,
+        "enableInTreeAutoscaling": False,
+        # KubeRay generates a token Secret for this cluster and hands it to every Ray
+        # container and to the submitter: the dashboard runs any code it is sent.
+        "authOptions": {"mode": "token"},
+        "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": head},
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": pod.replicas,
+                "minReplicas": pod.replicas,
+                "maxReplicas": pod.replicas,
+                "rayStartParams": {},
+                "template": worker,
+            }
+        ],
     }
-    configmap_obj = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": _metadata(configmap, namespace, labels, annotations),
-        "data": {"spec.yaml": spec_yaml_text},
-    }
-    return [configmap_obj, rayjob]
 
 
 class _BlockDumper(yaml.SafeDumper):

@@ -1,16 +1,18 @@
 """In-memory stand-ins for the Ray job server and the MLflow reader, behind the real ``SweepJobs``.
 
 A module of its own (not conftest) so that module-level test code, such as the schemathesis
-schema, can build an app from them.
+schema or a parametrize list, can use them; also the tiny spec every service test submits
+(:func:`tiny_spec`).
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["FakeRayJobs", "FakeReader", "fake_run"]
+__all__ = ["FakeRayJobs", "FakeReader", "fake_run", "tiny_spec", "cluster_spec"]
 
 
 class FakeRayJobs:
@@ -130,3 +132,39 @@ class FakeReader:
         return self.artifacts.get(run_id)
 
 
+#: The smallest spec the service tests submit (its data path is relative to the repo root, which the
+#: tests serve as ``CRITBATCH_DATA_DIR``).
+_TINY_SPEC = {
+    "name": "tiny",
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+    "data": {"path": "data/tinyshakespeare/input.txt"},
+    "budget_tokens": 8192,
+    "schedule": {"warmup_tokens": 1024},
+    "eval": {"milestones": 4, "eval_tokens": 1024},
+    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
+}
+
+
+def tiny_spec(**over: Any) -> dict[str, Any]:
+    """A fresh copy of the tiny spec (a plain dict); each keyword sets a section, a dict merged
+    into a section that is one (``tiny_spec(tracking={"uri": ...})``)."""
+    d = copy.deepcopy(_TINY_SPEC)
+    for k, v in over.items():
+        d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
+    return d
+
+
+def cluster_spec(name: str, *, cpus_per_worker: float = 0.5, **over: Any) -> dict[str, Any]:
+    """The tiny spec as the live test cluster runs it (2 CPUs): Llama, one trial per batch size, one
+    worker per trial with ``cpus_per_worker`` CPUs, one trial at a time, no retries; named ``name``.
+    Each keyword replaces a whole section."""
+    d = tiny_spec(
+        name=name,
+        model={"family": "llama"},
+        schedule={"ema_half_life_tokens": 1024},
+        search={"trials_per_batch_size": 1},
+        resources={"workers_per_trial": 1, "cpus_per_worker": cpus_per_worker, "max_concurrent_trials": 1,
+                   "max_failures": 0},
+    )
+    d.update(over)
+    return d

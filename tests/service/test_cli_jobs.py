@@ -8,19 +8,12 @@ from pathlib import Path
 import pytest
 import yaml
 from typer.testing import CliRunner
+from svc_fakes import tiny_spec
 
 from sweeps.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = {
-    "name": "tiny",
-    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-    "data": {"path": "data/tinyshakespeare/input.txt"},
-    "budget_tokens": 8192,
-    "schedule": {"warmup_tokens": 1024},
-    "eval": {"milestones": 4, "eval_tokens": 1024},
-    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-}
+SPEC = tiny_spec()
 DOWN = "http://127.0.0.1:9"  # nothing listens on the discard port
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from svc_fakes import cluster_spec
 
 pytestmark = pytest.mark.slow
 
@@ -32,19 +33,7 @@ TIMEOUT_S = 800
 
 
 def tiny(name: str, **over) -> dict:
-    spec = {
-        "name": name,
-        "model": {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-        "data": {"path": "data/tinyshakespeare/input.txt"},
-        "budget_tokens": 8192,
-        "schedule": {"warmup_tokens": 1024, "ema_half_life_tokens": 1024},
-        "eval": {"milestones": 4, "eval_tokens": 1024},
-        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4,
-                   "trials_per_batch_size": 1},
-        "resources": {"workers_per_trial": 1, "cpus_per_worker": 0.5, "max_concurrent_trials": 1, "max_failures": 0},
-    }
-    spec.update(over)
-    return spec
+    return cluster_spec(name, **over)
 
 
 def critbatch(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:

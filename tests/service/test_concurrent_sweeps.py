@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 from conftest import PINNED_DATE, pinned_date_env
+from svc_fakes import cluster_spec
 
 pytestmark = pytest.mark.slow
 
@@ -36,17 +37,7 @@ TIMEOUT_S = 900
 
 
 def spec(name: str, *, failing: bool) -> dict:
-    d = {
-        "name": name,
-        "model": {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-        "data": {"path": "data/tinyshakespeare/input.txt"},
-        "budget_tokens": 8192,
-        "schedule": {"warmup_tokens": 1024, "ema_half_life_tokens": 1024},
-        "eval": {"milestones": 4, "eval_tokens": 1024},
-        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4,
-                   "trials_per_batch_size": 1},
-        "resources": {"workers_per_trial": 1, "cpus_per_worker": 0.25, "max_concurrent_trials": 1, "max_failures": 0},
-    }
+    d = cluster_spec(name, cpus_per_worker=0.25)
     if failing:  # every trial raises in its worker: the warmup's first phase is B*1//16 = 0 sequences
         d["batch_warmup"] = {"schedule": [[0, 1], [2048, 16]]}
     return d

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from svc_fakes import tiny_spec
 
 from sweeps.errors import InvalidInput
 from sweeps.remote import (
@@ -25,19 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny(**over):
-    d = {
-        "name": "tiny",
-        "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-        "data": {"path": "data/tinyshakespeare/input.txt"},
-        "budget_tokens": 8192,
-        "schedule": {"warmup_tokens": 1024},
-        "eval": {"milestones": 4, "eval_tokens": 1024},
-        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-        "tracking": {"uri": "sqlite:///mlflow.db"},
-    }
-    for k, v in over.items():
-        d[k] = v
-    return parse_spec(d)
+    """The tiny spec with a SQLite tracking URI, parsed; each keyword replaces a whole section."""
+    return parse_spec({**tiny_spec(), "tracking": {"uri": "sqlite:///mlflow.db"}, **over})
 
 
 def test_entrypoint_is_a_quoted_command_that_never_carries_the_spec():

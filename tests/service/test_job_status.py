@@ -274,3 +274,27 @@ def test_a_finished_sweeps_counts_come_from_the_drivers_summary(make_run, fake_j
     fake_reader.parents["live"] = make_run("q", role="sweep", sweep_id="live", metrics={"trials_completed": 9.0})
     fake_reader.trial_runs["live"] = [make_run("t", role="trial", sweep_id="live")]
     assert fake_jobs.get("live").trials.running == 1
+
+
+def test_job_counts_take_a_paused_trial_as_live():
+    """A trial waiting at a rung (tag PAUSED, run still RUNNING) counts as running."""
+    from types import SimpleNamespace
+
+    from sweeps.remote.status import trial_counts
+
+    def run(tag, status="RUNNING"):
+        return SimpleNamespace(data=SimpleNamespace(tags={"critbatch.status": tag}), info=SimpleNamespace(status=status))
+
+    c = trial_counts([run("PAUSED"), run("RUNNING"), run("PRUNED", "FINISHED"), run("COMPLETED", "FINISHED")], planned=4)
+    assert (c.running, c.pruned, c.done) == (2, 1, 1)
+
+
+def test_the_names_read_back_are_the_ones_the_writer_uses():
+    """tracking.schema is the one owner: the reader's filters and the status counts use its names."""
+    from sweeps.tracking import schema
+
+    assert (schema.TAG_SWEEP_ID, schema.TAG_ROLE, schema.TAG_STATUS) == (
+        "critbatch.sweep_id", "critbatch.role", "critbatch.status")
+    assert schema.trial_count_metric(schema.TRIAL_COMPLETED) == "trials_completed"
+    assert schema.scheduler_tag("pruned_rung") == "critbatch.pruned_rung"
+    assert set(schema.SCHEDULER_TAG_KEYS) == {"pruned_at_flops", "pruned_rung", "rung_decisions"}

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from svc_fakes import tiny_spec
 
 from service.app import create_app
 from service.server import check_serve_settings
@@ -16,15 +17,7 @@ from service.settings import Settings, SettingsError
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "unit-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-SPEC = {
-    "name": "tiny",
-    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-    "data": {"path": "data/tinyshakespeare/input.txt"},
-    "budget_tokens": 8192,
-    "schedule": {"warmup_tokens": 1024},
-    "eval": {"milestones": 4, "eval_tokens": 1024},
-    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-}
+SPEC = tiny_spec()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 import yaml
 from fastapi.testclient import TestClient
+from svc_fakes import tiny_spec
 
 from service.app import create_app
 from service.body import parse_body
@@ -29,15 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "unit-test-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ML = "http://mlflow.invalid"
-SPEC = {
-    "name": "tiny",
-    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-    "data": {"path": "data/tinyshakespeare/input.txt"},
-    "budget_tokens": 8192,
-    "schedule": {"warmup_tokens": 1024},
-    "eval": {"milestones": 4, "eval_tokens": 1024},
-    "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-}
+SPEC = tiny_spec()
 
 
 def settings(**over) -> Settings:

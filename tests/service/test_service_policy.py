@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+from svc_fakes import tiny_spec
 
 from service.app import create_app
 from service.settings import Settings
@@ -35,22 +36,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/yaml"}
 ML = "http://mlflow.invalid"
 
 
-def spec(**over) -> dict:
-    d = {
-        "name": "tiny",
-        "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-        "data": {"path": "data/tinyshakespeare/input.txt"},
-        "budget_tokens": 8192,
-        "schedule": {"warmup_tokens": 1024},
-        "eval": {"milestones": 4, "eval_tokens": 1024},
-        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-    }
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k] = {**d[k], **v}
-        else:
-            d[k] = v
-    return d
+spec = tiny_spec
 
 
 class Listener:
