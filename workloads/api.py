@@ -4,7 +4,7 @@ A :class:`Workload` entry per name (``pretrain``, ``finetune``) says what a swee
 workload: its config section, the function a Ray Train worker runs, its FLOPs per token, its
 input checks. Beside the entries: the per-trial config (:class:`TrialConfig` and its sections),
 the scaling rules, the FLOP convention, the tokenizer checks, the worker function
-(``train_fn_per_worker``), the in-process training of branched runs (``train_in_process``), the
+(``train_fn_per_worker``), the
 Ray session plumbing of the Tune trainable (``drain_report_queue``) and the checkpoint builder
 (``init_checkpoint``).
 
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads._ray_compat import drain_report_queue
     from workloads.data import tokenizer_vocab_size
     from workloads.finetune import init_checkpoint
-    from workloads.pretrain import train_in_process
 
 __all__ = [
     "Workload",
@@ -77,7 +76,6 @@ __all__ = [
     "has_tokenizer_files",
     "tokenizer_vocab_size",
     "train_fn_per_worker",
-    "train_in_process",
     "drain_report_queue",
     "init_checkpoint",
 ]
@@ -106,6 +104,11 @@ class Workload:
             Raises :class:`DataError` naming the field (``data.path: ...``, ``finetune....``).
         tokens_per_sequence: ``(config: WorkloadConfig) -> float``: ``mean_real_tokens_per_row``,
             without reading the corpus when rows are always full (pretraining: ``T``).
+        train_in_process: ``(config: dict, state_path, save_states) -> {"status", "reports",
+            "flops_per_token", "wall_s"}``: a trial (``TrialConfig.to_dict``) trained on CPU in this
+            process, from a saved state or from the initialisation, saving the states reported at
+            chosen tokens (a branched-training Ray task); None when the workload has none
+            (branching is defined for pretraining only).
     """
 
     name: str
@@ -114,6 +117,7 @@ class Workload:
     flops_per_token: Callable[[WorkloadConfig], tuple[float, str]]
     check_inputs: Callable[[WorkloadConfig], dict[str, Any]]
     tokens_per_sequence: Callable[[WorkloadConfig], float]
+    train_in_process: Callable[..., dict[str, Any]] | None = None
 
 
 @functools.cache
@@ -126,7 +130,7 @@ def _entries() -> dict[str, Workload]:
     return {
         "pretrain": Workload(name="pretrain", config_type=ModelConfig, train=pretrain.run_pretrain,
                              flops_per_token=pretrain.pretrain_flops, check_inputs=pretrain.check_pretrain_inputs,
-                             tokens_per_sequence=full_rows),
+                             tokens_per_sequence=full_rows, train_in_process=pretrain.train_in_process),
         "finetune": Workload(name="finetune", config_type=FinetuneConfig, train=finetune.run_finetune,
                              flops_per_token=finetune.finetune_flops, check_inputs=finetune.check_finetune_inputs,
                              tokens_per_sequence=finetune.finetune_tokens_per_sequence),
@@ -148,7 +152,6 @@ def get_workload(name: str) -> Workload:
 _LAZY = {
     "tokenizer_vocab_size": "workloads.data",
     "train_fn_per_worker": "workloads._ray_adapter",
-    "train_in_process": "workloads.pretrain",
     "drain_report_queue": "workloads._ray_compat",
     "init_checkpoint": "workloads.finetune",
 }

@@ -21,7 +21,7 @@ from workloads.config import TrialConfig
 from workloads.ema import WeightEMA
 from workloads.evaluation import MilestoneEvaluator, evaluate
 from workloads.noise_scale import NoiseScaleEMA
-from workloads.schedule import Schedule, batch_phases
+from workloads.schedule import BatchPhase, Schedule, batch_phases
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
 
 __all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter", "LoopCounters", "evaluate", "IGNORE_INDEX"]
@@ -116,41 +116,18 @@ def run_loop(
     Raises:
         RuntimeError: ``cfg.faults`` fault injection (first attempt only).
     """
-    rank, world = dist_info()
-    model, o = work.model, cfg.optimizer
-    params = [p for p in model.parameters() if p.requires_grad]
-    schedule = Schedule(cfg, batch_phases(cfg, world, 2 if cfg.noise_scale.enabled else 1))
-    opt = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                            foreach=True)
-    ema = WeightEMA(model, params, cfg.schedule.ema_half_life_tokens) if cfg.schedule.kind == "constant_ema" else None
-    ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
-    diverge_at = o.divergence_loss_factor * math.log(work.vocab_size)
-    stepper = Stepper(model=model, params=params, opt=opt, work=work, schedule=schedule, device=device, beta1=o.beta1,
-                      grad_clip_norm=o.grad_clip_norm, diverge_at=diverge_at, noise_scale=cfg.noise_scale.enabled)
-    evaluator = MilestoneEvaluator(cfg, model=model, ema=ema, val_set=work.val_batches(),
-                                   flops_per_token=work.flops_per_token, stepper=stepper)
-    c = LoopCounters() if resume_state is None else _restore(resume_state, model, opt, ema, ns)
-
+    run = _Training(cfg, work, device)
+    c = LoopCounters() if resume_state is None else run.restore(resume_state)
     milestones = list(cfg.eval.milestones_tokens)
+    o = cfg.optimizer
     last_report_wall, last_report_tokens = time.perf_counter(), c.tokens_seen
     last = StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr, beta2=o.beta2, grad_norm=math.nan)
     status = "running"
     while c.tokens_seen < cfg.budget_tokens:
-        phase = schedule.phase_at(c.tokens_seen)
-        t0 = time.perf_counter()
-        last = step = stepper.step(c.step, phase, c.tokens_seen)
-        c.train_time_s += time.perf_counter() - t0
-        c.step += 1
-        c.tokens_seen += step.real_tokens
-        if step.noise_estimates is not None:
-            ns.update(*step.noise_estimates)
-        if step.diverged(diverge_at):
+        phase = run.schedule.phase_at(c.tokens_seen)
+        last = run.train_step(c, phase)
+        if last.diverged(run.diverge_at):
             status = "diverged"
-        else:
-            c.loss_sum += step.loss
-            c.loss_count += 1
-            if ema is not None:
-                ema.update(step.real_tokens)
         crossed = c.milestone_idx < len(milestones) and c.tokens_seen >= milestones[c.milestone_idx]
         if not crossed and status != "diverged":
             continue
@@ -160,34 +137,28 @@ def run_loop(
         val, raw = math.nan, None
         if status != "diverged":
             t_eval = time.perf_counter()
-            ev = evaluator(step=c.step, tokens_seen=c.tokens_seen, phase=phase)
+            ev = run.evaluator(step=c.step, tokens_seen=c.tokens_seen, phase=phase)
             for flops in ev.flops:
                 c.flops_measurement += flops
             last = ev.last_step if ev.last_step is not None else last
             last_report_wall += time.perf_counter() - t_eval  # evaluation time is not training time
             val, raw = ev.val_loss, ev.val_loss_raw
-            if not math.isfinite(val) or val > diverge_at:
+            if not math.isfinite(val) or val > run.diverge_at:
                 status, done = "diverged", True
         if done and status == "running":
             status = "completed"
         now = time.perf_counter()
         tps = (c.tokens_seen - last_report_tokens) / max(now - last_report_wall, 1e-9)
         last_report_wall, last_report_tokens = now, c.tokens_seen
-        metrics = _metrics(c, val=val, raw=raw, last=last, ns=ns, work=work, batch=phase.batch_size_sequences, tps=tps,
-                           peak=peak_flops_per_s, world=world, status=status, done=done)
+        metrics = _metrics(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
+                           tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done)
         if done and cfg.batch.warmup:
-            first_b = schedule.phases[0].batch_size_sequences
+            first_b = run.schedule.phases[0].batch_size_sequences
             metrics["steps_saved_vs_initial_batch"] = -(-c.tokens_seen // (first_b * cfg.context_length_tokens)) - c.step
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)
-        every = cfg.eval.checkpoint_every_milestones
-        state = None
-        if rank == 0 and every > 0 and c.milestone_idx % every == 0 and not done:
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                     "ema_raw": ema.buffers if ema is not None else [], "noise_scale": ns.state_dict(),
-                     "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state()}
-        report(metrics, state)
+        report(metrics, run.checkpoint(c) if not done else None)
         if done:
             return TrainingOutcome(status=status, final_metrics=metrics)
         if cfg.faults is not None:
@@ -196,19 +167,72 @@ def run_loop(
     return TrainingOutcome(status="completed", final_metrics={})
 
 
-def _restore(state: dict[str, Any], model: torch.nn.Module, opt: torch.optim.Optimizer, ema: WeightEMA | None,
-             ns: NoiseScaleEMA) -> LoopCounters:
-    """Load a state saved with a report into the model, optimizer, EMAs and torch RNG."""
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    if ema is not None:
-        ema.load_buffers(state.get("ema_raw", []))
-    ns.load_state_dict(state["noise_scale"])
-    if ema is not None:
-        ema.weight = state["loop"].get("ema_weight", 0.0)
-    counters = LoopCounters.from_state(state["loop"])
-    torch.set_rng_state(state["rng_cpu"])
-    return counters
+class _Training:
+    """The objects of one trial's loop: schedule, optimizer, weight and noise-scale EMAs, stepper, evaluator.
+
+    Built in this order on every rank (none draws from the torch RNG).
+    """
+
+    def __init__(self, cfg: TrialConfig, work: Workload, device: torch.device):
+        o = cfg.optimizer
+        self.cfg, self.model = cfg, work.model
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.rank, world = dist_info()
+        self.schedule = Schedule(cfg, batch_phases(cfg, world, 2 if cfg.noise_scale.enabled else 1))
+        self.opt = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                     weight_decay=o.weight_decay, foreach=True)
+        self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens)
+                    if cfg.schedule.kind == "constant_ema" else None)
+        self.ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
+        self.diverge_at = o.divergence_loss_factor * math.log(work.vocab_size)
+        self.stepper = Stepper(model=self.model, params=self.params, opt=self.opt, work=work, schedule=self.schedule,
+                               device=device, beta1=o.beta1, grad_clip_norm=o.grad_clip_norm,
+                               diverge_at=self.diverge_at, noise_scale=cfg.noise_scale.enabled)
+        self.evaluator = MilestoneEvaluator(cfg, model=self.model, ema=self.ema, val_set=work.val_batches(),
+                                            flops_per_token=work.flops_per_token, stepper=self.stepper)
+
+    def train_step(self, c: LoopCounters, phase: BatchPhase) -> StepOutcome:
+        """One optimizer step at ``c``'s position; advances ``c`` and the EMAs (not after a diverged step)."""
+        t0 = time.perf_counter()
+        out = self.stepper.step(c.step, phase, c.tokens_seen)
+        c.train_time_s += time.perf_counter() - t0
+        c.step += 1
+        c.tokens_seen += out.real_tokens
+        if out.noise_estimates is not None:
+            self.ns.update(*out.noise_estimates)
+        if not out.diverged(self.diverge_at):
+            c.loss_sum += out.loss
+            c.loss_count += 1
+            if self.ema is not None:
+                self.ema.update(out.real_tokens)
+        return out
+
+    def checkpoint(self, c: LoopCounters) -> dict[str, Any] | None:
+        """The state to report with this milestone (rank 0, every ``checkpoint_every_milestones``), else None.
+
+        Keys: ``model``, ``optimizer``, ``ema_raw`` (the EMA buffers, ``[]`` without one),
+        ``noise_scale``, ``loop`` (:meth:`LoopCounters.state`) and ``rng_cpu`` (the torch CPU RNG).
+        """
+        every = self.cfg.eval.checkpoint_every_milestones
+        if self.rank != 0 or every <= 0 or c.milestone_idx % every:
+            return None
+        ema = self.ema
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "ema_raw": ema.buffers if ema is not None else [], "noise_scale": self.ns.state_dict(),
+                "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state()}
+
+    def restore(self, state: dict[str, Any]) -> LoopCounters:
+        """Load a state saved with a report into the model, optimizer, EMAs and torch RNG; its counters."""
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.ema is not None:
+            self.ema.load_buffers(state.get("ema_raw", []))
+        self.ns.load_state_dict(state["noise_scale"])
+        if self.ema is not None:
+            self.ema.weight = state["loop"].get("ema_weight", 0.0)
+        counters = LoopCounters.from_state(state["loop"])
+        torch.set_rng_state(state["rng_cpu"])
+        return counters
 
 
 def _metrics(c: LoopCounters, *, val: float, raw: float | None, last: StepOutcome, ns: NoiseScaleEMA, work: Workload,

@@ -26,7 +26,15 @@ from typing import Any
 
 from sweeps.errors import InvalidInput
 from sweeps.spec import BranchSpec, SweepSpec
-from workloads.api import beta2_from_half_life, train_in_process, warmup_length_tokens
+from sweeps.tracking.schema import (
+    PARAM_BATCH_SIZE_SEQUENCES,
+    ROLE_BRANCH,
+    ROLE_BRANCH_SWEEP,
+    TAG_PARENT_RUN_ID,
+    TAG_ROLE,
+    TAG_STATUS,
+)
+from workloads.api import beta2_from_half_life, get_workload, warmup_length_tokens
 
 __all__ = ["local_cbs_multiplier", "run_branching"]
 
@@ -101,18 +109,14 @@ def run_branching(
     Raises:
         InvalidInput: a pretraining spec is required; multipliers that do not give whole batches.
     """
-    import ray
-    from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
-    from sweeps.run.driver import _init_ray
+    from sweeps.run.preflight import check_data_files
     from sweeps.spec.identity import local_tracking_uri
-    from sweeps.run.preflight import check_data_files, resolve_data_path
-    from sweeps.search.searcher import hyperparameters_for
     from sweeps.tracking.writer import configure_mlflow_env
-    from sweeps.run.trainable import trial_config
 
-    if spec.workload != "pretrain":  # a spec check, not a dispatch: branching is defined for pretraining only
+    train_in_process = get_workload(spec.workload).train_in_process
+    if train_in_process is None:
         raise InvalidInput("branching needs a pretraining spec (workload: pretrain)")
     check_data_files(spec)
     br = spec.branch or BranchSpec()
@@ -120,24 +124,62 @@ def run_branching(
     bad = [k for k in br.multipliers if abs(k * b0 - round(k * b0)) > 1e-9 or round(k * b0) < 1]
     if bad:
         raise InvalidInput(f"branch.multipliers {bad} x base batch {b0} are not whole batch sizes")
-    T = spec.model.context_length_tokens
     output = Path(output).expanduser().resolve()
     output.mkdir(parents=True, exist_ok=True)
     states_dir = output / "branch_states"
     states_dir.mkdir(exist_ok=True)
-    uri = local_tracking_uri(spec, tracking_uri)
     configure_mlflow_env()
-    client = MlflowClient(uri)
+    client = MlflowClient(local_tracking_uri(spec, tracking_uri))
     hp = _base_hyperparameters(spec, b0, from_run_id, client)
+    step_tokens = b0 * spec.model.context_length_tokens
+    points = sorted({int(round(f * spec.budget_tokens / step_tokens)) * step_tokens for f in br.points_fraction})
+    base, results = _train_base_and_branches(spec, br, b0, hp, points, states_dir, train_in_process, ray_address)
 
+    series = [_local_cbs_at(p, br, b0, results) for p in points]
+    flops_branches = sum(
+        (r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"] for (p, _), r in results.items() if r["reports"])
+    flops_base = (base["reports"][-1]["tokens_seen"] * base["flops_per_token"]) if base["reports"] else 0.0
+    parent = _log_branches(client, spec, br, b0, results, from_run_id, flops_branches + flops_base)
+    out = {
+        "base_batch_size_sequences": b0,
+        "base_hyperparameters": hp,
+        "window_tokens": br.window_tokens,
+        "epsilon": br.epsilon,
+        "multipliers": list(br.multipliers),
+        "loss_used": "validation loss (raw weights) at the end of the window",
+        "flops_measurement": flops_branches + flops_base,
+        "local_cbs": series,
+        "mlflow_parent_run_id": parent,
+    }
+    (output / "branch.json").write_text(json.dumps(out, indent=2))
+    cbs_path = output / "cbs.json"
+    if cbs_path.is_file():
+        cbs = json.loads(cbs_path.read_text())
+        cbs["local_cbs"] = series
+        cbs_path.write_text(json.dumps(cbs, indent=2))
+    return out
+
+
+def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[str, Any], points: list[int],
+                             states_dir: Path, train_in_process, ray_address: str | None
+                             ) -> tuple[dict[str, Any], dict[tuple[int, float], dict[str, Any]]]:
+    """Train the base run at ``B0`` (saving its state at each positive point), then every branch as a
+    Ray task; returns ``(base result, {(point, k): branch result})`` (``Workload.train_in_process``)."""
+    import ray
+
+    from sweeps.run.cluster import init_ray
+    from sweeps.run.preflight import resolve_data_path
+    from sweeps.run.trainable import trial_config
+    from sweeps.search.searcher import hyperparameters_for
+
+    T = spec.model.context_length_tokens
     step_tokens = b0 * T
     base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
-    points = sorted({int(round(f * spec.budget_tokens / step_tokens)) * step_tokens for f in br.points_fraction})
     data_path = resolve_data_path(spec)
     base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
                             data_path=data_path)
     positive = [p for p in points if p > 0]
-    started = _init_ray(ray_address, spec)
+    started = init_ray(ray_address, spec)
     try:
         task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(train_in_process)
         if positive:
@@ -168,41 +210,43 @@ def run_branching(
                                                         warmup_min_steps=0))
                 state = str(states_dir / f"base_{p}.pt") if p > 0 else None
                 refs[(p, k)] = task.remote(cfg.to_dict(), state, None)
-        results = {key: ray.get(ref) for key, ref in refs.items()}
+        return base, {key: ray.get(ref) for key, ref in refs.items()}
     finally:
         if started:
             ray.shutdown()
 
-    series = []
-    for p in points:
-        losses = {}
-        for k in br.multipliers:
-            r = results[(p, k)]
-            last = r["reports"][-1] if r["reports"] else {}
-            raw = last.get("val_loss_raw")
-            losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
-        k_star = local_cbs_multiplier(losses, br.epsilon)
-        series.append({"tokens_seen": p, "k_star": k_star, "local_cbs_sequences": None if k_star is None else k_star * b0,
-                       "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()}})
 
-    flops_branches = sum(
-        (r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"] for (p, _), r in results.items() if r["reports"])
-    flops_base = (base["reports"][-1]["tokens_seen"] * base["flops_per_token"]) if base["reports"] else 0.0
+def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, float], dict[str, Any]]) -> dict[str, Any]:
+    """The local CBS at point ``p`` from its branches' raw-weights validation losses at the window's end."""
+    losses = {}
+    for k in br.multipliers:
+        r = results[(p, k)]
+        last = r["reports"][-1] if r["reports"] else {}
+        raw = last.get("val_loss_raw")
+        losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
+    k_star = local_cbs_multiplier(losses, br.epsilon)
+    return {"tokens_seen": p, "k_star": k_star, "local_cbs_sequences": None if k_star is None else k_star * b0,
+            "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()}}
 
-    # MLflow: branch runs are children of the sweep's parent (or of a new branch parent)
+
+def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dict[tuple[int, float], dict[str, Any]],
+                  from_run_id: str | None, flops_measurement: float) -> str:
+    """Log each branch as an MLflow child run of ``from_run_id`` (or of a new branch parent); the parent's id."""
+    from mlflow.entities import Metric, Param
+
     exp = client.get_experiment_by_name(spec.experiment_name)
     exp_id = exp.experiment_id if exp else client.create_experiment(spec.experiment_name)
     parent = from_run_id
     if parent is None:
         parent = client.create_run(exp_id, run_name=f"{spec.name}-branching",
-                                   tags={"critbatch.role": "branch-sweep", "critbatch.status": "RUNNING"}).info.run_id
+                                   tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: "RUNNING"}).info.run_id
     ts = int(time.time() * 1000)
     for (p, k), r in results.items():
         run = client.create_run(exp_id, run_name=f"branch-t{p}-k{k}", tags={
-            "mlflow.parentRunId": parent, "critbatch.role": "branch", "critbatch.status": r["status"].upper()})
+            TAG_PARENT_RUN_ID: parent, TAG_ROLE: ROLE_BRANCH, TAG_STATUS: r["status"].upper()})
         rid = run.info.run_id
         client.log_batch(rid, params=[Param("branch_tokens_seen", str(p)), Param("multiplier", str(k)),
-                                      Param("batch_size_sequences", str(int(round(k * b0)))),
+                                      Param(PARAM_BATCH_SIZE_SEQUENCES, str(int(round(k * b0)))),
                                       Param("window_tokens", str(br.window_tokens))])
         ms = []
         for m in r["reports"]:
@@ -215,26 +259,8 @@ def run_branching(
         if ms:
             client.log_batch(rid, metrics=ms)
         client.set_terminated(rid, status="FINISHED" if r["status"] == "completed" else "FAILED")
-    client.log_batch(parent, metrics=[Metric("flops_measurement_branching", float(flops_branches + flops_base), ts, 0)])
+    client.log_batch(parent, metrics=[Metric("flops_measurement_branching", float(flops_measurement), ts, 0)])
     if from_run_id is None:
-        client.set_tag(parent, "critbatch.status", "SUCCEEDED")
+        client.set_tag(parent, TAG_STATUS, "SUCCEEDED")
         client.set_terminated(parent, "FINISHED")
-
-    out = {
-        "base_batch_size_sequences": b0,
-        "base_hyperparameters": hp,
-        "window_tokens": br.window_tokens,
-        "epsilon": br.epsilon,
-        "multipliers": list(br.multipliers),
-        "loss_used": "validation loss (raw weights) at the end of the window",
-        "flops_measurement": flops_branches + flops_base,
-        "local_cbs": series,
-        "mlflow_parent_run_id": parent,
-    }
-    (output / "branch.json").write_text(json.dumps(out, indent=2))
-    cbs_path = output / "cbs.json"
-    if cbs_path.is_file():
-        cbs = json.loads(cbs_path.read_text())
-        cbs["local_cbs"] = series
-        cbs_path.write_text(json.dumps(cbs, indent=2))
-    return out
+    return parent

@@ -1,0 +1,48 @@
+"""The spec -> workload config conversion of the trainable: every section lands in its place, and
+the test-only fault plan is read from the environment in one place."""
+
+from __future__ import annotations
+
+import copy
+
+from sweeps.run.trainable import faults_from_env, trial_config
+from sweeps.run.workload import workload_config
+from sweeps.spec import parse_spec
+from workloads.api import FaultPlan, TrialConfig
+
+HP = {"batch_size_sequences": 8, "seed": 3, "lr": 1e-3, "lr_rule": "linear", "beta2": 0.99,
+      "beta2_half_life_tokens": 4096.0}
+
+
+def test_trial_config_takes_each_section_from_the_spec_and_the_sampled_point(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["batch_warmup"] = {"schedule": [[0, 1], [2048, 2]]}
+    d["pruning"] = {"enabled": True, "mode": "pause"}
+    spec = parse_spec(d)
+    c = trial_config(spec, HP, "t0", data_path="/abs/input.txt", rung_gate_key="gate/t0")
+    assert c.workload.name == "pretrain" and c.workload.data.path == "/abs/input.txt"
+    assert c.workload.model.d_ff == spec.model.d_ff_resolved and c.context_length_tokens == 32
+    assert (c.optimizer.lr, c.optimizer.lr_rule, c.optimizer.beta2_half_life_tokens) == (1e-3, "linear", 4096.0)
+    assert c.batch.batch_size_sequences == 8 and c.batch.warmup == ((0, 1), (2048, 2))
+    assert c.eval.milestones_tokens == tuple(spec.milestones_tokens()) and c.seed == 3
+    assert c.rung_gate is not None and c.rung_gate.key == "gate/t0" and c.rung_gate.barrier_tokens
+    assert c.faults is None
+    assert TrialConfig.from_dict(c.to_dict()) == c
+
+
+def test_the_finetune_section_and_its_lora_convert(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["workload"] = "finetune"
+    d["finetune"] = {"checkpoint_dir": "/ck", "packing": "padded", "lora": {"rank": 4, "target_modules": ["q_proj"]}}
+    wc = workload_config(parse_spec(d))
+    assert wc.name == "finetune" and wc.finetune.packing == "padded"
+    assert (wc.finetune.lora.rank, wc.finetune.lora.alpha, wc.finetune.lora.target_modules) == (4, 16.0, ("q_proj",))
+
+
+def test_the_fault_plan_comes_from_the_environment_only_when_a_test_sets_it(monkeypatch):
+    monkeypatch.delenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", raising=False)
+    monkeypatch.delenv("CRITBATCH_TEST_HOLD_FILE", raising=False)
+    assert faults_from_env() is None
+    monkeypatch.setenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", "1")
+    monkeypatch.setenv("CRITBATCH_TEST_HOLD_FILE", "/tmp/hold")
+    assert faults_from_env() == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
