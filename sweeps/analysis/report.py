@@ -39,118 +39,129 @@ def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_length_tokens: int) -> dict[str, Path]:
-    """Write the report's plots as PNG files under ``out_dir``; returns name -> path."""
+    """Write the report's plots as PNG files under ``out_dir``; returns name -> path (a plot with
+    nothing to show is not written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    T = context_length_tokens
-    paths: dict[str, Path] = {}
     curves = _envelopes(records)
     cmap = plt.get_cmap("viridis")
     bs = sorted(curves)
     colors = {b: cmap(i / max(len(bs) - 1, 1)) for i, b in enumerate(bs)}
+    targets = analysis.get("targets") or []
+    figures = {
+        "loss_vs_flops": _loss_vs_flops(curves, colors, targets),
+        "steps_to_target": _to_target(targets, "steps", context_length_tokens),
+        "tokens_to_target": _to_target(targets, "tokens", context_length_tokens),
+        "b_crit_by_target": _b_crit_by_target(targets),
+        "b_simple": _b_simple(analysis, colors),
+        "local_cbs": _local_cbs(analysis.get("local_cbs") or []),
+    }
+    paths: dict[str, Path] = {}
+    for name, fig in figures.items():
+        if fig is not None:
+            fig.tight_layout()
+            paths[name] = out_dir / f"{name}.png"
+            fig.savefig(paths[name], dpi=110)
+            plt.close(fig)
+    return paths
 
-    # 1. validation loss against training FLOPs, one curve per batch size
+
+def _loss_vs_flops(curves: dict, colors: dict, targets: list[dict]):
+    """Validation loss against training FLOPs (tokens if FLOPs are unknown), one curve per batch size."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    bs = sorted(curves)
     for b in bs:
         tok, flops, loss = curves[b]
         x = flops if np.all(flops > 0) else tok
         ax.plot(x, loss, marker="o", ms=3, color=colors[b], label=f"B={b}")
-    for t in analysis.get("targets") or []:
+    for t in targets:
         ax.axhline(t["target_loss"], color="grey", lw=0.6, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs" if bs and np.all(curves[bs[0]][1] > 0) else "tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
     ax.set_title("Validation loss against compute (lower envelope of each batch size's trials)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    paths["loss_vs_flops"] = out_dir / "loss_vs_flops.png"
-    fig.savefig(paths["loss_vs_flops"], dpi=110)
-    plt.close(fig)
+    return fig
 
-    # 2./3. tokens and steps to target against batch size, with the fitted hyperbola
-    targets = analysis.get("targets") or []
-    for kind in ("steps", "tokens"):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        tc = plt.get_cmap("plasma")
-        for i, t in enumerate(targets):
-            pts = t.get("points") or []
-            if not pts:
-                continue
-            c = tc(i / max(len(targets) - 1, 1))
-            B = np.array([p["batch_size_sequences"] for p in pts], dtype=float)
-            S = np.array([p["steps_to_target"] for p in pts], dtype=float)
-            y = S if kind == "steps" else S * B * T
-            ax.scatter(B, y, color=c, s=18, label=f"L*={t['target_loss']:.3f}")
-            if t.get("s_min") is not None and t.get("e_min") is not None:
-                grid = np.geomspace(B.min() / 1.5, B.max() * 1.5, 100)
-                fit_s = t["s_min"] + t["e_min"] / grid
-                ax.plot(grid, fit_s if kind == "steps" else fit_s * grid * T, color=c, lw=1)
-            if t.get("b_crit"):
-                ax.axvline(t["b_crit"], color=c, lw=0.8, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("global batch size (sequences)")
-        ax.set_ylabel("optimizer steps to target" if kind == "steps" else "tokens to target")
-        ax.set_title(("Steps" if kind == "steps" else "Tokens") + " to target: S = S_min + E_min/B (dashed: b_crit)")
-        if targets:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths[f"{kind}_to_target"] = out_dir / f"{kind}_to_target.png"
-        fig.savefig(paths[f"{kind}_to_target"], dpi=110)
-        plt.close(fig)
 
-    # 4. b_crit per target, with confidence intervals
+def _to_target(targets: list[dict], kind: str, T: int):
+    """Steps (``kind="steps"``) or tokens to each target against batch size, with the fitted hyperbola."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    tc = plt.get_cmap("plasma")
+    for i, t in enumerate(targets):
+        pts = t.get("points") or []
+        if not pts:
+            continue
+        c = tc(i / max(len(targets) - 1, 1))
+        B = np.array([p["batch_size_sequences"] for p in pts], dtype=float)
+        S = np.array([p["steps_to_target"] for p in pts], dtype=float)
+        y = S if kind == "steps" else S * B * T
+        ax.scatter(B, y, color=c, s=18, label=f"L*={t['target_loss']:.3f}")
+        if t.get("s_min") is not None and t.get("e_min") is not None:
+            grid = np.geomspace(B.min() / 1.5, B.max() * 1.5, 100)
+            fit_s = t["s_min"] + t["e_min"] / grid
+            ax.plot(grid, fit_s if kind == "steps" else fit_s * grid * T, color=c, lw=1)
+        if t.get("b_crit"):
+            ax.axvline(t["b_crit"], color=c, lw=0.8, ls="--")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("global batch size (sequences)")
+    ax.set_ylabel("optimizer steps to target" if kind == "steps" else "tokens to target")
+    ax.set_title(("Steps" if kind == "steps" else "Tokens") + " to target: S = S_min + E_min/B (dashed: b_crit)")
+    if targets:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def _b_crit_by_target(targets: list[dict]):
+    """``b_crit`` per target with its interval (an open upper end drawn at 4x); None if no target has one."""
     with_b = [t for t in targets if t.get("b_crit")]
-    if with_b:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        L = np.array([t["target_loss"] for t in with_b])
-        bc = np.array([t["b_crit"] for t in with_b])
-        lo = np.array([(t.get("b_crit_ci") or [None, None])[0] or b for t, b in zip(with_b, bc)])
-        hi = np.array([(t.get("b_crit_ci") or [None, None])[1] or np.nan for t in with_b], dtype=float)
-        hi_plot = np.where(np.isnan(hi), bc * 4, hi)
-        ax.errorbar(L, bc, yerr=[bc - lo, hi_plot - bc], fmt="o-", capsize=3)
-        ax.set_yscale("log", base=2)
-        ax.invert_xaxis()
-        ax.set_xlabel("target validation loss (lower = later in training)")
-        ax.set_ylabel("b_crit (sequences), 95% CI")
-        ax.set_title("Critical batch size by target loss")
-        fig.tight_layout()
-        paths["b_crit_by_target"] = out_dir / "b_crit_by_target.png"
-        fig.savefig(paths["b_crit_by_target"], dpi=110)
-        plt.close(fig)
+    if not with_b:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    L = np.array([t["target_loss"] for t in with_b])
+    bc = np.array([t["b_crit"] for t in with_b])
+    lo = np.array([(t.get("b_crit_ci") or [None, None])[0] or b for t, b in zip(with_b, bc)])
+    hi = np.array([(t.get("b_crit_ci") or [None, None])[1] or np.nan for t in with_b], dtype=float)
+    hi_plot = np.where(np.isnan(hi), bc * 4, hi)
+    ax.errorbar(L, bc, yerr=[bc - lo, hi_plot - bc], fmt="o-", capsize=3)
+    ax.set_yscale("log", base=2)
+    ax.invert_xaxis()
+    ax.set_xlabel("target validation loss (lower = later in training)")
+    ax.set_ylabel("b_crit (sequences), 95% CI")
+    ax.set_title("Critical batch size by target loss")
+    return fig
 
-    # 5. gradient noise scale over training
+
+def _b_simple(analysis: dict[str, Any], colors: dict):
+    """The gradient noise scale over training, one series per batch size; None without estimates."""
     series = [s for s in (analysis.get("b_simple") or []) if any(v is not None for v in s["b_simple"])]
-    if series:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for s in series:
-            tok = np.array(s["tokens"], dtype=float)
-            v = np.array([np.nan if x is None else x for x in s["b_simple"]], dtype=float)
-            ax.plot(tok, v, marker=".", color=colors.get(s["batch_size_sequences"]), label=f"B={s['batch_size_sequences']}")
-        if analysis.get("b_crit"):
-            ax.axhline(analysis["b_crit"], color="k", ls="--", lw=1, label=f"fitted b_crit={analysis['b_crit']:.0f}")
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens seen")
-        ax.set_ylabel("B_simple (sequences)")
-        ax.set_title("Gradient noise scale B_simple = tr(Sigma)/|G|^2 during training")
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        paths["b_simple"] = out_dir / "b_simple.png"
-        fig.savefig(paths["b_simple"], dpi=110)
-        plt.close(fig)
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in series:
+        tok = np.array(s["tokens"], dtype=float)
+        v = np.array([np.nan if x is None else x for x in s["b_simple"]], dtype=float)
+        ax.plot(tok, v, marker=".", color=colors.get(s["batch_size_sequences"]), label=f"B={s['batch_size_sequences']}")
+    if analysis.get("b_crit"):
+        ax.axhline(analysis["b_crit"], color="k", ls="--", lw=1, label=f"fitted b_crit={analysis['b_crit']:.0f}")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("B_simple (sequences)")
+    ax.set_title("Gradient noise scale B_simple = tr(Sigma)/|G|^2 during training")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
 
-    # 6. local critical batch size by branching
-    local = analysis.get("local_cbs") or []
-    if local:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([p["tokens_seen"] for p in local], [p["local_cbs_sequences"] for p in local], "o-")
-        ax.set_xlabel("tokens seen at the branch point")
-        ax.set_ylabel("local CBS (sequences)")
-        ax.set_title("Local critical batch size by branching (Merrill et al. 2025)")
-        fig.tight_layout()
-        paths["local_cbs"] = out_dir / "local_cbs.png"
-        fig.savefig(paths["local_cbs"], dpi=110)
-        plt.close(fig)
-    return paths
+
+def _local_cbs(local: list[dict]):
+    """The local critical batch size by branching (Merrill et al. 2025); None without branch points."""
+    if not local:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([p["tokens_seen"] for p in local], [p["local_cbs_sequences"] for p in local], "o-")
+    ax.set_xlabel("tokens seen at the branch point")
+    ax.set_ylabel("local CBS (sequences)")
+    ax.set_title("Local critical batch size by branching (Merrill et al. 2025)")
+    return fig
 
 
 def _fmt(v: Any, nd: int = 4) -> str:

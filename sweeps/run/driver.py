@@ -96,18 +96,7 @@ def run_sweep(
                         return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
                                                 resume=True, stop=stop)
                 tracker = _tracker(uri, spec, sweep_id, fingerprint)
-                try:
-                    tracker.start_parent()
-                except Exception as exc:  # noqa: BLE001
-                    raise CritbatchError(f"cannot create the sweep's MLflow run at {uri}: {exc}") from None
-                if shared:
-                    write_storage_binding(root, sweep_id, fingerprint)
-                state = SweepState(sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri,
-                                   experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
-                                   data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
-                                   optuna_storage=optuna_storage_url(output))
-                _write_spec(output, spec)
-                state.save(output)
+                state = _start(spec, output, tracker, uri=uri, root=root, ray_address=ray_address)
                 started = True
                 return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=False,
                                         stop=stop)
@@ -123,16 +112,41 @@ def run_sweep(
             return {"ok": False, "status": "STOPPED", "sweep_id": sweep_id, "cbs": None, "output": str(output),
                     "message": "stopped before the sweep started; nothing was kept", "exit_code": stop.exit_code}
         finally:
-            if not started and tracker is not None and tracker.parent_run_id:
-                try:
-                    tracker.client.delete_run(tracker.parent_run_id)
-                except Exception:  # noqa: BLE001
-                    log.warning("could not delete the MLflow run %s of the sweep that did not start",
-                                tracker.parent_run_id)
             if not started:
-                for name in ("spec.yaml",):
-                    (output / name).unlink(missing_ok=True)
+                _discard(output, tracker)
             claim.release(remove=not started)
+
+
+def _start(spec: SweepSpec, output: Path, tracker, *, uri: str, root: str, ray_address: str | None) -> SweepState:
+    """Create the sweep's MLflow parent run, bind a shared storage root to the sweep, write ``spec.yaml``
+    and ``sweep.json``.
+
+    Raises:
+        CritbatchError: MLflow refused the parent run.
+    """
+    try:
+        tracker.start_parent()
+    except Exception as exc:  # noqa: BLE001
+        raise CritbatchError(f"cannot create the sweep's MLflow run at {uri}: {exc}") from None
+    if root != str(output):
+        write_storage_binding(root, tracker.sweep_id, tracker.fingerprint)
+    state = SweepState(sweep_id=tracker.sweep_id, fingerprint=tracker.fingerprint, tracking_uri=uri,
+                       experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
+                       data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
+                       optuna_storage=optuna_storage_url(output))
+    _write_spec(output, spec)
+    state.save(output)
+    return state
+
+
+def _discard(output: Path, tracker) -> None:
+    """Remove what a sweep that did not start made: its MLflow parent run and ``spec.yaml``."""
+    if tracker is not None and tracker.parent_run_id:
+        try:
+            tracker.client.delete_run(tracker.parent_run_id)
+        except Exception:  # noqa: BLE001
+            log.warning("could not delete the MLflow run %s of the sweep that did not start", tracker.parent_run_id)
+    (output / "spec.yaml").unlink(missing_ok=True)
 
 
 def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: str | None,
