@@ -1,4 +1,4 @@
-"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``sweeps.cli._register_optional``)."""
+"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``sweeps.cli.main._register_optional``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,32 @@ def _default_image() -> str:
         return f"critbatch:{metadata.version('critbatch')}"
     except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "critbatch:latest"
+
+
+def _spec_text(spec: Path) -> str:
+    """The spec file's text as the cluster gets it: a derived spec (one with ``base:``) resolved,
+    since the cluster has no base file.
+
+    Raises:
+        SpecError: the file is missing or unreadable, or its base cannot be resolved.
+    """
+    import yaml
+
+    from sweeps.spec import SpecError, resolved_spec_dict
+
+    try:
+        text = spec.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("<root>", f"spec file not found: {spec}")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([("<root>", f"cannot read spec file {spec}: {exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # parse_spec_text reports it
+    if isinstance(data, dict) and "base" in data:
+        return yaml.safe_dump(resolved_spec_dict(spec), sort_keys=False)
+    return text
 
 
 def register(app: typer.Typer) -> None:
@@ -40,22 +66,7 @@ def register(app: typer.Typer) -> None:
         from sweeps.spec import SpecError, parse_spec_text
 
         try:
-            try:
-                text = spec.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise SpecError([("<root>", f"spec file not found: {spec}")]) from None
-            except (OSError, UnicodeDecodeError) as exc:
-                raise SpecError([("<root>", f"cannot read spec file {spec}: {exc}")]) from None
-            import yaml
-
-            from sweeps.spec import resolved_spec_dict
-
-            try:
-                has_base = isinstance(yaml.safe_load(text), dict) and "base" in yaml.safe_load(text)
-            except yaml.YAMLError:
-                has_base = False
-            if has_base:  # a derived spec travels resolved: the cluster has no base file
-                text = yaml.safe_dump(resolved_spec_dict(spec), sort_keys=False)
+            text = _spec_text(spec)
             objects = render_rayjob(parse_spec_text(text), text, image, namespace or None)
         except (SpecError, InvalidInput) as exc:
             _fail_invalid(exc)
