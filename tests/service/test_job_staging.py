@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
@@ -180,25 +179,6 @@ def test_redact_uri():
     assert redact_uri("http://u:secret@h:5000/x") == "http://u:***@h:5000/x"
     assert redact_uri("http://h:5000") == "http://h:5000"
     assert redact_uri(None) is None
-
-
-def test_explicit_address_wins_over_ray_address_env(monkeypatch):
-    """Ray lets RAY_ADDRESS override the address argument; an explicit --address must win."""
-    from sweeps.remote._ray_client import make_client
-
-    seen = {}
-
-    class Client:
-        def __init__(self, address, headers=None):
-            seen["address"], seen["env"] = address, os.environ.get("RAY_ADDRESS")
-
-    import ray.job_submission
-
-    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
-    monkeypatch.setenv("RAY_ADDRESS", "http://other:8265")
-    make_client("http://mine:8265", None)
-    assert seen == {"address": "http://mine:8265", "env": None}
-    assert os.environ["RAY_ADDRESS"] == "http://other:8265"
 
 
 def test_job_tracking_uri_precedence():
