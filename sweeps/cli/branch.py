@@ -11,6 +11,7 @@ __all__ = ["register"]
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``branch`` command to the ``critbatch`` app."""
     @app.command()
     def branch(
         spec: Path = typer.Argument(..., help="pretraining sweep spec; its `branch:` section configures the branching"),

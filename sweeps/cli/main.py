@@ -213,6 +213,7 @@ _register_optional()
 
 
 def main() -> None:  # pragma: no cover - console entry
+    """Run the ``critbatch`` program."""
     app()
 
 

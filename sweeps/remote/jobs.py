@@ -33,8 +33,8 @@ from sweeps.remote.status import SweepRuns, SweepStatus, TrialCounts, from_job, 
 from sweeps.spec.identity import is_valid_sweep_id, redact_uri
 from sweeps.tracking.reader import (
     MlflowReader,
-    check_existing_store,
     mlflow_ui_links,
+    ping_store,
     readable_here,
     same_tracking_uri,
     trial_rows,
@@ -115,6 +115,7 @@ class SweepJobs:
 
     @property
     def client(self) -> Any:
+        """Ray's job client, made on first use (:class:`ClusterUnavailable` if that fails)."""
         with self._lock:
             if self._client is None:
                 try:
@@ -174,31 +175,22 @@ class SweepJobs:
         return "ok"
 
     def ping_mlflow(self, timeout_s: float = 2.0) -> str:
-        """``"ok"`` if the tracking store answers (an HTTP server's ``/health``, or an existing
-        store: :func:`check_existing_store`), ``"not configured"`` without one; else raises."""
-        uri = self.tracking_uri
-        if not uri:
-            return "not configured"
-        if urlsplit(uri).scheme.lower() in ("http", "https"):
-            import requests
-
-            r = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
-            if r.status_code != 200:
-                raise StoreRefused(f"MLflow answered {r.status_code}")
-            return "ok"
-        check_existing_store(uri)
-        return "ok"
+        """:func:`sweeps.tracking.reader.ping_store` of this client's tracking URI."""
+        return ping_store(self.tracking_uri, timeout_s)
 
     def submit(self, staged: StagedSweep, *, max_active: int | None = None) -> SweepStatus:
         """Submit a staged sweep, unless a job with its id exists (then :class:`SweepExists`), or
-        ``max_active`` sweeps are pending or running already (then :class:`TooManySweeps`)."""
+        ``max_active`` sweeps are pending or running already (then :class:`TooManySweeps`).
+
+        A dropped connection is retried (``SUBMIT_ATTEMPTS`` tries): the submission id makes it
+        idempotent. Raises :class:`ClusterUnavailable` when the job server refuses or cannot be reached.
+        """
         try:
             existing = self._job(staged.sweep_id)
         except SweepNotFound:
             existing = None
         if existing is not None:
-            same = (existing.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
-            raise SweepExists(staged.sweep_id, self._state(existing, with_mlflow=False).status, same)
+            raise self._exists(existing, staged)
         if max_active is not None:
             active = self.active_count()
             if active >= max_active:
@@ -219,10 +211,9 @@ class SweepJobs:
                     raise ClusterUnavailable(f"Ray job server refused the job: {str(exc)[:2000]}") from None
                 # A lost race with another submission of this id (first attempt), or an earlier
                 # attempt of ours that reached the server although its answer was lost.
-                job = self._job(staged.sweep_id)
-                same = (job.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
-                if attempt == 0 or not same:
-                    raise SweepExists(staged.sweep_id, self._state(job, with_mlflow=False).status, same) from None
+                exists = self._exists(self._job(staged.sweep_id), staged)
+                if attempt == 0 or not exists.same_spec:
+                    raise exists from None
                 break
             except Exception as exc:  # noqa: BLE001 - connection dropped (requests/urllib3 errors): retry
                 if attempt + 1 == SUBMIT_ATTEMPTS:
@@ -233,6 +224,11 @@ class SweepJobs:
             id=staged.sweep_id, status="PENDING", ray_status="PENDING", name=staged.spec.name,
             tracking_uri=staged.tracking_uri, trials=TrialCounts(planned=staged.spec.n_trials),
         )
+
+    def _exists(self, job: Any, staged: StagedSweep) -> SweepExists:
+        """The error for a submission whose id ``job`` already has (same spec: same fingerprint)."""
+        same = (job.metadata or {}).get(META_FINGERPRINT) == staged.fingerprint
+        return SweepExists(staged.sweep_id, self._state(job, with_mlflow=False).status, same)
 
     def get(self, sweep_id: str, *, with_mlflow: bool = True, reconcile: bool = True) -> SweepStatus:
         """The sweep's status, trial counts and best result so far.
@@ -272,6 +268,11 @@ class SweepJobs:
         return [self._state(j, with_mlflow=with_mlflow, reconcile=False, with_trials=False) for j in page], len(jobs)
 
     def logs(self, sweep_id: str, *, tail_lines: int | None = None) -> str:
+        """The job's log (the driver's stdout and stderr), or its last ``tail_lines`` lines.
+
+        Raises:
+            SweepNotFound, ClusterUnavailable.
+        """
         self._job(sweep_id)
         text = self._call("get_job_logs", sweep_id, sweep_id=sweep_id) or ""
         if tail_lines is not None:

@@ -36,8 +36,8 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "StoreRefused", "MlflowReader", "check_existing_store", "readable_here", "same_tracking_uri", "mlflow_ui_links",
-    "trial_rows",
+    "StoreRefused", "MlflowReader", "check_existing_store", "ping_store", "readable_here", "same_tracking_uri",
+    "mlflow_ui_links", "trial_rows",
 ]
 
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -140,6 +140,28 @@ def check_existing_store(uri: str) -> None:
         root = Path(parts.path if scheme == "file" else uri)
         if not (root / "0" / "meta.yaml").is_file():
             raise StoreRefused(f"{redact_uri(uri)!r} is not an MLflow file store: a reader creates none")
+
+
+def ping_store(uri: str | None, timeout_s: float = 2.0) -> str:
+    """``"ok"`` if the tracking store at ``uri`` answers (an HTTP server's ``/health`` within
+    ``timeout_s`` seconds, or an existing store: :func:`check_existing_store`); ``"not configured"``
+    without a URI.
+
+    Raises:
+        StoreRefused: the server answered another status, or no such store; ``requests`` errors
+            when the server cannot be reached.
+    """
+    if not uri:
+        return "not configured"
+    if urlsplit(uri).scheme.lower() in ("http", "https"):
+        import requests
+
+        r = requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        if r.status_code != 200:
+            raise StoreRefused(f"MLflow answered {r.status_code}")
+        return "ok"
+    check_existing_store(uri)
+    return "ok"
 
 
 def mlflow_ui_links(ui_url: str | None, experiment_id: str | None, parent_run_id: str | None,

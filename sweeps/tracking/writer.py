@@ -21,36 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from sweeps.spec import SweepSpec
-from sweeps.tracking.schema import (
-    METRIC_KEYS,
-    METRIC_VAL_LOSS,
-    PARAM_BATCH_SIZE_SEQUENCES,
-    PARAM_BETA2,
-    PARAM_LR,
-    PARAM_LR_RULE,
-    ROLE_SWEEP,
-    ROLE_TRIAL,
-    SCHEDULER_TAG_KEYS,
-    TAG_ERROR,
-    TAG_FINGERPRINT,
-    TAG_GROUP_ID,
-    TAG_INITIAL_POINT,
-    TAG_MESSAGE,
-    TAG_PARENT_RUN_ID,
-    TAG_ROLE,
-    TAG_STATUS,
-    TAG_SWEEP_ID,
-    TAG_TRIAL_ID,
-    TAG_TRIALS_PLANNED,
-    TRIAL_COMPLETED,
-    TRIAL_DIVERGED,
-    TRIAL_FAILED,
-    TRIAL_PAUSED,
-    TRIAL_PRUNED,
-    TRIAL_RUNNING,
-    TRIAL_STOPPED,
-    scheduler_tag,
-)
+from sweeps.tracking import schema
 from workloads.api import FLOPS_CONVENTION
 
 __all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "configure_mlflow_env"]
@@ -78,6 +49,7 @@ class Outbox:
         self._warned = False
 
     def put(self, what: str, fn: Callable[[], Any]) -> None:
+        """Queue the write ``fn`` (``what`` names it in logs) and try the queue."""
         self.pending.append((what, fn))
         self.flush()
 
@@ -152,11 +124,11 @@ class Tracker:
             self.experiment_id,
             run_name=self.sweep_id,
             tags={
-                TAG_SWEEP_ID: self.sweep_id,
-                TAG_ROLE: ROLE_SWEEP,
-                TAG_STATUS: "RUNNING",
-                TAG_TRIALS_PLANNED: str(self.spec.n_trials),
-                **({TAG_FINGERPRINT: self.fingerprint} if self.fingerprint else {}),
+                schema.TAG_SWEEP_ID: self.sweep_id,
+                schema.TAG_ROLE: schema.ROLE_SWEEP,
+                schema.TAG_STATUS: "RUNNING",
+                schema.TAG_TRIALS_PLANNED: str(self.spec.n_trials),
+                **({schema.TAG_FINGERPRINT: self.fingerprint} if self.fingerprint else {}),
             },
         )
         self.parent_run_id = run.info.run_id
@@ -170,55 +142,57 @@ class Tracker:
         """Re-attach to an existing sweep's runs (resume): finds child runs by their trial-id tag."""
         self.experiment_id, self.parent_run_id = experiment_id, parent_run_id
         runs = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.{TAG_PARENT_RUN_ID} = '{parent_run_id}'", max_results=10000
+            [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'", max_results=10000
         )
         for r in runs:
-            tid = r.data.tags.get(TAG_TRIAL_ID)
+            tid = r.data.tags.get(schema.TAG_TRIAL_ID)
             if tid:
                 self.child_runs[tid] = r.info.run_id
-                hist = self.client.get_metric_history(r.info.run_id, METRIC_VAL_LOSS)
+                hist = self.client.get_metric_history(r.info.run_id, schema.METRIC_VAL_LOSS)
                 self.last_step[tid] = max((m.step for m in hist), default=-1)
                 if r.info.status != "RUNNING":
                     self.ended.add(tid)
         self.client.update_run(parent_run_id, status="RUNNING")
-        self.client.set_tag(parent_run_id, TAG_STATUS, "RUNNING")
+        self.client.set_tag(parent_run_id, schema.TAG_STATUS, "RUNNING")
 
     # ---- per-trial ---------------------------------------------------------------------------------
 
     def trial_started(self, trial_id: str, config: dict[str, Any], extra_params: dict[str, Any]) -> None:
+        """Create the trial's child run (tags, params from its Tune ``config`` and ``extra_params``),
+        or reopen it when the trial resumes."""
         if trial_id in self.child_runs:  # a resumed trial (a resumed sweep, or promoted from a rung)
             self.ended.discard(trial_id)
 
             def reopen() -> None:
                 rid = self._run_id(trial_id)
                 self.client.update_run(rid, status="RUNNING")
-                self.client.set_tag(rid, TAG_STATUS, TRIAL_RUNNING)
+                self.client.set_tag(rid, schema.TAG_STATUS, schema.TRIAL_RUNNING)
                 # the stop that ended it ("sweep ended before the trial") is over: a stale error would stay
                 # on a trial that then completes
-                if TAG_ERROR in self.client.get_run(rid).data.tags:
-                    self.client.delete_tag(rid, TAG_ERROR)
+                if schema.TAG_ERROR in self.client.get_run(rid).data.tags:
+                    self.client.delete_tag(rid, schema.TAG_ERROR)
 
             self.outbox.put(f"reopen {trial_id}", reopen)
             return
-        B = config[PARAM_BATCH_SIZE_SEQUENCES]
+        B = config[schema.PARAM_BATCH_SIZE_SEQUENCES]
         name = f"B{B}-s{config['seed']}-{trial_id}"
         tags = {
-            TAG_PARENT_RUN_ID: self.parent_run_id,
-            TAG_SWEEP_ID: self.sweep_id,
-            TAG_ROLE: ROLE_TRIAL,
-            TAG_TRIAL_ID: trial_id,
-            TAG_GROUP_ID: str(config.get("group_id", "")),
-            TAG_STATUS: TRIAL_RUNNING,
+            schema.TAG_PARENT_RUN_ID: self.parent_run_id,
+            schema.TAG_SWEEP_ID: self.sweep_id,
+            schema.TAG_ROLE: schema.ROLE_TRIAL,
+            schema.TAG_TRIAL_ID: trial_id,
+            schema.TAG_GROUP_ID: str(config.get("group_id", "")),
+            schema.TAG_STATUS: schema.TRIAL_RUNNING,
         }
         if config.get("initial_point") is not None:  # search.initial_points: an enqueued configuration
-            tags[TAG_INITIAL_POINT] = str(config["initial_point"])
+            tags[schema.TAG_INITIAL_POINT] = str(config["initial_point"])
         params = {
-            PARAM_BATCH_SIZE_SEQUENCES: B,
+            schema.PARAM_BATCH_SIZE_SEQUENCES: B,
             "batch_size_tokens": B * self.spec.model.context_length_tokens,
-            PARAM_LR: config["lr"],
-            PARAM_LR_RULE: config["lr_rule"],
+            schema.PARAM_LR: config["lr"],
+            schema.PARAM_LR_RULE: config["lr_rule"],
             "lr_multiplier": config["lr_multiplier"],
-            PARAM_BETA2: config["beta2"],
+            schema.PARAM_BETA2: config["beta2"],
             "beta2_half_life_tokens": config["beta2_half_life_tokens"],
             "seed": config["seed"],
             "budget_tokens": self.spec.budget_tokens,
@@ -248,6 +222,8 @@ class Tracker:
         return r
 
     def trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        """Log a report's finite metrics at ``step = tokens_seen`` (a NaN ``val_loss`` too); a tokens
+        value already logged is skipped."""
         step = int(result.get("tokens_seen", -1))
         if step <= self.last_step.get(trial_id, -1):
             return  # already logged (a restarted worker group replays from its checkpoint)
@@ -255,52 +231,56 @@ class Tracker:
         ts = int(time.time() * 1000)
         metrics = [
             Metric(k, float(result[k]), ts, step)
-            for k in METRIC_KEYS
+            for k in schema.METRIC_KEYS
             if isinstance(result.get(k), (int, float)) and result.get(k) == result.get(k)
         ]
-        if result.get(METRIC_VAL_LOSS) is not None and result[METRIC_VAL_LOSS] != result[METRIC_VAL_LOSS]:
-            metrics.append(Metric(METRIC_VAL_LOSS, float("nan"), ts, step))
+        val_loss = result.get(schema.METRIC_VAL_LOSS)
+        if val_loss is not None and val_loss != val_loss:  # NaN: logged, so that divergence shows in MLflow
+            metrics.append(Metric(schema.METRIC_VAL_LOSS, float("nan"), ts, step))
         self.outbox.put(f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics))
 
     def trial_paused(self, trial_id: str) -> None:
         """Tag a trial's run ``critbatch.status = PAUSED`` (it waits at a rung; the MLflow run stays open)."""
         if trial_id not in self.child_runs or trial_id in self.ended:
             return
-        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), TAG_STATUS, TRIAL_PAUSED))
+        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), schema.TAG_STATUS,
+                                                                        schema.TRIAL_PAUSED))
 
     def trial_ended(self, trial_id: str, status: str, error: str | None = None) -> None:
         """status: COMPLETED, DIVERGED, FAILED, PRUNED or STOPPED."""
         if trial_id in self.ended or trial_id not in self.child_runs:
             return
         self.ended.add(trial_id)
-        mlflow_status = {TRIAL_COMPLETED: "FINISHED", TRIAL_DIVERGED: "FINISHED", TRIAL_PRUNED: "FINISHED",
-                         TRIAL_FAILED: "FAILED"}.get(status, "KILLED")
+        mlflow_status = {schema.TRIAL_COMPLETED: "FINISHED", schema.TRIAL_DIVERGED: "FINISHED",
+                         schema.TRIAL_PRUNED: "FINISHED", schema.TRIAL_FAILED: "FAILED"}.get(status, "KILLED")
 
         def end() -> None:
             rid = self._run_id(trial_id)
-            tags = [RunTag(TAG_STATUS, status)]
+            tags = [RunTag(schema.TAG_STATUS, status)]
             if error:
-                tags.append(RunTag(TAG_ERROR, error[:4000]))
+                tags.append(RunTag(schema.TAG_ERROR, error[:4000]))
             self.client.log_batch(rid, tags=tags)
             self.client.set_terminated(rid, status=mlflow_status)
 
         self.outbox.put(f"end {trial_id}", end)
 
     def log_trial_param(self, trial_id: str, key: str, value: Any) -> None:
+        """Log one param on the trial's run (as a string)."""
         self.outbox.put(f"param {trial_id}", lambda: self.client.log_param(self._run_id(trial_id), key, str(value)))
 
     def log_trial_tag(self, trial_id: str, key: str, value: str) -> None:
+        """Set one tag on the trial's run."""
         self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), key, value))
 
     def prune_children(self, keep: set[str]) -> None:
         """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
         def prune() -> None:
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.{TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
                 max_results=10000)
             for r in runs:
-                tid = r.data.tags.get(TAG_TRIAL_ID)
-                if r.data.tags.get(TAG_ROLE) == ROLE_TRIAL and tid not in keep:
+                tid = r.data.tags.get(schema.TAG_TRIAL_ID)
+                if r.data.tags.get(schema.TAG_ROLE) == schema.ROLE_TRIAL and tid not in keep:
                     self.client.delete_run(r.info.run_id)
                     self.child_runs.pop(tid, None)
                     self.ended.add(tid)
@@ -323,7 +303,7 @@ class Tracker:
         for tid in list(self.child_runs):
             if tid not in self.ended:
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
-                self.trial_ended(tid, TRIAL_FAILED if status == "FAILED" else TRIAL_STOPPED,
+                self.trial_ended(tid, schema.TRIAL_FAILED if status == "FAILED" else schema.TRIAL_STOPPED,
                                  error="sweep ended before the trial")
 
         def summary_write() -> None:
@@ -332,10 +312,10 @@ class Tracker:
             if ms:
                 self.client.log_batch(pid, metrics=ms)
             if message:
-                self.client.set_tag(pid, TAG_MESSAGE, message[:4000])
+                self.client.set_tag(pid, schema.TAG_MESSAGE, message[:4000])
             if artifacts_dir:
                 self.client.log_artifacts(pid, artifacts_dir)
-            self.client.set_tag(pid, TAG_STATUS, status)
+            self.client.set_tag(pid, schema.TAG_STATUS, status)
             self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
 
         self.outbox.put("parent summary", summary_write)
@@ -368,17 +348,17 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        for key in SCHEDULER_TAG_KEYS:
+        for key in schema.SCHEDULER_TAG_KEYS:
             if last.get(key) is not None:  # the equal-compute scheduler's decisions (sweeps/pruning/scheduler.py)
-                self.tracker.log_trial_tag(trial.trial_id, scheduler_tag(key), str(last[key]))
+                self.tracker.log_trial_tag(trial.trial_id, schema.scheduler_tag(key), str(last[key]))
         if last.get("pruned"):
-            status = TRIAL_PRUNED
+            status = schema.TRIAL_PRUNED
         elif last.get("status") == "diverged":
-            status = TRIAL_DIVERGED
+            status = schema.TRIAL_DIVERGED
         elif last.get("done"):
-            status = TRIAL_COMPLETED
+            status = schema.TRIAL_COMPLETED
         else:  # ended without its last report and without an error: cut short by a budget or a stop
-            status = TRIAL_STOPPED
+            status = schema.TRIAL_STOPPED
         self.tracker.trial_ended(trial.trial_id, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -387,7 +367,7 @@ class MlflowTrialCallback(Callback):
             err = trial.error_file and open(trial.error_file).read()[-2000:]
         except OSError:
             err = None
-        self.tracker.trial_ended(trial.trial_id, TRIAL_FAILED, error=err or "trial raised")
+        self.tracker.trial_ended(trial.trial_id, schema.TRIAL_FAILED, error=err or "trial raised")
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.outbox.flush()
