@@ -372,7 +372,7 @@ class SweepJobs:
         if not ok:
             return replace(ray, mlflow_error=why)
         try:
-            runs = self._read_runs(job, uri, ray.status, reconcile=reconcile, with_trials=with_trials)
+            runs = self._read_runs(job, uri, ray.id, ray.status, reconcile=reconcile, with_trials=with_trials)
         except Exception as exc:  # noqa: BLE001 - MLflow unreachable or erroring: Ray's view still stands
             if self.public_errors:  # neither the server's answer nor its address goes to the client
                 why = "no MLflow store there" if isinstance(exc, StoreRefused) else f"MLflow could not be read ({type(exc).__name__})"
@@ -381,10 +381,10 @@ class SweepJobs:
             return replace(ray, mlflow_error=why)
         return with_runs(ray, runs, planned_trials(job, runs.parent), with_trials=with_trials)
 
-    def _read_runs(self, job: Any, uri: str, status: str, *, reconcile: bool, with_trials: bool) -> SweepRuns:
+    def _read_runs(self, job: Any, uri: str, sweep_id: str, status: str, *, reconcile: bool,
+                   with_trials: bool) -> SweepRuns:
         """The sweep's runs at ``uri``; with ``reconcile``, runs left RUNNING by an ended job
         (``status`` STOPPED or FAILED) are closed first and read again."""
-        sweep_id = job.submission_id or (job.metadata or {}).get(META_SWEEP_ID)
         reader = self._reader_factory(uri)
         exp_ids = reader.experiment_ids((job.metadata or {}).get(META_EXPERIMENT))
         parent = reader.parent(sweep_id, exp_ids)
