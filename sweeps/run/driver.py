@@ -40,9 +40,6 @@ __all__ = ["run_sweep", "resume_sweep", "collect_records"]
 
 log = logging.getLogger(__name__)
 
-#: kept for sweeps.run.branching until it imports sweeps.run.cluster
-_init_ray = init_ray
-
 
 def run_sweep(
     spec: SweepSpec,
@@ -193,7 +190,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:
-            started_ray = _init_ray(ray_address or state.ray_address, spec)
+            started_ray = init_ray(ray_address or state.ray_address, spec)
             stop.install()  # ray.init replaced the SIGTERM handler
             try:
                 total, largest = cluster_shape()

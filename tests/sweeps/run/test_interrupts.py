@@ -53,7 +53,7 @@ def results_only(o):
 
 def hold_env(hold: Path) -> dict:
     """The environment in which every trial's first attempt waits after its second milestone while ``hold``
-    exists (``workloads/loop.py``'s fault-injection hook); creates ``hold``."""
+    exists (``sweeps/run/trainable.py::faults_from_env`` builds the ``workloads/faults.py`` plan); creates ``hold``."""
     hold.touch()
     return dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
 
