@@ -2,16 +2,21 @@
 one place, each with the reason it is needed and a test (tests/sweeps/test_compat.py) that fails when
 the installed version changes it. Pinned against Ray 2.60 and Optuna 4.x.
 
-The worker side (Ray Train sessions) has its own module, :mod:`workloads._ray_compat`, because
+Used by the driver (Tune, Optuna), the pruning scheduler (Ray's KV store), the reaper (placement
+groups) and the Ray Jobs client of :mod:`sweeps.remote` (``JobSubmissionClient``). The worker side
+(Ray Train sessions) has its own module, :mod:`workloads._ray_compat`, because
 ``workloads`` never imports ``sweeps``.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 __all__ = [
     "reattach_restored_tuner", "searcher_inside", "placement_group_table", "kv_put",
+    "job_submission_client", "is_job_not_found",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
 ]
 
@@ -105,3 +110,45 @@ def optuna_search_reattach(sub: Any, trial_ids: dict[str, int], completed: set) 
         study._storage.get_trial_number_from_id(ot_id)  # raises if the storage lost it
         sub._ot_trials[tune_id] = optuna.Trial(study, ot_id)
     sub._completed_trials.update(completed)
+
+
+_ENV_LOCK = threading.Lock()
+
+
+def job_submission_client(address: str | None, headers: dict[str, str] | None, timeout_s: float | None = None) -> Any:
+    """A ``JobSubmissionClient`` for exactly ``address``; with ``timeout_s``, every HTTP request it
+    makes (the version check in its constructor included) gives up after that long.
+
+    Why private: Ray's job client takes no timeout (Ray 2.60), so its private ``_do_request`` is
+    overridden to add one (a frozen dashboard must not hang the service).
+
+    Ray lets ``RAY_API_SERVER_ADDRESS`` / ``RAY_ADDRESS`` override the ``address`` argument; an
+    explicit address must win, so they are hidden while the client resolves its address.
+    """
+    from ray.job_submission import JobSubmissionClient
+
+    if timeout_s is not None:
+        class _TimedClient(JobSubmissionClient):
+            def _do_request(self, method, endpoint, **kwargs):  # noqa: ANN001 - Ray's signature
+                kwargs.setdefault("timeout", timeout_s)
+                return super()._do_request(method, endpoint, **kwargs)
+
+        JobSubmissionClient = _TimedClient  # noqa: N806
+
+    if address is None:
+        return JobSubmissionClient(None, headers=headers)
+    keys = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+    if all(os.environ.get(k) in (None, address) for k in keys):
+        return JobSubmissionClient(address, headers=headers)
+    with _ENV_LOCK:
+        saved = {k: os.environ.pop(k) for k in keys if k in os.environ}
+        try:
+            return JobSubmissionClient(address, headers=headers)
+        finally:
+            os.environ.update(saved)
+
+
+def is_job_not_found(exc: Exception) -> bool:
+    """Whether a ``RuntimeError`` of Ray's job client says the job does not exist."""
+    s = str(exc)
+    return "status code 404" in s or "does not exist" in s

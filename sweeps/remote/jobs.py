@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from sweeps.remote._ray_client import is_not_found, make_client
+from sweeps._compat import is_job_not_found, job_submission_client
 from sweeps.remote.errors import (
     BackendTimeout,
     ClusterUnavailable,
@@ -119,7 +119,7 @@ class SweepJobs:
         with self._lock:
             if self._client is None:
                 try:
-                    self._client = make_client(self.address, self._headers, self.ray_timeout_s)
+                    self._client = job_submission_client(self.address, self._headers, self.ray_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - requests/ConnectionError/RuntimeError
                     raise self._unavailable(exc) from None
             return self._client
@@ -138,7 +138,7 @@ class SweepJobs:
         except (ClusterUnavailable, SweepNotFound):
             raise
         except RuntimeError as exc:
-            if sweep_id is not None and is_not_found(exc):
+            if sweep_id is not None and is_job_not_found(exc):
                 raise SweepNotFound(sweep_id) from None
             if self.public_errors:
                 raise ClusterUnavailable("the Ray job server answered with an error") from None
@@ -397,8 +397,3 @@ class SweepJobs:
             parent = reader.parent(sweep_id, exp_ids)
             trials = reader.trials(sweep_id, exp_ids)
         return SweepRuns(exp_ids, parent, trials)
-
-
-# Backward-compatible name for tests/sweeps/run/test_progress.py only (not this package's to change):
-# remove once that test takes ``trial_counts`` from sweeps.remote.status (or moves to tests/service).
-from sweeps.remote.status import trial_counts as _counts  # noqa: E402, F401

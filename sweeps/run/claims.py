@@ -92,12 +92,14 @@ def check_sweep_id_binding(sweep_id: str, fingerprint: str, *, storage_root: str
     if optuna_storage:
         import optuna
 
+        from sweeps.search.searcher import FINGERPRINT_ATTR
+
         try:
             summaries = optuna.study.get_all_study_summaries(optuna_storage, include_best_trial=False)
         except Exception:  # noqa: BLE001 - unreadable storage: the searcher reports it when it opens it
             summaries = []
         for st in summaries:
-            fp = (st.user_attrs or {}).get("critbatch.fingerprint")
+            fp = (st.user_attrs or {}).get(FINGERPRINT_ATTR)
             if st.study_name.startswith(f"{sweep_id}-B") and fp not in (None, fingerprint):
                 refuse(f"Optuna study {st.study_name}", fp)
 

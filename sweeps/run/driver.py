@@ -34,6 +34,7 @@ from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, storage_root, tune_dir_of
 from sweeps.run.workload import flops_accounting
 from sweeps.spec import SweepSpec, parse_spec
+from sweeps.tracking import schema
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, tracking_uri_source
 
 __all__ = ["run_sweep", "resume_sweep", "collect_records"]
@@ -222,7 +223,7 @@ def _attach_shared(spec, output, sweep_id, uri, root, ray_address, fingerprint):
     tracker = _tracker(uri, spec, sweep_id, fingerprint)
     exp = tracker.client.get_experiment_by_name(spec.experiment_name)
     parents = tracker.client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`critbatch.sweep_id` = '{sweep_id}' and tags.`critbatch.role` = 'sweep'")) if exp else []
+        f"tags.`{schema.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'")) if exp else []
     if not parents:
         raise InvalidInput(f"shared storage {root} holds sweep '{sweep_id}' but MLflow at {uri} has no parent run for it")
     tracker.attach_parent(exp.experiment_id, parents[0].info.run_id)
@@ -312,7 +313,7 @@ def _mlflow_parents(uri: str, experiment: str, sweep_id: str) -> list[tuple[str,
         if exp is None:
             return []
         runs = client.search_runs([exp.experiment_id], filter_string=(
-            f"tags.`critbatch.sweep_id` = '{sweep_id}' and tags.`critbatch.role` = 'sweep'"))
+            f"tags.`{schema.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'"))
     except Exception:  # noqa: BLE001
         return []
-    return [(r.info.run_id, r.data.tags.get("critbatch.fingerprint")) for r in runs]
+    return [(r.info.run_id, r.data.tags.get(schema.TAG_FINGERPRINT)) for r in runs]

@@ -15,13 +15,12 @@ from sweeps.analysis.report import write_report
 from sweeps.run.state import SweepState, write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
+from sweeps.tracking import schema
 
-__all__ = ["finish_sweep", "SUMMARY_METRICS"]
+__all__ = ["finish_sweep"]
 
 log = logging.getLogger(__name__)
 
-#: the ``cbs.json`` values logged as metrics of the sweep's MLflow parent run
-SUMMARY_METRICS = ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")
 
 
 def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, records: list, *, stopped: bool,
@@ -55,8 +54,8 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
         for r in records:
             if r.status == "STOPPED":
                 tracker.trial_ended(r.trial_id, "STOPPED", error=budget_note)
-    summary = {k: analysis.get(k) for k in SUMMARY_METRICS}
-    summary.update({f"trials_{k.lower()}": v for k, v in counts.items()})
+    summary = {k: analysis.get(k) for k in schema.SUMMARY_METRICS}
+    summary.update({schema.trial_count_metric(k): v for k, v in counts.items()})
     # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
     # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
     tracker.prune_children(keep={r.trial_id for r in records})

@@ -1,6 +1,6 @@
 """Trial records (:class:`sweeps.analysis.TrialRecord`) read back from what a sweep wrote: its Tune
 experiment folder and report log (:func:`collect_records`), or a Tune ``ResultGrid`` when the state lives on
-remote storage (:func:`records_from_grid`). One classifier (:func:`trial_status`) names every trial's end.
+remote storage (:func:`records_from_grid`). One classifier (:func:`sweeps.tracking.schema.trial_status`) names every trial's end.
 """
 
 from __future__ import annotations
@@ -14,29 +14,12 @@ from sweeps.analysis import TrialRecord
 from sweeps.pruning.rungs import RESULT_KEYS
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
+from sweeps.tracking.schema import trial_status
 
-__all__ = ["collect_records", "records_from_grid", "trial_status", "TRIAL_STATUSES", "HYPERPARAMETER_KEYS"]
+__all__ = ["collect_records", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
-#: how a trial ended, as the analysis counts it
-TRIAL_STATUSES = ("COMPLETED", "PRUNED", "DIVERGED", "FAILED", "STOPPED")
 #: the sampled hyperparameters a record keeps (the Tune config's keys)
 HYPERPARAMETER_KEYS = ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
-
-
-def trial_status(last: dict[str, Any], *, failed: bool) -> str:
-    """How a trial ended, from its last report (annotated by the pruning scheduler) and whether it failed.
-
-    ``PRUNED`` (the scheduler stopped it at a rung), ``DIVERGED`` (the loop said so), ``COMPLETED``
-    (its last report is ``done`` and it did not fail), ``FAILED`` (an error), else ``STOPPED``
-    (unfinished: a stop, a budget, an interrupt).
-    """
-    if last.get("pruned"):
-        return "PRUNED"
-    if last.get("status") == "diverged":
-        return "DIVERGED"
-    if failed:
-        return "FAILED"
-    return "COMPLETED" if last.get("done") else "STOPPED"
 
 
 def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str) -> TrialRecord:

@@ -85,6 +85,8 @@ def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dic
 INITIAL_POINT_ATTR = "critbatch.initial_point"
 #: Optuna study user attribute: the fingerprint of the spec the sweep id is bound to
 FINGERPRINT_ATTR = "critbatch.fingerprint"
+#: study user attribute: how many initial points were enqueued (so a restored study does not enqueue them again)
+INITIAL_POINTS_ENQUEUED_ATTR = "critbatch.initial_points_enqueued"
 
 
 class _Group:
@@ -187,12 +189,12 @@ class BatchSizeSearcher(Searcher):
         if self.fingerprint and attrs.get(FINGERPRINT_ATTR) != self.fingerprint:
             study.set_user_attr(FINGERPRINT_ATTR, self.fingerprint)
         points = self.spec.search.initial_points
-        if not points or attrs.get("critbatch.initial_points_enqueued") or study.get_trials(deepcopy=False):
+        if not points or attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) or study.get_trials(deepcopy=False):
             return
         for i, p in enumerate(points):
             study.enqueue_trial({k: v for k, v in p.given().items() if k in self.space},
                                 user_attrs={INITIAL_POINT_ATTR: i})
-        study.set_user_attr("critbatch.initial_points_enqueued", len(points))
+        study.set_user_attr(INITIAL_POINTS_ENQUEUED_ATTR, len(points))
 
     def _next_batch(self) -> int | None:
         n = len(self.batches)

@@ -18,7 +18,7 @@ __all__ = [
     "SCHEDULER_TAG_KEYS", "scheduler_tag",
     "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
-    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS",
+    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status",
     "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "TRIAL_PARAMS",
     "ARTIFACT_CBS",
@@ -82,6 +82,23 @@ TRIAL_FAILED = "FAILED"
 TRIAL_STOPPED = "STOPPED"
 TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, TRIAL_PRUNED, TRIAL_FAILED,
                   TRIAL_STOPPED)
+
+
+def trial_status(last: dict, *, failed: bool) -> str:
+    """How a trial ended (the one classifier: the MLflow child run's status and the analysis' count),
+    from its last report (annotated by the pruning scheduler) and whether it raised.
+
+    ``PRUNED`` (the scheduler stopped it at a rung), ``DIVERGED`` (the loop said so), ``FAILED`` (an
+    error), ``COMPLETED`` (its last report is ``done``), else ``STOPPED`` (cut short by a budget, a stop
+    or an interrupt).
+    """
+    if last.get("pruned"):
+        return TRIAL_PRUNED
+    if last.get("status") == "diverged":
+        return TRIAL_DIVERGED
+    if failed:
+        return TRIAL_FAILED
+    return TRIAL_COMPLETED if last.get("done") else TRIAL_STOPPED
 #: The value of :data:`TAG_CLOSED_BY` a reader sets.
 CLOSED_BY_JOBS = "critbatch.jobs"
 

@@ -351,15 +351,8 @@ class MlflowTrialCallback(Callback):
         for key in schema.SCHEDULER_TAG_KEYS:
             if last.get(key) is not None:  # the equal-compute scheduler's decisions (sweeps/pruning/scheduler.py)
                 self.tracker.log_trial_tag(trial.trial_id, schema.scheduler_tag(key), str(last[key]))
-        if last.get("pruned"):
-            status = schema.TRIAL_PRUNED
-        elif last.get("status") == "diverged":
-            status = schema.TRIAL_DIVERGED
-        elif last.get("done"):
-            status = schema.TRIAL_COMPLETED
-        else:  # ended without its last report and without an error: cut short by a budget or a stop
-            status = schema.TRIAL_STOPPED
-        self.tracker.trial_ended(trial.trial_id, status)
+        # no error here (on_trial_error is called instead): cut short by a budget or a stop is STOPPED
+        self.tracker.trial_ended(trial.trial_id, schema.trial_status(last, failed=False))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         err = None

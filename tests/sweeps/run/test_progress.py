@@ -4,7 +4,6 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from sweeps.remote.jobs import _counts
 from sweeps.run.progress import ProgressCallback
 
 
@@ -20,11 +19,3 @@ def test_progress_counts_paused_trials_apart_and_running_again_on_resume():
     a.status = "RUNNING"
     p.on_trial_start(0, [], a)  # promoted: resumed from its checkpoint
     assert p.counts()["running"] == 1 and p.counts()["paused"] == 0
-
-
-def test_job_counts_take_a_paused_trial_as_live():
-    def run(tag, status="RUNNING"):
-        return SimpleNamespace(data=SimpleNamespace(tags={"critbatch.status": tag}), info=SimpleNamespace(status=status))
-
-    c = _counts([run("PAUSED"), run("RUNNING"), run("PRUNED", "FINISHED"), run("COMPLETED", "FINISHED")], planned=4)
-    assert (c.running, c.pruned, c.done) == (2, 1, 1)

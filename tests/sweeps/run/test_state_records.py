@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.records import trial_status
+from sweeps.tracking.schema import trial_status
 from sweeps.run.state import SweepState
 
 STATE = {"sweep_id": "s-1", "fingerprint": "abc", "tracking_uri": "sqlite:////tmp/m.db", "experiment_id": "1",

@@ -1,4 +1,4 @@
-"""``sweeps/remote/_ray_client.py``: Ray's job client for exactly one address, with a timeout on
+"""``sweeps/_compat.py::job_submission_client``: Ray's job client for exactly one address, with a timeout on
 every request; the private ``JobSubmissionClient._do_request`` it overrides, against the installed Ray."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from sweeps.remote._ray_client import is_not_found, make_client
+from sweeps._compat import is_job_not_found, job_submission_client
 
 
 def test_explicit_address_wins_over_ray_address_env(monkeypatch):
@@ -23,7 +23,7 @@ def test_explicit_address_wins_over_ray_address_env(monkeypatch):
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
     monkeypatch.setenv("RAY_ADDRESS", "http://other:8265")
-    make_client("http://mine:8265", None)
+    job_submission_client("http://mine:8265", None)
     assert seen == {"address": "http://mine:8265", "env": None}
     assert os.environ["RAY_ADDRESS"] == "http://other:8265"
 
@@ -44,10 +44,10 @@ def test_a_timeout_reaches_every_request_through_the_private_do_request(monkeypa
 
     monkeypatch.setattr(requests, "request", request)
     with pytest.raises(Exception):
-        make_client("http://127.0.0.1:9", None, timeout_s=1.5)
+        job_submission_client("http://127.0.0.1:9", None, timeout_s=1.5)
     assert seen and all(t == 1.5 for _, _, t in seen)
 
 
 def test_not_found_is_recognised_in_rays_error_text():
-    assert is_not_found(RuntimeError("Request failed with status code 404: Job x does not exist."))
-    assert not is_not_found(RuntimeError("Request failed with status code 500"))
+    assert is_job_not_found(RuntimeError("Request failed with status code 404: Job x does not exist."))
+    assert not is_job_not_found(RuntimeError("Request failed with status code 500"))
