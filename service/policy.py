@@ -22,7 +22,7 @@ import re
 from pathlib import Path, PurePosixPath
 
 from service.settings import Settings
-from sweeps.remote import same_tracking_uri
+from sweeps.spec.identity import same_tracking_uri
 from sweeps.spec import SweepSpec
 
 __all__ = ["policy_errors"]

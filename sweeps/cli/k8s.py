@@ -27,14 +27,9 @@ def _spec_text(spec: Path) -> str:
     """
     import yaml
 
-    from sweeps.spec import SpecError, resolved_spec_dict
+    from sweeps.spec import read_spec_text, resolved_spec_dict
 
-    try:
-        text = spec.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([("<root>", f"spec file not found: {spec}")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([("<root>", f"cannot read spec file {spec}: {exc}")]) from None
+    text = read_spec_text(spec)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:

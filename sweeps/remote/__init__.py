@@ -9,7 +9,7 @@ The public face the REST service and the CLI use:
 * :mod:`sweeps.remote.status`: :class:`SweepStatus` and :class:`TrialCounts`, what a reader reports.
 * :mod:`sweeps.remote.errors`: what these raise.
 * the MLflow reads the service needs, from :mod:`sweeps.tracking.reader` (:func:`check_existing_store`,
-  :func:`same_tracking_uri`, :func:`mlflow_ui_links`).
+  :func:`mlflow_ui_links`).
 
 :mod:`sweeps.remote.k8s` (KubeRay manifests) is imported on its own by ``critbatch k8s``.
 Nothing here imports torch or Ray Tune.
@@ -29,13 +29,13 @@ from sweeps.remote.errors import (
 from sweeps.remote.jobs import SweepJobs
 from sweeps.remote.staging import StagedSweep, StagingLimits, shippable_files, stage_sweep, staged_summary, staged_sweep
 from sweeps.remote.status import SWEEP_STATUSES, TERMINAL_STATUSES, SweepStatus, TrialCounts
-from sweeps.tracking.reader import check_existing_store, mlflow_ui_links, same_tracking_uri
+from sweeps.tracking.reader import check_existing_store, mlflow_ui_links
 
 __all__ = [
     "SWEEP_STATUSES", "TERMINAL_STATUSES",
     "BackendTimeout", "ClusterUnavailable", "ReportNotReady", "StagingError", "StoreRefused", "SweepExists",
     "SweepNotFound", "TooManySweeps",
     "StagedSweep", "StagingLimits", "SweepJobs", "SweepStatus", "TrialCounts",
-    "build_entrypoint", "check_existing_store", "default_job_python", "mlflow_ui_links", "same_tracking_uri",
+    "build_entrypoint", "check_existing_store", "default_job_python", "mlflow_ui_links",
     "shippable_files", "stage_sweep", "staged_summary", "staged_sweep",
 ]

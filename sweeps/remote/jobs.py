@@ -30,13 +30,12 @@ from sweeps.remote.errors import (
 )
 from sweeps.remote.staging import StagedSweep
 from sweeps.remote.status import SweepRuns, SweepStatus, TrialCounts, from_job, planned_trials, with_runs
-from sweeps.spec.identity import is_valid_sweep_id, redact_uri
+from sweeps.spec.identity import is_valid_sweep_id, redact_uri, same_tracking_uri
 from sweeps.tracking.reader import (
     MlflowReader,
     mlflow_ui_links,
     ping_store,
     readable_here,
-    same_tracking_uri,
     trial_rows,
 )
 from sweeps.tracking.schema import (

@@ -10,7 +10,15 @@ sweep id and tracking-URI rules in :mod:`sweeps.spec.identity`.
 Plain data: imports neither torch nor Ray, so the REST service can use it.
 """
 
-from sweeps.spec.loading import SpecError, load_spec, parse_spec, parse_spec_text, resolved_spec_dict, spec_errors
+from sweeps.spec.loading import (
+    SpecError,
+    load_spec,
+    parse_spec,
+    parse_spec_text,
+    read_spec_text,
+    resolved_spec_dict,
+    spec_errors,
+)
 from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES,
     MAX_TOKENS,
@@ -36,5 +44,5 @@ __all__ = [
     "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec",
     "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
     "BranchSpec", "BudgetSpec", "PruningSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
-    "parse_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+    "parse_spec_text", "read_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
 ]

@@ -19,7 +19,7 @@ from sweeps.spec.sweep import SweepSpec
 __all__ = [
     "SWEEP_ID_PATTERN", "DEFAULT_TRACKING_URI", "check_sweep_id", "is_valid_sweep_id", "default_sweep_id",
     "local_tracking_uri", "tracking_uri_source", "job_tracking_uri", "is_file_store", "is_loopback_host", "is_loopback_address",
-    "redact_uri",
+    "redact_uri", "same_tracking_uri",
 ]
 
 #: A sweep id: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit. It is also the Ray
@@ -73,6 +73,13 @@ def local_tracking_uri(spec: SweepSpec, flag: str | None, env: str | None = None
     elif "://" not in uri:
         uri = str(Path(uri).resolve())
     return uri
+
+
+def same_tracking_uri(a: str | None, b: str | None) -> bool:
+    """Whether two tracking URIs name the same store (a trailing slash aside); False if either is empty."""
+    if not a or not b:
+        return False
+    return a.rstrip("/") == b.rstrip("/")
 
 
 def tracking_uri_source(spec: SweepSpec, flag: str | None) -> str:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from sweeps.spec.sweep import SweepSpec
 
-__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict"]
+__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text"]
 
 
 class SpecError(ValueError):
@@ -72,13 +72,23 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
+def read_spec_text(path: str | Path) -> str:
+    """The text of a spec file.
+
+    Raises:
+        SpecError: the file is missing or unreadable (not UTF-8).
+    """
+    p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError([("<root>", f"spec file not found: {p}")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([("<root>", f"cannot read spec file {p}: {exc}")]) from None
+
+
+def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
+    text = read_spec_text(p)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -36,7 +36,7 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "StoreRefused", "MlflowReader", "check_existing_store", "ping_store", "readable_here", "same_tracking_uri",
+    "StoreRefused", "MlflowReader", "check_existing_store", "ping_store", "readable_here",
     "mlflow_ui_links", "trial_rows",
 ]
 
@@ -45,13 +45,6 @@ _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 class StoreRefused(CritbatchError):
     """The tracking URI does not name an existing MLflow store: a reader never creates or migrates one."""
-
-
-def same_tracking_uri(a: str | None, b: str | None) -> bool:
-    """Whether two tracking URIs name the same store (a trailing slash aside); False if either is empty."""
-    if not a or not b:
-        return False
-    return a.rstrip("/") == b.rstrip("/")
 
 
 def readable_here(uri: str | None) -> tuple[bool, str | None]:
