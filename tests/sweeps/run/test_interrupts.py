@@ -114,6 +114,15 @@ def freeze_until_reports_are_only_in_a_checkpoint(proc: subprocess.Popen, out: P
         raise
 
 
+def resume_to_the_end(out: Path, log: Path, *, address: str | None = None) -> None:
+    """``critbatch resume OUT`` (on the cluster at ``address`` if given); it must exit 0 within 30 minutes."""
+    r = start(["resume", str(out), "--no-progress", *(["--address", address] if address else [])], log)
+    try:
+        assert r.wait(timeout=1800) == 0, tail(log)
+    finally:
+        stop_group(r)
+
+
 def assert_stopped_and_resumable(out: Path, uri: str, experiment: str) -> None:
     state = json.loads((out / "sweep.json").read_text())
     assert state["status"] == "STOPPED", state
@@ -179,11 +188,7 @@ def test_ctrl_c_mid_trial_stops_cleanly_and_resume_ends_as_uninterrupted(tmp_pat
     assert "stopping the sweep cleanly" in log.read_text()
     assert tune_tokens(out)[tid] < checkpoint_tokens(out)[tid]  # reports only the checkpoint holds
     assert_stopped_and_resumable(out, uri, "intr-int")
-    r = start(["resume", str(out), "--no-progress"], tmp_path / "resume.log")
-    try:
-        assert r.wait(timeout=1800) == 0, tail(tmp_path / "resume.log")
-    finally:
-        stop_group(r)
+    resume_to_the_end(out, tmp_path / "resume.log")
     assert_same_result_as_uninterrupted(out, uri, "intr-int", reference)
 
 
@@ -207,11 +212,7 @@ def test_sigterm_mid_trial_on_a_cluster_then_resume_ends_as_uninterrupted(tmp_pa
         assert rc == 143, tail(log)
         assert tune_tokens(out)[tid] < checkpoint_tokens(out)[tid]
         assert_stopped_and_resumable(out, uri, "intr-term")
-        r = start(["resume", str(out), "--no-progress", "--address", address], tmp_path / "resume.log")
-        try:
-            assert r.wait(timeout=1800) == 0, tail(tmp_path / "resume.log")
-        finally:
-            stop_group(r)
+        resume_to_the_end(out, tmp_path / "resume.log", address=address)
     finally:
         stop_group(head)
     assert_same_result_as_uninterrupted(out, uri, "intr-term", reference)
@@ -242,11 +243,7 @@ def test_a_second_ctrl_c_force_quits_and_the_sweep_still_resumes(tmp_path, refer
         assert "force-quitting" in log.read_text()
         assert not (out / "cbs.json").exists()  # no analysis on a force-quit
         assert_stopped_and_resumable(out, uri, "intr-force")
-        r = start(["resume", str(out), "--no-progress", "--address", address], tmp_path / "resume.log")
-        try:
-            assert r.wait(timeout=1800) == 0, tail(tmp_path / "resume.log")
-        finally:
-            stop_group(r)
+        resume_to_the_end(out, tmp_path / "resume.log", address=address)
     finally:
         stop_group(head)
     assert_same_result_as_uninterrupted(out, uri, "intr-force", reference)
