@@ -56,6 +56,8 @@ def _lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], dra
             by_b.setdefault(t.batch_size_sequences, []).append(float(lr))
     if len(by_b) < 3:
         return None
+    for lrs in by_b.values():
+        lrs.sort()  # the draws must not depend on the order of the records (Tune's trial ids are random)
     rng = np.random.default_rng(seed)
     x = np.log(np.array(sorted(by_b), dtype=float))
     picks = np.stack([np.log(np.asarray(by_b[b]))[rng.integers(0, len(by_b[b]), draws)] for b in sorted(by_b)], axis=1)

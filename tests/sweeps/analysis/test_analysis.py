@@ -367,3 +367,15 @@ def test_an_interval_past_the_swept_range_is_edge_not_ok():
     r = analyze_points(b, s, 16)
     assert r["b_crit_ci"][0] < 4 and 4 <= r["b_crit"] <= 64
     assert r["status"] == "edge" and "below the smallest" in r["message"]
+
+
+def test_lr_exponent_by_chance_does_not_depend_on_the_order_of_the_trials():
+    from sweeps.analysis.sweep import _lr_exponent_by_chance
+
+    trials = [TrialRecord(trial_id=f"t{b}-{i}", batch_size_sequences=b, seed=0, group_id=f"t{b}-{i}",
+                          status="COMPLETED", hyperparameters={"lr": 1e-3 * (b ** 0.5) * m}, tokens=[1.0],
+                          val_loss=[1.0], flops=[1.0], b_simple=[None])
+              for b in (4, 8, 16, 32) for i, m in enumerate((0.5, 1.0, 2.0))]
+    forward = _lr_exponent_by_chance(trials, {4, 8, 16, 32})
+    assert forward == _lr_exponent_by_chance(list(reversed(trials)), {4, 8, 16, 32})
+    assert forward["mean"] == pytest.approx(0.5, abs=0.05)  # multipliers spread evenly around the sqrt rule
