@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads._ray_compat import drain_report_queue
     from workloads.data import tokenizer_vocab_size
     from workloads.finetune import init_checkpoint
+    from workloads.prepare import PrepareResult, prepare_data, prepare_text_file
 
 __all__ = [
     "Workload",
@@ -78,6 +79,9 @@ __all__ = [
     "train_fn_per_worker",
     "drain_report_queue",
     "init_checkpoint",
+    "prepare_data",
+    "prepare_text_file",
+    "PrepareResult",
 ]
 
 
@@ -154,6 +158,9 @@ _LAZY = {
     "train_fn_per_worker": "workloads._ray_adapter",
     "drain_report_queue": "workloads._ray_compat",
     "init_checkpoint": "workloads.finetune",
+    "prepare_data": "workloads.prepare",  # token shards (critbatch prepare-data; the driver's data.path)
+    "prepare_text_file": "workloads.prepare",
+    "PrepareResult": "workloads.prepare",
 }
 
 

@@ -66,6 +66,11 @@ class ModelConfig:
         d_ff: MLP hidden width.
         context_length_tokens: ``T``, tokens per sequence (input positions of a row).
         tie_word_embeddings: share the input embedding and the LM head.
+        hf_config: a whole ``transformers`` config as keyword arguments of
+            ``AutoConfig.for_model`` (``model_type`` included); when set it defines the
+            architecture and the six fields above are not read. None: the shorthand above.
+        flops_per_token: training FLOPs per token given by the spec (forward + backward), used
+            instead of ``workloads.flops``' formula; None: counted from the config.
     """
 
     family: str = "llama"
@@ -75,6 +80,8 @@ class ModelConfig:
     d_ff: int = 176
     context_length_tokens: int = 64
     tie_word_embeddings: bool = False
+    hf_config: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
+    flops_per_token: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,14 +89,19 @@ class DataConfig:
     """The training text and its tokenizer.
 
     Attributes:
-        path: a text file (pretraining) or JSON Lines (fine-tuning), absolute on the workers.
+        path: a text file (pretraining) or JSON Lines (fine-tuning), absolute on the workers; None
+            when pretraining reads only ``shards``.
         tokenizer: ``"byte"`` (256 ids) or a local Hugging Face tokenizer directory.
-        validation_fraction: the held-out tail (of tokens, or of examples when fine-tuning).
+        validation_fraction: the held-out tail (of tokens, or of examples when fine-tuning); with
+            ``shards`` the split is the index's.
+        shards: pretraining: a prepared token-shard folder or fsspec URI (``workloads.shards``) the
+            workers memory-map; when set, ``path`` is not read by the workers.
     """
 
-    path: str
+    path: str | None = None
     tokenizer: str = "byte"
     validation_fraction: float = 0.1
+    shards: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

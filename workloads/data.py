@@ -1,8 +1,10 @@
 """Corpora, tokenizers and the deterministic batch stream.
 
-A corpus is one text file, tokenized once per process: byte-level (ids 0..255, the default) or a
-local Hugging Face tokenizer directory (``tokenizers``/``transformers``, no hub access). The last
-``validation_fraction`` of the tokens is the held-out split.
+A corpus is prepared token shards (``workloads.shards``: memory-mapped, never loaded whole; the
+sweep driver prepares a raw ``data.path`` text file into shards once per sweep), or one text file
+tokenized once per process: byte-level (ids 0..255, the default) or a local Hugging Face tokenizer
+directory (``tokenizers``/``transformers``, no hub access), whose last ``validation_fraction`` of
+the tokens is the held-out split.
 
 The training stream is keyed by optimizer step: step ``s`` of seed ``k`` always draws the same
 global batch of windows, whatever the number of workers, so a resumed run continues exactly and
@@ -20,17 +22,19 @@ import numpy as np
 import torch
 
 from workloads.errors import DataError
+from workloads.shards import TokenStream, open_split, read_index
 
-__all__ = ["Corpus", "load_corpus", "tokenizer_vocab_size", "encode_text", "step_generator", "window_batch",
+__all__ = ["Corpus", "load_corpus", "load_shard_corpus", "tokenizer_vocab_size", "encode_text", "step_generator", "window_batch",
            "validation_batches"]
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """A tokenized corpus split into train and validation ids (1-D int64 tensors)."""
+    """A tokenized corpus split into train and validation ids: 1-D int64 tensors (a text file) or
+    memory-mapped :class:`workloads.shards.TokenStream` (prepared shards); both have ``len``."""
 
-    train_ids: torch.Tensor
-    val_ids: torch.Tensor
+    train_ids: torch.Tensor | TokenStream
+    val_ids: torch.Tensor | TokenStream
     vocab_size: int
 
 
@@ -89,6 +93,30 @@ def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_l
     return corpus
 
 
+def load_shard_corpus(location: str, context_length_tokens: int) -> Corpus:
+    """Memory-map prepared shards (a folder or fsspec URI, ``workloads.shards``); reads only the index.
+
+    Raises:
+        DataError: an unusable index or shard (``workloads.shards.read_index``), or a split shorter
+            than ``context_length_tokens + 1`` tokens.
+    """
+    index = read_index(location)
+    train, val = open_split(index, "train"), open_split(index, "validation")
+    need = context_length_tokens + 1
+    if len(train) < need or len(val) < need:
+        raise DataError(f"shards {location} are too small for context_length_tokens={context_length_tokens}: "
+                        f"{len(train)} train and {len(val)} validation tokens, each split needs >= {need}")
+    return Corpus(train_ids=train, val_ids=val, vocab_size=index.vocab_size)
+
+
+def _windows(ids: torch.Tensor | TokenStream, starts: torch.Tensor, length: int) -> torch.Tensor:
+    """``[len(starts), length]`` int64 windows of ``ids`` at ``starts`` (the same values from a tensor
+    or from memory-mapped shards holding the same tokens)."""
+    if isinstance(ids, torch.Tensor):
+        return ids[starts[:, None] + torch.arange(length)[None, :]]
+    return ids.gather(starts.tolist(), length)
+
+
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     """The generator of step ``step``'s global batch: seeded by a BLAKE2b hash of ``seed/stream/step``
     (stream 0: training, 1: WSD decay branches), so it is the same on every worker and after a resume."""
@@ -99,7 +127,7 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
 
 def window_batch(
-    ids: torch.Tensor, *, seed: int, step: int, global_batch_size_sequences: int, context_length_tokens: int,
+    ids: torch.Tensor | TokenStream, *, seed: int, step: int, global_batch_size_sequences: int, context_length_tokens: int,
     start: int, count: int, stream: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences ``start .. start+count`` of step ``step``'s global batch of random windows.
@@ -110,14 +138,12 @@ def window_batch(
     """
     g = step_generator(seed, step, stream)
     offsets = torch.randint(0, len(ids) - context_length_tokens - 1 + 1, (global_batch_size_sequences,), generator=g)
-    offs = offsets[start : start + count]
-    idx = offs[:, None] + torch.arange(context_length_tokens + 1)[None, :]
-    w = ids[idx]
+    w = _windows(ids, offsets[start : start + count], context_length_tokens + 1)
     return w[:, :-1], w[:, 1:]
 
 
 def validation_batches(
-    val_ids: torch.Tensor, *, eval_tokens: int, context_length_tokens: int, batch_size_sequences: int
+    val_ids: torch.Tensor | TokenStream, *, eval_tokens: int, context_length_tokens: int, batch_size_sequences: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The fixed held-out set: consecutive, non-overlapping windows from the start of the split.
 
@@ -126,7 +152,5 @@ def validation_batches(
     """
     T = context_length_tokens
     n = max(1, min(eval_tokens // T, (len(val_ids) - 1) // T))
-    starts = torch.arange(n) * T
-    idx = starts[:, None] + torch.arange(T + 1)[None, :]
-    w = val_ids[idx]
+    w = _windows(val_ids, torch.arange(n) * T, T + 1)
     return [(w[i : i + batch_size_sequences, :-1], w[i : i + batch_size_sequences, 1:]) for i in range(0, n, batch_size_sequences)]

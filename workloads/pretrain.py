@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from workloads.config import TrialConfig, WorkloadConfig
-from workloads.data import Corpus, load_corpus, tokenizer_vocab_size, validation_batches, window_batch
+from workloads.data import Corpus, load_corpus, load_shard_corpus, tokenizer_vocab_size, validation_batches, window_batch
 from workloads.errors import DataError
 from workloads.flops import FLOPS_CONVENTION, flops_per_token
 from workloads.loop import Reporter, TrainingOutcome, run_loop
@@ -52,7 +52,37 @@ class PretrainWorkload:
 
 
 def _load(wc: WorkloadConfig) -> Corpus:
+    """The corpus a trial trains on: memory-mapped ``data.shards`` when set, else the text file ``data.path``."""
+    if wc.data.shards:
+        return load_shard_corpus(wc.data.shards, wc.model.context_length_tokens)
+    if not wc.data.path:
+        raise DataError("data: give data.path (a text file) or data.shards (prepared token shards)")
     return load_corpus(wc.data.path, wc.data.tokenizer, wc.data.validation_fraction, wc.model.context_length_tokens)
+
+
+def _check_shards(wc: WorkloadConfig) -> dict[str, Any]:
+    """The facts of ``check_pretrain_inputs`` for ``data.shards``: the index checked against the
+    spec's tokenizer (hash) and the model's embedding (vocabulary), nothing memory-mapped.
+
+    Raises:
+        workloads.errors.DataError: prefixed ``data.shards:`` or ``data.tokenizer:``.
+    """
+    from workloads.prepare import tokenizer_identity
+    from workloads.shards import check_index, read_index
+
+    try:
+        index = read_index(wc.data.shards)
+    except DataError as exc:
+        raise DataError(f"data.shards: {exc}") from None
+    try:
+        identity = tokenizer_identity(wc.data.tokenizer)
+    except DataError as exc:
+        raise DataError(f"data.tokenizer: {exc}") from None
+    model_vocab = getattr(hf_config(wc.model, identity["vocab_size"]), "vocab_size", None)
+    check_index(index, tokenizer_sha256=identity["sha256"], tokenizer_name=wc.data.tokenizer,
+                model_vocab_size=model_vocab, min_tokens=wc.model.context_length_tokens + 1)
+    return {"train_tokens": index.tokens("train"), "validation_tokens": index.tokens("validation"),
+            "vocab_size": index.vocab_size, "mean_real_tokens_per_row": float(wc.model.context_length_tokens)}
 
 
 def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
@@ -111,8 +141,12 @@ def check_pretrain_inputs(wc: WorkloadConfig) -> dict[str, Any]:
         ``mean_real_tokens_per_row`` (``context_length_tokens``: windows are full).
 
     Raises:
-        workloads.errors.DataError: ``data.path: ...``, a missing, non-UTF-8 or too short corpus.
+        workloads.errors.DataError: ``data.path: ...``, a missing, non-UTF-8 or too short corpus;
+            ``data.shards: ...`` / ``data.tokenizer: ...``, a bad shard index, shards made by another
+            tokenizer, a vocabulary larger than the model's, a split shorter than one window.
     """
+    if wc.data.shards:
+        return _check_shards(wc)
     try:
         corpus = _load(wc)
     except DataError as exc:
