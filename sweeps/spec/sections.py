@@ -14,7 +14,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
@@ -66,21 +66,55 @@ class ModelSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    """Training text and its tokenizer."""
+    """Training text and its tokenizer: a raw file (``path``) or prepared token shards (``shards``).
 
-    path: str = Field(description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
-    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory")
-    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5)
+    Exactly one of the two. A raw text file is prepared into shards once per sweep by the driver
+    (``OUT/data``); ``shards`` is what ``critbatch prepare-data`` wrote, a folder every node can
+    read or an fsspec URI (copied once per node into a local cache). A spec without ``shards``
+    dumps without it, so its fingerprint is what it was before the field existed.
+    """
+
+    path: str | None = Field(default=None, description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
+    shards: str | None = Field(default=None, description="pretrain: a folder of prepared token shards (its index.json) "
+                                                        "or an fsspec URI (s3://, gs://, ...); see critbatch prepare-data")
+    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory; "
+                                                       "with shards, the one that made them (its hash is checked)")
+    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5, description="held-out fraction of data.path's tokens "
+                                                                                 "(with shards the split is the index's)")
 
     @field_validator("path")
     @classmethod
-    def _non_empty(cls, v: str) -> str:
+    def _non_empty(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.strip():
             raise ValueError("must not be empty")
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
             # every worker opens data.path as a local file: a URI validated, then failed every trial
-            raise ValueError(f"{v!r} is a URI; the workers read local files only: give a path every node can read")
+            raise ValueError(f"{v!r} is a URI; the workers read local files only: give a path every node can read, "
+                             "or prepare it with `critbatch prepare-data` and give data.shards")
         return v
+
+    @field_validator("shards")
+    @classmethod
+    def _shards_non_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataSpec":
+        if (self.path is None) == (self.shards is None):
+            raise ValueError("give exactly one of 'path' (a raw text or JSON Lines file) and 'shards' (prepared token shards)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_source(self, handler) -> dict[str, Any]:
+        out = handler(self)
+        for key in ("path", "shards"):
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
 
 class EvalSpec(_Strict):
