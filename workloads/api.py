@@ -38,7 +38,7 @@ from workloads.config import (
     WorkloadConfig,
 )
 from workloads.errors import DataError
-from workloads.flops import FLOPS_CONVENTION
+from workloads.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
 from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 from workloads.tokenizer import has_tokenizer_files
 
@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads._ray_compat import drain_report_queue
     from workloads.data import tokenizer_vocab_size
     from workloads.finetune import init_checkpoint
+    from workloads.model import check_model_config, model_vocab_size
     from workloads.prepare import PrepareResult, prepare_data, prepare_text_file
 
 __all__ = [
@@ -70,6 +71,11 @@ __all__ = [
     "BatchPlan",
     "plan_batch",
     "FLOPS_CONVENTION",
+    "FLOPS_MODEL_TYPES",
+    "GIVEN_FLOPS_CONVENTION",
+    "unknown_architecture",
+    "check_model_config",
+    "model_vocab_size",
     "scaled_lr",
     "beta2_from_half_life",
     "half_life_from_beta2",
@@ -158,6 +164,8 @@ _LAZY = {
     "train_fn_per_worker": "workloads._ray_adapter",
     "drain_report_queue": "workloads._ray_compat",
     "init_checkpoint": "workloads.finetune",
+    "check_model_config": "workloads.model",  # the model's config built before launch: model_type, vocab, FLOPs
+    "model_vocab_size": "workloads.model",
     "prepare_data": "workloads.prepare",  # token shards (critbatch prepare-data; the driver's data.path)
     "prepare_text_file": "workloads.prepare",
     "PrepareResult": "workloads.prepare",

@@ -6,84 +6,137 @@ directory with ``from_pretrained`` (no hub access).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from workloads.config import ModelConfig
-from workloads.flops import TransformerShape
+from workloads.errors import DataError
+from workloads.flops import FLOPS_CONVENTION, GIVEN_FLOPS_CONVENTION, flops_per_token, shape_of, unknown_architecture
 
-__all__ = ["hf_config", "build_model", "shape_of", "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
+__all__ = ["hf_config", "build_model", "shape_of", "model_flops_per_token", "check_model_config", "model_vocab_size",
+           "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
 
-
-def hf_config(cfg: ModelConfig, vocab_size: int):
-    """The ``transformers`` config of an architecture (Llama or GPT-2) with ``vocab_size`` ids.
-
-    No bos/eos/pad ids (the byte tokenizer has none); GPT-2 without dropout.
-
-    Raises:
-        ValueError: an unknown ``family``.
-    """
+def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
+    """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since issue 1."""
     if cfg.family == "llama":
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=cfg.d_model,
-            intermediate_size=cfg.d_ff,
-            num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads,
-            num_key_value_heads=cfg.n_heads,
-            max_position_embeddings=cfg.context_length_tokens,
-            tie_word_embeddings=cfg.tie_word_embeddings,
-            bos_token_id=None,
-            eos_token_id=None,
-            pad_token_id=None,
-        )
+        return dict(model_type="llama", vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+                    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+                    max_position_embeddings=cfg.context_length_tokens, tie_word_embeddings=cfg.tie_word_embeddings,
+                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if cfg.family == "gpt2":
-        from transformers import GPT2Config
-
-        return GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=cfg.d_model,
-            n_inner=cfg.d_ff,
-            n_layer=cfg.n_layers,
-            n_head=cfg.n_heads,
-            n_positions=cfg.context_length_tokens,
-            tie_word_embeddings=cfg.tie_word_embeddings,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=None,
-            eos_token_id=None,
-        )
+        return dict(model_type="gpt2", vocab_size=vocab_size, n_embd=cfg.d_model, n_inner=cfg.d_ff,
+                    n_layer=cfg.n_layers, n_head=cfg.n_heads, n_positions=cfg.context_length_tokens,
+                    tie_word_embeddings=cfg.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                    bos_token_id=None, eos_token_id=None)
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
 
 
+def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
+    """Rows of the model's embedding (ids it accepts): ``hf_config.vocab_size`` when the config gives one,
+    else the tokenizer's (the shorthand always takes the tokenizer's).
+
+    Raises:
+        DataError: ``model.hf_config.vocab_size`` smaller than the tokenizer's vocabulary.
+    """
+    given = (cfg.hf_config or {}).get("vocab_size")
+    if given is None:
+        return tokenizer_vocab_size
+    if not isinstance(given, int) or isinstance(given, bool) or given < tokenizer_vocab_size:
+        raise DataError(f"model.hf_config.vocab_size: {given!r} is smaller than the tokenizer's vocabulary "
+                        f"({tokenizer_vocab_size} ids): the model could not embed every token")
+    return given
+
+
+def hf_config(cfg: ModelConfig, vocab_size: int):
+    """The ``transformers`` config (``AutoConfig.for_model``) of ``cfg`` for a tokenizer of ``vocab_size`` ids.
+
+    The shorthand (``cfg.hf_config`` None) is a Llama or GPT-2 with no bos/eos/pad ids (the byte
+    tokenizer has none), GPT-2 without dropout. A given ``hf_config`` is taken as it is, but its
+    vocabulary is :func:`model_vocab_size` and its maximum positions default to
+    ``context_length_tokens``.
+
+    Raises:
+        ValueError: an unknown ``family``.
+        DataError: ``model.hf_config...``: an unknown ``model_type``, a value ``transformers``
+            refuses, a vocabulary smaller than the tokenizer's, maximum positions shorter than
+            ``context_length_tokens``.
+    """
+    from transformers import AutoConfig
+
+    if cfg.hf_config is None:
+        kwargs = _shorthand(cfg, vocab_size)
+    else:
+        kwargs = {**cfg.hf_config, "vocab_size": model_vocab_size(cfg, vocab_size)}
+    model_type = kwargs.pop("model_type", None)
+    try:
+        hf = AutoConfig.for_model(model_type, **kwargs)
+    except ValueError as exc:
+        if str(exc).startswith("Unrecognized model identifier"):
+            raise DataError(f"model.hf_config.model_type: {model_type!r} is not a transformers model type") from None
+        raise DataError(f"model.hf_config: transformers refuses the config: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - transformers' strict-dataclass checks raise their own types
+        first = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
+        raise DataError(f"model.hf_config: transformers refuses the config: {first}") from None
+    if cfg.hf_config is not None:
+        _fit_positions(hf, cfg)
+    return hf
+
+
+def _fit_positions(hf, cfg: ModelConfig) -> None:
+    """Maximum positions: the context length unless the config gives them (then at least that)."""
+    given = cfg.hf_config.get("max_position_embeddings", cfg.hf_config.get("n_positions"))
+    if given is None:
+        hf.max_position_embeddings = cfg.context_length_tokens  # GPT-2 maps it to n_positions
+    elif given < cfg.context_length_tokens:
+        raise DataError(f"model.hf_config.max_position_embeddings: {given} positions are fewer than "
+                        f"model.context_length_tokens={cfg.context_length_tokens}")
+
+
 def build_model(cfg: ModelConfig, vocab_size: int) -> torch.nn.Module:
-    """A freshly initialised ``transformers`` causal LM (uses the current torch RNG state)."""
+    """A freshly initialised ``transformers`` causal LM (uses the current torch RNG state).
+
+    Raises:
+        DataError: see :func:`hf_config`.
+    """
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_config(hf_config(cfg, vocab_size), attn_implementation="sdpa")
 
 
-def shape_of(hf, context_length_tokens: int | None = None) -> TransformerShape:
-    """The FLOP-counting shape of a Hugging Face config (Llama-, Qwen-, Mistral- or GPT-2-style)."""
-    d = getattr(hf, "hidden_size", None) or hf.n_embd
-    n_layers = getattr(hf, "num_hidden_layers", None) or hf.n_layer
-    n_heads = getattr(hf, "num_attention_heads", None) or hf.n_head
-    n_kv = getattr(hf, "num_key_value_heads", None) or n_heads
-    model_type = getattr(hf, "model_type", "")
-    if model_type == "gpt2":
-        d_ff = hf.n_inner or 4 * d
-        gated = False
-        ctx = context_length_tokens or hf.n_positions
-    else:
-        d_ff = hf.intermediate_size
-        gated = True
-        ctx = context_length_tokens or hf.max_position_embeddings
-    return TransformerShape(
-        d_model=d, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_ff=d_ff, gated_mlp=gated,
-        vocab_size=hf.vocab_size, context_length_tokens=ctx,
-    )
+def model_flops_per_token(cfg: ModelConfig, hf) -> tuple[float, str]:
+    """``(training FLOPs per token, convention)`` of the model ``hf`` (its ``transformers`` config).
+
+    ``cfg.flops_per_token`` when the spec gives it (:data:`GIVEN_FLOPS_CONVENTION`), else
+    ``workloads.flops.flops_per_token`` (:data:`workloads.flops.FLOPS_CONVENTION`) at
+    ``cfg.context_length_tokens``.
+
+    Raises:
+        DataError: ``model.hf_config``: an architecture the formula does not know
+            (``workloads.flops.unknown_architecture``) and no ``flops_per_token``.
+    """
+    if cfg.flops_per_token is not None:
+        return float(cfg.flops_per_token), GIVEN_FLOPS_CONVENTION
+    why = unknown_architecture(hf.to_dict())
+    if why is not None:
+        raise DataError(f"model.hf_config: {why}; give model.flops_per_token (training FLOPs per token) to run it")
+    return flops_per_token(shape_of(hf, cfg.context_length_tokens)), FLOPS_CONVENTION
+
+
+def check_model_config(cfg: ModelConfig, tokenizer_vocab_size: int) -> dict[str, Any]:
+    """Build the model's config as a trial would, before launch (no weights are made).
+
+    Returns:
+        ``model_type``, ``vocab_size`` (:func:`model_vocab_size`: what shards' ids must stay below),
+        ``flops_per_token`` and ``flops_convention`` (:func:`model_flops_per_token`).
+
+    Raises:
+        DataError: see :func:`hf_config` and :func:`model_flops_per_token`.
+    """
+    hf = hf_config(cfg, tokenizer_vocab_size)
+    c_tok, convention = model_flops_per_token(cfg, hf)
+    return {"model_type": hf.model_type, "vocab_size": hf.vocab_size, "flops_per_token": c_tok,
+            "flops_convention": convention}
 
 
 #: Dense bf16 peak FLOP/s by CUDA device name (vendor data sheets, no sparsity). A device not

@@ -13,9 +13,8 @@ import torch
 from workloads.config import TrialConfig, WorkloadConfig
 from workloads.data import Corpus, load_corpus, load_shard_corpus, tokenizer_vocab_size, validation_batches, window_batch
 from workloads.errors import DataError
-from workloads.flops import FLOPS_CONVENTION, flops_per_token
 from workloads.loop import Reporter, TrainingOutcome, run_loop
-from workloads.model import build_model, hf_config, peak_flops_per_s, shape_of
+from workloads.model import build_model, hf_config, model_flops_per_token, peak_flops_per_s
 
 __all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
            "train_in_process"]
@@ -71,7 +70,7 @@ def _check_shards(wc: WorkloadConfig) -> dict[str, Any]:
     from workloads.shards import check_index, read_index
 
     try:
-        index = read_index(wc.data.shards)
+        index = read_index(wc.data.shards, fetch=False)
     except DataError as exc:
         raise DataError(f"data.shards: {exc}") from None
     try:
@@ -94,7 +93,7 @@ def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
     corpus = _load(cfg.workload)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.workload.model, corpus.vocab_size).to(device)
-    c_tok = flops_per_token(shape_of(model.config, cfg.context_length_tokens))
+    c_tok, _ = model_flops_per_token(cfg.workload.model, model.config)
     return PretrainWorkload(model=model, corpus=corpus, cfg=cfg, flops_per_token=c_tok)
 
 
@@ -122,15 +121,14 @@ def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str
 
 
 def pretrain_flops(wc: WorkloadConfig) -> tuple[float, str]:
-    """``(training FLOPs per token, FLOPS_CONVENTION)`` of ``wc``'s model with its tokenizer's vocabulary
-    (``workloads.flops.flops_per_token``: ``6 N_matmul + 12 n_layer n_ctx d_attn + 6 d V``).
+    """``(training FLOPs per token, convention)`` of ``wc``'s model with its tokenizer's vocabulary
+    (``workloads.model.model_flops_per_token``: ``model.flops_per_token`` when given, else
+    ``6 N_matmul + 12 n_layer n_ctx d_attn + 6 d V``).
 
     Raises:
-        workloads.errors.DataError: a tokenizer directory that does not exist.
+        workloads.errors.DataError: a tokenizer directory that does not exist; ``model.hf_config...``.
     """
-    m = wc.model
-    hf = hf_config(m, tokenizer_vocab_size(wc.data.tokenizer))
-    return flops_per_token(shape_of(hf, m.context_length_tokens)), FLOPS_CONVENTION
+    return model_flops_per_token(wc.model, hf_config(wc.model, tokenizer_vocab_size(wc.data.tokenizer)))
 
 
 def check_pretrain_inputs(wc: WorkloadConfig) -> dict[str, Any]:
