@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
     "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BatchWarmupSpec", "LrRule", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+    "BatchWarmupSpec", "LrRule", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
 LrRule = Literal["linear", "sqrt", "none"]
@@ -36,8 +36,23 @@ MAX_BATCH_SEQUENCES = 2**20  # ~1 M sequences per global batch
 MAX_WIDTH = 65536  # d_model (today's largest models use <= 16384)
 
 
+#: the shorthand's fields: the architecture in five numbers (and tied heads), when ``hf_config`` is not given
+MODEL_SHORTHAND_FIELDS = ("family", "d_model", "n_layers", "n_heads", "d_ff", "tie_word_embeddings")
+
+
 class ModelSpec(_Strict):
-    """A Hugging Face causal-LM built from a config (pretraining)."""
+    """A Hugging Face causal LM built from a config (pretraining).
+
+    Either the shorthand (``family`` ``llama`` or ``gpt2`` with ``d_model``, ``n_layers``,
+    ``n_heads``, ``d_ff``, ``tie_word_embeddings``) or ``hf_config``: a whole ``transformers``
+    config, inline (a mapping with ``model_type``, the arguments of ``AutoConfig.for_model``) or
+    the path of a ``config.json``. Never both: a spec that sets a shorthand field beside
+    ``hf_config`` is refused (a derived spec clears its base's with ``null``). The vocabulary comes
+    from the tokenizer (a config's ``vocab_size`` may only be larger), the sequence length from
+    ``context_length_tokens``. What needs ``transformers`` (a known ``model_type``, a
+    ``config.json`` that reads, an architecture the FLOPs formula knows unless ``flops_per_token``
+    is given) is checked before launch (``sweeps.run.workload.check_model``).
+    """
 
     family: Literal["llama", "gpt2"] = "llama"
     d_model: PositiveInt = Field(default=96, le=MAX_WIDTH, description="hidden width (at most 65536)")
@@ -49,12 +64,57 @@ class ModelSpec(_Strict):
     )
     context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
     tie_word_embeddings: bool = False
+    hf_config: dict[str, Any] | str | None = Field(
+        default=None,
+        description="a transformers config instead of the shorthand: a mapping with model_type (AutoConfig.for_model), "
+                    "or the path of a config.json (relative paths resolve from the working directory)")
+    flops_per_token: float | None = Field(
+        default=None, gt=0, le=1e18,
+        description="training FLOPs per token (forward + backward) instead of the formula's; required for an "
+                    "architecture the formula does not know (mixture of experts, other model types)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_form(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if not (k in MODEL_SHORTHAND_FIELDS and v is None)}  # null: not given
+        if data.get("hf_config") is not None:
+            mixed = [k for k in MODEL_SHORTHAND_FIELDS if k in data]
+            if mixed:
+                raise ValueError(f"hf_config defines the architecture: remove the shorthand field(s) {', '.join(mixed)} "
+                                 "(in a spec derived with base:, set them to null)")
+        return data
+
+    @field_validator("hf_config", mode="before")
+    @classmethod
+    def _hf_config(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (str, dict)):
+            raise ValueError(f"give a mapping with model_type or the path of a config.json, not {type(v).__name__}")
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("must not be empty: the path of a config.json")
+            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
+                raise ValueError(f"{v!r} is a URI; give a local config.json path or the config inline")
+        elif isinstance(v, dict):
+            model_type = v.get("model_type")
+            if not isinstance(model_type, str) or not model_type.strip():
+                raise ValueError("an inline config needs model_type (a transformers model type, e.g. 'llama')")
+        return v
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelSpec":
-        if self.d_model % self.n_heads:
+        if self.hf_config is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # one form in a dump (spec.yaml, the fingerprint); a shorthand spec dumps as it did before hf_config
+        out = handler(self)
+        drop = MODEL_SHORTHAND_FIELDS if self.hf_config is not None else ("hf_config",)
+        drop += ("flops_per_token",) if self.flops_per_token is None else ()
+        return {k: v for k, v in out.items() if k not in drop}
 
     @property
     def d_ff_resolved(self) -> int:
