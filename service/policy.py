@@ -7,7 +7,7 @@ the service, not the client, decides where a submitted spec may read and write:
   that server with its own credentials; no other URI is ever contacted).
 * ``resources.storage_path``: unset, or inside ``CRITBATCH_STORAGE_ROOT`` (a path, or a URI prefix
   such as ``s3://bucket/critbatch``); with no storage root, unset.
-* ``data.path``, a ``data.tokenizer`` folder, ``finetune.checkpoint_dir``: a relative path
+* ``data.path`` (or a ``data.shards`` folder), a ``data.tokenizer`` folder, ``finetune.checkpoint_dir``: a relative path
   naming an input under ``CRITBATCH_DATA_DIR`` (shipped with the job), or an absolute path inside
   ``CRITBATCH_CLUSTER_DATA_DIR`` (read on the cluster, not shipped). No URI (``file://``, ``s3://``),
   no ``..`` component, no absolute path elsewhere.
@@ -85,7 +85,7 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
                                           or storage.startswith(root.rstrip("/") + "/")):
             errors.append(("resources.storage_path", "must be inside the service's storage root "
                                                      "(CRITBATCH_STORAGE_ROOT), without '..'"))
-    inputs = [("data.path", spec.data.path)]
+    inputs = [("data.path", spec.data.path)] if spec.data.shards is None else [("data.shards", spec.data.shards)]
     if spec.data.tokenizer != "byte":
         inputs.append(("data.tokenizer", spec.data.tokenizer))
     if spec.finetune is not None:

@@ -56,9 +56,9 @@ def file_sha256(path: str | Path, *, chunk_bytes: int = 1 << 22) -> str:
 @dataclass(frozen=True)
 class ShardIndex:
     """A parsed ``index.json`` (:func:`read_index`); ``raw`` is the JSON object itself, ``root`` the
-    local folder holding the shard files."""
+    local folder holding the shard files (None: a remote index only looked at)."""
 
-    root: Path
+    root: Path | None
     raw: dict[str, Any]
 
     @property
@@ -86,14 +86,17 @@ def _is_uri(location: str) -> bool:
     return "://" in location and not location.startswith("file://")
 
 
-def read_index(location: str) -> ShardIndex:
-    """Read and check the form of a prepared corpus's index (a local folder, or an fsspec URI fetched
-    into the per-node cache by :func:`local_shards`).
+def read_index(location: str, *, fetch: bool = True) -> ShardIndex:
+    """Read and check the form of a prepared corpus's index: a local folder, or an fsspec URI, fetched
+    into the per-node cache by :func:`local_shards` (``fetch``), else only looked at through fsspec
+    (its shard sizes; ``root`` is then None: nothing can be memory-mapped).
 
     Raises:
         DataError: no index, unreadable JSON, an unknown format or missing keys, a dtype other than
             the one the vocabulary needs, a shard file missing or of the wrong size.
     """
+    if _is_uri(location) and not fetch:
+        return _remote_index(location)
     root = local_shards(location) if _is_uri(location) else Path(location.removeprefix("file://"))
     path = root / INDEX_FILE
     if not path.is_file():
@@ -102,6 +105,41 @@ def read_index(location: str) -> ShardIndex:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise DataError(f"shard index {path} is not readable JSON: {exc}") from None
+    index = _checked(raw, root, str(path))
+    for s in raw["shards"]:
+        f = root / s["file"]
+        if not f.is_file():
+            raise DataError(f"shard {f} listed in {path} is missing")
+        _check_size(f, f.stat().st_size, s, index.dtype)
+    return index
+
+
+def _check_size(name, size: int, entry: dict[str, Any], dtype: np.dtype) -> None:
+    expect = int(entry["tokens"]) * dtype.itemsize
+    if size != expect:
+        raise DataError(f"shard {name} holds {size} bytes, the index says {entry['tokens']} {dtype.name} "
+                        f"tokens ({expect} bytes)")
+
+
+def _remote_index(uri: str) -> ShardIndex:
+    import fsspec
+
+    try:
+        fs, base = fsspec.core.url_to_fs(uri)
+        raw = json.loads(fs.cat_file(f"{base.rstrip('/')}/{INDEX_FILE}"))
+    except Exception as exc:  # noqa: BLE001 - fsspec backends raise their own errors
+        raise DataError(f"cannot read the shard index {INDEX_FILE} at {uri}: {exc}") from None
+    index = _checked(raw, None, f"{uri}/{INDEX_FILE}")
+    for s in raw["shards"]:
+        name = f"{base.rstrip('/')}/{s['file']}"
+        if not fs.exists(name):
+            raise DataError(f"shard {uri}/{s['file']} listed in the index is missing")
+        _check_size(f"{uri}/{s['file']}", int(fs.size(name)), s, index.dtype)
+    return index
+
+
+def _checked(raw: Any, root: Path | None, path: str) -> ShardIndex:
+    """``raw`` as a :class:`ShardIndex` once its format, keys and dtype are checked."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise DataError(f"shard index {path}: format is {raw.get('format') if isinstance(raw, dict) else None!r}, "
                         f"expected {FORMAT!r}")
@@ -113,14 +151,6 @@ def read_index(location: str) -> ShardIndex:
     if raw["dtype"] not in ("uint16", "uint32") or index.dtype != want:
         raise DataError(f"shard index {path}: dtype {raw['dtype']!r} does not match a vocabulary of "
                         f"{index.vocab_size} (expected {want.name})")
-    for s in raw["shards"]:
-        f = root / s["file"]
-        expect = int(s["tokens"]) * index.dtype.itemsize
-        if not f.is_file():
-            raise DataError(f"shard {f} listed in {path} is missing")
-        if f.stat().st_size != expect:
-            raise DataError(f"shard {f} holds {f.stat().st_size} bytes, the index says {s['tokens']} "
-                            f"{index.dtype.name} tokens ({expect} bytes)")
     return index
 
 

@@ -182,7 +182,10 @@ def _is_uri(path: str) -> bool:
 
 def _inputs_of(spec: SweepSpec) -> list[tuple[str, str, str]]:
     """``(spec field, path, staged name)`` of every local input a job may need shipped."""
-    out = [("data.path", spec.data.path, f"{INPUTS_DIR}/data/{Path(spec.data.path).name or 'data'}")]
+    if spec.data.shards is not None:  # a prepared folder ships whole (within the limit); a URI stays
+        out = [("data.shards", spec.data.shards, f"{INPUTS_DIR}/shards")]
+    else:
+        out = [("data.path", spec.data.path, f"{INPUTS_DIR}/data/{Path(spec.data.path).name or 'data'}")]
     if spec.data.tokenizer != "byte":
         out.append(("data.tokenizer", spec.data.tokenizer, f"{INPUTS_DIR}/tokenizer"))
     if spec.finetune is not None:

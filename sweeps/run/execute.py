@@ -100,8 +100,10 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     # TUNE_FORCE_TRIAL_CLEANUP_S (600 s) before killing its actor, which holds its CPUs meanwhile, and the
     # next trials wait for them (seen: a 7-batch-size pause-mode sweep stalled). Kill it within seconds.
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
+    from sweeps.run.dataprep import prepared_shards
+
     trainable = make_trainable(spec, data_path=state.data_path, storage_path=root + "/train", save_dir_root=save_root,
-                               rung_gate_prefix=gate_prefix)
+                               rung_gate_prefix=gate_prefix, shards=prepared_shards(spec, output, root))
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
     c_tok, convention = flops_accounting(spec)
     mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {

@@ -35,11 +35,12 @@ log = logging.getLogger(__name__)
 
 
 def resolve_data_path(spec: SweepSpec) -> str:
-    """The spec's data path made absolute (relative paths resolve from the working directory).
+    """The spec's data path (``data.path``, else ``data.shards``) made absolute (relative paths resolve
+    from the working directory).
 
     URIs (``s3://``, ``gs://``...) are returned unchanged.
     """
-    p = spec.data.path
+    p = spec.data.path if spec.data.path is not None else spec.data.shards
     if "://" in p:
         return p
     return str(Path(p).expanduser().resolve())
@@ -55,6 +56,9 @@ def check_data_files(spec: SweepSpec) -> None:
     from sweeps.run.workload import workload_config
     from workloads.api import DataError, get_workload
 
+    if spec.data.shards is not None:
+        _check_shards(spec)
+        return
     path = resolve_data_path(spec)
     if "://" in path:
         return  # read by the workers; checked there
@@ -72,6 +76,28 @@ def check_data_files(spec: SweepSpec) -> None:
     val_tokens = facts.get("validation_tokens")
     if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
+
+
+def _check_shards(spec: SweepSpec) -> None:
+    """``data.shards``: a pretraining spec whose shard index fits its tokenizer and model.
+
+    Raises:
+        InvalidInput: fine-tuning (it reads ``data.path``), or the workload's check failed
+            (``data.shards: ...`` / ``data.tokenizer: ...``: a missing or bad index, shards made by
+            another tokenizer, a vocabulary larger than the model's, a split shorter than a window).
+    """
+    from sweeps.run.workload import workload_config
+    from workloads.api import DataError, get_workload
+
+    if spec.workload != "pretrain":
+        raise InvalidInput("data.shards: only pretraining reads prepared shards; fine-tuning reads data.path (JSON Lines)")
+    if spec.data.tokenizer != "byte":
+        _check_tokenizer(spec.data.tokenizer)
+    shards = resolve_data_path(spec)
+    try:
+        get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def _check_tokenizer(tokenizer: str) -> None:
@@ -148,7 +174,8 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
 
 def resolve_paths(spec: SweepSpec) -> SweepSpec:
     """The spec with its local paths made absolute (workers run in another working directory)."""
-    update: dict = {"data": spec.data.model_copy(update={"path": resolve_data_path(spec)})}
+    where = "path" if spec.data.path is not None else "shards"
+    update: dict = {"data": spec.data.model_copy(update={where: resolve_data_path(spec)})}
     if spec.data.tokenizer != "byte" and "://" not in spec.data.tokenizer:
         update["data"] = update["data"].model_copy(update={"tokenizer": str(Path(spec.data.tokenizer).expanduser().resolve())})
     if spec.finetune is not None and "://" not in spec.finetune.checkpoint_dir:

@@ -42,7 +42,7 @@ def train_run_name(trial_id: str) -> str:
     return f"train-{trial_id}"
 
 
-def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str,
+def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str, shards: str | None = None,
                  rung_gate_key: str | None = None, faults: FaultPlan | None = None) -> TrialConfig:
     """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search/searcher.py``).
 
@@ -50,6 +50,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         config: the sampled trial: ``batch_size_sequences``, ``seed``, ``lr``, ``lr_rule``,
             ``beta2``, ``beta2_half_life_tokens`` (the LR and beta2 already scaled for the batch).
         data_path: the data path the workers read.
+        shards: the prepared shards the workers memory-map instead (``sweeps.run.dataprep``).
         rung_gate_key: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this
             trial go on past a rung (the worker waits there; ``sweeps.pruning.rungs.rung_gate_key``).
         faults: test-only fault injection (:func:`faults_from_env`).
@@ -58,7 +59,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
     sch, opt = spec.schedule, spec.optimizer
     return TrialConfig(
         trial_id=trial_id,
-        workload=workload_config(spec, data_path=data_path),
+        workload=workload_config(spec, data_path=data_path, shards=shards),
         budget_tokens=spec.budget_tokens,
         optimizer=OptimizerConfig(
             lr=float(config["lr"]), lr_rule=str(config["lr_rule"]), beta1=opt.beta1, beta2=float(config["beta2"]),
@@ -95,12 +96,13 @@ def faults_from_env() -> FaultPlan | None:
 
 
 def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,
-                   rung_gate_prefix: str | None = None):
+                   rung_gate_prefix: str | None = None, shards: str | None = None):
     """A Tune function trainable for this sweep, with its per-trial resource request.
 
     Args:
         spec: the sweep.
         data_path: absolute data path readable by the workers.
+        shards: prepared shards the workers memory-map (``sweeps.run.dataprep.prepared_shards``).
         storage_path: where Ray Train keeps each trial's checkpoints (shared by all nodes).
         save_dir_root: if set, rank 0 saves each completed trial's Hugging Face checkpoint in
             ``save_dir_root/<trial_id>``.
@@ -118,7 +120,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         trial_id = ray.tune.get_context().get_trial_id()
         from sweeps.pruning.rungs import rung_gate_key
 
-        cfg = trial_config(s, config, trial_id, data_path=data_path,
+        cfg = trial_config(s, config, trial_id, data_path=data_path, shards=shards,
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
                            faults=faults_from_env())
         loop_config = cfg.to_dict()

@@ -52,21 +52,25 @@ def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:
                           truncate=ft.truncate, lora=lora)
 
 
-def workload_config(spec: SweepSpec, *, data_path: str | None = None) -> WorkloadConfig:
+def workload_config(spec: SweepSpec, *, data_path: str | None = None, shards: str | None = None) -> WorkloadConfig:
     """Which workload the spec runs, on which model and data.
 
     Args:
-        data_path: the data path the workers read (absolute); default the spec's as written.
+        data_path: the data path the workers read (absolute); default the spec's as written (unused
+            when the spec names ``data.shards``).
+        shards: the prepared shards the workers memory-map (``sweeps.run.dataprep``, or the spec's
+            ``data.shards`` resolved); default the spec's ``data.shards``.
 
     Raises:
         workloads.api.DataError: see :func:`finetune_config`.
     """
     d = spec.data
+    path = None if d.shards is not None else (d.path if data_path is None else data_path)
     return WorkloadConfig(
         name=spec.workload,
         model=model_config(spec),
-        data=DataConfig(path=d.path if data_path is None else data_path, tokenizer=d.tokenizer,
-                        validation_fraction=d.validation_fraction),
+        data=DataConfig(path=path, tokenizer=d.tokenizer, validation_fraction=d.validation_fraction,
+                        shards=shards if shards is not None else d.shards),
         finetune=finetune_config(spec),
     )
 
