@@ -9,12 +9,17 @@ of ``sweeps``, this module asks ``workloads`` only through :mod:`workloads.api`.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
+from typing import Any
 
+from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 from workloads.api import (
     FLOPS_CONVENTION,
     DataConfig,
+    DataError,
     FinetuneConfig,
     LoraConfig,
     ModelConfig,
@@ -22,16 +27,81 @@ from workloads.api import (
     get_workload,
 )
 
-__all__ = ["workload_config", "model_config", "finetune_config", "flops_accounting", "tokens_per_sequence"]
+__all__ = ["workload_config", "model_config", "read_hf_config", "check_model", "finetune_config", "flops_accounting",
+           "tokens_per_sequence"]
 
 log = logging.getLogger(__name__)
 
 
 def model_config(spec: SweepSpec) -> ModelConfig:
-    """The spec's ``model`` section, with ``d_ff`` resolved (``ModelSpec.d_ff_resolved``)."""
+    """The spec's ``model`` section, with ``d_ff`` resolved (``ModelSpec.d_ff_resolved``) and a
+    ``hf_config`` path read into its mapping (:func:`read_hf_config`).
+
+    Raises:
+        InvalidInput: ``model.hf_config``: see :func:`read_hf_config`.
+    """
     m = spec.model
+    if m.hf_config is not None:
+        return ModelConfig(context_length_tokens=m.context_length_tokens, hf_config=read_hf_config(m.hf_config),
+                           flops_per_token=m.flops_per_token)
     return ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, d_ff=m.d_ff_resolved,
-                       context_length_tokens=m.context_length_tokens, tie_word_embeddings=m.tie_word_embeddings)
+                       context_length_tokens=m.context_length_tokens, tie_word_embeddings=m.tie_word_embeddings,
+                       flops_per_token=m.flops_per_token)
+
+
+def read_hf_config(hf_config: dict[str, Any] | str) -> dict[str, Any]:
+    """``model.hf_config`` as a mapping: an inline one as it is, a path read as JSON (a folder: its
+    ``config.json``; relative paths resolve from the working directory).
+
+    Raises:
+        InvalidInput: ``model.hf_config: ...``: no such file, not JSON, not a JSON object, no ``model_type``.
+    """
+    if isinstance(hf_config, dict):
+        return dict(hf_config)
+    p = Path(hf_config).expanduser()
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(f"model.hf_config: file not found: {hf_config} (resolved to {p.resolve()})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"model.hf_config: cannot read {p}: {exc}") from None
+    except ValueError as exc:
+        raise InvalidInput(f"model.hf_config: {p} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise InvalidInput(f"model.hf_config: {p} is not a transformers config (a JSON object with model_type)")
+    return data
+
+
+def check_model(spec: SweepSpec) -> dict[str, Any]:
+    """Build the model's ``transformers`` config as a trial would (no weights), before launch.
+
+    Returns:
+        ``workloads.api.check_model_config``'s facts: ``model_type``, ``vocab_size`` (the model's),
+        ``flops_per_token``, ``flops_convention``; ``{}`` for fine-tuning (the checkpoint's model).
+
+    Raises:
+        InvalidInput: ``model.hf_config...``: with fine-tuning; a missing or non-JSON config.json; an
+            unknown ``model_type``; a value ``transformers`` refuses; a vocabulary smaller than the
+            tokenizer's; an architecture the FLOPs formula does not know without ``model.flops_per_token``.
+    """
+    from workloads.api import check_model_config, tokenizer_vocab_size
+
+    if spec.workload != "pretrain":
+        if spec.model.hf_config is not None:
+            raise InvalidInput("model.hf_config: only pretraining builds a model from a config; fine-tuning "
+                               "reads it from finetune.checkpoint_dir")
+        return {}
+    cfg = model_config(spec)
+    try:
+        vocab = tokenizer_vocab_size(spec.data.tokenizer)
+    except Exception:  # noqa: BLE001 - an unusable tokenizer is data.tokenizer's error (check_data_files)
+        return {}
+    try:
+        return check_model_config(cfg, vocab)
+    except DataError as exc:
+        raise InvalidInput(str(exc)) from None
 
 
 def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:
