@@ -51,11 +51,13 @@ def check_data_files(spec: SweepSpec) -> None:
 
     Raises:
         InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
-            training window and one validation window of ``context_length_tokens``.
+            training window and one validation window of ``context_length_tokens``; first, the
+            model (``model.hf_config...``, ``sweeps.run.workload.check_model``).
     """
-    from sweeps.run.workload import workload_config
+    from sweeps.run.workload import check_model, workload_config
     from workloads.api import DataError, get_workload
 
+    check_model(spec)  # model.hf_config...: before the data, whatever the data's form
     if spec.data.shards is not None:
         _check_shards(spec)
         return
@@ -181,6 +183,10 @@ def resolve_paths(spec: SweepSpec) -> SweepSpec:
     if spec.finetune is not None and "://" not in spec.finetune.checkpoint_dir:
         update["finetune"] = spec.finetune.model_copy(
             update={"checkpoint_dir": str(Path(spec.finetune.checkpoint_dir).expanduser().resolve())})
+    if isinstance(spec.model.hf_config, str):  # read once, here: the workers get the mapping, not a path
+        from sweeps.run.workload import read_hf_config
+
+        update["model"] = spec.model.model_copy(update={"hf_config": read_hf_config(spec.model.hf_config)})
     return spec.model_copy(update=update)
 
 
