@@ -163,7 +163,7 @@ def encode_documents(docs: list[str], tokenizer_json: str | None, separator: tup
     tok = _backend(tokenizer_json)
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     ids = [e.ids for e in encode(docs, add_special_tokens=False)]
-    total = sum(len(x) for x in ids) + len(sep) * len(ids)
+    total = sum(len(x) for x in ids) + len(separator) * len(ids)
     flat = itertools.chain.from_iterable(itertools.chain(x, separator) for x in ids)
     return np.fromiter(flat, dtype=np.int64, count=total)
 
