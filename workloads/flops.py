@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from workloads.errors import DataError
+
 __all__ = ["FLOPS_CONVENTION", "GIVEN_FLOPS_CONVENTION", "FLOPS_MODEL_TYPES", "MOE_CONFIG_KEYS", "TransformerShape",
            "flops_per_token", "matmul_params", "lora_flops_per_token", "shape_of", "unknown_architecture"]
 
@@ -133,11 +135,12 @@ def shape_of(hf: Any, context_length_tokens: int | None = None) -> TransformerSh
         context_length_tokens: ``n_ctx``; None: the config's maximum positions.
 
     Raises:
-        ValueError: :func:`unknown_architecture` names a reason.
+        DataError: :func:`unknown_architecture` names a reason (also at validation: a fine-tuning
+            checkpoint of another family is refused, not miscounted).
     """
     why = unknown_architecture(hf.to_dict())
     if why is not None:
-        raise ValueError(why)
+        raise DataError(why)
     if hf.model_type == "gpt2":
         d, n_heads = hf.n_embd, hf.n_head
         return TransformerShape(
