@@ -7,7 +7,8 @@ the service, not the client, decides where a submitted spec may read and write:
   that server with its own credentials; no other URI is ever contacted).
 * ``resources.storage_path``: unset, or inside ``CRITBATCH_STORAGE_ROOT`` (a path, or a URI prefix
   such as ``s3://bucket/critbatch``); with no storage root, unset.
-* ``data.path`` (or a ``data.shards`` folder), a ``data.tokenizer`` folder, ``finetune.checkpoint_dir``: a relative path
+* ``data.path`` (or a ``data.shards`` folder), a ``data.tokenizer`` folder, ``finetune.checkpoint_dir``, a
+  ``model.hf_config`` path: a relative path
   naming an input under ``CRITBATCH_DATA_DIR`` (shipped with the job), or an absolute path inside
   ``CRITBATCH_CLUSTER_DATA_DIR`` (read on the cluster, not shipped). No URI (``file://``, ``s3://``),
   no ``..`` component, no absolute path elsewhere.
@@ -90,6 +91,8 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
         inputs.append(("data.tokenizer", spec.data.tokenizer))
     if spec.finetune is not None:
         inputs.append(("finetune.checkpoint_dir", spec.finetune.checkpoint_dir))
+    if isinstance(spec.model.hf_config, str):  # a config.json path (an inline mapping names no file)
+        inputs.append(("model.hf_config", spec.model.hf_config))
     for field, value in inputs:
         errors += _input_errors(field, value, settings)
     return errors
