@@ -190,6 +190,8 @@ def _inputs_of(spec: SweepSpec) -> list[tuple[str, str, str]]:
         out.append(("data.tokenizer", spec.data.tokenizer, f"{INPUTS_DIR}/tokenizer"))
     if spec.finetune is not None:
         out.append(("finetune.checkpoint_dir", spec.finetune.checkpoint_dir, f"{INPUTS_DIR}/checkpoint"))
+    if isinstance(spec.model.hf_config, str):  # a config.json (a folder ships whole)
+        out.append(("model.hf_config", spec.model.hf_config, f"{INPUTS_DIR}/model/{Path(spec.model.hf_config).name}"))
     return out
 
 
