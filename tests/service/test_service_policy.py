@@ -298,3 +298,21 @@ def test_the_repo_as_data_root_ships_only_the_corpus(fake_jobs, fake_ray):
     files = fake_ray.submitted[0]["files"]
     assert [f for f in files if f.startswith("inputs/")] == ["inputs/data/input.txt"]
     assert not any(part.startswith(".") for f in files for part in Path(f).parts), files
+
+
+_NO_SHORTHAND = {"family": None, "d_model": None, "n_layers": None, "n_heads": None}
+
+
+@pytest.mark.parametrize("value", ["/root/config.json", "../config.json", "s3://bucket/config.json"])
+def test_a_model_hf_config_path_outside_the_data_roots_is_refused(fake_jobs, fake_ray, value):
+    with app_client(fake_jobs, cluster_data_dir="/data") as c:
+        r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": value}))
+    assert r.status_code == 422 and paths(r) == ["model.hf_config"], r.text
+    assert fake_ray.submitted == []
+
+
+def test_an_inline_model_hf_config_names_no_file(fake_jobs, fake_ray):
+    gqa = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2}
+    with app_client(fake_jobs, cluster_data_dir="/data") as c:
+        r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": gqa}))
+    assert r.status_code == 201, r.text
