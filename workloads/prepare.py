@@ -15,6 +15,7 @@ The index format is described in :mod:`workloads.shards`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -60,11 +61,9 @@ def tokenizer_identity(tokenizer: str) -> dict[str, Any]:
     """
     if tokenizer == "byte":
         return {"name": "byte", "sha256": _BYTE_IDENTITY, "vocab_size": 256, "eos_token_id": None, "separator": [10]}
-    from workloads.tokenizer import load_tokenizer
-
     folder = Path(tokenizer)
     try:
-        tok = load_tokenizer(tokenizer)
+        tok = _load(tokenizer)
     except Exception as exc:  # noqa: BLE001 - transformers raises anything from OSError to ValueError
         raise DataError(f"tokenizer {tokenizer}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     if not getattr(tok, "is_fast", False):
@@ -80,9 +79,15 @@ def tokenizer_identity(tokenizer: str) -> dict[str, Any]:
 def _backend_json(tokenizer: str) -> str | None:
     if tokenizer == "byte":
         return None
+    return _load(tokenizer).backend_tokenizer.to_str()
+
+
+@functools.lru_cache(maxsize=2)
+def _load(tokenizer: str):
+    """The Hugging Face tokenizer in folder ``tokenizer`` (loaded once: importing transformers is slow)."""
     from workloads.tokenizer import load_tokenizer
 
-    return load_tokenizer(tokenizer).backend_tokenizer.to_str()
+    return load_tokenizer(tokenizer)
 
 
 def _validation_documents(counts: list[int], fraction: float, seed: int) -> list[list[int]]:
@@ -205,44 +210,46 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
     return PrepareResult(folder=str(output), index=index, up_to_date=False)
 
 
+def _completed(ex: ProcessPoolExecutor | None, fn: Callable, args: list[tuple]):
+    """``(i, fn(*args[i]))`` for every ``i``: in the pool ``ex`` as they finish, or here in order."""
+    if ex is None:
+        yield from ((i, fn(*a)) for i, a in enumerate(args))
+        return
+    futures = {ex.submit(fn, *a): i for i, a in enumerate(args)}
+    for fut in as_completed(futures):
+        yield futures[fut], fut.result()
+
+
 def _run_units(units: list[Unit], fmt, tmp, dtype, identity, tokenizer, text_column, text_documents,
                fraction, seed, num_proc, progress) -> list[dict[str, Any]]:
-    """Count the units' documents, choose the held-out ones, tokenize every unit (in ``num_proc``
-    processes when more than one): the shard entries, train shards first, each split in unit order."""
-    def pool():
-        import multiprocessing
-
-        return ProcessPoolExecutor(max_workers=min(num_proc, len(units)), mp_context=multiprocessing.get_context("spawn"))
+    """Count the units' documents, choose the held-out ones, tokenize every unit (in one pool of
+    ``num_proc`` processes when more than one): the shard entries, train shards first, each split in
+    unit order."""
+    import multiprocessing
 
     parallel = num_proc > 1 and len(units) > 1
-    if fmt == "parquet" or (fmt == "text" and text_documents == "file"):
-        counts = [count_documents(u, fmt, text_column, text_documents) for u in units]
-    elif parallel:
-        with pool() as ex:
-            n = len(units)
-            counts = list(ex.map(count_documents, units, [fmt] * n, [text_column] * n, [text_documents] * n))
-    else:
-        counts = [count_documents(u, fmt, text_column, text_documents) for u in units]
-    held = _validation_documents(counts, fraction, seed)
-    backend = _backend_json(tokenizer)
-    jobs = [{"unit": u, "fmt": fmt, "number": i, "folder": str(tmp), "dtype": dtype.name, "validation": held[i],
-             "tokenizer_json": backend, "separator": identity["separator"], "text_column": text_column,
-             "text_documents": text_documents} for i, u in enumerate(units)]
-    total, done, results = sum(u.weight_bytes for u in units), 0, {}
-    if parallel:
-        with pool() as ex:
-            futures = {ex.submit(tokenize_unit, j): j["number"] for j in jobs}
-            for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
-                done += units[futures[fut]].weight_bytes
-                if progress:
-                    progress(done, total)
-    else:
-        for j in jobs:
-            results[j["number"]] = tokenize_unit(j)
-            done += units[j["number"]].weight_bytes
+    ex = ProcessPoolExecutor(max_workers=min(num_proc, len(units)),
+                             mp_context=multiprocessing.get_context("spawn")) if parallel else None
+    try:
+        cheap = fmt == "parquet" or (fmt == "text" and text_documents == "file")
+        counts = [0] * len(units)
+        for i, n in _completed(None if cheap else ex, count_documents,
+                               [(u, fmt, text_column, text_documents) for u in units]):
+            counts[i] = n
+        held = _validation_documents(counts, fraction, seed)
+        backend = _backend_json(tokenizer)
+        jobs = [({"unit": u, "fmt": fmt, "number": i, "folder": str(tmp), "dtype": dtype.name, "validation": held[i],
+                  "tokenizer_json": backend, "separator": identity["separator"], "text_column": text_column,
+                  "text_documents": text_documents},) for i, u in enumerate(units)]
+        total, done, results = sum(u.weight_bytes for u in units), 0, {}
+        for i, pair in _completed(ex, tokenize_unit, jobs):
+            results[i] = pair
+            done += units[i].weight_bytes
             if progress:
                 progress(done, total)
+    finally:
+        if ex is not None:
+            ex.shutdown(cancel_futures=True)
     ordered = [results[i] for i in range(len(units))]
     return [pair[0] for pair in ordered] + [pair[1] for pair in ordered]
 
