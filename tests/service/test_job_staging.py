@@ -208,3 +208,13 @@ def test_links_inside_a_shipped_folder_are_not_followed(tmp_path):
     stage_sweep(tiny(data={"path": str(REPO / "data/tinyshakespeare/input.txt"), "tokenizer": str(tok)}), stage)
     assert (stage / "inputs/tokenizer/tokenizer.json").exists()
     assert not (stage / "inputs/tokenizer/leak.txt").exists()
+
+
+def test_a_model_hf_config_file_is_shipped_and_the_staged_spec_names_it(tmp_path):
+    (tmp_path / "gqa.json").write_text('{"model_type": "llama", "num_key_value_heads": 2}')
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    st = stage_sweep(tiny(data={"path": str(REPO / "data/tinyshakespeare/input.txt")},
+                          model={"hf_config": str(tmp_path / "gqa.json"), "context_length_tokens": 32}), stage)
+    assert st.spec.model.hf_config == "inputs/model/gqa.json"
+    assert (stage / "inputs/model/gqa.json").read_text() == (tmp_path / "gqa.json").read_text()
