@@ -82,7 +82,7 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
         ``flops_per_token``, ``flops_convention``; ``{}`` for fine-tuning (the checkpoint's model).
 
     Raises:
-        InvalidInput: ``model.hf_config...``: with fine-tuning; a missing or non-JSON config.json; an
+        InvalidInput: ``model.hf_config...`` or ``model.flops_per_token`` with fine-tuning; a missing or non-JSON config.json; an
             unknown ``model_type``; a value ``transformers`` refuses; a vocabulary smaller than the
             tokenizer's; an architecture the FLOPs formula does not know without ``model.flops_per_token``.
     """
@@ -92,6 +92,9 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
         if spec.model.hf_config is not None:
             raise InvalidInput("model.hf_config: only pretraining builds a model from a config; fine-tuning "
                                "reads it from finetune.checkpoint_dir")
+        if spec.model.flops_per_token is not None:
+            raise InvalidInput("model.flops_per_token: only pretraining takes it; fine-tuning counts the "
+                               "checkpoint's FLOPs (Llama, Mistral, Qwen2, Qwen3, OLMo-2 and GPT-2 families)")
         return {}
     cfg = model_config(spec)
     try:
