@@ -122,3 +122,6 @@ def test_cli_validate_refuses_hf_config_for_fine_tuning(tmp_path):
     d["model"] = {"hf_config": GQA, "context_length_tokens": d.get("model", {}).get("context_length_tokens", 64)}
     r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
     assert r.exit_code == 2 and "model.hf_config: only pretraining builds a model from a config" in r.output, r.output
+    d["model"] = {"context_length_tokens": d["model"]["context_length_tokens"], "flops_per_token": 1.0e6}
+    r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
+    assert r.exit_code == 2 and "model.flops_per_token: only pretraining takes it" in r.output, r.output
