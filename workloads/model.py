@@ -17,6 +17,11 @@ from workloads.flops import FLOPS_CONVENTION, GIVEN_FLOPS_CONVENTION, flops_per_
 __all__ = ["hf_config", "build_model", "shape_of", "model_flops_per_token", "check_model_config", "model_vocab_size",
            "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
 
+#: keys of a saved ``config.json`` that describe a checkpoint, not the architecture: dropped, so a config
+#: saved in bf16 still trains with float32 weights (the precision is the training loop's choice)
+_NOT_ARCHITECTURE = ("torch_dtype", "dtype", "architectures", "transformers_version", "_name_or_path")
+
+
 def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since issue 1."""
     if cfg.family == "llama":
@@ -53,8 +58,9 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
 
     The shorthand (``cfg.hf_config`` None) is a Llama or GPT-2 with no bos/eos/pad ids (the byte
     tokenizer has none), GPT-2 without dropout. A given ``hf_config`` is taken as it is, but its
-    vocabulary is :func:`model_vocab_size` and its maximum positions default to
-    ``context_length_tokens``.
+    vocabulary is :func:`model_vocab_size`, its maximum positions default to
+    ``context_length_tokens``, and a saved config's ``torch_dtype``/``dtype`` (and other checkpoint
+    facts, :data:`_NOT_ARCHITECTURE`) are dropped: weights are float32.
 
     Raises:
         ValueError: an unknown ``family``.
@@ -68,6 +74,8 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
         kwargs = _shorthand(cfg, vocab_size)
     else:
         kwargs = {**cfg.hf_config, "vocab_size": model_vocab_size(cfg, vocab_size)}
+        for stored in _NOT_ARCHITECTURE:
+            kwargs.pop(stored, None)
     model_type = kwargs.pop("model_type", None)
     try:
         hf = AutoConfig.for_model(model_type, **kwargs)

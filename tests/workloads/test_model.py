@@ -131,3 +131,11 @@ def test_a_pretraining_trial_builds_and_counts_an_hf_config_model():
     assert work.model.lm_head.weight is work.model.get_input_embeddings().weight  # tied
     assert work.flops_per_token == flops_per_token(shape_of(hf, 32))
     assert pretrain_flops(c.workload) == (work.flops_per_token, FLOPS_CONVENTION)
+
+
+def test_a_saved_config_json_trains_in_float32():
+    saved = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16",
+             "transformers_version": "4.51.0", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True}
+    model = build_model(ModelConfig(context_length_tokens=32, hf_config=saved), V)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
