@@ -158,3 +158,19 @@ def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_sh
     assert result["ok"] and statuses and set(statuses) == {"COMPLETED"}, (result, statuses)
     index = json.loads((tmp_path / "out" / PREPARED_DIR / "index.json").read_text())
     assert index["split"]["method"] == "tail" and index["dtype"] == "uint16"
+
+
+def test_with_a_uri_storage_root_the_shards_are_copied_there_and_read_back(tiny_spec_dict, tmp_path, monkeypatch):
+    """resources.storage_path as a URI: ROOT/data is uploaded with fsspec; workers fetch it once per node."""
+    from workloads.data import load_shard_corpus
+
+    monkeypatch.setenv("CRITBATCH_DATA_CACHE", str(tmp_path / "cache"))
+    spec = resolve_paths(parse_spec(tiny_spec_dict))
+    root = "local://" + str(tmp_path / "store" / "sweep-1")
+    uri = prepared_shards(spec, tmp_path / "out", root)
+    assert uri == root + "/" + PREPARED_DIR
+    assert (tmp_path / "store" / "sweep-1" / PREPARED_DIR / "index.json").is_file()
+    local = load_shard_corpus(str(tmp_path / "out" / PREPARED_DIR), 32)
+    remote = load_shard_corpus(uri, 32)
+    assert len(remote.train_ids) == len(local.train_ids) and (tmp_path / "cache").is_dir()
+    assert (remote.train_ids.read(1000, 64) == local.train_ids.read(1000, 64)).all()
