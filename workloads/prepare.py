@@ -167,7 +167,7 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
         seed: fixes which documents are held out.
         text_documents: text files only: ``file`` (one document per file) or ``paragraph``.
         num_proc: tokenizing processes (default: the CPUs this process may use).
-        progress: called as ``progress(done_bytes, total_bytes)`` after each unit.
+        progress: called as ``progress(done_bytes, total_bytes)`` before the first unit and after each.
 
     Returns:
         a :class:`PrepareResult`; ``up_to_date`` when nothing needed writing.
@@ -242,6 +242,8 @@ def _run_units(units: list[Unit], fmt, tmp, dtype, identity, tokenizer, text_col
                   "tokenizer_json": backend, "separator": identity["separator"], "text_column": text_column,
                   "text_documents": text_documents},) for i, u in enumerate(units)]
         total, done, results = sum(u.weight_bytes for u in units), 0, {}
+        if progress:
+            progress(0, total)
         for i, pair in _completed(ex, tokenize_unit, jobs):
             results[i] = pair
             done += units[i].weight_bytes
