@@ -176,8 +176,9 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
     step_tokens = b0 * T
     base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
     data_path = resolve_data_path(spec)
+    shards = data_path if spec.data.shards is not None else None  # resolved: the tasks run elsewhere
     base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
-                            data_path=data_path)
+                            data_path=data_path, shards=shards)
     positive = [p for p in points if p > 0]
     started = init_ray(ray_address, spec)
     try:
@@ -199,7 +200,7 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
                 bhp.update(lr=hp["lr"] * math.sqrt(k), lr_rule="sqrt", beta2_half_life_tokens=hp["beta2_half_life_tokens"])
                 bhp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b, T)
                 cfg = trial_config(spec, {"batch_size_sequences": b, "seed": spec.seeds[0], **bhp},
-                                   f"branch-{p}-k{k}", data_path=data_path)
+                                   f"branch-{p}-k{k}", data_path=data_path, shards=shards)
                 end = p + br.window_tokens
                 cfg = replace(cfg, budget_tokens=end, eval=replace(
                     cfg.eval, milestones_tokens=(end,), checkpoint_every_milestones=0, raw_every_milestone=True))
