@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,15 +183,28 @@ def check_index(index: ShardIndex, *, tokenizer_sha256: str, tokenizer_name: str
                             f"window ({min_tokens})")
 
 
-class TokenStream:
-    """A split's shards as one read-only 1-D token sequence (``numpy.memmap`` per shard, nothing loaded).
+#: the span unmapped around a window once it is read (a huge page: the page cache may map file
+#: pages in 2 MiB folios, and the disk's read-ahead fills them)
+_RELEASE_BYTES = 2 << 20
 
-    ``len(stream)`` is its token count; :meth:`gather` reads windows. Pages are read on demand, so
-    a worker's memory does not grow with the corpus.
+
+class TokenStream:
+    """A split's shards as one read-only 1-D token sequence (one memory map per shard, nothing loaded).
+
+    ``len(stream)`` is its token count; :meth:`gather` reads windows. Pages are read on demand and
+    unmapped from the process once copied (``madvise(MADV_DONTNEED)``: they stay in the page cache),
+    so a worker's resident memory does not grow with the corpus or with the steps it has drawn (the
+    kernel maps whole read-ahead folios, ~2 MiB a window, when the pages are only touched).
+
+    Args:
+        arrays: 1-D token arrays in stream order (``numpy.ndarray`` or views of a memory map).
+        maps: the ``mmap.mmap`` behind each array (None where there is none), released after reads.
     """
 
-    def __init__(self, arrays: list[np.ndarray]):
-        self._arrays = [a for a in arrays if len(a)]
+    def __init__(self, arrays: list[np.ndarray], maps: list | None = None):
+        keep = [i for i, a in enumerate(arrays) if len(a)]
+        self._arrays = [arrays[i] for i in keep]
+        self._maps = [maps[i] for i in keep] if maps is not None else [None] * len(keep)
         self._starts = np.cumsum([0] + [len(a) for a in self._arrays])
 
     def __len__(self) -> int:
@@ -210,8 +224,18 @@ class TokenStream:
             a, lo = self._arrays[k], start + pos - int(self._starts[k])
             n = min(length - pos, len(a) - lo)
             out[pos:pos + n] = a[lo:lo + n]
+            self._release(k, lo * a.itemsize, (lo + n) * a.itemsize)
             pos, k = pos + n, k + 1
         return out
+
+    def _release(self, k: int, lo_byte: int, hi_byte: int) -> None:
+        """Unmap the pages around bytes ``lo_byte .. hi_byte`` of shard ``k`` from this process."""
+        mm = self._maps[k]
+        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        lo = lo_byte // _RELEASE_BYTES * _RELEASE_BYTES
+        hi = min(len(mm), -(-hi_byte // _RELEASE_BYTES) * _RELEASE_BYTES)
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def gather(self, offsets, length: int):
         """Windows of ``length`` tokens at each of ``offsets`` (``[n]``), as an int64 torch tensor ``[n, length]``."""
@@ -222,9 +246,17 @@ class TokenStream:
 
 
 def open_split(index: ShardIndex, split: str) -> TokenStream:
-    """``split``'s shards of ``index`` memory-mapped (read-only) as one :class:`TokenStream`."""
-    return TokenStream([np.memmap(index.root / s["file"], dtype=index.dtype, mode="r", shape=(int(s["tokens"]),))
-                        if int(s["tokens"]) else np.empty(0, dtype=index.dtype) for s in index.shards(split)])
+    """``split``'s shards of ``index`` memory-mapped read-only (``mmap`` viewed by ``numpy.frombuffer``,
+    what ``numpy.memmap`` does) as one :class:`TokenStream`."""
+    arrays, maps = [], []
+    for s in index.shards(split):
+        if not int(s["tokens"]):
+            continue
+        with open(index.root / s["file"], "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        arrays.append(np.frombuffer(mm, dtype=index.dtype, count=int(s["tokens"])))
+        maps.append(mm)
+    return TokenStream(arrays, maps)
 
 
 def _cache_root() -> Path:
