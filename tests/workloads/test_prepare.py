@@ -282,3 +282,16 @@ def test_fsspec_uri_is_fetched_once_into_the_node_cache(tmp_path, monkeypatch):
     load_shard_corpus("local://" + str(tmp_path / "out"), 8)
     assert (cached[0] / ".complete").stat().st_mtime_ns == stamp  # not fetched again
     assert read_index(uri).root == tmp_path / "out"  # file:// is read in place
+
+
+def test_a_trial_on_the_prepared_raw_file_reports_exactly_what_it_did_on_the_text_file(tmp_path):
+    """The main job's numbers do not move: same losses, bit for bit, from shards as from the text file."""
+    from tests.workloads.test_loop import BASE, run
+    from tests.workloads.trial import with_sections
+
+    prepare_text_file(SHAKESPEARE, tmp_path / "data")
+    _, before = run(BASE)
+    _, after = run(with_sections(BASE, data={"path": None, "shards": str(tmp_path / "data")}))
+    keys = ("tokens_seen", "val_loss", "val_loss_raw", "train_loss")
+    assert [[m[k] for k in keys] for m, _ in before] == [[m[k] for k in keys] for m, _ in after]
+    assert len(before) == 4
