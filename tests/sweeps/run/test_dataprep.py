@@ -174,3 +174,14 @@ def test_with_a_uri_storage_root_the_shards_are_copied_there_and_read_back(tiny_
     remote = load_shard_corpus(uri, 32)
     assert len(remote.train_ids) == len(local.train_ids) and (tmp_path / "cache").is_dir()
     assert (remote.train_ids.read(1000, 64) == local.train_ids.read(1000, 64)).all()
+
+
+def test_prepare_data_cli_exits_2_on_bad_input_and_writes_nothing(tmp_path):
+    r = run_cli(["prepare-data", str(tmp_path / "nothing*.txt"), "--output", str(tmp_path / "out"), "--no-progress"],
+                timeout_s=120)
+    assert r.returncode == 2 and "matches no file" in r.stderr, r.stderr
+    (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
+    r = run_cli(["prepare-data", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "out"), "--no-progress"],
+                timeout_s=120)
+    assert r.returncode == 2 and "has no column 'text'" in r.stderr and "--text-column" in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]
