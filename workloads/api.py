@@ -5,8 +5,9 @@ workload: its config section, the function a Ray Train worker runs, its FLOPs pe
 input checks. Beside the entries: the per-trial config (:class:`TrialConfig` and its sections),
 the scaling rules, the FLOP convention, the tokenizer checks, the worker function
 (``train_fn_per_worker``), the
-Ray session plumbing of the Tune trainable (``drain_report_queue``) and the checkpoint builder
-(``init_checkpoint``).
+Ray session plumbing of the Tune trainable (``drain_report_queue``), the checkpoint builder
+(``init_checkpoint``) and the data preparation (``prepare_data`` for ``critbatch prepare-data``,
+``prepare_text_file`` for the driver's ``data.path``; ``workloads.prepare``).
 
 Importing this module is light (no torch): the entries are built on first use and the
 torch-backed functions load on first access (module ``__getattr__``), so ``critbatch validate``
