@@ -1,6 +1,7 @@
 """Memory and start-up of one training worker against the corpus size (issue 17).
 
     python benchmarks/data_scale.py [--tokens 2e7,2e8,2e9] [--dir /tmp/critbatch-data-scale] [--steps 30]
+                                    [--raw-baseline] [--trials]
 
 For each size, synthetic prepared shards (``workloads.shards`` format, byte vocabulary so ``uint16``,
 uniform random ids, 2^28-token shards, a 1 M-token validation split) are written once (kept in
@@ -10,7 +11,9 @@ then ``workloads.pretrain.build_pretrain``: the shards memory-mapped), and train
 steps of 64 random windows x 64 tokens drawn over the whole corpus (the sweep's own
 ``window_batch``). It reports its peak RSS (``ru_maxrss``) and its time from process start to the
 end of the first optimizer step. With ``--raw-baseline`` the smallest size is also run the old way
-(a text file read and tokenized into int64 in the worker). The last line is ``rss_ratio=X``:
+(a text file read and tokenized into int64 in the worker). With ``--trials`` each size is also the
+data of a one-trial sweep (``critbatch run``: Ray Tune, Train, MLflow), whose first report's
+``time_total_s`` is printed (8 steps and one evaluation after the trial's start). The last line is ``rss_ratio=X``:
 the largest corpus's peak RSS over the smallest's (goal X <= 1.2).
 
 Not measured: Ray Train's own start-up (35-50 s a trial, the same for every corpus size), several
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -103,12 +107,40 @@ def _run_worker(args: list[str]) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def trial_first_report(shards: Path, work: Path) -> float:
+    """Seconds from a one-trial sweep's trial start to its first report (Tune's ``time_total_s``), on ``shards``.
+
+    The trial: the tiny spec's model, batch 8 x 64 tokens, first milestone after 8 steps (plus one
+    evaluation of 1024 tokens); Ray started in-process by ``critbatch run``.
+    """
+    import shutil
+
+    import yaml
+
+    d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
+    d.update(name="data-scale", data={"shards": str(shards)}, budget_tokens=8192, eval={"milestones": 2, "eval_tokens": 1024})
+    d["model"]["context_length_tokens"] = 64
+    d["search"].update(batch_sizes_sequences=[8], trials_per_batch_size=1)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "spec.yaml").write_text(yaml.safe_dump(d))
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(work / "spec.yaml"), "--output", str(work / "out"),
+                    "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--sweep-id", "ds", "--no-progress"],
+                   cwd=ROOT, env=env, capture_output=True, text=True)
+    rows = [json.loads(x) for f in (work / "out" / "tune").rglob("result.json") for x in f.read_text().splitlines()[:1]]
+    if not rows:
+        raise SystemExit(f"the one-trial sweep on {shards} reported nothing (see {work})")
+    return float(rows[0]["time_total_s"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="2e7,2e8,2e9")
     ap.add_argument("--dir", default="/tmp/critbatch-data-scale")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--raw-baseline", action="store_true")
+    ap.add_argument("--trials", action="store_true", help="also a one-trial sweep per size (Ray Tune + Train)")
     ap.add_argument("--worker", nargs=3, metavar=("SHARDS", "RAW", "STEPS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -127,6 +159,9 @@ def main() -> None:
         print(f"shards {n:>13,} tokens ({n * 2 / 2**30:.2f} GiB uint16, made in {made:.0f} s): peak RSS "
               f"{res['peak_rss_mb']:.0f} MB, first step {res['first_step_s']:.2f} s after process start, "
               f"{a.steps} steps {res['steps_s']:.2f} s more", flush=True)
+        if a.trials:
+            print(f"  one-trial sweep on it: first report {trial_first_report(folder, Path(a.dir) / 'sweep'):.1f} s "
+                  "after the trial started", flush=True)
     if a.raw_baseline:
         n = sizes[0]
         raw = Path(a.dir) / f"raw-{n}.txt"
