@@ -73,8 +73,12 @@ def _load_cached(path: str, mtime_ns: int, tokenizer: str, validation_fraction: 
     return Corpus(train_ids=ids[: len(ids) - n_val], val_ids=ids[len(ids) - n_val :], vocab_size=tokenizer_vocab_size(tokenizer))
 
 
-def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_length_tokens: int) -> Corpus:
+def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_length_tokens: int, *,
+                keep: bool = True) -> Corpus:
     """Load and split a corpus, checking it is long enough.
+
+    ``keep=False`` does not keep it in this process's cache (a check that only counts its tokens:
+    the sweep driver's preflight, which would otherwise hold 8 bytes a token for the whole sweep).
 
     Raises:
         DataError: the file is missing or empty, or either split holds fewer than
@@ -83,7 +87,8 @@ def load_corpus(path: str, tokenizer: str, validation_fraction: float, context_l
     p = Path(path)
     if not p.is_file():
         raise DataError(f"corpus not found: {path}")
-    corpus = _load_cached(str(p.resolve()), p.stat().st_mtime_ns, tokenizer, validation_fraction)
+    load = _load_cached if keep else _load_cached.__wrapped__
+    corpus = load(str(p.resolve()), p.stat().st_mtime_ns, tokenizer, validation_fraction)
     need = context_length_tokens + 1
     if len(corpus.train_ids) < need or len(corpus.val_ids) < need:
         raise DataError(

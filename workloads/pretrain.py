@@ -145,8 +145,11 @@ def check_pretrain_inputs(wc: WorkloadConfig) -> dict[str, Any]:
     """
     if wc.data.shards:
         return _check_shards(wc)
-    try:
-        corpus = _load(wc)
+    if not wc.data.path:
+        raise DataError("data: give data.path (a text file) or data.shards (prepared token shards)")
+    try:  # counted, not kept: the driver prepares the file into shards once (sweeps/run/dataprep.py)
+        corpus = load_corpus(wc.data.path, wc.data.tokenizer, wc.data.validation_fraction,
+                             wc.model.context_length_tokens, keep=False)
     except DataError as exc:
         raise DataError(f"data.path: {exc}") from None
     return {"train_tokens": len(corpus.train_ids), "validation_tokens": len(corpus.val_ids),
