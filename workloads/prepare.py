@@ -139,6 +139,13 @@ def _install(tmp: Path, output: Path, index: dict[str, Any]) -> None:
         tmp.rename(output)
 
 
+def _make_parents(output: Path) -> Path | None:
+    """Create ``output``'s missing parent folders; the topmost one created (None: none was)."""
+    missing = [p for p in output.parents if not p.exists()]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return missing[-1] if missing else None
+
+
 def _check_output(output: Path) -> None:
     if output.exists() and (not output.is_dir() or (any(output.iterdir()) and not (output / INDEX_FILE).is_file())):
         raise DataError(f"output {output} exists and is not a prepared-data folder (no {INDEX_FILE}); "
@@ -194,7 +201,7 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
         return PrepareResult(folder=str(output), index=done, up_to_date=True)
     units = list_units(files, fmt)
     dtype = dtype_for_vocab(identity["vocab_size"])
-    output.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(output)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         shards = _run_units(units, fmt, tmp, dtype, identity, tokenizer, text_column, text_documents,
@@ -205,7 +212,7 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
         index = _index(identity, dtype, split, key, input_entries, fmt, text_column, shards)
         _install(tmp, output, index)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(made or tmp, ignore_errors=True)
         raise
     return PrepareResult(folder=str(output), index=index, up_to_date=False)
 
@@ -283,7 +290,7 @@ def prepare_text_file(path: str | Path, output: str | Path, *, tokenizer: str = 
         raise DataError(f"corpus {path} is not UTF-8 text: {exc}") from None
     n_val = int(len(ids) * validation_fraction)
     dtype = dtype_for_vocab(identity["vocab_size"])
-    output.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_parents(output)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
         shards = []
@@ -293,6 +300,6 @@ def prepare_text_file(path: str | Path, output: str | Path, *, tokenizer: str = 
             shards.append(w.close(split_name))
         _install(tmp, output, _index({**identity, "separator": []}, dtype, split, key, input_entries, "text", None, shards))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(made or tmp, ignore_errors=True)
         raise
     return PrepareResult(folder=str(output), index=json.loads((output / INDEX_FILE).read_text()), up_to_date=False)
