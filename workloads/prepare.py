@@ -209,7 +209,7 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
         for s in [s for s in shards if s["tokens"] == 0]:
             (tmp / s["file"]).unlink()
         shards = [s for s in shards if s["tokens"]]
-        index = _index(identity, dtype, split, key, input_entries, fmt, text_column, shards)
+        index = _index(identity, dtype, split, key, input_entries, fmt, None if fmt == "text" else text_column, shards)
         _install(tmp, output, index)
     except BaseException:
         shutil.rmtree(made or tmp, ignore_errors=True)
