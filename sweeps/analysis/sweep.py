@@ -194,6 +194,22 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
     return per_batch
 
 
+def _read_json(path: Path, *, missing: str) -> Any:
+    """The JSON content of ``path``.
+
+    Raises:
+        InvalidInput: ``missing`` if the file does not exist; "cannot read" if it is not JSON.
+    """
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInput(missing) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidInput(f"--trials: cannot read {path} as JSON: {exc}") from None
+
+
 def analyze_trials_file(path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None,
                         level: float = 0.95) -> dict[str, Any]:
     """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
@@ -206,24 +222,13 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     Raises:
         InvalidInput: missing or unreadable files, a record without its fields, no ``cbs.json`` beside.
     """
-    import json
-
     p = Path(path)
-    try:
-        rows = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"--trials: file not found: {p}") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidInput(f"--trials: cannot read {p} as JSON: {exc}") from None
+    rows = _read_json(p, missing=f"--trials: file not found: {p}")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise InvalidInput(f"--trials: {p} is not a list of trial records")
     cbs_path = p.parent / "cbs.json"
-    try:
-        prev = json.loads(cbs_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInput(f"--trials: no cbs.json beside {p} (it holds the context length and tokens per sequence)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidInput(f"--trials: cannot read {cbs_path}: {exc}") from None
+    prev = _read_json(cbs_path, missing=f"--trials: no cbs.json beside {p} (it holds the context length and tokens "
+                                        "per sequence)")
     try:
         context = int(prev["context_length_tokens"])
         tps = float(prev.get("tokens_per_sequence") or context)
