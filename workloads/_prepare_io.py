@@ -102,8 +102,9 @@ def read_documents(unit: Unit, fmt: str, *, text_column: str, text_documents: st
     """The documents of ``unit``, in order.
 
     Args:
-        text_documents: for text files, ``file`` (a file is one document) or ``paragraph``
-            (documents are separated by blank lines).
+        text_documents: for text files, ``file`` (a file is one document), ``paragraph``
+            (documents are separated by blank lines) or ``line`` (every line that is not blank is a
+            document, without its line ending: ``\n`` or ``\r\n``).
 
     Raises:
         DataError: a text file that is not UTF-8, a JSON Lines or Parquet file that does not parse
@@ -116,6 +117,8 @@ def read_documents(unit: Unit, fmt: str, *, text_column: str, text_documents: st
             raise DataError(f"{unit.path} is not UTF-8 text: {exc}") from None
         if text_documents == "file":
             return [text]
+        if text_documents == "line":
+            return [x for x in re.split(r"\r?\n", text) if x.strip()]
         return [p for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
     if fmt == "jsonl":
         import pyarrow.json as pj

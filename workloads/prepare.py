@@ -172,7 +172,7 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
         text_column: the text field of JSON Lines / Parquet rows.
         validation_fraction: held-out fraction of the documents, in (0, 0.5].
         seed: fixes which documents are held out.
-        text_documents: text files only: ``file`` (one document per file) or ``paragraph``.
+        text_documents: text files only: ``file`` (one document per file), ``paragraph`` or ``line``.
         num_proc: tokenizing processes (default: the CPUs this process may use).
         progress: called as ``progress(done_bytes, total_bytes)`` before the first unit and after each.
 
@@ -185,8 +185,8 @@ def prepare_data(inputs: list[str], output: str | Path, *, tokenizer: str = "byt
     """
     if not 0.0 < validation_fraction <= 0.5:
         raise DataError(f"validation fraction {validation_fraction} must lie in (0, 0.5]")
-    if text_documents not in ("file", "paragraph"):
-        raise DataError(f"text documents {text_documents!r}: use 'file' or 'paragraph'")
+    if text_documents not in ("file", "paragraph", "line"):
+        raise DataError(f"text documents {text_documents!r}: use 'file', 'paragraph' or 'line'")
     output = Path(output).expanduser().resolve()
     _check_output(output)
     files, fmt = expand_inputs(inputs)

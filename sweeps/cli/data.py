@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
         text_column: str = typer.Option("text", "--text-column", help="the text field of JSON Lines / Parquet rows"),
         validation_fraction: float = typer.Option(0.1, "--validation-fraction", help="held-out fraction of the documents"),
         seed: int = typer.Option(0, "--seed", help="fixes which documents are held out"),
-        text_documents: str = typer.Option("file", "--text-documents", help="text files: 'file' (one document each) "
-                                           "or 'paragraph' (documents separated by blank lines)"),
+        text_documents: str = typer.Option("file", "--text-documents", help="text files: 'file' (one document each), "
+                                           "'paragraph' (documents separated by blank lines) or 'line' (a document a line)"),
         num_proc: Optional[int] = typer.Option(None, "--num-proc", min=1, help="tokenizing processes (default: the CPUs)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar"),
     ) -> None:

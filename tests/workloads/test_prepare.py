@@ -147,6 +147,18 @@ def test_text_files_and_parquet_inputs(tmp_path):
     assert both == sorted(np.concatenate([_stream_tokens(tmp_path / "par", s) for s in ("train", "validation")]).tolist())
 
 
+def test_line_documents_are_the_non_blank_lines_without_their_line_endings(tmp_path):
+    """``--text-documents line`` (the WikiText example's CRLF file): a document a line, ``\\r\\n`` or ``\\n`` dropped."""
+    (tmp_path / "a.txt").write_bytes(b" = Title = \r\n first line \r\n\r\n  \r\nsecond line\nthird\r\n")
+    res = prepare_data([str(tmp_path / "a.txt")], tmp_path / "out", text_documents="line", num_proc=1,
+                       validation_fraction=0.25)
+    assert res.index["totals"]["train"]["documents"] == 3 and res.index["totals"]["validation"]["documents"] == 1
+    text = b"".join(_stream_tokens(tmp_path / "out", s).astype(np.uint8).tobytes() for s in ("train", "validation"))
+    assert sorted(text.decode().split("\n")[:-1]) == sorted([" = Title = ", " first line ", "second line", "third"])
+    with pytest.raises(DataError, match="use 'file', 'paragraph' or 'line'"):
+        prepare_data([str(tmp_path / "a.txt")], tmp_path / "other", text_documents="lines")
+
+
 @pytest.mark.parametrize("case, message", [
     ("no_match", "matches no file"),
     ("empty", "is empty"),

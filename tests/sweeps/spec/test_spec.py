@@ -22,8 +22,18 @@ def tiny_checkpoint(repo_root):
     return ck
 
 
+@pytest.fixture
+def wikitext_shards(repo_root):
+    """The WikiText example's shards, as its header prepares them (a no-op when up to date)."""
+    from workloads.api import prepare_data
+
+    wiki = ROOT / "data" / "wikitext-2-raw"
+    return prepare_data([str(wiki / "wiki.test.raw")], ROOT / "out" / "wikitext-2-bpe", tokenizer=str(wiki / "bpe-2048"),
+                        text_documents="line", num_proc=1).folder
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_validate(path, repo_root, tiny_checkpoint):
+def test_examples_validate(path, repo_root, tiny_checkpoint, wikitext_shards):
     r = CliRunner().invoke(app, ["validate", str(path)])
     assert r.exit_code == 0, r.output
     assert "ok:" in r.output
