@@ -1,13 +1,17 @@
 """Sweep overhead: the same trials as plain PyTorch loops and through the whole sweep.
 
-    python benchmarks/overhead.py [--budget-tokens N] [--batch-sizes 16,64] [--concurrency 2]
+    python benchmarks/overhead.py [--budget-tokens N] [--batch-sizes 16,64] [--concurrency 2] [--no-tune-only]
 
-Both sides train the same trials (same model, data, hyperparameters, seeds, token budget) with the
+Three sides train the same trials (same model, data, hyperparameters, seeds, token budget) with the
 same parallelism: ``--concurrency`` trials at once, one CPU thread each. The plain side runs
-``workloads.pretrain.run_pretrain`` in a process pool; the sweep side runs ``critbatch run`` (Ray
-started in-process, Tune + Optuna + Ray Train + MLflow + analysis + report). The last line is
-``ratio=X`` (sweep wall clock over plain wall clock); the lines before it say where the difference
-goes.
+``workloads.pretrain.run_pretrain`` in a process pool; the Tune-only side is what a user would
+write instead of critbatch (Ray Tune + ``OptunaSearch`` + ``MLflowLoggerCallback``, a function
+trainable running the same loop in its own process, no Ray Train); the sweep side runs ``critbatch
+run`` (Ray started in-process, Tune + Optuna + Ray Train + MLflow + analysis + report). The last line
+is ``ratio=X tune_only_ratio=Y sweep_over_tune_only=Z fixed_cost_s=W`` (sweep and Tune-only wall
+clock over plain wall clock, the sweep over Tune-only, and the median per-trial fixed cost: the
+sweep's time to a trial's first report minus the plain loop's time to its first report); the lines
+before it say where the difference goes.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def make_spec(budget_tokens: int, batch_sizes: list[int], concurrency: int) -> d
     return d
 
 
-def _plain_trial(args: tuple[dict, int]) -> float:
+def _plain_trial(args: tuple[dict, int]) -> tuple[float, float]:
+    """One trial as a plain loop in this process: ``(training wall clock, time to its first report)`` (s)."""
     spec_dict, b = args
     import torch
 
@@ -54,7 +59,55 @@ def _plain_trial(args: tuple[dict, int]) -> float:
     cfg = trial_config(spec, {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
                        f"plain-{b}", data_path=spec.data.path)
     t0 = time.perf_counter()
-    run_pretrain(cfg, device=torch.device("cpu"), report=lambda m, s: None)
+    first: list[float] = []
+    run_pretrain(cfg, device=torch.device("cpu"), report=lambda m, s: first.append(time.perf_counter() - t0))
+    return time.perf_counter() - t0, first[0]
+
+
+def _tune_only_trial(config: dict) -> None:
+    """The Tune-only side's function trainable: the plain loop, reporting each milestone to Tune."""
+    import torch
+    from ray import tune
+
+    torch.set_num_threads(1)
+    from sweeps.run.trainable import trial_config
+    from sweeps.search.searcher import hyperparameters_for
+    from sweeps.spec import parse_spec
+    from workloads.pretrain import run_pretrain
+
+    spec = parse_spec(config["spec"])
+    b = int(config["batch_size_sequences"])
+    cfg = trial_config(spec, {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
+                       tune.get_context().get_trial_id(), data_path=spec.data.path)
+    run_pretrain(cfg, device=torch.device("cpu"),
+                 report=lambda m, s: tune.report({k: v for k, v in m.items() if isinstance(v, (int, float))}))
+
+
+def tune_only(spec: dict, bs: list[int], concurrency: int, tmp: str) -> float:
+    """Wall clock of a hand-written Ray Tune + Optuna + MLflow sweep of the same trials (Ray start included)."""
+    t0 = time.perf_counter()
+    import ray
+    from ray import tune
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.tune.search.optuna import OptunaSearch
+
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        searcher = OptunaSearch(space={"batch_size_sequences": tune.choice(bs)}, metric="val_loss", mode="min",
+                                points_to_evaluate=[{"batch_size_sequences": b} for b in bs])
+        tuner = tune.Tuner(
+            tune.with_resources(_tune_only_trial, {"CPU": 1}),
+            param_space={"spec": spec},
+            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(bs), max_concurrent_trials=concurrency),
+            run_config=tune.RunConfig(storage_path=f"{tmp}/tune-only", verbose=0, callbacks=[
+                MLflowLoggerCallback(tracking_uri=f"sqlite:///{tmp}/tune-only-ml.db", experiment_name="tune-only")]),
+        )
+        grid = tuner.fit()
+        if grid.num_errors:
+            raise SystemExit(f"the Tune-only sweep had {grid.num_errors} failed trial(s)")
+    finally:
+        ray.shutdown()
     return time.perf_counter() - t0
 
 
@@ -63,17 +116,24 @@ def main() -> None:
     ap.add_argument("--budget-tokens", type=int, default=786432)
     ap.add_argument("--batch-sizes", default="16,64")
     ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--no-tune-only", action="store_true", help="skip the hand-written Ray Tune sweep")
     a = ap.parse_args()
     bs = [int(x) for x in a.batch_sizes.split(",")]
     spec = make_spec(a.budget_tokens, bs, a.concurrency)
 
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(a.concurrency) as pool:
-        per_trial = pool.map(_plain_trial, [(spec, b) for b in bs])
+        plain_rows = pool.map(_plain_trial, [(spec, b) for b in bs])
     plain = time.perf_counter() - t0
-    print(f"plain: {plain:.1f} s wall for {len(bs)} trials (training {', '.join(f'{t:.1f}' for t in per_trial)} s each)")
+    per_trial = [r[0] for r in plain_rows]
+    print(f"plain: {plain:.1f} s wall for {len(bs)} trials (training {', '.join(f'{t:.1f}' for t in per_trial)} s each; "
+          f"first report after {', '.join(f'{r[1]:.1f}' for r in plain_rows)} s)")
 
     with tempfile.TemporaryDirectory() as tmp:
+        tune_s = None
+        if not a.no_tune_only:
+            tune_s = tune_only(spec, bs, a.concurrency, tmp)
+            print(f"tune-only: {tune_s:.1f} s wall (Ray Tune + OptunaSearch + MLflowLoggerCallback, no Ray Train)")
         p = Path(tmp) / "spec.yaml"
         p.write_text(yaml.safe_dump(spec))
         env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
@@ -88,14 +148,19 @@ def main() -> None:
         rows = []
         for f in sorted(Path(tmp, "out", "tune").glob("**/result.json")):
             rows.append([json.loads(x) for x in f.read_text().splitlines() if x.strip()])
-        first = [r_[0]["time_total_s"] for r_ in rows]
-        total = [r_[-1]["time_total_s"] for r_ in rows]
+        by_b = {int(r_[0]["config"]["batch_size_sequences"]): r_ for r_ in rows}
+        first = [by_b[b][0]["time_total_s"] for b in bs]
+        total = [by_b[b][-1]["time_total_s"] for b in bs]
+        fixed = sorted(f_ - pr[1] for f_, pr in zip(first, plain_rows))
+        fixed_median = fixed[len(fixed) // 2] if len(fixed) % 2 else (fixed[len(fixed) // 2 - 1] + fixed[len(fixed) // 2]) / 2
         print(f"sweep: {sweep:.1f} s wall; per trial: time to first report {', '.join(f'{x:.1f}' for x in first)} s, "
-              f"trial total {', '.join(f'{x:.1f}' for x in total)} s")
+              f"trial total {', '.join(f'{x:.1f}' for x in total)} s; fixed cost per trial (first report, sweep - plain) "
+              f"{', '.join(f'{x:.1f}' for x in fixed)} s")
         print(f"plain-loop training time per trial ~{sum(per_trial) / len(per_trial):.1f} s; "
               f"sweep fixed costs (Ray start, Optuna/MLflow setup, analysis, report, shutdown) "
               f"~{sweep - max(total) * math.ceil(len(bs) / a.concurrency):.1f} s")
-    print(f"ratio={sweep / plain:.3f}")
+    extra = "" if tune_s is None else f" tune_only_ratio={tune_s / plain:.3f} sweep_over_tune_only={sweep / tune_s:.3f}"
+    print(f"ratio={sweep / plain:.3f}{extra} fixed_cost_s={fixed_median:.1f}")
 
 
 if __name__ == "__main__":
