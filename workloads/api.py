@@ -21,7 +21,7 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from workloads.batching import BatchPlan, plan_batch
+from workloads.batching import BatchPlan, min_micro_batches_total, plan_batch
 from workloads.config import (
     WORKLOAD_NAMES,
     BatchConfig,
@@ -35,6 +35,7 @@ from workloads.config import (
     OptimizerConfig,
     RungGateConfig,
     ScheduleConfig,
+    TrainingConfig,
     TrialConfig,
     WorkloadConfig,
 )
@@ -66,11 +67,13 @@ __all__ = [
     "BatchConfig",
     "EvalConfig",
     "NoiseScaleConfig",
+    "TrainingConfig",
     "RungGateConfig",
     "FaultPlan",
     "DataError",
     "BatchPlan",
     "plan_batch",
+    "min_micro_batches_total",
     "FLOPS_CONVENTION",
     "FLOPS_MODEL_TYPES",
     "GIVEN_FLOPS_CONVENTION",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "plan_batch", "batch_schedule_steps"]
+__all__ = ["BatchPlan", "plan_batch", "batch_schedule_steps", "min_micro_batches_total"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,6 +23,20 @@ class BatchPlan:
     def micro_batches_total(self) -> int:
         """Micro-batches per step over all workers (``K`` in the noise-scale estimator)."""
         return self.grad_accum_steps * self.workers
+
+
+def min_micro_batches_total(noise_scale: bool, parallelism: str, workers: int) -> int:
+    """The ``min_micro_batches_total`` of :func:`plan_batch` for a trial.
+
+    The noise-scale estimator needs two batch sizes in each step. Under ``ddp`` its small batch is
+    one micro-batch of one worker, so two micro-batches in all suffice. Under ``fsdp`` each
+    micro-batch's gradient is reduce-scattered over the workers at once, so its small batch is one
+    micro-batch of every worker (``micro x workers``): each worker needs two micro-batches, i.e.
+    ``2 x workers`` in all. 1 without the estimator.
+    """
+    if not noise_scale:
+        return 1
+    return 2 * workers if parallelism == "fsdp" else 2
 
 
 def plan_batch(

@@ -16,6 +16,7 @@ an exact round trip). Every size carries its unit in its name.
       batch: BatchConfig           global batch, micro-batch cap, batch-size warmup
       eval: EvalConfig             report milestones, held-out tokens, checkpoint cadence
       noise_scale: NoiseScaleConfig
+      training: TrainingConfig     data parallelism (ddp, fsdp), compile, activation checkpointing, precision
       rung_gate: RungGateConfig | None   pruning mode "pause"
       faults: FaultPlan | None           set by tests only
 """
@@ -43,6 +44,9 @@ __all__ = [
     "BatchConfig",
     "EvalConfig",
     "NoiseScaleConfig",
+    "TrainingConfig",
+    "PARALLELISMS",
+    "MIXED_PRECISIONS",
     "RungGateConfig",
     "FaultPlan",
     "WORKLOAD_NAMES",
@@ -50,6 +54,10 @@ __all__ = [
 
 #: the workloads a config may name (their entries are in :mod:`workloads.api`)
 WORKLOAD_NAMES = ("pretrain", "finetune")
+#: ``TrainingConfig.parallelism``: hand-made data parallelism (one all-reduce) or FSDP2 ``fully_shard``
+PARALLELISMS = ("ddp", "fsdp")
+#: ``TrainingConfig.mixed_precision``: ``auto`` is bf16 autocast on CUDA, float32 elsewhere
+MIXED_PRECISIONS = ("auto", "bf16", "fp32")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +301,41 @@ class NoiseScaleConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    """How the model is run (``workloads.parallel``); none of it changes the step's mathematics.
+
+    Attributes:
+        parallelism: ``"ddp"`` (every rank holds the model; one all-reduce of the step's gradient)
+            or ``"fsdp"`` (FSDP2 ``fully_shard`` of every decoder layer and the root; needs a
+            process group of at least 2 ranks).
+        compile: ``torch.compile`` the model (the whole model under ddp, each decoder layer under fsdp).
+        activation_checkpointing: recompute each decoder layer's activations in the backward pass
+            (Hugging Face ``gradient_checkpointing_enable``, non-reentrant).
+        mixed_precision: ``"auto"`` (bf16 autocast on CUDA, float32 elsewhere), ``"bf16"`` (bf16
+            autocast on any device, CPU autocast included) or ``"fp32"``; weights, gradients and
+            optimizer state stay float32.
+
+    Raises:
+        ValueError: an unknown ``parallelism`` or ``mixed_precision``, a non-boolean flag.
+    """
+
+    parallelism: str = "ddp"
+    compile: bool = False
+    activation_checkpointing: bool = False
+    mixed_precision: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.parallelism not in PARALLELISMS:
+            raise ValueError(f"training.parallelism must be one of {list(PARALLELISMS)}, got {self.parallelism!r}")
+        if self.mixed_precision not in MIXED_PRECISIONS:
+            raise ValueError(f"training.mixed_precision must be one of {list(MIXED_PRECISIONS)}, "
+                             f"got {self.mixed_precision!r}")
+        for name in ("compile", "activation_checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"training.{name} must be true or false, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class RungGateConfig:
     """Pruning mode ``pause`` (``sweeps/pruning``): after the report that reaches one of these token
     positions (the rungs), wait until the value under the Ray KV key ``key`` reaches the reported
@@ -315,7 +358,7 @@ class TrialConfig:
         trial_id: the Tune trial id.
         workload: which workload, on which model and data.
         budget_tokens: tokens to train (the last milestone).
-        optimizer, schedule, batch, eval, noise_scale: the sections above.
+        optimizer, schedule, batch, eval, noise_scale, training: the sections above.
         seed: the model initialisation and the data stream.
         rung_gate: set only in pruning mode ``pause``.
         faults: set only by tests (:class:`workloads.faults.FaultPlan`).
@@ -329,6 +372,7 @@ class TrialConfig:
     batch: BatchConfig
     eval: EvalConfig
     noise_scale: NoiseScaleConfig = NoiseScaleConfig()
+    training: TrainingConfig = TrainingConfig()
     seed: int = 0
     rung_gate: RungGateConfig | None = None
     faults: FaultPlan | None = None

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from workloads.config import TrialConfig
 from workloads.ema import WeightEMA
+from workloads.parallel import is_sharded
 from workloads.schedule import BatchPhase, wsd_branch_steps, wsd_lr_scale
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, forward_logits
 
@@ -27,7 +28,8 @@ __all__ = ["evaluate", "EvalResult", "MilestoneEvaluator"]
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
              autocast_dtype: torch.dtype | None) -> float:
-    """Token-weighted mean cross-entropy (nats per token) of ``model`` on ``batches``."""
+    """Token-weighted mean cross-entropy (nats per token) of ``model`` on ``batches`` (a sharded model is
+    resharded after them)."""
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
@@ -41,6 +43,8 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
                                            ignore_index=IGNORE_INDEX, reduction="sum"))
             count += n
     model.train(was_training)
+    if is_sharded(model):  # the FSDP root keeps its weights gathered after a forward: free them, or the next
+        model.reshard()    # forward after an in-place change (EMA weights, a restored WSD branch) would use stale ones
     return total / max(count, 1)
 
 

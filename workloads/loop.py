@@ -20,7 +20,10 @@ import torch
 from workloads.config import TrialConfig
 from workloads.ema import WeightEMA
 from workloads.evaluation import MilestoneEvaluator, evaluate
+from workloads.batching import min_micro_batches_total
 from workloads.noise_scale import NoiseScaleEMA
+from workloads.parallel import (adamw_impl, autocast_dtype, full_model_state, full_optimizer_state, full_tensors,
+                                is_sharded, load_model_state, load_optimizer_state, prepare_model)
 from workloads.schedule import BatchPhase, Schedule, batch_phases
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
 
@@ -174,20 +177,25 @@ class _Training:
     """
 
     def __init__(self, cfg: TrialConfig, work: Workload, device: torch.device):
-        o = cfg.optimizer
+        o, tr = cfg.optimizer, cfg.training
         self.cfg, self.model = cfg, work.model
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.rank, world = dist_info()
-        self.schedule = Schedule(cfg, batch_phases(cfg, world, 2 if cfg.noise_scale.enabled else 1))
+        with_ema = cfg.schedule.kind == "constant_ema"
+        eval_model = prepare_model(self.model, tr, world=world, eval_copy=with_ema, device=device)
+        self.sharded = is_sharded(self.model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.schedule = Schedule(cfg, batch_phases(
+            cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world)))
         self.opt = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                     weight_decay=o.weight_decay, foreach=True)
-        self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens)
-                    if cfg.schedule.kind == "constant_ema" else None)
+                                     weight_decay=o.weight_decay, **adamw_impl(device))
+        self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens, eval_model=eval_model)
+                    if with_ema else None)
         self.ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
         self.diverge_at = o.divergence_loss_factor * math.log(work.vocab_size)
         self.stepper = Stepper(model=self.model, params=self.params, opt=self.opt, work=work, schedule=self.schedule,
                                device=device, beta1=o.beta1, grad_clip_norm=o.grad_clip_norm,
-                               diverge_at=self.diverge_at, noise_scale=cfg.noise_scale.enabled)
+                               diverge_at=self.diverge_at, noise_scale=cfg.noise_scale.enabled,
+                               autocast_dtype=autocast_dtype(tr.mixed_precision, device), sharded=self.sharded)
         self.evaluator = MilestoneEvaluator(cfg, model=self.model, ema=self.ema, val_set=work.val_batches(),
                                             flops_per_token=work.flops_per_token, stepper=self.stepper)
 
@@ -210,21 +218,35 @@ class _Training:
     def checkpoint(self, c: LoopCounters) -> dict[str, Any] | None:
         """The state to report with this milestone (rank 0, every ``checkpoint_every_milestones``), else None.
 
+        Under fsdp every rank must call it (the state is gathered); only rank 0 gets it.
+
         Keys: ``model``, ``optimizer``, ``ema_raw`` (the EMA buffers, ``[]`` without one),
         ``noise_scale``, ``loop`` (:meth:`LoopCounters.state`) and ``rng_cpu`` (the torch CPU RNG).
         """
         every = self.cfg.eval.checkpoint_every_milestones
-        if self.rank != 0 or every <= 0 or c.milestone_idx % every:
+        if every <= 0 or c.milestone_idx % every:
             return None
         ema = self.ema
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "ema_raw": ema.buffers if ema is not None else [], "noise_scale": self.ns.state_dict(),
+        if self.sharded:  # gathered to rank 0 (collectives: every rank takes part), in the ddp format
+            model, opt = full_model_state(self.model), full_optimizer_state(self.model, self.opt)
+            ema_raw = full_tensors(ema.buffers) if ema is not None else []
+        elif self.rank != 0:
+            return None
+        else:
+            model, opt, ema_raw = self.model.state_dict(), self.opt.state_dict(), ema.buffers if ema is not None else []
+        if self.rank != 0:
+            return None
+        return {"model": model, "optimizer": opt, "ema_raw": ema_raw, "noise_scale": self.ns.state_dict(),
                 "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state()}
 
     def restore(self, state: dict[str, Any]) -> LoopCounters:
         """Load a state saved with a report into the model, optimizer, EMAs and torch RNG; its counters."""
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        if self.sharded:  # every rank holds the whole state: each loads its shards
+            load_model_state(self.model, state["model"])
+            load_optimizer_state(self.model, self.opt, state["optimizer"])
+        else:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
         if self.ema is not None:
             self.ema.load_buffers(state.get("ema_raw", []))
         self.ns.load_state_dict(state["noise_scale"])

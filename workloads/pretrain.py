@@ -15,6 +15,7 @@ from workloads.data import Corpus, load_corpus, load_shard_corpus, tokenizer_voc
 from workloads.errors import DataError
 from workloads.loop import Reporter, TrainingOutcome, run_loop
 from workloads.model import build_model, hf_config, model_flops_per_token, peak_flops_per_s
+from workloads.parallel import full_model_state, is_sharded
 
 __all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
            "train_in_process"]
@@ -99,22 +100,33 @@ def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
 
 def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, resume_state=None,
                  save_dir: str | None = None) -> TrainingOutcome:
-    """Run one pretraining trial; if ``save_dir`` is given, save a Hugging Face checkpoint there at the end."""
+    """Run one pretraining trial; if ``save_dir`` is given, save a Hugging Face checkpoint there at the end.
+
+    Under fsdp every rank gathers the full weights for it (rank 0, the one with ``save_dir``, saves).
+    """
     work = build_pretrain(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
                        peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1)
+    full = None
+    if outcome.status == "completed" and is_sharded(work.model):  # a collective: on every rank
+        full = full_model_state(work.model)
     if save_dir is not None and outcome.status == "completed":
         try:
-            save_pretrained_byte(work.model, cfg, save_dir)
+            save_pretrained_byte(work.model, cfg, save_dir, state_dict=full)
         except Exception:  # noqa: BLE001 - the trial's results are already reported: never lose them here
             logging.getLogger(__name__).exception("could not save the Hugging Face checkpoint to %s", save_dir)
     return outcome
 
 
-def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str) -> None:
-    """``save_pretrained`` plus the tokenizer (a local HF tokenizer directory is copied; ``byte`` is
-    written as a byte-level ``tokenizers`` model so the checkpoint fine-tunes offline)."""
-    model.save_pretrained(save_dir)
+def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str,
+                         state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``save_pretrained`` (of ``state_dict`` when given: a sharded model's full weights) plus the
+    tokenizer (a local HF tokenizer directory is copied; ``byte`` is written as a byte-level
+    ``tokenizers`` model so the checkpoint fine-tunes offline)."""
+    if state_dict is None:
+        model.save_pretrained(save_dir)
+    else:
+        model.save_pretrained(save_dir, state_dict=state_dict)
     from workloads.tokenizer import save_tokenizer
 
     save_tokenizer(cfg.workload.data.tokenizer, save_dir)

@@ -8,7 +8,8 @@ lengths weigh by their tokens, not by the micro-batch they land in. The loss-tok
 all-reduced once before the backward passes, micro-batch gradients are summed, and one all-reduce
 (sum) of a flat buffer (gloo on CPU, NCCL on GPU) gives every rank the step's gradient; it also
 gives the gradient-noise-scale estimator its small- and big-batch norms at no extra
-forward/backward cost. :class:`Stepper` draws the batches, sets the step's LR and beta2 from the
+forward/backward cost. Under FSDP (:func:`sharded_step_gradient`) each micro-batch's gradient is
+reduce-scattered as soon as its backward ends. :class:`Stepper` draws the batches, sets the step's LR and beta2 from the
 :class:`workloads.schedule.Schedule`, clips and applies the update unless the step diverged.
 """
 
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from workloads.noise_scale import step_estimates
 from workloads.schedule import BatchPhase, Schedule
 
-__all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
+__all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "sharded_step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
            "forward_logits"]
 
 IGNORE_INDEX = -100
@@ -145,6 +146,76 @@ def step_gradient(
 
 
 
+def sharded_step_gradient(
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    micro_batches: list[tuple[Any, torch.Tensor]],
+    *,
+    device: torch.device,
+    real_tokens: Callable[[Any, torch.Tensor], int],
+    autocast_dtype: torch.dtype | None = None,
+    noise_scale: bool = False,
+) -> StepGradient:
+    """:func:`step_gradient` for a model sharded by FSDP2 (``workloads.parallel``): the same gradient.
+
+    Every rank holds as many micro-batches (the batch plan is global). Micro-batch ``j`` of every
+    rank contributes the gradient of ``CE_sum_j / N`` (``N`` all-reduced first, as under ddp), and
+    FSDP reduce-scatters it (a sum: divide factor 1) at the end of its backward: accumulation
+    reduce-scatters each micro-batch rather than ``set_requires_gradient_sync(False)`` until the
+    last, so no rank ever holds an unsharded gradient (the memory FSDP is for) and each group
+    ``j`` (micro-batch ``j`` of every rank) has its own sharded gradient, summed here into ``grads``.
+
+    Noise scale: the small batch is group ``j`` (``micro x workers`` sequences), whose squared
+    mean-gradient norm is the all-reduced sum of its shards' squares rescaled by
+    ``(N / n_j)^2`` (``n_j`` the loss tokens of group ``j``); ``micro_batches`` counts the groups
+    with loss tokens. ``grads`` are DTensors (this rank's shards).
+
+    Raises:
+        ValueError: no micro-batch.
+    """
+    n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
+    n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
+    counts = torch.tensor([sum(n_loss), n_real, *n_loss], dtype=torch.float64, device=device)
+    dist.all_reduce(counts)
+    n_global, real_global = int(counts[0]), int(counts[1])
+    n_group = [int(v) for v in counts[2:].tolist()]
+    scale = 1.0 / max(n_global, 1)
+    acc: list[torch.Tensor] | None = None
+    local = torch.zeros(2, dtype=torch.float32, device=device)  # [small-batch squares, loss sum]
+    for p in params:
+        p.grad = None
+    for (x, y), n_j in zip(micro_batches, n_group):
+        y = y.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = forward_logits(model, x, device)
+        token_sum = _token_loss_sum(logits, y)
+        (token_sum * scale).backward()
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        if noise_scale and n_j:
+            shards = [g.to_local() for g in grads]
+            local[0] += torch.stack(torch._foreach_norm(shards)).float().pow(2).sum() * (n_global / n_j) ** 2
+        if acc is None:
+            acc = grads
+        else:
+            torch._foreach_add_(acc, grads)
+        local[1] += token_sum.detach().float()
+    if acc is None:
+        raise ValueError("a step needs at least one micro-batch")
+    dist.all_reduce(local)
+    k_global = sum(1 for n in n_group if n)
+    small_mean = big_sq = None
+    if noise_scale:
+        from workloads.parallel import global_sq_norm
+
+        small_mean = float(local[0]) / k_global if k_global else float("nan")
+        big_sq = float(global_sq_norm(acc))
+    return StepGradient(grads=acc, loss=float(local[1]) / n_global if n_global else float("nan"),
+                        loss_tokens=n_global, real_tokens=real_global, small_sq_norm_mean=small_mean,
+                        big_sq_norm=big_sq, micro_batches=k_global)
+
+
 class TrainBatches(Protocol):
     """What the stepper needs of a workload (``workloads.loop.Workload``)."""
 
@@ -187,21 +258,28 @@ class Stepper:
         opt: the AdamW optimizer over ``params``.
         work: where the micro-batches come from.
         schedule: LR and beta2 of each step.
-        device: where the model lives; bf16 autocast on CUDA.
+        device: where the model lives.
         beta1: Adam beta1 (kept while beta2 changes).
         grad_clip_norm: global-norm clip, or None.
         diverge_at: a step whose loss exceeds this (nats) is not applied.
         noise_scale: compute the noise-scale norms.
+        autocast_dtype: the forward's autocast dtype, None for float32; default ``"auto"``: bf16 on
+            CUDA, float32 elsewhere (``workloads.parallel.autocast_dtype``).
+        sharded: the model is sharded by FSDP2 (:func:`sharded_step_gradient`; ``params`` DTensors).
     """
 
     def __init__(self, *, model: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
                  work: TrainBatches, schedule: Schedule, device: torch.device, beta1: float,
-                 grad_clip_norm: float | None, diverge_at: float, noise_scale: bool):
+                 grad_clip_norm: float | None, diverge_at: float, noise_scale: bool,
+                 autocast_dtype: torch.dtype | None | str = "auto", sharded: bool = False):
         self.model, self.params, self.opt, self.work, self.schedule = model, params, opt, work, schedule
         self.device, self.beta1, self.grad_clip_norm = device, beta1, grad_clip_norm
-        self.diverge_at, self.noise_scale = diverge_at, noise_scale
-        self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        self.diverge_at, self.noise_scale, self.sharded = diverge_at, noise_scale, sharded
+        if autocast_dtype == "auto":
+            autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        self.autocast_dtype = autocast_dtype
         self.rank, self.world = dist_info()
+        self._gradient = sharded_step_gradient if sharded else step_gradient
 
     def step(self, step: int, phase: BatchPhase, tokens_before: int, *, stream: int = 0, lr_scale: float = 1.0
              ) -> StepOutcome:
@@ -216,18 +294,21 @@ class Stepper:
         batches = [self.work.train_batch(step=step, global_batch_size_sequences=b,
                                          start=self.rank * per_worker + j * micro, count=micro, stream=stream)
                    for j in range(k)]
-        sg = step_gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
-                           autocast_dtype=self.autocast_dtype, noise_scale=self.noise_scale)
+        sg = self._gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
+                            autocast_dtype=self.autocast_dtype, noise_scale=self.noise_scale)
         est = None
-        if self.noise_scale and sg.micro_batches >= 2:
-            est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, micro, sg.micro_batches)
+        if self.noise_scale and sg.micro_batches >= 2:  # fsdp: the small batch is one micro-batch of every worker
+            b_small = micro * self.world if self.sharded else micro
+            est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, b_small, sg.micro_batches)
         lr, beta2 = self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale)
         for g in self.opt.param_groups:
             g["lr"] = lr
             g["betas"] = (self.beta1, beta2)
         for p, g in zip(self.params, sg.grads):
             p.grad = g
-        if self.grad_clip_norm is not None:
+        if self.sharded:
+            grad_norm = self._sharded_grad_norm(sg.grads)
+        elif self.grad_clip_norm is not None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
         else:
             grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
@@ -237,3 +318,11 @@ class Stepper:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return out
+
+    def _sharded_grad_norm(self, grads: list[torch.Tensor]) -> float:
+        """The global norm of the sharded gradient (an all-reduce), clipped in place when asked."""
+        if self.grad_clip_norm is not None:  # DTensor-aware: returns the global norm as a DTensor
+            return float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm).full_tensor())
+        from workloads.parallel import global_sq_norm
+
+        return float(global_sq_norm(grads).sqrt())

@@ -118,6 +118,9 @@ def run_branching(
     train_in_process = get_workload(spec.workload).train_in_process
     if train_in_process is None:
         raise InvalidInput("branching needs a pretraining spec (workload: pretrain)")
+    if spec.resources.parallelism != "ddp":
+        raise InvalidInput("resources.parallelism: branching runs each branch in one process; use ddp, not "
+                           f"{spec.resources.parallelism}")
     check_data_files(spec)
     br = spec.branch or BranchSpec()
     b0 = br.base_batch_size_sequences or spec.search.base_batch_size_sequences

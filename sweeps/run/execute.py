@@ -86,7 +86,7 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
                  *, resume: bool) -> _Parts:
     from sweeps.run.progress import ProgressCallback
     from sweeps.run.reaper import PlacementGroupReaper
-    from sweeps.run.trainable import batch_plan_params, make_trainable
+    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params
     from sweeps.tracking.writer import MlflowTrialCallback, ReportLog
 
     root = state.storage_root
@@ -107,7 +107,8 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
     c_tok, convention = flops_accounting(spec)
     mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
-        **batch_plan_params(spec, int(cfg["batch_size_sequences"])), "flops_per_token": c_tok, "flops_convention": convention})
+        **batch_plan_params(spec, int(cfg["batch_size_sequences"])), **training_params(spec), "flops_per_token": c_tok,
+        "flops_convention": convention})
     scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=resume)
     callbacks = [mlflow_cb, progress]
     if scheduler is not None:

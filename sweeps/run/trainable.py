@@ -20,6 +20,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import SweepSpec
 from sweeps.run.workload import workload_config
+from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
     EvalConfig,
@@ -28,13 +29,16 @@ from workloads.api import (
     OptimizerConfig,
     RungGateConfig,
     ScheduleConfig,
+    TrainingConfig,
     TrialConfig,
     drain_report_queue,
+    min_micro_batches_total,
     plan_batch,
     train_fn_per_worker,
 )
 
-__all__ = ["trial_config", "faults_from_env", "make_trainable", "train_run_name", "batch_plan_params", "objective_of"]
+__all__ = ["trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
+           "batch_plan_params", "objective_of"]
 
 
 def train_run_name(trial_id: str) -> str:
@@ -73,11 +77,27 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
             warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
         eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens()), eval_tokens=spec.eval.eval_tokens),
         noise_scale=NoiseScaleConfig(enabled=spec.noise_scale.enabled, ema_decay=spec.noise_scale.ema_decay),
+        training=training_config(spec),
         seed=int(config["seed"]),
         rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
             spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key) if gated else None,
         faults=faults,
     )
+
+
+def training_config(spec: SweepSpec) -> TrainingConfig:
+    """The spec's ``resources.parallelism``, ``compile``, ``activation_checkpointing`` and ``mixed_precision``."""
+    r = spec.resources
+    return TrainingConfig(parallelism=r.parallelism, compile=r.compile, activation_checkpointing=r.activation_checkpointing,
+                          mixed_precision=r.mixed_precision)
+
+
+def training_params(spec: SweepSpec) -> dict[str, Any]:
+    """The trial params of :func:`training_config`, named by ``sweeps.tracking.schema.TRAINING_PARAMS``."""
+    t = training_config(spec)
+    return {schema.PARAM_PARALLELISM: t.parallelism, schema.PARAM_COMPILE: t.compile,
+            schema.PARAM_ACTIVATION_CHECKPOINTING: t.activation_checkpointing,
+            schema.PARAM_MIXED_PRECISION: t.mixed_precision}
 
 
 def faults_from_env() -> FaultPlan | None:
@@ -150,8 +170,9 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:
     """Micro-batch size, accumulation steps and workers for a batch size (logged as trial params)."""
-    plan = plan_batch(batch_size_sequences, spec.resources.workers_per_trial,
-                      spec.resources.micro_batch_size_sequences_max, 2 if spec.noise_scale.enabled else 1)
+    r = spec.resources
+    plan = plan_batch(batch_size_sequences, r.workers_per_trial, r.micro_batch_size_sequences_max,
+                      min_micro_batches_total(spec.noise_scale.enabled, r.parallelism, r.workers_per_trial))
     return {
         "micro_batch_size_sequences": plan.micro_batch_size_sequences,
         "grad_accum_steps": plan.grad_accum_steps,

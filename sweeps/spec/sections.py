@@ -379,6 +379,11 @@ class BatchWarmupSpec(_Strict):
         return self
 
 
+#: ``resources`` fields dropped from a dump at these values (``ResourcesSpec._dump``)
+_TRAINING_DEFAULTS = {"parallelism": "ddp", "compile": False, "activation_checkpointing": False,
+                      "mixed_precision": "auto"}
+
+
 class ResourcesSpec(_Strict):
     """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
 
@@ -395,6 +400,19 @@ class ResourcesSpec(_Strict):
         default=None,
         description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
     )
+    parallelism: Literal["ddp", "fsdp"] = Field(
+        default="ddp", description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
+                                   "of each decoder layer and the root (pretrain, at least 2 workers)")
+    compile: bool = Field(default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)")
+    activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
+    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # a spec that leaves the training options at their defaults dumps (and fingerprints) as before they existed
+        out = handler(self)
+        return {k: v for k, v in out.items() if k not in _TRAINING_DEFAULTS or v != _TRAINING_DEFAULTS[k]}
 
 
 class TrackingSpec(_Strict):

@@ -130,9 +130,26 @@ class SweepSpec(_Strict):
             errs.append("finetune: required when workload is 'finetune'")
         if self.workload == "pretrain" and self.finetune is not None:
             errs.append("finetune: only allowed when workload is 'finetune'")
+        errs += self._parallelism_errors()
         if errs:
             raise ValueError("; ".join(errs))
         return self
+
+    def _parallelism_errors(self) -> list[str]:
+        """``resources.parallelism: fsdp`` needs the pretrain workload, 2+ workers, no branching."""
+        r = self.resources
+        if r.parallelism != "fsdp":
+            return []
+        errs = []
+        if r.workers_per_trial < 2:
+            errs.append(f"resources.parallelism: fsdp shards the model over a trial's workers and needs "
+                        f"workers_per_trial >= 2 (got {r.workers_per_trial}); use ddp with one worker")
+        if self.workload != "pretrain":
+            errs.append("resources.parallelism: fsdp is for the pretrain workload; finetune (full or LoRA) runs ddp")
+        if self.branch is not None:
+            errs.append("resources.parallelism: fsdp cannot run branch (branched training runs each branch in one "
+                        "process); use ddp")
+        return errs
 
     # ---- derived values -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ __all__ = [
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status",
     "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "TRIAL_PARAMS",
+    "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "ARTIFACT_CBS",
     "META_SWEEP_ID", "META_NAME", "META_FINGERPRINT", "META_EXPERIMENT", "META_TRACKING_URI", "META_TRIALS_PLANNED",
 ]
@@ -132,6 +133,13 @@ TRIAL_PARAMS = (
     PARAM_BATCH_SIZE_SEQUENCES, "batch_size_tokens", PARAM_LR, PARAM_LR_RULE, "lr_multiplier", PARAM_BETA2,
     "beta2_half_life_tokens", "seed", "budget_tokens", "context_length_tokens", "flops_convention",
 )
+#: The trial params of ``resources``' training options (``sweeps.run.trainable.training_params``), logged on
+#: every trial run beside the batch plan: ``ddp``/``fsdp``, ``True``/``False``, ``auto``/``bf16``/``fp32``.
+PARAM_PARALLELISM = "parallelism"
+PARAM_COMPILE = "compile"
+PARAM_ACTIVATION_CHECKPOINTING = "activation_checkpointing"
+PARAM_MIXED_PRECISION = "mixed_precision"
+TRAINING_PARAMS = (PARAM_PARALLELISM, PARAM_COMPILE, PARAM_ACTIVATION_CHECKPOINTING, PARAM_MIXED_PRECISION)
 
 # ---- artifacts (on the parent run) ---------------------------------------------------------------
 

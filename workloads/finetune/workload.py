@@ -179,7 +179,11 @@ def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
 
     Raises:
         workloads.errors.DataError: see :func:`build_finetune`.
+        ValueError: ``training.parallelism: fsdp`` (fine-tuning runs ddp; the spec refuses it first).
     """
+    if cfg.training.parallelism != "ddp":
+        raise ValueError("training.parallelism: the finetune workload (full or LoRA) runs ddp only, "
+                         f"got {cfg.training.parallelism!r}")
     work = build_finetune(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
                        peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1)
