@@ -3,6 +3,10 @@
 Checkpoints: rank 0 writes the loop state (model, optimizer, weight EMA, noise-scale EMAs, data
 position = step, RNG) and every report so far with each milestone report; a restarted worker group
 resumes from ``ray.train.get_checkpoint()`` and first sends those reports again.
+
+Placement: every report of a worker group carries ``worker_nodes``, the Ray node id of each of its
+workers by world rank, comma-separated (gathered once when the group starts), so where a trial ran
+is on record in ``OUT/reports/<trial id>.jsonl`` (a restarted group's reports name its new nodes).
 """
 
 from __future__ import annotations
@@ -19,11 +23,14 @@ import ray.train.torch
 from workloads._ray_compat import kv_get
 from workloads.config import TrialConfig
 
-__all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "reaches_rung", "wait_for_rung_decision"]
+__all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
+           "wait_for_rung_decision", "worker_nodes"]
 
 STATE_FILE = "trial_state.pt"
 #: the key of the checkpointed state that holds every report so far (sent again by a restored worker group)
 REPORTED_KEY = "_reported_rows"
+#: the report key naming the node of every worker (see the module docstring)
+WORKER_NODES_KEY = "worker_nodes"
 
 #: how long a worker waits at a rung for the scheduler's go before going on anyway (a lost signal costs
 #: FLOPs, never the sweep)
@@ -56,6 +63,20 @@ def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG
     return False
 
 
+def worker_nodes() -> str:
+    """The Ray node id of every worker of this group by world rank, comma-separated (a collective:
+    every rank calls it; one ``all_gather_object`` over the group's process group)."""
+    import ray
+
+    me = ray.get_runtime_context().get_node_id()
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return me
+    ids: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, me)
+    return ",".join(str(i) for i in ids)
+
+
 def _load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | None:
     if checkpoint is None:
         return None
@@ -74,6 +95,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     cfg = TrialConfig.from_dict(config)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     rank = ray.train.get_context().get_world_rank()
+    nodes = worker_nodes()
     device = ray.train.torch.get_device()
     resume_state = _load_state(ray.train.get_checkpoint())
     # Every report so far travels in the checkpoint, and a restored worker group sends them all again
@@ -102,7 +124,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S)
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
-        clean = {k: v for k, v in metrics.items() if v is not None}
+        clean = {**{k: v for k, v in metrics.items() if v is not None}, WORKER_NODES_KEY: nodes}
         reported.append(clean)
         if state is not None:
             state = {**state, REPORTED_KEY: list(reported)}
