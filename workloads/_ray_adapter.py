@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ import ray.train
 import ray.train.torch
 
 from workloads._ray_compat import kv_get
-from workloads.config import TrialConfig
+from workloads.config import TRIAL_STARTED_KEY, TrialConfig
 
 __all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
            "wait_for_rung_decision", "worker_nodes"]
@@ -88,10 +89,15 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Ray Train worker entry: run the trial's workload, reporting at token milestones.
 
     ``config`` is :meth:`TrialConfig.to_dict` plus an optional ``"_save_dir"`` (a folder on shared
-    storage where rank 0 saves the final Hugging Face checkpoint).
+    storage where rank 0 saves the final Hugging Face checkpoint) and an optional
+    :data:`TRIAL_STARTED_KEY` (when the trial started, Unix seconds): then the first report of each
+    attempt carries ``startup_s`` (trial start to the end of the first optimizer step, s) and
+    ``startup_ray_s`` (the part before this function ran: Tune's and Ray Train's processes).
     """
+    entered = time.time()
     config = dict(config)
     save_dir = config.pop("_save_dir", None)
+    started = config.pop(TRIAL_STARTED_KEY, None)
     cfg = TrialConfig.from_dict(config)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
     rank = ray.train.get_context().get_world_rank()
@@ -124,6 +130,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S)
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
+        first_step = metrics.pop("first_step_unix_s", None)
+        if first_step is not None and started is not None:
+            metrics.update(startup_s=first_step - started, startup_ray_s=entered - started)
         clean = {**{k: v for k, v in metrics.items() if v is not None}, WORKER_NODES_KEY: nodes}
         reported.append(clean)
         if state is not None:

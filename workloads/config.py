@@ -34,6 +34,7 @@ from workloads.faults import FaultPlan
 
 __all__ = [
     "TrialConfig",
+    "TRIAL_STARTED_KEY",
     "WorkloadConfig",
     "ModelConfig",
     "DataConfig",
@@ -348,6 +349,11 @@ class RungGateConfig:
 
     barrier_tokens: tuple[float, ...]
     key: str
+
+
+#: Key of the Ray Train loop config (beside :meth:`TrialConfig.to_dict`'s) holding when the trial
+#: started, Unix seconds: set by the Tune trainable, read by ``workloads._ray_adapter`` (``startup_s``).
+TRIAL_STARTED_KEY = "_trial_started_unix"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -113,7 +113,9 @@ def run_loop(
     ``tokens_per_s``, ``mfu`` (None off CUDA or on an unknown device), ``b_simple``,
     ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``status`` (``running``,
     ``completed`` or ``diverged``), ``done`` and ``objective``; the last report of a batch-size
-    warmup also ``steps_saved_vs_initial_batch``. The state passed with a report (rank 0 only,
+    warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
+    ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
+    it into the trial's start-up time). The state passed with a report (rank 0 only,
     else None) restores the run exactly via ``resume_state``.
 
     Raises:
@@ -126,9 +128,12 @@ def run_loop(
     last_report_wall, last_report_tokens = time.perf_counter(), c.tokens_seen
     last = StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr, beta2=o.beta2, grad_norm=math.nan)
     status = "running"
+    first_step_unix: float | None = None  # when this attempt's first step ended (Unix s): for its start-up time
     while c.tokens_seen < cfg.budget_tokens:
         phase = run.schedule.phase_at(c.tokens_seen)
         last = run.train_step(c, phase)
+        if first_step_unix is None:
+            first_step_unix = time.time()
         if last.diverged(run.diverge_at):
             status = "diverged"
         crossed = c.milestone_idx < len(milestones) and c.tokens_seen >= milestones[c.milestone_idx]
@@ -158,6 +163,8 @@ def run_loop(
         if done and cfg.batch.warmup:
             first_b = run.schedule.phases[0].batch_size_sequences
             metrics["steps_saved_vs_initial_batch"] = -(-c.tokens_seen // (first_b * cfg.context_length_tokens)) - c.step
+        if first_step_unix:  # the attempt's first report; 0.0 after it
+            metrics["first_step_unix_s"], first_step_unix = first_step_unix, 0.0
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)

@@ -167,6 +167,7 @@ def _restored_tuner(tune_dir: str, parts: _Parts):
 def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, concurrency: int):
     from ray import tune
 
+    from sweeps.run.trainable import reuse_trial_actors
     from sweeps.search.searcher import BatchSizeSearcher
 
     pause = parts.scheduler is not None and parts.scheduler.mode == "pause"
@@ -181,7 +182,7 @@ def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, 
             scheduler=parts.scheduler,
             num_samples=spec.n_trials,
             max_concurrent_trials=None if pause else concurrency,
-            reuse_actors=False,
+            reuse_actors=reuse_trial_actors(spec),
             time_budget_s=spec.budget.wall_clock_s,
         ),
         run_config=tune.RunConfig(name=state.sweep_id, storage_path=state.storage_root + "/tune",  # tune_experiment_dir

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 import ray.tune
@@ -30,6 +31,7 @@ from workloads.api import (
     RungGateConfig,
     ScheduleConfig,
     TrainingConfig,
+    TRIAL_STARTED_KEY,
     TrialConfig,
     drain_report_queue,
     min_micro_batches_total,
@@ -38,7 +40,39 @@ from workloads.api import (
 )
 
 __all__ = ["trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
-           "batch_plan_params", "objective_of"]
+           "batch_plan_params", "objective_of", "reuse_trial_actors"]
+
+_trials_in_this_process = 0
+
+
+def reuse_trial_actors(spec: SweepSpec) -> bool:
+    """Whether Tune may run a trial in the process of a finished one (``TuneConfig(reuse_actors=...)``).
+
+    A reused process skips the Tune trainable's start: a Python process with Ray and torch imported,
+    about 7 CPU-seconds a trial on this project's machines (docs/benchmarks.md, "Per-trial start-up").
+    Only when no trial ends early, i.e. pruning is off: Tune caches the actor of a trial it stopped or
+    paused as well, and that actor's thread is still inside ``TorchTrainer.fit()``, so the pruned
+    trial would train on until Tune's ``reset_config`` gives up on it (2 s after the next trial asks)
+    and kills it (sweeps/run/reaper.py). A sweep stopped as a whole (signal, FLOP or wall-clock
+    budget) ends every actor with the experiment either way.
+    """
+    return not spec.pruning.enabled
+
+
+def _trial_started_unix() -> float:
+    """When this trial started (Unix seconds): its Tune process's creation for the process's first
+    trial, the call itself for a trial in a reused process."""
+    global _trials_in_this_process
+    _trials_in_this_process += 1
+    now = time.time()
+    if _trials_in_this_process == 1:
+        try:
+            import psutil
+
+            return min(now, psutil.Process().create_time())
+        except Exception:  # noqa: BLE001 - psutil missing or the process unreadable: from this call
+            return now
+    return now
 
 
 def train_run_name(trial_id: str) -> str:
@@ -134,6 +168,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
     use_gpu = res.gpus_per_worker > 0
 
     def run_trial(config: dict[str, Any]) -> None:
+        started = _trial_started_unix()
         from sweeps.spec import SweepSpec as _S
 
         s = _S.model_validate_json(spec_json)
@@ -144,6 +179,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
                            faults=faults_from_env())
         loop_config = cfg.to_dict()
+        loop_config[TRIAL_STARTED_KEY] = started
         if save_dir_root:
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
         resources = {"CPU": res.cpus_per_worker}

@@ -109,6 +109,7 @@ CLOSED_BY_JOBS = "critbatch.jobs"
 METRIC_KEYS = (
     "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
     "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
+    "startup_s", "startup_ray_s",
 )
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.

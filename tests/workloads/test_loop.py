@@ -102,6 +102,18 @@ def test_reports_at_milestones_only_with_monotone_tokens():
     assert m["mfu"] is None  # CPU: no MFU, never a guess
 
 
+def test_the_first_report_of_each_attempt_says_when_its_first_step_ended():
+    import time
+
+    t0 = time.time()
+    _, reports = run(cfg())
+    stamps = [m.get("first_step_unix_s") for m, _ in reports]
+    assert stamps[0] is not None and t0 < stamps[0] <= time.time()
+    assert stamps[1:] == [None] * (len(reports) - 1)
+    _, resumed = run(cfg(), resume=reports[1][1])  # a new attempt reports it again, on its first report
+    assert resumed[0][0]["first_step_unix_s"] > stamps[0] and "first_step_unix_s" not in resumed[1][0]
+
+
 def test_resume_from_checkpoint_is_exact():
     full_out, full = run(cfg())
     states = [s for _, s in full]

@@ -78,6 +78,19 @@ def test_mlflow_has_one_parent_and_one_child_per_trial(tiny_sweep):
         assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [2048, 4096, 6144, 8192]
         for key in ("train_loss", "flops", "lr", "tokens_per_s", "b_simple"):
             assert c.get_metric_history(ch.info.run_id, key), key
+        # the trial's start-up: from its start to its first optimizer step, the Ray part first
+        startup, ray_part = ch.data.metrics["startup_s"], ch.data.metrics["startup_ray_s"]
+        assert 0 < ray_part < startup < 600
+
+
+def test_later_trials_run_in_the_tune_process_of_a_finished_one(tiny_sweep):
+    # 3 trials, 2 at a time, no pruning: the third reuses a finished trial's process (TuneConfig.reuse_actors)
+    pids = {}
+    for f in (tiny_sweep["out"] / "reports").glob("*.jsonl"):
+        rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        pids[f.stem] = {r["pid"] for r in rows}
+    assert len(pids) == 3 and all(len(p) == 1 for p in pids.values())
+    assert len(set().union(*pids.values())) == 2
 
 
 def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from sweeps.run.trainable import faults_from_env, trial_config
+from sweeps.run.trainable import faults_from_env, reuse_trial_actors, trial_config
 from sweeps.run.workload import workload_config
 from sweeps.spec import parse_spec
 from workloads.api import FaultPlan, TrialConfig
@@ -46,3 +46,11 @@ def test_the_fault_plan_comes_from_the_environment_only_when_a_test_sets_it(monk
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", "1")
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_FILE", "/tmp/hold")
     assert faults_from_env() == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
+
+
+def test_tune_reuses_trial_processes_only_when_no_trial_ends_early(tiny_spec_dict):
+    assert reuse_trial_actors(parse_spec(tiny_spec_dict))
+    for mode in ("pause", "stop"):
+        d = copy.deepcopy(tiny_spec_dict)
+        d["pruning"] = {"enabled": True, "mode": mode}
+        assert not reuse_trial_actors(parse_spec(d)), mode
