@@ -84,16 +84,20 @@ def _train_workers_of(node: subprocess.Popen) -> list[int]:
     return sorted(p for p in pids_named("RayTrainWorker") if p in mine)
 
 
-def _stop_all(nodes: list[subprocess.Popen]) -> None:
-    """SIGTERM to every node's process group at once (each takes seconds to stop), then
-    :func:`test_faults.stop_group` (SIGKILL after 30 s) on each."""
+def _stop_all(nodes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM to every node's process group at once, SIGKILL to the groups still there after
+    ``grace_s`` (a ``ray start --block`` took 30 s and more to stop its processes gracefully)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for n in nodes:
+            try:
+                os.killpg(n.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(n.poll() is None for n in nodes):
+            time.sleep(0.2)
     for n in nodes:
-        try:
-            os.killpg(n.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    for n in nodes:
-        stop_group(n)
+        n.wait(timeout=30)
 
 
 def _report_rows(out: Path) -> dict[str, list[dict]]:
