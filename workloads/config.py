@@ -311,7 +311,7 @@ class TrainingConfig:
             process group of at least 2 ranks).
         compile: ``torch.compile`` the model (the whole model under ddp, each decoder layer under fsdp).
         activation_checkpointing: recompute each decoder layer's activations in the backward pass
-            (Hugging Face ``gradient_checkpointing_enable``, non-reentrant).
+            (Hugging Face ``activation_checkpointing_enable``, non-reentrant).
         mixed_precision: ``"auto"`` (bf16 autocast on CUDA, float32 elsewhere), ``"bf16"`` (bf16
             autocast on any device, CPU autocast included) or ``"fp32"``; weights, gradients and
             optimizer state stay float32.

@@ -72,7 +72,8 @@ def prepare_model(model: torch.nn.Module, training: TrainingConfig, *, world: in
                   device: torch.device) -> torch.nn.Module | None:
     """Apply ``training`` to ``model`` in place; the weight EMA's evaluation copy when ``eval_copy``.
 
-    In order: activation checkpointing; the evaluation copy (a deep copy made here, before
+    In order: activation checkpointing (``transformers``' ``activation_checkpointing_enable``, every
+    decoder layer, non-reentrant); the evaluation copy (a deep copy made here, before
     ``compile`` and sharding, so it never shares a compiled graph or FSDP state with ``model``);
     ``compile`` (``Module.compile``, in place, so state-dict keys do not change: the whole model
     under ddp, each decoder layer under fsdp); under fsdp, ``fully_shard`` of each decoder layer and
@@ -89,7 +90,7 @@ def prepare_model(model: torch.nn.Module, training: TrainingConfig, *, world: in
         raise ValueError(f"training.parallelism 'fsdp' needs a process group of at least 2 ranks, got {world}: "
                          f"use 'ddp' (the same mathematics) or more workers")
     if training.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     copy_ = copy.deepcopy(model) if eval_copy else None
     if training.compile:
         for m in (decoder_layers(model) if sharded else [model]):
