@@ -42,3 +42,17 @@ def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_sp
     assert all(x.data.tags["mlflow.parentRunId"] == parent.info.run_id for x in branches)
     assert all("flops_measurement" in x.data.metrics for x in branches)
     assert parent.data.metrics["flops_measurement_branching"] == pytest.approx(res["flops_measurement"])
+
+
+def test_branching_refuses_fsdp_before_anything_runs(tmp_path, tiny_spec_dict):
+    import copy
+
+    from sweeps.errors import InvalidInput
+    from sweeps.run.branching import run_branching
+    from sweeps.spec import parse_spec
+
+    d = copy.deepcopy(tiny_spec_dict)
+    d["resources"] = {**d.get("resources", {}), "parallelism": "fsdp", "workers_per_trial": 2}
+    with pytest.raises(InvalidInput, match="resources.parallelism: branching runs each branch in one process"):
+        run_branching(parse_spec(d), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
