@@ -72,6 +72,9 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
     Messages name the field and the rule, never the server's own paths or addresses.
     """
     errors: list[tuple[str, str]] = []
+    if spec.arms:  # each arm may name its own data and storage: run a comparison from the CLI
+        errors.append(("arms", "the service runs one sweep per request: submit each arm as its own sweep, or run "
+                               "the comparison with `critbatch run`"))
     uri = spec.tracking.uri
     if uri is not None and not same_tracking_uri(uri, settings.tracking_uri):
         errors.append(("tracking.uri", "the service logs every sweep to its own MLflow server: leave tracking.uri "

@@ -53,6 +53,15 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         check_data_files(s)
     except (SpecError, InvalidInput) as exc:
         _fail_invalid(exc)
+    if s.arms:
+        arms = s.arm_specs()
+        for arm_name, arm in arms:
+            out.print(f"arm {arm_name}: {len(arm.search.batch_sizes_sequences)} batch sizes x "
+                      f"{arm.search.trials_per_batch_size} trials x {len(arm.seeds)} seed(s) = {arm.n_trials} trials, "
+                      f"{arm.resources.workers_per_trial} worker(s) each", highlight=False)
+        out.print(f"ok: comparison '{s.name}' of {len(arms)} arms, {sum(a.n_trials for _, a in arms)} trials in all",
+                  highlight=False)
+        return
     out.print(
         f"ok: sweep '{s.name}': {len(s.search.batch_sizes_sequences)} batch sizes x "
         f"{s.search.trials_per_batch_size} trials x {len(s.seeds)} seed(s) = {s.n_trials} trials, "

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from sweeps.errors import CritbatchError
+from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.remote.errors import StagingError
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.remote.entrypoint import SPEC_FILE, build_entrypoint
@@ -343,10 +343,13 @@ def stage_sweep(
             ``resources.storage_path``; the service sets its ``CRITBATCH_STORAGE_ROOT``.
 
     Raises:
-        InvalidInput: a bad sweep id, an input too big to ship, or a working directory over
+        InvalidInput: a comparison spec (``arms``), a bad sweep id, an input too big to ship, or a working directory over
             ``limits.upload_max_bytes`` (the last two as :class:`StagingError`).
         CritbatchError: ``into`` is not empty.
     """
+    if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
+        raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
+                           "it with `critbatch run --address` against the cluster")
     sweep_id = check_sweep_id(sweep_id or default_sweep_id(spec))
     into = Path(into)
     if any(into.iterdir()):

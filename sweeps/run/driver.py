@@ -51,7 +51,8 @@ def run_sweep(
     ray_address: str | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Run a whole sweep and write ``OUT/cbs.json`` and ``OUT/report.html``.
+    """Run a whole sweep and write ``OUT/cbs.json`` and ``OUT/report.html``; a spec with ``arms`` runs a
+    comparison instead (:func:`sweeps.run.compare.run_comparison`).
 
     The output folder is claimed atomically before anything starts (:func:`~sweeps.run.claims.claim_output_folder`);
     SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`~sweeps.run.signals.StopSignals`).
@@ -67,6 +68,11 @@ def run_sweep(
             to another spec's fingerprint, resources that cannot fit the cluster. Nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
+    if spec.arms:  # a comparison: each arm a sweep of its own (sweeps.run.compare)
+        from sweeps.run.compare import run_comparison
+
+        return run_comparison(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
+                              show_progress=show_progress)
     fingerprint = spec.fingerprint()  # of the spec as given: what the sweep id is bound to
     spec, output, sweep_id, uri, root = _prepare(spec, output, tracking_uri, sweep_id, fingerprint)
     shared = root != str(output)
@@ -183,6 +189,10 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
             no longer validates, or another driver is running there.
     """
     output = Path(output).expanduser().resolve()
+    from sweeps.run.compare import is_comparison, resume_comparison
+
+    if is_comparison(output):
+        return resume_comparison(output, ray_address=ray_address, show_progress=show_progress)
     check_output_folder(output, resuming=True)
     state = SweepState.load(output)
     spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))

@@ -38,11 +38,11 @@ from sweeps.spec.sections import (
     SearchSpec,
     TrackingSpec,
 )
-from sweeps.spec.sweep import BranchSpec, BudgetSpec, PruningSpec, SweepSpec
+from sweeps.spec.sweep import ArmSpec, BranchSpec, BudgetSpec, PruningSpec, SweepSpec
 
 __all__ = [
     "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec",
     "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BranchSpec", "BudgetSpec", "PruningSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
+    "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
     "parse_spec_text", "read_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sweeps.spec.sweep import SweepSpec
+from sweeps.spec.sweep import SweepSpec, deep_merge
 
 __all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text"]
 
@@ -65,13 +65,6 @@ def parse_spec(data: Any) -> SweepSpec:
         raise SpecError(spec_errors(exc)) from None
 
 
-def _deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def read_spec_text(path: str | Path) -> str:
     """The text of a spec file.
 
@@ -103,7 +96,7 @@ def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
         base = _read_yaml_with_base(bp, seen + (p.resolve(),))
         if not isinstance(base, dict):
             raise SpecError([("base", f"{ref} is not a mapping")])
-        data = _deep_merge(base, data)
+        data = deep_merge(base, data)
     return data
 
 

@@ -8,16 +8,66 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, FinetuneSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
-    PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, TrackingSpec, _Strict,
+    COMPARISON_TAG_KEYS, PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, TrackingSpec, _Strict,
 )
 
-__all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec"]
+__all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """``over`` merged into ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+#: top-level spec fields an arm may not override: its identity and MLflow location are the comparison's
+_ARM_FIXED_FIELDS = ("name", "arms", "tracking")
+
+
+class ArmSpec(_Strict):
+    """One arm of a comparison: a name and the spec fields it changes (deep-merged over the rest).
+
+    Written flat in YAML, ``{name: diloco-h4, resources: {sync: {mode: diloco}}}``; ``overrides`` holds
+    everything but the name. A list (``search.batch_sizes_sequences``) replaces, a mapping merges; set
+    a field to ``null`` to clear it (e.g. ``search.beta2.half_life_tokens: null`` beside ``values``).
+    """
+
+    name: str = Field(description="the arm's name: letters, digits, '-' and '_' (at most 24)")
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overrides" not in data:
+            return {"name": data.get("name"), "overrides": {k: v for k, v in data.items() if k != "name"}}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,23}", v):
+            raise ValueError("use 1-24 letters, digits, '_' or '-', starting with a letter or digit")
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _not_fixed(cls, v: dict[str, Any]) -> dict[str, Any]:
+        fixed = [k for k in _ARM_FIXED_FIELDS if k in v]
+        if fixed:
+            raise ValueError(f"an arm cannot set {fixed}: the comparison's name and tracking are every arm's")
+        return v
+
+    @model_serializer(mode="plain")
+    def _dump(self) -> dict[str, Any]:
+        return {"name": self.name, **self.overrides}
 
 
 class BranchSpec(_Strict):
@@ -96,6 +146,11 @@ class SweepSpec(_Strict):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    arms: list[ArmSpec] = Field(
+        default_factory=list, max_length=16,
+        description="a comparison: each arm is this spec with its overrides, run as a sweep of its own into "
+                    "OUT/arms/NAME; OUT/cbs.json then sets the arms' critical batch sizes side by side "
+                    "(sweeps.run.compare). Empty: one sweep")
 
     @field_validator("name")
     @classmethod
@@ -134,6 +189,56 @@ class SweepSpec(_Strict):
         if errs:
             raise ValueError("; ".join(errs))
         return self
+
+    @model_validator(mode="after")
+    def _arms_valid(self) -> "SweepSpec":
+        if not self.arms:
+            return self
+        errs: list[str] = []
+        names = [a.name for a in self.arms]
+        if len(self.arms) < 2:
+            errs.append("arms: a comparison needs at least 2 arms")
+        if len(set(names)) != len(names):
+            errs.append(f"arms: names must be unique, got {names}")
+        if len(self.name) + 1 + max(len(n) for n in names) > 63:
+            errs.append(f"arms: name '{self.name}' plus '.' plus the longest arm name must fit 63 characters")
+        for i, arm in enumerate(self.arms):
+            try:
+                self._arm_spec(arm)
+            except ValidationError as exc:
+                for e in exc.errors():
+                    loc = "".join(f"{x}: " for x in [".".join(str(x) for x in e["loc"])] if x)
+                    errs.append(f"arms.{i} ({arm.name}): {loc}{e['msg'].removeprefix('Value error, ')}")
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)  # one sweep dumps (and fingerprints) as it did before comparisons existed
+        if not out.get("arms"):
+            out.pop("arms", None)
+        return out
+
+    def _arm_spec(self, arm: ArmSpec) -> "SweepSpec":
+        base = self.model_dump(mode="json")
+        base.pop("arms", None)
+        derived = deep_merge(base, arm.overrides)
+        derived["name"] = f"{self.name}.{arm.name}"
+        tracking = dict(derived.get("tracking") or {})
+        tracking["experiment"] = self.experiment_name  # every arm's runs in the comparison's experiment
+        tracking["tags"] = {**tracking.get("tags", {}), COMPARISON_TAG_KEYS[0]: self.name, COMPARISON_TAG_KEYS[1]: arm.name}
+        derived["tracking"] = tracking
+        return SweepSpec.model_validate(derived)
+
+    def arm_specs(self) -> list[tuple[str, "SweepSpec"]]:
+        """The comparison's arms as whole sweep specs, ``[(arm name, spec)]`` in the spec's order.
+
+        Each is this spec (without ``arms``) with the arm's overrides deep-merged over it, named
+        ``NAME.ARM``, in this spec's MLflow experiment, with the tags ``critbatch.comparison`` and
+        ``critbatch.arm``. Empty for a single sweep.
+        """
+        return [(arm.name, self._arm_spec(arm)) for arm in self.arms]
 
     def _parallelism_errors(self) -> list[str]:
         """``resources.parallelism: fsdp`` needs the pretrain workload, 2+ workers, no branching."""

@@ -129,6 +129,7 @@ class Tracker:
                 schema.TAG_STATUS: "RUNNING",
                 schema.TAG_TRIALS_PLANNED: str(self.spec.n_trials),
                 **({schema.TAG_FINGERPRINT: self.fingerprint} if self.fingerprint else {}),
+                **self.spec.tracking.tags,
             },
         )
         self.parent_run_id = run.info.run_id
@@ -183,6 +184,7 @@ class Tracker:
             schema.TAG_TRIAL_ID: trial_id,
             schema.TAG_GROUP_ID: str(config.get("group_id", "")),
             schema.TAG_STATUS: schema.TRIAL_RUNNING,
+            **self.spec.tracking.tags,
         }
         if config.get("initial_point") is not None:  # search.initial_points: an enqueued configuration
             tags[schema.TAG_INITIAL_POINT] = str(config["initial_point"])

@@ -28,6 +28,7 @@ from sweeps.remote import (
     shippable_files,
     stage_sweep,
 )
+from sweeps.errors import InvalidInput
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -316,3 +317,18 @@ def test_an_inline_model_hf_config_names_no_file(fake_jobs, fake_ray):
     with app_client(fake_jobs, cluster_data_dir="/data") as c:
         r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": gqa}))
     assert r.status_code == 201, r.text
+
+
+def test_a_comparison_is_refused_by_the_service_and_by_job_staging(fake_jobs, fake_ray, tmp_path):
+    """An arm may name its own data or storage, which the service's location checks of one sweep would not see."""
+    d = spec(arms=[{"name": "a"}, {"name": "b", "data": {"path": "/etc/passwd"}}])
+    with app_client(fake_jobs) as c:
+        r = post(c, d)
+    assert r.status_code == 422 and "arms" in paths(r), r.text
+    assert fake_ray.submitted == []
+    ok = spec(arms=[{"name": "a"}, {"name": "b", "search": {"lr_rules": ["linear"]}}])
+    into = tmp_path / "stage"
+    into.mkdir()
+    with pytest.raises(InvalidInput, match="comparison"):
+        stage_sweep(parse_spec(ok), into, base_dir=REPO)
+    assert not any(into.iterdir())

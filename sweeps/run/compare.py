@@ -1,0 +1,246 @@
+"""A comparison: a spec with ``arms`` runs each arm as a sweep of its own, then sets them side by side.
+
+::
+
+    OUT/comparison.json      the comparison's identity, its arms' sweep ids and its status
+    OUT/spec.yaml            the comparison spec (paths resolved)
+    OUT/arms/NAME/           each arm: a whole sweep folder (sweep.json, trials.json, cbs.json, report.html)
+    OUT/cbs.json             the arms' critical batch sizes at the reference arm's targets
+                             (:func:`sweeps.analysis.compare.compare_arms`)
+    OUT/report.html          the side-by-side table and plots, with links to each arm's report
+
+Every arm is checked before anything starts (its spec, data, output folder, tracking URI, sweep id,
+and that its trial bundle fits the cluster): an arm that cannot run leaves nothing behind. The arms
+run one after the other on one Ray connection; each arm's sweep id is ``COMPARISON_ID.ARM``, its runs
+in the comparison's MLflow experiment with the tags ``critbatch.comparison`` and ``critbatch.arm``
+(filter or group by them in the MLflow UI). A signal stops the running arm cleanly (it is resumable);
+``critbatch resume OUT`` then skips finished arms, resumes the stopped one and runs the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeps.errors import InvalidInput
+from sweeps.spec import SweepSpec, parse_spec
+from sweeps.spec.identity import is_valid_sweep_id
+
+__all__ = ["run_comparison", "resume_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
+
+log = logging.getLogger(__name__)
+
+COMPARISON_FILE = "comparison.json"
+ARMS_DIR = "arms"
+_FINISHED = ("SUCCEEDED", "FAILED")
+
+
+def is_comparison(output: Path) -> bool:
+    """Whether ``output`` holds a comparison (its ``comparison.json``)."""
+    return (Path(output) / COMPARISON_FILE).is_file()
+
+
+def _arm_dir(output: Path, arm: str) -> Path:
+    return output / ARMS_DIR / arm
+
+
+def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
+                   ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them.
+
+    Returns:
+        :func:`sweeps.run.driver.run_sweep`'s dict for the comparison: ``sweep_id`` is the comparison id,
+        ``cbs`` the comparison (``kind: comparison``), ``ok`` True when every arm succeeded; a stopped arm
+        ends the comparison with its ``exit_code``.
+
+    Raises:
+        InvalidInput: any arm's preflight fails, or ``OUT`` holds a sweep or another comparison. Nothing
+            was created.
+    """
+    from sweeps.run.cluster import cluster_shape, init_ray
+    from sweeps.run.driver import _prepare  # the one-sweep preflight, per arm
+    from sweeps.run.preflight import check_output_folder, plan_resources, resolve_paths
+
+    output = Path(output).expanduser().resolve()
+    if is_comparison(output):
+        raise InvalidInput(f"--output {output} already holds a comparison: use `critbatch resume {output}` to "
+                           "continue it, or choose another folder")
+    check_output_folder(output)
+    cid = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    if not is_valid_sweep_id(cid) or len(cid) + 25 > 128:
+        raise InvalidInput(f"--sweep-id {cid!r}: use letters, digits, '.', '_' and '-' (at most 103, the arms add "
+                           "'.ARM')")
+    arms = spec.arm_specs()
+    for name, arm in arms:
+        _prepare(arm, _arm_dir(output, name), tracking_uri, f"{cid}.{name}", arm.fingerprint())
+    sizing = max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
+    started_ray = init_ray(ray_address, sizing)
+    try:
+        total, largest = cluster_shape()
+        for _, arm in arms:
+            plan_resources(arm, total, largest)  # raises InvalidInput before anything is written
+        output.mkdir(parents=True, exist_ok=True)
+        state = {"comparison_id": cid, "fingerprint": spec.fingerprint(), "status": "RUNNING", "created": time.time(),
+                 "tracking_uri": tracking_uri, "ray_address": ray_address,
+                 "arms": [{"name": n, "sweep_id": f"{cid}.{n}", "output": str(_arm_dir(output, n))} for n, _ in arms]}
+        try:
+            fd = os.open(output / COMPARISON_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            raise InvalidInput(f"--output {output} is being claimed by another comparison") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f, indent=2)
+        (output / "spec.yaml").write_text(yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
+        return _run_arms(spec, output, state, show_progress)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def resume_comparison(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
+
+    Raises:
+        InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates.
+    """
+    from sweeps.run.cluster import init_ray
+
+    output = Path(output).expanduser().resolve()
+    try:
+        state = json.loads((output / COMPARISON_FILE).read_text())
+        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"{output} holds no comparison to resume ({exc.filename} missing)") from None
+    if state.get("status") in _FINISHED:
+        raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
+    arms = spec.arm_specs()
+    sizing = max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
+    address = ray_address or state.get("ray_address")
+    started_ray = init_ray(address, sizing)
+    try:
+        state["status"] = "RUNNING"
+        state["ray_address"] = address
+        _save(output, state)
+        return _run_arms(spec, output, state, show_progress)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _save(output: Path, state: dict[str, Any]) -> None:
+    tmp = output / f".{COMPARISON_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, output / COMPARISON_FILE)
+
+
+def _arm_status(arm_out: Path) -> str | None:
+    """The arm's sweep status from its ``sweep.json`` (None: not started)."""
+    try:
+        return json.loads((arm_out / "sweep.json").read_text()).get("status")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any]:
+    """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
+    from sweeps.run.driver import resume_sweep, run_sweep
+
+    cid = state["comparison_id"]
+    for name, arm in spec.arm_specs():
+        arm_out = _arm_dir(output, name)
+        status = _arm_status(arm_out)
+        if status in _FINISHED and (arm_out / "cbs.json").is_file():
+            log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
+            continue
+        log.warning("comparison %s: arm %s", cid, name)
+        if status is None or status == "STARTING":
+            result = run_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
+                               ray_address=state.get("ray_address"), show_progress=show_progress)
+        else:
+            result = resume_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
+        if result.get("exit_code"):  # stopped by a signal: the comparison stops with it, resumable
+            state["status"] = "STOPPED"
+            _save(output, state)
+            return {**result, "sweep_id": cid, "output": str(output),
+                    "message": f"arm {name} stopped: `critbatch resume {output}` continues the comparison"}
+    return _finish(spec, output, state)
+
+
+def _measured(arm_out: Path) -> dict[str, float | None]:
+    """Medians over the arm's trials of what their reports measured (first report for the optimizer state,
+    last report for communication and throughput); None where no report has it."""
+    from sweeps.run.state import REPORTS_DIR
+
+    keys_first, keys_last = ("optimizer_state_bytes_per_param",), ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
+    seen: dict[str, list[float]] = {k: [] for k in keys_first + keys_last}
+    for f in sorted((arm_out / REPORTS_DIR).glob("*.jsonl")):
+        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if not rows:
+            continue
+        for k in keys_first:
+            v = next((r[k] for r in rows if isinstance(r.get(k), (int, float))), None)
+            if v is not None:
+                seen[k].append(float(v))
+        for k in keys_last:
+            v = next((r[k] for r in reversed(rows) if isinstance(r.get(k), (int, float))), None)
+            if v is not None:
+                seen[k].append(float(v))
+    return {k: statistics.median(v) if v else None for k, v in seen.items()}
+
+
+def _arm_info(name: str, arm: SweepSpec, arm_out: Path, status: str | None, sweep_id: str) -> dict[str, Any]:
+    sync = getattr(arm.resources, "sync", None)
+    mode = getattr(sync, "mode", "ddp") if sync is not None else "ddp"
+    every = int(getattr(sync, "every_steps", 1)) if mode != "ddp" else 1
+    return {"sync": mode, "sync_every_steps": every, "replicas": arm.resources.workers_per_trial,
+            "optimizer": getattr(arm.optimizer, "name", "adamw"), "status": status, "sweep_id": sweep_id,
+            **_measured(arm_out)}
+
+
+def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Re-analyse every arm at the reference arm's targets, write ``OUT/cbs.json`` and ``OUT/report.html``."""
+    from sweeps.analysis import analyze_trials_file, finite_json
+    from sweeps.analysis.compare import compare_arms
+
+    cid = state["comparison_id"]
+    arms = spec.arm_specs()
+    ref_cbs_path = _arm_dir(output, arms[0][0]) / "cbs.json"
+    ref_targets = None
+    if ref_cbs_path.is_file():
+        ref_targets = [t["target_loss"] for t in json.loads(ref_cbs_path.read_text()).get("targets", [])] or None
+    rows = []
+    for name, arm in arms:
+        arm_out = _arm_dir(output, name)
+        analysis = None
+        if ref_targets and (arm_out / "trials.json").is_file() and (arm_out / "cbs.json").is_file():
+            try:
+                analysis = analyze_trials_file(arm_out / "trials.json", targets=ref_targets)
+            except InvalidInput as exc:
+                log.warning("comparison %s: arm %s cannot be analysed: %s", cid, name, exc)
+        rows.append((name, _arm_info(name, arm, arm_out, _arm_status(arm_out), f"{cid}.{name}"), analysis))
+    comparison = compare_arms(rows)
+    failed = [n for n, info, _ in rows if info["status"] != "SUCCEEDED"]
+    comparison.update({"comparison_id": cid, "name": spec.name,
+                       "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}})
+    (output / "cbs.json").write_text(json.dumps(finite_json(comparison), indent=2))
+    from sweeps.analysis.compare_report import write_comparison_report
+
+    write_comparison_report(output, comparison)
+    state["status"] = "FAILED" if failed or not ref_targets else "SUCCEEDED"
+    _save(output, state)
+    message = "; ".join(comparison["summary"])
+    if failed:
+        message = f"arm(s) {failed} did not succeed; " + message
+    return {"ok": not failed and bool(ref_targets), "status": state["status"], "sweep_id": cid, "cbs": comparison,
+            "output": str(output), "message": message, "exit_code": None}
