@@ -172,14 +172,15 @@ def plan_rows(*, s_min: float, e_min: float, tokens_per_sequence: float, flops_p
 
 def knee_devices(times_by_devices: dict[int, float], threshold: float = KNEE_THRESHOLD) -> Optional[dict[str, Any]]:
     """The smallest device count whose time is within ``threshold`` (a fraction) of the minimum over
-    device counts: past it more devices buy less than ``threshold`` of the time. None if empty."""
+    device counts: past it more devices buy less than ``threshold`` of the time. ``still_falling``: the
+    minimum is at the largest device count given, so the knee may lie beyond it. None if empty."""
     if not times_by_devices:
         return None
     best = min(times_by_devices.values())
     n = min(k for k, t in times_by_devices.items() if t <= (1.0 + threshold) * best)
     n_best = min(k for k, t in times_by_devices.items() if t == best)
     return {"devices": n, "time_to_target_s": times_by_devices[n], "min_time_to_target_s": best,
-            "devices_at_min": n_best, "threshold": threshold}
+            "devices_at_min": n_best, "threshold": threshold, "still_falling": n_best == max(times_by_devices)}
 
 
 def _best(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
