@@ -63,7 +63,8 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
     Returns ``fits`` (list of dicts with ``s_min``, ``e_min``, ``target_loss``, ``status``, ``b_crit``,
     ``swept``: the batch sizes of the fit's points, or ``swept``), ``headline_target_loss``,
     ``tokens_per_sequence``, ``flops_per_token`` (training FLOPs per token), ``n_params`` and
-    ``n_params_source``, ``spec_sync_every_steps``, ``out_dir`` (the sweep folder, or None).
+    ``n_params_source``, ``spec_sync_every_steps`` (of the ``spec.yaml`` beside a ``cbs.json``),
+    ``out_dir`` (the sweep folder when ``path`` is one, else None).
     The keyword arguments override the file's values (``params``: parameters whose gradients are
     all-reduced; without it, ``cbs.json``'s ``n_params`` or ``flops_per_token / 6``).
 
@@ -79,6 +80,8 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
             raise InvalidInput(f"plan: {p} is a folder without cbs.json (not a finished sweep's output)")
         out_dir, spec_h = p, spec_sync_every_steps(p / "spec.yaml")
         p = p / "cbs.json"
+    elif p.name == "cbs.json":
+        spec_h = spec_sync_every_steps(p.parent / "spec.yaml")
     data = _read_json(p)
     if not isinstance(data, dict):
         raise InvalidInput(f"plan: {p} is not a JSON object (expected cbs.json or an analyze --csv result)")

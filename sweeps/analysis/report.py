@@ -193,7 +193,7 @@ def _plan_section(output: Path) -> str:
         if not r:
             return f"<tr><td>{what}</td><td colspan=6>none within the device-hours cap</td></tr>"
         return (f"<tr><td>{what}</td>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
-            r["batch_size_sequences"], r["devices"], r["steps_to_target"], r["time_to_target_s"] / 3600,
+            r["batch_size_sequences"], r["devices"], r["steps_to_target"], r["time_to_target_s"],
             r["device_hours"], r["comm_fraction"])) + f"<td>{html.escape(str(r.get('extrapolation')))}</td></tr>")
 
     knee = t.get("knee") or {}
@@ -206,7 +206,7 @@ at MFU {_fmt(c.get('mfu'))}, {_fmt(c.get('bandwidth_bytes_per_s'))} bytes/s and 
 gradient {_fmt(inp.get('gradient_bytes'))} bytes, all-reduce every {_fmt(inp.get('sync_every_steps'))} step(s),
 device-hours cap {_fmt(c.get('device_hours_cap'))}. Knee: {_fmt(knee.get('devices'))} devices (the fewest within
 {_fmt(100 * (knee.get('threshold') or 0))} % of the least time to target). {html.escape(plan.get('model') or '')}</p>
-<table><tr><th></th><th>B (seq)</th><th>devices</th><th>steps</th><th>hours</th><th>device-hours</th><th>comm fraction</th><th>B vs swept range</th></tr>
+<table><tr><th></th><th>B (seq)</th><th>devices</th><th>steps</th><th>time to target (s)</th><th>device-hours</th><th>comm fraction</th><th>B vs swept range</th></tr>
 {row(t.get('best'), 'fastest within the cap')}{row(t.get('best_inside_range'), 'fastest, B inside the swept range')}</table>{img}"""
 
 

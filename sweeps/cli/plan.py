@@ -44,19 +44,25 @@ def _cluster(cluster_file: Optional[Path], overrides: dict):
 
 
 def _report(out_dir: Path) -> Optional[Path]:
-    """Re-render ``OUT/report.html`` (now with the plan section); None if the folder lacks what it needs."""
+    """Re-render ``OUT/report.html`` (now with the plan section); None, with a warning, if the folder
+    lacks what it needs (the plan stands without the report)."""
     from sweeps.analysis.report import write_report
     from sweeps.analysis.targets import TrialRecord
     from sweeps.spec import load_spec
 
+    if not (out_dir / "trials.json").is_file():  # not a sweep's folder (a cbs.json alone): no report to update
+        return None
     try:
         analysis = json.loads((out_dir / "cbs.json").read_text(encoding="utf-8"))
         rows = json.loads((out_dir / "trials.json").read_text(encoding="utf-8"))
         spec = load_spec(out_dir / "spec.yaml")
         records = [TrialRecord.from_dict(r) for r in rows]
-    except Exception:  # an older or partial folder: the plan stands without the report
+        return write_report(out_dir, analysis, records, spec)
+    except Exception as exc:  # an older or partial folder: the plan stands without the report
+        from sweeps.cli.main import console
+
+        console.print(f"warning: report.html not updated ({type(exc).__name__}: {exc})", markup=False, highlight=False)
         return None
-    return write_report(out_dir, analysis, records, spec)
 
 
 def register(app: typer.Typer) -> None:

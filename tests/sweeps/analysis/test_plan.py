@@ -244,3 +244,18 @@ def test_cli_bad_input_exits_2(tmp_path):
     (tmp_path / "junk.json").write_text("[1, 2]")
     assert _cli([str(tmp_path / "junk.json"), *H100]).exit_code == 2
     assert not (sweep / "plan.json").exists()
+
+
+def test_cli_rewrites_the_report_with_the_plan_section(tmp_path):
+    # a sweep folder as `critbatch run` leaves it (trimmed copies: cbs.json, one trial per batch size, spec.yaml)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    fixtures = Path(__file__).parent / "fixtures"
+    shutil.copy(FIXTURE, sweep / "cbs.json")
+    shutil.copy(fixtures / "wikitext_trials.json", sweep / "trials.json")
+    shutil.copy(fixtures / "wikitext_spec.yaml", sweep / "spec.yaml")
+    res = _cli([str(sweep), *H100])
+    assert res.exit_code == 0, res.output
+    page = (sweep / "report.html").read_text()
+    assert "Cluster plan (critbatch plan)" in page and "critbatch report: wikitext-bpe" in page
+    assert (sweep / "plots" / "steps_to_target.png").is_file()          # the rest of the report, re-rendered
