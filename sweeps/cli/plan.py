@@ -43,6 +43,29 @@ def _cluster(cluster_file: Optional[Path], overrides: dict):
                            "peak_flops_per_s, bandwidth_bytes_per_s, ...)") from None
 
 
+def _numbers(text: str, name: str) -> list[float]:
+    """Comma-separated positive numbers. Raises InvalidInput naming the option ``name``."""
+    from sweeps.errors import InvalidInput
+
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"{name} must be comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise InvalidInput(f"{name} must be positive numbers, got {text!r}")
+    return vals
+
+
+def _swept(text: str) -> tuple[float, float]:
+    """``--swept-range LO,HI`` (sequences). Raises InvalidInput."""
+    from sweeps.errors import InvalidInput
+
+    lo_hi = _numbers(text, "--swept-range")
+    if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+        raise InvalidInput(f"--swept-range must be LO,HI with LO <= HI, got {text!r}")
+    return lo_hi[0], lo_hi[1]
+
+
 def _report(out_dir: Path) -> Optional[Path]:
     """Re-render ``OUT/report.html`` (now with the plan section); None, with a warning, if the folder
     lacks what it needs (the plan stands without the report)."""
@@ -109,22 +132,8 @@ def register(app: typer.Typer) -> None:
         from sweeps.errors import InvalidInput
 
         try:
-            def ints(text: str, name: str) -> list[float]:
-                try:
-                    vals = [float(x) for x in text.split(",") if x.strip()]
-                except ValueError:
-                    raise InvalidInput(f"{name} must be comma-separated numbers, got {text!r}") from None
-                if not vals or any(v <= 0 for v in vals):
-                    raise InvalidInput(f"{name} must be positive numbers, got {text!r}")
-                return vals
-
-            swept = None
-            if swept_range:
-                lo_hi = ints(swept_range, "--swept-range")
-                if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
-                    raise InvalidInput(f"--swept-range must be LO,HI with LO <= HI, got {swept_range!r}")
-                swept = (lo_hi[0], lo_hi[1])
-            grid = [int(b) for b in ints(batch_sizes, "--batch-sizes")] if batch_sizes else None
+            swept = _swept(swept_range) if swept_range else None
+            grid = [int(b) for b in _numbers(batch_sizes, "--batch-sizes")] if batch_sizes else None
             if grad_bytes <= 0:
                 raise InvalidInput(f"--grad-bytes-per-param must be positive, got {grad_bytes}")
             spec = _cluster(cluster, {"devices": devices, "peak_flops_per_s": peak_flops, "mfu": mfu,
