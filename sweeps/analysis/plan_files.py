@@ -22,8 +22,8 @@ MODEL_TEXT = (
     "(Patarasuk and Yuan 2009; Thakur, Rabenseifner and Gropp 2005); device-hours = N x time / 3600. "
     "MFU constant in N and B; data parallelism only (no pipeline or tensor parallelism)."
 )
-_PARAMS_FROM_FLOPS = ("flops_per_token / 6 (Kaplan et al. 2020, C ~ 6N: an over-estimate of the parameter count by "
-                      "the attention-score and logit FLOPs; give --params for the exact count)")
+_PARAMS_FROM_FLOPS = ("flops_per_token / 6 (Kaplan et al. 2020, C ~ 6N: approximate, it counts the attention-score "
+                      "and logit FLOPs and misses an untied input embedding; give --params for the exact count)")
 
 
 def _read_json(path: Path) -> Any:
