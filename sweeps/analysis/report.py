@@ -174,8 +174,45 @@ def _fmt(v: Any, nd: int = 4) -> str:
     return html.escape(str(v))
 
 
+def _plan_section(output: Path) -> str:
+    """The report's cluster-plan section when ``critbatch plan OUT`` has written ``OUT/plan.json``
+    (and ``OUT/plots/plan.png``); empty otherwise."""
+    import json
+
+    path = output / "plan.json"
+    if not path.is_file():
+        return ""
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        t = next(x for x in plan["targets"] if x.get("headline"))
+        c, inp = plan["cluster"], plan["inputs"]
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        return ""
+
+    def row(r: dict | None, what: str) -> str:
+        if not r:
+            return f"<tr><td>{what}</td><td colspan=6>none within the device-hours cap</td></tr>"
+        return (f"<tr><td>{what}</td>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
+            r["batch_size_sequences"], r["devices"], r["steps_to_target"], r["time_to_target_s"],
+            r["device_hours"], r["comm_fraction"])) + f"<td>{html.escape(str(r.get('extrapolation')))}</td></tr>")
+
+    knee = t.get("knee") or {}
+    png = output / "plots" / "plan.png"
+    img = (f'<figure><img src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}" alt="plan">'
+           "<figcaption>time to target vs devices</figcaption></figure>") if png.is_file() else ""
+    return f"""<h2>Cluster plan (critbatch plan)</h2>
+<p>Target loss {_fmt(t.get('target_loss'))}; up to {_fmt(c.get('devices'))} devices of {_fmt(c.get('peak_flops_per_s'))} FLOP/s
+at MFU {_fmt(c.get('mfu'))}, {_fmt(c.get('bandwidth_bytes_per_s'))} bytes/s and {_fmt(c.get('latency_s'))} s latency per device,
+gradient {_fmt(inp.get('gradient_bytes'))} bytes, all-reduce every {_fmt(inp.get('sync_every_steps'))} step(s),
+device-hours cap {_fmt(c.get('device_hours_cap'))}. Knee: {_fmt(knee.get('devices'))} devices (the fewest within
+{_fmt(100 * (knee.get('threshold') or 0))} % of the least time to target). {html.escape(plan.get('model') or '')}</p>
+<table><tr><th></th><th>B (seq)</th><th>devices</th><th>steps</th><th>time to target (s)</th><th>device-hours</th><th>comm fraction</th><th>B vs swept range</th></tr>
+{row(t.get('best'), 'fastest within the cap')}{row(t.get('best_inside_range'), 'fastest, B inside the swept range')}</table>{img}"""
+
+
 def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
-    """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded)."""
+    """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded; a cluster-plan
+    section when ``OUT/plan.json`` exists)."""
     T = spec.model.context_length_tokens
     plots = make_plots(output / "plots", analysis, records, T)
     imgs = "".join(
@@ -234,7 +271,7 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
 <table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>
-<h2>Plots</h2>{imgs}
+<h2>Plots</h2>{imgs}{_plan_section(output)}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},
 parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>
 </body></html>"""

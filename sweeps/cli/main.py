@@ -205,10 +205,11 @@ def _print_summary(result: dict) -> None:
 
 
 def _register_optional() -> None:
-    """Attach command groups that live in their own modules (submission, Kubernetes, branching, data preparation)."""
+    """Attach command groups that live in their own modules (submission, Kubernetes, branching, data preparation,
+    cluster planning)."""
     import importlib
 
-    for mod in ("sweeps.cli.cluster", "sweeps.cli.k8s", "sweeps.cli.branch", "sweeps.cli.data"):
+    for mod in ("sweeps.cli.cluster", "sweeps.cli.k8s", "sweeps.cli.branch", "sweeps.cli.data", "sweeps.cli.plan"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

@@ -1,0 +1,156 @@
+"""``critbatch plan``: from a finished sweep's fits to devices, bandwidth and hours (:mod:`sweeps.analysis.plan`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def _cluster(cluster_file: Optional[Path], overrides: dict):
+    """The :class:`ClusterSpec` from ``--cluster`` (YAML) with the given command-line options over it.
+
+    Raises:
+        InvalidInput: unreadable YAML, or invalid/unknown/missing fields (each named).
+    """
+    import pydantic
+    import yaml
+
+    from sweeps.analysis.plan import ClusterSpec
+    from sweeps.errors import InvalidInput
+
+    data: dict = {}
+    if cluster_file is not None:
+        try:
+            data = yaml.safe_load(cluster_file.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise InvalidInput(f"--cluster: file not found: {cluster_file}") from None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise InvalidInput(f"--cluster: cannot read {cluster_file} as YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInput(f"--cluster: {cluster_file} must be a mapping of cluster fields")
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ClusterSpec(**data)
+    except pydantic.ValidationError as exc:
+        errs = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'cluster'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"invalid cluster ({len(exc.errors())} error(s)): {errs} (the command-line options "
+                           "--devices, --peak-flops, --bandwidth or the --cluster YAML fields devices, "
+                           "peak_flops_per_s, bandwidth_bytes_per_s, ...)") from None
+
+
+def _numbers(text: str, name: str) -> list[float]:
+    """Comma-separated positive numbers. Raises InvalidInput naming the option ``name``."""
+    from sweeps.errors import InvalidInput
+
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"{name} must be comma-separated numbers, got {text!r}") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise InvalidInput(f"{name} must be positive numbers, got {text!r}")
+    return vals
+
+
+def _swept(text: str) -> tuple[float, float]:
+    """``--swept-range LO,HI`` (sequences). Raises InvalidInput."""
+    from sweeps.errors import InvalidInput
+
+    lo_hi = _numbers(text, "--swept-range")
+    if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
+        raise InvalidInput(f"--swept-range must be LO,HI with LO <= HI, got {text!r}")
+    return lo_hi[0], lo_hi[1]
+
+
+def _report(out_dir: Path) -> Optional[Path]:
+    """Re-render ``OUT/report.html`` (now with the plan section); None, with a warning, if the folder
+    lacks what it needs (the plan stands without the report)."""
+    from sweeps.analysis.report import write_report
+    from sweeps.analysis.targets import TrialRecord
+    from sweeps.spec import load_spec
+
+    if not (out_dir / "trials.json").is_file():  # not a sweep's folder (a cbs.json alone): no report to update
+        return None
+    try:
+        analysis = json.loads((out_dir / "cbs.json").read_text(encoding="utf-8"))
+        rows = json.loads((out_dir / "trials.json").read_text(encoding="utf-8"))
+        spec = load_spec(out_dir / "spec.yaml")
+        records = [TrialRecord.from_dict(r) for r in rows]
+        return write_report(out_dir, analysis, records, spec)
+    except Exception as exc:  # an older or partial folder: the plan stands without the report
+        from sweeps.cli.main import console
+
+        console.print(f"warning: report.html not updated ({type(exc).__name__}: {exc})", markup=False, highlight=False)
+        return None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command to the ``critbatch`` app."""
+    @app.command("plan")
+    def plan(
+        source: Path = typer.Argument(..., help="a finished sweep's folder (OUT), its cbs.json, or the JSON of "
+                                      "critbatch analyze --csv"),
+        cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (fields of ClusterSpec; the "
+                                               "options below override it)"),
+        devices: Optional[int] = typer.Option(None, "--devices", help="the most devices (data-parallel workers)"),
+        peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="peak FLOP/s per device"),
+        mfu: Optional[float] = typer.Option(None, "--mfu", help="model-FLOPs utilisation in (0, 1] (default 0.4)"),
+        bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="all-reduce bandwidth per device, bytes/s"),
+        latency: Optional[float] = typer.Option(None, "--latency", help="per-message latency, seconds (default 5e-6)"),
+        device_hours_cap: Optional[float] = typer.Option(None, "--device-hours-cap", help="the most device-hours"),
+        micro_batch: Optional[int] = typer.Option(None, "--micro-batch-max", help="most sequences per device per "
+                                                  "forward/backward (rows then give accumulation steps)"),
+        overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="overlap all-reduce and compute "
+                                               "(step = max instead of sum; default no overlap)"),
+        sync_every_steps: Optional[int] = typer.Option(None, "--sync-every-steps", min=1, help="local SGD / DiLoCo: "
+                                                       "all-reduce every H steps (default: the spec's "
+                                                       "resources.sync.every_steps, else 1)"),
+        flops_per_token: Optional[float] = typer.Option(None, "--flops-per-token", help="training FLOPs per token "
+                                                        "(default: cbs.json's)"),
+        params: Optional[float] = typer.Option(None, "--params", help="parameters whose gradients are all-reduced "
+                                               "(default: cbs.json n_params, else flops_per_token/6)"),
+        tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="tokens per sequence "
+                                                            "(default: cbs.json's)"),
+        grad_bytes: float = typer.Option(4.0, "--grad-bytes-per-param", help="bytes per gradient element "
+                                         "(4 fp32, 2 bf16)"),
+        batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="comma-separated global batch sizes "
+                                                  "(sequences); default: powers of 2 over and beyond the swept range"),
+        swept_range: Optional[str] = typer.Option(None, "--swept-range", help="LO,HI: the swept batch sizes "
+                                                  "(sequences), to flag extrapolation of an analyze --csv fit"),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for plan.json and plots/plan.png "
+                                              "(default: the sweep folder when SOURCE is one)"),
+    ) -> None:
+        """Plan a data-parallel run from a sweep's fits: time to target, device-hours and the device count
+        past which time stops falling, for every (global batch, devices) pair; JSON to stdout."""
+        from sweeps.analysis.plan_files import load_plan_inputs, make_plan, write_plan
+        from sweeps.analysis.sweep import finite_json
+        from sweeps.cli.main import _fail_invalid, console
+        from sweeps.errors import InvalidInput
+
+        try:
+            swept = _swept(swept_range) if swept_range else None
+            grid = [int(b) for b in _numbers(batch_sizes, "--batch-sizes")] if batch_sizes else None
+            if grad_bytes <= 0:
+                raise InvalidInput(f"--grad-bytes-per-param must be positive, got {grad_bytes}")
+            spec = _cluster(cluster, {"devices": devices, "peak_flops_per_s": peak_flops, "mfu": mfu,
+                                      "bandwidth_bytes_per_s": bandwidth, "latency_s": latency,
+                                      "device_hours_cap": device_hours_cap,
+                                      "micro_batch_size_sequences_max": micro_batch, "overlap": overlap})
+            inputs = load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
+                                      tokens_per_sequence=tokens_per_sequence, swept=swept)
+            result = make_plan(inputs, spec, grad_bytes_per_param=grad_bytes, sync_every_steps=sync_every_steps,
+                               batch_sizes_sequences=grid)
+        except (InvalidInput, ValueError) as exc:
+            _fail_invalid(exc)
+        out_dir = output or inputs["out_dir"]
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            paths = write_plan(out_dir, result)
+            report = _report(out_dir) if inputs["out_dir"] is not None and out_dir == inputs["out_dir"] else None
+            console.print(f"wrote {paths['plan']}" + (f" and {paths['plot']}" if paths["plot"] else "")
+                          + (f"; updated {report}" if report else ""), highlight=False)
+        print(json.dumps(finite_json(result), indent=2))
