@@ -129,3 +129,22 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["optimizer"] == "sgd_momentum" and out["optimizer_state_bytes_per_param"] == 8.5
+
+
+def test_a_trial_run_logs_the_optimizer_param_and_the_state_bytes_metric(tiny_spec_dict, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.tracking.writer import Tracker
+
+    s = parse_spec(_with(tiny_spec_dict, optimizer={"name": "sgd_momentum"}, beta2=FIXED_BETA2))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker = Tracker(client, s, "sweep-1")
+    tracker.start_parent()
+    tracker.trial_started("t1", {**HP, "lr_multiplier": 1.0}, {})
+    tracker.trial_result("t1", {"tokens_seen": 256, "val_loss": 3.0, "beta2": float("nan"),
+                                "optimizer_state_bytes_per_param": 4.0})
+    assert tracker.outbox.flush()
+    run = client.get_run(tracker._run_id("t1"))
+    assert run.data.params["optimizer"] == "sgd_momentum"
+    assert run.data.metrics["optimizer_state_bytes_per_param"] == 4.0
+    assert "beta2" not in run.data.metrics  # NaN: no beta2 for sgd_momentum, not logged
