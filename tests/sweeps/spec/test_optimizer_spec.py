@@ -95,6 +95,14 @@ def test_an_unknown_optimizer_is_refused_naming_the_field(tiny_spec_dict):
     assert "optimizer.name" in msg and "adafactor" in msg
 
 
+def test_the_spec_and_the_worker_know_the_same_optimizers():
+    from sweeps.spec.sections import OPTIMIZER_NAMES, OptimizerSpec
+    from workloads import config, optim
+
+    assert OPTIMIZER_NAMES == config.OPTIMIZER_NAMES
+    assert all(OptimizerSpec(name=n).reads_beta2 == optim.reads_beta2(n) for n in OPTIMIZER_NAMES)
+
+
 def test_the_optimizer_is_a_trial_param_and_its_state_bytes_a_metric():
     assert schema.PARAM_OPTIMIZER == "optimizer" and schema.PARAM_OPTIMIZER in schema.TRIAL_PARAMS
     assert "optimizer_state_bytes_per_param" in schema.METRIC_KEYS
