@@ -234,7 +234,7 @@ class StepOutcome:
         real_tokens: real input tokens of the global batch (tokens seen).
         noise_estimates: the step's ``(|G|^2, tr(Sigma))`` estimates, or None (estimator off, or
             fewer than two micro-batches with loss tokens).
-        lr, beta2: the step's learning rate and Adam beta2.
+        lr, beta2: the step's learning rate and Adam beta2 (NaN for an optimizer without one).
         grad_norm: the global gradient norm before clipping.
     """
 
@@ -255,7 +255,7 @@ class Stepper:
 
     Args:
         model: the trained model; ``params`` its trainable parameters.
-        opt: the AdamW optimizer over ``params``.
+        opt: the optimizer over ``params`` (:func:`workloads.optim.build_optimizer`).
         work: where the micro-batches come from.
         schedule: LR and beta2 of each step.
         device: where the model lives.
@@ -303,7 +303,10 @@ class Stepper:
         lr, beta2 = self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale)
         for g in self.opt.param_groups:
             g["lr"] = lr
-            g["betas"] = (self.beta1, beta2)
+            if "betas" in g:  # the Adam family; SGD and Adafactor have no constant beta2
+                g["betas"] = (self.beta1, beta2)
+            else:
+                beta2 = float("nan")  # not reported (the writer skips a NaN metric)
         for p, g in zip(self.params, sg.grads):
             p.grad = g
         if self.sharded:
