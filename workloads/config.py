@@ -11,7 +11,7 @@ an exact round trip). Every size carries its unit in its name.
         model: ModelConfig           architecture (pretraining) and the sequence length (both workloads)
         data: DataConfig             corpus or JSON Lines file, tokenizer, held-out fraction
         finetune: FinetuneConfig     checkpoint, fields, template, packing; lora: LoraConfig | None
-      optimizer: OptimizerConfig   AdamW, LR and beta2 already scaled for the trial's batch
+      optimizer: OptimizerConfig   which optimizer (AdamW by default), LR and beta2 already scaled for the trial's batch
       schedule: ScheduleConfig     LR warmup, weight EMA or WSD decay branches
       batch: BatchConfig           global batch, micro-batch cap, batch-size warmup
       eval: EvalConfig             report milestones, held-out tokens, checkpoint cadence
@@ -53,10 +53,13 @@ __all__ = [
     "RungGateConfig",
     "FaultPlan",
     "WORKLOAD_NAMES",
+    "OPTIMIZER_NAMES",
 ]
 
 #: the workloads a config may name (their entries are in :mod:`workloads.api`)
 WORKLOAD_NAMES = ("pretrain", "finetune")
+#: ``OptimizerConfig.name``: built by :func:`workloads.optim.build_optimizer`
+OPTIMIZER_NAMES = ("adamw", "adafactor", "adamw_8bit", "sgd_momentum")
 #: ``TrainingConfig.parallelism``: hand-made data parallelism (one all-reduce) or FSDP2 ``fully_shard``
 PARALLELISMS = ("ddp", "fsdp")
 #: ``TrainingConfig.mixed_precision``: ``auto`` is bf16 autocast on CUDA, float32 elsewhere
@@ -208,9 +211,11 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """AdamW with the trial's peak LR and beta2, already scaled for ``BatchConfig.batch_size_sequences``.
+    """The optimizer with the trial's peak LR and beta2, already scaled for ``BatchConfig.batch_size_sequences``.
 
     Attributes:
+        name: one of :data:`OPTIMIZER_NAMES` (:func:`workloads.optim.build_optimizer` says which
+            hyperparameters each one reads).
         lr: peak learning rate at the trial's batch (after warmup).
         lr_rule: ``"linear"``, ``"sqrt"`` or ``"none"``: how the LR follows the batch during
             batch-size warmup (``workloads.scaling.scaled_lr``).
@@ -223,8 +228,12 @@ class OptimizerConfig:
         grad_clip_norm: global gradient-norm clip, or None.
         divergence_loss_factor: a step whose loss exceeds this times ``ln(vocab)`` is not applied
             and ends the trial as diverged.
+
+    Raises:
+        ValueError: an unknown ``name``.
     """
 
+    name: str = "adamw"
     lr: float
     lr_rule: str = "sqrt"
     beta1: float = 0.9
@@ -234,6 +243,10 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float | None = 1.0
     divergence_loss_factor: float = 1.5
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZER_NAMES:
+            raise ValueError(f"unknown optimizer {self.name!r}; known: {list(OPTIMIZER_NAMES)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,8 @@ from workloads.ema import WeightEMA
 from workloads.evaluation import MilestoneEvaluator, evaluate
 from workloads.batching import min_micro_batches_total
 from workloads.noise_scale import NoiseScaleEMA
-from workloads.parallel import (adamw_impl, autocast_dtype, full_model_state, full_optimizer_state, full_tensors,
+from workloads.optim import build_optimizer, reads_beta2, state_bytes_per_param
+from workloads.parallel import (autocast_dtype, full_model_state, full_optimizer_state, full_tensors,
                                 is_sharded, load_model_state, load_optimizer_state, prepare_model)
 from workloads.schedule import BatchPhase, Schedule, batch_phases
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
@@ -118,7 +119,9 @@ def run_loop(
     ``completed`` or ``diverged``), ``done`` and ``objective``; the last report of a batch-size
     warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
     ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
-    it into the trial's start-up time). The state passed with a report (rank 0 only,
+    it into the trial's start-up time) and ``optimizer_state_bytes_per_param`` (the optimizer's
+    state after that step, :meth:`_Training.state_bytes_per_param`; absent when that step diverged and
+    left the state empty). The state passed with a report (rank 0 only,
     else None) restores the run exactly via ``resume_state``.
 
     Raises:
@@ -129,14 +132,17 @@ def run_loop(
     milestones = list(cfg.eval.milestones_tokens)
     o = cfg.optimizer
     last_report_wall, last_report_tokens = time.perf_counter(), c.tokens_seen
-    last = StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr, beta2=o.beta2, grad_norm=math.nan)
+    last = StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr,
+                       beta2=o.beta2 if reads_beta2(o.name) else math.nan, grad_norm=math.nan)
     status = "running"
     first_step_unix: float | None = None  # when this attempt's first step ended (Unix s): for its start-up time
+    state_bpp: float | None = None  # optimizer state bytes per parameter, measured after that step
     while c.tokens_seen < cfg.budget_tokens:
         phase = run.schedule.phase_at(c.tokens_seen)
         last = run.train_step(c, phase)
         if first_step_unix is None:
             first_step_unix = time.time()
+            state_bpp = run.state_bytes_per_param()  # under fsdp a collective: every rank is here
         if last.diverged(run.diverge_at):
             status = "diverged"
         crossed = c.milestone_idx < len(milestones) and c.tokens_seen >= milestones[c.milestone_idx]
@@ -169,6 +175,8 @@ def run_loop(
             metrics["steps_saved_vs_initial_batch"] = -(-c.tokens_seen // (first_b * cfg.context_length_tokens)) - c.step
         if first_step_unix:  # the attempt's first report; 0.0 after it
             metrics["first_step_unix_s"], first_step_unix = first_step_unix, 0.0
+            if state_bpp is not None:
+                metrics["optimizer_state_bytes_per_param"] = state_bpp
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)
@@ -198,8 +206,7 @@ class _Training:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.schedule = Schedule(cfg, batch_phases(
             cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world)))
-        self.opt = torch.optim.AdamW(self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                     weight_decay=o.weight_decay, **adamw_impl(device))
+        self.opt = build_optimizer(self.params, o, device)
         self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens, eval_model=eval_model)
                     if with_ema else None)
         self.ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
@@ -230,6 +237,23 @@ class _Training:
             if self.ema is not None:
                 self.ema.update(out.real_tokens)
         return out
+
+    def state_bytes_per_param(self) -> float | None:
+        """Bytes of optimizer state per trainable parameter (:func:`workloads.optim.state_bytes_per_param`),
+        or None while the state is empty (no step applied yet).
+
+        ddp: this rank's state (every rank holds the whole state). fsdp: each rank's local shards,
+        summed over the ranks (an all-reduce: every rank must call it), over the global parameter count.
+        """
+        n_params = sum(p.numel() for p in self.params)  # a DTensor's numel is the global one
+        local = state_bytes_per_param(self.opt, n_params)
+        if self.sharded:
+            import torch.distributed as dist
+
+            t = torch.tensor([local], dtype=torch.float64, device=self.stepper.device)
+            dist.all_reduce(t)
+            local = float(t.item())
+        return local if local > 0 else None
 
     def checkpoint(self, c: LoopCounters) -> dict[str, Any] | None:
         """The state to report with this milestone (rank 0, every ``checkpoint_every_milestones``), else None.

@@ -252,7 +252,7 @@ class StepOutcome:
         real_tokens: real input tokens of the global batch (tokens seen).
         noise_estimates: the step's ``(|G|^2, tr(Sigma))`` estimates, or None (estimator off, or
             fewer than two micro-batches with loss tokens).
-        lr, beta2: the step's learning rate and Adam beta2.
+        lr, beta2: the step's learning rate and Adam beta2 (NaN for an optimizer without one).
         grad_norm: the global gradient norm before clipping (local_sgd, diloco: this replica's own
             gradient's, NaN on every rank when any replica's is not finite).
         comm_bytes, comm_time_s: payload bytes this rank handed to the step's collectives and the
@@ -280,7 +280,7 @@ class Stepper:
 
     Args:
         model: the trained model; ``params`` its trainable parameters.
-        opt: the AdamW optimizer over ``params``.
+        opt: the optimizer over ``params`` (:func:`workloads.optim.build_optimizer`).
         work: where the micro-batches come from.
         schedule: LR and beta2 of each step.
         device: where the model lives.
@@ -338,10 +338,7 @@ class Stepper:
         if self.noise_scale and sg.micro_batches >= 2:  # fsdp: the small batch is one micro-batch of every worker
             b_small = micro * self.world if self.sharded else micro
             est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, b_small, sg.micro_batches)
-        lr, beta2 = self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-            g["betas"] = (self.beta1, beta2)
+        lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale))
         for p, g in zip(self.params, sg.grads):
             p.grad = g
         if self.sharded:
@@ -357,6 +354,17 @@ class Stepper:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return out
+
+    def _set_hparams(self, lr: float, beta2: float) -> tuple[float, float]:
+        """Set the step's LR (and beta2 where the optimizer has one) on every group; ``(lr, beta2)``
+        as reported (beta2 NaN for an optimizer without one)."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+            if "betas" in g:  # the Adam family; SGD and Adafactor have no constant beta2
+                g["betas"] = (self.beta1, beta2)
+            else:
+                beta2 = float("nan")  # not reported (the writer skips a NaN metric)
+        return lr, beta2
 
     def _local_step(self, step: int, b: int, batches: list, tokens_before: int, *, stream: int, lr_scale: float
                     ) -> StepOutcome:
@@ -380,10 +388,7 @@ class Stepper:
         comm_s = timed_all_reduce(counts)
         comm_bytes = payload_bytes(counts)
         total, n_loss, real, bad = counts.tolist()
-        lr, beta2 = self.schedule.hparams(b, tokens_before + int(real), lr_scale)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-            g["betas"] = (self.beta1, beta2)
+        lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + int(real), lr_scale))
         out = StepOutcome(loss=total / n_loss if n_loss else float("nan"), real_tokens=int(real), noise_estimates=None,
                           lr=lr, beta2=beta2, grad_norm=grad_norm if not bad else float("nan"))
         diverged = out.diverged(self.diverge_at)

@@ -96,7 +96,9 @@ def analyze_trials(
     the budget); ``b_simple`` (the noise-scale series of each batch size's best-at-budget trial);
     ``lr_scaling_exponent_fit`` over the primary target's winning trials with
     ``lr_scaling_exponent_by_chance`` (the same fit on random picks). The primary target is the
-    lowest whose status is ``ok``, else the lowest ``edge``, else the lowest.
+    lowest whose status is ``ok``, else the lowest ``edge``, else the lowest. When the records hold it,
+    ``optimizer_state_bytes_per_param``: the median over the trials of each one's measured optimizer
+    state (bytes per trainable parameter).
     """
     T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
     at_budget = best_at_budget(trials)
@@ -104,6 +106,9 @@ def analyze_trials(
     result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
                               "context_length_tokens": context_length_tokens, "tokens_per_sequence": T,
                               "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}
+    state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
+    if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
+        result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
     if not at_budget:
         result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
@@ -216,7 +221,7 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
     (context length, real tokens per sequence, FLOPs per token, reference batch, and the sweep-level
-    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``). With no
+    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``, ``optimizer``). With no
     other targets or reference batch the result equals that ``cbs.json``.
 
     Raises:
@@ -241,7 +246,7 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
-    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs"):
+    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer"):
         if k in prev and k not in out:
             out[k] = prev[k]
     return out

@@ -70,6 +70,9 @@ class TrialRecord:
     #: the equal-compute scheduler's annotation of its last report (``sweeps.pruning.scheduler.RESULT_KEYS``:
     #: ``rung_decisions``, and ``pruned``, ``pruned_rung``, ``pruned_at_flops`` if it was pruned); empty without pruning
     pruning: dict[str, Any] = field(default_factory=dict)
+    #: bytes of optimizer state per trainable parameter, measured after the trial's first step (its first
+    #: report's ``optimizer_state_bytes_per_param``); None when not reported (older sweeps, a first step that diverged)
+    optimizer_state_bytes_per_param: float | None = None
 
     @property
     def final_loss(self) -> float | None:
@@ -96,9 +99,14 @@ class TrialRecord:
                 tokens=[float(x) for x in d.get("tokens") or []],
                 val_loss=[float(x) if x is not None else math.nan for x in d.get("val_loss") or []],
                 flops=[float(x) if x is not None else math.nan for x in d.get("flops") or []],
-                b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}))
+                b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}),
+                optimizer_state_bytes_per_param=_float_or_none(d.get("optimizer_state_bytes_per_param")))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"a trial record lacks or mistypes a field ({exc!r})") from None
+
+
+def _float_or_none(x: Any) -> float | None:
+    return float(x) if x is not None else None
 
 
 def _last_tokens_by_batch(trials: list[TrialRecord]) -> dict[int, float]:

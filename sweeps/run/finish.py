@@ -86,6 +86,7 @@ def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker) -> tupl
     analysis["sweep_id"] = state.sweep_id
     analysis["flops_per_token"] = c_tok
     analysis["trials_planned"] = spec.n_trials
+    analysis["optimizer"] = spec.optimizer.name
     analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
                           "parent_run_id": state.parent_run_id,
                           "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}

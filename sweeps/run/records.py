@@ -36,7 +36,17 @@ def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, s
         flops=[float(r.get("flops", 0.0)) for r in curve],
         b_simple=[r.get("b_simple") for r in curve],
         pruning=_pruning_of(last),
+        optimizer_state_bytes_per_param=_state_bytes(curve),
     )
+
+
+def _state_bytes(curve: list[dict]) -> float | None:
+    """The first finite ``optimizer_state_bytes_per_param`` of a trial's reports (its first report has it), or None."""
+    for r in curve:
+        v = r.get("optimizer_state_bytes_per_param")
+        if isinstance(v, (int, float)) and v == v:
+            return float(v)
+    return None
 
 
 def _json_lines(path: Path) -> list[dict]:

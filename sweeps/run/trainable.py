@@ -101,7 +101,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         workload=workload_config(spec, data_path=data_path, shards=shards),
         budget_tokens=spec.budget_tokens,
         optimizer=OptimizerConfig(
-            lr=float(config["lr"]), lr_rule=str(config["lr_rule"]), beta1=opt.beta1, beta2=float(config["beta2"]),
+            name=opt.name, lr=float(config["lr"]), lr_rule=str(config["lr_rule"]), beta1=opt.beta1, beta2=float(config["beta2"]),
             beta2_half_life_tokens=float(config["beta2_half_life_tokens"]), eps=opt.eps, weight_decay=opt.weight_decay,
             grad_clip_norm=opt.grad_clip_norm, divergence_loss_factor=opt.divergence_loss_factor),
         schedule=ScheduleConfig(kind=sch.kind, warmup_tokens=sch.warmup_tokens, warmup_min_steps=sch.warmup_min_steps,

@@ -19,10 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
     "OptimizerSpec", "ResourcesSpec", "SyncSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BatchWarmupSpec", "LrRule", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
+    "BatchWarmupSpec", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
 LrRule = Literal["linear", "sqrt", "none"]
+#: ``optimizer.name`` (the same names as ``workloads.config.OPTIMIZER_NAMES``)
+OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
+OPTIMIZER_NAMES = ("adamw", "adafactor", "adamw_8bit", "sgd_momentum")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -337,15 +340,37 @@ class SearchSpec(_Strict):
 
 
 class OptimizerSpec(_Strict):
-    """AdamW settings that are not searched."""
+    """The optimizer and its settings that are not searched (docs/design.md, "Optimizers").
 
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    ``name``: ``adamw`` (``torch.optim.AdamW``, the default), ``adafactor`` (``torch.optim.Adafactor``:
+    no beta1, no constant beta2, eps not read), ``sgd_momentum`` (``torch.optim.SGD`` with momentum
+    ``beta1``: no beta2, eps not read) or ``adamw_8bit`` (``bitsandbytes`` AdamW8bit: a GPU and the
+    ``gpu`` extra). A spec at the default ``adamw`` dumps (and fingerprints) without ``name``.
+    """
+
+    name: OptimizerName = Field(
+        default="adamw", description="adamw | adafactor | adamw_8bit (bitsandbytes, GPU only) | sgd_momentum "
+                                     "(momentum = beta1); adafactor and sgd_momentum have no beta2")
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1; sgd_momentum's momentum; not read by adafactor")
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0, le=10)
     grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
     divergence_loss_factor: float = Field(
         default=1.5, gt=1.0, le=100, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
     )
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # a spec at the default optimizer dumps (and fingerprints) as before optimizer.name existed
+        out = handler(self)
+        if out.get("name") == "adamw":
+            out.pop("name")
+        return out
+
+    @property
+    def reads_beta2(self) -> bool:
+        """Whether this optimizer has a constant beta2 (the Adam family), which ``search.beta2`` sets."""
+        return self.name in ("adamw", "adamw_8bit")
 
 
 class NoiseScaleSpec(_Strict):

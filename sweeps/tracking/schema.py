@@ -20,7 +20,7 @@ __all__ = [
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status",
     "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
-    "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "TRIAL_PARAMS",
+    "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
     "ARTIFACT_CBS",
@@ -111,6 +111,8 @@ METRIC_KEYS = (
     "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
     "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
     "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
+    # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.optim)
+    "optimizer_state_bytes_per_param",
 )
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.
@@ -130,10 +132,12 @@ PARAM_BATCH_SIZE_SEQUENCES = "batch_size_sequences"
 PARAM_LR = "lr"
 PARAM_LR_RULE = "lr_rule"
 PARAM_BETA2 = "beta2"
+#: ``optimizer.name`` of the spec: adamw, adafactor, adamw_8bit or sgd_momentum
+PARAM_OPTIMIZER = "optimizer"
 #: Every param the writer logs on a trial run (a workload may add its own, such as LoRA's rank).
 TRIAL_PARAMS = (
     PARAM_BATCH_SIZE_SEQUENCES, "batch_size_tokens", PARAM_LR, PARAM_LR_RULE, "lr_multiplier", PARAM_BETA2,
-    "beta2_half_life_tokens", "seed", "budget_tokens", "context_length_tokens", "flops_convention",
+    "beta2_half_life_tokens", "seed", "budget_tokens", "context_length_tokens", "flops_convention", PARAM_OPTIMIZER,
 )
 #: The trial params of ``resources``' training options (``sweeps.run.trainable.training_params``), logged on
 #: every trial run beside the batch plan: ``ddp``/``fsdp``, ``True``/``False``, ``auto``/``bf16``/``fp32``.

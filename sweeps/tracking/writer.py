@@ -198,6 +198,7 @@ class Tracker:
             "budget_tokens": self.spec.budget_tokens,
             "context_length_tokens": self.spec.model.context_length_tokens,
             "flops_convention": FLOPS_CONVENTION,
+            schema.PARAM_OPTIMIZER: self.spec.optimizer.name,
             **extra_params,  # may override flops_convention (fine-tuning, LoRA)
         }
         holder: dict[str, str] = {}
