@@ -136,7 +136,9 @@ class ReplicaSync:
         self.outer: torch.optim.Optimizer | None = None
         if cfg.mode == "diloco":  # the initialisation (identical on every rank: the same seed)
             self.anchor = [p.detach().clone().float() for p in params]
-            self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
+            # Nesterov needs a momentum: outer_momentum 0 is plain SGD (and with outer_lr 1, local SGD)
+            self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                                         nesterov=cfg.outer_momentum > 0)
         self._scratch: torch.nn.Module | None = None
 
     def due(self, step: int) -> bool:
