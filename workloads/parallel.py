@@ -214,13 +214,16 @@ def fsdp_bytes_per_micro_batch(model: torch.nn.Module) -> int:
     is reduce-scattered (input: the whole, unpadded gradient). FSDP's padding of uneven shards is
     not counted. Convention: ``workloads.sync``.
     """
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     def local_bytes(p: torch.Tensor) -> int:
         t = p.to_local() if isinstance(p, DTensor) else p
         return t.numel() * t.element_size()
 
-    in_layers = {id(p) for layer in decoder_layers(model) for p in layer.parameters()}
+    # the sharded decoder layers: every FSDP module but the root (fully_shard renames their classes)
+    in_layers = {id(p) for m in model.modules() if isinstance(m, FSDPModule) and m is not model
+                 for p in m.parameters()}
     params = list(model.parameters())
     forward = sum(local_bytes(p) for p in params)
     backward = sum(local_bytes(p) for p in params if id(p) in in_layers)
