@@ -16,7 +16,7 @@ an exact round trip). Every size carries its unit in its name.
       batch: BatchConfig           global batch, micro-batch cap, batch-size warmup
       eval: EvalConfig             report milestones, held-out tokens, checkpoint cadence
       noise_scale: NoiseScaleConfig
-      training: TrainingConfig     data parallelism (ddp, fsdp), compile, activation checkpointing, precision
+      training: TrainingConfig     data parallelism (ddp, fsdp), sync (ddp, local_sgd, diloco), compile, ...
       rung_gate: RungGateConfig | None   pruning mode "pause"
       faults: FaultPlan | None           set by tests only
 """
@@ -48,6 +48,8 @@ __all__ = [
     "TrainingConfig",
     "PARALLELISMS",
     "MIXED_PRECISIONS",
+    "SyncConfig",
+    "SYNC_MODES",
     "RungGateConfig",
     "FaultPlan",
     "WORKLOAD_NAMES",
@@ -62,6 +64,8 @@ OPTIMIZER_NAMES = ("adamw", "adafactor", "adamw_8bit", "sgd_momentum")
 PARALLELISMS = ("ddp", "fsdp")
 #: ``TrainingConfig.mixed_precision``: ``auto`` is bf16 autocast on CUDA, float32 elsewhere
 MIXED_PRECISIONS = ("auto", "bf16", "fp32")
+#: ``SyncConfig.mode``: a gradient all-reduce every step, or replicas that synchronise every H steps
+SYNC_MODES = ("ddp", "local_sgd", "diloco")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,6 +319,47 @@ class NoiseScaleConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SyncConfig:
+    """How the data-parallel workers synchronise (``workloads.sync``).
+
+    Attributes:
+        mode: ``"ddp"`` (the step's gradient is all-reduced every step), ``"local_sgd"`` (each
+            worker is a replica that steps its own optimizer on its own slice of the global batch;
+            the parameters are averaged every ``every_steps`` optimizer steps; Stich 2019,
+            arXiv:1805.09767; Lin et al. 2020, arXiv:1808.07217) or ``"diloco"`` (the same inner
+            steps; every ``every_steps`` steps an outer SGD step with Nesterov momentum on the
+            anchor weights, whose gradient is ``anchor - mean of the replicas``; Douillard et al.
+            2023, arXiv:2311.08105, Algorithm 1).
+        every_steps: ``H``, optimizer steps between synchronisations (not read under ddp).
+        outer_lr: DiLoCo's outer learning rate (0.7 in Douillard et al. 2023, section 3).
+        outer_momentum: DiLoCo's outer Nesterov momentum (0.9 in Douillard et al. 2023, section 3).
+
+    Raises:
+        ValueError: an unknown mode, ``every_steps < 1``, ``outer_lr <= 0``, a momentum outside [0, 1).
+    """
+
+    mode: str = "ddp"
+    every_steps: int = 16
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.mode not in SYNC_MODES:
+            raise ValueError(f"training.sync.mode must be one of {list(SYNC_MODES)}, got {self.mode!r}")
+        if isinstance(self.every_steps, bool) or not isinstance(self.every_steps, int) or self.every_steps < 1:
+            raise ValueError(f"training.sync.every_steps must be an integer >= 1, got {self.every_steps!r}")
+        if not self.outer_lr > 0:
+            raise ValueError(f"training.sync.outer_lr must be > 0, got {self.outer_lr!r}")
+        if not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"training.sync.outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+
+    @property
+    def local(self) -> bool:
+        """Whether the workers are replicas that train apart between synchronisations."""
+        return self.mode != "ddp"
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """How the model is run (``workloads.parallel``); none of it changes the step's mathematics.
 
@@ -328,15 +373,18 @@ class TrainingConfig:
         mixed_precision: ``"auto"`` (bf16 autocast on CUDA, float32 elsewhere), ``"bf16"`` (bf16
             autocast on any device, CPU autocast included) or ``"fp32"``; weights, gradients and
             optimizer state stay float32.
+        sync: how the workers synchronise (:class:`SyncConfig`; local_sgd and diloco only under ddp).
 
     Raises:
-        ValueError: an unknown ``parallelism`` or ``mixed_precision``, a non-boolean flag.
+        ValueError: an unknown ``parallelism`` or ``mixed_precision``, a non-boolean flag, a
+            local_sgd or diloco ``sync`` under fsdp.
     """
 
     parallelism: str = "ddp"
     compile: bool = False
     activation_checkpointing: bool = False
     mixed_precision: str = "auto"
+    sync: SyncConfig = SyncConfig()
 
     def __post_init__(self) -> None:
         if self.parallelism not in PARALLELISMS:
@@ -347,6 +395,9 @@ class TrainingConfig:
         for name in ("compile", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"training.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.sync.local and self.parallelism != "ddp":
+            raise ValueError(f"training.sync.mode {self.sync.mode!r} needs parallelism 'ddp' (every replica holds "
+                             f"the whole model), got {self.parallelism!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,11 @@ too at the last milestone (or every one, ``eval.raw_every_milestone``); ``wsd`` 
 weights, then runs a short linear-decay branch (stream 1 of the data, its own batches) and
 evaluates its end, then restores the model and optimizer to the stable branch. Every forward and
 decay step is measurement compute, returned so the loop logs it as ``flops_measurement``.
+
+Under ``training.sync.mode`` local_sgd or diloco every loss is that of the mean over the replicas of
+the weights evaluated (their EMA weights, raw weights, or decayed-branch ends: each replica decays
+its own, without synchronising), averaged into a scratch copy (``workloads.sync.ReplicaSync.averaged``,
+an evaluation collective, not counted as communication); the training state is untouched.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from workloads.ema import WeightEMA
 from workloads.parallel import is_sharded
 from workloads.schedule import BatchPhase, wsd_branch_steps, wsd_lr_scale
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, forward_logits
+from workloads.sync import ReplicaSync
 
 __all__ = ["evaluate", "EvalResult", "MilestoneEvaluator"]
 
@@ -76,14 +82,18 @@ class MilestoneEvaluator:
         val_set: the fixed held-out batches.
         flops_per_token: training FLOPs per token (a forward is a third of them).
         stepper: runs the WSD decay branch.
+        sync: local_sgd / diloco replicas, whose mean weights are evaluated; None under ddp and fsdp.
     """
 
     def __init__(self, cfg: TrialConfig, *, model: torch.nn.Module, ema: WeightEMA | None,
-                 val_set: list[tuple[Any, torch.Tensor]], flops_per_token: float, stepper: Stepper):
+                 val_set: list[tuple[Any, torch.Tensor]], flops_per_token: float, stepper: Stepper,
+                 sync: ReplicaSync | None = None):
         self.cfg, self.model, self.ema, self.val_set = cfg, model, ema, val_set
-        self.flops_per_token, self.stepper = flops_per_token, stepper
+        self.flops_per_token, self.stepper, self.sync = flops_per_token, stepper, sync
 
     def _loss(self, model: torch.nn.Module) -> float:
+        if self.sync is not None:
+            model = self.sync.averaged(model)
         return evaluate(model, self.val_set, self.stepper.device, self.stepper.autocast_dtype)
 
     def __call__(self, *, step: int, tokens_seen: int, phase: BatchPhase) -> EvalResult:

@@ -27,6 +27,7 @@ from workloads.parallel import (autocast_dtype, full_model_state, full_optimizer
                                 is_sharded, load_model_state, load_optimizer_state, prepare_model)
 from workloads.schedule import BatchPhase, Schedule, batch_phases
 from workloads.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
+from workloads.sync import CommCounters, ReplicaSync, to_cpu
 
 __all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter", "LoopCounters", "evaluate", "IGNORE_INDEX"]
 
@@ -112,7 +113,9 @@ def run_loop(
     ``flops`` (training FLOPs so far: ``flops_per_token * tokens_seen``), ``flops_measurement``
     (evaluation and decay branches), ``lr``, ``beta2``, ``batch_size_sequences_now``,
     ``tokens_per_s``, ``mfu`` (None off CUDA or on an unknown device), ``b_simple``,
-    ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``status`` (``running``,
+    ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``comm_bytes_per_step``,
+    ``comm_bytes_total``, ``comm_time_s`` and ``syncs`` (this worker's communication in training,
+    :class:`workloads.sync.CommCounters`), ``status`` (``running``,
     ``completed`` or ``diverged``), ``done`` and ``objective``; the last report of a batch-size
     warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
     ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
@@ -166,6 +169,7 @@ def run_loop(
         last_report_wall, last_report_tokens = now, c.tokens_seen
         metrics = _metrics(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
                            tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done)
+        metrics.update(run.comm.metrics())
         if done and cfg.batch.warmup:
             first_b = run.schedule.phases[0].batch_size_sequences
             metrics["steps_saved_vs_initial_batch"] = -(-c.tokens_seen // (first_b * cfg.context_length_tokens)) - c.step
@@ -188,7 +192,8 @@ def run_loop(
 class _Training:
     """The objects of one trial's loop: schedule, optimizer, weight and noise-scale EMAs, stepper, evaluator.
 
-    Built in this order on every rank (none draws from the torch RNG).
+    Built in this order on every rank (none draws from the torch RNG). Under ``training.sync.mode``
+    local_sgd or diloco also the replicas' :class:`workloads.sync.ReplicaSync`.
     """
 
     def __init__(self, cfg: TrialConfig, work: Workload, device: torch.device):
@@ -205,13 +210,16 @@ class _Training:
         self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens, eval_model=eval_model)
                     if with_ema else None)
         self.ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
+        self.sync = ReplicaSync(tr.sync, self.model, self.params) if tr.sync.local else None
+        self.comm = CommCounters()
         self.diverge_at = o.divergence_loss_factor * math.log(work.vocab_size)
         self.stepper = Stepper(model=self.model, params=self.params, opt=self.opt, work=work, schedule=self.schedule,
                                device=device, beta1=o.beta1, grad_clip_norm=o.grad_clip_norm,
                                diverge_at=self.diverge_at, noise_scale=cfg.noise_scale.enabled,
-                               autocast_dtype=autocast_dtype(tr.mixed_precision, device), sharded=self.sharded)
+                               autocast_dtype=autocast_dtype(tr.mixed_precision, device), sharded=self.sharded,
+                               sync=self.sync)
         self.evaluator = MilestoneEvaluator(cfg, model=self.model, ema=self.ema, val_set=work.val_batches(),
-                                            flops_per_token=work.flops_per_token, stepper=self.stepper)
+                                            flops_per_token=work.flops_per_token, stepper=self.stepper, sync=self.sync)
 
     def train_step(self, c: LoopCounters, phase: BatchPhase) -> StepOutcome:
         """One optimizer step at ``c``'s position; advances ``c`` and the EMAs (not after a diverged step)."""
@@ -220,6 +228,7 @@ class _Training:
         c.train_time_s += time.perf_counter() - t0
         c.step += 1
         c.tokens_seen += out.real_tokens
+        self.comm.add(bytes_=out.comm_bytes, time_s=out.comm_time_s, synced=out.synced)
         if out.noise_estimates is not None:
             self.ns.update(*out.noise_estimates)
         if not out.diverged(self.diverge_at):
@@ -252,12 +261,19 @@ class _Training:
         Under fsdp every rank must call it (the state is gathered); only rank 0 gets it.
 
         Keys: ``model``, ``optimizer``, ``ema_raw`` (the EMA buffers, ``[]`` without one),
-        ``noise_scale``, ``loop`` (:meth:`LoopCounters.state`) and ``rng_cpu`` (the torch CPU RNG).
+        ``noise_scale``, ``loop`` (:meth:`LoopCounters.state`), ``rng_cpu`` (the torch CPU RNG) and
+        ``comm`` (:class:`workloads.sync.CommCounters`, rank 0's). Under local_sgd and diloco the
+        replicas differ between synchronisations: every rank's ``model``, ``optimizer``, ``ema_raw``
+        and ``rng_cpu`` are gathered to rank 0 (a collective) into ``replicas`` (a list by rank, each
+        rank restores its own), the top-level ones being rank 0's, and ``sync`` holds DiLoCo's anchor
+        and outer optimizer (:meth:`workloads.sync.ReplicaSync.state_dict`).
         """
         every = self.cfg.eval.checkpoint_every_milestones
         if every <= 0 or c.milestone_idx % every:
             return None
         ema = self.ema
+        if self.sync is not None:
+            return self._replica_checkpoint(c)
         if self.sharded:  # gathered to rank 0 (collectives: every rank takes part), in the ddp format
             model, opt = full_model_state(self.model), full_optimizer_state(self.model, self.opt)
             ema_raw = full_tensors(ema.buffers) if ema is not None else []
@@ -268,10 +284,44 @@ class _Training:
         if self.rank != 0:
             return None
         return {"model": model, "optimizer": opt, "ema_raw": ema_raw, "noise_scale": self.ns.state_dict(),
-                "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state()}
+                "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state(),
+                "comm": self.comm.state_dict()}
+
+    def _replica_checkpoint(self, c: LoopCounters) -> dict[str, Any] | None:
+        """:meth:`checkpoint` under local_sgd / diloco: every replica's state gathered to rank 0."""
+        import torch.distributed as dist
+
+        ema = self.ema
+        mine = to_cpu({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                       "ema_raw": ema.buffers if ema is not None else [], "rng_cpu": torch.get_rng_state()})
+        gathered: list[Any] | None = [None] * self.stepper.world if self.rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if self.rank != 0:
+            return None
+        first = gathered[0]
+        return {"model": first["model"], "optimizer": first["optimizer"], "ema_raw": first["ema_raw"],
+                "noise_scale": self.ns.state_dict(), "loop": c.state(ema.weight if ema is not None else 0.0),
+                "rng_cpu": first["rng_cpu"], "comm": self.comm.state_dict(), "replicas": gathered,
+                "sync": self.sync.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> LoopCounters:
-        """Load a state saved with a report into the model, optimizer, EMAs and torch RNG; its counters."""
+        """Load a state saved with a report into the model, optimizer, EMAs and torch RNG; its counters.
+
+        A state with ``replicas`` (local_sgd, diloco) gives each rank its own entry.
+
+        Raises:
+            ValueError: a state with ``replicas`` for another number of ranks.
+        """
+        replicas = state.get("replicas")
+        if replicas is not None:
+            if len(replicas) != self.stepper.world:
+                raise ValueError(f"the checkpoint holds {len(replicas)} replicas, this trial runs "
+                                 f"{self.stepper.world} workers")
+            state = {**state, **replicas[self.rank]}
+        if self.sync is not None:  # diloco refuses a state without its anchor
+            self.sync.load_state_dict(state.get("sync", {}))
+        if "comm" in state:
+            self.comm.load_state_dict(state["comm"])
         if self.sharded:  # every rank holds the whole state: each loads its shards
             load_model_state(self.model, state["model"])
             load_optimizer_state(self.model, self.opt, state["optimizer"])

@@ -27,7 +27,7 @@ from workloads.config import TrainingConfig
 
 __all__ = ["autocast_dtype", "adamw_impl", "prepare_model", "is_sharded", "decoder_layers", "full_model_state",
            "load_model_state", "full_optimizer_state", "load_optimizer_state", "full_tensors", "copy_full_into",
-           "global_sq_norm"]
+           "global_sq_norm", "fsdp_bytes_per_micro_batch"]
 
 
 def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
@@ -203,3 +203,29 @@ def global_sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     sq = torch.stack([n.float() for n in torch._foreach_norm(local)]).pow(2).sum()
     dist.all_reduce(sq)
     return sq
+
+
+def fsdp_bytes_per_micro_batch(model: torch.nn.Module) -> int:
+    """Payload bytes this rank hands to FSDP2's own collectives per training micro-batch (counted, not timed).
+
+    The forward all-gathers every parameter (input: this rank's shard), the backward all-gathers
+    the decoder layers' again (FSDP2 keeps the root's gathered after the forward:
+    ``reshard_after_forward`` is False for the root), and each trainable parameter's full gradient
+    is reduce-scattered (input: the whole, unpadded gradient). FSDP's padding of uneven shards is
+    not counted. Convention: ``workloads.sync``.
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    def local_bytes(p: torch.Tensor) -> int:
+        t = p.to_local() if isinstance(p, DTensor) else p
+        return t.numel() * t.element_size()
+
+    # the sharded decoder layers: every FSDP module but the root (fully_shard renames their classes)
+    in_layers = {id(p) for m in model.modules() if isinstance(m, FSDPModule) and m is not model
+                 for p in m.parameters()}
+    params = list(model.parameters())
+    forward = sum(local_bytes(p) for p in params)
+    backward = sum(local_bytes(p) for p in params if id(p) in in_layers)
+    reduce_scatter = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    return forward + backward + reduce_scatter

@@ -102,7 +102,8 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
                  save_dir: str | None = None) -> TrainingOutcome:
     """Run one pretraining trial; if ``save_dir`` is given, save a Hugging Face checkpoint there at the end.
 
-    Under fsdp every rank gathers the full weights for it (rank 0, the one with ``save_dir``, saves).
+    Under fsdp every rank gathers the full weights for it (rank 0, the one with ``save_dir``, saves);
+    under local_sgd and diloco the saved weights are the mean over the replicas (an all-reduce).
     """
     work = build_pretrain(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
@@ -110,6 +111,10 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
     full = None
     if outcome.status == "completed" and is_sharded(work.model):  # a collective: on every rank
         full = full_model_state(work.model)
+    elif outcome.status == "completed" and cfg.training.sync.local:  # the replicas' mean weights (a collective)
+        from workloads.sync import replica_mean_state_dict
+
+        full = replica_mean_state_dict(work.model)
     if save_dir is not None and outcome.status == "completed":
         try:
             save_pretrained_byte(work.model, cfg, save_dir, state_dict=full)

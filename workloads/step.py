@@ -10,7 +10,10 @@ all-reduced once before the backward passes, micro-batch gradients are summed, a
 gives the gradient-noise-scale estimator its small- and big-batch norms at no extra
 forward/backward cost. Under FSDP (:func:`sharded_step_gradient`) each micro-batch's gradient is
 reduce-scattered as soon as its backward ends. :class:`Stepper` draws the batches, sets the step's LR and beta2 from the
-:class:`workloads.schedule.Schedule`, clips and applies the update unless the step diverged.
+:class:`workloads.schedule.Schedule`, clips and applies the update unless the step diverged. Under
+``training.sync.mode`` local_sgd or diloco (:mod:`workloads.sync`) each worker steps on its own
+slice's gradient (:func:`step_gradient` with ``reduce=False``) and the replicas synchronise every
+``H`` steps.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 
 from workloads.noise_scale import step_estimates
 from workloads.schedule import BatchPhase, Schedule
+from workloads.sync import ReplicaSync, payload_bytes, timed_all_reduce
 
 __all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "sharded_step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
            "forward_logits"]
@@ -68,6 +72,8 @@ class StepGradient:
             one's *mean* gradient (its own token mean), or None when not asked for.
         big_sq_norm: squared norm of ``grads``, or None when not asked for.
         micro_batches: micro-batches with loss tokens over all workers (``K`` of the estimator).
+        comm_bytes: payload bytes this rank handed to the step's collectives (``workloads.sync``).
+        comm_time_s: wall seconds inside those collectives.
     """
 
     grads: list[torch.Tensor]
@@ -77,6 +83,8 @@ class StepGradient:
     small_sq_norm_mean: float | None
     big_sq_norm: float | None
     micro_batches: int
+    comm_bytes: int = 0
+    comm_time_s: float = 0.0
 
 
 def step_gradient(
@@ -88,6 +96,7 @@ def step_gradient(
     real_tokens: Callable[[Any, torch.Tensor], int],
     autocast_dtype: torch.dtype | None = None,
     noise_scale: bool = False,
+    reduce: bool = True,
 ) -> StepGradient:
     """Forward, backward and all-reduce of one optimizer step; this rank holds ``micro_batches``.
 
@@ -99,13 +108,20 @@ def step_gradient(
     gradient, ``|grad_j|^2`` is rescaled by ``(N / n_j)^2``; micro-batches without loss tokens are
     left out of it. With equal micro-batches in which every token counts (pretraining) this is the
     old mean of micro-batch means.
+
+    With ``reduce=False`` (a local_sgd or diloco replica) nothing is communicated: the result is
+    this rank's own gradient of (its token-loss sum) / (its loss tokens), and the counts are its own.
     """
     _, world = dist_info()
+    if not reduce:
+        world = 1
     n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
     n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
     counts = torch.tensor([sum(n_loss), n_real, sum(1 for n in n_loss if n)], dtype=torch.float64, device=device)
+    comm_bytes, comm_s = 0, 0.0
     if world > 1:
-        dist.all_reduce(counts)
+        comm_s += timed_all_reduce(counts)
+        comm_bytes += payload_bytes(counts)
     n_global, real_global, k_global = (int(v) for v in counts.tolist())
     scale = 1.0 / max(n_global, 1)
     acc: list[torch.Tensor] | None = None
@@ -128,7 +144,8 @@ def step_gradient(
         raise ValueError("a step needs at least one micro-batch")
     if world > 1:
         flat = torch.cat([g.reshape(-1) for g in acc] + [small_sq.reshape(1), loss_sum.reshape(1)])
-        dist.all_reduce(flat)
+        comm_s += timed_all_reduce(flat)
+        comm_bytes += payload_bytes(flat)
         offset = 0
         for g in acc:
             n = g.numel()
@@ -141,7 +158,7 @@ def step_gradient(
         big_sq = float(torch.stack(torch._foreach_norm(acc)).float().pow(2).sum())
     return StepGradient(grads=acc, loss=float(loss_sum) / n_global if n_global else float("nan"), loss_tokens=n_global,
                         real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
-                        micro_batches=k_global)
+                        micro_batches=k_global, comm_bytes=comm_bytes, comm_time_s=comm_s)
 
 
 
@@ -176,7 +193,7 @@ def sharded_step_gradient(
     n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
     n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
     counts = torch.tensor([sum(n_loss), n_real, *n_loss], dtype=torch.float64, device=device)
-    dist.all_reduce(counts)
+    comm_s = timed_all_reduce(counts)
     n_global, real_global = int(counts[0]), int(counts[1])
     n_group = [int(v) for v in counts[2:].tolist()]
     scale = 1.0 / max(n_global, 1)
@@ -203,7 +220,7 @@ def sharded_step_gradient(
         local[1] += token_sum.detach().float()
     if acc is None:
         raise ValueError("a step needs at least one micro-batch")
-    dist.all_reduce(local)
+    comm_s += timed_all_reduce(local)
     k_global = sum(1 for n in n_group if n)
     small_mean = big_sq = None
     if noise_scale:
@@ -213,7 +230,8 @@ def sharded_step_gradient(
         big_sq = float(global_sq_norm(acc))
     return StepGradient(grads=acc, loss=float(local[1]) / n_global if n_global else float("nan"),
                         loss_tokens=n_global, real_tokens=real_global, small_sq_norm_mean=small_mean,
-                        big_sq_norm=big_sq, micro_batches=k_global)
+                        big_sq_norm=big_sq, micro_batches=k_global,
+                        comm_bytes=payload_bytes(counts) + payload_bytes(local), comm_time_s=comm_s)
 
 
 class TrainBatches(Protocol):
@@ -235,7 +253,11 @@ class StepOutcome:
         noise_estimates: the step's ``(|G|^2, tr(Sigma))`` estimates, or None (estimator off, or
             fewer than two micro-batches with loss tokens).
         lr, beta2: the step's learning rate and Adam beta2 (NaN for an optimizer without one).
-        grad_norm: the global gradient norm before clipping.
+        grad_norm: the global gradient norm before clipping (local_sgd, diloco: this replica's own
+            gradient's, NaN on every rank when any replica's is not finite).
+        comm_bytes, comm_time_s: payload bytes this rank handed to the step's collectives and the
+            seconds inside them (``workloads.sync``), FSDP's own all-gathers and reduce-scatters included.
+        synced: the step synchronised the workers (every step under ddp and fsdp with 2+ workers).
     """
 
     loss: float
@@ -244,6 +266,9 @@ class StepOutcome:
     lr: float
     beta2: float
     grad_norm: float
+    comm_bytes: int = 0
+    comm_time_s: float = 0.0
+    synced: bool = False
 
     def diverged(self, diverge_at: float) -> bool:
         """Whether the loss is non-finite or above ``diverge_at`` nats, or the gradient norm non-finite."""
@@ -266,20 +291,31 @@ class Stepper:
         autocast_dtype: the forward's autocast dtype, None for float32; default ``"auto"``: bf16 on
             CUDA, float32 elsewhere (``workloads.parallel.autocast_dtype``).
         sharded: the model is sharded by FSDP2 (:func:`sharded_step_gradient`; ``params`` DTensors).
+        sync: local_sgd or diloco replicas (:class:`workloads.sync.ReplicaSync`): no gradient
+            all-reduce, a synchronisation after every ``H``-th step of training (stream 0; a WSD
+            decay branch never synchronises); the noise-scale estimator is then off (no global
+            gradient). None: ddp or fsdp.
     """
 
     def __init__(self, *, model: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
                  work: TrainBatches, schedule: Schedule, device: torch.device, beta1: float,
                  grad_clip_norm: float | None, diverge_at: float, noise_scale: bool,
-                 autocast_dtype: torch.dtype | None | str = "auto", sharded: bool = False):
+                 autocast_dtype: torch.dtype | None | str = "auto", sharded: bool = False,
+                 sync: ReplicaSync | None = None):
         self.model, self.params, self.opt, self.work, self.schedule = model, params, opt, work, schedule
         self.device, self.beta1, self.grad_clip_norm = device, beta1, grad_clip_norm
-        self.diverge_at, self.noise_scale, self.sharded = diverge_at, noise_scale, sharded
+        self.diverge_at, self.noise_scale, self.sharded = diverge_at, noise_scale and sync is None, sharded
+        self.sync = sync
         if autocast_dtype == "auto":
             autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
         self.autocast_dtype = autocast_dtype
         self.rank, self.world = dist_info()
         self._gradient = sharded_step_gradient if sharded else step_gradient
+        self._fsdp_bytes = 0  # FSDP's own collectives per micro-batch (counted, not timed)
+        if sharded:
+            from workloads.parallel import fsdp_bytes_per_micro_batch
+
+            self._fsdp_bytes = fsdp_bytes_per_micro_batch(model)
 
     def step(self, step: int, phase: BatchPhase, tokens_before: int, *, stream: int = 0, lr_scale: float = 1.0
              ) -> StepOutcome:
@@ -294,19 +330,15 @@ class Stepper:
         batches = [self.work.train_batch(step=step, global_batch_size_sequences=b,
                                          start=self.rank * per_worker + j * micro, count=micro, stream=stream)
                    for j in range(k)]
+        if self.sync is not None:
+            return self._local_step(step, b, batches, tokens_before, stream=stream, lr_scale=lr_scale)
         sg = self._gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
                             autocast_dtype=self.autocast_dtype, noise_scale=self.noise_scale)
         est = None
         if self.noise_scale and sg.micro_batches >= 2:  # fsdp: the small batch is one micro-batch of every worker
             b_small = micro * self.world if self.sharded else micro
             est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, b_small, sg.micro_batches)
-        lr, beta2 = self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-            if "betas" in g:  # the Adam family; SGD and Adafactor have no constant beta2
-                g["betas"] = (self.beta1, beta2)
-            else:
-                beta2 = float("nan")  # not reported (the writer skips a NaN metric)
+        lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale))
         for p, g in zip(self.params, sg.grads):
             p.grad = g
         if self.sharded:
@@ -316,11 +348,59 @@ class Stepper:
         else:
             grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
         out = StepOutcome(loss=sg.loss, real_tokens=sg.real_tokens, noise_estimates=est, lr=lr, beta2=beta2,
-                          grad_norm=grad_norm)
+                          grad_norm=grad_norm, comm_bytes=sg.comm_bytes + self._fsdp_bytes * len(batches),
+                          comm_time_s=sg.comm_time_s, synced=self.world > 1)
         if not out.diverged(self.diverge_at):
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return out
+
+    def _set_hparams(self, lr: float, beta2: float) -> tuple[float, float]:
+        """Set the step's LR (and beta2 where the optimizer has one) on every group; ``(lr, beta2)``
+        as reported (beta2 NaN for an optimizer without one)."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+            if "betas" in g:  # the Adam family; SGD and Adafactor have no constant beta2
+                g["betas"] = (self.beta1, beta2)
+            else:
+                beta2 = float("nan")  # not reported (the writer skips a NaN metric)
+        return lr, beta2
+
+    def _local_step(self, step: int, b: int, batches: list, tokens_before: int, *, stream: int, lr_scale: float
+                    ) -> StepOutcome:
+        """A local_sgd / diloco replica's step: its own gradient, clipped, its own update, a sync when due.
+
+        One small all-reduce per step (float64 ``[loss sum, loss tokens, real tokens, replicas with a
+        non-finite gradient norm]``) gives every rank the global loss and tokens seen, so the loop's
+        LR, milestones and divergence decision are the same on every rank.
+        """
+        sg = step_gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
+                           autocast_dtype=self.autocast_dtype, noise_scale=False, reduce=False)
+        for p, g in zip(self.params, sg.grads):
+            p.grad = g
+        if self.grad_clip_norm is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
+        else:
+            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
+        loss_sum = sg.loss * sg.loss_tokens if sg.loss_tokens else 0.0
+        counts = torch.tensor([loss_sum, sg.loss_tokens, sg.real_tokens, 0.0 if math.isfinite(grad_norm) else 1.0],
+                              dtype=torch.float64, device=self.device)
+        comm_s = timed_all_reduce(counts)
+        comm_bytes = payload_bytes(counts)
+        total, n_loss, real, bad = counts.tolist()
+        lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + int(real), lr_scale))
+        out = StepOutcome(loss=total / n_loss if n_loss else float("nan"), real_tokens=int(real), noise_estimates=None,
+                          lr=lr, beta2=beta2, grad_norm=grad_norm if not bad else float("nan"))
+        diverged = out.diverged(self.diverge_at)
+        if not diverged:
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        synced = stream == 0 and not diverged and self.sync.due(step)
+        if synced:
+            nbytes, seconds = self.sync.synchronize()
+            comm_bytes, comm_s = comm_bytes + nbytes, comm_s + seconds
+        return StepOutcome(loss=out.loss, real_tokens=out.real_tokens, noise_estimates=None, lr=lr, beta2=beta2,
+                           grad_norm=out.grad_norm, comm_bytes=comm_bytes, comm_time_s=comm_s, synced=synced)
 
     def _sharded_grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The global norm of the sharded gradient (an all-reduce), clipped in place when asked."""

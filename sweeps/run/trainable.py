@@ -25,6 +25,7 @@ from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
     EvalConfig,
+    SyncConfig,
     FaultPlan,
     NoiseScaleConfig,
     OptimizerConfig,
@@ -120,18 +121,33 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
 
 
 def training_config(spec: SweepSpec) -> TrainingConfig:
-    """The spec's ``resources.parallelism``, ``compile``, ``activation_checkpointing`` and ``mixed_precision``."""
+    """The spec's ``resources.parallelism``, ``compile``, ``activation_checkpointing``, ``mixed_precision``
+    and ``sync``."""
     r = spec.resources
+    y = r.sync
     return TrainingConfig(parallelism=r.parallelism, compile=r.compile, activation_checkpointing=r.activation_checkpointing,
-                          mixed_precision=r.mixed_precision)
+                          mixed_precision=r.mixed_precision,
+                          sync=SyncConfig(mode=y.mode, every_steps=y.every_steps, outer_lr=y.outer_lr,
+                                          outer_momentum=y.outer_momentum))
 
 
 def training_params(spec: SweepSpec) -> dict[str, Any]:
-    """The trial params of :func:`training_config`, named by ``sweeps.tracking.schema.TRAINING_PARAMS``."""
+    """The trial params of :func:`training_config`, named by ``sweeps.tracking.schema.TRAINING_PARAMS``
+    (and ``SYNC_OUTER_PARAMS`` under diloco).
+
+    ``sync`` is the mode, ``replicas`` the workers per trial, ``sync_every_steps`` the optimizer
+    steps between synchronisations (1 under ddp: every step).
+    """
     t = training_config(spec)
-    return {schema.PARAM_PARALLELISM: t.parallelism, schema.PARAM_COMPILE: t.compile,
-            schema.PARAM_ACTIVATION_CHECKPOINTING: t.activation_checkpointing,
-            schema.PARAM_MIXED_PRECISION: t.mixed_precision}
+    y = t.sync
+    out = {schema.PARAM_PARALLELISM: t.parallelism, schema.PARAM_COMPILE: t.compile,
+           schema.PARAM_ACTIVATION_CHECKPOINTING: t.activation_checkpointing,
+           schema.PARAM_MIXED_PRECISION: t.mixed_precision, schema.PARAM_SYNC: y.mode,
+           schema.PARAM_SYNC_EVERY_STEPS: y.every_steps if y.local else 1,
+           schema.PARAM_REPLICAS: spec.resources.workers_per_trial}
+    if y.mode == "diloco":
+        out.update({schema.PARAM_OUTER_LR: y.outer_lr, schema.PARAM_OUTER_MOMENTUM: y.outer_momentum})
+    return out
 
 
 def faults_from_env() -> FaultPlan | None:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
-    "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
+    "OptimizerSpec", "ResourcesSpec", "SyncSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
     "BatchWarmupSpec", "COMPARISON_TAG_KEYS", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS",
     "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
@@ -411,6 +411,30 @@ _TRAINING_DEFAULTS = {"parallelism": "ddp", "compile": False, "activation_checkp
                       "mixed_precision": "auto"}
 
 
+class SyncSpec(_Strict):
+    """How a trial's workers synchronise (``resources.sync``; ``workloads.sync``).
+
+    ``ddp``: the step's gradient is all-reduced every optimizer step. ``local_sgd`` and ``diloco``:
+    each of the ``resources.workers_per_trial`` workers is a replica that trains on its slice of the
+    global batch (global batch = replicas x local batch) with its own optimizer, and the replicas
+    synchronise every ``every_steps`` optimizer steps: local SGD averages their parameters (Stich
+    2019, arXiv:1805.09767); DiLoCo takes an outer SGD step with Nesterov momentum on the anchor
+    weights, the outer gradient being the anchor minus the replicas' mean (Douillard et al. 2023,
+    arXiv:2311.08105, Algorithm 1; ``outer_lr`` 0.7 and ``outer_momentum`` 0.9 are their section 3
+    values). The noise-scale estimator is off under local_sgd and diloco (no global gradient per
+    step: no ``b_simple``). With ``mode: ddp`` the section is left out of the dump (and fingerprint).
+    """
+
+    mode: Literal["ddp", "local_sgd", "diloco"] = Field(
+        default="ddp", description="ddp: gradient all-reduce every step; local_sgd: parameter averaging every "
+                                   "every_steps steps; diloco: an outer Nesterov step every every_steps steps")
+    every_steps: PositiveInt = Field(default=16, le=1_000_000,
+                                     description="H: optimizer steps between synchronisations (local_sgd, diloco)")
+    outer_lr: float = Field(default=0.7, gt=0, le=100, description="DiLoCo's outer learning rate (Douillard et al. 2023: 0.7)")
+    outer_momentum: float = Field(default=0.9, ge=0, lt=1,
+                                  description="DiLoCo's outer Nesterov momentum (Douillard et al. 2023: 0.9)")
+
+
 class ResourcesSpec(_Strict):
     """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
 
@@ -434,11 +458,15 @@ class ResourcesSpec(_Strict):
     activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
     mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
+    sync: SyncSpec = Field(default_factory=SyncSpec,
+                           description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         # a spec that leaves the training options at their defaults dumps (and fingerprints) as before they existed
         out = handler(self)
+        if self.sync.mode == "ddp":  # its other fields are not read under ddp: the section as before it existed
+            out.pop("sync", None)
         return {k: v for k, v in out.items() if k not in _TRAINING_DEFAULTS or v != _TRAINING_DEFAULTS[k]}
 
 

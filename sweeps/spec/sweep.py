@@ -186,6 +186,7 @@ class SweepSpec(_Strict):
         if self.workload == "pretrain" and self.finetune is not None:
             errs.append("finetune: only allowed when workload is 'finetune'")
         errs += self._parallelism_errors()
+        errs += self._sync_errors()
         errs += self._optimizer_errors()
         if errs:
             raise ValueError("; ".join(errs))
@@ -255,6 +256,28 @@ class SweepSpec(_Strict):
         if self.branch is not None:
             errs.append("resources.parallelism: fsdp cannot run branch (branched training runs each branch in one "
                         "process); use ddp")
+        return errs
+
+    def _sync_errors(self) -> list[str]:
+        """``resources.sync`` local_sgd / diloco: 2+ workers (the replicas), ddp, pretrain, no branch,
+        no batch warmup."""
+        r = self.resources
+        mode = r.sync.mode
+        if mode == "ddp":
+            return []
+        errs = []
+        if r.workers_per_trial < 2:
+            errs.append(f"resources.sync: {mode} needs workers_per_trial >= 2 replicas (got {r.workers_per_trial})")
+        if r.parallelism != "ddp":
+            errs.append(f"resources.sync: {mode} needs resources.parallelism ddp (every replica holds the whole "
+                        f"model), got {r.parallelism}")
+        if self.workload != "pretrain":
+            errs.append(f"resources.sync: {mode} is for the pretrain workload; finetune runs ddp")
+        if self.branch is not None:
+            errs.append(f"resources.sync: {mode} cannot run branch (branched training runs each branch in one "
+                        f"process); use ddp")
+        if self.batch_warmup is not None:
+            errs.append(f"resources.sync: {mode} cannot run with batch_warmup; use ddp")
         return errs
 
     def _optimizer_errors(self) -> list[str]:

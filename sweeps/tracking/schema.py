@@ -22,6 +22,7 @@ __all__ = [
     "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
+    "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
     "ARTIFACT_CBS",
     "META_SWEEP_ID", "META_NAME", "META_FINGERPRINT", "META_EXPERIMENT", "META_TRACKING_URI", "META_TRIALS_PLANNED",
 ]
@@ -109,7 +110,7 @@ CLOSED_BY_JOBS = "critbatch.jobs"
 METRIC_KEYS = (
     "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
     "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
-    "startup_s", "startup_ray_s",
+    "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
     # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.optim)
     "optimizer_state_bytes_per_param",
 )
@@ -144,7 +145,16 @@ PARAM_PARALLELISM = "parallelism"
 PARAM_COMPILE = "compile"
 PARAM_ACTIVATION_CHECKPOINTING = "activation_checkpointing"
 PARAM_MIXED_PRECISION = "mixed_precision"
-TRAINING_PARAMS = (PARAM_PARALLELISM, PARAM_COMPILE, PARAM_ACTIVATION_CHECKPOINTING, PARAM_MIXED_PRECISION)
+#: ``resources.sync``: ``ddp``/``local_sgd``/``diloco``, the steps between synchronisations (1 under ddp), the workers
+PARAM_SYNC = "sync"
+PARAM_SYNC_EVERY_STEPS = "sync_every_steps"
+PARAM_REPLICAS = "replicas"
+TRAINING_PARAMS = (PARAM_PARALLELISM, PARAM_COMPILE, PARAM_ACTIVATION_CHECKPOINTING, PARAM_MIXED_PRECISION,
+                   PARAM_SYNC, PARAM_SYNC_EVERY_STEPS, PARAM_REPLICAS)
+#: DiLoCo's outer SGD, logged beside :data:`TRAINING_PARAMS` on a diloco trial only
+PARAM_OUTER_LR = "outer_lr"
+PARAM_OUTER_MOMENTUM = "outer_momentum"
+SYNC_OUTER_PARAMS = (PARAM_OUTER_LR, PARAM_OUTER_MOMENTUM)
 
 # ---- artifacts (on the parent run) ---------------------------------------------------------------
 

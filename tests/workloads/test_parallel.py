@@ -156,3 +156,19 @@ def test_compile_gives_the_same_losses():
 def test_training_config_refuses_bad_values(kw, field):
     with pytest.raises(ValueError, match=field):
         TrainingConfig(**kw)
+
+
+def test_fsdp_counts_its_all_gathers_and_reduce_scatters(runs):
+    from workloads.pretrain import build_pretrain
+
+    res, _ = runs
+    named = dict(build_pretrain(TWO, torch.device("cpu")).model.named_parameters())
+    half = lambda p: -(-p.shape[0] // 2) * p[0].numel() * 4 if p.shape[0] > 1 else 0  # noqa: E731  rank 0's dim-0 shard
+    forward = sum(half(p) for p in named.values())
+    backward = sum(half(p) for n, p in named.items() if ".layers." in n)  # the root stays gathered for backward
+    reduce_scatter = sum(4 * p.numel() for p in named.values())
+    k = 2  # accumulation steps per worker
+    explicit = (2 + k) * 8 + 2 * 4  # float64 counts [loss tokens, real tokens, n_j...] + float32 [squares, loss]
+    m = res["fsdp"][-1][0]
+    assert m["comm_bytes_per_step"] == k * (forward + backward + reduce_scatter) + explicit
+    assert m["syncs"] == m["step"] and m["comm_time_s"] > 0

@@ -40,7 +40,7 @@ def test_the_options_reach_the_trial_config_and_the_mlflow_params(tiny_spec_dict
     t = trial_config(s, HP, "t0", data_path="x").training
     assert (t.parallelism, t.compile, t.activation_checkpointing, t.mixed_precision) == ("fsdp", True, True, "bf16")
     assert training_params(s) == {"parallelism": "fsdp", "compile": True, "activation_checkpointing": True,
-                                  "mixed_precision": "bf16"}
+                                  "mixed_precision": "bf16", "sync": "ddp", "sync_every_steps": 1, "replicas": 2}
     assert tuple(training_params(s)) == schema.TRAINING_PARAMS
 
 
