@@ -119,7 +119,8 @@ def run_loop(
     ``completed`` or ``diverged``), ``done`` and ``objective``; the last report of a batch-size
     warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
     ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
-    it into the trial's start-up time) and ``optimizer_state_bytes_per_param`` (the optimizer's
+    it into the trial's start-up time), ``trainable_params`` (the parameters the optimizer updates and a
+    data-parallel step all-reduces the gradients of) and ``optimizer_state_bytes_per_param`` (the optimizer's
     state after that step, :meth:`_Training.state_bytes_per_param`; absent when that step diverged and
     left the state empty). The state passed with a report (rank 0 only,
     else None) restores the run exactly via ``resume_state``.
@@ -177,6 +178,7 @@ def run_loop(
             metrics["first_step_unix_s"], first_step_unix = first_step_unix, 0.0
             if state_bpp is not None:
                 metrics["optimizer_state_bytes_per_param"] = state_bpp
+            metrics["trainable_params"] = run.n_params
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)
@@ -238,6 +240,11 @@ class _Training:
                 self.ema.update(out.real_tokens)
         return out
 
+    @property
+    def n_params(self) -> int:
+        """Trainable parameters (elements; a DTensor's numel is the global one)."""
+        return sum(p.numel() for p in self.params)
+
     def state_bytes_per_param(self) -> float | None:
         """Bytes of optimizer state per trainable parameter (:func:`workloads.optim.state_bytes_per_param`),
         or None while the state is empty (no step applied yet).
@@ -245,8 +252,7 @@ class _Training:
         ddp: this rank's state (every rank holds the whole state). fsdp: each rank's local shards,
         summed over the ranks (an all-reduce: every rank must call it), over the global parameter count.
         """
-        n_params = sum(p.numel() for p in self.params)  # a DTensor's numel is the global one
-        local = state_bytes_per_param(self.opt, n_params)
+        local = state_bytes_per_param(self.opt, self.n_params)
         if self.sharded:
             import torch.distributed as dist
 

@@ -98,7 +98,7 @@ def analyze_trials(
     ``lr_scaling_exponent_by_chance`` (the same fit on random picks). The primary target is the
     lowest whose status is ``ok``, else the lowest ``edge``, else the lowest. When the records hold it,
     ``optimizer_state_bytes_per_param``: the median over the trials of each one's measured optimizer
-    state (bytes per trainable parameter).
+    state (bytes per trainable parameter), and ``n_params``, the trainable parameters the trials reported.
     """
     T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
     at_budget = best_at_budget(trials)
@@ -109,6 +109,9 @@ def analyze_trials(
     state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
     if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
         result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
+    n_params = [t.trainable_params for t in trials if t.trainable_params is not None]
+    if n_params:  # what a data-parallel step all-reduces the gradients of (critbatch plan reads it)
+        result["n_params"] = max(n_params)
     if not at_budget:
         result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],

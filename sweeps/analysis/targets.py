@@ -73,6 +73,8 @@ class TrialRecord:
     #: bytes of optimizer state per trainable parameter, measured after the trial's first step (its first
     #: report's ``optimizer_state_bytes_per_param``); None when not reported (older sweeps, a first step that diverged)
     optimizer_state_bytes_per_param: float | None = None
+    #: trainable parameters (the first report's ``trainable_params``); None when not reported (older sweeps)
+    trainable_params: float | None = None
 
     @property
     def final_loss(self) -> float | None:
@@ -100,7 +102,8 @@ class TrialRecord:
                 val_loss=[float(x) if x is not None else math.nan for x in d.get("val_loss") or []],
                 flops=[float(x) if x is not None else math.nan for x in d.get("flops") or []],
                 b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}),
-                optimizer_state_bytes_per_param=_float_or_none(d.get("optimizer_state_bytes_per_param")))
+                optimizer_state_bytes_per_param=_float_or_none(d.get("optimizer_state_bytes_per_param")),
+                trainable_params=_float_or_none(d.get("trainable_params")))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"a trial record lacks or mistypes a field ({exc!r})") from None
 

@@ -36,14 +36,15 @@ def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, s
         flops=[float(r.get("flops", 0.0)) for r in curve],
         b_simple=[r.get("b_simple") for r in curve],
         pruning=_pruning_of(last),
-        optimizer_state_bytes_per_param=_state_bytes(curve),
+        optimizer_state_bytes_per_param=_first_number(curve, "optimizer_state_bytes_per_param"),
+        trainable_params=_first_number(curve, "trainable_params"),
     )
 
 
-def _state_bytes(curve: list[dict]) -> float | None:
-    """The first finite ``optimizer_state_bytes_per_param`` of a trial's reports (its first report has it), or None."""
+def _first_number(curve: list[dict], key: str) -> float | None:
+    """The first finite ``key`` of a trial's reports (its first report has it), or None."""
     for r in curve:
-        v = r.get("optimizer_state_bytes_per_param")
+        v = r.get(key)
         if isinstance(v, (int, float)) and v == v:
             return float(v)
     return None

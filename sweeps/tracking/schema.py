@@ -112,7 +112,7 @@ METRIC_KEYS = (
     "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
     "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
     # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.optim)
-    "optimizer_state_bytes_per_param",
+    "optimizer_state_bytes_per_param", "trainable_params",
 )
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.

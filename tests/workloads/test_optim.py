@@ -78,6 +78,7 @@ def test_the_first_report_carries_the_measured_state_bytes_per_param(full_runs, 
     assert first == pytest.approx(expected, rel=1e-9)
     assert {"adamw": 7.9 < first < 8.1, "sgd_momentum": first == 4.0, "adafactor": first < 2.0}[name], first
     assert all("optimizer_state_bytes_per_param" not in m for m, _ in reports[1:])
+    assert reports[0][0]["trainable_params"] == n  # what critbatch plan's all-reduce bytes are made of
     _, resumed = run(_cfg(name), resume=reports[1][1])  # a new attempt measures it again
     assert resumed[0][0]["optimizer_state_bytes_per_param"] == first
 

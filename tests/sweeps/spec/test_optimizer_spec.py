@@ -109,11 +109,11 @@ def test_the_optimizer_is_a_trial_param_and_its_state_bytes_a_metric():
 
 
 def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tmp_path):
-    curve = [{"tokens_seen": 100, "val_loss": 3.0, "optimizer_state_bytes_per_param": 4.0},
+    curve = [{"tokens_seen": 100, "val_loss": 3.0, "optimizer_state_bytes_per_param": 4.0, "trainable_params": 1234},
              {"tokens_seen": 200, "val_loss": 2.0}]
     cfg = {"batch_size_sequences": 8, "seed": 0, **HP}
     rec = _record("t1", cfg, curve, curve[-1], "COMPLETED")
-    assert rec.optimizer_state_bytes_per_param == 4.0
+    assert rec.optimizer_state_bytes_per_param == 4.0 and rec.trainable_params == 1234
     assert TrialRecord.from_dict(json.loads(json.dumps(rec.to_dict()))) == rec  # through trials.json
     old = {k: v for k, v in rec.to_dict().items() if k != "optimizer_state_bytes_per_param"}
     assert TrialRecord.from_dict(old).optimizer_state_bytes_per_param is None  # an older sweep's trials.json
@@ -128,6 +128,9 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
     trials = [trial(0, 4, 8.0), trial(1, 8, 8.5), trial(2, 16, 9.5), trial(3, 16, None)]
     cbs = analyze_trials(trials, context_length_tokens=32, reference_batch=8)
     assert cbs["optimizer_state_bytes_per_param"] == 8.5
+    assert "n_params" not in cbs  # not reported: critbatch plan falls back to --params or flops/6
+    with_n = [TrialRecord(**{**t.to_dict(), "trainable_params": 1234.0}) for t in trials]
+    assert analyze_trials(with_n, context_length_tokens=32, reference_batch=8)["n_params"] == 1234.0
     no_bytes = [trial(i, b, None) for i, b in enumerate([4, 8, 16])]
     assert "optimizer_state_bytes_per_param" not in analyze_trials(no_bytes, context_length_tokens=32, reference_batch=8)
     # critbatch analyze --trials keeps the driver's optimizer and recomputes the median from trials.json
