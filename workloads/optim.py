@@ -59,6 +59,9 @@ def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: to
         ImportError: ``adamw_8bit`` without ``bitsandbytes`` installed (the ``gpu`` extra).
     """
     name = cfg.name
+    if not reads_beta2(name):
+        log.info("optimizer %s has no constant beta2: beta2=%g (half-life %g tokens) is not read%s", name, cfg.beta2,
+                 cfg.beta2_half_life_tokens, "; nor is eps" if name == "sgd_momentum" else "; nor are beta1 and eps")
     if name == "adamw":
         from workloads.parallel import adamw_impl
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
@@ -19,13 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
     "OptimizerSpec", "ResourcesSpec", "SyncSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BatchWarmupSpec", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
+    "BatchWarmupSpec", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES",
+    "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
 LrRule = Literal["linear", "sqrt", "none"]
 #: ``optimizer.name`` (the same names as ``workloads.config.OPTIMIZER_NAMES``)
 OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
-OPTIMIZER_NAMES = ("adamw", "adafactor", "adamw_8bit", "sgd_momentum")
+OPTIMIZER_NAMES = typing.get_args(OptimizerName)
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
