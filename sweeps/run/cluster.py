@@ -8,12 +8,25 @@ import os
 
 from sweeps.spec import SweepSpec
 
-__all__ = ["init_ray", "cluster_shape", "HEALTH_CHECK_INTERVAL_S"]
+__all__ = ["init_ray", "cluster_shape", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
 
 log = logging.getLogger(__name__)
 
 #: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
 HEALTH_CHECK_INTERVAL_S = "0.1"
+#: How long a reused Tune actor waits for the previous trial's thread to end (Tune's default is 2 s).
+#: With ``reuse_actors`` (``sweeps.run.trainable.reuse_trial_actors``) a finished trial's thread is
+#: still tearing down its Ray Train run when the next trial is handed its actor; on a loaded machine
+#: that took longer than 2 s, and Tune then aborted the *new* trial ("Could not re-use actor ... reset_config()
+#: ... return True"): it was lost without a report (seen once in 12 trials at load average ~20).
+REUSE_THREAD_TIMEOUT_S = "300"
+
+
+def trial_env() -> dict[str, str]:
+    """The environment every trial process gets (the driver's own setting of a variable wins for the
+    reuse timeout)."""
+    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false",
+            "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S)}
 
 
 def init_ray(address: str | None, spec: SweepSpec) -> bool:
@@ -23,7 +36,7 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
     """
     import ray
 
-    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false"}
+    env = trial_env()
     os.environ.update(env)
     # Tune snapshots the experiment (trials, searcher) this often: what a killed driver can lose
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "5")

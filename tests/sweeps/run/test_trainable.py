@@ -54,3 +54,20 @@ def test_tune_reuses_trial_processes_only_when_no_trial_ends_early(tiny_spec_dic
         d = copy.deepcopy(tiny_spec_dict)
         d["pruning"] = {"enabled": True, "mode": mode}
         assert not reuse_trial_actors(parse_spec(d)), mode
+
+
+def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_two_seconds(monkeypatch):
+    """Tune aborts the next trial when the finished one's thread outlives TUNE_FUNCTION_THREAD_TIMEOUT_S
+    (2 s by default; seen losing a trial at load average ~20): every trial process gets 300 s."""
+    import inspect
+
+    from ray.tune.trainable import function_trainable
+
+    from sweeps.run.cluster import trial_env
+
+    # the installed Tune still reads this variable where it resets a reused actor
+    assert 'os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S"' in inspect.getsource(function_trainable.FunctionTrainable.reset_config)
+    monkeypatch.delenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", raising=False)
+    assert int(trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"]) >= 60
+    monkeypatch.setenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", "900")  # an operator's own setting wins
+    assert trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"] == "900"
