@@ -81,8 +81,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     arms = spec.arm_specs()
     for name, arm in arms:
         _prepare(arm, _arm_dir(output, name), tracking_uri, f"{cid}.{name}", arm.fingerprint())
-    sizing = max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
-    started_ray = init_ray(ray_address, sizing)
+    started_ray = init_ray(ray_address, _sizing(arms))
     try:
         total, largest = cluster_shape()
         for _, arm in arms:
@@ -123,9 +122,8 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
     if state.get("status") in _FINISHED:
         raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
     arms = spec.arm_specs()
-    sizing = max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
     address = ray_address or state.get("ray_address")
-    started_ray = init_ray(address, sizing)
+    started_ray = init_ray(address, _sizing(arms))
     try:
         state["status"] = "RUNNING"
         state["ray_address"] = address
@@ -136,6 +134,11 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
             import ray
 
             ray.shutdown()
+
+
+def _sizing(arms: list[tuple[str, SweepSpec]]) -> SweepSpec:
+    """The arm a local Ray is sized for (the most trial-driver CPUs at once: ``sweeps.run.cluster.init_ray``)."""
+    return max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
 
 
 def _save(output: Path, state: dict[str, Any]) -> None:
@@ -178,34 +181,28 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
 
 
 def _measured(arm_out: Path) -> dict[str, float | None]:
-    """Medians over the arm's trials of what their reports measured (first report for the optimizer state,
-    last report for communication and throughput); None where no report has it."""
+    """Medians over the arm's trials of what their last reports measured (communication, throughput), and the
+    optimizer-state median its ``cbs.json`` holds; None where nothing has it."""
     from sweeps.run.state import REPORTS_DIR
 
-    keys_first, keys_last = ("optimizer_state_bytes_per_param",), ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
-    seen: dict[str, list[float]] = {k: [] for k in keys_first + keys_last}
+    keys_last = ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
+    seen: dict[str, list[float]] = {k: [] for k in keys_last}
     for f in sorted((arm_out / REPORTS_DIR).glob("*.jsonl")):
         rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-        if not rows:
-            continue
-        for k in keys_first:
-            v = next((r[k] for r in rows if isinstance(r.get(k), (int, float))), None)
-            if v is not None:
-                seen[k].append(float(v))
         for k in keys_last:
             v = next((r[k] for r in reversed(rows) if isinstance(r.get(k), (int, float))), None)
             if v is not None:
                 seen[k].append(float(v))
-    return {k: statistics.median(v) if v else None for k, v in seen.items()}
+    cbs = json.loads((arm_out / "cbs.json").read_text()) if (arm_out / "cbs.json").is_file() else {}
+    return {"optimizer_state_bytes_per_param": cbs.get("optimizer_state_bytes_per_param"),
+            **{k: statistics.median(v) if v else None for k, v in seen.items()}}
 
 
 def _arm_info(name: str, arm: SweepSpec, arm_out: Path, status: str | None, sweep_id: str) -> dict[str, Any]:
-    sync = getattr(arm.resources, "sync", None)
-    mode = getattr(sync, "mode", "ddp") if sync is not None else "ddp"
-    every = int(getattr(sync, "every_steps", 1)) if mode != "ddp" else 1
-    return {"sync": mode, "sync_every_steps": every, "replicas": arm.resources.workers_per_trial,
-            "optimizer": getattr(arm.optimizer, "name", "adamw"), "status": status, "sweep_id": sweep_id,
-            **_measured(arm_out)}
+    sync = arm.resources.sync
+    return {"sync": sync.mode, "sync_every_steps": sync.every_steps if sync.mode != "ddp" else 1,
+            "replicas": arm.resources.workers_per_trial, "optimizer": arm.optimizer.name, "status": status,
+            "sweep_id": sweep_id, **_measured(arm_out)}
 
 
 def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, Any]:

@@ -27,17 +27,16 @@ from sweeps.spec.sections import (
     Beta2Spec,
     DataSpec,
     EvalSpec,
-    FinetuneSpec,
     InitialPointSpec,
-    LoraSpec,
     ModelSpec,
     NoiseScaleSpec,
     OptimizerSpec,
     ResourcesSpec,
     ScheduleSpec,
     SearchSpec,
-    TrackingSpec,
 )
+from sweeps.spec.finetune import FinetuneSpec, LoraSpec
+from sweeps.spec.tracking import TrackingSpec
 from sweeps.spec.sweep import ArmSpec, BranchSpec, BudgetSpec, PruningSpec, SweepSpec
 
 __all__ = [

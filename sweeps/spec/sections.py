@@ -1,5 +1,6 @@
 """The sweep spec's sections: pydantic models for the model, data, evaluation, schedule, search,
-optimizer, noise scale, batch warmup, resources, tracking and fine-tuning parts of a spec.
+optimizer, noise scale, batch warmup and resources parts of a spec (tracking: :mod:`sweeps.spec.tracking`;
+fine-tuning: :mod:`sweeps.spec.finetune`).
 
 Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, ``_s``. Every model is
 strict (unknown fields refused, integers refuse booleans) and frozen. The whole spec is
@@ -19,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "Beta2Spec",
-    "OptimizerSpec", "ResourcesSpec", "SyncSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BatchWarmupSpec", "COMPARISON_TAG_KEYS", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS",
+    "OptimizerSpec", "ResourcesSpec", "SyncSpec", "NoiseScaleSpec",
+    "BatchWarmupSpec", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS",
     "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
@@ -468,58 +469,3 @@ class ResourcesSpec(_Strict):
         if self.sync.mode == "ddp":  # its other fields are not read under ddp: the section as before it existed
             out.pop("sync", None)
         return {k: v for k, v in out.items() if k not in _TRAINING_DEFAULTS or v != _TRAINING_DEFAULTS[k]}
-
-
-#: ``tracking.tags`` keys a comparison (``arms``) sets on its arms' runs; every other ``critbatch.`` key is reserved
-COMPARISON_TAG_KEYS = ("critbatch.comparison", "critbatch.arm")
-
-
-class TrackingSpec(_Strict):
-    """MLflow tracking. The experiment is named after the sweep unless given.
-
-    ``tags`` are set on the sweep's parent run and on every trial run (MLflow's limits: keys of at
-    most 250 characters, values of at most 5000). Keys starting with ``critbatch.`` are the sweep's
-    own, except the two a comparison sets on its arms (:data:`COMPARISON_TAG_KEYS`).
-    """
-
-    uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    experiment: str | None = None
-    checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0, le=100_000)
-    tags: dict[Annotated[str, Field(min_length=1, max_length=250)], Annotated[str, Field(max_length=5000)]] = Field(
-        default_factory=dict, max_length=100, description="extra MLflow tags on the parent run and every trial run")
-
-    @field_validator("tags")
-    @classmethod
-    def _own_tags(cls, v: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(k for k in v if k.startswith("critbatch.") and k not in COMPARISON_TAG_KEYS)
-        if reserved:
-            raise ValueError(f"{reserved}: keys starting with 'critbatch.' are the sweep's own tags")
-        return v
-
-    @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
-        out = handler(self)  # no tags: the dump (and fingerprint) of a spec from before the field existed
-        if not out.get("tags"):
-            out.pop("tags", None)
-        return out
-
-
-class LoraSpec(_Strict):
-    """LoRA adapters through ``peft``."""
-
-    rank: PositiveInt = Field(default=8, le=4096)
-    alpha: float = Field(default=16.0, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
-
-
-class FinetuneSpec(_Strict):
-    """Supervised fine-tuning of a local Hugging Face checkpoint on instruction JSON Lines."""
-
-    checkpoint_dir: str
-    prompt_field: str = "question"
-    response_field: str = "answer"
-    prompt_template: str = "Question: {prompt}\nAnswer: "
-    packing: Literal["packed", "padded"] = "packed"
-    truncate: bool = Field(default=False, description="truncate over-long examples (counted and reported) instead of refusing")
-    lora: LoraSpec | None = None

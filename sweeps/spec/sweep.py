@@ -13,9 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from sweeps.spec.sections import (
-    MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, FinetuneSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
-    COMPARISON_TAG_KEYS, PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, TrackingSpec, _Strict,
+    MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
+    PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, _Strict,
 )
+from sweeps.spec.finetune import FinetuneSpec
+from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
 
 __all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
 
