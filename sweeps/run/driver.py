@@ -20,7 +20,7 @@ import yaml
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
 from sweeps.run.claims import check_sweep_id_binding, claim_output_folder, lock_output_folder, write_storage_binding
 from sweeps.run.cluster import cluster_shape, init_ray
-from sweeps.run.execute import execute_sweep
+from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.preflight import (
     check_data_files,
     check_output_folder,
@@ -198,6 +198,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
+    check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps._compat import reattach_restored_tuner, searcher_inside
+from sweeps.errors import InvalidInput
 from sweeps.run.finish import finish_sweep
 from sweeps.run.records import collect_records, records_from_grid
 from sweeps.run.signals import StopSignals
@@ -151,6 +152,31 @@ def _replay_past_trials(spec: SweepSpec, output: Path, state: SweepState, parts:
                     scheduler.reopen(r.trial_id)
     if parts.stopper is not None:
         parts.stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
+
+
+def check_tune_state_readable(tune_dir: str) -> None:
+    """Refuse a resume whose Tune state (``tuner.pkl``) this critbatch cannot unpickle, before anything changes.
+
+    Tune pickles the run's searcher, callbacks and scheduler by their class paths; a sweep started by a
+    critbatch whose classes moved would otherwise crash inside ``Tuner.restore`` after its status and
+    MLflow runs were already set to running. A state on remote storage is not checked here.
+
+    Raises:
+        InvalidInput: the file exists and does not unpickle (the exception's text is in the message).
+    """
+    import pickle
+
+    path = Path(tune_dir) / "tuner.pkl"
+    if not path.is_file():
+        return
+    try:
+        with open(path, "rb") as f:
+            pickle.load(f)
+    except Exception as exc:  # noqa: BLE001 - any unpickling error means the same thing here
+        raise InvalidInput(
+            f"the Tune state {path} cannot be read by this critbatch ({type(exc).__name__}: {exc}); it was "
+            "probably written by another version: resume with the version that started the sweep. "
+            "Nothing was changed") from None
 
 
 def _restored_tuner(tune_dir: str, parts: _Parts):

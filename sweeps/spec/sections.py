@@ -30,6 +30,19 @@ LrRule = Literal["linear", "sqrt", "none"]
 OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
 OPTIMIZER_NAMES = typing.get_args(OptimizerName)
 
+#: Names that moved to their own modules, still importable from here: the Tune state of a sweep started by
+#: an older critbatch pickles its spec by these paths, and ``critbatch resume`` must read it back.
+_MOVED = {"TrackingSpec": "sweeps.spec.tracking", "FinetuneSpec": "sweeps.spec.finetune", "LoraSpec": "sweeps.spec.finetune"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 

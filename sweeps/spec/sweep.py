@@ -224,6 +224,11 @@ class SweepSpec(_Strict):
             out.pop("arms", None)
         return out
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        # Pickled (Tune's state of a sweep, Ray's object store) as its JSON dump, rebuilt by validation: a
+        # sweep's state then outlives a refactor of the spec's sections between its start and its resume.
+        return _spec_from_dump, (self.model_dump(mode="json"),)
+
     def _arm_spec(self, arm: ArmSpec) -> "SweepSpec":
         base = self.model_dump(mode="json")
         base.pop("arms", None)
@@ -319,3 +324,8 @@ class SweepSpec(_Strict):
         """A short hash of the spec's content (used as part of the sweep id)."""
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _spec_from_dump(data: dict[str, Any]) -> SweepSpec:
+    """A pickled :class:`SweepSpec` read back (``SweepSpec.__reduce__``)."""
+    return SweepSpec.model_validate(data)

@@ -54,3 +54,37 @@ def test_a_sweep_that_never_started_is_refused(tmp_path, content):
 ])
 def test_trial_status(last, failed, status):
     assert trial_status(last, failed=failed) == status
+
+
+def test_a_resume_whose_tune_state_does_not_unpickle_changes_nothing(tmp_path):
+    """A Tune state pickled by classes this critbatch lacks is refused before Ray, MLflow or sweep.json
+    are touched (it used to crash in ``Tuner.restore`` and leave the sweep FAILED)."""
+    import pickle
+    import sys
+    import types
+
+    import yaml
+
+    from sweeps.run.driver import resume_sweep
+    from sweeps.run.state import tune_experiment_dir
+    from sweeps.spec.loading import load_spec
+
+    gone = types.ModuleType("critbatch_gone_module")
+    exec("class Searcher:\n    pass\n", gone.__dict__)
+    gone.Searcher.__module__ = gone.__name__
+    sys.modules[gone.__name__] = gone
+    try:
+        blob = pickle.dumps({"_tune_config": gone.Searcher()})
+    finally:
+        del sys.modules[gone.__name__]
+    spec = load_spec("sweeps/examples/shakespeare-char.yaml")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    state = {**STATE, "status": "STOPPED", "storage_root": str(tmp_path), "sweep_id": "s-1"}
+    (tmp_path / "sweep.json").write_text(json.dumps(state))
+    tune_dir = tmp_path / tune_experiment_dir(str(tmp_path), "s-1").removeprefix(str(tmp_path) + "/")
+    tune_dir.mkdir(parents=True)
+    (tune_dir / "tuner.pkl").write_bytes(blob)
+    before = (tmp_path / "sweep.json").read_text()
+    with pytest.raises(InvalidInput, match=r"tuner.pkl cannot be read by this critbatch \(ModuleNotFoundError"):
+        resume_sweep(tmp_path)
+    assert (tmp_path / "sweep.json").read_text() == before
