@@ -118,6 +118,12 @@ def analyze_trials(
                       message="no trial completed: there is nothing to analyse")
         return result
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
+    if not tlist:
+        result.update(status="no_targets", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
+                      s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
+                      message="no target loss could be chosen from the curves (too few batch sizes or "
+                              "milestones completed): give `targets` or run more trials")
+        return result
     per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
     primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
                    next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))

@@ -14,7 +14,7 @@ from sweeps.analysis import TrialRecord
 from sweeps.pruning.rungs import RESULT_KEYS
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
-from sweeps.tracking.schema import trial_status
+from sweeps.tracking.schema import TRIAL_PARAMS_SUFFIX, trial_status
 
 __all__ = ["collect_records", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
@@ -94,8 +94,10 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
     pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
     for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
         params_file, result_file = d / "params.json", d / "result.json"
-        if not params_file.is_file():
-            continue
+        if not params_file.is_file():  # failed before its first result: the config the driver saw at its start
+            params_file = output / REPORTS_DIR / f"{_trial_id_from_dir(d.name)}{TRIAL_PARAMS_SUFFIX}"
+            if not params_file.is_file():
+                continue
         cfg = json.loads(params_file.read_text())
         rows = _json_lines(result_file)
         trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)

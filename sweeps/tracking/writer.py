@@ -381,6 +381,16 @@ class ReportLog(Callback):
     def __init__(self, folder: Path):
         self.folder = Path(folder)
 
+    def on_trial_start(self, iteration, trials, trial, **info):
+        # Tune writes the trial's params.json only with its first result: a trial that fails before it
+        # (Tune aborting a reused actor, a worker that dies while starting) would be in no record
+        path = self.folder / f"{trial.trial_id}{schema.TRIAL_PARAMS_SUFFIX}"
+        if not path.is_file():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(trial.config, default=str))
+            os.replace(tmp, path)
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
         row = {k: v for k, v in result.items() if k != "config"}
         self.folder.mkdir(parents=True, exist_ok=True)

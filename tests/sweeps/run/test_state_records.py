@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,42 @@ def test_a_resume_whose_tune_state_does_not_unpickle_changes_nothing(tmp_path):
     with pytest.raises(InvalidInput, match=r"tuner.pkl cannot be read by this critbatch \(ModuleNotFoundError"):
         resume_sweep(tmp_path)
     assert (tmp_path / "sweep.json").read_text() == before
+
+
+def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path):
+    """Tune writes a trial's ``params.json`` only with its first result; a trial aborted before it (a
+    reused actor Tune gave up on) was in no record. ``ReportLog`` keeps the config from the trial's start."""
+    import types
+
+    from sweeps.analysis import analyze_trials
+    from sweeps.run.records import collect_records
+    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
+    from sweeps.spec.loading import load_spec
+    from sweeps.tracking.writer import ReportLog
+
+    spec = load_spec("sweeps/examples/shakespeare-char.yaml")
+    (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
+    tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
+    log = ReportLog(tmp_path / REPORTS_DIR)
+    config = {"batch_size_sequences": 8, "seed": 0, "group_id": "g1", "lr": 1e-3, "lr_rule": "linear",
+              "lr_multiplier": 1.0, "beta2": 0.95, "beta2_half_life_tokens": 1e4}
+    for i, tid in enumerate(["aaaa0001", "aaaa0002"]):
+        trial = types.SimpleNamespace(trial_id=tid, config={**config, "group_id": f"g{i}"})
+        log.on_trial_start(0, [], trial)
+        d = tune_dir / f"run_trial_{tid}_{i + 1}_batch_size_sequences=8_2026-12-02_00-00-00"
+        d.mkdir(parents=True)
+        if i == 0:  # ran: Tune's own files
+            (d / "params.json").write_text(json.dumps(trial.config))
+            row = {"trial_id": tid, "tokens_seen": 4096, "val_loss": 3.0, "done": True}
+            (d / "result.json").write_text(json.dumps(row) + "\n")
+            log.on_trial_result(0, [], trial, row)
+        else:  # aborted before its first result: only Tune's error file
+            (d / "error.txt").write_text("TuneError: reset_config timed out")
+    records = {r.trial_id: r for r in collect_records(tmp_path, spec)}
+    assert set(records) == {"aaaa0001", "aaaa0002"}
+    assert records["aaaa0001"].status == "COMPLETED" and records["aaaa0002"].status == "FAILED"
+    assert records["aaaa0002"].group_id == "g1" and records["aaaa0002"].tokens == []
+    analysis = analyze_trials(list(records.values()), context_length_tokens=spec.model.context_length_tokens,
+                              reference_batch=16.0)
+    assert analysis["trials"]["FAILED"] == 1 and analysis["trials"]["COMPLETED"] == 1
+    assert analysis["status"] == "no_targets" and "targets" in analysis["message"]  # one point: nothing to fit
