@@ -151,7 +151,7 @@ def _replay_past_trials(spec: SweepSpec, output: Path, state: SweepState, parts:
                 if r.status == "FAILED":  # Tune.restore(resume_errored=True) retries it
                     scheduler.reopen(r.trial_id)
     if parts.stopper is not None:
-        parts.stopper.base_flops = sum(r.flops[-1] for r in past if r.flops)
+        parts.stopper.add_spent({r.trial_id: r.flops[-1] for r in past if r.flops})
 
 
 def check_tune_state_readable(tune_dir: str) -> None:

@@ -153,19 +153,33 @@ class SweepBudgetStopper(Stopper):
 
     Args:
         sweep_flops: the budget in training FLOPs.
-        spent_flops: FLOPs already spent before this run (a resumed sweep: the trials' last
-            reported ``flops``).
+        spent_flops: FLOPs already spent before this run (a resumed sweep): a mapping of trial id to
+            that trial's last reported (cumulative) ``flops``, or one number not tied to a trial. A
+            resumed trial sends its reports again; by trial id they replace its past FLOPs instead of
+            adding to them.
 
     Never stops a single trial (``__call__`` is False): pruning is the scheduler's business, so a
     trial stopped here is STOPPED, not PRUNED. ``exhausted`` tells the driver why the sweep ended.
+
+    Raises:
+        ValueError: ``sweep_flops`` is not positive.
     """
 
-    def __init__(self, sweep_flops: float, spent_flops: float = 0.0):
+    def __init__(self, sweep_flops: float, spent_flops: float | dict[str, float] = 0.0):
         if not sweep_flops > 0:
             raise ValueError(f"sweep_flops must be > 0, got {sweep_flops}")
         self.sweep_flops = float(sweep_flops)
-        self.base_flops = float(spent_flops)
+        self.base_flops = 0.0
         self.latest: dict[str, float] = {}
+        self.add_spent(spent_flops)
+
+    def add_spent(self, spent_flops: float | dict[str, float]) -> None:
+        """Count FLOPs spent before this run (see ``spent_flops`` above)."""
+        if isinstance(spent_flops, dict):
+            for trial_id, f in spent_flops.items():
+                self.latest[trial_id] = max(self.latest.get(trial_id, 0.0), float(f))
+        else:
+            self.base_flops += float(spent_flops)
 
     @property
     def spent_flops(self) -> float:

@@ -109,6 +109,17 @@ def test_stopper_sums_the_latest_flops_of_every_trial():
     assert s.spent_flops == 100.0 and s.stop_all() and s.exhausted
 
 
+def test_a_resumed_trial_s_reports_replace_its_past_flops_instead_of_adding_to_them():
+    # resume: trial a had spent 40 and b 30; a restarts from its checkpoint and sends its reports again
+    s = SweepBudgetStopper(200.0, spent_flops={"a": 40.0, "b": 30.0})
+    assert s.spent_flops == 70.0
+    s("a", {"flops": 20.0})
+    s("a", {"flops": 40.0})
+    assert s.spent_flops == 70.0  # counted once (it was 110 before the fix)
+    s("a", {"flops": 60.0})
+    assert s.spent_flops == 90.0 and not s.exhausted
+
+
 def test_stopper_rejects_a_non_positive_budget():
     with pytest.raises(ValueError):
         SweepBudgetStopper(0.0)
