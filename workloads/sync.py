@@ -211,13 +211,16 @@ def replica_mean_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``model.state_dict()`` on CPU with each trainable parameter replaced by its mean over the
     ranks (one all-reduce: a collective on every rank): the weights a finished local_sgd or diloco
     trial saves as its Hugging Face checkpoint. ``model`` is left as it is."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
     params = [p for p in model.parameters() if p.requires_grad]
     flat = torch.cat([p.detach().reshape(-1).float() for p in params])
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
-    out = to_cpu(model.state_dict())
-    for n, p, m in zip(names, params, torch.split(flat, [p.numel() for p in params])):
-        if n in out:
-            out[n] = m.view_as(p).to("cpu", p.dtype)
+    mean_of = {p.data_ptr(): m.view_as(p).to("cpu", p.dtype)
+               for p, m in zip(params, torch.split(flat, [p.numel() for p in params]))}
+    live = model.state_dict()
+    out = to_cpu(live)
+    for name, tensor in live.items():  # by storage: a tied lm_head gets the same mean as the embedding
+        mean = mean_of.get(tensor.data_ptr())
+        if mean is not None and tensor.shape == mean.shape:
+            out[name] = mean
     return out

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from workloads.config import SyncConfig, TrainingConfig
 from workloads.pretrain import build_pretrain
+from workloads.sync import replica_mean_state_dict
 from tests.workloads.test_parallel import TWO, _run
 from tests.workloads.trial import with_sections
 
@@ -42,6 +43,11 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
     res["diloco_plain"] = _run(with_sections(TWO, training=_sync("diloco", 4, outer_lr=1.0, outer_momentum=0.0)))[1]
     res["local_wsd"] = _run(with_sections(TWO, schedule={"kind": "wsd", "decay_fraction": 0.25},
                                           training=_sync("local_sgd", 2)))[1]
+    tied = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 3), "head": torch.nn.Linear(3, 4, bias=False)})
+    tied["head"].weight = tied["emb"].weight  # an lm_head tied to the embedding: one parameter, two state_dict keys
+    with torch.no_grad():
+        tied["emb"].weight.fill_(float(rank + 1))
+    res["tied_mean"] = replica_mean_state_dict(tied)
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
     dist.destroy_process_group()
@@ -119,6 +125,12 @@ def test_the_noise_scale_is_off_for_replicas_and_wsd_runs(runs):
     assert any(m["b_simple"] is not None for m, _ in runs["ddp_adamw"])
     assert all(math.isfinite(v) for v in _col(runs["local_wsd"], "val_loss"))
     assert runs["local_wsd"][-1][0]["syncs"] == 4  # the decay branches never synchronise
+
+
+def test_the_saved_replica_mean_gives_a_tied_head_the_embedding_s_mean(runs):
+    mean = runs["tied_mean"]
+    assert set(mean) == {"emb.weight", "head.weight"}
+    assert torch.equal(mean["emb.weight"], torch.full((4, 3), 1.5)) and torch.equal(mean["head.weight"], mean["emb.weight"])
 
 
 def test_replicas_in_one_process_are_refused():
