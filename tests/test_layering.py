@@ -83,3 +83,28 @@ def test_pure_modules_stay_pure(package, forbidden):
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
             bad += [(path.name, n) for n in names if _under(n, forbidden)]
     assert not bad, f"{package} must not import {forbidden}: {bad}"
+
+
+def test_every_third_party_package_the_product_imports_is_declared():
+    """A package imported only because another one brings it breaks when that one stops bringing it:
+    every top-level import of sweeps, workloads and service is the standard library, ours, or a
+    distribution named in pyproject.toml's dependencies (or the ``gpu`` extra)."""
+    import importlib.metadata as md
+    import re
+    import sys
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-")
+                for r in project["dependencies"] + project["optional-dependencies"]["gpu"]}
+    dists = md.packages_distributions()
+    missing = set()
+    for package in ("sweeps", "workloads", "service"):
+        for path, module in imports_of(package):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top in ("sweeps", "workloads", "service", "__future__"):
+                continue
+            names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+            if not names & declared:
+                missing.add(f"{top} ({path})")
+    assert not missing, f"imported but not declared in pyproject.toml: {sorted(missing)}"
