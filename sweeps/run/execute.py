@@ -150,6 +150,7 @@ def _replay_past_trials(spec: SweepSpec, output: Path, state: SweepState, parts:
             for r in past:
                 if r.status == "FAILED":  # Tune.restore(resume_errored=True) retries it
                     scheduler.reopen(r.trial_id)
+    parts.progress.replay(past)
     if parts.stopper is not None:
         parts.stopper.add_spent({r.trial_id: r.flops[-1] for r in past if r.flops})
 

@@ -101,6 +101,19 @@ class ProgressCallback(Callback):
                 highlight=False,
             )
 
+    def replay(self, records: list) -> None:
+        """Count the trials a resumed sweep had already ended (``TrialRecord`` s), and their best losses.
+
+        A FAILED trial is left out: ``Tuner.restore(resume_errored=True)`` runs it again.
+        """
+        for r in records:
+            kind = {"COMPLETED": "done", "PRUNED": "done", "DIVERGED": "diverged"}.get(r.status)
+            if kind is not None:
+                self.status[r.trial_id] = kind
+            finite = [v for v in r.val_loss if math.isfinite(v)]
+            if finite:
+                self.best[r.batch_size_sequences] = min(self.best.get(r.batch_size_sequences, math.inf), min(finite))
+
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = time.monotonic()
         self.status[trial.trial_id] = "running"
