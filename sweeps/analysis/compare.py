@@ -40,6 +40,11 @@ def overlap(a: list[float | None] | None, b: list[float | None] | None) -> bool 
     return lo_a <= hi_b and lo_b <= hi_a
 
 
+def _scaled(ci: list[float | None] | None, factor: float) -> list[float | None] | None:
+    """An interval ``[lo, hi]`` (``hi`` None: unbounded) times ``factor``."""
+    return [x * factor if x is not None else None for x in ci] if ci else None
+
+
 def _target_row(fit: dict[str, Any], every: int, tokens_per_sequence: float) -> dict[str, Any]:
     """One arm at one target: the fit, its points with synchronizations, and ``syncs_min``."""
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
@@ -57,9 +62,13 @@ def _target_row(fit: dict[str, Any], every: int, tokens_per_sequence: float) -> 
         "status": fit.get("status"),
         "message": fit.get("message", ""),
         "s_min": s_min,
+        "s_min_ci": fit.get("s_min_ci"),
         "e_min": e_min,
+        "e_min_ci": fit.get("e_min_ci"),
         "e_min_tokens": e_min * tokens_per_sequence if e_min is not None else None,
+        "e_min_tokens_ci": _scaled(fit.get("e_min_ci"), tokens_per_sequence),
         "syncs_min": s_min / every if s_min is not None else None,
+        "syncs_min_ci": _scaled(fit.get("s_min_ci"), 1.0 / every),
         "n_batch_sizes": fit.get("n_batch_sizes"),
         "points": points,
     }
@@ -78,7 +87,9 @@ def compare_arms(arms: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict
 
     Returns:
         ``{"reference_arm", "targets" (losses), "target_loss" (the reference's primary),
-        "arms": [{name, info..., "targets": [row per target]}], "by_target": [{target_loss,
+        "arms": [{name, info..., "targets": [row per target: b_crit with b_crit_ci; s_min, e_min (also in
+        tokens) and syncs_min = s_min/H, each with its ``*_ci`` (profile likelihood,
+        :func:`sweeps.analysis.fit.interval_s_min_e_min`); points with steps, tokens and syncs to target]}], "by_target": [{target_loss,
         "arms": {name: {b_crit, b_crit_ci, status}}, "intervals_overlap_reference": {name: bool|None},
         "b_crit_ratio_to_reference": {name: float|None}}], "summary": [one sentence per arm]}``.
 

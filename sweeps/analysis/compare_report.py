@@ -90,7 +90,7 @@ def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
     _steps_plot(comparison, plots / "compare_steps_to_target.png")
     _b_crit_plot(comparison, plots / "compare_b_crit.png")
     head = ("<tr><th>arm</th><th>sync</th><th>H</th><th>replicas</th><th>optimizer</th><th>b_crit (seq)</th>"
-            "<th>95 % interval</th><th>status</th><th>S_min</th><th>syncs_min</th><th>E_min (tokens)</th>"
+            "<th>95 % interval</th><th>status</th><th>S_min [95 %]</th><th>syncs_min [95 %]</th><th>E_min, tokens [95 %]</th>"
             "<th>optimizer state (bytes/param)</th><th>comm bytes/step</th><th>sweep</th></tr>")
     i = next((k for k, t in enumerate(comparison["targets"]) if t == comparison["target_loss"]), 0)
     rows = []
@@ -99,8 +99,10 @@ def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
         rows.append(
             f"<tr><td>{_cell(arm['name'])}</td><td>{_cell(arm['sync'])}</td><td>{_cell(arm['sync_every_steps'])}</td>"
             f"<td>{_cell(arm['replicas'])}</td><td>{_cell(arm['optimizer'])}</td><td>{_cell(r.get('b_crit'))}</td>"
-            f"<td>{_cell(r.get('b_crit_ci'))}</td><td>{_cell(r.get('status'))}</td><td>{_cell(r.get('s_min'))}</td>"
-            f"<td>{_cell(r.get('syncs_min'))}</td><td>{_cell(r.get('e_min_tokens'))}</td>"
+            f"<td>{_cell(r.get('b_crit_ci'))}</td><td>{_cell(r.get('status'))}</td>"
+            f"<td>{_cell(r.get('s_min'))} {_cell(r.get('s_min_ci'))}</td>"
+            f"<td>{_cell(r.get('syncs_min'))} {_cell(r.get('syncs_min_ci'))}</td>"
+            f"<td>{_cell(r.get('e_min_tokens'))} {_cell(r.get('e_min_tokens_ci'))}</td>"
             f"<td>{_cell(arm.get('optimizer_state_bytes_per_param'))}</td><td>{_cell(arm.get('comm_bytes_per_step'))}</td>"
             f"<td><a href='arms/{html.escape(arm['name'])}/report.html'>{_cell(arm.get('sweep_id'))}</a></td></tr>")
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in comparison.get("summary", []))

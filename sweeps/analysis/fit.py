@@ -34,7 +34,7 @@ import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
-__all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "cbs_20", "analyze_points", "INTERVAL_METHOD", "STATUSES"]
+__all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "analyze_points", "INTERVAL_METHOD", "STATUSES"]
 
 #: how ``b_crit_ci`` is computed; stated in ``cbs.json``
 INTERVAL_METHOD = (
@@ -198,6 +198,87 @@ def interval_b_crit(batch_sizes: Sequence[float], steps: Sequence[float], level:
     return end(-1.0, o_zero), end(1.0, o_inf)
 
 
+def _walk_region(sse: Any, u0: float, limit_low: float, threshold: float) -> tuple[float, float]:
+    """The ends of ``{u : sse(u) <= threshold}`` around ``u0`` (a log parameter), walking in steps of 0.05
+    and refining each crossing by Brent's method; ``(exp lo, exp hi)``, ``lo = 0`` when the region reaches
+    the parameter's zero limit (whose SSE is ``limit_low``)."""
+    f = lambda u: sse(u) - threshold  # noqa: E731
+    if f(u0) > 0:  # the region is narrower than the inner minimisation's precision (points on a hyperbola)
+        return math.exp(u0), math.exp(u0)
+
+    def end(direction: float) -> float:
+        inside = u0
+        for k in range(1, 400):
+            u = u0 + direction * 0.05 * k
+            if f(u) > 0:
+                return math.exp(brentq(f, min(inside, u), max(inside, u), xtol=1e-10))
+            inside = u
+        if direction < 0 and limit_low <= threshold * (1 + 1e-9):
+            return 0.0
+        return math.inf if direction > 0 else math.exp(inside)
+
+    return end(-1.0), end(1.0)
+
+
+def _min_over(obj: Any, lo: float, hi: float) -> float:
+    """``min obj(v)`` over ``v`` in ``[lo, hi]``: a 121-point grid, then Brent's bounded method around its best."""
+    grid = np.linspace(lo, hi, 121)
+    vals = obj(grid)
+    i = int(np.argmin(vals))
+    a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    r = minimize_scalar(lambda v: float(obj(np.array([v]))[0]), bounds=(a, b), method="bounded", options={"xatol": 1e-9})
+    return float(min(vals[i], r.fun))
+
+
+def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
+                         level: float = 0.95) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Confidence intervals of ``S_min`` (steps) and ``E_min`` (examples: the unit of B) of the fit
+    ``S = S_min + E_min/B`` (McCandlish et al. 2018, Eq. 2.11), by the same profile likelihood as
+    :func:`interval_b_crit`: on the per-batch points, ``{p : SSE(p) <= SSE_min (1 + F_{1,n-2}(level)/(n-2))}``
+    with ``SSE(p)`` the residual sum of squares of ``log S`` with the parameter fixed at ``p`` and the
+    other re-optimised (Bates and Watts 1988, section 6.1; Seber and Wild 1989, Eq. 5.35).
+
+    ``S_min`` is the fewest steps to the target at any batch size, ``E_min`` the fewest examples; so
+    the interval of the steps at batch size B and of synchronizations to target (``S_min/H``) follow.
+
+    Returns:
+        ``((s_lo, s_hi), (e_lo, e_hi))``; a lower end of 0 when the data allow the parameter's zero
+        limit (``S_min = 0``: no floor on steps; ``E_min = 0``: steps do not fall with B), an upper end
+        of ``inf`` when unbounded; ``((0, inf), (0, inf))`` with fewer than 3 batch sizes.
+
+    Raises:
+        ValueError: as :func:`fit_hyperbola`; ``level`` outside (0, 1).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    B, S = _per_batch_means(batch_sizes, steps)
+    n = len(B)
+    if n < 3:
+        return (0.0, math.inf), (0.0, math.inf)
+    y = np.log(S)
+    fit = fit_hyperbola(B, S)
+    sse_min = fit.rms_log_residual ** 2 * n
+    if sse_min <= 1e-24:  # points exactly on a hyperbola
+        return (fit.s_min, fit.s_min), (fit.e_min, fit.e_min)
+    threshold = sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2))
+    o_zero, o_inf = _limit_sse(B, y)  # E_min = 0 (b_crit -> 0), S_min = 0 (b_crit -> inf)
+    w = y + np.log(B)  # log(S B): log E_min where steps scale perfectly
+    ls = (float(y.min()) - 12.0, float(y.max()) + 2.0)  # log S_min
+    le = (float(w.min()) - 12.0, float(w.max()) + 2.0)  # log E_min
+
+    def sse_at_s_min(s: float) -> float:  # log S_min fixed; log E_min free (and its limit 0)
+        obj = lambda e: ((y[None, :] - np.log(math.exp(s) + np.exp(e)[:, None] / B[None, :])) ** 2).sum(axis=1)  # noqa: E731
+        return min(_min_over(obj, *le), float(((y - s) ** 2).sum()))
+
+    def sse_at_e_min(e: float) -> float:  # log E_min fixed; log S_min free (and its limit 0)
+        obj = lambda w: ((y[None, :] - np.log(np.exp(w)[:, None] + math.exp(e) / B[None, :])) ** 2).sum(axis=1)  # noqa: E731
+        return min(_min_over(obj, *ls), float(((y - e + np.log(B)) ** 2).sum()))
+
+    s0 = math.log(fit.s_min) if fit.s_min > 0 else float(y.min()) - 9.0
+    e0 = math.log(fit.e_min) if fit.e_min > 0 else float(w.min()) - 9.0
+    return _walk_region(sse_at_s_min, s0, o_inf, threshold), _walk_region(sse_at_e_min, e0, o_zero, threshold)
+
+
 def cbs_20(b_crit: float, reference_batch: float) -> float:
     """Zhang et al. (2024) critical batch size: steps 20 % above linear scaling from ``B0``.
 
@@ -221,7 +302,8 @@ def analyze_points(
     than 3 batch sizes, or an interval unbounded on both sides), ``message``, ``b_crit`` (None unless
     ``ok`` or ``edge``: a knee outside the range is never a bare number), ``b_crit_bound`` (for the
     out-of-range cases), ``b_crit_ci`` (``[lo, hi]``, ``hi`` None when unbounded; None with fewer than
-    3 batch sizes), ``s_min``, ``e_min``, ``cbs_20``, ``b_compute_overhead_20``, ``n_points``,
+    3 batch sizes), ``s_min``, ``e_min`` with ``s_min_ci`` and ``e_min_ci`` (:func:`interval_s_min_e_min`;
+    None with fewer than 3 batch sizes), ``cbs_20``, ``b_compute_overhead_20``, ``n_points``,
     ``n_batch_sizes``, ``rms_log_residual``, ``reference_batch``.
     """
     B = [float(b) for b in batch_sizes]
@@ -230,14 +312,17 @@ def analyze_points(
                            "b_crit_bound": None}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
-                   b_crit_ci=None, rms_log_residual=None,
+                   b_crit_ci=None, s_min_ci=None, e_min_ci=None, rms_log_residual=None,
                    message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
         return out
     ub, us = _per_batch_means(B, steps)
     fit = fit_hyperbola(ub, us)
     lo, hi = interval_b_crit(B, steps, level=level)
+    (s_lo, s_hi), (e_lo, e_hi) = interval_s_min_e_min(B, steps, level=level)
     out.update(s_min=fit.s_min, e_min=fit.e_min, rms_log_residual=fit.rms_log_residual,
-               b_crit_ci=[lo, hi if math.isfinite(hi) else None], b_crit_ci_level=level)
+               b_crit_ci=[lo, hi if math.isfinite(hi) else None], b_crit_ci_level=level,
+               s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
+               e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None])
     lo_b, hi_b = distinct[0], distinct[-1]
     none = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None)
     if lo <= 0.0 and not math.isfinite(hi):

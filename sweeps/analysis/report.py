@@ -164,6 +164,13 @@ def _local_cbs(local: list[dict]):
     return fig
 
 
+def _fmt_ci(ci: list | None) -> str:
+    """``[lo, hi]`` of an interval (``hi`` None: unbounded, shown as ``open``); ``-`` without one."""
+    if not ci:
+        return "[-]"
+    return "[" + ", ".join("open" if x is None else _fmt(float(x)) for x in ci) + "]"
+
+
 def _fmt(v: Any, nd: int = 4) -> str:
     if v is None:
         return "-"
@@ -262,7 +269,7 @@ figure{{display:inline-block;margin:0.5em}}img{{max-width:480px}}</style></head>
 <p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>. {headline}.</p>
 <p>20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
 batch with 20% compute overhead (0.2 b_crit): {_fmt(analysis.get('b_compute_overhead_20'))} sequences;
-S_min = {_fmt(analysis.get('s_min'))} steps, E_min = {_fmt(analysis.get('e_min'))} sequences.
+S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).

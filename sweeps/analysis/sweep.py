@@ -148,7 +148,8 @@ def analyze_trials(
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
-_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "s_min", "e_min", "status", "n_points",
+_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "s_min", "s_min_ci", "e_min", "e_min_ci",
+                "status", "n_points",
                 "n_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
 
 
@@ -159,6 +160,11 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
     fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
                          reference_batch, level=level)
     return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded}
+
+
+def _scaled(ci: list[float | None] | None, factor: float) -> list[float | None] | None:
+    """An interval ``[lo, hi]`` (``hi`` None: unbounded) times ``factor``."""
+    return [x * factor if x is not None else None for x in ci] if ci else None
 
 
 def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
@@ -174,8 +180,11 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
         cbs_20=primary.get("cbs_20"),
         b_compute_overhead_20=primary.get("b_compute_overhead_20"),
         s_min=primary.get("s_min"),
+        s_min_ci=primary.get("s_min_ci"),
         e_min=primary.get("e_min"),
+        e_min_ci=primary.get("e_min_ci"),
         e_min_tokens=primary["e_min"] * T if primary.get("e_min") is not None else None,
+        e_min_ci_tokens=_scaled(primary.get("e_min_ci"), T),
         status=primary["status"],
         message=primary.get("message", ""),
     )

@@ -103,6 +103,45 @@ def test_interval_hand_computed_profile_threshold():
     assert lo < fit.b_crit < hi
 
 
+def test_s_min_and_e_min_intervals_are_the_profile_region_of_a_brute_force_grid():
+    """The ends of S_min's and E_min's intervals against a dense 2-D grid of the log-space SSE."""
+    from scipy.stats import f as f_dist
+
+    from sweeps.analysis.fit import interval_s_min_e_min
+
+    rng = np.random.default_rng(11)
+    s = (1000 + 64000 / B) * np.exp(rng.normal(0, 0.1, len(B)))
+    (s_lo, s_hi), (e_lo, e_hi) = interval_s_min_e_min(B, s)
+    fit = fit_hyperbola(B, s)
+    assert s_lo < fit.s_min < s_hi and e_lo < fit.e_min < e_hi
+    y = np.log(s)
+    thr = fit.rms_log_residual ** 2 * len(B) * (1 + f_dist.ppf(0.95, 1, 5) / 5)
+    ls = np.linspace(math.log(200), math.log(5000), 1601)  # log S_min
+    le = np.linspace(math.log(5e3), math.log(1e6), 1601)  # log E_min
+    sse = ((y[None, None, :] - np.log(np.exp(ls)[:, None, None] + np.exp(le)[None, :, None] / B[None, None, :])) ** 2).sum(-1)
+    inside_s = ls[sse.min(axis=1) <= thr]
+    inside_e = le[sse.min(axis=0) <= thr]
+    step = ls[1] - ls[0], le[1] - le[0]
+    assert math.log(s_lo) == pytest.approx(inside_s.min(), abs=2 * step[0])
+    assert math.log(s_hi) == pytest.approx(inside_s.max(), abs=2 * step[0])
+    assert math.log(e_lo) == pytest.approx(inside_e.min(), abs=2 * step[1])
+    assert math.log(e_hi) == pytest.approx(inside_e.max(), abs=2 * step[1])
+    # exact points: the interval is the point; fewer than 3 batch sizes: unbounded
+    exact = interval_s_min_e_min(B, 1000 + 64000 / B)
+    assert exact[0] == pytest.approx((1000, 1000), rel=1e-3) and exact[1] == pytest.approx((64000, 64000), rel=1e-3)
+    assert interval_s_min_e_min([4, 8, 8], [10, 5, 5.1]) == ((0.0, math.inf), (0.0, math.inf))
+
+
+def test_s_min_reaches_zero_when_the_points_allow_perfect_scaling():
+    """Steps that halve with every doubling of B (S = E/B) are consistent with S_min = 0."""
+    from sweeps.analysis.fit import interval_s_min_e_min
+
+    rng = np.random.default_rng(2)
+    (s_lo, s_hi), (e_lo, e_hi) = interval_s_min_e_min(B, 64000 / B * np.exp(rng.normal(0, 0.05, len(B))))
+    assert s_lo == 0.0 and s_hi < 64000 / B.max()
+    assert 0 < e_lo < 64000 < e_hi < math.inf
+
+
 def test_seeds_of_one_batch_size_are_one_point():
     """Duplicating every point (a second seed that agrees exactly) must not narrow the interval."""
     rng = np.random.default_rng(5)
@@ -379,3 +418,25 @@ def test_lr_exponent_by_chance_does_not_depend_on_the_order_of_the_trials():
     forward = _lr_exponent_by_chance(trials, {4, 8, 16, 32})
     assert forward == _lr_exponent_by_chance(list(reversed(trials)), {4, 8, 16, 32})
     assert forward["mean"] == pytest.approx(0.5, abs=0.05)  # multipliers spread evenly around the sqrt rule
+
+
+def test_a_comparison_row_gives_steps_tokens_and_synchronizations_to_target_each_with_an_interval():
+    from sweeps.analysis.compare import compare_arms
+
+    rng = np.random.default_rng(4)
+    noisy = _synthetic_trials()
+    for t in noisy:  # a per-batch-size error, so that the intervals have a width
+        t.val_loss = list(np.asarray(t.val_loss) * math.exp(rng.normal(0, 0.01)))
+    ref = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16)
+    targets = [t["target_loss"] for t in ref["targets"]]
+    local = analyze_trials(noisy, context_length_tokens=64, reference_batch=16, targets=targets)
+    info = {"sync": "ddp", "sync_every_steps": 1, "replicas": 1, "optimizer": "adamw", "status": "SUCCEEDED"}
+    out = compare_arms([("ddp", info, ref), ("local", {**info, "sync": "local_sgd", "sync_every_steps": 4,
+                                                       "replicas": 4}, local)])
+    row = next(r for r in out["arms"][1]["targets"] if r["s_min"] is not None and r["s_min_ci"][1] is not None)
+    lo, hi = row["s_min_ci"]
+    assert lo < row["s_min"] < hi
+    assert row["syncs_min"] == pytest.approx(row["s_min"] / 4)
+    assert row["syncs_min_ci"] == pytest.approx([lo / 4, hi / 4])
+    assert row["e_min_tokens_ci"] == pytest.approx([x * 64 for x in row["e_min_ci"]])
+    assert all(p["syncs_to_target"] == pytest.approx(p["steps_to_target"] / 4) for p in row["points"])
