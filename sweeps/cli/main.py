@@ -123,6 +123,9 @@ def analyze(
                                        "a batch size may repeat (one row per seed or trial)"),
     trials: Optional[Path] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse it "
                                           "(same output as OUT/cbs.json; cbs.json must lie beside it)"),
+    comparison: Optional[Path] = typer.Option(None, "--comparison", help="OUT of a comparison (a spec with arms): "
+                                              "re-analyse every arm at the first arm's targets, rewrite OUT/cbs.json "
+                                              "and OUT/report.html (the runs' states are left as they are)"),
     reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="reference batch B0 for the 20% CBS "
                                                     "(Zhang et al. 2024); required with --csv, else the sweep's"),
     target: Optional[list[float]] = typer.Option(None, "--target", help="target loss (repeatable); --trials only: "
@@ -137,11 +140,18 @@ def analyze(
     from sweeps.analysis import analyze_csv, analyze_trials_file, finite_json
 
     try:
-        if (csv is None) == (trials is None):
-            raise InvalidInput("give exactly one of --csv or --trials")
+        if sum(x is not None for x in (csv, trials, comparison)) != 1:
+            raise InvalidInput("give exactly one of --csv, --trials or --comparison")
         if not 0.0 < level < 1.0:
             raise InvalidInput(f"--level must lie in (0, 1), got {level}")
-        if csv is not None:
+        if comparison is not None:
+            if target or reference_batch is not None or level != 0.95:
+                raise InvalidInput("--comparison takes no --target, --reference-batch or --level: the arms are "
+                                   "analysed at the first arm's targets, as the comparison was")
+            from sweeps.run.compare import analyze_comparison
+
+            result = analyze_comparison(comparison)
+        elif csv is not None:
             if reference_batch is None:
                 raise InvalidInput("--csv needs --reference-batch")
             if target:

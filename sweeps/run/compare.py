@@ -34,7 +34,7 @@ from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec, parse_spec
 from sweeps.spec.identity import is_valid_sweep_id
 
-__all__ = ["run_comparison", "resume_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
+__all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +205,34 @@ def _arm_info(name: str, arm: SweepSpec, arm_out: Path, status: str | None, swee
             "sweep_id": sweep_id, **_measured(arm_out)}
 
 
-def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Re-analyse every arm at the reference arm's targets, write ``OUT/cbs.json`` and ``OUT/report.html``."""
+def analyze_comparison(output: Path) -> dict[str, Any]:
+    """Re-analyse a comparison's arms at the reference arm's targets with this critbatch, rewriting
+    ``OUT/cbs.json`` and ``OUT/report.html`` (``critbatch analyze --comparison OUT``); the comparison's
+    and the arms' states are left as they are.
+
+    Returns:
+        The comparison (``OUT/cbs.json``'s content).
+
+    Raises:
+        InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates.
+    """
+    output = Path(output).expanduser().resolve()
+    try:
+        state = json.loads((output / COMPARISON_FILE).read_text())
+        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"{output} holds no comparison ({exc.filename} missing)") from None
+    comparison, _, _ = _write_comparison(spec, output, state["comparison_id"])
+    return comparison
+
+
+def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str, Any], list[str], bool]:
+    """Analyse every arm at the reference arm's targets; write ``OUT/cbs.json`` and ``OUT/report.html``.
+
+    Returns ``(comparison, arms that did not succeed, whether the reference arm has targets)``."""
     from sweeps.analysis import analyze_trials_file, finite_json
     from sweeps.analysis.compare import compare_arms
 
-    cid = state["comparison_id"]
     arms = spec.arm_specs()
     ref_cbs_path = _arm_dir(output, arms[0][0]) / "cbs.json"
     ref_targets = None
@@ -234,6 +256,13 @@ def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, A
     from sweeps.analysis.compare_report import write_comparison_report
 
     write_comparison_report(output, comparison)
+    return comparison, failed, bool(ref_targets)
+
+
+def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Re-analyse every arm at the reference arm's targets, write ``OUT/cbs.json`` and ``OUT/report.html``."""
+    cid = state["comparison_id"]
+    comparison, failed, ref_targets = _write_comparison(spec, output, cid)
     state["status"] = "FAILED" if failed or not ref_targets else "SUCCEEDED"
     _save(output, state)
     message = "; ".join(comparison["summary"])

@@ -389,12 +389,15 @@ def test_analyze_trials_file_reproduces_cbs_json(tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    ([], "exactly one of --csv or --trials"),
+    ([], "exactly one of --csv, --trials or --comparison"),
     (["--trials", "nope.json"], "not found"),
+    (["--comparison", "nope", "--target", "2"], "takes no --target"),
+    (["--comparison", "nope"], "holds no comparison"),
     (["--csv", "x.csv"], "needs --reference-batch"),
 ])
 def test_cli_analyze_bad_flags_exit_2(tmp_path, args, msg):
-    r = CliRunner().invoke(app, ["analyze", *[str(tmp_path / a) if a.endswith((".json", ".csv")) else a for a in args]])
+    r = CliRunner().invoke(app, ["analyze", *[str(tmp_path / a) if a.endswith((".json", ".csv")) or a == "nope" else a
+                                              for a in args]])
     assert r.exit_code == 2 and msg in r.output
 
 

@@ -82,3 +82,14 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
 
     again = run_cli(["resume", str(out), "--no-progress"], timeout_s=120)
     assert again.returncode == 2 and "already finished" in again.stdout + again.stderr
+
+    # re-analysed by `critbatch analyze --comparison`: the same comparison, the states untouched
+    states = [(out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")]
+    r = run_cli(["analyze", "--comparison", str(out)], timeout_s=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout) == json.loads((out / "cbs.json").read_text()) == cbs
+    assert [(out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")] == states
+    for arm in cbs["arms"]:
+        for row in arm["targets"]:
+            if row.get("s_min") is not None:
+                assert row["syncs_min_ci"] == row["s_min_ci"]  # ddp: H = 1
