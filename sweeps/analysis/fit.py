@@ -163,18 +163,12 @@ def interval_b_crit(batch_sizes: Sequence[float], steps: Sequence[float], level:
     Raises:
         ValueError: as :func:`fit_hyperbola`; ``level`` outside (0, 1).
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    B, S = _per_batch_means(batch_sizes, steps)
-    n = len(B)
-    if n < 3:
+    setup = _profile_setup(batch_sizes, steps, level)
+    if setup is None:
         return 0.0, math.inf
-    y = np.log(S)
-    fit = fit_hyperbola(B, S)
-    sse_min = fit.rms_log_residual ** 2 * n
-    if sse_min <= 1e-24:  # points exactly on a hyperbola: the interval is the point
+    B, y, fit, threshold = setup
+    if threshold is None:  # points exactly on a hyperbola: the interval is the point
         return fit.b_crit, fit.b_crit
-    threshold = sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2))
     o_zero, o_inf = _limit_sse(B, y)
     if fit.b_crit <= 0.0:
         u0 = math.log(B.min()) - 9.0
@@ -182,29 +176,42 @@ def interval_b_crit(batch_sizes: Sequence[float], steps: Sequence[float], level:
         u0 = math.log(B.max()) + 9.0
     else:
         u0 = math.log(fit.b_crit)
-    sse = lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]) - threshold  # noqa: E731
-
-    def end(direction: float, limit_sse: float) -> float:
-        """Walk from the optimum in steps of 0.05 in log b_crit to the first point outside the region."""
-        inside = u0
-        for k in range(1, 400):
-            u = u0 + direction * 0.05 * k
-            if sse(u) > 0:
-                return math.exp(brentq(sse, min(inside, u), max(inside, u), xtol=1e-10))
-            inside = u
-        return math.inf if direction > 0 and limit_sse <= threshold * (1 + 1e-9) else (
-            0.0 if direction < 0 and limit_sse <= threshold * (1 + 1e-9) else math.exp(inside))
-
-    return end(-1.0, o_zero), end(1.0, o_inf)
+    return _walk_region(lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), u0, threshold,
+                        limit_low=o_zero, limit_high=o_inf)
 
 
-def _walk_region(sse: Any, u0: float, limit_low: float, threshold: float) -> tuple[float, float]:
+def _profile_setup(batch_sizes: Sequence[float], steps: Sequence[float],
+                   level: float) -> tuple[np.ndarray, np.ndarray, HyperbolaFit, float | None] | None:
+    """What every profile interval starts from: ``(B, log S, fit, threshold)`` on the per-batch points,
+    ``threshold = SSE_min (1 + F_{1,n-2}(level)/(n-2))`` (None when the points lie exactly on a
+    hyperbola); None with fewer than 3 batch sizes.
+
+    Raises:
+        ValueError: as :func:`fit_hyperbola`; ``level`` outside (0, 1).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    B, S = _per_batch_means(batch_sizes, steps)
+    n = len(B)
+    if n < 3:
+        return None
+    y = np.log(S)
+    fit = fit_hyperbola(B, S)
+    sse_min = fit.rms_log_residual ** 2 * n
+    if sse_min <= 1e-24:
+        return B, y, fit, None
+    return B, y, fit, sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2))
+
+
+def _walk_region(sse: Any, u0: float, threshold: float, *, limit_low: float, limit_high: float) -> tuple[float, float]:
     """The ends of ``{u : sse(u) <= threshold}`` around ``u0`` (a log parameter), walking in steps of 0.05
-    and refining each crossing by Brent's method; ``(exp lo, exp hi)``, ``lo = 0`` when the region reaches
-    the parameter's zero limit (whose SSE is ``limit_low``)."""
+    and refining each crossing by Brent's method; ``(exp lo, exp hi)``. Past 400 steps still inside, an
+    end is the parameter's limit (0 below, inf above) when that limit's SSE (``limit_low``,
+    ``limit_high``) lies inside the region too, else the last point walked."""
     f = lambda u: sse(u) - threshold  # noqa: E731
     if f(u0) > 0:  # the region is narrower than the inner minimisation's precision (points on a hyperbola)
         return math.exp(u0), math.exp(u0)
+    inside_limit = threshold * (1 + 1e-9)
 
     def end(direction: float) -> float:
         inside = u0
@@ -213,9 +220,9 @@ def _walk_region(sse: Any, u0: float, limit_low: float, threshold: float) -> tup
             if f(u) > 0:
                 return math.exp(brentq(f, min(inside, u), max(inside, u), xtol=1e-10))
             inside = u
-        if direction < 0 and limit_low <= threshold * (1 + 1e-9):
-            return 0.0
-        return math.inf if direction > 0 else math.exp(inside)
+        if direction < 0:
+            return 0.0 if limit_low <= inside_limit else math.exp(inside)
+        return math.inf if limit_high <= inside_limit else math.exp(inside)
 
     return end(-1.0), end(1.0)
 
@@ -249,18 +256,12 @@ def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
     Raises:
         ValueError: as :func:`fit_hyperbola`; ``level`` outside (0, 1).
     """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must lie in (0, 1), got {level}")
-    B, S = _per_batch_means(batch_sizes, steps)
-    n = len(B)
-    if n < 3:
+    setup = _profile_setup(batch_sizes, steps, level)
+    if setup is None:
         return (0.0, math.inf), (0.0, math.inf)
-    y = np.log(S)
-    fit = fit_hyperbola(B, S)
-    sse_min = fit.rms_log_residual ** 2 * n
-    if sse_min <= 1e-24:  # points exactly on a hyperbola
+    B, y, fit, threshold = setup
+    if threshold is None:  # points exactly on a hyperbola
         return (fit.s_min, fit.s_min), (fit.e_min, fit.e_min)
-    threshold = sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2))
     o_zero, o_inf = _limit_sse(B, y)  # E_min = 0 (b_crit -> 0), S_min = 0 (b_crit -> inf)
     w = y + np.log(B)  # log(S B): log E_min where steps scale perfectly
     ls = (float(y.min()) - 12.0, float(y.max()) + 2.0)  # log S_min
@@ -276,7 +277,9 @@ def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
 
     s0 = math.log(fit.s_min) if fit.s_min > 0 else float(y.min()) - 9.0
     e0 = math.log(fit.e_min) if fit.e_min > 0 else float(w.min()) - 9.0
-    return _walk_region(sse_at_s_min, s0, o_inf, threshold), _walk_region(sse_at_e_min, e0, o_zero, threshold)
+    # either parameter going to infinity sends the SSE to infinity: nothing is assumed at that end
+    return (_walk_region(sse_at_s_min, s0, threshold, limit_low=o_inf, limit_high=math.inf),
+            _walk_region(sse_at_e_min, e0, threshold, limit_low=o_zero, limit_high=math.inf))
 
 
 def cbs_20(b_crit: float, reference_batch: float) -> float:

@@ -113,12 +113,7 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
     """
     from sweeps.run.cluster import init_ray
 
-    output = Path(output).expanduser().resolve()
-    try:
-        state = json.loads((output / COMPARISON_FILE).read_text())
-        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
-    except FileNotFoundError as exc:
-        raise InvalidInput(f"{output} holds no comparison to resume ({exc.filename} missing)") from None
+    output, state, spec = _load(output, "to resume")
     if state.get("status") in _FINISHED:
         raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
     arms = spec.arm_specs()
@@ -134,6 +129,21 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
             import ray
 
             ray.shutdown()
+
+
+def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepSpec]:
+    """``(resolved OUT, comparison.json's state, the spec)`` of the comparison in ``output``.
+
+    Raises:
+        InvalidInput: a file is missing (the message names it), or the spec no longer validates.
+    """
+    output = Path(output).expanduser().resolve()
+    try:
+        state = json.loads((output / COMPARISON_FILE).read_text())
+        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+    except FileNotFoundError as exc:
+        raise InvalidInput(f"{output} holds no comparison{' ' + purpose if purpose else ''} ({exc.filename} missing)") from None
+    return output, state, spec
 
 
 def _sizing(arms: list[tuple[str, SweepSpec]]) -> SweepSpec:
@@ -216,12 +226,7 @@ def analyze_comparison(output: Path) -> dict[str, Any]:
     Raises:
         InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates.
     """
-    output = Path(output).expanduser().resolve()
-    try:
-        state = json.loads((output / COMPARISON_FILE).read_text())
-        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
-    except FileNotFoundError as exc:
-        raise InvalidInput(f"{output} holds no comparison ({exc.filename} missing)") from None
+    output, state, spec = _load(output)
     comparison, _, _ = _write_comparison(spec, output, state["comparison_id"])
     return comparison
 
