@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 __all__ = [
-    "reattach_restored_tuner", "searcher_inside", "placement_group_table", "kv_put",
+    "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
     "job_submission_client", "is_job_not_found",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
 ]
@@ -61,6 +61,23 @@ def placement_group_table() -> list:
 
     return [gcs_pb2.PlacementGroupTableData.FromString(raw)
             for raw in state._connect_and_get_accessor().get_placement_group_table()]
+
+
+def actor_is_dead(actor_id: bytes) -> bool:
+    """Whether the GCS actor table has the actor ``actor_id`` (binary id) as ``DEAD`` (False if unknown).
+
+    Why: a placement group's ``creator_actor_dead`` flag is not always set when its creator dies. In
+    Ray 2.60 a Ray Train controller killed because Tune removed its trial's placement group (a paused
+    or stopped trial) leaves the groups it created with ``creator_actor_dead = False`` although its
+    actor row reads ``DEAD`` (seen 2026-12-02 in a pause-mode sweep that then waited forever for
+    those CPUs); :mod:`sweeps.run.reaper` asks the actor table too.
+    """
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    raw = state._connect_and_get_accessor().get_actor_info(ray.ActorID(actor_id))
+    return raw is not None and gcs_pb2.ActorTableData.FromString(raw).state == gcs_pb2.ActorTableData.DEAD
 
 
 def kv_put(key: str, value: bytes) -> None:

@@ -3,7 +3,10 @@ fails in ``reset_config``, whose thread is still inside ``TorchTrainer.fit()``),
 kills its Train controller in the middle of ``fit()``.
 In Ray 2.60 that can leave the workers' placement group behind (a controller that was restarting
 its worker group when it died creates a group its ``PlacementGroupCleaner`` never hears of; the
-cleaner also needs a dashboard), and the next trials then wait forever for those CPUs.
+cleaner also needs a dashboard), and the next trials then wait forever for those CPUs. Some of
+those groups keep ``creator_actor_dead = False`` in the GCS although the controller's actor row
+reads ``DEAD`` (a controller killed with its trial's group while creating one), so the
+reaper also asks the actor table.
 :class:`PlacementGroupReaper` is the Tune callback that removes them.
 """
 
@@ -14,7 +17,7 @@ import time
 
 from ray.tune import Callback
 
-from sweeps._compat import placement_group_table
+from sweeps._compat import actor_is_dead, placement_group_table
 
 __all__ = ["PlacementGroupReaper"]
 
@@ -52,9 +55,10 @@ class PlacementGroupReaper(Callback):
         nil = ray.ActorID.nil().binary()
         n = 0
         for pg in placement_group_table():
-            orphan = (pg.state in (gcs_pb2.PlacementGroupTableData.CREATED, gcs_pb2.PlacementGroupTableData.PENDING)
-                      and not pg.is_detached and pg.creator_actor_dead and pg.creator_actor_id not in (b"", nil)
-                      and pg.creator_job_id.hex() == job)
+            candidate = (pg.state in (gcs_pb2.PlacementGroupTableData.CREATED, gcs_pb2.PlacementGroupTableData.PENDING)
+                         and not pg.is_detached and pg.creator_actor_id not in (b"", nil) and pg.creator_job_id.hex() == job)
+            # the group's own flag is not always set when its creator dies (sweeps._compat.actor_is_dead)
+            orphan = candidate and (pg.creator_actor_dead or actor_is_dead(pg.creator_actor_id))
             if orphan:
                 pg_id = ray.PlacementGroupID(pg.placement_group_id)
                 ray.util.remove_placement_group(PlacementGroup(pg_id))

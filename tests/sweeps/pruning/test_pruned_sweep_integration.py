@@ -257,6 +257,47 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     remove_placement_group(mine)
 
 
+def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_the_flag_is_unset(ray_local):
+    """A controller that dies because its trial's placement group was removed (Tune pausing or stopping
+    the trial) while it creates a group: some of its groups keep ``creator_actor_dead = False`` (Ray
+    2.60), and a pause-mode sweep then waited forever for their CPUs (2026-12-02). All must go."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from sweeps._compat import placement_group_table
+    from sweeps.run.reaper import PlacementGroupReaper
+
+    @ray.remote(num_cpus=0.001)
+    class Controller:  # creates groups without pause, as a controller restarting its worker group does
+        def spin(self):
+            import threading
+
+            def loop():
+                while True:
+                    placement_group([{"CPU": 0.001}])
+            threading.Thread(target=loop, daemon=True).start()
+
+    trial = placement_group([{"CPU": 0.01}])
+    ray.get(trial.ready())
+    c = Controller.options(scheduling_strategy=PlacementGroupSchedulingStrategy(trial)).remote()
+    ray.get(c.spin.remote())
+    time.sleep(0.5)  # let it create some groups; how many does not matter
+    remove_placement_group(trial)  # kills the controller, as Tune removing a paused trial's group does
+    cid = c._actor_id.binary()
+
+    def live():
+        return [pg for pg in placement_group_table() if pg.creator_actor_id == cid and pg.state != pg.REMOVED]
+
+    reaper = PlacementGroupReaper()
+    for _ in range(100):  # the controller's death, then each removal, reach the GCS asynchronously
+        reaper.reap()
+        if not live():
+            break
+        time.sleep(0.1)
+    assert reaper.removed and not live()
+
+
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
 
 
