@@ -1,6 +1,7 @@
 """Sweep overhead: the same trials as plain PyTorch loops and through the whole sweep.
 
     python benchmarks/overhead.py [--budget-tokens N] [--batch-sizes 16,64] [--concurrency 2] [--no-tune-only]
+    python benchmarks/overhead.py --pruned     # the pruned example's wall clock over the main job's (~35 min)
 
 Three sides train the same trials (same model, data, hyperparameters, seeds, token budget) with the
 same parallelism: ``--concurrency`` trials at once, one CPU thread each. The plain side runs
@@ -12,6 +13,11 @@ is ``ratio=X tune_only_ratio=Y sweep_over_tune_only=Z fixed_cost_s=W`` (sweep an
 clock over plain wall clock, the sweep over Tune-only, and the median per-trial fixed cost: the
 sweep's time to a trial's first report minus the plain loop's time to its first report); the lines
 before it say where the difference goes.
+
+``--pruned`` instead runs the main job (``sweeps/examples/shakespeare-char.yaml``) and the pruned
+example (``sweeps/examples/shakespeare-char-pruned.yaml``, the same training FLOPs) one after the other
+through ``critbatch run``, each with a fresh output folder and MLflow store, and prints
+``pruned_over_main=X`` (wall clock over wall clock) with both wall clocks and trial counts.
 """
 
 from __future__ import annotations
@@ -111,13 +117,44 @@ def tune_only(spec: dict, bs: list[int], concurrency: int, tmp: str) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_run(example: str, tmp: str) -> tuple[float, dict]:
+    """``critbatch run sweeps/examples/EXAMPLE`` into ``tmp``: ``(wall clock s, cbs.json["trials"])``.
+
+    Raises:
+        SystemExit: the run exited other than 0 or 1.
+    """
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(ROOT / "sweeps" / "examples" / example),
+                        "--output", f"{tmp}/out", "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode not in (0, 1):
+        print(r.stdout[-3000:], r.stderr[-3000:])
+        raise SystemExit(f"{example} failed (exit {r.returncode})")
+    return wall, json.loads(Path(tmp, "out", "cbs.json").read_text())["trials"]
+
+
+def pruned_over_main() -> None:
+    """The ``--pruned`` mode (module docstring)."""
+    walls = {}
+    for example in ("shakespeare-char.yaml", "shakespeare-char-pruned.yaml"):
+        with tempfile.TemporaryDirectory() as tmp:
+            walls[example], trials = _timed_run(example, tmp)
+        print(f"{example}: {walls[example]:.1f} s wall; trials {trials}")
+    print(f"pruned_over_main={walls['shakespeare-char-pruned.yaml'] / walls['shakespeare-char.yaml']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-tokens", type=int, default=786432)
     ap.add_argument("--batch-sizes", default="16,64")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--no-tune-only", action="store_true", help="skip the hand-written Ray Tune sweep")
+    ap.add_argument("--pruned", action="store_true", help="only the pruned example's wall clock over the main job's")
     a = ap.parse_args()
+    if a.pruned:
+        return pruned_over_main()
     bs = [int(x) for x in a.batch_sizes.split(",")]
     spec = make_spec(a.budget_tokens, bs, a.concurrency)
 
