@@ -17,7 +17,8 @@ before it say where the difference goes.
 ``--pruned`` instead runs the main job (``sweeps/examples/shakespeare-char.yaml``) and the pruned
 example (``sweeps/examples/shakespeare-char-pruned.yaml``, the same training FLOPs) one after the other
 through ``critbatch run``, each with a fresh output folder and MLflow store, and prints
-``pruned_over_main=X`` (wall clock over wall clock) with both wall clocks and trial counts.
+``pruned_over_main=X`` (wall clock over wall clock) with both wall clocks, trial counts and Ray Train runs
+(first starts and restarts from checkpoints, with their ``startup_s``: :func:`train_starts`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,22 +119,42 @@ def tune_only(spec: dict, bs: list[int], concurrency: int, tmp: str) -> float:
     return time.perf_counter() - t0
 
 
-def _timed_run(example: str, tmp: str) -> tuple[float, dict]:
-    """``critbatch run sweeps/examples/EXAMPLE`` into ``tmp``: ``(wall clock s, cbs.json["trials"])``.
+def _run_sweep(spec_path: Path, tmp: str) -> float:
+    """``critbatch run SPEC --output TMP/out --tracking-uri sqlite:///TMP/ml.db``; returns its wall clock (s).
 
     Raises:
-        SystemExit: the run exited other than 0 or 1.
+        SystemExit: the run exited other than 0 (done) or 1 (the analysis found no answer).
     """
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(ROOT / "sweeps" / "examples" / example),
-                        "--output", f"{tmp}/out", "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(spec_path), "--output", f"{tmp}/out",
+                        "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"], cwd=ROOT, env=env,
+                       capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         print(r.stdout[-3000:], r.stderr[-3000:])
-        raise SystemExit(f"{example} failed (exit {r.returncode})")
-    return wall, json.loads(Path(tmp, "out", "cbs.json").read_text())["trials"]
+        raise SystemExit(f"the sweep {spec_path.name} failed (exit {r.returncode})")
+    return wall
+
+
+def train_starts(out: Path) -> tuple[list[float], list[float]]:
+    """``(startup_s of each trial's first Ray Train run, startup_s of each restart)`` from ``OUT/reports/``.
+
+    Every Ray Train run of a trial (the first, and each resume from a checkpoint) reports a new
+    ``startup_s`` with its first result; a resume also re-sends the earlier reports, whose values
+    repeat, so the distinct values of a trial's file, in order, are its runs.
+    """
+    first: list[float] = []
+    restarts: list[float] = []
+    for f in sorted((out / "reports").glob("*.jsonl")):
+        seen: list[float] = []
+        for line in f.read_text().splitlines():
+            v = json.loads(line).get("startup_s") if line.strip() else None
+            if v is not None and v not in seen:
+                seen.append(v)
+        first += seen[:1]
+        restarts += seen[1:]
+    return first, restarts
 
 
 def pruned_over_main() -> None:
@@ -140,8 +162,14 @@ def pruned_over_main() -> None:
     walls = {}
     for example in ("shakespeare-char.yaml", "shakespeare-char-pruned.yaml"):
         with tempfile.TemporaryDirectory() as tmp:
-            walls[example], trials = _timed_run(example, tmp)
-        print(f"{example}: {walls[example]:.1f} s wall; trials {trials}")
+            walls[example] = _run_sweep(ROOT / "sweeps" / "examples" / example, tmp)
+            out = Path(tmp, "out")
+            trials = json.loads((out / "cbs.json").read_text())["trials"]
+            first, restarts = train_starts(out)
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        print(f"{example}: {walls[example]:.1f} s wall; trials {trials}; Ray Train runs: {len(first)} first "
+              f"(startup_s median {med(first):.1f}, sum {sum(first):.0f}), {len(restarts)} restarts "
+              f"(median {med(restarts):.1f}, sum {sum(restarts):.0f})")
     print(f"pruned_over_main={walls['shakespeare-char-pruned.yaml'] / walls['shakespeare-char.yaml']:.3f}")
 
 
@@ -173,15 +201,7 @@ def main() -> None:
             print(f"tune-only: {tune_s:.1f} s wall (Ray Tune + OptunaSearch + MLflowLoggerCallback, no Ray Train)")
         p = Path(tmp) / "spec.yaml"
         p.write_text(yaml.safe_dump(spec))
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-        t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(p), "--output", f"{tmp}/out",
-                            "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"], cwd=ROOT, env=env,
-                           capture_output=True, text=True)
-        sweep = time.perf_counter() - t0
-        if r.returncode not in (0, 1):
-            print(r.stdout, r.stderr)
-            raise SystemExit("the sweep failed")
+        sweep = _run_sweep(p, tmp)
         rows = []
         for f in sorted(Path(tmp, "out", "tune").glob("**/result.json")):
             rows.append([json.loads(x) for x in f.read_text().splitlines() if x.strip()])
