@@ -16,7 +16,11 @@ name            class                                            hyperparameters
 ``sgd_momentum`` ``torch.optim.SGD(momentum=beta1,               lr, beta1 (the momentum), weight_decay
                 nesterov=False)``                                (coupled: added to the gradient)
 ``adamw_8bit``  ``bitsandbytes.optim.AdamW8bit`` (Dettmers et    lr, beta1, beta2, eps, weight_decay
-                al. 2022, block-wise 8-bit states; CUDA only)
+                al. 2022, ICLR, "8-bit Optimizers via Block-
+                wise Quantization": uint8 moments in blocks of
+                256 with a float32 scale each; tensors under
+                4,096 elements keep float32 moments; CUDA, and
+                CPU from bitsandbytes 0.50)
 ==============  ===============================================  ==========================================
 
 Adafactor's second-moment decay is ``1 - t^beta2_decay`` (torch's default ``beta2_decay=-0.8``),
@@ -37,8 +41,11 @@ __all__ = ["build_optimizer", "state_bytes_per_param", "reads_beta2", "BITSANDBY
 
 log = logging.getLogger(__name__)
 
-#: how to get the optional package of ``adamw_8bit``
-BITSANDBYTES_HINT = "pip install 'critbatch[gpu]' (bitsandbytes)"
+#: how to get the package of ``adamw_8bit`` (a dependency of critbatch; missing only from a bare install)
+BITSANDBYTES_HINT = "pip install 'bitsandbytes>=0.50' (a dependency of critbatch)"
+#: the first bitsandbytes release with a CPU kernel for its block-wise 8-bit optimizer update
+#: (``bitsandbytes::optimizer_update_8bit_blockwise`` registered for ``cpu``; 0.49 has none)
+BITSANDBYTES_CPU_MIN = (0, 50)
 
 
 def reads_beta2(name: str) -> bool:
@@ -55,8 +62,9 @@ def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: to
         device: where ``params`` live (``adamw``: fused on CUDA, foreach elsewhere).
 
     Raises:
-        ValueError: an unknown ``cfg.name``; ``adamw_8bit`` on a device that is not CUDA.
-        ImportError: ``adamw_8bit`` without ``bitsandbytes`` installed (the ``gpu`` extra).
+        ValueError: an unknown ``cfg.name``; ``adamw_8bit`` on a device other than CUDA or CPU, or on CPU
+            with a bitsandbytes older than 0.50 (no CPU kernel for the 8-bit update).
+        ImportError: ``adamw_8bit`` without ``bitsandbytes`` installed.
     """
     name = cfg.name
     if not reads_beta2(name):
@@ -73,15 +81,42 @@ def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: to
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "adamw_8bit":
-        if device.type != "cuda":
-            raise ValueError(f"optimizer adamw_8bit (bitsandbytes AdamW8bit) needs a CUDA device, not {device}")
-        try:
-            import bitsandbytes as bnb
-        except ImportError as e:
-            raise ImportError(f"optimizer adamw_8bit needs the bitsandbytes package: {BITSANDBYTES_HINT}") from e
+        bnb = _bitsandbytes(device)
         return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                                    weight_decay=cfg.weight_decay)
     raise ValueError(f"unknown optimizer {name!r}")
+
+
+def _bitsandbytes(device: torch.device):
+    """The ``bitsandbytes`` module, checked to have an 8-bit optimizer kernel for ``device``.
+
+    Raises:
+        ImportError: bitsandbytes is not installed.
+        ValueError: ``device`` is neither CUDA nor CPU, or it is CPU and bitsandbytes predates 0.50.
+    """
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"optimizer adamw_8bit (bitsandbytes AdamW8bit) runs on CUDA or CPU, not {device}")
+    # bitsandbytes' CPU backend logs a warning at import on some CPUs about an optional 4-bit matmul
+    # kernel (the `kernels` package); the 8-bit optimizer does not use it
+    quiet = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        import bitsandbytes as bnb
+    except ImportError as e:
+        raise ImportError(f"optimizer adamw_8bit needs the bitsandbytes package: {BITSANDBYTES_HINT}") from e
+    finally:
+        quiet.setLevel(level)
+    if device.type == "cpu" and _version(bnb.__version__) < BITSANDBYTES_CPU_MIN:
+        raise ValueError(f"optimizer adamw_8bit on CPU needs bitsandbytes >= 0.50 (its CPU kernel for the 8-bit "
+                         f"update), found {bnb.__version__}: {BITSANDBYTES_HINT}")
+    return bnb
+
+
+def _version(text: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``0.50.2`` or ``0.50.0.dev0``."""
+    major, minor = (text.split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def state_bytes_per_param(opt: torch.optim.Optimizer, n_params: int) -> float:

@@ -360,12 +360,12 @@ class OptimizerSpec(_Strict):
 
     ``name``: ``adamw`` (``torch.optim.AdamW``, the default), ``adafactor`` (``torch.optim.Adafactor``:
     no beta1, no constant beta2, eps not read), ``sgd_momentum`` (``torch.optim.SGD`` with momentum
-    ``beta1``: no beta2, eps not read) or ``adamw_8bit`` (``bitsandbytes`` AdamW8bit: a GPU and the
-    ``gpu`` extra). A spec at the default ``adamw`` dumps (and fingerprints) without ``name``.
+    ``beta1``: no beta2, eps not read) or ``adamw_8bit`` (``bitsandbytes`` AdamW8bit, block-wise 8-bit
+    moments; on CUDA, and on CPU from bitsandbytes 0.50). A spec at the default ``adamw`` dumps (and fingerprints) without ``name``.
     """
 
     name: OptimizerName = Field(
-        default="adamw", description="adamw | adafactor | adamw_8bit (bitsandbytes, GPU only) | sgd_momentum "
+        default="adamw", description="adamw | adafactor | adamw_8bit (bitsandbytes, 8-bit moments) | sgd_momentum "
                                      "(momentum = beta1); adafactor and sgd_momentum have no beta2")
     beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1; sgd_momentum's momentum; not read by adafactor")
     eps: float = Field(default=1e-8, gt=0)

@@ -288,7 +288,7 @@ class SweepSpec(_Strict):
         return errs
 
     def _optimizer_errors(self) -> list[str]:
-        """``optimizer.name`` against the searched beta2, the GPUs and fsdp (docs/design.md, "Optimizers")."""
+        """``optimizer.name`` against the searched beta2 and fsdp (docs/design.md, "Optimizers")."""
         o, r, b2 = self.optimizer, self.resources, self.search.beta2
         errs = []
         searched = (b2.half_life_tokens is not None and b2.half_life_tokens[0] < b2.half_life_tokens[1]
@@ -296,9 +296,6 @@ class SweepSpec(_Strict):
         if not o.reads_beta2 and searched:
             errs.append(f"optimizer.name={o.name} has no beta2: set search.beta2.values to a single value "
                         "(it is not read) instead of searching beta2")
-        if o.name == "adamw_8bit" and r.gpus_per_worker == 0:
-            errs.append("optimizer.name: adamw_8bit needs a GPU (bitsandbytes AdamW8bit runs on CUDA): "
-                        "set resources.gpus_per_worker > 0 or use adamw")
         if r.parallelism == "fsdp" and o.name in ("adafactor", "adamw_8bit"):
             errs.append(f"optimizer.name={o.name} cannot run with resources.parallelism: fsdp (its state is not "
                         "sharded like the parameters); use ddp, or adamw / sgd_momentum")
