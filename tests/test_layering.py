@@ -88,7 +88,7 @@ def test_pure_modules_stay_pure(package, forbidden):
 def test_every_third_party_package_the_product_imports_is_declared():
     """A package imported only because another one brings it breaks when that one stops bringing it:
     every top-level import of sweeps, workloads and service is the standard library, ours, or a
-    distribution named in pyproject.toml's dependencies (or the ``gpu`` extra)."""
+    distribution named in pyproject.toml's dependencies."""
     import importlib.metadata as md
     import re
     import sys
@@ -96,7 +96,7 @@ def test_every_third_party_package_the_product_imports_is_declared():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-")
-                for r in project["dependencies"] + project["optional-dependencies"]["gpu"]}
+                for r in project["dependencies"]}
     dists = md.packages_distributions()
     missing = set()
     for package in ("sweeps", "workloads", "service"):
