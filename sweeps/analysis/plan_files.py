@@ -69,7 +69,8 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
     all-reduced; without it, ``cbs.json``'s ``n_params`` or ``flops_per_token / 6``).
 
     Raises:
-        InvalidInput: missing or unreadable files, no usable fit, or an ``analyze --csv`` result
+        InvalidInput: missing or unreadable files, no usable fit, a comparison's ``cbs.json`` (its arms are
+            planned one by one, from ``OUT/arms/NAME``), or an ``analyze --csv`` result
             without ``--flops-per-token``, ``--params`` and ``--tokens-per-sequence`` (each missing one named).
     """
     p = Path(path)
@@ -85,6 +86,11 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
     data = _read_json(p)
     if not isinstance(data, dict):
         raise InvalidInput(f"plan: {p} is not a JSON object (expected cbs.json or an analyze --csv result)")
+    if data.get("kind") == "comparison":
+        arms = [str(a.get("name")) for a in data.get("arms") or [] if isinstance(a, dict)]
+        where = p.parent / "arms"
+        raise InvalidInput(f"plan: {p} is a comparison of arms {arms}: plan one arm's sweep, each with its own fit "
+                           f"and sync period, e.g. critbatch plan {where / (arms[0] if arms else 'NAME')}")
     is_cbs = "targets" in data or "per_batch" in data
     if is_cbs:
         per_batch = [float(r["batch_size_sequences"]) for r in data.get("per_batch") or [] if "batch_size_sequences" in r]
@@ -144,6 +150,11 @@ def make_plan(inputs: dict[str, Any], cluster: ClusterSpec, *, grad_bytes_per_pa
                      "(a sweep with resources.sync.every_steps) are usually more; this plan uses the synchronous fit")
     elif spec_h and h != spec_h:
         notes.append(f"the fit comes from a sweep synchronised every {spec_h} steps; this plan uses H={h}")
+    if spec_h:
+        notes.append("the fit comes from a local SGD / DiLoCo sweep at its own replica count "
+                     "(resources.workers_per_trial), which the plan does not model: it applies that fit at every "
+                     "device count; a synchronisation all-reduces the parameters (local SGD) or their deltas "
+                     "(DiLoCo), counted at --grad-bytes-per-param (4: float32)")
     if inputs["n_params_source"] not in ("--params", "cbs.json n_params"):
         notes.append(f"parameter count from {inputs['n_params_source']}")
     gradient_bytes = inputs["n_params"] * grad_bytes_per_param

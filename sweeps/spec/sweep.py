@@ -267,7 +267,7 @@ class SweepSpec(_Strict):
 
     def _sync_errors(self) -> list[str]:
         """``resources.sync`` local_sgd / diloco: 2+ workers (the replicas), ddp, pretrain, no branch,
-        no batch warmup."""
+        no batch warmup, and at least one synchronisation in every batch size's budget."""
         r = self.resources
         mode = r.sync.mode
         if mode == "ddp":
@@ -285,6 +285,13 @@ class SweepSpec(_Strict):
                         f"process); use ddp")
         if self.batch_warmup is not None:
             errs.append(f"resources.sync: {mode} cannot run with batch_warmup; use ddp")
+        h, T = r.sync.every_steps, self.model.context_length_tokens
+        never = {b: self.budget_tokens // (b * T) for b in self.search.batch_sizes_sequences
+                 if self.budget_tokens // (b * T) < h}
+        if never:
+            errs.append(f"resources.sync.every_steps={h} is more than the optimizer steps of batch size(s) "
+                        f"{sorted(never)} (budget_tokens / (batch x context) = {[never[b] for b in sorted(never)]}): "
+                        f"their replicas would never synchronise; lower every_steps or drop those batch sizes")
         return errs
 
     def _optimizer_errors(self) -> list[str]:

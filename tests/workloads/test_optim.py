@@ -121,17 +121,19 @@ def test_the_builder_makes_each_class_with_the_configs_hyperparameters():
     assert (ada.param_groups[0]["lr"], ada.param_groups[0]["weight_decay"]) == (0.01, 0.1)
 
 
-def test_adamw_8bit_is_bitsandbytes_with_uint8_moments_on_cpu():
-    p = torch.nn.Parameter(torch.randn(64, 128))
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_adamw_8bit_is_bitsandbytes_with_uint8_moments(device):
+    p = torch.nn.Parameter(torch.randn(64, 128, device=device))
     o = OptimizerConfig(name="adamw_8bit", lr=0.01, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.1,
                         beta2_half_life_tokens=1.0)
-    opt = build_optimizer([p], o, torch.device("cpu"))
+    opt = build_optimizer([p], o, torch.device(device))
     import bitsandbytes as bnb
 
     assert type(opt) is bnb.optim.AdamW8bit
     assert {k: opt.param_groups[0][k] for k in ("lr", "betas", "eps", "weight_decay")} == {
         "lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-7, "weight_decay": 0.1}
-    p.grad = torch.randn(64, 128)
+    p.grad = torch.randn(64, 128, device=device)
     opt.step()
     state = opt.state[p]
     assert state["state1"].dtype == state["state2"].dtype == torch.uint8  # the moments are 8-bit

@@ -162,6 +162,7 @@ def test_inputs_from_a_cbs_json_and_its_spec(tmp_path):
     plan = make_plan(inp, cluster(devices=8))
     assert plan["inputs"]["sync_every_steps"] == 8
     assert plan["inputs"]["sync_every_steps_source"] == "spec resources.sync.every_steps"
+    assert any("replica count" in n and "does not model" in n for n in plan["notes"])
     assert [t["headline"] for t in plan["targets"]] == [False, False, False, True]   # cbs.json's target_loss
     assert plan["targets"][0]["status"] == "above_range" and plan["targets"][0]["b_crit"] is None
     (sweep / "spec.yaml").write_text("resources:\n  sync:\n    every_steps: many\n", encoding="utf-8")
@@ -244,6 +245,19 @@ def test_cli_bad_input_exits_2(tmp_path):
     (tmp_path / "junk.json").write_text("[1, 2]")
     assert _cli([str(tmp_path / "junk.json"), *H100]).exit_code == 2
     assert not (sweep / "plan.json").exists()
+
+
+def test_cli_on_a_comparison_names_the_arm_folders_to_plan(tmp_path):
+    comparison = tmp_path / "cmp"
+    comparison.mkdir()
+    (comparison / "cbs.json").write_text(json.dumps({"kind": "comparison", "reference_arm": "ddp",
+                                                     "targets": [3.2, 3.0], "target_loss": 3.2,
+                                                     "arms": [{"name": "ddp"}, {"name": "diloco-m4-h16"}]}))
+    res = _cli([str(comparison), *H100])
+    assert res.exit_code == 2, res.output
+    assert "a comparison of arms ['ddp', 'diloco-m4-h16']" in res.output
+    assert f"critbatch plan {comparison / 'arms' / 'ddp'}" in res.output.replace("\n", "")
+    assert not (comparison / "plan.json").exists()
 
 
 def test_cli_rewrites_the_report_with_the_plan_section(tmp_path):

@@ -66,6 +66,17 @@ def test_replicas_are_refused_where_they_cannot_run(tiny_spec_dict, changes, ext
     assert message in str(e.value)
 
 
+def test_a_sync_period_longer_than_a_trial_is_refused_naming_the_batch_sizes(tiny_spec_dict):
+    # tiny: budget 8192 tokens, context 32: B = 8 runs 32 steps, B = 16 runs 16
+    assert parse_spec(_with(tiny_spec_dict, sync={"mode": "diloco", "every_steps": 16}, workers_per_trial=2))
+    with pytest.raises(SpecError) as e:
+        parse_spec(_with(tiny_spec_dict, sync={"mode": "local_sgd", "every_steps": 17}, workers_per_trial=2))
+    assert ("resources.sync.every_steps=17 is more than the optimizer steps of batch size(s) [16] "
+            "(budget_tokens / (batch x context) = [16])") in str(e.value)
+    with pytest.raises(SpecError, match=r"batch size\(s\) \[4, 8, 16\]"):
+        parse_spec(_with(tiny_spec_dict, sync={"mode": "diloco", "every_steps": 100000}, workers_per_trial=2))
+
+
 @pytest.mark.parametrize("sync,field", [
     ({"mode": "gossip"}, "resources.sync.mode"),
     ({"mode": "diloco", "every_steps": 0}, "resources.sync.every_steps"),
