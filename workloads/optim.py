@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from packaging.version import Version
 
 from workloads.config import OptimizerConfig
 
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 BITSANDBYTES_HINT = "pip install 'bitsandbytes>=0.50' (a dependency of critbatch)"
 #: the first bitsandbytes release with a CPU kernel for its block-wise 8-bit optimizer update
 #: (``bitsandbytes::optimizer_update_8bit_blockwise`` registered for ``cpu``; 0.49 has none)
-BITSANDBYTES_CPU_MIN = (0, 50)
+BITSANDBYTES_CPU_MIN = "0.50"
 
 
 def reads_beta2(name: str) -> bool:
@@ -107,16 +108,10 @@ def _bitsandbytes(device: torch.device):
         raise ImportError(f"optimizer adamw_8bit needs the bitsandbytes package: {BITSANDBYTES_HINT}") from e
     finally:
         quiet.setLevel(level)
-    if device.type == "cpu" and _version(bnb.__version__) < BITSANDBYTES_CPU_MIN:
+    if device.type == "cpu" and Version(bnb.__version__) < Version(BITSANDBYTES_CPU_MIN):
         raise ValueError(f"optimizer adamw_8bit on CPU needs bitsandbytes >= 0.50 (its CPU kernel for the 8-bit "
                          f"update), found {bnb.__version__}: {BITSANDBYTES_HINT}")
     return bnb
-
-
-def _version(text: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version string such as ``0.50.2`` or ``0.50.0.dev0``."""
-    major, minor = (text.split(".") + ["0"])[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def state_bytes_per_param(opt: torch.optim.Optimizer, n_params: int) -> float:

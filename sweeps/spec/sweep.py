@@ -286,11 +286,11 @@ class SweepSpec(_Strict):
         if self.batch_warmup is not None:
             errs.append(f"resources.sync: {mode} cannot run with batch_warmup; use ddp")
         h, T = r.sync.every_steps, self.model.context_length_tokens
-        never = {b: self.budget_tokens // (b * T) for b in self.search.batch_sizes_sequences
-                 if self.budget_tokens // (b * T) < h}
+        steps = {b: self.budget_tokens // (b * T) for b in sorted(self.search.batch_sizes_sequences)}
+        never = [b for b, n in steps.items() if n < h]
         if never:
             errs.append(f"resources.sync.every_steps={h} is more than the optimizer steps of batch size(s) "
-                        f"{sorted(never)} (budget_tokens / (batch x context) = {[never[b] for b in sorted(never)]}): "
+                        f"{never} (budget_tokens / (batch x context) = {[steps[b] for b in never]}): "
                         f"their replicas would never synchronise; lower every_steps or drop those batch sizes")
         return errs
 
