@@ -238,8 +238,10 @@ def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dic
     """Log each branch as an MLflow child run of ``from_run_id`` (or of a new branch parent); the parent's id."""
     from mlflow.entities import Metric, Param
 
+    from sweeps.tracking.writer import create_experiment
+
     exp = client.get_experiment_by_name(spec.experiment_name)
-    exp_id = exp.experiment_id if exp else client.create_experiment(spec.experiment_name)
+    exp_id = exp.experiment_id if exp else create_experiment(client, spec.experiment_name)
     parent = from_run_id
     if parent is None:
         parent = client.create_run(exp_id, run_name=f"{spec.name}-branching",

@@ -1,6 +1,6 @@
 """The one owner of a sweep's identity and of where it logs: the sweep-id rule, the default id, the
-default tracking URI and the tracking-URI precedence (local runs and submitted jobs), loopback
-detection and URI redaction. The driver, the Ray Jobs client, the CLI and the service all use these.
+default tracking URI and the tracking-URI precedence (local runs and submitted jobs), where a new
+experiment's artifacts go, loopback detection and URI redaction. The driver, the Ray Jobs client, the CLI and the service all use these.
 
 Plain data: imports neither torch, Ray nor MLflow.
 """
@@ -11,14 +11,14 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from sweeps.errors import InvalidInput
 from sweeps.spec.sweep import SweepSpec
 
 __all__ = [
     "SWEEP_ID_PATTERN", "DEFAULT_TRACKING_URI", "check_sweep_id", "is_valid_sweep_id", "default_sweep_id",
-    "local_tracking_uri", "tracking_uri_source", "job_tracking_uri", "is_file_store", "is_loopback_host", "is_loopback_address",
+    "local_tracking_uri", "tracking_uri_source", "job_tracking_uri", "is_file_store", "ARTIFACTS_DIR_NAME", "experiment_artifact_location", "is_loopback_host", "is_loopback_address",
     "redact_uri", "same_tracking_uri",
 ]
 
@@ -57,6 +57,38 @@ def default_sweep_id(spec: SweepSpec) -> str:
 def is_file_store(uri: str) -> bool:
     """Whether an MLflow tracking URI is a local file store (a path, ``file:`` or ``sqlite:``)."""
     return urlsplit(uri).scheme.lower() in ("", "file", "sqlite")
+
+
+#: The folder beside a SQLite tracking database that holds the artifacts of the experiments critbatch creates.
+ARTIFACTS_DIR_NAME = "mlartifacts"
+
+
+def experiment_artifact_location(tracking_uri: str | None) -> str | None:
+    """The ``artifact_location`` to give a *new* MLflow experiment on ``tracking_uri`` (None: pass none).
+
+    Without one, MLflow roots a SQLite store's artifacts at ``./mlruns`` of whatever folder the process
+    runs in, so cbs.json, report.html and checkpoints would land wherever the command was started.
+
+    * ``sqlite:///PATH/NAME.db`` -> ``file:///PATH/mlartifacts`` (absolute, beside the database). A
+      relative ``PATH`` is resolved against the working directory at call time, which is also where
+      SQLite opens it; :func:`local_tracking_uri` already makes a local run's path absolute. A query
+      string (``?mode=ro``) is ignored; an in-memory ``sqlite://`` gets None. MLflow then stores a
+      run's artifacts in ``PATH/mlartifacts/<run id>/artifacts`` (run ids are unique across experiments).
+    * a file store (a bare path or a ``file:`` URI) -> None: MLflow's own default, which is inside the
+      store (``<store>/<experiment id>``), never the working directory.
+    * a server (``http``, ``https``, ``databricks``) or another database -> None: the server's (or
+      MLflow's) configured artifact root decides.
+
+    Existing experiments keep the location they were created with; callers use this only on creation.
+    """
+    if not tracking_uri or not tracking_uri.lower().startswith("sqlite:///"):
+        return None
+    path = unquote(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+    if path.startswith("file:"):  # sqlite:///file:PATH?uri=true (SQLite URI filenames)
+        path = path[len("file:"):]
+    if not path or path == ":memory:":
+        return None
+    return (Path(path).resolve().parent / ARTIFACTS_DIR_NAME).as_uri()
 
 
 def local_tracking_uri(spec: SweepSpec, flag: str | None, env: str | None = None) -> str:

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from sweeps.spec import SweepSpec
+from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
 from workloads.api import FLOPS_CONVENTION
 
@@ -90,6 +91,13 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def create_experiment(client: MlflowClient, name: str) -> str:
+    """Create experiment ``name`` with :func:`~sweeps.spec.identity.experiment_artifact_location`'s
+    artifact location for the client's tracking URI (beside a SQLite store; else MLflow's default); its id."""
+    location = experiment_artifact_location(getattr(client, "tracking_uri", None))
+    return client.create_experiment(name, artifact_location=location)
+
+
 class Tracker:
     """The sweep's MLflow runs: parent creation, child runs per trial, summary at the end.
 
@@ -119,7 +127,7 @@ class Tracker:
         Raises: whatever MLflow raises: a sweep does not start without its parent run.
         """
         exp = self.client.get_experiment_by_name(self.spec.experiment_name)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(self.spec.experiment_name)
+        self.experiment_id = exp.experiment_id if exp else create_experiment(self.client, self.spec.experiment_name)
         run = self.client.create_run(
             self.experiment_id,
             run_name=self.sweep_id,
