@@ -1,16 +1,23 @@
 # The two commands of the README: `make run` (install + the main job) and `make test` (install + tests).
+# Installs are pinned by constraints.txt (every package's exact version); `make lock` refreshes it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= out/shakespeare-$(shell date +%Y%m%d-%H%M%S)
+# An index for the torch wheel alone, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for
+# the CPU-only build; empty: pip's usual indexes (and find-links, where pip is set up with them).
+TORCH_INDEX ?=
 
-.PHONY: install run test
+.PHONY: install run test lock
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# the CPU wheel first: a bare `torch` requirement would pull a multi-GB CUDA build
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	# torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
+	# PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
+	# the CPU-only build 2.13.0+cpu comes from TORCH_INDEX=https://download.pytorch.org/whl/cpu or from
+	# a local wheel cache (as on this project's machines); pip ranks 2.13.0+cpu above 2.13.0 where both are.
+	$(PY) -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--no-deps --index-url $(TORCH_INDEX)) torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -20,3 +27,16 @@ run: install
 
 test: install
 	$(PY) -m pytest -q
+
+# constraints.txt anew from what is installed in $(VENV) now (pip freeze, less the editable critbatch,
+# pip, setuptools, wheel and local version suffixes like torch's +cpu), its header comment kept.
+# Rewritten only when something changed; then the venv is what the lock says, so it is not reinstalled.
+lock:
+	@test -x $(PY) || { echo "make lock: no $(PY); run make install first" >&2; exit 1; }
+	$(PY) -m pip freeze --exclude-editable > $(VENV)/freeze.txt
+	sed '/^[^#]/,$$d' constraints.txt > $(VENV)/constraints.new
+	grep -v -i -E '^(critbatch|pip|setuptools|wheel)([=<>~!@ ]|$$)' $(VENV)/freeze.txt \
+	  | sed -E 's/^([^ =]+==[^+ ]+)\+[^ ]+$$/\1/' >> $(VENV)/constraints.new
+	rm -f $(VENV)/freeze.txt
+	if cmp -s $(VENV)/constraints.new constraints.txt; then rm $(VENV)/constraints.new; echo "constraints.txt: unchanged"; \
+	else mv $(VENV)/constraints.new constraints.txt && touch -c $(VENV)/.installed && echo "constraints.txt: rewritten"; fi
