@@ -59,3 +59,59 @@ def run_cli(args: list[str], *, timeout_s: float, cwd: Path = ROOT, env: dict | 
         pytest.fail(f"critbatch {' '.join(args[:2])} did not finish in {timeout_s:g} s.\n"
                     f"--- stdout (tail) ---\n{out[-4000:]}\n--- stderr (tail) ---\n{err[-8000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+# ---- the suite's shared backends ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """One Ray head for the suite (``harness.RayHead``): 3 CPUs (two 1-CPU trials and their
+    drivers), worker ports 20000-29999, the dashboard (job server) on, Tune's start second pinned
+    (``harness.pinned_date_env``). Sweep tests reach it with ``--address ray_head.gcs_address``;
+    what a test needs inside trial processes travels in the job's runtime env
+    (``sweeps.run.cluster.trial_env`` forwards ``CRITBATCH_TEST_*``). Started on first use, stopped
+    at the end of the session. Tests of Ray's own lifecycle (Ctrl-C, killed heads, two nodes)
+    start their own."""
+    import shutil
+    import tempfile
+
+    from harness import base_env, pinned_date_env, start_ray_head, stop_group
+
+    temp_dir = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    head = start_ray_head(temp_dir, num_cpus=3, env=pinned_date_env(base_env()))
+    try:
+        yield head
+    finally:
+        stop_group(head.proc, grace_s=10)
+        if os.environ.get("CRITBATCH_KEEP_TEST_LOGS") != "1":
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """A migrated, empty MLflow SQLite store made once per session (copy it, never write to it)."""
+    from harness import make_mlflow_template
+
+    return make_mlflow_template(tmp_path_factory.mktemp("mlflow-template") / "mlflow.db")
+
+
+@pytest.fixture
+def mlflow_uri(mlflow_template: Path, tmp_path: Path) -> str:
+    """A fresh MLflow store for this test, ``sqlite:///<tmp_path>/mlflow.db`` (a copy of the template)."""
+    from harness import copy_mlflow_store
+
+    return copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")
+
+
+def invoke_cli(args: list[str], env: dict | None = None):
+    """``critbatch ARGS`` in this process through typer's CliRunner, for commands that start no Ray
+    and no sweep (input refusals, help). Returns a CompletedProcess (returncode, stdout, stderr)."""
+    import subprocess
+
+    from typer.testing import CliRunner
+
+    from sweeps.cli.main import app
+
+    r = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
+    return subprocess.CompletedProcess(["critbatch", *args], r.exit_code, r.stdout, r.stderr)

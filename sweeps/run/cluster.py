@@ -22,11 +22,19 @@ HEALTH_CHECK_INTERVAL_S = "0.1"
 REUSE_THREAD_TIMEOUT_S = "300"
 
 
+#: Prefix of the test suite's fault and hold hooks (``workloads/faults.py``, ``sweeps/run/trainable.py``):
+#: a driver forwards them to its trials, so they reach trial processes on a cluster the driver did
+#: not start (whose processes never see the driver's environment).
+TEST_HOOK_PREFIX = "CRITBATCH_TEST_"
+
+
 def trial_env() -> dict[str, str]:
     """The environment every trial process gets (the driver's own setting of a variable wins for the
-    reuse timeout)."""
-    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false",
-            "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S)}
+    reuse timeout), plus the driver's ``CRITBATCH_TEST_*`` hooks where set."""
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false",
+           "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S)}
+    env.update({k: v for k, v in os.environ.items() if k.startswith(TEST_HOOK_PREFIX)})
+    return env
 
 
 def init_ray(address: str | None, spec: SweepSpec) -> bool:

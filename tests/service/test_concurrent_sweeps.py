@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import PINNED_DATE, pinned_date_env
+from harness import PINNED_DATE, pinned_date_env
 from svc_fakes import cluster_spec
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import free_port
+from harness import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli, write_spec
+from tests.harness import copy_mlflow_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # each ~10-60 s idle; the module fixture's sweep is in the first
 
 CLI = [sys.executable, "-m", "sweeps.cli"]
 
@@ -21,16 +22,29 @@ def _run(args, cwd=ROOT, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def tiny_sweep(tmp_path_factory):
+def tiny_sweep(tmp_path_factory, ray_head, mlflow_template):
+    """The tiny spec's sweep (3 batch sizes x 1 trial) on the suite's Ray head, run from an empty
+    working directory (``cwd``: a sweep must write nothing there)."""
     tmp = tmp_path_factory.mktemp("sweep")
     import yaml
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
+    d["data"]["path"] = str(ROOT / d["data"]["path"])
     spec = write_spec(tmp, d)
     out = tmp / "out"
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "tiny-it", "--no-progress"])
-    return {"result": r, "out": out, "uri": uri, "spec": spec, "tmp": tmp}
+    uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
+    cwd = tmp / "cwd"
+    cwd.mkdir()
+    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "tiny-it", "--no-progress",
+              "--address", ray_head.gcs_address], cwd=cwd)
+    return {"result": r, "out": out, "uri": uri, "spec": spec, "tmp": tmp, "cwd": cwd}
+
+
+def test_a_sweep_writes_nothing_in_its_working_directory(tiny_sweep):
+    assert tiny_sweep["result"].returncode == 0, tiny_sweep["result"].stderr[-4000:]
+    assert sorted(p.name for p in tiny_sweep["cwd"].iterdir()) == []
+    # and outside its output folder, only its stores: the MLflow db and the artifacts next to it
+    assert {p.name for p in tiny_sweep["tmp"].iterdir()} <= {"spec.yaml", "out", "mlflow.db", "mlartifacts", "cwd"}
 
 
 def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
@@ -41,8 +55,14 @@ def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
         assert key in cbs
     assert cbs["trials"]["COMPLETED"] == 3
     assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8, 16]
+    trials = json.loads((tiny_sweep["out"] / "trials.json").read_text())
+    trials = trials["trials"] if isinstance(trials, dict) else trials
     for p in cbs["per_batch"]:
-        assert p["best_config_at_budget"]["lr_rule"] in ("sqrt", "linear")
+        # the reported best configuration is the configuration of that batch size's best trial at the budget
+        mine = [t for t in trials if t["batch_size_sequences"] == p["batch_size_sequences"]]
+        assert len(mine) == 1, mine
+        assert p["best_config_at_budget"]["lr_rule"] == mine[0]["hyperparameters"]["lr_rule"]
+        assert p["best_config_at_budget"]["lr"] == pytest.approx(mine[0]["hyperparameters"]["lr"])
         assert 0 < p["loss_at_budget"] < 5.6
     # either a number inside the swept range, or a clear statement that the knee is outside it
     if cbs["b_crit"] is not None:
@@ -112,7 +132,7 @@ def test_output_folder_of_another_sweep_is_refused(tiny_sweep):
     assert len(c.search_runs([exp.experiment_id], "tags.`critbatch.role` = 'sweep'")) == 1
 
 
-def test_sweep_where_every_trial_diverges_ends_failed(tmp_path):
+def test_sweep_where_every_trial_diverges_ends_failed(tmp_path, ray_head, mlflow_uri):
     import yaml
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
@@ -122,8 +142,9 @@ def test_sweep_where_every_trial_diverges_ends_failed(tmp_path):
     d["optimizer"] = {"grad_clip_norm": None}
     d["schedule"]["warmup_tokens"] = 0
     spec = write_spec(tmp_path, d)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    r = _run(["run", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri, "--no-progress"])
+    uri = mlflow_uri
+    r = _run(["run", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri, "--no-progress",
+              "--address", ray_head.gcs_address])
     assert r.returncode == 1, r.stdout + r.stderr
     assert "no trial completed" in r.stdout
     c = MlflowClient(uri)
