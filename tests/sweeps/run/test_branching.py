@@ -19,11 +19,11 @@ def test_local_cbs_multiplier_by_hand():
 
 
 @pytest.mark.slow
-def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_spec_dict):
+def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_spec_dict, mlflow_uri):
     d = dict(tiny_spec_dict)
     d["branch"] = {"points_fraction": [0.0, 0.5, 1.0], "multipliers": [0.5, 1, 2], "window_tokens": 1024, "epsilon": 0.01}
     spec = write_spec(tmp_path, d)
-    uri = f"sqlite:///{tmp_path / 'ml.db'}"
+    uri = mlflow_uri
     r = CliRunner().invoke(app, ["branch", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri])
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "out" / "branch.json").read_text())

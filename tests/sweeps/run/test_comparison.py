@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, run_cli, write_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~2-3 min idle
 
 
 def _wait_for(pred, timeout_s: float, proc) -> None:
@@ -28,18 +28,21 @@ def _wait_for(pred, timeout_s: float, proc) -> None:
         time.sleep(0.5)
 
 
-def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_targets(tmp_path, tiny_spec_dict):
+def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_targets(tmp_path, tiny_spec_dict,
+                                                                                       ray_head, mlflow_uri):
     d = dict(tiny_spec_dict, name="tiny-cmp")
+    # 2 batch sizes per arm (a comparison at common targets needs no more); 2 at a time in the second arm
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8])
     d["arms"] = [{"name": "sqrt", "search": {"lr_rules": ["sqrt"]}}, {"name": "linear", "search": {"lr_rules": ["linear"]}}]
-    out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "run", str(spec), "-o", str(out), "--tracking-uri", uri,
-                             "--no-progress"], cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                             "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # stop it once the second arm has a trial report: the first arm is finished, the second half-done
-        _wait_for(lambda: any((out / "arms" / "linear" / "reports").glob("*.jsonl")), 900, proc)
+        _wait_for(lambda: any((out / "arms" / "linear" / "reports").glob("*.jsonl")), 400, proc)
         proc.send_signal(signal.SIGINT)
         log, _ = proc.communicate(timeout=300)
     finally:
@@ -52,7 +55,7 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
     assert first["status"] == "SUCCEEDED"
     assert not (out / "cbs.json").exists()  # no comparison from half an arm
 
-    r = run_cli(["resume", str(out), "--no-progress"], timeout_s=900)
+    r = run_cli(["resume", str(out), "--no-progress"], timeout_s=400)
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((out / "arms" / "sqrt" / "sweep.json").read_text()) == first  # the finished arm was not rerun
     assert json.loads((out / "comparison.json").read_text())["status"] == "SUCCEEDED"

@@ -2,7 +2,8 @@
 line naming the field or flag, before Ray starts, and leaves nothing behind.
 
 ``--address 127.0.0.1:9`` (nothing listens there) makes any attempt to reach Ray fail with another
-error, so an exit 2 with the expected message proves the refusal came first.
+error, so an exit 2 with the expected message proves the refusal came first. The CLI runs in this
+process (typer's CliRunner, ``tests.conftest.invoke_cli``): no subprocess is needed to see an exit code.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sweeps.cli.main import app
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, invoke_cli, write_spec
 
 NO_RAY = ["--address", "127.0.0.1:9"]
 
@@ -37,7 +38,7 @@ def _run(tmp_path: Path, d: dict, *extra: str, out: Path | None = None, env: dic
     args = ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--no-progress", *NO_RAY]
     if "--tracking-uri" not in extra:
         args += ["--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"]
-    return run_cli(args + list(extra), timeout_s=300, env=env)
+    return invoke_cli(args + list(extra), env=env)
 
 
 def test_a_data_path_uri_is_refused_by_validate_and_run(tmp_path, tiny_spec_dict):
@@ -82,10 +83,7 @@ def test_an_output_folder_under_a_missing_tree_leaves_no_folder_behind(tmp_path,
 @pytest.mark.parametrize("uri_of", [lambda t: f"file://{t / 'mlruns'}", lambda t: str(t / "mlruns")],
                          ids=["file-uri", "bare-folder"])
 def test_a_file_store_without_mlflows_opt_in_is_refused(tmp_path, tiny_spec_dict, uri_of):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_ALLOW_FILE_STORE"}
-    r = _run(tmp_path, tiny_spec_dict, "--tracking-uri", uri_of(tmp_path), env=env)
+    r = _run(tmp_path, tiny_spec_dict, "--tracking-uri", uri_of(tmp_path), env={"MLFLOW_ALLOW_FILE_STORE": None})
     _assert_refused(r, "--tracking-uri", "MLFLOW_ALLOW_FILE_STORE=true")
     assert not (tmp_path / "out").exists() and not (tmp_path / "mlruns").exists()
 
@@ -93,8 +91,7 @@ def test_a_file_store_without_mlflows_opt_in_is_refused(tmp_path, tiny_spec_dict
 def test_the_file_store_refusal_names_the_spec_field_when_the_spec_gave_it(tmp_path, tiny_spec_dict):
     d = copy.deepcopy(tiny_spec_dict)
     d["tracking"] = {"uri": f"file://{tmp_path / 'mlruns'}"}
-    r = run_cli(["run", str(write_spec(tmp_path, d)), "--output", str(tmp_path / "out"), "--no-progress", *NO_RAY],
-                timeout_s=300)
+    r = invoke_cli(["run", str(write_spec(tmp_path, d)), "--output", str(tmp_path / "out"), "--no-progress", *NO_RAY])
     _assert_refused(r, "tracking.uri")
     assert not (tmp_path / "out").exists()
 

@@ -15,18 +15,19 @@ from tests.conftest import run_cli, write_spec
 from tests.sweeps.run.test_faults import children, spec_dict, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import start, tail
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # sweeps and resumes: many minutes on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-2 min idle
 
 
-def test_two_runs_racing_for_one_new_folder(tmp_path):
+def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     """Two `critbatch run` into one new folder, started back to back: exactly one claims it; the other
     exits 2 before Ray starts, naming the winner; sweep.json is the winner's, MLflow has its run only;
     a `critbatch resume` of the live sweep is refused too."""
     d = spec_dict(name="race")
-    out, uri = tmp_path / "out", f"sqlite:///{tmp_path / 'ml.db'}"
+    out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
     procs = {sid: start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                         "--sweep-id", sid], tmp_path / f"{sid}.log") for sid in ("race-a", "race-b")}
+                         "--sweep-id", sid, "--address", ray_head.gcs_address], tmp_path / f"{sid}.log")
+             for sid in ("race-a", "race-b")}
     try:
         loser = wait_for(lambda: next((s for s, p in procs.items() if p.poll() is not None), None), 600,
                          "one of the two runs to exit",
@@ -54,20 +55,20 @@ def test_two_runs_racing_for_one_new_folder(tmp_path):
     assert [p.data.tags["critbatch.sweep_id"] for p in parents] == [winner]
 
 
-def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path):
+def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow_uri):
     """A sweep id is bound to its spec's fingerprint: in the shared storage root (a retried job with a
     different spec used to resume the old sweep and report its batch sizes under the new spec), and in
     MLflow (a local run). Exit 2, before Ray, nothing created. The first sweep also seeds its search
     with an initial point, which reaches Optuna as an enqueued trial and MLflow as a tagged child."""
     storage = tmp_path / "storage"
-    uri = f"sqlite:///{tmp_path / 'ml.db'}"
+    uri = mlflow_uri
     d = spec_dict(name="bind")
     d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=1,
                        initial_points=[{"lr_rule": "linear", "lr_multiplier": 1.5, "beta2_half_life_tokens": 4096.0}])
     d["resources"] = {"max_concurrent_trials": 1, "storage_path": str(storage)}
     first = tmp_path / "out1"
     r = run_cli(["run", str(write_spec(tmp_path, d, "a.yaml")), "--output", str(first), "--tracking-uri", uri,
-                 "--sweep-id", "bind-1", "--no-progress"], timeout_s=1800)
+                 "--sweep-id", "bind-1", "--no-progress", "--address", ray_head.gcs_address], timeout_s=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert json.loads((storage / "bind-1" / "critbatch-sweep.json").read_text())["sweep_id"] == "bind-1"
 

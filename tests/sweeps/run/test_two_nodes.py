@@ -28,7 +28,7 @@ from tests.conftest import ROOT, write_spec
 from tests.sweeps.run.test_faults import CLI, ENV, RAY, children, free_port, pids_named, spec_dict, stop_group, wait_for
 from workloads.prepare import prepare_data
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # ~4 min idle (two nodes up, a sweep, a kill)
 
 
 def _start_node(env: dict, log: Path, *, head_port: int | None = None, port: int | None = None) -> subprocess.Popen:
@@ -113,7 +113,7 @@ def _worker_fields(row: dict) -> dict:
     return {k: row.get(k) for k in keys}
 
 
-def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tmp_path):
+def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tmp_path, mlflow_uri):
     shards = tmp_path / "shards"
     prepare_data([str(ROOT / "data" / "tinyshakespeare" / "input.txt")], shards, text_documents="paragraph", num_proc=1)
     storage = tmp_path / "storage"  # what a shared filesystem is to a real cluster: both nodes see it
@@ -131,7 +131,7 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
                            trials_per_batch_size=2)
         d["resources"] = {"workers_per_trial": 2, "cpus_per_worker": 0.75, "trial_driver_cpus": 0.25,
                           "max_concurrent_trials": 1, "max_failures": 2, "storage_path": str(storage)}
-        uri = f"sqlite:///{tmp_path / 'ml.db'}"
+        uri = mlflow_uri
         out = tmp_path / "out"
         log = open(tmp_path / "driver.log", "w")
         proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
