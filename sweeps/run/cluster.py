@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 
+from sweeps.errors import CritbatchError
 from sweeps.spec import SweepSpec
 
 __all__ = ["init_ray", "cluster_shape", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
@@ -66,17 +67,34 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
         -(-r.trial_driver_cpus * r.max_concurrent_trials // 1))
     # one actor process less per trial: a local machine is not preempted by a cloud provider
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    for attempt in range(3):
+    for attempt in range(LOCAL_START_ATTEMPTS):
         try:
             ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=True)
             return True
-        except Exception as exc:  # noqa: BLE001 - Ray's own startup timeout on an overloaded machine
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
-            log.warning("Ray did not start in time (%s); retrying", exc)
+        except Exception as exc:  # noqa: BLE001 - Ray's own start-up failures on an overloaded machine
             ray.shutdown()
+            if not _transient_start_failure(exc):
+                raise
+            if attempt == LOCAL_START_ATTEMPTS - 1:
+                raise CritbatchError(
+                    f"Ray did not start in this process ({LOCAL_START_ATTEMPTS} attempts; the last: "
+                    f"{type(exc).__name__}: {str(exc)[:200] or 'no message'}); the machine may be overloaded: "
+                    "run the command again, or start a cluster with `ray start --head` and pass "
+                    "--address HOST:PORT") from exc
+            log.warning("Ray did not start (%s: %s); retrying", type(exc).__name__, exc)
     return True
+
+
+#: How often a local Ray start is tried before the driver gives up (``init_ray``).
+LOCAL_START_ATTEMPTS = 3
+
+
+def _transient_start_failure(exc: BaseException) -> bool:
+    """Whether a failed in-process ``ray.init`` is worth retrying: Ray's own start-up timeout, or the
+    ``EOFError`` / connection errors seen when its dashboard or GCS did not come up on a loaded
+    machine (issue 30: a resume died twice with a raw ``EOFError``)."""
+    return "timed out during startup" in str(exc) or isinstance(exc, (EOFError, ConnectionError))
 
 
 def cluster_shape() -> tuple[dict[str, float], dict[str, float]]:

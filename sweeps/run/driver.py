@@ -24,6 +24,7 @@ from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.preflight import (
     check_data_files,
     check_output_folder,
+    check_optuna_storage,
     check_tracking_uri,
     plan_resources,
     resolve_data_path,
@@ -171,6 +172,8 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
         raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     uri = local_tracking_uri(spec, tracking_uri)
     check_tracking_uri(uri, source=tracking_uri_source(spec, tracking_uri))
+    if os.environ.get("CRITBATCH_OPTUNA_STORAGE"):
+        check_optuna_storage(os.environ["CRITBATCH_OPTUNA_STORAGE"], source="CRITBATCH_OPTUNA_STORAGE")
     root = storage_root(spec, output, sweep_id)
     check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if root != str(output) else None,
                            mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
@@ -199,6 +202,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
+    check_optuna_storage(state.optuna_storage or optuna_storage_url(output), source=f"resume of {output}")
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:

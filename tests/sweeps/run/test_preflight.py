@@ -81,3 +81,65 @@ def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(t
     assert len(warnings) == int(warned)
     if warned:
         assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]
+
+
+# ---- a locked Optuna storage (issue 30) ----------------------------------------------------------
+
+
+@pytest.fixture
+def locked_sqlite(tmp_path):
+    """A SQLite file held by another process in an exclusive transaction until the test ends."""
+    import subprocess
+    import sys
+
+    from tests.harness import wait_for
+
+    db, marker = tmp_path / "optuna.db", tmp_path / "locked"
+    code = ("import sqlite3, sys, time, pathlib; c = sqlite3.connect(sys.argv[1]); "
+            "c.execute('create table if not exists t (x)'); c.commit(); c.execute('BEGIN EXCLUSIVE'); "
+            "pathlib.Path(sys.argv[2]).touch(); time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(db), str(marker)])
+    try:
+        wait_for(marker.exists, 30, "the lock holder")
+        yield db
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_locked_optuna_storage_is_refused_naming_the_file(locked_sqlite):
+    from sweeps.errors import InvalidInput
+    from sweeps.run.preflight import check_optuna_storage
+
+    with pytest.raises(InvalidInput, match=r"CRITBATCH_OPTUNA_STORAGE: the Optuna study storage .*optuna.db cannot be "
+                                           r"written \(database is locked; waited 0.2 s\)"):
+        check_optuna_storage(f"sqlite:///{locked_sqlite}", source="CRITBATCH_OPTUNA_STORAGE", wait_s=0.2)
+
+
+def test_a_free_or_missing_optuna_storage_passes_and_is_not_written(tmp_path):
+    import sqlite3
+
+    from sweeps.run.preflight import check_optuna_storage
+
+    check_optuna_storage(f"sqlite:///{tmp_path / 'absent.db'}", source="x")
+    assert not (tmp_path / "absent.db").exists()
+    db = tmp_path / "free.db"
+    with sqlite3.connect(db) as c:
+        c.execute("create table t (x)")
+    before = db.read_bytes()
+    check_optuna_storage(f"sqlite:///{db}", source="x")
+    assert db.read_bytes() == before
+    check_optuna_storage("postgresql://u@127.0.0.1:9/optuna", source="x")  # not checked: left to Optuna
+
+
+def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(tmp_path, tiny_spec_dict, locked_sqlite):
+    from tests.conftest import invoke_cli, write_spec
+
+    out = tmp_path / "out"
+    r = invoke_cli(["run", str(write_spec(tmp_path, tiny_spec_dict)), "--output", str(out), "--no-progress",
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}", "--address", "127.0.0.1:9"],
+                   env={"CRITBATCH_OPTUNA_STORAGE": f"sqlite:///{locked_sqlite}"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "optuna.db cannot be written" in lines[0] and "database is locked" in lines[0], r.stderr
+    assert not out.exists() and not (tmp_path / "ml.db").exists()
