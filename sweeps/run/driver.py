@@ -26,6 +26,7 @@ from sweeps.run.preflight import (
     check_output_folder,
     check_optuna_storage,
     check_tracking_uri,
+    milestone_warnings,
     plan_resources,
     resolve_data_path,
     resolve_paths,
@@ -163,6 +164,8 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
         InvalidInput: see :func:`run_sweep`.
     """
     check_data_files(spec)
+    for warning in milestone_warnings(spec):  # validate prints them too; a run should not hide them
+        log.warning(warning)
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()
     check_output_folder(output)

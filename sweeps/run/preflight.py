@@ -26,6 +26,8 @@ __all__ = [
     "plan_resources",
     "resolve_data_path",
     "spec_warnings",
+    "milestone_warnings",
+    "reported_milestones",
     "MIN_WARMUP_STEPS",
 ]
 
@@ -212,6 +214,43 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
             f"batch ({b} sequences x {spec.model.context_length_tokens} tokens), fewer than {MIN_WARMUP_STEPS}; set "
             f"schedule.warmup_min_steps >= {MIN_WARMUP_STEPS} (or warmup_tokens >= {MIN_WARMUP_STEPS * step_tokens})"
         )
+    out += milestone_warnings(spec)
+    return out
+
+
+def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[int]:
+    """The tokens seen at each report of a trial whose optimizer steps are ``step_tokens`` long.
+
+    The loop (``workloads.loop.train``) evaluates once after the step that passes a milestone; a
+    step that passes several milestones gives one report for all of them, at the tokens actually
+    seen. Returns the distinct report points, increasing (as many as ``milestones_tokens`` only when
+    no step is longer than the spacing between two milestones).
+    """
+    seen: list[int] = []
+    for m in milestones_tokens:
+        at = -(-m // step_tokens) * step_tokens
+        if not seen or at != seen[-1]:
+            seen.append(at)
+    return seen
+
+
+def milestone_warnings(spec: SweepSpec) -> list[str]:
+    """One sentence per batch size that cannot report at every milestone (issue 30): its optimizer step
+    (``B x context_length_tokens`` tokens, the batch ramp's last batch if ``batch_warmup``) is longer
+    than the spacing of ``eval.milestones`` over ``budget_tokens``, so some milestones fold into one
+    report and its curve has fewer points, at other tokens, than the smaller batch sizes'."""
+    milestones = spec.milestones_tokens()
+    out = []
+    for b in sorted(spec.search.batch_sizes_sequences):
+        step_tokens = b * spec.model.context_length_tokens
+        got = reported_milestones(milestones, step_tokens)
+        if len(got) < len(milestones):
+            most = spec.budget_tokens // step_tokens
+            out.append(
+                f"search.batch_sizes_sequences: batch size {b} ({step_tokens} tokens per optimizer step) reports at "
+                f"{len(got)} of the {len(milestones)} milestones (at {', '.join(str(t) for t in got)} tokens): its "
+                f"step is longer than the milestone spacing ({milestones[0]} tokens); use eval.milestones <= "
+                f"{max(most, 1)}, a larger budget_tokens, or smaller batch sizes")
     return out
 
 

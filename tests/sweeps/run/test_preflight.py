@@ -143,3 +143,29 @@ def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "optuna.db cannot be written" in lines[0] and "database is locked" in lines[0], r.stderr
     assert not out.exists() and not (tmp_path / "ml.db").exists()
+
+
+# ---- batch sizes whose steps pass several milestones (issue 30) ----------------------------------
+
+
+def test_reported_milestones_fold_the_milestones_one_step_passes():
+    from sweeps.run.preflight import reported_milestones
+
+    assert reported_milestones([4096, 8192, 12288, 16384], 128) == [4096, 8192, 12288, 16384]
+    assert reported_milestones([4096, 8192, 12288, 16384], 8192) == [8192, 16384]  # B=256 of 32 tokens
+    assert reported_milestones([1000, 2000, 3000], 768) == [1536, 2304, 3072]  # at the tokens actually seen
+
+
+def test_a_batch_size_that_skips_milestones_is_named_by_validate(tmp_path, tiny_spec_dict):
+    from sweeps.run.preflight import milestone_warnings
+    from sweeps.spec import parse_spec
+    from tests.conftest import invoke_cli, write_spec
+
+    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024})
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256])
+    (w,) = milestone_warnings(parse_spec(d))
+    assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones (at 8192, 16384 tokens)" in w
+    assert "milestone spacing (4096 tokens)" in w and "eval.milestones <= 2" in w
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert "batch size 256" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert milestone_warnings(parse_spec(tiny_spec_dict)) == []  # 16 x 32 = 512 tokens per step, spacing 2048
