@@ -307,12 +307,13 @@ def analyze_points(
     out-of-range cases), ``b_crit_ci`` (``[lo, hi]``, ``hi`` None when unbounded; None with fewer than
     3 batch sizes), ``s_min``, ``e_min`` with ``s_min_ci`` and ``e_min_ci`` (:func:`interval_s_min_e_min`;
     None with fewer than 3 batch sizes), ``cbs_20``, ``b_compute_overhead_20``, ``n_points``,
-    ``n_batch_sizes``, ``rms_log_residual``, ``reference_batch``.
+    ``n_batch_sizes``, ``fitted_batch_sizes`` (the distinct batch sizes, sorted: the swept range the status
+    refers to), ``rms_log_residual``, ``reference_batch``.
     """
     B = [float(b) for b in batch_sizes]
     distinct = sorted(set(B))
-    out: dict[str, Any] = {"n_points": len(B), "n_batch_sizes": len(distinct), "reference_batch": reference_batch,
-                           "b_crit_bound": None}
+    out: dict[str, Any] = {"n_points": len(B), "n_batch_sizes": len(distinct), "fitted_batch_sizes": distinct,
+                           "reference_batch": reference_batch, "b_crit_bound": None}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
                    b_crit_ci=None, s_min_ci=None, e_min_ci=None, rms_log_residual=None,

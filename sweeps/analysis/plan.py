@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["ClusterSpec", "ring_allreduce_s", "steps_to_target", "plan_target", "plan_rows", "knee_devices",
-           "extrapolation", "default_batch_grid", "device_grid", "KNEE_THRESHOLD"]
+           "knee_label", "extrapolation", "default_batch_grid", "device_grid", "KNEE_THRESHOLD"]
 
 KNEE_THRESHOLD = 0.05
 """The knee: the smallest device count whose time to target is within 5 % of the minimum over device counts."""
@@ -181,6 +181,20 @@ def knee_devices(times_by_devices: dict[int, float], threshold: float = KNEE_THR
     n_best = min(k for k, t in times_by_devices.items() if t == best)
     return {"devices": n, "time_to_target_s": times_by_devices[n], "min_time_to_target_s": best,
             "devices_at_min": n_best, "threshold": threshold, "still_falling": n_best == max(times_by_devices)}
+
+
+def knee_label(knee: Optional[dict[str, Any]]) -> str:
+    """The knee (:func:`knee_devices`) in words. A knee at the largest device count while time is still falling
+    there is no knee: more devices would still help, so it reads "time still falling at the cap"."""
+    if not knee:
+        return "no knee: no device count fits the device-hours cap"
+    n, thr = knee["devices"], 100 * knee["threshold"]
+    if knee.get("still_falling") and n == knee.get("devices_at_min"):
+        return f"no knee: time still falling at the cap ({n} devices)"
+    if knee.get("still_falling"):
+        return (f"knee: {n} devices (time still falls up to the cap of {knee['devices_at_min']} devices, by less than "
+                f"{thr:g} %)")
+    return f"knee: {n} device{'s' if n != 1 else ''} (more buy less than {thr:g} % of the time)"
 
 
 def _best(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:

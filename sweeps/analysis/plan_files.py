@@ -10,10 +10,11 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from sweeps.analysis.plan import KNEE_THRESHOLD, ClusterSpec, plan_target
+from sweeps.analysis.plan import KNEE_THRESHOLD, ClusterSpec, knee_label, plan_target
 from sweeps.errors import InvalidInput
 
-__all__ = ["load_plan_inputs", "make_plan", "write_plan", "plot_plan", "spec_sync_every_steps", "MODEL_TEXT"]
+__all__ = ["load_plan_inputs", "make_plan", "write_plan", "plot_plan", "plan_summary", "spec_sync_every_steps",
+           "MODEL_TEXT"]
 
 MODEL_TEXT = (
     "time to target = S(B) x step time, S(B) = s_min + e_min/B (McCandlish et al. 2018, Eqs. 2.11-2.12); "
@@ -207,8 +208,7 @@ def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
         if k:
             ax.plot([k["devices"]], [k["time_to_target_s"] / scale], "o", mfc="none", mec=c, ms=9)
     if t.get("knee"):
-        ax.axvline(t["knee"]["devices"], color="k", ls="--", lw=1,
-                   label=f"knee: {t['knee']['devices']} devices (within {100 * plan['knee_threshold']:g} % of the least time)")
+        ax.axvline(t["knee"]["devices"], color="k", ls="--", lw=1, label=knee_label(t["knee"]))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("data-parallel devices N")
@@ -222,6 +222,44 @@ def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
+def _row_text(r: dict[str, Any]) -> str:
+    where = {"inside": "inside the swept range", "near": "just outside the swept range (within a factor 2)",
+             "far": "far outside the swept range: an extrapolation of the fit"}.get(r.get("extrapolation") or "")
+    n = r["devices"]
+    return (f"B={r['batch_size_sequences']} sequences on {n} device{'s' if n != 1 else ''}, "
+            f"{_duration(r['time_to_target_s'])} to target ({r['device_hours']:.3g} device-hours, {100 * r['comm_fraction']:.0f} % communication"
+            + (f", B {where}" if where else "") + ")")
+
+
+def plan_summary(plan: dict[str, Any]) -> str:
+    """The plan (what :func:`make_plan` returns) in one line: for the headline target, the fastest (batch,
+    devices) within the caps, the fastest with the batch inside the swept range when that differs, and the
+    knee over devices (:func:`~sweeps.analysis.plan.knee_label`)."""
+    t = next((x for x in plan.get("targets") or [] if x.get("headline")), None)
+    if t is None:
+        return "plan: no fitted target to plan for (" + ", ".join(
+            f"{s.get('target_loss')}: {s.get('status')}" for s in plan.get("skipped") or []) + ")"
+    c = plan.get("cluster") or {}
+    tl = t.get("target_loss")
+    head = f"plan for target loss {tl:.4g}" if isinstance(tl, (int, float)) else "plan"
+    head += f" on up to {c.get('devices')} devices" if c.get("devices") else ""
+    best, inside = t.get("best"), t.get("best_inside_range")
+    if best is None:
+        return f"{head}: no (batch, devices) pair fits the device-hours cap of {c.get('device_hours_cap')}"
+    text = f"{head}: fastest {_row_text(best)}"
+    if inside is not None and inside is not best and inside != best:
+        text += f"; with B inside the swept range: {_row_text(inside)}"
+    return f"{text}; {knee_label(t.get('knee'))}"
 
 
 def write_plan(out_dir: Path, plan: dict[str, Any]) -> dict[str, Optional[Path]]:

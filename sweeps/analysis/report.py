@@ -14,7 +14,37 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["write_report", "make_plots"]
+from sweeps.analysis.summary import (  # noqa: E402
+    definitions_text, describe_status, headline, interval_ends_text, swept_range)
+
+__all__ = ["write_report", "make_plots", "PLOT_CAPTIONS"]
+
+#: how to read each plot of the report (its caption)
+PLOT_CAPTIONS = {
+    "loss_vs_flops": "Validation loss against training compute, one curve per batch size (at each milestone the lowest "
+                     "loss any of its trials reached); dotted: the target losses. A curve further left reaches a loss "
+                     "with less compute: past the critical batch size, larger batches need more FLOPs for the same loss.",
+    "steps_to_target": "Optimizer steps to each target loss against batch size (points: one per batch size and seed; "
+                       "line: the fit S = S_min + E_min/B; dashed: b_crit). Where the points fall with slope -1, doubling "
+                       "the batch halves the steps (perfect scaling); where they flatten, a larger batch buys few "
+                       "steps. The knee between the two is b_crit, where a run takes twice the fewest steps.",
+    "tokens_to_target": "Tokens to each target loss against batch size (E = B x S; line: the fit). Flat on the left: "
+                        "small batches need the fewest tokens (E_min); rising on the right: past b_crit (dashed) each "
+                        "doubling of the batch costs more tokens, and so more compute, for the same loss.",
+    "b_crit_by_target": "b_crit for each target loss with its 95 % interval, the later targets (lower loss) to the "
+                        "right. Bars are clipped to the swept batch sizes: a triangle at a bar's end means the interval "
+                        "continues past the swept range (cbs.json holds the raw ends); a grey triangle alone: the knee "
+                        "lies above (or below) every swept batch. The critical batch size usually grows as the loss falls.",
+    "b_simple": "The gradient noise scale B_simple = tr(Sigma)/|G|^2 during training, one line per batch size; dashed: "
+                "the fitted b_crit. B_simple is a cheap proxy for the critical batch size (McCandlish et al. 2018); "
+                "with Adam it can be far off, so the fitted b_crit is the answer.",
+    "local_cbs": "The local critical batch size by branching (Merrill et al. 2025) at each branch point: the largest "
+                 "batch multiplier whose loss stayed within tolerance of the smaller one; it usually starts small "
+                 "and rises as training goes on.",
+    "plan": "Time to target against data-parallel devices, one line per global batch (dotted: a batch outside the "
+            "swept range, where the fit is an extrapolation); rings: each batch's knee; dashed: the overall knee. "
+            "Where a line flattens, more devices buy little time.",
+}
 
 
 def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -113,22 +143,45 @@ def _to_target(targets: list[dict], kind: str, T: int):
 
 
 def _b_crit_by_target(targets: list[dict]):
-    """``b_crit`` per target with its interval (an open upper end drawn at 4x); None if no target has one."""
-    with_b = [t for t in targets if t.get("b_crit")]
-    if not with_b:
+    """``b_crit`` per target with its interval, the bars clipped to that target's swept batch sizes (a triangle
+    marks an end that continues past them), and the knees outside the swept range as grey triangles at the
+    range's end; None if no target has either."""
+    with_b, outside = [], []
+    for t in targets:
+        sw = swept_range(t)
+        if t.get("b_crit") and sw:
+            with_b.append((t, sw))
+        elif t.get("status") in ("above_range", "below_range") and sw:
+            outside.append((t, sw))
+    if not with_b and not outside:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    L = np.array([t["target_loss"] for t in with_b])
-    bc = np.array([t["b_crit"] for t in with_b])
-    lo = np.array([(t.get("b_crit_ci") or [None, None])[0] or b for t, b in zip(with_b, bc)])
-    hi = np.array([(t.get("b_crit_ci") or [None, None])[1] or np.nan for t in with_b], dtype=float)
-    hi_plot = np.where(np.isnan(hi), bc * 4, hi)
-    ax.errorbar(L, bc, yerr=[bc - lo, hi_plot - bc], fmt="o-", capsize=3)
+    if with_b:
+        L = np.array([t["target_loss"] for t, _ in with_b])
+        bc = np.array([t["b_crit"] for t, _ in with_b], dtype=float)
+        ci = [t.get("b_crit_ci") or [None, None] for t, _ in with_b]
+        raw_lo = np.array([c[0] if c[0] is not None else b for c, b in zip(ci, bc)], dtype=float)
+        raw_hi = np.array([c[1] if c[1] is not None else np.inf for c in ci], dtype=float)
+        sw_lo = np.array([sw[0] for _, sw in with_b], dtype=float)
+        sw_hi = np.array([sw[1] for _, sw in with_b], dtype=float)
+        lo, hi = np.maximum(raw_lo, sw_lo), np.minimum(raw_hi, sw_hi)
+        ax.errorbar(L, bc, yerr=[np.clip(bc - lo, 0, None), np.clip(hi - bc, 0, None)], fmt="o-", capsize=3,
+                    color="C0", label="b_crit, 95 % interval")
+        up, down = raw_hi > sw_hi, raw_lo < sw_lo
+        if up.any():
+            ax.plot(L[up], hi[up], "^", color="C0", ms=7)
+        if down.any():
+            ax.plot(L[down], lo[down], "v", color="C0", ms=7)
+    for t, sw in outside:
+        above = t["status"] == "above_range"
+        ax.plot([t["target_loss"]], [sw[1] if above else sw[0]], "^" if above else "v", color="grey", ms=8)
+    all_sw = [sw for _, sw in with_b + outside]
+    ax.set_ylim(min(s[0] for s in all_sw) / 1.5, max(s[1] for s in all_sw) * 1.5)
     ax.set_yscale("log", base=2)
     ax.invert_xaxis()
     ax.set_xlabel("target validation loss (lower = later in training)")
     ax.set_ylabel("b_crit (sequences), 95% CI")
-    ax.set_title("Critical batch size by target loss")
+    ax.set_title("Critical batch size by target loss (bars clipped to the swept range)")
     return fig
 
 
@@ -203,18 +256,53 @@ def _plan_section(output: Path) -> str:
             r["batch_size_sequences"], r["devices"], r["steps_to_target"], r["time_to_target_s"],
             r["device_hours"], r["comm_fraction"])) + f"<td>{html.escape(str(r.get('extrapolation')))}</td></tr>")
 
-    knee = t.get("knee") or {}
+    from sweeps.analysis.plan import knee_label
+    from sweeps.analysis.plan_files import plan_summary
+
     png = output / "plots" / "plan.png"
     img = (f'<figure><img src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}" alt="plan">'
-           "<figcaption>time to target vs devices</figcaption></figure>") if png.is_file() else ""
+           f"<figcaption>{html.escape(PLOT_CAPTIONS['plan'])}</figcaption></figure>") if png.is_file() else ""
     return f"""<h2>Cluster plan (critbatch plan)</h2>
 <p>Target loss {_fmt(t.get('target_loss'))}; up to {_fmt(c.get('devices'))} devices of {_fmt(c.get('peak_flops_per_s'))} FLOP/s
 at MFU {_fmt(c.get('mfu'))}, {_fmt(c.get('bandwidth_bytes_per_s'))} bytes/s and {_fmt(c.get('latency_s'))} s latency per device,
 gradient {_fmt(inp.get('gradient_bytes'))} bytes, all-reduce every {_fmt(inp.get('sync_every_steps'))} step(s),
-device-hours cap {_fmt(c.get('device_hours_cap'))}. Knee: {_fmt(knee.get('devices'))} devices (the fewest within
-{_fmt(100 * (knee.get('threshold') or 0))} % of the least time to target). {html.escape(plan.get('model') or '')}</p>
+device-hours cap {_fmt(c.get('device_hours_cap'))}. {html.escape(_capital(knee_label(t.get('knee'))))} (the knee: the fewest
+devices within {_fmt(100 * (plan.get('knee_threshold') or 0))} % of the least time to target). {html.escape(plan.get('model') or '')}</p>
+<p>{html.escape(_capital(plan_summary(plan)))}.</p>
 <table><tr><th></th><th>B (seq)</th><th>devices</th><th>steps</th><th>time to target (s)</th><th>device-hours</th><th>comm fraction</th><th>B vs swept range</th></tr>
 {row(t.get('best'), 'fastest within the cap')}{row(t.get('best_inside_range'), 'fastest, B inside the swept range')}</table>{img}"""
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _answer(analysis: dict[str, Any], T: float) -> str:
+    """The report's lead: the headline sentence, the status in words, ``cbs.json``'s message, and b_crit with
+    its interval ends clipped to the swept range (``< LO`` / ``> HI``)."""
+    status = analysis.get("status")
+    swept = swept_range(analysis)
+    lo_t, hi_t = interval_ends_text(analysis.get("b_crit_ci"), swept)
+    b = analysis.get("b_crit")
+    if b is not None:
+        tokens = analysis.get("b_crit_tokens") or b * T
+        value = (f"b_crit = {b:.1f} sequences ({tokens:.0f} tokens), 95 % interval [{html.escape(lo_t)}, "
+                 f"{html.escape(hi_t)}] sequences")
+    elif analysis.get("b_crit_bound"):
+        value = f"b_crit {html.escape(str(analysis['b_crit_bound']))} sequences (no number: the knee lies outside the swept range)"
+    else:
+        value = "no b_crit"
+    target = f" at target loss {_fmt(analysis.get('target_loss'))}" if analysis.get("target_loss") is not None else ""
+    primary = next((t for t in analysis.get("targets") or [] if t.get("target_loss") == analysis.get("target_loss")), {})
+    late = primary.get("excluded_batch_sizes") or []
+    sw = (f"; fitted batch sizes {swept[0]:g} to {swept[1]:g} sequences (the swept range the status refers to"
+          + (f"; {', '.join(str(x) for x in late)} did not reach this target before the last milestone" if late else "")
+          + ")") if swept else ""
+    message = analysis.get("message")
+    return (f'<p class="headline" style="font-size:1.15em"><b>{html.escape(headline(analysis))}</b></p>\n'
+            f"<p>{value}{target}{sw}.</p>\n"
+            f"<p>Status <code>{html.escape(str(status))}</code>: {html.escape(describe_status(status))}."
+            + (f" Analysis message: {html.escape(_capital(message))}." if message else "") + "</p>")
 
 
 def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
@@ -224,20 +312,10 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
     plots = make_plots(output / "plots", analysis, records, T)
     imgs = "".join(
         f'<figure><img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{n}">'
-        f"<figcaption>{n.replace('_', ' ')}</figcaption></figure>"
+        f"<figcaption><b>{n.replace('_', ' ')}</b>: {html.escape(PLOT_CAPTIONS.get(n, ''))}</figcaption></figure>"
         for n, p in plots.items()
     )
-    b = analysis.get("b_crit")
-    ci = analysis.get("b_crit_ci") or [None, None]
-    ci_text = f"[{_fmt(ci[0])}, {_fmt(ci[1]) if ci[1] is not None else 'unbounded'}]"
-    if b is not None:
-        headline = (f"Critical batch size <b>b_crit = {b:.1f} sequences</b> ({b * T:.0f} tokens), 95% CI "
-                    f"{ci_text} at target loss {_fmt(analysis.get('target_loss'))} (status {html.escape(str(analysis.get('status')))})")
-    else:
-        bound = analysis.get("b_crit_bound")
-        headline = (f"No critical batch size inside the swept range ({html.escape(str(analysis.get('status')))}"
-                    + (f", b_crit {html.escape(bound)}" if bound else "") + (f", 95% CI {ci_text}" if analysis.get("b_crit_ci") else "")
-                    + f"): {html.escape(analysis.get('message') or '')}")
+    answer = _answer(analysis, T)
     lr_fit, lr_null = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_by_chance")
     lr_text = (f"Fitted LR scaling exponent over the trials that reached the target first: {_fmt(lr_fit)}; one trial per "
                f"batch size picked at random gives {_fmt(lr_null['mean'])} &plusmn; {_fmt(lr_null['sd'])}, so the fit is "
@@ -254,8 +332,7 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
     trows = "".join(
         "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
             t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
-            (t.get("b_crit_ci") or [None, None])[0],
-            (t.get("b_crit_ci") or [None, None])[1], t.get("cbs_20"), t.get("status"), t.get("n_batch_sizes"),
+            *interval_ends_text(t.get("b_crit_ci"), swept_range(t)), t.get("cbs_20"), t.get("status"), t.get("n_batch_sizes"),
             ", ".join(str(x) for x in t.get("excluded_batch_sizes") or []))) + "</tr>"
         for t in analysis.get("targets") or []
     )
@@ -264,17 +341,22 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>critbatch report: {html.escape(spec.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
-figure{{display:inline-block;margin:0.5em}}img{{max-width:480px}}</style></head><body>
+figure{{display:inline-block;margin:0.5em;max-width:480px;vertical-align:top}}img{{max-width:480px}}
+pre.definitions{{white-space:pre-wrap}}</style></head><body>
 <h1>critbatch report: {html.escape(spec.name)}</h1>
-<p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>. {headline}.</p>
-<p>20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
+{answer}
+<p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
+20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
 batch with 20% compute overhead (0.2 b_crit): {_fmt(analysis.get('b_compute_overhead_20'))} sequences;
 S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
 Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
-<h2>Per target loss</h2><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
+<h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
+    tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
+<h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
+(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
 <table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
+from sweeps.analysis.summary import headline
 from sweeps.analysis.targets import TARGET_RULE, TrialRecord, best_at_budget, choose_targets, steps_to_target_points
 from sweeps.errors import InvalidInput
 
@@ -95,7 +96,8 @@ def analyze_trials(
     them, and, separately, ``best_config_at_budget``: the configuration with the lowest mean loss at
     the budget); ``b_simple`` (the noise-scale series of each batch size's best-at-budget trial);
     ``lr_scaling_exponent_fit`` over the primary target's winning trials with
-    ``lr_scaling_exponent_by_chance`` (the same fit on random picks). The primary target is the
+    ``lr_scaling_exponent_by_chance`` (the same fit on random picks); ``headline``, the answer in one
+    sentence (:func:`sweeps.analysis.summary.headline`). The primary target is the
     lowest whose status is ``ok``, else the lowest ``edge``, else the lowest. When the records hold it,
     ``optimizer_state_bytes_per_param``: the median over the trials of each one's measured optimizer
     state (bytes per trainable parameter), and ``n_params``, the trainable parameters the trials reported.
@@ -116,14 +118,14 @@ def analyze_trials(
         result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
                       message="no trial completed: there is nothing to analyse")
-        return result
+        return _with_headline(result)
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
     if not tlist:
         result.update(status="no_targets", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
                       message="no target loss could be chosen from the curves (too few batch sizes or "
                               "milestones completed): give `targets` or run more trials")
-        return result
+        return _with_headline(result)
     per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
     primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
                    next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
@@ -144,13 +146,19 @@ def analyze_trials(
     if fitted is not None:
         result["lr_scaling_exponent_fit"] = fitted
         result["lr_scaling_exponent_by_chance"] = _lr_exponent_by_chance(trials, {b for b, lr in winners if lr})
+    return _with_headline(result)
+
+
+def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its ``headline``: the answer in one sentence (:func:`sweeps.analysis.summary.headline`)."""
+    result["headline"] = headline(result)
     return result
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
 _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
-                "n_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
+                "n_batch_sizes", "fitted_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
 
 
 def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
@@ -185,6 +193,7 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
         e_min_ci=primary.get("e_min_ci"),
         e_min_tokens=primary["e_min"] * T if primary.get("e_min") is not None else None,
         e_min_ci_tokens=_scaled(primary.get("e_min_ci"), T),
+        fitted_batch_sizes=primary.get("fitted_batch_sizes"),
         status=primary["status"],
         message=primary.get("message", ""),
     )

@@ -1,0 +1,104 @@
+"""What report.html says (sweeps/analysis/report.py), read as text: the headline first, the status in words,
+cbs.json's message, interval ends clipped to the swept range, a caption on every plot; and the b_crit plot's
+bars clipped to the plotted range."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sweeps.analysis.report import PLOT_CAPTIONS, _b_crit_by_target, write_report
+from sweeps.analysis.summary import describe_status, headline
+from sweeps.analysis.targets import TrialRecord
+from sweeps.spec import load_spec
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def report(tmp_path):
+    """The wikitext sweep's report, rendered from the trimmed fixtures: ``(cbs, page text without images)``."""
+    cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
+    records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
+    path = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml"))
+    return cbs, re.sub(r"data:image/png;base64,[^\"]+", "IMG", path.read_text())
+
+
+def _text(page: str) -> str:
+    """The page's visible text, tags removed and entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_the_report_leads_with_the_headline_and_the_status_in_words(report):
+    cbs, page = report
+    body = page.split("</h1>", 1)[1]
+    assert body.lstrip().startswith('<p class="headline"')
+    first = _text(body.split("</p>", 1)[0]).strip()
+    assert first == headline(cbs)
+    text = _text(page)
+    assert f"Status edge: {describe_status('edge')}." in text
+    assert "Analysis message: The 95 % interval reaches below the smallest and above the largest swept batch size" in text
+
+
+def test_interval_ends_past_the_swept_range_are_shown_as_bounds(report):
+    cbs, page = report
+    text = _text(page)
+    # the headline target: raw [0.675, 70.3] over the batch sizes 4..64 that reached it
+    assert "b_crit = 11.1 sequences (708 tokens), 95 % interval [< 4, > 64] sequences at target loss 6.371" in text
+    assert "128 did not reach this target before the last milestone" in text
+    assert "0.6751" not in text and "70.34" not in text  # the raw ends stay in cbs.json only
+    rows = re.findall(r"<tr>(<td>.*?)</tr>", page.split("<h2>Per target loss</h2>", 1)[1].split("</table>", 1)[0])
+    cells = [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r)] for r in rows]
+    assert [c[1:4] for c in cells] == [["> 128", "35", "> 128"], ["44", "9.6", "> 128"],
+                                       ["12.2", "< 4", "> 64"], ["11.06", "< 4", "> 64"]]
+
+
+def test_every_plot_has_a_caption_saying_how_to_read_it(report):
+    _, page = report
+    figures = re.findall(r'<img src="IMG" alt="(\w+)"><figcaption>(.*?)</figcaption>', page)
+    assert {n for n, _ in figures} == {"loss_vs_flops", "steps_to_target", "tokens_to_target", "b_crit_by_target"}
+    for name, caption in figures:
+        assert html.unescape(caption).endswith(PLOT_CAPTIONS[name]), name
+    assert "Where the points fall with slope -1, doubling the batch halves the steps" in PLOT_CAPTIONS["steps_to_target"]
+    text = _text(page)
+    assert "Two definitions of the critical batch size, not comparable numbers:" in text
+    assert "b_compute_overhead_20: 0.2 b_crit, in sequences" in text
+
+
+def test_the_b_crit_plot_clips_its_bars_to_the_swept_range():
+    targets = json.loads((FIXTURES / "wikitext_cbs.json").read_text())["targets"]
+    fig = _b_crit_by_target(targets)
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo == pytest.approx(4 / 1.5) and hi == pytest.approx(128 * 1.5)  # the swept sizes, not 0.675 or 412
+    ends = [y for line in ax.get_lines() for y in line.get_ydata()]
+    assert min(ends) >= 4 and max(ends) <= 128
+    bars = [seg for coll in ax.collections for seg in coll.get_segments()]
+    assert bars and all(4 <= y <= 128 for seg in bars for _, y in seg)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
+    from typer.testing import CliRunner
+
+    from sweeps.cli.main import app
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for src, dst in (("wikitext_cbs.json", "cbs.json"), ("wikitext_trials.json", "trials.json"),
+                     ("wikitext_spec.yaml", "spec.yaml")):
+        shutil.copy(FIXTURES / src, sweep / dst)
+    res = CliRunner().invoke(app, ["plan", str(sweep), "--devices", "64", "--peak-flops", "1e15", "--bandwidth",
+                                   "4.5e11", "--flops-per-token", "1e12", "--params", "1e6"])
+    assert res.exit_code == 0, res.output
+    text = _text((sweep / "report.html").read_text())
+    assert "No knee: time still falling at the cap (64 devices)" in text
+    assert "Plan for target loss 6.371 on up to 64 devices: fastest B=64 sequences on 64 devices" in text
+    assert "Knee: 64 devices" not in text
