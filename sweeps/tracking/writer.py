@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -20,6 +21,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from sweeps.analysis.summary import headline
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
@@ -28,6 +30,19 @@ from workloads.api import FLOPS_CONVENTION
 __all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "configure_mlflow_env"]
 
 log = logging.getLogger(__name__)
+
+#: the fit's status on the parent run (``cbs.json``'s ``status``: ok, edge, above_range, ...), beside
+#: ``critbatch.status``, the sweep's state (RUNNING, SUCCEEDED, ...)
+TAG_FIT_STATUS = "critbatch.fit_status"
+#: MLflow's run description (shown on the run's page)
+TAG_NOTE = "mlflow.note.content"
+#: the parent-run metrics of ``cbs.json``'s ``b_crit_ci`` ends (sequences), each logged only when finite
+METRIC_CI_LOW, METRIC_CI_HIGH = "b_crit_ci_low", "b_crit_ci_high"
+#: trial metrics that hold one value per attempt (its start-up, the model's size, the optimizer's state): logged
+#: when they change, not at every milestone
+_ONCE_METRICS = ("startup_s", "startup_ray_s", "trainable_params", "optimizer_state_bytes_per_param")
+#: a trial's communication counters: always 0 with one worker (nothing is communicated), so not logged then
+_SYNC_METRICS = ("syncs", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s")
 
 
 def configure_mlflow_env() -> None:
@@ -120,6 +135,10 @@ class Tracker:
         self.child_runs: dict[str, str] = {}  # tune trial id -> run id
         self.last_step: dict[str, int] = {}  # tune trial id -> last tokens logged
         self.ended: set[str] = set()
+        self.once_logged: dict[str, dict[str, float]] = {}  # tune trial id -> the once-metrics' values logged
+        # one worker under ddp communicates nothing: its communication counters are constant zeros
+        self.skipped_metrics = frozenset(_SYNC_METRICS) if (
+            spec.resources.sync.mode == "ddp" and spec.resources.workers_per_trial == 1) else frozenset()
 
     def start_parent(self) -> str:
         """Create (or find) the experiment and create the sweep's parent run; returns its id.
@@ -234,17 +253,29 @@ class Tracker:
 
     def trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         """Log a report's finite metrics at ``step = tokens_seen`` (a NaN ``val_loss`` too); a tokens
-        value already logged is skipped."""
+        value already logged is skipped.
+
+        A value that holds for a whole attempt (``startup_s``, ``startup_ray_s``, ``trainable_params``,
+        ``optimizer_state_bytes_per_param``) is logged when it differs from the one last logged for the trial,
+        not at every milestone; with one ddp worker the communication counters (``syncs``, ``comm_*``), always
+        zero, are not logged.
+        """
         step = int(result.get("tokens_seen", -1))
         if step <= self.last_step.get(trial_id, -1):
             return  # already logged (a restarted worker group replays from its checkpoint)
         self.last_step[trial_id] = step
         ts = int(time.time() * 1000)
-        metrics = [
-            Metric(k, float(result[k]), ts, step)
-            for k in schema.METRIC_KEYS
-            if isinstance(result.get(k), (int, float)) and result.get(k) == result.get(k)
-        ]
+        once = self.once_logged.setdefault(trial_id, {})
+        metrics = []
+        for k in schema.METRIC_KEYS:
+            v = result.get(k)
+            if k in self.skipped_metrics or not isinstance(v, (int, float)) or v != v:
+                continue
+            if k in _ONCE_METRICS:
+                if once.get(k) == float(v):
+                    continue
+                once[k] = float(v)
+            metrics.append(Metric(k, float(v), ts, step))
         val_loss = result.get(schema.METRIC_VAL_LOSS)
         if val_loss is not None and val_loss != val_loss:  # NaN: logged, so that divergence shows in MLflow
             metrics.append(Metric(schema.METRIC_VAL_LOSS, float("nan"), ts, step))
@@ -301,15 +332,26 @@ class Tracker:
     # ---- end of sweep -----------------------------------------------------------------------------
 
     def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
-               drain_s: float | None = None) -> bool:
+               drain_s: float | None = None, analysis: dict[str, Any] | None = None) -> bool:
         """Log the summary and artifacts to the parent run and end it.
+
+        Beside ``summary``'s metrics, from the analysis (``cbs.json``): the interval's finite ends as metrics
+        ``b_crit_ci_low`` and ``b_crit_ci_high`` (sequences) and ``target_loss`` (the headline target), the
+        fit's status as the tag ``critbatch.fit_status`` and the headline sentence
+        (:func:`sweeps.analysis.summary.headline`) as the run's description (``mlflow.note.content``, with
+        the message of a sweep that did not succeed).
 
         Args:
             status: SUCCEEDED, FAILED or STOPPED (``critbatch.status`` tag).
             drain_s: how long to retry writes MLflow refuses, in seconds (default
                 ``CRITBATCH_MLFLOW_DRAIN_S``, 300).
+            analysis: the content of ``cbs.json``; default: ``artifacts_dir/cbs.json`` when it is there
+                and is a JSON object, else none (then only ``message`` describes the run).
         Returns: True if every queued write reached MLflow.
         """
+        if analysis is None and artifacts_dir:
+            analysis = _read_analysis(Path(artifacts_dir) / schema.ARTIFACT_CBS)
+        metrics, tags = _parent_fields(status, summary, message, analysis)
         pid = self.parent_run_id
         for tid in list(self.child_runs):
             if tid not in self.ended:
@@ -319,11 +361,9 @@ class Tracker:
 
         def summary_write() -> None:
             ts = int(time.time() * 1000)
-            ms = [Metric(k, float(v), ts, 0) for k, v in summary.items() if v is not None]
-            if ms:
-                self.client.log_batch(pid, metrics=ms)
-            if message:
-                self.client.set_tag(pid, schema.TAG_MESSAGE, message[:4000])
+            ms = [Metric(k, v, ts, 0) for k, v in metrics.items()]
+            if ms or tags:
+                self.client.log_batch(pid, metrics=ms, tags=[RunTag(k, v) for k, v in tags.items()])
             if artifacts_dir:
                 self.client.log_artifacts(pid, artifacts_dir)
             self.client.set_tag(pid, schema.TAG_STATUS, status)
@@ -333,6 +373,48 @@ class Tracker:
         if drain_s is None:
             drain_s = float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300"))
         return self.outbox.drain(timeout_s=drain_s)
+
+
+def _read_analysis(path: Path) -> dict[str, Any] | None:
+    """``cbs.json``'s content, or None when it is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _parent_fields(status: str, summary: dict[str, Any], message: str,
+                   analysis: dict[str, Any] | None) -> tuple[dict[str, float], dict[str, str]]:
+    """The parent run's final ``(metrics, tags)``: ``summary``'s finite values, the interval's ends and the
+    headline target loss from ``analysis``; the message, the fit's status and the description as tags."""
+    metrics = {k: float(v) for k, v in summary.items() if _finite(v)}
+    tags: dict[str, str] = {}
+    if message:
+        tags[schema.TAG_MESSAGE] = message[:4000]
+    note = ""
+    if analysis:
+        ci = analysis.get("b_crit_ci") or []
+        for key, v in zip((METRIC_CI_LOW, METRIC_CI_HIGH), list(ci)[:2]):
+            if _finite(v):
+                metrics[key] = float(v)
+        if _finite(analysis.get("target_loss")):
+            metrics["target_loss"] = float(analysis["target_loss"])
+        if analysis.get("status"):
+            tags[TAG_FIT_STATUS] = str(analysis["status"])
+            try:
+                note = headline(analysis)
+            except Exception:  # noqa: BLE001 - a cbs.json of another shape must not keep the run open
+                log.exception("no headline for the parent run's description")
+    if status != "SUCCEEDED" and message:
+        note = f"{note}\n\nSweep {status.lower()}: {message}" if note else f"Sweep {status.lower()}: {message}"
+    if note:
+        tags[TAG_NOTE] = note[:5000]
+    return metrics, tags
 
 
 class MlflowTrialCallback(Callback):
