@@ -1,4 +1,4 @@
-"""In-memory stand-ins for the Ray job server and the MLflow reader, behind the real ``SweepJobs``.
+"""In-memory stand-ins for the Ray job server and the MLflow reader's reads, behind the real ``SweepJobs``.
 
 A module of its own (not conftest) so that module-level test code, such as the schemathesis
 schema or a parametrize list, can use them; also the tiny spec every service test submits
@@ -96,13 +96,16 @@ def fake_run(run_id: str, *, role: str, sweep_id: str, status: str = "RUNNING", 
 
 
 class FakeReader:
-    """The subset of ``sweeps.tracking.reader.MlflowReader`` that ``SweepJobs`` uses, over in-memory runs."""
+    """The reading subset of ``sweeps.tracking.reader.MlflowReader`` that ``SweepJobs`` uses, over
+    in-memory runs. It writes nothing: closing an ended job's orphan runs
+    (``MlflowReader.close_orphans``) is tested against a real MLflow store (``svc_store``), so a
+    sweep given to this fake that would need it is a test bug, reported as an AttributeError
+    (``mlflow_error`` in the status)."""
 
     def __init__(self) -> None:
         self.parents: dict[str, SimpleNamespace] = {}
         self.trial_runs: dict[str, list[SimpleNamespace]] = {}
         self.artifacts: dict[str, Any] = {}
-        self.closed: list[str] = []
         self.fail_with: Exception | None = None
 
     def __call__(self, uri: str) -> "FakeReader":
@@ -118,15 +121,6 @@ class FakeReader:
 
     def trials(self, sweep_id: str, exp_ids: list[str]) -> list[SimpleNamespace]:
         return list(self.trial_runs.get(sweep_id, []))
-
-    def close_orphans(self, parent, trials, sweep_status: str) -> int:
-        for r in [*trials, parent]:
-            if r is not None and r.info.status == "RUNNING":
-                r.info.status = "KILLED"
-                if r.data.tags.get("critbatch.status") == "RUNNING":
-                    r.data.tags["critbatch.status"] = sweep_status if r.data.tags["critbatch.role"] == "sweep" else "STOPPED"
-                self.closed.append(r.info.run_id)
-        return len(self.closed)
 
     def load_json_artifact(self, run_id: str, path: str) -> Any:
         return self.artifacts.get(run_id)
@@ -155,14 +149,14 @@ def tiny_spec(**over: Any) -> dict[str, Any]:
 
 
 def cluster_spec(name: str, *, cpus_per_worker: float = 0.5, **over: Any) -> dict[str, Any]:
-    """The tiny spec as the live test cluster runs it (2 CPUs): Llama, one trial per batch size, one
-    worker per trial with ``cpus_per_worker`` CPUs, one trial at a time, no retries; named ``name``.
-    Each keyword replaces a whole section."""
+    """The tiny spec as the live test cluster runs it: Llama, one trial (one batch size, 4
+    sequences: a sweep's plumbing needs no second one), one worker with ``cpus_per_worker`` CPUs,
+    no retries; named ``name``. Each keyword replaces a whole section."""
     d = tiny_spec(
         name=name,
         model={"family": "llama"},
         schedule={"ema_half_life_tokens": 1024},
-        search={"trials_per_batch_size": 1},
+        search={"batch_sizes_sequences": [4], "base_batch_size_sequences": 4, "trials_per_batch_size": 1},
         resources={"workers_per_trial": 1, "cpus_per_worker": cpus_per_worker, "max_concurrent_trials": 1,
                    "max_failures": 0},
     )

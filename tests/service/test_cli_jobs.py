@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,23 @@ def write(tmp_path, spec, name="s.yaml") -> str:
     return str(p)
 
 
+JOB_COMMANDS = ("submit", "status", "logs", "stop", "list", "serve")
+
+
 def test_commands_are_registered(run):
-    out = run("--help").output
-    for cmd in ("submit", "status", "logs", "stop", "list", "serve"):
-        assert cmd in out
+    """Each job command is a command of ``critbatch`` (click's registry) and answers its own
+    ``--help`` with its usage line; an unknown one does not (the check can fail)."""
+    import typer
+
+    registered = typer.main.get_command(app).commands
+    assert set(JOB_COMMANDS) <= set(registered), sorted(registered)
+    for cmd in JOB_COMMANDS:
+        r = run(cmd, "--help")
+        assert r.exit_code == 0, (cmd, r.output)
+        usage = next(ln for ln in r.output.splitlines() if "Usage:" in ln)
+        assert re.fullmatch(rf"\s*Usage: \S+ {cmd} \[OPTIONS\].*", usage), (cmd, usage)
+    r = run("no-such-command", "--help")
+    assert r.exit_code == 2 and "No such command 'no-such-command'" in r.output
 
 
 def test_invalid_spec_exits_2_with_each_path(run, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from svc_store import seed_sweep
 
 from sweeps.remote import (
     ReportNotReady,
@@ -78,7 +79,7 @@ def test_status_counts_and_best_so_far(make_run, fake_jobs, fake_ray, fake_reade
     t = s.trials
     assert (t.planned, t.done, t.running, t.failed, t.diverged, t.pruned, t.stopped) == (2, 1, 1, 1, 1, 1, 0)
     assert s.best["run_id"] == "t3" and s.best["val_loss"] == 2.1 and s.best["batch_size_sequences"] == 8
-    assert s.parent_run_id == "p" and fake_reader.closed == []  # a running sweep is never reconciled
+    assert s.parent_run_id == "p" and s.mlflow_error is None
 
 
 def test_exit_zero_is_not_enough_when_mlflow_says_failed(make_run, fake_jobs, fake_ray, fake_reader):
@@ -112,18 +113,6 @@ def test_failed_job_reason_comes_from_the_drivers_last_error_line(fake_jobs, fak
     assert fake_jobs.get("g").reason == "invalid input (exit code 2): error: invalid sweep spec (1 error(s))"
     fake_ray.add("h", "FAILED", message="Job supervisor actor died: the node was lost")
     assert fake_jobs.get("h").reason == "Job supervisor actor died: the node was lost"
-
-
-def test_ended_jobs_get_their_orphan_runs_closed(make_run, fake_jobs, fake_ray, fake_reader):
-    fake_ray.add("st", "STOPPED")
-    fake_reader.parents["st"] = make_run("p", role="sweep", sweep_id="st")
-    fake_reader.trial_runs["st"] = [
-        make_run("t1", role="trial", sweep_id="st", status="FINISHED", tag_status="COMPLETED"),
-        make_run("t2", role="trial", sweep_id="st"),
-    ]
-    s = fake_jobs.get("st")
-    assert s.status == "STOPPED" and sorted(fake_reader.closed) == ["p", "t2"]
-    assert (s.trials.done, s.trials.running, s.trials.stopped) == (1, 0, 1)
 
 
 def test_mlflow_unreachable_keeps_rays_view(fake_jobs, fake_ray, fake_reader):
@@ -184,38 +173,49 @@ def test_ui_links_encode_the_comparison():
     assert mlflow_ui_links(None, "3", "p", ["a"]) == {}
 
 
-def test_orphans_are_closed_in_a_real_mlflow_store(tmp_path, fake_ray):
-    """The reconciliation against real MLflow: after a stop, no run of the sweep is left RUNNING."""
-    from mlflow import MlflowClient
-
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    c = MlflowClient(uri)
-    exp = c.create_experiment("exp")
-    parent = c.create_run(exp, run_name="sw", tags={"critbatch.sweep_id": "sw", "critbatch.role": "sweep",
-                                                   "critbatch.status": "RUNNING", "critbatch.trials_planned": "2"})
-    pid = parent.info.run_id
-    done = c.create_run(exp, tags={"mlflow.parentRunId": pid, "critbatch.sweep_id": "sw", "critbatch.role": "trial",
-                                   "critbatch.trial_id": "a", "critbatch.status": "COMPLETED"})
-    c.log_metric(done.info.run_id, "val_loss", 2.0, step=100)
-    c.set_terminated(done.info.run_id, "FINISHED")
-    running = c.create_run(exp, tags={"mlflow.parentRunId": pid, "critbatch.sweep_id": "sw", "critbatch.role": "trial",
-                                      "critbatch.trial_id": "b", "critbatch.status": "RUNNING"})
-    other = c.create_run(exp, tags={"critbatch.sweep_id": "other", "critbatch.role": "trial", "critbatch.status": "RUNNING"})
-
-    fake_ray.add("sw", "STOPPED", metadata={"critbatch.tracking_uri": uri})
-    jobs = SweepJobs("http://ray.invalid", client=fake_ray)
+def test_a_stopped_jobs_orphan_runs_are_closed_in_a_real_mlflow_store(fake_ray, mlflow_uri):
+    """The reconciliation (``MlflowReader.close_orphans``) against real MLflow: once the job is
+    STOPPED, no run of the sweep is left RUNNING; finished runs and other sweeps' runs are untouched."""
+    sw = seed_sweep(mlflow_uri, "sw", {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}),
+                                       "b": ("RUNNING", "RUNNING", {"val_loss": 2.4})})
+    other = seed_sweep(mlflow_uri, "other", {"x": ("RUNNING", "RUNNING", None)})
+    fake_ray.add("sw", "STOPPED", metadata={"critbatch.tracking_uri": mlflow_uri})
+    jobs = SweepJobs("http://ray.invalid", client=fake_ray)  # the real MlflowReader
     s = jobs.get("sw")
-    assert s.status == "STOPPED" and s.parent_run_id == pid
+    assert s.status == "STOPPED" and s.parent_run_id == sw.parent_id and s.mlflow_error is None
     assert (s.trials.done, s.trials.running, s.trials.stopped) == (1, 0, 1)
-    assert s.best["val_loss"] == 2.0
-    r = c.get_run(running.info.run_id)
-    assert r.info.status == "KILLED" and r.data.tags["critbatch.status"] == "STOPPED"
-    p = c.get_run(pid)
-    assert p.info.status == "KILLED" and p.data.tags["critbatch.status"] == "STOPPED"
-    assert c.get_run(done.info.run_id).data.tags["critbatch.status"] == "COMPLETED"
-    assert c.get_run(other.info.run_id).info.status == "RUNNING"  # another sweep's run is not touched
-    reader = MlflowReader(uri)
-    assert [x for x in reader.trials("sw", [exp]) if x.info.status == "RUNNING"] == []
+    assert s.best["val_loss"] == 2.0 and s.best["run_id"] == sw.trial_ids["a"]
+    b, p, a = sw.run("b"), sw.run(), sw.run("a")
+    assert (b.info.status, b.data.tags["critbatch.status"], b.data.tags["critbatch.closed_by"]) == (
+        "KILLED", "STOPPED", "critbatch.jobs")
+    assert (p.info.status, p.data.tags["critbatch.status"]) == ("KILLED", "STOPPED")
+    assert p.data.tags["critbatch.message"] == "closed after the Ray job ended (STOPPED)"
+    assert (a.info.status, a.data.tags["critbatch.status"]) == ("FINISHED", "COMPLETED")
+    assert "critbatch.closed_by" not in a.data.tags
+    assert other.run("x").info.status == "RUNNING" and other.run().info.status == "RUNNING"
+    assert [x for x in MlflowReader(mlflow_uri).trials("sw", [sw.experiment_id]) if x.info.status == "RUNNING"] == []
+    # a second read finds nothing to close and changes nothing
+    assert jobs.get("sw").trials == s.trials and sw.run("b").info.end_time == b.info.end_time
+
+
+def test_a_failed_jobs_orphan_runs_are_closed_failed(fake_ray, mlflow_uri):
+    sw = seed_sweep(mlflow_uri, "fa", {"t": ("RUNNING", "RUNNING", None)})
+    fake_ray.add("fa", "FAILED", message=RAY_FAILED_MSG, exit_code=1, metadata={"critbatch.tracking_uri": mlflow_uri})
+    s = SweepJobs("http://ray.invalid", client=fake_ray).get("fa")
+    assert s.status == "FAILED" and (s.trials.failed, s.trials.running, s.trials.stopped) == (1, 0, 0)
+    t, p = sw.run("t"), sw.run()
+    assert (t.info.status, t.data.tags["critbatch.status"]) == ("FAILED", "FAILED")
+    assert (p.info.status, p.data.tags["critbatch.status"]) == ("FAILED", "FAILED")
+
+
+def test_a_running_jobs_runs_are_left_open(fake_ray, mlflow_uri):
+    """Only an ended STOPPED or FAILED job's runs are closed: a live job's writer is still there."""
+    live = seed_sweep(mlflow_uri, "live", {"t": ("RUNNING", "RUNNING", None)})
+    fake_ray.add("live", "RUNNING", metadata={"critbatch.tracking_uri": mlflow_uri})
+    s = SweepJobs("http://ray.invalid", client=fake_ray).get("live")
+    assert s.status == "RUNNING" and s.trials.running == 1 and s.mlflow_error is None
+    assert live.run("t").info.status == "RUNNING" and live.run().info.status == "RUNNING"
+    assert "critbatch.closed_by" not in live.run("t").data.tags
 
 
 def test_a_dropped_connection_is_retried_and_a_lost_answer_is_not_a_duplicate(fake_jobs, fake_ray, monkeypatch):

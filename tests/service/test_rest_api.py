@@ -9,10 +9,12 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 from svc_fakes import tiny_spec
+from svc_store import seed_sweep
 
 from service.app import create_app
 from service.server import check_serve_settings
 from service.settings import Settings, SettingsError
+from sweeps.remote import SweepJobs
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "unit-test-token-0123456789"
@@ -166,7 +168,8 @@ def test_staging_over_the_upload_limit_is_422(fake_jobs):
 # ---- reading -------------------------------------------------------------------------------------
 
 
-def test_get_list_logs_stop_report(client, fake_ray, fake_reader, make_run):
+def test_get_list_logs_report(client, fake_ray, fake_reader, make_run):
+    """The reading routes (stopping, which writes to MLflow, is tested on a real store below)."""
     fake_ray.add("s1", "RUNNING")
     fake_ray.logs["s1"] = "line1\nline2\nline3\n"
     fake_reader.parents["s1"] = make_run("p", role="sweep", sweep_id="s1")
@@ -186,10 +189,6 @@ def test_get_list_logs_stop_report(client, fake_ray, fake_reader, make_run):
     page = client.get("/v1/sweeps", params={"limit": 1}, headers=AUTH).json()
     assert page["total"] == 1 and page["items"][0]["id"] == "s1" and page["next_offset"] is None
 
-    r = client.delete("/v1/sweeps/s1", headers=AUTH)
-    assert r.status_code == 200 and r.json()["status"] == "STOPPED" and r.json()["stop_sent"] is True
-    assert fake_reader.closed == ["t1", "p"]
-
     fake_ray.add("done", "SUCCEEDED")
     fake_reader.parents["done"] = make_run("pd", role="sweep", sweep_id="done", status="FINISHED", tag_status="SUCCEEDED")
     fake_reader.artifacts["pd"] = {"b_crit": 10.0, "s_min": float("nan")}
@@ -198,11 +197,41 @@ def test_get_list_logs_stop_report(client, fake_ray, fake_reader, make_run):
     assert rep.json()["mlflow"]["links"]["parent_run"] == "http://mlflow.invalid/#/experiments/1/runs/pd"
 
 
+def test_delete_closes_the_stopped_sweeps_runs_in_a_real_mlflow_store(fake_ray, mlflow_uri):
+    """DELETE stops the job, then the real reader closes the runs it left RUNNING (MLflow is read
+    and written for real; only Ray's job server is the in-memory one)."""
+    sw = seed_sweep(mlflow_uri, "s1", {"t1": ("RUNNING", "RUNNING", {"val_loss": 2.0}),
+                                       "t2": ("FINISHED", "COMPLETED", {"val_loss": 2.5})})
+    fake_ray.add("s1", "RUNNING", metadata={"critbatch.tracking_uri": mlflow_uri})
+    settings = Settings(api_token=TOKEN, tracking_uri=mlflow_uri, data_dir=str(REPO))
+    with TestClient(create_app(settings, jobs=SweepJobs("http://ray.invalid", client=fake_ray))) as c:
+        live = c.get("/v1/sweeps/s1", headers=AUTH).json()
+        assert (live["status"], live["trials"]["running"], live["trials"]["done"], live["mlflow_error"]) == (
+            "RUNNING", 1, 1, None), live
+        r = c.delete("/v1/sweeps/s1", headers=AUTH, params={"wait_s": 5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["status"], body["stop_sent"], body["mlflow_error"]) == ("STOPPED", True, None), body
+        assert (body["trials"]["running"], body["trials"]["stopped"], body["trials"]["done"]) == (0, 1, 1), body
+        again = c.delete("/v1/sweeps/s1", headers=AUTH)
+        assert again.status_code == 200 and again.json()["stop_sent"] is False
+    assert fake_ray.stop_calls == ["s1"]
+    t1, t2, p = sw.run("t1"), sw.run("t2"), sw.run()
+    assert (t1.info.status, t1.data.tags["critbatch.status"]) == ("KILLED", "STOPPED")
+    assert (p.info.status, p.data.tags["critbatch.status"]) == ("KILLED", "STOPPED")
+    assert (t2.info.status, t2.data.tags["critbatch.status"]) == ("FINISHED", "COMPLETED")
+
+
 @pytest.mark.parametrize("path", ["/v1/sweeps/nope", "/v1/sweeps/nope/logs", "/v1/sweeps/nope/report",
                                   "/v1/sweeps/..", "/v1/sweeps/%2E%2E%2Fapi", "/v1/sweeps/a%20b"])
 def test_unknown_ids_are_404(client, path):
     assert client.get(path, headers=AUTH).status_code == 404
-    assert client.delete("/v1/sweeps/nope", headers=AUTH).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/v1/sweeps/nope", "/v1/sweeps/%2E%2E%2Fapi", "/v1/sweeps/a%20b"])
+def test_stopping_unknown_ids_is_404_and_stops_nothing(client, fake_ray, path):
+    assert client.delete(path, headers=AUTH).status_code == 404
+    assert fake_ray.stop_calls == []
 
 
 def test_cluster_down_is_503_not_500():

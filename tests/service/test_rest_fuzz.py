@@ -29,13 +29,16 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def _app():
     ray, reader = FakeRayJobs(), FakeReader()
-    # A few known sweeps, so that generated ids can also reach the found paths.
-    for sid, status in (("a", "RUNNING"), (EXAMPLE_SWEEP_ID, "SUCCEEDED"), ("c", "FAILED"), ("d", "STOPPED")):
+    # A few known sweeps, so that generated ids can also reach the found paths. Their runs are
+    # closed, as the driver leaves them, so reading them back needs no reconciliation (which
+    # writes to MLflow: tested on a real store, not here); "a" runs but has no runs yet, so a
+    # generated DELETE of it closes nothing either.
+    ray.add("a", "RUNNING")
+    for sid, status in ((EXAMPLE_SWEEP_ID, "SUCCEEDED"), ("c", "FAILED"), ("d", "STOPPED")):
         ray.add(sid, status, message="Job entrypoint command failed with exit code 1, last available logs:\nsweep failed: x")
-        reader.parents[sid] = fake_run(f"p{sid}", role="sweep", sweep_id=sid,
-                                       status="RUNNING" if status == "RUNNING" else "FINISHED",
-                                       tag_status=status if status != "STOPPED" else "RUNNING")
-        reader.trial_runs[sid] = [fake_run(f"t{sid}", role="trial", sweep_id=sid, metrics={"val_loss": 2.0},
+        reader.parents[sid] = fake_run(f"p{sid}", role="sweep", sweep_id=sid, status="FINISHED", tag_status=status)
+        reader.trial_runs[sid] = [fake_run(f"t{sid}", role="trial", sweep_id=sid, status="FINISHED",
+                                           tag_status="COMPLETED", metrics={"val_loss": 2.0},
                                            params={"batch_size_sequences": "4", "lr": "0.001"})]
     reader.artifacts[f"p{EXAMPLE_SWEEP_ID}"] = {"b_crit": 8.0, "nan": float("nan")}
     jobs = SweepJobs("http://ray.invalid:8265", client=ray, reader_factory=reader)

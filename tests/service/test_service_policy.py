@@ -126,7 +126,8 @@ def test_mlflow_errors_quote_neither_the_answer_nor_the_address(fake_ray, listen
     jobs = SweepJobs("http://ray.invalid:8265", client=fake_ray)
     with app_client(jobs, tracking_uri=listener.url) as c:
         body = c.get("/v1/sweeps/s1", headers=AUTH).json()
-    assert listener.requests, "the service's own server is read"
+    assert listener.requests and all(path.startswith("/api/2.0/mlflow/") for path, _ in listener.requests), (
+        listener.requests)  # the service's own server is read, through MLflow's REST API
     err = body["mlflow_error"]
     assert err and "secret-marker" not in err and "127.0.0.1" not in err, err
     assert err.startswith("MLflow could not be read (")
@@ -231,15 +232,14 @@ def test_the_reader_creates_no_database_and_migrates_none(tmp_path, fake_ray):
     assert not (tmp_path / "no-mlruns").exists()
 
 
-def test_the_reader_opens_a_real_mlflow_store(tmp_path):
-    from mlflow import MlflowClient
+def test_the_reader_opens_a_real_mlflow_store_without_writing_to_it(mlflow_uri):
+    db = Path(mlflow_uri[len("sqlite:///"):])
+    before = (db.read_bytes(), db.stat().st_mtime_ns)
+    check_existing_store(mlflow_uri)  # no error
+    from sweeps.tracking.reader import MlflowReader
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(uri).create_experiment("e")
-    check_existing_store(uri)  # no error
-    before = (tmp_path / "mlflow.db").stat().st_mtime_ns
-    check_existing_store(uri)
-    assert (tmp_path / "mlflow.db").stat().st_mtime_ns == before
+    assert MlflowReader(mlflow_uri).experiment_ids(None) == ["0"]  # the store's default experiment, read back
+    assert (db.read_bytes(), db.stat().st_mtime_ns) == before
 
 
 # ---- item 5: what staging ships --------------------------------------------------------------------
