@@ -32,12 +32,15 @@ def _images() -> set[str]:
 
 def test_ray_version_of_the_manifests_is_the_installed_one():
     assert metadata.version("ray") == RAY_VERSION
+    checked = set()
     for rel in kustomizations():
         for obj in render(rel):
             spec = obj.get("spec", {})
             cluster = spec.get("rayClusterSpec", spec) if obj["kind"] in ("RayJob", "RayCluster") else {}
             if cluster:
                 assert cluster["rayVersion"] == RAY_VERSION, f"{rel}: {obj['metadata']['name']}"
+                checked.add(obj["kind"])
+    assert checked == {"RayJob", "RayCluster"}  # both kinds were found and checked, not skipped
 
 
 def test_cpu_torch_is_installed_before_the_project():
@@ -70,9 +73,12 @@ def test_image_runs_as_the_uid_the_pods_expect():
     assert DOCKERFILE.rstrip().splitlines()[-1].startswith("CMD")
     users = re.findall(r"^USER (\S+)$", DOCKERFILE, flags=re.M)
     assert users and all(u == "1000:1000" for u in users)
+    checked = set()
     for rel in kustomizations():
         for obj in render(rel):
             for _, pod in pod_specs(obj):
                 image = pod["containers"][0]["image"]
                 if "critbatch" in image.rsplit("/", 1)[-1]:
                     assert pod["securityContext"]["runAsUser"] == 1000, image
+                    checked.add(image.rsplit("/", 1)[-1].split(":")[0])
+    assert checked == {"critbatch", "critbatch-mlflow"}  # pods of both images were found and checked

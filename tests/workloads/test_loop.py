@@ -48,6 +48,34 @@ def cfg(**changes) -> TrialConfig:
     return with_sections(BASE, **changes)
 
 
+def spy_noise_norms(monkeypatch) -> list[tuple[float, float, int, int]]:
+    """Record the ``(mean small-batch |g|^2, big-batch |g|^2, b_small, K)`` of every step (training and WSD
+    branch steps alike) as the stepper hands them to the noise-scale estimator."""
+    import workloads.step
+
+    seen: list[tuple[float, float, int, int]] = []
+    real = workloads.step.step_estimates
+
+    def spy(small, big, b, k):
+        seen.append((small, big, b, k))
+        return real(small, big, b, k)
+
+    monkeypatch.setattr(workloads.step, "step_estimates", spy)
+    return seen
+
+
+def expected_b_simple(norms, decay: float) -> float:
+    """``B_simple`` after these steps, computed here: McCandlish et al. 2018, Eq. A.2, with B_small = b and
+    B_big = b K per step, then the ratio of the EMAs (decay ``decay``; their bias corrections cancel)."""
+    g2, tr = [], []
+    for small, big, b, k in norms:
+        b_small, b_big = b, b * k
+        g2.append((b_big * big - b_small * small) / (b_big - b_small))
+        tr.append((small - big) / (1 / b_small - 1 / b_big))
+    w = [decay ** (len(norms) - 1 - i) for i in range(len(norms))]
+    return sum(wi * t for wi, t in zip(w, tr)) / sum(wi * g for wi, g in zip(w, g2))
+
+
 def run(c: TrialConfig, resume=None):
     reports = []
     torch.manual_seed(123)
@@ -90,14 +118,20 @@ def test_batch_warmup_takes_the_exact_number_of_steps():
     assert final["batch_size_sequences_now"] == 16
 
 
-def test_reports_at_milestones_only_with_monotone_tokens():
+def test_reports_at_milestones_only_with_monotone_tokens(monkeypatch):
+    norms = spy_noise_norms(monkeypatch)
     out, reports = run(cfg())
     toks = [m["tokens_seen"] for m, _ in reports]
     assert toks == [1024, 2048, 3072, 4096]
     m = reports[-1][0]
     assert m["done"] and m["status"] == "completed"
     assert m["flops"] == pytest.approx(build_pretrain(cfg(), torch.device("cpu")).flops_per_token * 4096)
-    assert m["b_simple"] is not None and m["b_simple"] > 0
+    # B = 8 in 2 micro-batches of 4 (the estimator's minimum), 16 steps of 256 tokens; b_simple at each
+    # report is that of the steps up to it
+    assert [n[2:] for n in norms] == [(4, 2)] * 16 and [r["step"] for r, _ in reports] == [4, 8, 12, 16]
+    for r, _ in reports:
+        assert r["b_simple"] == pytest.approx(expected_b_simple(norms[:r["step"]], 0.95), rel=1e-9)
+    assert m["b_simple"] > 0
     assert m["val_loss"] < math.log(256)
     assert m["mfu"] is None  # CPU: no MFU, never a guess
 
@@ -128,23 +162,42 @@ def test_resume_from_checkpoint_is_exact():
 def test_divergence_is_a_named_outcome():
     out, reports = run(cfg(optimizer={"lr": 50.0, "grad_clip_norm": None}, schedule={"warmup_tokens": 0}))
     assert out.status == "diverged"
+    # step 1 (at the initialisation, loss ~ log 256 < 1.5 log 256) is fine; its update at LR 50 sends step 2's
+    # loss past 1.5 log 256: the loop reports at once, before the first milestone (1024), without evaluating
+    assert len(reports) == 1
     last = reports[-1][0]
     assert last["status"] == "diverged" and last["done"]
     assert last["objective"] == pytest.approx(math.log(256))
-    assert last["tokens_seen"] < 4096 or math.isnan(last["val_loss"]) or last["val_loss"] > 1.5 * math.log(256)
+    assert last["step"] == 2 and last["tokens_seen"] == 2 * 8 * 32 and math.isnan(last["val_loss"])
+    assert last["train_loss"] == pytest.approx(math.log(256), abs=0.2)  # step 1's alone: the diverged step is left out
 
 
 def test_wsd_schedule_runs_decay_branches_and_counts_their_flops():
     out, reports = run(cfg(schedule={"kind": "wsd", "decay_fraction": 0.25}))
     assert out.status == "completed"
-    m = reports[-1][0]
-    assert m["flops_measurement"] > 0
-    assert m["val_loss_raw"] is not None
+    fpt = build_pretrain(cfg(), torch.device("cpu")).flops_per_token
+    # each milestone: a forward (fpt / 3 a token) of the raw weights and of the branch's end over the 1024
+    # validation tokens, and a branch of round(0.25 x tokens / 256) steps of 8 x 32 tokens: 1, 2, 3, 4 steps
+    per_milestone = [2 * fpt / 3 * 1024 + fpt * n * 256 for n in (1, 2, 3, 4)]
+    assert [m["flops_measurement"] for m, _ in reports] == pytest.approx(
+        [sum(per_milestone[:i + 1]) for i in range(4)], rel=1e-12)
+    # the raw weights are the stable branch, untouched by the branches: a constant-LR run's raw weights
+    _, constant = run(cfg(eval={"raw_every_milestone": True}))
+    raw = [m["val_loss_raw"] for m, _ in reports]
+    assert raw == pytest.approx([m["val_loss_raw"] for m, _ in constant], rel=1e-6)
+    # and the loss used is the decayed branch's end, lower than the raw weights' at every milestone
+    assert all(m["val_loss"] < r for (m, _), r in zip(reports, raw))
 
 
-def test_noise_scale_needs_two_micro_batches_for_tiny_batches():
+def test_noise_scale_needs_two_micro_batches_for_tiny_batches(monkeypatch):
+    norms = spy_noise_norms(monkeypatch)
     out, reports = run(cfg(batch={"batch_size_sequences": 2}, optimizer={"beta2_half_life_tokens": 2048.0}))
-    assert reports[-1][0]["b_simple"] is not None
+    # B = 2 is split into 2 micro-batches of 1 sequence so every one of its 64 steps (of 64 tokens) has the
+    # two batch sizes the estimator needs
+    assert out.status == "completed" and [n[2:] for n in norms] == [(1, 2)] * 64
+    final = reports[-1][0]
+    assert final["step"] == 64
+    assert final["b_simple"] == pytest.approx(expected_b_simple(norms, 0.95), rel=1e-9) and final["b_simple"] > 0
 
 
 # ---- LR warmup ----------------------------------------------------------------------------------

@@ -83,7 +83,9 @@ def test_local_sgd_every_step_with_adamw_is_not_ddp(runs):
     # the test of nonlinearity: Adam normalises each replica's gradient by its own second moment, so
     # the mean of the replicas' updates is not the update of the mean gradient
     got, want = _col(runs["local1_adamw"]), _col(runs["ddp_adamw"])
-    assert got[0] != pytest.approx(want[0], rel=1e-4) or got[-1] != pytest.approx(want[-1], rel=1e-4)
+    # step 1 starts from the same weights; the first update already differs, so the first report (steps 1-2)
+    # differs a little (3e-4 here) and the gap grows (1 % by the last report)
+    assert got[0] != pytest.approx(want[0], rel=1e-4) and got[-1] != pytest.approx(want[-1], rel=3e-3)
     assert all(math.isfinite(v) for v in got)
 
 
@@ -122,7 +124,8 @@ def test_communication_counts(runs):
 
 def test_the_noise_scale_is_off_for_replicas_and_wsd_runs(runs):
     assert all(m["b_simple"] is None for m, _ in runs["local_sgd"] + runs["diloco"])
-    assert any(m["b_simple"] is not None for m, _ in runs["ddp_adamw"])
+    # ddp: 2 micro-batches per worker, 4 in all, every step: an estimate at every report
+    assert all(m["b_simple"] is not None and 0 < m["b_simple"] < math.inf for m, _ in runs["ddp_adamw"])
     assert all(math.isfinite(v) for v in _col(runs["local_wsd"], "val_loss"))
     assert runs["local_wsd"][-1][0]["syncs"] == 4  # the decay branches never synchronise
 

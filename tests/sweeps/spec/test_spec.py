@@ -157,7 +157,7 @@ def test_cli_validate_missing_checkpoint_exits_2(tmp_path, repo_root):
     d["data"]["path"] = str(ROOT / d["data"]["path"])
     r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
     assert r.exit_code == 2 and "checkpoint" in r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert isinstance(r.exception, SystemExit) and r.exception.code == 2  # a clean exit, not a traceback
 
 
 def test_cli_run_bad_spec_starts_nothing(tmp_path, tiny_spec_dict):

@@ -98,4 +98,5 @@ def test_cli_validate_exits_0_or_2(tmp_path, path, value):
     assert r.exit_code in (0, 2), r.output
     if r.exit_code == 2:
         assert "error" in r.output
-    assert r.exception is None or isinstance(r.exception, SystemExit)
+    # accepted: no exception; refused: a clean exit 2, never a traceback
+    assert r.exception is None if r.exit_code == 0 else (isinstance(r.exception, SystemExit) and r.exception.code == 2)

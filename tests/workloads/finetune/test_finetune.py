@@ -53,9 +53,11 @@ def test_full_finetune_counts_real_tokens_and_saves_a_checkpoint(ckpt, qa_file, 
     assert m[-1]["tokens_seen"] == sum(work.train_batch(step=s, global_batch_size_sequences=4, start=0, count=4)[0].n_real_tokens
                                        for s in range(steps)) >= cfg.budget_tokens
     assert m[-1]["flops"] == pytest.approx(work.flops_per_token * m[-1]["tokens_seen"])
-    assert m[-1]["val_loss"] < m[0]["val_loss"] or m[-1]["train_loss"] < 5.5
+    # it learns: both losses fall between the two reports (by about 0.4 and 0.6 nats here)
+    assert m[-1]["val_loss"] < m[0]["val_loss"] - 0.1 and m[-1]["train_loss"] < m[0]["train_loss"] - 0.1
     reloaded = load_finetuned(str(tmp_path / "full"))
-    assert (tmp_path / "full" / "tokenizer.json").is_file()
+    # the checkpoint ships the tokenizer it was trained with: the base checkpoint's, byte for byte
+    assert (tmp_path / "full" / "tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
     meta = json.loads((tmp_path / "full" / FINETUNE_META_FILE).read_text())
     assert meta["lora"] is None and meta["base_checkpoint"] == str(ckpt)
     assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in work.model.parameters())
