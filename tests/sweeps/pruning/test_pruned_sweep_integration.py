@@ -14,7 +14,6 @@ import json
 import math
 import os
 import sys
-import time
 
 import optuna
 import pytest
@@ -22,8 +21,18 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, TINY, run_cli, write_spec
+from tests.harness import copy_mlflow_store, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # 8 real trials: minutes on 2 busy cores
+#: about 3x the idle time of the slowest Tune-level test with its fixture: ~25 s on the 2-core machine
+#: (the first also starts the suite's Ray head and MLflow template); 62 s at load average ~17
+TUNE_TIMEOUT_S = 90
+#: about 3x the idle time of the CLI sweep ``cli_sweep``: 94 s (4 trials, three trial starts in a row:
+#: two, two more, the two promoted again); 330 s at load average ~17
+CLI_TIMEOUT_S = 300
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TUNE_TIMEOUT_S)]
+#: the CLI tests: whichever runs first pays for the module's sweep (``cli_sweep``)
+cli_timeout = pytest.mark.timeout(CLI_TIMEOUT_S)
 
 CLI = [sys.executable, "-m", "sweeps.cli"]
 
@@ -48,7 +57,8 @@ def synthetic_trainable(config):
 
 
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(ray_head):
+    """This process as a driver on the suite's Ray head (nothing here needs Ray's own lifecycle)."""
     import ray
     from ray import cloudpickle
 
@@ -57,13 +67,15 @@ def ray_local():
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+        ray.init(address=ray_head.gcs_address, log_to_driver=False)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
-def _tune_sweep(tmp, mode: str, study_prefix: str) -> dict:
+def _tune_sweep(tmp, mode: str, study_prefix: str, mlflow_template) -> dict:
     """A real Tuner over 2 batch sizes x 6 synthetic trials with the scheduler in ``mode``.
 
     Mode "stop" uses Tune's concurrency limiter; mode "pause" gives the searcher the scheduler's gate
@@ -81,7 +93,7 @@ def _tune_sweep(tmp, mode: str, study_prefix: str) -> dict:
     d["pruning"] = {"enabled": True, "mode": mode}
     d["resources"] = {"max_concurrent_trials": 2}
     spec = parse_spec(d)
-    tracker = Tracker(MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}"), spec, study_prefix)
+    tracker = Tracker(MlflowClient(copy_mlflow_store(mlflow_template, tmp / "mlflow.db")), spec, study_prefix)
     tracker.start_parent()
     storage = f"sqlite:///{tmp / 'optuna.db'}"
     scheduler = EqualComputeScheduler.from_spec(spec)
@@ -103,8 +115,8 @@ def _tune_sweep(tmp, mode: str, study_prefix: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tune_sweep(ray_local, tmp_path_factory):
-    return _tune_sweep(tmp_path_factory.mktemp("tune"), "stop", "tune-it")
+def tune_sweep(ray_local, tmp_path_factory, mlflow_template):
+    return _tune_sweep(tmp_path_factory.mktemp("tune"), "stop", "tune-it", mlflow_template)
 
 
 def test_tune_pruned_trials_carry_the_decision_in_last_result_and_result_json(tune_sweep):
@@ -146,9 +158,9 @@ def test_tune_pruned_trials_are_pruned_in_mlflow(tune_sweep):
 
 
 @pytest.fixture(scope="module")
-def tune_sweep_pause(ray_local, tmp_path_factory):
+def tune_sweep_pause(ray_local, tmp_path_factory, mlflow_template):
     """Mode "pause" in a real Tuner: the scheduler gates the searcher, pauses and resumes real Tune trials."""
-    return _tune_sweep(tmp_path_factory.mktemp("tune-pause"), "pause", "tune-pause")
+    return _tune_sweep(tmp_path_factory.mktemp("tune-pause"), "pause", "tune-pause", mlflow_template)
 
 
 def test_tune_pause_keeps_the_top_half_of_each_batch_size_at_each_rung(tune_sweep_pause):
@@ -247,10 +259,7 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     reaper = PlacementGroupReaper()
     assert reaper.reap() == 0  # its creator is alive
     ray.kill(c)
-    for _ in range(50):  # the GCS learns of the death asynchronously
-        if reaper.reap():
-            break
-        time.sleep(0.1)
+    wait_for(reaper.reap, 60, "the reaper to see the dead controller's group")  # the GCS learns of the death asynchronously
     assert reaper.removed == [orphan.id.hex()]
     assert placement_group_table(orphan)["state"] == "REMOVED"
     assert placement_group_table(mine)["state"] == "CREATED"
@@ -265,7 +274,7 @@ def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_t
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from sweeps._compat import placement_group_table
+    from sweeps._compat import actor_is_dead, placement_group_table
     from sweeps.run.reaper import PlacementGroupReaper
 
     @ray.remote(num_cpus=0.001)
@@ -281,78 +290,98 @@ def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_t
     trial = placement_group([{"CPU": 0.01}])
     ray.get(trial.ready())
     c = Controller.options(scheduling_strategy=PlacementGroupSchedulingStrategy(trial)).remote()
-    ray.get(c.spin.remote())
-    time.sleep(0.5)  # let it create some groups; how many does not matter
-    remove_placement_group(trial)  # kills the controller, as Tune removing a paused trial's group does
     cid = c._actor_id.binary()
 
     def live():
         return [pg for pg in placement_group_table() if pg.creator_actor_id == cid and pg.state != pg.REMOVED]
 
+    ray.get(c.spin.remote())
+    wait_for(live, 60, "the controller's first placement group in the GCS")  # how many more does not matter
+    remove_placement_group(trial)  # kills the controller, as Tune removing a paused trial's group does
+    wait_for(lambda: actor_is_dead(cid), 60, "the controller's death")
+
     reaper = PlacementGroupReaper()
-    for _ in range(100):  # the controller's death, then each removal, reach the GCS asynchronously
-        reaper.reap()
-        if not live():
-            break
-        time.sleep(0.1)
+    # each removal, and the groups the dying controller was still creating, reach the GCS asynchronously
+    wait_for(lambda: reaper.reap() >= 0 and not live(), 60, "no live group of the dead controller")
     assert reaper.removed and not live()
 
 
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
 
 
-def _run(args, timeout=900):
+def _run(args, timeout=CLI_TIMEOUT_S - 60):  # fails with the CLI's output before pytest-timeout would
     return run_cli(args, timeout_s=timeout)
 
 
 @pytest.fixture(scope="module")
-def cli_sweep(tmp_path_factory):
+def cli_sweep(tmp_path_factory, ray_head, mlflow_template):
+    """2 batch sizes x 2 trials in mode "pause" on the suite's Ray head: at rung 0 (25 %) the two trials
+    of a batch size are compared and one is pruned; the other trains its whole budget. 2 per batch size
+    is the least that prunes anything (``min_trials_per_rung: 2``: a rung with one value keeps it)."""
     tmp = tmp_path_factory.mktemp("pruned")
     d = yaml.safe_load(TINY.read_text())
     d["name"] = "tiny-pruned"
     d["eval"] = {"milestones": 8, "eval_tokens": 1024}
-    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 4, "lr_multiplier": [0.05, 20.0]}
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 2, "lr_multiplier": [0.25, 4.0]}
     d["resources"] = {"max_concurrent_trials": 2}
     d["pruning"] = {"enabled": True, "grace_fraction": 0.25, "reduction_factor": 2, "min_trials_per_rung": 2}
     spec = write_spec(tmp, d)
     out = tmp / "out"
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "pruned-it", "--no-progress"])
+    uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
+    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "pruned-it", "--no-progress",
+              "--address", ray_head.gcs_address])
     return {"result": r, "out": out, "uri": uri}
 
 
+@cli_timeout
 def test_cli_pruned_sweep_succeeds_with_every_batch_size(cli_sweep):
     r = cli_sweep["result"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cbs = json.loads((cli_sweep["out"] / "cbs.json").read_text())
-    assert cbs["trials"]["PRUNED"] >= 1
-    assert cbs["trials"]["COMPLETED"] + cbs["trials"]["PRUNED"] + cbs["trials"]["DIVERGED"] == 8
+    assert cbs["trials"] == {"COMPLETED": 2, "PRUNED": 2, "DIVERGED": 0, "FAILED": 0, "STOPPED": 0}
     assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8]
 
 
+def _restarts(out, trial_id: str) -> int:
+    """How often a trial started again from a checkpoint: a restarted trial first sends the reports
+    of its checkpoint again (workloads/_ray_adapter.py), so its report log goes back in tokens."""
+    rows = [json.loads(line) for line in (out / "reports" / f"{trial_id}.jsonl").read_text().splitlines() if line.strip()]
+    return sum(1 for a, b in zip(rows, rows[1:]) if b["tokens_seen"] <= a["tokens_seen"])
+
+
+@cli_timeout
 def test_cli_pause_mode_keeps_one_trial_per_batch_size_and_resumes_from_checkpoints(cli_sweep):
-    """The spec's default mode, "pause": 4 trials per batch size, rungs at 25 % and 50 %, the top half goes on."""
-    trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
+    """The spec's default mode, "pause": 2 trials per batch size, the better one at rung 0 (25 %) goes
+    on, alone from there (rung 1 has nobody to compare it with); nothing diverges with multipliers in
+    [0.25, 4]. The first trial of a batch size reaches rung 0 while the second is still starting, so it
+    waits paused there; promoted, it resumes from its checkpoint."""
+    out = cli_sweep["out"]
+    trials = json.loads((out / "trials.json").read_text())
     for b in (4, 8):
         mine = [t for t in trials if t["batch_size_sequences"] == b]
-        assert len(mine) == 4
-        if not any(t["status"] == "DIVERGED" for t in mine):
-            assert sorted(t["status"] for t in mine) == ["COMPLETED", "PRUNED", "PRUNED", "PRUNED"]
-            assert sorted(t["tokens"][-1] for t in mine) == [2048, 2048, 4096, 8192]
-    # a promoted trial went on from its checkpoint at the rung: every milestone once, in order
+        assert sorted(t["status"] for t in mine) == ["COMPLETED", "PRUNED"]
+        assert sorted(t["tokens"][-1] for t in mine) == [2048, 8192]
+    # the seeded sampler's first suggestion wins rung 0 at B = 8 (multiplier 2.8 against 0.8; at B = 4
+    # the two are close): at least one promoted trial waited at the rung and went on from its checkpoint
+    resumed = [t for t in trials if t["status"] == "COMPLETED" and _restarts(out, t["trial_id"]) == 1]
+    assert resumed, [(t["trial_id"], t["status"], _restarts(out, t["trial_id"])) for t in trials]
+    # ... and its curve has every milestone once, in order (the re-sent reports are not doubled)
     for t in trials:
         assert t["tokens"] == [1024 * (i + 1) for i in range(len(t["tokens"]))]
 
 
+@cli_timeout
 def test_cli_pruned_trials_stop_at_a_rung(cli_sweep):
     trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
     pruned = [t for t in trials if t["status"] == "PRUNED"]
-    assert pruned
+    assert len(pruned) == 2
     for t in pruned:
-        last_tokens = t["tokens"][-1]
-        assert 0.25 * 8192 <= last_tokens < 8192  # stopped at the first milestone at or past a rung
+        # stopped at the milestone of its rung (25 % or 50 % of 8192 tokens; milestones every 1024)
+        assert t["tokens"][-1] in (0.25 * 8192, 0.5 * 8192)
+        assert t["pruning"]["pruned_at_flops"] == t["flops"][-1]
 
 
+@cli_timeout
 def test_cli_pruned_trials_are_pruned_in_the_optuna_study(cli_sweep):
     trials = json.loads((cli_sweep["out"] / "trials.json").read_text())
     storage = f"sqlite:///{cli_sweep['out'] / 'optuna.db'}"
@@ -360,15 +389,18 @@ def test_cli_pruned_trials_are_pruned_in_the_optuna_study(cli_sweep):
         study = optuna.load_study(study_name=f"pruned-it-B{b}", storage=storage)
         states = [t.state for t in study.get_trials(deepcopy=False)]
         expected = sum(1 for t in trials if t["batch_size_sequences"] == b and t["status"] == "PRUNED")
-        assert states.count(optuna.trial.TrialState.PRUNED) == expected
+        assert expected == 1
+        assert sorted(states, key=str) == sorted([optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED], key=str)
 
 
+@cli_timeout
 def test_cli_pruned_trials_have_the_decision_tags_in_mlflow(cli_sweep):
     trials = {t["trial_id"]: t for t in json.loads((cli_sweep["out"] / "trials.json").read_text())}
     c = MlflowClient(cli_sweep["uri"])
     exp = c.get_experiment_by_name("tiny-pruned")
     children = c.search_runs([exp.experiment_id], filter_string="tags.`critbatch.role` = 'trial'")
-    assert len(children) == 8
+    assert len(children) == 4
+    assert sorted(run.data.tags["critbatch.status"] for run in children) == ["COMPLETED", "COMPLETED", "PRUNED", "PRUNED"]
     for run in children:
         tags = run.data.tags
         t = trials[tags["critbatch.trial_id"]]
@@ -381,11 +413,32 @@ def test_cli_pruned_trials_have_the_decision_tags_in_mlflow(cli_sweep):
             assert "critbatch.pruned_at_flops" not in tags
 
 
-def test_cli_pruned_cbs_json_counts_pruned_curves_in_the_minimum(cli_sweep):
+@cli_timeout
+def test_cli_pruned_cbs_json_counts_pruned_curves_in_the_minimum(cli_sweep, tmp_path):
     """Steps to target are the minimum over every trial of a batch size, pruned ones included
     (their curve up to the rung); ``critbatch analyze --trials`` reproduces cbs.json."""
+    from sweeps.analysis import analyze_trials_file, finite_json
     from tests.cbs_checks import assert_analyze_trials_reproduces_cbs_json, assert_steps_are_minimum_over_trials
 
+    out = cli_sweep["out"]
     assert cli_sweep["result"].returncode == 0
-    assert assert_steps_are_minimum_over_trials(cli_sweep["out"]) >= 2
-    assert_analyze_trials_reproduces_cbs_json(cli_sweep["out"])
+    assert assert_steps_are_minimum_over_trials(out) >= 2
+    assert_analyze_trials_reproduces_cbs_json(out)
+    # With multipliers in [0.25, 4] the promoted trial is also the faster one before the rung, so no
+    # pruned curve is a minimum in this sweep's cbs.json and the checks above would pass with pruned
+    # trials left out. So: the sweep's own records, each pruned curve moved 0.05 nats below its batch
+    # size's completed one, analysed at the sweep's targets: now a pruned trial must give a point.
+    trials = json.loads((out / "trials.json").read_text())
+    cbs = json.loads((out / "cbs.json").read_text())
+    done = {t["batch_size_sequences"]: t for t in trials if t["status"] == "COMPLETED"}
+    for t in trials:
+        if t["status"] == "PRUNED":
+            full = done[t["batch_size_sequences"]]
+            t["val_loss"] = [full["val_loss"][full["tokens"].index(x)] - 0.05 for x in t["tokens"]]
+    (tmp_path / "trials.json").write_text(json.dumps(trials))
+    (tmp_path / "cbs.json").write_text(json.dumps(cbs))
+    moved = finite_json(analyze_trials_file(tmp_path / "trials.json", targets=[e["target_loss"] for e in cbs["targets"]]))
+    (tmp_path / "cbs.json").write_text(json.dumps(moved))
+    assert assert_steps_are_minimum_over_trials(tmp_path) >= 2
+    pruned_ids = {t["trial_id"] for t in trials if t["status"] == "PRUNED"}
+    assert any(p["trial_id"] in pruned_ids for e in moved["targets"] for p in e["points"])
