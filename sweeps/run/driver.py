@@ -31,6 +31,7 @@ from sweeps.run.preflight import (
     resolve_data_path,
     resolve_paths,
 )
+from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.records import collect_records
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, storage_root, tune_dir_of
@@ -139,7 +140,7 @@ def _start(spec: SweepSpec, output: Path, tracker, *, uri: str, root: str, ray_a
     state = SweepState(sweep_id=tracker.sweep_id, fingerprint=tracker.fingerprint, tracking_uri=uri,
                        experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
-                       optuna_storage=optuna_storage_url(output))
+                       optuna_storage=optuna_storage_url(output), inputs=pin_inputs(spec))
     _write_spec(output, spec)
     state.save(output)
     return state
@@ -192,7 +193,8 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
 
     Raises:
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
-            no longer validates, or another driver is running there.
+            no longer validates, an input it started with changed or is gone
+            (:func:`sweeps.run.inputs.check_inputs_unchanged`), or another driver is running there.
     """
     output = Path(output).expanduser().resolve()
     from sweeps.run.compare import is_comparison, resume_comparison
@@ -204,6 +206,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
+    check_inputs_unchanged(state.inputs, output)
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
     check_optuna_storage(state.optuna_storage or optuna_storage_url(output), source=f"resume of {output}")
     with StopSignals() as stop:

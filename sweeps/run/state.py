@@ -51,6 +51,8 @@ class SweepState:
         created: Unix time the sweep started (seconds).
         mlflow_complete: whether every MLflow write was delivered when the sweep ended (None: running).
         mlflow_incomplete_writes: the writes that were not (when ``mlflow_complete`` is False).
+        inputs: the content hashes of the inputs that shape the result, pinned at the start
+            (:func:`sweeps.run.inputs.pin_inputs`; None in a sweep started before they were pinned).
         extra: keys of the file this version does not know, written back unchanged.
     """
 
@@ -67,12 +69,13 @@ class SweepState:
     created: float = field(default_factory=time.time)
     mlflow_complete: bool | None = None
     mlflow_incomplete_writes: list[str] | None = None
+    inputs: dict[str, dict[str, Any]] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``sweep.json`` (the ``mlflow_*`` keys only once set)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        for k in ("mlflow_complete", "mlflow_incomplete_writes"):
+        for k in ("mlflow_complete", "mlflow_incomplete_writes", "inputs"):
             if d[k] is None:
                 del d[k]
         return {**d, **self.extra}

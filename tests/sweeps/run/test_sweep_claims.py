@@ -21,8 +21,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-2 min idle
 def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     """Two `critbatch run` into one new folder, started back to back: exactly one claims it; the other
     exits 2 before Ray starts, naming the winner; sweep.json is the winner's, MLflow has its run only;
-    a `critbatch resume` of the live sweep is refused too."""
+    a `critbatch resume` of the live sweep is refused too. Once it is stopped, its corpus changes: the
+    resume is refused too (exit 2, naming data.path and both hashes), since it would train the remaining
+    trials on other data."""
+    import shutil
+
     d = spec_dict(name="race")
+    corpus = tmp_path / "corpus.txt"
+    shutil.copy(d["data"]["path"], corpus)
+    d["data"]["path"] = str(corpus)
     out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
     procs = {sid: start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
@@ -53,6 +60,17 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     assert state["sweep_id"] == winner and state["status"] == "STOPPED"
     _, parents, _ = children(uri, "race")
     assert [p.data.tags["critbatch.sweep_id"] for p in parents] == [winner]
+    import hashlib
+
+    pinned = state["inputs"]["data.path"]
+    assert pinned == {"path": str(corpus), "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}
+    with open(corpus, "a") as f:
+        f.write("ROMEO:\nA line the first trials never saw.\n")
+    r = run_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"], timeout_s=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"data.path {corpus} changed since the sweep" in r.stderr and pinned["sha256"] in r.stderr, r.stderr
+    assert hashlib.sha256(corpus.read_bytes()).hexdigest() in r.stderr
+    assert json.loads((out / "sweep.json").read_text())["status"] == "STOPPED"  # untouched
 
 
 def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow_uri):
@@ -68,7 +86,7 @@ def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow
     d["resources"] = {"max_concurrent_trials": 1, "storage_path": str(storage)}
     first = tmp_path / "out1"
     r = run_cli(["run", str(write_spec(tmp_path, d, "a.yaml")), "--output", str(first), "--tracking-uri", uri,
-                 "--sweep-id", "bind-1", "--no-progress", "--address", ray_head.gcs_address], timeout_s=300)
+                 "--sweep-id", "bind-1", "--no-progress", "--address", ray_head.gcs_address], timeout_s=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert json.loads((storage / "bind-1" / "critbatch-sweep.json").read_text())["sweep_id"] == "bind-1"
 
