@@ -395,4 +395,9 @@ class SweepJobs:
             reader.close_orphans(parent, trials, status)
             parent = reader.parent(sweep_id, exp_ids)
             trials = reader.trials(sweep_id, exp_ids)
-        return SweepRuns(exp_ids, parent, trials)
+        name = (job.metadata or {}).get(META_EXPERIMENT)
+        note = None
+        if parent is None and reader.experiment_deleted(name):
+            note = (f"the sweep's MLflow experiment {name!r} was deleted: its runs, trial counts and result cannot be "
+                    "read (restore it with `mlflow experiments restore`)")
+        return SweepRuns(exp_ids, parent, trials, note)

@@ -124,11 +124,13 @@ class SweepStatus:
 
 @dataclass(frozen=True)
 class SweepRuns:
-    """A sweep's MLflow runs as read: the experiments searched, its parent run (or None), its trial runs."""
+    """A sweep's MLflow runs as read: the experiments searched, its parent run (or None), its trial runs,
+    and ``note``: why they are missing where the store says."""
 
     exp_ids: list[str]
     parent: Any | None
     trials: list[Any]
+    note: str | None = None  # why the runs are missing, when the store says (a deleted experiment)
 
 
 def _iso(ms: int | None) -> str | None:
@@ -266,8 +268,12 @@ def with_runs(ray: SweepStatus, runs: SweepRuns, planned: int | None, *, with_tr
     if parent is not None:
         result = {k: parent.data.metrics[k] for k in SUMMARY_METRICS if k in parent.data.metrics} or None
     exp_ids = runs.exp_ids
+    mlflow_error = ray.mlflow_error or runs.note
+    if mlflow_error is None and parent is None and ray.status == "SUCCEEDED":  # a finished driver always made one
+        mlflow_error = ("no MLflow parent run of this sweep in its tracking store (deleted?): its trial counts and "
+                        "result cannot be read")
     return replace(
-        ray, status=status, reason=reason,
+        ray, status=status, reason=reason, mlflow_error=mlflow_error,
         trials=counts if with_trials else None,
         best=best_trial(trials) if with_trials else None,
         result=result,

@@ -221,6 +221,13 @@ class MlflowReader:
             return [exp.experiment_id] if exp is not None else []
         return [e.experiment_id for e in self.client.search_experiments(max_results=1000)]
 
+    def experiment_deleted(self, name: str | None) -> bool:
+        """Whether experiment ``name`` exists in the store but was deleted (its runs are no longer searched)."""
+        if not name:
+            return False
+        exp = self.client.get_experiment_by_name(name)
+        return exp is not None and exp.lifecycle_stage == "deleted"
+
     def parent(self, sweep_id: str, exp_ids: list[str]) -> Any | None:
         """The sweep's newest parent run in ``exp_ids``, or None."""
         if not exp_ids:

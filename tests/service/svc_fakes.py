@@ -116,6 +116,9 @@ class FakeReader:
     def experiment_ids(self, name: str | None) -> list[str]:
         return ["1"]
 
+    def experiment_deleted(self, name: str | None) -> bool:
+        return False
+
     def parent(self, sweep_id: str, exp_ids: list[str]) -> SimpleNamespace | None:
         return self.parents.get(sweep_id)
 

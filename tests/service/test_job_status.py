@@ -298,3 +298,20 @@ def test_the_names_read_back_are_the_ones_the_writer_uses():
     assert schema.trial_count_metric(schema.TRIAL_COMPLETED) == "trials_completed"
     assert schema.scheduler_tag("pruned_rung") == "critbatch.pruned_rung"
     assert set(schema.SCHEDULER_TAG_KEYS) == {"pruned_at_flops", "pruned_rung", "rung_decisions"}
+
+
+def test_a_finished_sweep_whose_experiment_was_deleted_says_so(fake_ray, mlflow_uri):
+    """Issue 30: a SUCCEEDED job whose MLflow experiment was deleted used to read as SUCCEEDED with
+    ``done: 0`` of 2, no parent run and no ``mlflow_error``; the status now says what happened."""
+    from sweeps.remote.staging import META_EXPERIMENT
+
+    sw = seed_sweep(mlflow_uri, "gone", {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}),
+                                         "b": ("FINISHED", "COMPLETED", {"val_loss": 2.1})},
+                    experiment="exp-gone", parent=("FINISHED", "SUCCEEDED"))
+    fake_ray.add("gone", "SUCCEEDED", metadata={"critbatch.tracking_uri": mlflow_uri, META_EXPERIMENT: "exp-gone"})
+    jobs = SweepJobs("http://ray.invalid", client=fake_ray)
+    assert jobs.get("gone").mlflow_error is None and jobs.get("gone").trials.done == 2
+    sw.client.delete_experiment(sw.experiment_id)
+    s = jobs.get("gone")
+    assert s.status == "SUCCEEDED" and s.parent_run_id is None
+    assert s.mlflow_error is not None and "experiment 'exp-gone'" in s.mlflow_error and "deleted" in s.mlflow_error, s
