@@ -20,7 +20,10 @@ def register(app: typer.Typer) -> None:
         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
     ) -> None:
-        """Measure the local critical batch size along a base run by branching (batch k*B0, LR sqrt(k)*lr)."""
+        """Measure the local critical batch size by branching.
+
+        Branches off a base run at batch k*B0 with LR sqrt(k)*lr (Merrill et al. 2025).
+        """
         from sweeps.run.branching import run_branching
         from sweeps.cli.main import _fail_invalid, out
         from sweeps.errors import InvalidInput

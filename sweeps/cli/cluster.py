@@ -54,10 +54,7 @@ def _fail(message: str, code: int) -> None:
 
 
 def _fail_spec(exc: SpecError) -> None:
-    _err.print(f"error: invalid sweep spec ({len(exc.errors)} error(s))", markup=False)
-    for path, msg in exc.errors:
-        _err.print(f"  {path}: {msg}", markup=False)
-    raise typer.Exit(EXIT_INVALID)
+    _fail(str(exc), EXIT_INVALID)  # one problem in one line, several one a line (SpecError's text)
 
 
 def _jobs(address: Optional[str], tracking_uri: Optional[str] = None) -> SweepJobs:
@@ -133,7 +130,10 @@ def submit(
     timeout_s: float = typer.Option(24 * 3600.0, "--timeout-s", help="with --wait: give up after this long"),
     dry_run: bool = typer.Option(False, "--dry-run", help="stage and print what would be submitted; submit nothing"),
 ) -> None:
-    """Submit a sweep to a Ray cluster as a Ray Job (the submission id is the sweep id)."""
+    """Submit a sweep to a Ray cluster as a Ray Job.
+
+    The Ray submission id is the sweep id.
+    """
 
     try:
         s = load_spec(spec)
@@ -190,7 +190,10 @@ def status(
     wait: bool = typer.Option(False, "--wait", help="follow until the sweep ends; exit 0 only if it SUCCEEDED"),
     timeout_s: float = typer.Option(24 * 3600.0, "--timeout-s", help="with --wait: give up after this long"),
 ) -> None:
-    """Status of a submitted sweep: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED, trial counts, best so far."""
+    """Status of a submitted sweep.
+
+    PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED, its trial counts and the best trial so far.
+    """
 
     jobs = _jobs(address)
     try:
@@ -236,7 +239,10 @@ def stop(
     address: Optional[str] = _ADDRESS,
     wait_s: float = typer.Option(60.0, "--wait-s", min=0, help="seconds to wait for the job to end"),
 ) -> None:
-    """Stop a sweep: its Ray job ends and its MLflow runs are closed (STOPPED)."""
+    """Stop a submitted sweep.
+
+    Its Ray job ends and its MLflow runs are closed (STOPPED).
+    """
 
     jobs = _jobs(address)
     try:
@@ -281,13 +287,16 @@ def list_sweeps(
 
 def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="interface to bind"),
-    port: int = typer.Option(8000, "--port", min=1, max=65535),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="port to bind"),
     local_only: bool = typer.Option(
         False, "--local-only", help="allow serving without CRITBATCH_API_TOKEN; only on a loopback host"
     ),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level"),
 ) -> None:
-    """Serve the REST API (settings from RAY_ADDRESS, MLFLOW_TRACKING_URI, CRITBATCH_API_TOKEN; see docs/service.md)."""
+    """Serve the REST API (see docs/service.md).
+
+    Settings from RAY_ADDRESS, MLFLOW_TRACKING_URI and CRITBATCH_API_TOKEN.
+    """
     from service.server import SettingsError, serve as run_server  # the CLI is the composition root
 
     try:

@@ -26,10 +26,11 @@ def register(app: typer.Typer) -> None:
         num_proc: Optional[int] = typer.Option(None, "--num-proc", min=1, help="tokenizing processes (default: the CPUs)"),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar"),
     ) -> None:
-        """Tokenize once, in parallel, into uint16/uint32 shards and index.json (give the folder as data.shards).
+        """Tokenize a corpus once into token shards.
 
-        The held-out split is by documents, drawn by the seed. Re-running on the same inputs is a
-        no-op (checksums in the index). Bad input exits 2 and leaves nothing written.
+        In parallel, into uint16/uint32 shards and index.json (give the folder as data.shards). The
+        held-out split is by documents, drawn by the seed. Re-running on the same inputs is a no-op
+        (checksums in the index). Bad input exits 2 and leaves nothing written.
         """
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 

@@ -42,8 +42,9 @@ def _spec_text(spec: Path) -> str:
 def register(app: typer.Typer) -> None:
     """Add the ``k8s`` command group (``critbatch k8s render``) to the ``critbatch`` app."""
     k8s = typer.Typer(
-        help="Kubernetes: KubeRay manifests for a sweep (see docs/kubernetes.md).",
+        help="Kubernetes manifests (KubeRay) for a sweep.\n\nSee docs/kubernetes.md.",
         no_args_is_help=True,
+        rich_markup_mode=None,  # click's plain help, as the main app's
     )
 
     @k8s.command("render")
@@ -54,7 +55,10 @@ def register(app: typer.Typer) -> None:
             "critbatch", "--namespace", "-n", help="namespace of the critbatch platform (k8s/base); '' leaves it out"
         ),
     ) -> None:
-        """Print a ConfigMap (the spec) and a KubeRay RayJob that runs the sweep, as YAML for `kubectl apply -f -`."""
+        """Print a sweep's ConfigMap and KubeRay RayJob as YAML.
+
+        The ConfigMap holds the spec, the RayJob runs the sweep; pipe it to `kubectl apply -f -`.
+        """
         from sweeps.cli.main import _fail_invalid
         from sweeps.errors import InvalidInput
         from sweeps.remote.k8s import dump_manifests, render_rayjob

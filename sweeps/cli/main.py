@@ -11,20 +11,38 @@ from __future__ import annotations
 import json
 import math
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.spec import SpecError, load_spec
 
+#: the exit codes, as the main ``--help`` lists them (``\b`` keeps click from rewrapping the block)
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0    success
+  1    the sweep ran but failed (every trial failed, no fit possible, a remote
+       job failed or was stopped), or the cluster could not be reached
+  2    invalid input: a bad spec, a missing file, a refused output folder, a
+       sweep id bound to another spec
+  130  stopped by Ctrl-C (SIGINT); `critbatch resume OUT` continues it
+  143  stopped by SIGTERM; `critbatch resume OUT` continues it
+"""
+
 app = typer.Typer(
     help="critbatch: find the critical batch size of an LLM training run (Ray Tune + Optuna + MLflow).",
+    epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: rich's option tables cut long option names and help at 80 columns
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)
@@ -33,19 +51,40 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
+def _version() -> str:
+    try:
+        return metadata.version("critbatch")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"critbatch {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """The options before a command (``critbatch --version``); the commands do the work."""
+
+
 def _fail_invalid(exc: Exception) -> None:
-    if isinstance(exc, SpecError):
-        console.print(f"[bold red]error:[/] invalid sweep spec ({len(exc.errors)} error(s))", highlight=False)
-        for path, msg in exc.errors:
-            console.print(f"  [yellow]{path}[/]: {msg}", highlight=False)
-    else:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    """Print ``exc`` on stderr (``error: ...``; a spec with one problem in one line) and exit 2."""
+    console.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False)
     raise typer.Exit(EXIT_INVALID)
 
 
 @app.command()
 def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None:
-    """Validate a sweep spec: exit 0 (doubtful choices printed as warnings), or 2 with every invalid field named by its path."""
+    """Check a sweep spec and its data without running it.
+
+    Exit 0, with doubtful choices printed as warnings, or 2 with every invalid field named by its
+    path.
+    """
     try:
         s = load_spec(spec)
         from sweeps.run.preflight import check_data_files, spec_warnings
@@ -81,7 +120,10 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray in-process)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress table"),
 ) -> None:
-    """Run a sweep: trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html."""
+    """Run a sweep and find its critical batch size.
+
+    Trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html.
+    """
     from sweeps.run.driver import run_sweep
 
     _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
@@ -94,7 +136,10 @@ def resume(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Resume an interrupted sweep from its output folder (Tune state, Optuna study and MLflow runs kept)."""
+    """Resume an interrupted sweep from its output folder.
+
+    The Tune state, the Optuna studies and the MLflow runs are kept.
+    """
     from sweeps.run.driver import resume_sweep
 
     _sweep_and_report(lambda: resume_sweep(output, ray_address=address, show_progress=progress))
@@ -108,7 +153,7 @@ def _sweep_and_report(call) -> None:
     except (SpecError, InvalidInput) as exc:
         _fail_invalid(exc)
     except CritbatchError as exc:
-        console.print(f"[bold red]sweep failed:[/] {exc}", highlight=False)
+        console.print(Text.assemble(("sweep failed:", "bold red"), f" {exc}"), highlight=False)
         raise typer.Exit(EXIT_FAILED)
     _print_summary(result)
     if result.get("exit_code"):  # stopped by SIGINT or SIGTERM: 128 + the signal (130, 143); resumable
@@ -128,14 +173,15 @@ def analyze(
                                               "and OUT/report.html (the runs' states are left as they are)"),
     reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="reference batch B0 for the 20% CBS "
                                                     "(Zhang et al. 2024); required with --csv, else the sweep's"),
-    target: Optional[list[float]] = typer.Option(None, "--target", help="target loss (repeatable); --trials only: "
-                                                 "default, the sweep's own target rule"),
+    target: Optional[list[float]] = typer.Option(None, "--target", metavar="LOSS", help="target loss (repeatable); "
+                                                 "--trials only: default, the sweep's own target rule"),
     level: float = typer.Option(0.95, "--level", help="confidence level of b_crit_ci, in (0, 1)"),
 ) -> None:
-    """Fit S = S_min + E_min/B and print JSON: b_crit, b_crit_ci and status for every fit.
+    """Fit S = S_min + E_min/B and print b_crit as JSON.
 
-    A knee outside the swept batch sizes is never printed as a bare number: b_crit is null and
-    status says above_range, below_range or no_knee (b_crit_bound gives the side).
+    The JSON holds b_crit, b_crit_ci and status for every fit. A knee outside the swept batch sizes
+    is never printed as a bare number: b_crit is null and status says above_range, below_range or
+    no_knee (b_crit_bound gives the side).
     """
     from sweeps.analysis import analyze_csv, analyze_trials_file, finite_json
 
@@ -170,15 +216,19 @@ def analyze(
 @app.command("init-checkpoint")
 def init_checkpoint(
     directory: Path = typer.Argument(..., help="folder for the new checkpoint"),
-    d_model: int = typer.Option(64, "--d-model", min=1),
-    n_layers: int = typer.Option(2, "--n-layers", min=1),
-    n_heads: int = typer.Option(4, "--n-heads", min=1),
-    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1),
+    d_model: int = typer.Option(64, "--d-model", min=1, help="hidden size"),
+    n_layers: int = typer.Option(2, "--n-layers", min=1, help="transformer blocks"),
+    n_heads: int = typer.Option(4, "--n-heads", min=1, help="attention heads (must divide --d-model)"),
+    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1,
+                                              help="longest sequence, tokens"),
     family: str = typer.Option("llama", "--family", help="llama or gpt2"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="initialisation seed"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a checkpoint already there"),
 ) -> None:
-    """Write a freshly initialised byte-level causal LM and its tokenizer (a checkpoint to fine-tune offline)."""
+    """Write a new byte-level causal LM checkpoint.
+
+    A freshly initialised model and its tokenizer: a checkpoint to fine-tune offline.
+    """
     from workloads.api import init_checkpoint as _init
 
     if family not in ("llama", "gpt2"):

@@ -124,8 +124,11 @@ def register(app: typer.Typer) -> None:
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for plan.json and plots/plan.png "
                                               "(default: the sweep folder when SOURCE is one)"),
     ) -> None:
-        """Plan a data-parallel run from a sweep's fits: time to target, device-hours and the device count
-        past which time stops falling, for every (global batch, devices) pair; JSON to stdout."""
+        """Plan a data-parallel run from a sweep's fits.
+
+        Time to target, device-hours and the device count past which time stops falling, for every
+        (global batch, devices) pair; JSON to stdout.
+        """
         from sweeps.analysis.plan_files import load_plan_inputs, make_plan, write_plan
         from sweeps.analysis.sweep import finite_json
         from sweeps.cli.main import _fail_invalid, console
