@@ -1,5 +1,7 @@
 """Reading a sweep spec: YAML or JSON text or files, a ``base:`` chain deep-merged, every invalid field
-reported by its dotted path (``search.batch_sizes_sequences.2``) in one :class:`SpecError`.
+reported by its dotted path (``search.batch_sizes_sequences.2``) in one :class:`SpecError`, with the
+value it got, a close field name for an unknown one, and the file, line and column of a YAML error
+(:mod:`sweeps.spec._errors`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sweeps.spec._errors import describe_errors, describe_yaml_error
 from sweeps.spec.sweep import SweepSpec, deep_merge
 
 __all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text"]
@@ -18,6 +21,10 @@ __all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_sp
 class SpecError(ValueError):
     """A sweep spec is invalid.
 
+    Its text is what the command line prints after ``error:``: one problem in one line (the message
+    alone for a file-level one, ``invalid sweep spec: PATH: MESSAGE`` for a field), several as a
+    count and one indented ``PATH: MESSAGE`` line each.
+
     Attributes:
         errors: one ``(path, message)`` pair per invalid field; ``path`` is dotted
             (``search.batch_sizes_sequences.2``), or ``<root>`` for file-level problems.
@@ -25,30 +32,22 @@ class SpecError(ValueError):
 
     def __init__(self, errors: list[tuple[str, str]]):
         self.errors = errors
-        lines = "\n".join(f"  {p}: {m}" for p, m in errors)
-        super().__init__(f"invalid sweep spec ({len(errors)} error(s)):\n{lines}")
+        if len(errors) == 1:
+            path, msg = errors[0]
+            text = msg if path == "<root>" else f"invalid sweep spec: {path}: {msg}"
+        else:
+            lines = "\n".join(f"  {p}: {m}" for p, m in errors)
+            text = f"invalid sweep spec ({len(errors)} errors):\n{lines}"
+        super().__init__(text)
 
-
-def _format_loc(loc: tuple[Any, ...]) -> str:
-    parts = []
-    for p in loc:
-        if isinstance(p, str) and p.startswith("function-"):
-            continue
-        text = str(p)
-        # keys that would make the dotted path ambiguous are quoted
-        parts.append(text if text and "." not in text and not text.isspace() else repr(text))
-    return ".".join(parts) if parts else "<root>"
+    def __reduce__(self) -> tuple[Any, tuple[list[tuple[str, str]]]]:
+        return SpecError, (self.errors,)
 
 
 def spec_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    """Turn a pydantic ``ValidationError`` into ``(dotted path, message)`` pairs."""
-    out = []
-    for e in exc.errors():
-        msg = e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        out.append((_format_loc(tuple(e["loc"])), msg))
-    return out
+    """Turn a pydantic ``ValidationError`` of a :class:`SweepSpec` into ``(dotted path, message)``
+    pairs (:func:`sweeps.spec._errors.describe_errors`)."""
+    return describe_errors(exc, SweepSpec)
 
 
 def parse_spec(data: Any) -> SweepSpec:
@@ -76,6 +75,8 @@ def read_spec_text(path: str | Path) -> str:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError([("<root>", f"spec file not found: {p}")]) from None
+    except IsADirectoryError:
+        raise SpecError([("<root>", f"spec file {p} is a folder, not a file")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([("<root>", f"cannot read spec file {p}: {exc}")]) from None
 
@@ -85,7 +86,7 @@ def _read_yaml_with_base(p: Path, seen: tuple[Path, ...] = ()) -> Any:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+        raise SpecError([("<root>", describe_yaml_error(exc, text, str(p)))]) from None
     if isinstance(data, dict) and "base" in data:
         ref = data.pop("base")
         if not isinstance(ref, str):
@@ -130,5 +131,5 @@ def parse_spec_text(text: str) -> SweepSpec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError([("<root>", f"not valid YAML: {exc}")]) from None
+        raise SpecError([("<root>", describe_yaml_error(exc, text))]) from None
     return parse_spec(data)

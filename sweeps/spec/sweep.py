@@ -16,6 +16,7 @@ from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
     PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, _Strict,
 )
+from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
 
@@ -210,9 +211,8 @@ class SweepSpec(_Strict):
             try:
                 self._arm_spec(arm)
             except ValidationError as exc:
-                for e in exc.errors():
-                    loc = "".join(f"{x}: " for x in [".".join(str(x) for x in e["loc"])] if x)
-                    errs.append(f"arms.{i} ({arm.name}): {loc}{e['msg'].removeprefix('Value error, ')}")
+                for path, msg in describe_errors(exc, SweepSpec):
+                    errs.append(f"arms.{i} ({arm.name}): " + ("" if path == "<root>" else f"{path}: ") + msg)
         if errs:
             raise ValueError("; ".join(errs))
         return self
