@@ -211,6 +211,9 @@ def analyze(
     except InvalidInput as exc:
         _fail_invalid(exc)
     print(json.dumps(finite_json(result), indent=2))
+    from sweeps.analysis.summary import analyze_note
+
+    console.print(analyze_note(result), markup=False, highlight=False)  # stderr: stdout stays JSON
 
 
 @app.command("init-checkpoint")
@@ -245,6 +248,10 @@ def init_checkpoint(
 
 def _print_summary(result: dict) -> None:
     cbs = result.get("cbs") or {}
+    if cbs.get("target_loss") is not None and cbs.get("kind") != "comparison":
+        from sweeps.analysis.summary import headline
+
+        out.print(cbs.get("headline") or headline(cbs), markup=False, highlight=False)
     if result.get("message"):
         out.print(result["message"], highlight=False)
     if cbs.get("b_crit") is not None:

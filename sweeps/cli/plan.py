@@ -123,13 +123,17 @@ def register(app: typer.Typer) -> None:
                                                   "(sequences), to flag extrapolation of an analyze --csv fit"),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for plan.json and plots/plan.png "
                                               "(default: the sweep folder when SOURCE is one)"),
+        as_json: bool = typer.Option(False, "--json", help="also print the plan as JSON to stdout (the default "
+                                     "only when no plan.json is written)"),
     ) -> None:
         """Plan a data-parallel run from a sweep's fits.
 
         Time to target, device-hours and the device count past which time stops falling, for every
-        (global batch, devices) pair; JSON to stdout.
+        (global batch, devices) pair. A one-line summary goes to stderr; the plan to plan.json (with a
+        plot, and a section added to the sweep's report.html, rewritten in place), or as JSON to stdout
+        when no folder is written or with --json.
         """
-        from sweeps.analysis.plan_files import load_plan_inputs, make_plan, write_plan
+        from sweeps.analysis.plan_files import load_plan_inputs, make_plan, plan_summary, write_plan
         from sweeps.analysis.sweep import finite_json
         from sweeps.cli.main import _fail_invalid, console
         from sweeps.errors import InvalidInput
@@ -155,5 +159,7 @@ def register(app: typer.Typer) -> None:
             paths = write_plan(out_dir, result)
             report = _report(out_dir) if inputs["out_dir"] is not None and out_dir == inputs["out_dir"] else None
             console.print(f"wrote {paths['plan']}" + (f" and {paths['plot']}" if paths["plot"] else "")
-                          + (f"; updated {report}" if report else ""), highlight=False)
-        print(json.dumps(finite_json(result), indent=2))
+                          + (f"; added the plan to {report} (rewritten in place)" if report else ""), highlight=False)
+        console.print(plan_summary(result), markup=False, highlight=False)
+        if out_dir is None or as_json:
+            print(json.dumps(finite_json(result), indent=2))

@@ -228,7 +228,7 @@ def test_cli_analyze_csv(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(app, ["analyze", "--csv", str(p), "--reference-batch", "16"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["s_min"] == pytest.approx(1000, rel=0.01)
     assert out["e_min"] == pytest.approx(64000, rel=0.01)
     assert out["b_crit"] == pytest.approx(64, rel=0.01)
@@ -244,7 +244,7 @@ def test_cli_analyze_csv_repeated_batch_sizes_with_seed_column(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(app, ["analyze", "--csv", str(p), "--reference-batch", "16"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["n_points"] == 14 and out["n_batch_sizes"] == 7 and out["seeds"] == ["0", "1"]
     assert out["status"] == "ok" and out["b_crit_ci"][0] < out["b_crit"] < out["b_crit_ci"][1]
 
@@ -255,7 +255,7 @@ def test_cli_analyze_csv_knee_above_range_prints_status_and_interval(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(app, ["analyze", "--csv", str(p), "--reference-batch", "16"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     # S = 5000/B (1 % alternating noise): perfect scaling, so the knee lies above the range and the
     # interval is unbounded above but bounded below, past the largest batch size (flat steps are ruled out)
     assert out["b_crit"] is None and out["status"] == "above_range" and out["b_crit_bound"] == "> 256"
@@ -269,7 +269,7 @@ def test_cli_analyze_csv_groups(tmp_path):
     p.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(app, ["analyze", "--csv", str(p), "--reference-batch", "8"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["a"]["b_crit"] == pytest.approx(64, rel=0.01)
     assert out["b"]["b_crit"] == pytest.approx(8, rel=0.01)
 
@@ -388,9 +388,9 @@ def test_analyze_trials_file_reproduces_cbs_json(tmp_path):
     (tmp_path / "trials.json").write_text(json.dumps(finite_json([t.to_dict() for t in trials])))
     r = CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json")])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output) == json.loads(json.dumps(cbs))
+    assert json.loads(r.stdout) == json.loads(json.dumps(cbs))
     r = CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json"), "--target", "1.5"])
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert r.exit_code == 0 and [t["target_loss"] for t in out["targets"]] == [1.5]
     # loss 1.5 at 30 / sqrt(eff) = 0.5 (x 1.002 for seed 1): tokens = 3600 (1 + B/32) x 1.002 ** (2 seed), so
     # steps = tokens / (64 B) = S_min (1 + 32/B) with S_min = 3600 / (32 x 64) x 1.002 (the seeds' geometric

@@ -192,7 +192,10 @@ def test_cli_on_a_sweep_folder_writes_plan_json_and_plot(tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     shutil.copy(FIXTURE, sweep / "cbs.json")
-    res = _cli([str(sweep), *H100])
+    quiet = _cli([str(sweep), *H100])
+    assert quiet.exit_code == 0 and quiet.stdout == "", quiet.output  # written to plan.json: no JSON unless asked
+    assert "wrote" in quiet.stderr and quiet.stderr.strip().splitlines()[-1].startswith("plan for target loss")
+    res = _cli([str(sweep), *H100, "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["cluster"]["devices"] == 16 and len(out["targets"]) == 4
@@ -211,7 +214,7 @@ def test_cli_cluster_yaml_and_analyze_csv_result(tmp_path):
     (tmp_path / "cluster.yaml").write_text("devices: 8\npeak_flops_per_s: 989.0e12\nbandwidth_bytes_per_s: 5.0e10\n")
     args = [str(tmp_path / "fit.json"), "--cluster", str(tmp_path / "cluster.yaml"), "--flops-per-token", "5.1e8",
             "--params", "8.5e7", "--tokens-per-sequence", "512", "--grad-bytes-per-param", "2",
-            "--swept-range", "64,1024", "--output", str(tmp_path / "plan")]
+            "--swept-range", "64,1024", "--output", str(tmp_path / "plan"), "--json"]
     out = _cli(args)
     assert out.exit_code == 0, out.output
     plan = json.loads(out.stdout)

@@ -137,7 +137,7 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
     (tmp_path / "trials.json").write_text(json.dumps(finite_json([t.to_dict() for t in trials])))
     r = CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json")])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["optimizer"] == "sgd_momentum" and out["optimizer_state_bytes_per_param"] == 8.5
 
 
