@@ -3,8 +3,10 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= out/shakespeare-$(shell date +%Y%m%d-%H%M%S)
-# An index for the torch wheel alone, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for
-# the CPU-only build; empty: pip's usual indexes (and find-links, where pip is set up with them).
+# The index for the torch wheel alone. Default: the PyTorch project's CPU-only index where this
+# machine reaches it within 10 s, else pip's usual indexes (and find-links, where pip is set up with
+# them); `make install` says which it used. Set TORCH_INDEX=URL to choose one.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
 
 .PHONY: install run test lock
@@ -14,9 +16,20 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
 	# PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
-	# the CPU-only build 2.13.0+cpu comes from TORCH_INDEX=https://download.pytorch.org/whl/cpu or from
-	# a local wheel cache (as on this project's machines); pip ranks 2.13.0+cpu above 2.13.0 where both are.
-	$(PY) -m pip install -q -c constraints.txt $(if $(TORCH_INDEX),--no-deps --index-url $(TORCH_INDEX)) torch==2.13.0
+	# the CPU-only build 2.13.0+cpu comes from the CPU-only index (tried first, below) or from a local
+	# wheel cache (as on this project's machines, where that index is not reachable); pip ranks
+	# 2.13.0+cpu above 2.13.0 where both are. The last line says which build was installed.
+	@index="$(TORCH_INDEX)"; \
+	if [ -z "$$index" ] && $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
+	  index="$(TORCH_CPU_INDEX)"; fi; \
+	if [ -n "$$index" ]; then \
+	  echo "torch==2.13.0 from $$index"; \
+	  $(PY) -m pip install -q -c constraints.txt --no-deps --index-url "$$index" torch==2.13.0; \
+	else \
+	  echo "torch==2.13.0 from pip's default indexes: $(TORCH_CPU_INDEX) is not reachable from here"; \
+	  $(PY) -m pip install -q -c constraints.txt torch==2.13.0; \
+	fi; \
+	$(PY) -c "import torch; print('installed torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU-only build)')"
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
