@@ -79,7 +79,9 @@ def ray_head(tmp_path_factory):
     from harness import base_env, pinned_date_env, start_ray_head, stop_group
 
     temp_dir = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    head = start_ray_head(temp_dir, num_cpus=3, env=pinned_date_env(base_env()))
+    # as a local `critbatch run` does (sweeps.run.cluster.init_ray): one actor process less per trial
+    env = dict(pinned_date_env(base_env()), RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
+    head = start_ray_head(temp_dir, num_cpus=3, env=env)
     try:
         yield head
     finally:

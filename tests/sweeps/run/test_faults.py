@@ -181,7 +181,7 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path, mlfl
         finally:
             proc.kill()
         r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=1200)
+                           capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         stop_group(head)
@@ -281,7 +281,9 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, mlflow_
     try:
         d = spec_dict(name="fault-pause")
         d["eval"] = {"milestones": 8, "eval_tokens": 1024}
-        d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=3, lr_multiplier=[0.25, 4.0])
+        # one batch size of 3 trials, 2 at a time: two wait paused at the first rung while the third runs
+        # (a second batch size would replay the same rungs independently: minutes, nothing more shown)
+        d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=3, lr_multiplier=[0.25, 4.0])
         d["resources"] = {"max_concurrent_trials": 2}
         d["pruning"] = {"enabled": True, "mode": "pause"}
         uri = mlflow_uri
@@ -296,7 +298,7 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, mlflow_
             return len({r["trial_id"] for r in result_rows(out) if r.get("tokens_seen", 0) >= 2048})
 
         try:
-            wait_for(lambda: at_rung() >= 3, 900, "three trials at the first rung",
+            wait_for(lambda: at_rung() >= 2, 400, "two trials at the first rung",
                      diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
@@ -304,13 +306,13 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, mlflow_
             proc.kill()
         assert not any(r.get("done") for r in result_rows(out))  # killed with every trial unfinished
         r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=1200)
+                           capture_output=True, text=True, timeout=500)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     finally:
         stop_group(head)
     trials = json.loads((out / "trials.json").read_text())
-    assert len(trials) == 6 and len({t["trial_id"] for t in trials}) == 6
-    for b in (4, 8):  # LRs within 4x of the base: no trial diverges, each batch size keeps one of three
+    assert len(trials) == 3 and len({t["trial_id"] for t in trials}) == 3
+    for b in (4,):  # LRs within 4x of the base: no trial diverges, the batch size keeps one of three
         statuses = sorted(t["status"] for t in trials if t["batch_size_sequences"] == b)
         assert statuses == ["COMPLETED", "PRUNED", "PRUNED"], statuses
     for t in trials:
