@@ -61,14 +61,17 @@ def register(app: typer.Typer) -> None:
         """
         from sweeps.cli.main import _fail_invalid
         from sweeps.errors import InvalidInput
-        from sweeps.remote.k8s import dump_manifests, render_rayjob
+        from sweeps.remote.k8s import dump_manifests, image_data_warnings, render_rayjob
         from sweeps.spec import SpecError, parse_spec_text
 
         try:
             text = _spec_text(spec)
-            objects = render_rayjob(parse_spec_text(text), text, image, namespace or None)
+            parsed = parse_spec_text(text)
+            objects = render_rayjob(parsed, text, image, namespace or None)
         except (SpecError, InvalidInput) as exc:
             _fail_invalid(exc)
+        for warning in image_data_warnings(parsed):  # stderr: stdout stays the manifests, for kubectl apply
+            typer.echo(f"warning: {warning}", err=True)
         typer.echo(dump_manifests(objects), nl=False)
 
     app.add_typer(k8s, name="k8s")

@@ -26,10 +26,10 @@ from sweeps.run.preflight import (
     check_output_folder,
     check_optuna_storage,
     check_tracking_uri,
-    milestone_warnings,
     plan_resources,
     resolve_data_path,
     resolve_paths,
+    spec_warnings,
 )
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.records import collect_records
@@ -165,7 +165,7 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
         InvalidInput: see :func:`run_sweep`.
     """
     check_data_files(spec)
-    for warning in milestone_warnings(spec):  # validate prints them too; a run should not hide them
+    for warning in spec_warnings(spec):  # validate prints them too; a run should not hide them
         log.warning(warning)
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()

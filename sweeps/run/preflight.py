@@ -29,10 +29,14 @@ __all__ = [
     "milestone_warnings",
     "reported_milestones",
     "MIN_WARMUP_STEPS",
+    "MIN_FIT_BATCH_SIZES",
 ]
 
 #: ``critbatch validate`` warns when the LR warmup covers fewer optimizer steps of the largest batch.
 MIN_WARMUP_STEPS = 4
+#: The fewest batch sizes from which the hyperbola's two parameters and a residual can be fitted
+#: (``sweeps.analysis.fit``); ``critbatch validate`` and ``run`` say plainly when a spec has fewer.
+MIN_FIT_BATCH_SIZES = 3
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +218,12 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
             f"batch ({b} sequences x {spec.model.context_length_tokens} tokens), fewer than {MIN_WARMUP_STEPS}; set "
             f"schedule.warmup_min_steps >= {MIN_WARMUP_STEPS} (or warmup_tokens >= {MIN_WARMUP_STEPS * step_tokens})"
         )
+    n_b = len(set(spec.search.batch_sizes_sequences))
+    if n_b < MIN_FIT_BATCH_SIZES:
+        out.append(
+            f"search.batch_sizes_sequences: {n_b} batch size{'s' if n_b > 1 else ''} cannot give b_crit (the fit of "
+            f"S = S_min + E_min/B needs at least {MIN_FIT_BATCH_SIZES}): this sweep reports each batch size's losses "
+            f"and steps to target, and no b_crit")
     out += milestone_warnings(spec)
     return out
 

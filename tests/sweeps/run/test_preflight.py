@@ -169,3 +169,16 @@ def test_a_batch_size_that_skips_milestones_is_named_by_validate(tmp_path, tiny_
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert "batch size 256" in r.stdout + r.stderr, r.stdout + r.stderr
     assert milestone_warnings(parse_spec(tiny_spec_dict)) == []  # 16 x 32 = 512 tokens per step, spacing 2048
+
+
+def test_a_sweep_of_fewer_than_3_batch_sizes_is_told_no_b_crit_will_come_out(tmp_path, tiny_spec_dict):
+    from sweeps.run.preflight import spec_warnings
+    from sweeps.spec import parse_spec
+    from tests.conftest import invoke_cli, write_spec
+
+    d = dict(tiny_spec_dict, search=dict(tiny_spec_dict["search"], batch_sizes_sequences=[4, 8]))
+    (w,) = [x for x in spec_warnings(parse_spec(d)) if x.startswith("search.batch_sizes_sequences")]
+    assert "2 batch sizes cannot give b_crit" in w and "needs at least 3" in w and "no b_crit" in w
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0 and "warning: search.batch_sizes_sequences: 2 batch sizes cannot give b_crit" in r.stdout + r.stderr
+    assert not [x for x in spec_warnings(parse_spec(tiny_spec_dict)) if "cannot give b_crit" in x]  # 3: a fit
