@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  echo "torch==2.13.0 from pip's default indexes: $(TORCH_CPU_INDEX) is not reachable from here"; \
 	  $(PY) -m pip install -q -c constraints.txt torch==2.13.0; \
 	fi; \
-	$(PY) -c "import torch; print('installed torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU-only build)')"
+	$(PY) -W ignore -c "import torch; print('installed torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU-only build)')"
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
