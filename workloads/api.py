@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads.prepare import PrepareResult, prepare_data, prepare_text_file
 
 __all__ = [
+    "file_sha256",
     "Workload",
     "get_workload",
     "WORKLOAD_NAMES",
@@ -177,6 +178,7 @@ _LAZY = {
     "prepare_data": "workloads.prepare",  # token shards (critbatch prepare-data; the driver's data.path)
     "prepare_text_file": "workloads.prepare",
     "PrepareResult": "workloads.prepare",
+    "file_sha256": "workloads.shards",  # the content hash the shard index records (the driver pins inputs with it)
 }
 
 

@@ -24,21 +24,14 @@ from sweeps.spec import SweepSpec
 __all__ = ["pin_inputs", "check_inputs_unchanged", "content_sha256"]
 
 
-def file_sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
-    """The hex SHA-256 of one file's bytes, read in ``chunk_bytes`` pieces."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            h.update(block)
-    return h.hexdigest()
-
-
 def content_sha256(path: Path) -> str:
     """The hex SHA-256 of a file's bytes, or of a folder's files (relative names and bytes, sorted).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
     """
+    from workloads.api import file_sha256
+
     if path.is_file():
         return file_sha256(path)
     if not path.is_dir():

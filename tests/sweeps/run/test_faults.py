@@ -21,7 +21,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, write_spec
-from tests.harness import copy_mlflow_store
+from tests.harness import copy_mlflow_store, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # each 1-4 min idle
 CLI = [sys.executable, "-m", "sweeps.cli"]
@@ -38,12 +38,6 @@ def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.5, diagnos
         time.sleep(interval_s)
     extra = f"\n{diagnose()}" if diagnose else ""
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{extra}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(port: int) -> bool:
