@@ -11,14 +11,15 @@ TORCH_INDEX ?=
 
 .PHONY: install run test lock
 
+# torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
+# PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
+# the CPU-only build 2.13.0+cpu comes from the CPU-only index (tried first, below) or from a local
+# wheel cache (as on this project's machines, where that index is not reachable); pip ranks
+# 2.13.0+cpu above 2.13.0 where both are. The install's last torch line says which build was installed.
+# (Comments stand outside the recipes: make echoes a recipe's comment lines.)
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
-	# PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
-	# the CPU-only build 2.13.0+cpu comes from the CPU-only index (tried first, below) or from a local
-	# wheel cache (as on this project's machines, where that index is not reachable); pip ranks
-	# 2.13.0+cpu above 2.13.0 where both are. The last line says which build was installed.
 	@index="$(TORCH_INDEX)"; \
 	if [ -z "$$index" ] && $(PY) -c "import urllib.request; urllib.request.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=10)" 2>/dev/null; then \
 	  index="$(TORCH_CPU_INDEX)"; fi; \

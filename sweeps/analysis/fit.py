@@ -334,21 +334,24 @@ def analyze_points(
                    message="the points do not bound b_crit on either side: no knee is identified")
     elif fit.b_crit < lo_b:
         out.update(status="below_range", b_crit_bound=f"< {lo_b:g}", **none,
-                   message=f"the knee lies below the smallest batch size ({lo_b:g}): every swept batch is past the critical batch size")
+                   message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
+                           f"those that reached this target): every one of them is past the critical batch size")
     elif fit.b_crit > hi_b:
         out.update(status="above_range", b_crit_bound=f"> {hi_b:g}", **none,
-                   message=f"the knee lies above the largest batch size ({hi_b:g}): steps still scale almost perfectly there")
+                   message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
+                           f"those that reached this target): steps still scale almost perfectly there")
     else:
         below = sum(1 for b in distinct if b <= fit.b_crit)
         above = sum(1 for b in distinct if b >= fit.b_crit)
         outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
         status = "ok" if below >= 2 and above >= 2 and not outside else "edge"
         message = ""
+        fitted = f"the fitted batch sizes, {lo_b:g} to {hi_b:g}: those that reached this target"
         if below < 2 or above < 2:
-            message = "the knee is near the edge of the swept range (fewer than 2 batch sizes on one side)"
+            message = f"the knee is near the edge of {fitted} (fewer than 2 of them on one side)"
         elif outside:
-            message = (f"the 95 % interval reaches {' and '.join(outside)} swept batch size: the swept range does "
-                       "not pin the knee down")
+            message = (f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the "
+                       "knee down")
         out.update(status=status, b_crit=fit.b_crit, cbs_20=cbs_20(fit.b_crit, reference_batch),
                    b_compute_overhead_20=0.2 * fit.b_crit, message=message)
     return out

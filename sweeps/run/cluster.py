@@ -3,6 +3,7 @@ in-process, with the environment every trial needs; and the cluster's shape for 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -69,8 +70,9 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     for attempt in range(LOCAL_START_ATTEMPTS):
         try:
-            ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=True)
+            with _quiet_default_token_auth():
+                ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env,
+                         log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
             return True
         except Exception as exc:  # noqa: BLE001 - Ray's own start-up failures on an overloaded machine
             ray.shutdown()
@@ -84,6 +86,29 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
                     "--address HOST:PORT") from exc
             log.warning("Ray did not start (%s: %s); retrying", type(exc).__name__, exc)
     return True
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+@contextlib.contextmanager
+def _quiet_default_token_auth():
+    """Drop Ray 2.60's warning that a new local cluster has token authentication on.
+
+    That is Ray's default for a cluster started in this process (the token lands in ~/.ray/auth_token)
+    and nothing for a user to act on; a newcomer read the warning as something gone wrong. The
+    authentication itself is unchanged (``RAY_AUTH_MODE=disabled`` still opts out, and a disabled
+    mode's own warning still shows).
+    """
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    notice = _DropTokenAuthNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 #: How often a local Ray start is tried before the driver gives up (``init_ray``).

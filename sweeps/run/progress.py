@@ -14,6 +14,9 @@ from ray.tune import Callback
 
 __all__ = ["ProgressCallback"]
 
+PLAIN_BEST_S = 10.0  # output that is not a terminal: best losses at most this often,
+PLAIN_HEARTBEAT_S = 60.0  # and a line at least this often
+
 
 class ProgressCallback(Callback):
     """A Tune callback that renders a rich table, refreshed on every trial event.
@@ -36,7 +39,9 @@ class ProgressCallback(Callback):
         self.latest: dict[str, dict[str, Any]] = {}
         self.t0 = time.monotonic()
         self._live: Live | None = None
-        self._last_plain = 0.0
+        self._last_plain = -math.inf
+        self._last_counts: tuple = ()
+        self._last_best: tuple = ()
 
     def __getstate__(self):  # Tune pickles its run config; consoles are not picklable
         d = self.__dict__.copy()
@@ -90,16 +95,31 @@ class ProgressCallback(Callback):
                 self._live.start()
             else:
                 self._live.update(self.render())
-        elif time.monotonic() - self._last_plain > 10:
-            self._last_plain = time.monotonic()
-            c = self.counts()
-            paused = f", {c['paused']} paused" if c.get("paused") else ""
-            self.console.print(
-                f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
-                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}; best: "
-                + ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best)),
-                highlight=False,
-            )
+        else:
+            counts, best = tuple(self.counts().items()), tuple(sorted(self.best.items()))
+            now = time.monotonic()
+            since = now - self._last_plain
+            # A file or pipe gets a line when a trial starts or ends, when the best losses change (at most
+            # every PLAIN_BEST_S), and otherwise every PLAIN_HEARTBEAT_S: never wrapped.
+            if not (counts != self._last_counts
+                    or best != self._last_best and since >= PLAIN_BEST_S
+                    or since >= PLAIN_HEARTBEAT_S):
+                return
+            self._last_plain, self._last_counts, self._last_best = now, counts, best
+            self.console.print(self.plain_line(), highlight=False, soft_wrap=True, markup=False)
+
+    def plain_line(self) -> str:
+        """The progress in one line, for output that is not a terminal.
+
+        Example: ``[progress] 3/14 done, 2 running, 0 failed, 0 diverged; elapsed 95s, ETA 4m10s;
+        best val loss: B=4: 2.512, B=8: 2.498`` (the best part only once a trial has reported).
+        """
+        c = self.counts()
+        paused = f", {c['paused']} paused" if c.get("paused") else ""
+        best = ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best))
+        return (f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
+                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}"
+                + (f"; best val loss: {best}" if best else ""))
 
     def replay(self, records: list) -> None:
         """Count the trials a resumed sweep had already ended (``TrialRecord`` s), and their best losses.
@@ -146,5 +166,5 @@ class ProgressCallback(Callback):
             self._live.stop()
             self._live = None
         elif self.enabled:
-            self._last_plain = 0
+            self._last_plain, self._last_counts = -math.inf, ()
             self._refresh()

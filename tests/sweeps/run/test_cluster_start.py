@@ -9,6 +9,7 @@ import pytest
 from sweeps.errors import CritbatchError
 from sweeps.run import cluster
 from sweeps.spec import parse_spec
+from tests.conftest import ROOT, TINY
 
 
 @pytest.fixture
@@ -53,3 +54,25 @@ def test_other_errors_are_not_retried(monkeypatch, spec):
     with pytest.raises(ValueError, match="bad resources"):
         cluster.init_ray(None, spec)
     assert calls == ["local"]
+
+
+def test_a_local_start_keeps_token_authentication_without_rays_warning(tmp_path):
+    """A real in-process start with RAY_AUTH_MODE unset (as a user's shell has it): the cluster uses
+    token authentication, Ray's default (Ray sets the mode to token and writes ~/.ray/auth_token), and
+    prints no warning about it (a newcomer read "Token authentication is enabled ..." as something gone
+    wrong)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, ray, yaml; from sweeps.run import cluster; from sweeps.spec import parse_spec; "
+            f"d = yaml.safe_load(open({str(TINY)!r})); d['data']['path'] = 'x.txt'; "
+            "assert cluster.init_ray(None, parse_spec(d)); print('mode', os.environ.get('RAY_AUTH_MODE')); ray.shutdown()")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    env["HOME"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
+                       cwd=str(ROOT))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "mode token" in r.stdout
+    assert (tmp_path / ".ray" / "auth_token").is_file()
+    assert "Token authentication is enabled" not in r.stderr, r.stderr[-2000:]
