@@ -43,11 +43,12 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # multi-GB default (CUDA) build.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /app
-COPY pyproject.toml README.md* ./
+# constraints.txt: the exact versions the test suite passed with (as `make install` uses them)
+COPY pyproject.toml constraints.txt README.md* ./
 COPY sweeps ./sweeps
 COPY workloads ./workloads
 COPY service ./service
-RUN pip install . \
+RUN pip install -c constraints.txt . \
  && python -c "import torch, ray, mlflow, optuna, transformers, sweeps.cli; assert torch.__version__.startswith('${TORCH_VERSION}')"
 # The bundled data sets: specs name them relative to the working directory (/app).
 COPY data ./data
