@@ -295,7 +295,7 @@ def _answer(analysis: dict[str, Any], T: float) -> str:
     target = f" at target loss {_fmt(analysis.get('target_loss'))}" if analysis.get("target_loss") is not None else ""
     primary = next((t for t in analysis.get("targets") or [] if t.get("target_loss") == analysis.get("target_loss")), {})
     late = primary.get("excluded_batch_sizes") or []
-    sw = (f"; fitted batch sizes {swept[0]:g} to {swept[1]:g} sequences (the swept range the status refers to"
+    sw = (f"; fitted batch sizes {swept[0]:g} to {swept[1]:g} sequences (those that reached the target: the range the status refers to"
           + (f"; {', '.join(str(x) for x in late)} did not reach this target before the last milestone" if late else "")
           + ")") if swept else ""
     message = analysis.get("message")

@@ -150,7 +150,8 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
         low = f" (95 % interval from {_num(float(lo))} up)" if _positive(lo) else ""
         late = [x for x in _excluded(cbs) if x > swept[1]]
         todo = _late_text(late) if late else f"add batch sizes {_sizes([swept[1] * 2, swept[1] * 4])}"
-        return (f"{at}the knee lies above the largest swept batch size, {_num(swept[1])} {unit}{low}: up to there "
+        return (f"{at}the knee lies above the largest batch size that reached the target, {_num(swept[1])} {unit}{low}: "
+                "up to there "
                 "steps still fall almost in proportion to the batch, so a larger batch is still nearly free in "
                 f"compute; to find the knee, {todo}.")
     if status == "below_range" and swept is not None:
@@ -159,8 +160,8 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
         add = _below(swept[0])
         what = (f"to find it, add batch sizes {_sizes(add)}" if add else
                 "it lies below one sequence: use the smallest batch that keeps the devices busy")
-        return (f"{at}the knee lies below the smallest swept batch size, {_num(swept[0])} {unit}{up}: every swept "
-                f"batch is already past it, so a larger batch buys few steps at more compute; {what}.")
+        return (f"{at}the knee lies below the smallest batch size that reached the target, {_num(swept[0])} "
+                f"{unit}{up}: every such batch is already past it, so a larger batch buys few steps at more compute; {what}.")
     if status == "no_knee":
         n = cbs.get("n_batch_sizes", len(fitted_batch_sizes(cbs)))
         if isinstance(n, int) and n < 3:
@@ -180,18 +181,20 @@ def _headline_fitted(at: str, status: str, b: float, ci: Optional[list], swept: 
     lo = float(ci[0]) if ci and ci[0] is not None else 0.0
     hi = float(ci[1]) if ci and ci[1] is not None else math.inf
     lo_out, hi_out = lo < lo_sw, hi > hi_sw
+    # the range the status speaks of: the batch sizes in the fit, not every swept one
+    fitted = f"the fitted batch sizes ({_num(lo_sw)}-{_num(hi_sw)} {unit}, those that reached the target)"
     tokens = fit.get("b_crit_tokens")
     near = f"most likely near {_num(b)}" + (f" ({_num(float(tokens))} tokens)" if isinstance(tokens, (int, float))
                                              else "")
     if lo_out and hi_out:
         where = (f"could lie anywhere from below {_num(lo_sw)} to above {_num(hi_sw)} {unit} (its 95 % interval "
-                 f"reaches past both ends of the swept range), {near}")
+                 f"reaches past both ends of {fitted}), {near}")
     elif lo_out:
-        where = (f"lies below {_num(hi)} {unit} (95 % interval), possibly below the smallest swept batch "
-                 f"({_num(lo_sw)}), {near}")
+        where = (f"lies below {_num(hi)} {unit} (95 % interval), possibly below the smallest of {fitted}, "
+                 f"{near}")
     elif hi_out:
-        where = (f"lies above {_num(lo)} {unit} (95 % interval), possibly above the largest swept batch "
-                 f"({_num(hi_sw)}), {near}")
+        where = (f"lies above {_num(lo)} {unit} (95 % interval), possibly above the largest of {fitted}, "
+                 f"{near}")
     else:
         where = f"lies between {_num(lo)} and {_num(hi)} {unit} (95 % interval), {near}"
     width = min(hi, hi_sw) / max(lo, lo_sw)
@@ -210,23 +213,24 @@ def _headline_fitted(at: str, status: str, b: float, ci: Optional[list], swept: 
                 "(0.2 b_crit) cost at most 20 % more compute than the least, and batches well above "
                 f"{_num(b)} buy few steps for their compute")
         if width > 4:
-            text += f"; the interval spans a factor of {w}: more seeds at the batch sizes near {_num(b)} narrow it"
+            text += (f"; the interval spans a factor of {w}: more trials (learning-rate probes) at the batch sizes "
+                     f"near {_num(b)} narrow it")
         return text + "."
     if lo_out or hi_out:
-        why = (f"this sweep cannot pin it closer than a factor of {w} (the interval's width within the swept range; "
-               "it is wider beyond)")
+        why = (f"this sweep cannot pin it closer than a factor of {w} (the interval's width within the fitted "
+               "batch sizes; it is wider beyond)")
     else:
         side = "smaller" if few_below else "larger"
-        why = (f"it rests on fewer than 2 swept batch sizes on its {side} side (the interval spans a factor of {w}), "
+        why = (f"it rests on fewer than 2 fitted batch sizes on its {side} side (the interval spans a factor of {w}), "
                "so its place rests on the fitted curve more than on the data")
-    adds = [f"{_sizes(below)} below the swept range" if below else "",
-            f"{_sizes(above)} above {'it' if below else 'the swept range'}" if above else ""]
+    adds = [f"{_sizes(below)} (below {_num(lo_sw)})" if below else "",
+            f"{_sizes(above)} (above {_num(hi_sw)})" if above else ""]
     adds = [a for a in adds if a]
     todo = [f"add batch sizes {' and '.join(adds)}"] if adds else []
     if late:
         todo.append(_late_text(late))
     todo_text = ("to narrow it, " + " and ".join(todo)) if todo else \
-        f"to narrow it, add seeds or trials at the batch sizes near {_num(b)}"
+        f"to narrow it, add trials (learning-rate probes) at the batch sizes near {_num(b)}"
     return f"{at}the knee (b_crit) {where}; {why}; {todo_text}."
 
 

@@ -148,6 +148,10 @@ def resume(
 def _sweep_and_report(call) -> None:
     """Run ``call()`` (a sweep), print its summary; exit 2 on invalid input, 1 on a failed sweep,
     128 + the signal on a sweep stopped by SIGINT or SIGTERM."""
+    import optuna
+
+    # one "A new study created in RDB" line per batch size said nothing the progress does not
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = call()
     except (SpecError, InvalidInput) as exc:
@@ -255,13 +259,17 @@ def _print_summary(result: dict) -> None:
     if result.get("message"):
         out.print(result["message"], highlight=False)
     if cbs.get("b_crit") is not None:
+        from sweeps.analysis.summary import interval_ends_text, swept_range
+
         ci = cbs.get("b_crit_ci") or [None, None]
-        ci_text = (f"95% CI [{ci[0]:.1f}, {f'{ci[1]:.1f}' if ci[1] is not None else 'unbounded'}]"
+        lo_t, hi_t = interval_ends_text(ci, swept_range(cbs))  # as report.html shows them: an end past the
+        clipped = lo_t.startswith("<") or hi_t.startswith(">")  # fitted batch sizes is a bound only
+        ci_text = (f"95 % interval [{lo_t}, {hi_t}]" + (" (cbs.json: the raw ends)" if clipped else "")
                    if ci[0] is not None else "no interval")
         out.print(
             f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
             f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
-            f"{cbs['target_loss']:.4f}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
+            f"{cbs['target_loss']:.4g}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
             highlight=False,
         )
     elif cbs.get("status") and cbs.get("target_loss") is not None:

@@ -37,6 +37,8 @@ MIN_WARMUP_STEPS = 4
 #: The fewest batch sizes from which the hyperbola's two parameters and a residual can be fitted
 #: (``sweeps.analysis.fit``); ``critbatch validate`` and ``run`` say plainly when a spec has fewer.
 MIN_FIT_BATCH_SIZES = 3
+#: The fewest batch sizes that can give status ``ok`` (2 on each side of the knee; ``analysis.fit``).
+MIN_OK_BATCH_SIZES = 4
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +226,11 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
             f"search.batch_sizes_sequences: {n_b} batch size{'s' if n_b > 1 else ''} cannot give b_crit (the fit of "
             f"S = S_min + E_min/B needs at least {MIN_FIT_BATCH_SIZES}): this sweep reports each batch size's losses "
             f"and steps to target, and no b_crit")
+    elif n_b < MIN_OK_BATCH_SIZES:
+        out.append(
+            f"search.batch_sizes_sequences: {n_b} batch sizes can give b_crit but never status ok, which needs at "
+            f"least 2 fitted batch sizes on each side of the knee ({MIN_OK_BATCH_SIZES} or more, all reaching the "
+            f"target): the answer will be edge at best")
     out += milestone_warnings(spec)
     return out
 

@@ -14,7 +14,7 @@ from ray.tune import Callback
 
 __all__ = ["ProgressCallback"]
 
-PLAIN_BEST_S = 10.0  # output that is not a terminal: best losses at most this often,
+PLAIN_CHANGE_S = 10.0  # output that is not a terminal: a changed state at most this often,
 PLAIN_HEARTBEAT_S = 60.0  # and a line at least this often
 
 
@@ -99,11 +99,10 @@ class ProgressCallback(Callback):
             counts, best = tuple(self.counts().items()), tuple(sorted(self.best.items()))
             now = time.monotonic()
             since = now - self._last_plain
-            # A file or pipe gets a line when a trial starts or ends, when the best losses change (at most
-            # every PLAIN_BEST_S), and otherwise every PLAIN_HEARTBEAT_S: never wrapped.
-            if not (counts != self._last_counts
-                    or best != self._last_best and since >= PLAIN_BEST_S
-                    or since >= PLAIN_HEARTBEAT_S):
+            # A file or pipe gets a line when the counts or the best losses changed, at most every
+            # PLAIN_CHANGE_S, and otherwise every PLAIN_HEARTBEAT_S: never wrapped.
+            changed = counts != self._last_counts or best != self._last_best
+            if not (changed and since >= PLAIN_CHANGE_S or since >= PLAIN_HEARTBEAT_S):
                 return
             self._last_plain, self._last_counts, self._last_best = now, counts, best
             self.console.print(self.plain_line(), highlight=False, soft_wrap=True, markup=False)
@@ -112,14 +111,15 @@ class ProgressCallback(Callback):
         """The progress in one line, for output that is not a terminal.
 
         Example: ``[progress] 3/14 done, 2 running, 0 failed, 0 diverged; elapsed 95s, ETA 4m10s;
-        best val loss: B=4: 2.512, B=8: 2.498`` (the best part only once a trial has reported).
+        best val loss so far: B=4: 2.512, B=8: 2.498`` (once a trial has reported; the best at any milestone
+        of any trial, running ones too, so early on a batch size shows its first milestone's loss).
         """
         c = self.counts()
         paused = f", {c['paused']} paused" if c.get("paused") else ""
-        best = ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best))
+        best = ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best))  # trials still running too
         return (f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
                 f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}"
-                + (f"; best val loss: {best}" if best else ""))
+                + (f"; best val loss so far: {best}" if best else ""))
 
     def replay(self, records: list) -> None:
         """Count the trials a resumed sweep had already ended (``TrialRecord`` s), and their best losses.
@@ -165,6 +165,7 @@ class ProgressCallback(Callback):
             self._live.update(self.render())
             self._live.stop()
             self._live = None
-        elif self.enabled:
-            self._last_plain, self._last_counts = -math.inf, ()
-            self._refresh()
+        elif self.enabled:  # the final state, unless the last line already showed it
+            if (tuple(self.counts().items()), tuple(sorted(self.best.items()))) != (self._last_counts, self._last_best):
+                self._last_plain = -math.inf
+                self._refresh()

@@ -59,24 +59,26 @@ def test_headline_of_the_wikitext_sweep_says_where_how_wide_and_what_to_add():
     text = headline(cbs)
     assert text == (
         "At target loss 6.371, the knee (b_crit) could lie anywhere from below 4 to above 64 sequences (its 95 % "
-        "interval reaches past both ends of the swept range), most likely near 11; this sweep cannot pin it closer "
-        "than a factor of 16 (the interval's width within the swept range; it is wider beyond); to narrow it, add "
-        "batch sizes 2 and 1 below the swept range and raise budget_tokens so that batch size 128, swept but short "
+        "interval reaches past both ends of the fitted batch sizes (4-64 sequences, those that reached the target)), "
+        "most likely near 11; this sweep cannot pin it closer "
+        "than a factor of 16 (the interval's width within the fitted batch sizes; it is wider beyond); to narrow it, "
+        "add batch sizes 2 and 1 (below 4) and raise budget_tokens so that batch size 128, swept but short "
         "of this target at its last milestone, reaches it.")
     assert swept_range(cbs) == (4.0, 64.0)  # the primary target's points, not per_batch's 128
 
 
 def test_headline_of_each_status():
     t = _fixture()["targets"]
-    assert headline(t[0]).startswith("At target loss 6.656, the knee lies above the largest swept batch size, 128 "
+    assert headline(t[0]).startswith("At target loss 6.656, the knee lies above the largest batch size that reached the target, 128 "
                                      "sequences (95 % interval from 35 up)")
     assert headline(t[0]).endswith("to find the knee, add batch sizes 256 and 512.")
-    assert "lies above 9.6 sequences (95 % interval), possibly above the largest swept batch (128), most likely " \
+    assert "lies above 9.6 sequences (95 % interval), possibly above the largest of the fitted batch sizes " \
+        "(4-128 sequences, those that reached the target), most likely " \
            "near 44" in headline(t[1])
-    assert headline(t[1]).endswith("add batch sizes 256 and 512 above the swept range.")
+    assert headline(t[1]).endswith("add batch sizes 256 and 512 (above 128).")
     below = analyze_points([4, 8, 16, 32], [100, 100, 100, 100.5], 8)
     assert below["status"] == "below_range"
-    assert headline(below).startswith("The knee lies below the smallest swept batch size, 4 sequences")
+    assert headline(below).startswith("The knee lies below the smallest batch size that reached the target, 4 sequences")
     assert headline(below).endswith("to find it, add batch sizes 2 and 1.")
     two = analyze_points([4, 8], [10, 6], 8)
     assert headline(two) == ("No knee can be identified: only 2 batch size(s) reached the target and the fit needs "
@@ -104,8 +106,8 @@ def test_headline_of_the_zhang_2024_points():
     assert fit["status"] == "edge"
     text = headline(fit)
     assert text.startswith("The knee (b_crit) lies between 9,418 and 13,332 sequences (95 % interval), most likely "
-                           "near 11,131; it rests on fewer than 2 swept batch sizes on its larger side")
-    assert text.endswith("to narrow it, add batch sizes 32,768 and 65,536 above the swept range.")
+                           "near 11,131; it rests on fewer than 2 fitted batch sizes on its larger side")
+    assert text.endswith("to narrow it, add batch sizes 32,768 and 65,536 (above 16,384).")
 
 
 def test_a_sweep_records_its_headline_and_fitted_batch_sizes():
@@ -204,3 +206,20 @@ def test_the_note_beside_analyze_output_names_each_group(tmp_path):
     single = analyze_csv(ROOT / "data" / "zhang2024" / "chinchilla_85M.csv", 256)
     assert analyze_note(single).splitlines()[0] == headline(single)
     assert analyze_note({"kind": "comparison", "arms": []}) == ""
+
+
+def test_the_run_summary_shows_the_interval_as_the_report_does(capsys, monkeypatch):
+    """`critbatch run`'s last lines: the interval's ends as report.html shows them (an end past the fitted
+    batch sizes as a bound), and the target loss to 4 significant digits, as the headline writes it; a
+    newcomer read [1.5, 75.6] on stdout and [< 4, > 64] in the report as two answers."""
+    from rich.console import Console
+
+    from sweeps.cli import main
+
+    cbs = json.loads(FIXTURE.read_text())
+    cbs.setdefault("b_crit_tokens", cbs["b_crit"] * 64)
+    monkeypatch.setattr(main, "out", Console(soft_wrap=True, width=400))
+    main._print_summary({"cbs": cbs, "output": "OUT"})
+    text = capsys.readouterr().out
+    assert "95 % interval [< 4, > 64] (cbs.json: the raw ends), status edge, at target loss 6.371;" in text
+    assert "[0.7" not in text and "70.3" not in text

@@ -77,7 +77,7 @@ def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(t
     d["schedule"] = {**d["schedule"], **schedule}
     if batch_warmup:
         d["batch_warmup"] = batch_warmup
-    warnings = spec_warnings(parse_spec(d))
+    warnings = [w for w in spec_warnings(parse_spec(d)) if w.startswith("schedule:")]
     assert len(warnings) == int(warned)
     if warned:
         assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]
@@ -182,3 +182,16 @@ def test_a_sweep_of_fewer_than_3_batch_sizes_is_told_no_b_crit_will_come_out(tmp
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert r.returncode == 0 and "warning: search.batch_sizes_sequences: 2 batch sizes cannot give b_crit" in r.stdout + r.stderr
     assert not [x for x in spec_warnings(parse_spec(tiny_spec_dict)) if "cannot give b_crit" in x]  # 3: a fit
+
+
+def test_a_sweep_of_3_batch_sizes_is_told_ok_is_out_of_reach(tiny_spec_dict):
+    """3 batch sizes give a fit, but status ok needs 2 fitted batch sizes on each side of the knee: a
+    newcomer's 3-batch-size spec validated without a word, and could only ever end edge."""
+    from sweeps.run.preflight import spec_warnings
+    from sweeps.spec import parse_spec
+
+    assert len(tiny_spec_dict["search"]["batch_sizes_sequences"]) == 3
+    (w,) = [x for x in spec_warnings(parse_spec(tiny_spec_dict)) if x.startswith("search.batch_sizes_sequences")]
+    assert "3 batch sizes can give b_crit but never status ok" in w and "edge at best" in w
+    d = dict(tiny_spec_dict, search=dict(tiny_spec_dict["search"], batch_sizes_sequences=[4, 8, 16, 32]))
+    assert not [x for x in spec_warnings(parse_spec(d)) if x.startswith("search.batch_sizes_sequences")]

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from sweeps.run.progress import PLAIN_BEST_S, ProgressCallback
+from sweeps.run.progress import PLAIN_CHANGE_S, ProgressCallback
 
 
 def test_progress_counts_paused_trials_apart_and_running_again_on_resume():
@@ -38,18 +38,22 @@ def test_a_resumed_sweep_counts_the_trials_it_had_already_ended():
 
 
 def test_plain_output_prints_a_line_per_change_unwrapped_and_no_empty_best():
+    """Output to a file: a line when the state changed, at most every PLAIN_CHANGE_S, none wrapped, none
+    repeated (a newcomer's log had every count twice and a line ending in an empty "best: ")."""
     console = Console(record=True, width=60, force_terminal=False)
     p = ProgressCallback(14, [4, 8, 16], 2, console=console)
     a = SimpleNamespace(trial_id="a", config={"batch_size_sequences": 4}, status="RUNNING", last_result={})
-    p.on_trial_start(0, [], a)
-    p.on_trial_start(0, [], a)  # nothing changed: no second line
-    p.on_trial_result(0, [], a, {"val_loss": 2.5})  # a new best within PLAIN_BEST_S of the last line: none
-    p._last_plain -= PLAIN_BEST_S
-    p.on_trial_result(0, [], a, {"val_loss": 2.7})  # PLAIN_BEST_S later: the best not yet printed, 2.5
+    p.on_trial_start(0, [], a)  # the first state: a line
+    p.on_trial_start(0, [], a)  # nothing changed: no line
+    p.on_trial_result(0, [], a, {"val_loss": 2.5})  # changed, within PLAIN_CHANGE_S of the last line: none yet
+    p._last_plain -= PLAIN_CHANGE_S
+    p.on_trial_result(0, [], a, {"val_loss": 2.7})  # PLAIN_CHANGE_S later: the state not yet printed, 2.5
     p.on_trial_result(0, [], a, {"val_loss": 2.6})  # the best did not change: no line
-    p.on_trial_complete(0, [], a)  # the counts change: a line at once
+    p.on_trial_complete(0, [], a)  # changed, but too soon: none yet
+    p.close()  # the final state, which no line showed yet
+    p.close()  # already shown: no line
     lines = console.export_text().splitlines()
     assert len(lines) == 3, lines  # none wrapped at the console's 60 columns
     assert lines[0].startswith("[progress] 0/14 done, 1 running") and "best" not in lines[0]
-    assert lines[1].endswith("best val loss: B=4: 2.500") and len(lines[1]) > 60
+    assert lines[1].endswith("best val loss so far: B=4: 2.500") and len(lines[1]) > 60
     assert lines[2].startswith("[progress] 1/14 done, 0 running")
