@@ -87,8 +87,10 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
     """
     try:
         s = load_spec(spec)
-        from sweeps.run.preflight import check_data_files, spec_warnings
+        from sweeps.run.preflight import check_data_files, check_milestones, spec_warnings
 
+        for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
+            check_milestones(one)
         check_data_files(s)
     except (SpecError, InvalidInput) as exc:
         _fail_invalid(exc)

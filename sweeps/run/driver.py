@@ -23,6 +23,7 @@ from sweeps.run.cluster import cluster_shape, init_ray
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.preflight import (
     check_data_files,
+    check_milestones,
     check_output_folder,
     check_optuna_storage,
     check_tracking_uri,
@@ -66,7 +67,8 @@ def run_sweep(
         ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
 
     Raises:
-        InvalidInput: bad data, a tracking URI MLflow would refuse, an output folder that cannot be
+        InvalidInput: a batch size whose step passes several milestones (``sweeps.run.preflight.check_milestones``),
+            bad data, a tracking URI MLflow would refuse, an output folder that cannot be
             created or holds (or is being claimed by) another sweep, a bad sweep id, a sweep id bound
             to another spec's fingerprint, resources that cannot fit the cluster. Nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
@@ -164,6 +166,7 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
     Raises:
         InvalidInput: see :func:`run_sweep`.
     """
+    check_milestones(spec)
     check_data_files(spec)
     for warning in spec_warnings(spec):  # validate prints them too; a run should not hide them
         log.warning(warning)
