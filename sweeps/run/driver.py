@@ -31,6 +31,7 @@ from sweeps.run.preflight import (
     resolve_data_path,
     resolve_paths,
     spec_warnings,
+    window_warnings,
 )
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.records import collect_records
@@ -167,8 +168,8 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
         InvalidInput: see :func:`run_sweep`.
     """
     check_milestones(spec)
-    check_data_files(spec)
-    for warning in spec_warnings(spec):  # validate prints them too; a run should not hide them
+    facts = check_data_files(spec)
+    for warning in spec_warnings(spec) + window_warnings(spec, facts):  # validate prints them too; a run should not hide them
         log.warning(warning)
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()

@@ -26,6 +26,7 @@ __all__ = [
     "plan_resources",
     "resolve_data_path",
     "spec_warnings",
+    "window_warnings",
     "milestone_warnings",
     "check_milestones",
     "most_milestones",
@@ -55,8 +56,13 @@ def resolve_data_path(spec: SweepSpec) -> str:
     return str(Path(p).expanduser().resolve())
 
 
-def check_data_files(spec: SweepSpec) -> None:
+def check_data_files(spec: SweepSpec) -> dict | None:
     """Check the corpus (and tokenizer, checkpoint) exist and are big enough for the spec.
+
+    Returns:
+        the workload's facts about its inputs (``check_inputs``: ``train_tokens`` of a pretraining
+        corpus, ``train_rows`` of a fine-tuning set, ...; :func:`window_warnings` reads them), or None
+        when the corpus is read only by the workers.
 
     Raises:
         InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
@@ -68,11 +74,10 @@ def check_data_files(spec: SweepSpec) -> None:
 
     check_model(spec)  # model.hf_config...: before the data, whatever the data's form
     if spec.data.shards is not None:
-        _check_shards(spec)
-        return
+        return _check_shards(spec)
     path = resolve_data_path(spec)
     if "://" in path:
-        return  # read by the workers; checked there
+        return None  # read by the workers; checked there
     p = Path(path)
     if not p.is_file():
         raise InvalidInput(f"data.path: file not found: {spec.data.path} (resolved to {path})")
@@ -87,9 +92,39 @@ def check_data_files(spec: SweepSpec) -> None:
     val_tokens = facts.get("validation_tokens")
     if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
+    return facts
 
 
-def _check_shards(spec: SweepSpec) -> None:
+def window_warnings(spec: SweepSpec, facts: dict | None) -> list[str]:
+    """One sentence when a batch size draws more sequences per optimizer step than the training split holds
+    distinct ones (issue 30): its windows then overlap or repeat within one batch, which carries less than
+    its size says (the gradient noise, and so the critical batch size, are measured on fewer distinct data).
+
+    Counted from :func:`check_data_files`' facts, without reading the corpus again: a pretraining split of
+    ``train_tokens`` holds ``(train_tokens - 1) // context_length_tokens`` non-overlapping windows (the
+    shard index's token counts, or the tokenized text file); a fine-tuning set ``train_rows`` rows (packed
+    or padded). Without those facts the sentence says it could not be checked.
+    """
+    T = spec.model.context_length_tokens
+    sizes = sorted(set(spec.search.batch_sizes_sequences))
+    facts = facts or {}
+    if facts.get("train_rows") is not None:
+        n, what = int(facts["train_rows"]), "training rows"
+    elif facts.get("train_tokens") is not None:
+        n = max(0, (int(facts["train_tokens"]) - 1) // T)
+        what = f"non-overlapping training windows of {T} tokens ({int(facts['train_tokens'])} training tokens)"
+    else:
+        return [f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
+                "exceeds its training windows could not be checked"]
+    big = [b for b in sizes if b > n]
+    if not big:
+        return []
+    return [f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
+            f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
+            f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}"]
+
+
+def _check_shards(spec: SweepSpec) -> dict:
     """``data.shards``: a pretraining spec whose shard index fits its tokenizer and model.
 
     Raises:
@@ -106,7 +141,7 @@ def _check_shards(spec: SweepSpec) -> None:
         _check_tokenizer(spec.data.tokenizer)
     shards = resolve_data_path(spec)
     try:
-        get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
+        return get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
     except DataError as exc:
         raise InvalidInput(str(exc)) from None
 

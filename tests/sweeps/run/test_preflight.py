@@ -227,3 +227,40 @@ def test_a_sweep_of_fewer_than_3_batch_sizes_is_told_no_b_crit_will_come_out(tmp
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert r.returncode == 0 and "warning: search.batch_sizes_sequences: 2 batch sizes cannot give b_crit" in r.stdout + r.stderr
     assert not [x for x in spec_warnings(parse_spec(tiny_spec_dict)) if "cannot give b_crit" in x]  # 3: a fit
+
+
+# ---- one batch larger than the corpus's training windows (issue 30) ------------------------------
+
+
+def test_a_batch_larger_than_the_corpus_training_windows_is_named_by_validate(tmp_path, tiny_spec_dict):
+    """3000 bytes, 10 % held out: 2700 training tokens hold 84 non-overlapping windows of 32; B = 128 and
+    256 draw more per step, so windows overlap or repeat within one batch. Counted from the file the
+    preflight already reads, nothing prepared."""
+    from tests.conftest import invoke_cli, write_spec
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(("To be, or not to be, that is the question.\n" * 80)[:3000])
+    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 2, "eval_tokens": 256},
+             data={"path": str(corpus)})
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 128, 256])
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("warning: search.batch_sizes_sequences: batch sizes 128, 256 draw more sequences per optimizer step than "
+            "the corpus holds non-overlapping training windows of 32 tokens (2700 training tokens) (84)") in r.stdout + r.stderr
+    assert "batch sizes <= 84" in r.stdout + r.stderr
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 64])
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0 and "windows overlap" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_window_warnings_count_rows_of_a_finetuning_set_and_say_when_they_could_not_count(tiny_spec_dict):
+    from sweeps.run.preflight import window_warnings
+
+    s = spec(tiny_spec_dict)  # batch sizes 4, 8, 16
+    (w,) = window_warnings(s, {"train_rows": 10})
+    assert "batch size 16 draws more sequences per optimizer step than the corpus holds training rows (10)" in w
+    assert window_warnings(s, {"train_tokens": 16 * 32 + 1}) == []  # 16 windows of 32: B = 16 fits exactly
+    (w,) = window_warnings(s, {"train_tokens": 16 * 32})
+    assert "(15)" in w
+    (w,) = window_warnings(s, None)
+    assert "could not be checked" in w
