@@ -197,30 +197,22 @@ class DataSpec(_Strict):
 
 
 class EvalSpec(_Strict):
-    """Evaluation on the held-out split at token milestones shared by every batch size.
-
-    Milestone ``i`` (1..n) sits at ``round(budget_tokens * i / n)`` tokens; a trial reports after the first
-    optimizer step that reaches it, at the tokens seen then (within one step of the milestone, exactly on
-    it when the milestone is a multiple of ``B x context_length_tokens``). A batch size whose step is
-    longer than the spacing would pass several milestones in one step and report once for them: refused
-    (``sweeps.run.preflight.check_milestones``) unless ``allow_folded_milestones``.
-    """
+    """Evaluation on the held-out split at token milestones shared by every batch size (docs/design.md,
+    "Milestones": a report is at the tokens seen after the step that reaches its milestone)."""
 
     milestones: int = Field(default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens")
     eval_tokens: PositiveInt = Field(default=16384, le=10**9,
                                      description="held-out tokens per evaluation (a fixed set; at most 1e9)")
-    allow_folded_milestones: bool = Field(
-        default=False, strict=True,
-        description="accept batch sizes whose optimizer step (B x context_length_tokens tokens) is longer than the "
-                    "milestone spacing: such a batch size reports once for the milestones one step passes (at the "
-                    "tokens seen), so its curve has fewer points; false: `validate` and `run` refuse the spec")
+    allow_folded_milestones: bool = Field(default=False, strict=True, description=(
+        "accept a batch size whose step (B x context_length_tokens) is longer than the milestone spacing: it reports "
+        "once for the milestones one step passes, so fewer points; false: validate and run refuse the spec"))
 
     @model_serializer(mode="wrap")
     def _drop_default_fold(self, handler) -> dict[str, Any]:
-        out = handler(self)  # at its default the dump (and fingerprint) is what it was before the field existed
-        if not out.get("allow_folded_milestones"):
-            out.pop("allow_folded_milestones", None)
-        return out
+        out = handler(self)  # unset: the dump (and fingerprint) of a spec from before the field existed
+        if not out.pop("allow_folded_milestones", False):
+            return out
+        return {**out, "allow_folded_milestones": True}
 
 
 class ScheduleSpec(_Strict):
