@@ -27,6 +27,7 @@ __all__ = [
     "resolve_data_path",
     "spec_warnings",
     "window_warnings",
+    "budget_warnings",
     "milestone_warnings",
     "check_milestones",
     "most_milestones",
@@ -261,8 +262,26 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
             f"search.batch_sizes_sequences: {n_b} batch size{'s' if n_b > 1 else ''} cannot give b_crit (the fit of "
             f"S = S_min + E_min/B needs at least {MIN_FIT_BATCH_SIZES}): this sweep reports each batch size's losses "
             f"and steps to target, and no b_crit")
-    out += milestone_warnings(spec)
+    out += milestone_warnings(spec) + budget_warnings(spec)
     return out
+
+
+def budget_warnings(spec: SweepSpec) -> list[str]:
+    """One sentence naming the batch sizes whose step (``B x context_length_tokens``) does not divide
+    ``budget_tokens``: the loop stops after the first step at or past the budget, so they train (and
+    report their last point) up to one step past it, more tokens than the others (issue 30's kind: the
+    equal-compute comparison is off by that much). Fine-tuning steps count real tokens and are not judged."""
+    if spec.workload != "pretrain":
+        return []
+    T = spec.model.context_length_tokens
+    over = {b: -(-spec.budget_tokens // (b * T)) * b * T for b in sorted(set(spec.search.batch_sizes_sequences))}
+    over = {b: t for b, t in over.items() if t != spec.budget_tokens}
+    if not over:
+        return []
+    return ["budget_tokens: " + ", ".join(f"batch size {b} trains {t} tokens ({t / spec.budget_tokens - 1:.1%} more)"
+                                          for b, t in over.items())
+            + f", not {spec.budget_tokens}: their steps ({T} x B tokens) do not divide it; use a multiple of "
+            f"{math.lcm(*(b * T for b in spec.search.batch_sizes_sequences))} tokens for equal compute"]
 
 
 def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[int]:

@@ -264,3 +264,16 @@ def test_window_warnings_count_rows_of_a_finetuning_set_and_say_when_they_could_
     assert "(15)" in w
     (w,) = window_warnings(s, None)
     assert "could not be checked" in w
+
+
+def test_a_budget_that_a_batch_sizes_step_does_not_divide_is_named(tiny_spec_dict):
+    """The loop stops after the first step at or past budget_tokens: B = 12 of 32 tokens (384 per step) trains
+    8448 tokens of a budget of 8192, 3.1 % more than the others."""
+    from sweeps.run.preflight import budget_warnings
+
+    s = spec(dict(tiny_spec_dict, search=dict(tiny_spec_dict["search"], batch_sizes_sequences=[4, 8, 12, 16])))
+    (w,) = budget_warnings(s)
+    assert w.startswith("budget_tokens: batch size 12 trains 8448 tokens (3.1% more), not 8192")
+    assert "use a multiple of 1536 tokens" in w
+    assert budget_warnings(spec(tiny_spec_dict)) == []
+    assert [x for x in spec_warnings(s) if x.startswith("budget_tokens:")] == [w]
