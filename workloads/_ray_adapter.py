@@ -38,13 +38,20 @@ WORKER_NODES_KEY = "worker_nodes"
 RUNG_WAIT_TIMEOUT_S = 1800.0
 
 
-def reaches_rung(cfg: TrialConfig, tokens_seen: float) -> bool:
-    """Whether the report at ``tokens_seen`` is the first at or past one of ``cfg.rung_gate.barrier_tokens``."""
+def reaches_rung(cfg: TrialConfig, tokens_seen: float, previous_tokens: float) -> bool:
+    """Whether the report at ``tokens_seen`` is the first at or past one of ``cfg.rung_gate.barrier_tokens``.
+
+    Args:
+        tokens_seen: this report's tokens seen.
+        previous_tokens: the tokens seen at the trial's report before this one (0 for its first).
+
+    Judged on the tokens the reports were actually made at, as the scheduler judges them: a report is
+    rarely exactly at its milestone (a step that does not end on it, or passes several), and a gate
+    judged on the nominal milestones let a trial that the scheduler pauses train on past its rung.
+    """
     if cfg.rung_gate is None or not cfg.rung_gate.barrier_tokens:
         return False
-    earlier = [m for m in cfg.eval.milestones_tokens if m < tokens_seen]
-    prev = max(earlier) if earlier else 0.0
-    return any(prev < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_gate.barrier_tokens)
+    return any(previous_tokens < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_gate.barrier_tokens)
 
 
 def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG_WAIT_TIMEOUT_S,
@@ -113,6 +120,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     # records keep one row per milestone, by tokens seen).
     reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
+    previous = [0.0]  # the tokens seen at the report published last (a rung is judged against it)
+
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
         if state is None:
             ray.train.report(clean)
@@ -121,8 +130,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 torch.save(state, os.path.join(tmp, STATE_FILE))
                 ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
         tokens = float(clean.get("tokens_seen") or 0.0)
-        gate = cfg.rung_gate
-        if gate is not None and gate.key and not clean.get("done") and reaches_rung(cfg, tokens):
+        gate, since = cfg.rung_gate, previous[0]
+        previous[0] = max(since, tokens)
+        if gate is not None and gate.key and not clean.get("done") and reaches_rung(cfg, tokens, since):
             if not wait_for_rung_decision(gate.key, tokens):
                 import logging
 

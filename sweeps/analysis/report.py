@@ -48,23 +48,30 @@ PLOT_CAPTIONS = {
 
 
 def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per batch size: (tokens, flops, lowest val loss over its trials at each milestone).
+    """Per batch size: (tokens, flops, lowest val loss over its trials at those tokens), by increasing tokens.
 
     The lower envelope over every trial of a batch size (completed, pruned or stopped, all seeds): the
-    curve the selection rule reads steps to target from (``sweeps.analysis.targets.TARGET_RULE``)."""
-    by_b: dict[int, list] = {}
+    curve the selection rule reads steps to target from (``sweeps.analysis.targets.TARGET_RULE``). Points
+    are matched by the tokens seen at each report, never by report index: two trials of one batch size
+    report at different tokens when their steps differ in real tokens (fine-tuning rows of other seeds),
+    and a loss is drawn only at tokens a trial reported it at."""
+    by_b: dict[int, dict[float, list[float]]] = {}
     for r in records:
-        if r.val_loss:
-            by_b.setdefault(r.batch_size_sequences, []).append(r)
+        pts = by_b.setdefault(r.batch_size_sequences, {})
+        for i, (tok, loss) in enumerate(zip(r.tokens, r.val_loss)):
+            flops = float(r.flops[i]) if i < len(r.flops) and r.flops[i] is not None else math.nan
+            v = float(loss) if loss is not None else math.nan
+            if tok in pts:
+                pts[tok][1] = float(np.fmin(pts[tok][1], v))
+            else:
+                pts[tok] = [flops, v]
     out = {}
-    for b, ts in by_b.items():
-        longest = max(ts, key=lambda t: len(t.val_loss))
-        n = len(longest.val_loss)
-        loss = np.full(n, np.nan)
-        for t in ts:
-            v = np.array(t.val_loss[:n], dtype=float)
-            loss[:len(v)] = np.fmin(loss[:len(v)], v)
-        out[b] = (np.array(longest.tokens[:n]), np.array(longest.flops[:n]), loss)
+    for b, pts in by_b.items():
+        if not pts:
+            continue
+        toks = sorted(pts)
+        out[b] = (np.array(toks, dtype=float), np.array([pts[t][0] for t in toks], dtype=float),
+                  np.array([pts[t][1] for t in toks], dtype=float))
     return out
 
 

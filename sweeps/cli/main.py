@@ -87,9 +87,11 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
     """
     try:
         s = load_spec(spec)
-        from sweeps.run.preflight import check_data_files, spec_warnings
+        from sweeps.run.preflight import check_data_files, check_milestones, spec_warnings, window_warnings
 
-        check_data_files(s)
+        for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
+            check_milestones(one)
+        facts = check_data_files(s)
     except (SpecError, InvalidInput) as exc:
         _fail_invalid(exc)
     if s.arms:
@@ -107,7 +109,7 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         f"{s.budget_tokens} tokens each",
         highlight=False,
     )
-    for warning in spec_warnings(s):
+    for warning in spec_warnings(s) + window_warnings(s, facts):
         console.print(f"warning: {warning}", markup=False, highlight=False)
 
 

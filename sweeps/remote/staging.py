@@ -343,13 +343,17 @@ def stage_sweep(
             ``resources.storage_path``; the service sets its ``CRITBATCH_STORAGE_ROOT``.
 
     Raises:
-        InvalidInput: a comparison spec (``arms``), a bad sweep id, an input too big to ship, or a working directory over
+        InvalidInput: a comparison spec (``arms``), a spec whose milestones a batch size folds
+            (:func:`sweeps.run.preflight.check_milestones`), a bad sweep id, an input too big to ship, or a working directory over
             ``limits.upload_max_bytes`` (the last two as :class:`StagingError`).
         CritbatchError: ``into`` is not empty.
     """
     if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
         raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
                            "it with `critbatch run --address` against the cluster")
+    from sweeps.run.preflight import check_milestones
+
+    check_milestones(spec)  # refused here, not minutes later in the job (the service answers 422)
     sweep_id = check_sweep_id(sweep_id or default_sweep_id(spec))
     into = Path(into)
     if any(into.iterdir()):

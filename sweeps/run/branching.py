@@ -127,6 +127,7 @@ def run_branching(
     bad = [k for k in br.multipliers if abs(k * b0 - round(k * b0)) > 1e-9 or round(k * b0) < 1]
     if bad:
         raise InvalidInput(f"branch.multipliers {bad} x base batch {b0} are not whole batch sizes")
+    _check_window(br, b0, spec.model.context_length_tokens)
     output = Path(output).expanduser().resolve()
     output.mkdir(parents=True, exist_ok=True)
     states_dir = output / "branch_states"
@@ -161,6 +162,25 @@ def run_branching(
         cbs["local_cbs"] = series
         cbs_path.write_text(json.dumps(cbs, indent=2))
     return out
+
+
+def _check_window(br: BranchSpec, b0: int, context_length_tokens: int) -> None:
+    """Refuse a window that some branch cannot end on: a branch stops after the first optimizer step at or
+    past the window's end, so with a window that is not a multiple of its step (``k x B0 x T`` tokens) it
+    trains longer than the others, and ``k*`` would compare losses taken at different tokens.
+
+    Raises:
+        InvalidInput: naming each such multiplier, its step in tokens, and the least window that fits all.
+    """
+    steps = {k: int(round(k * b0)) * context_length_tokens for k in br.multipliers}
+    off = {k: st for k, st in steps.items() if br.window_tokens % st}
+    if off:
+        fit = math.lcm(*steps.values())
+        raise InvalidInput(
+            f"branch.window_tokens {br.window_tokens} is not a multiple of the optimizer step of multiplier(s) "
+            + ", ".join(f"{k:g} ({st} tokens per step)" for k, st in off.items())
+            + f": those branches would stop past the window's end and their losses be compared at other tokens; "
+            f"use a multiple of {fit} tokens")
 
 
 def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[str, Any], points: list[int],
@@ -229,8 +249,11 @@ def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, floa
         raw = last.get("val_loss_raw")
         losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
     k_star = local_cbs_multiplier(losses, br.epsilon)
+    ended = {str(k): (results[(p, k)]["reports"][-1]["tokens_seen"] if results[(p, k)]["reports"] else None)
+             for k in br.multipliers}
     return {"tokens_seen": p, "k_star": k_star, "local_cbs_sequences": None if k_star is None else k_star * b0,
-            "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()}}
+            "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()},
+            "tokens_seen_at_loss": ended}
 
 
 def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dict[tuple[int, float], dict[str, Any]],

@@ -23,6 +23,7 @@ from sweeps.run.cluster import cluster_shape, init_ray
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.preflight import (
     check_data_files,
+    check_milestones,
     check_output_folder,
     check_optuna_storage,
     check_tracking_uri,
@@ -30,6 +31,7 @@ from sweeps.run.preflight import (
     resolve_data_path,
     resolve_paths,
     spec_warnings,
+    window_warnings,
 )
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.records import collect_records
@@ -66,7 +68,8 @@ def run_sweep(
         ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
 
     Raises:
-        InvalidInput: bad data, a tracking URI MLflow would refuse, an output folder that cannot be
+        InvalidInput: a batch size whose step passes several milestones (``sweeps.run.preflight.check_milestones``),
+            bad data, a tracking URI MLflow would refuse, an output folder that cannot be
             created or holds (or is being claimed by) another sweep, a bad sweep id, a sweep id bound
             to another spec's fingerprint, resources that cannot fit the cluster. Nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
@@ -164,8 +167,9 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
     Raises:
         InvalidInput: see :func:`run_sweep`.
     """
-    check_data_files(spec)
-    for warning in spec_warnings(spec):  # validate prints them too; a run should not hide them
+    check_milestones(spec)
+    facts = check_data_files(spec)
+    for warning in spec_warnings(spec) + window_warnings(spec, facts):  # validate prints them too; a run should not hide them
         log.warning(warning)
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()

@@ -26,7 +26,11 @@ __all__ = [
     "plan_resources",
     "resolve_data_path",
     "spec_warnings",
+    "window_warnings",
+    "budget_warnings",
     "milestone_warnings",
+    "check_milestones",
+    "most_milestones",
     "reported_milestones",
     "MIN_WARMUP_STEPS",
     "MIN_FIT_BATCH_SIZES",
@@ -55,8 +59,13 @@ def resolve_data_path(spec: SweepSpec) -> str:
     return str(Path(p).expanduser().resolve())
 
 
-def check_data_files(spec: SweepSpec) -> None:
+def check_data_files(spec: SweepSpec) -> dict | None:
     """Check the corpus (and tokenizer, checkpoint) exist and are big enough for the spec.
+
+    Returns:
+        the workload's facts about its inputs (``check_inputs``: ``train_tokens`` of a pretraining
+        corpus, ``train_rows`` of a fine-tuning set, ...; :func:`window_warnings` reads them), or None
+        when the corpus is read only by the workers.
 
     Raises:
         InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
@@ -68,11 +77,10 @@ def check_data_files(spec: SweepSpec) -> None:
 
     check_model(spec)  # model.hf_config...: before the data, whatever the data's form
     if spec.data.shards is not None:
-        _check_shards(spec)
-        return
+        return _check_shards(spec)
     path = resolve_data_path(spec)
     if "://" in path:
-        return  # read by the workers; checked there
+        return None  # read by the workers; checked there
     p = Path(path)
     if not p.is_file():
         raise InvalidInput(f"data.path: file not found: {spec.data.path} (resolved to {path})")
@@ -87,9 +95,39 @@ def check_data_files(spec: SweepSpec) -> None:
     val_tokens = facts.get("validation_tokens")
     if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
+    return facts
 
 
-def _check_shards(spec: SweepSpec) -> None:
+def window_warnings(spec: SweepSpec, facts: dict | None) -> list[str]:
+    """One sentence when a batch size draws more sequences per optimizer step than the training split holds
+    distinct ones (issue 30): its windows then overlap or repeat within one batch, which carries less than
+    its size says (the gradient noise, and so the critical batch size, are measured on fewer distinct data).
+
+    Counted from :func:`check_data_files`' facts, without reading the corpus again: a pretraining split of
+    ``train_tokens`` holds ``(train_tokens - 1) // context_length_tokens`` non-overlapping windows (the
+    shard index's token counts, or the tokenized text file); a fine-tuning set ``train_rows`` rows (packed
+    or padded). Without those facts the sentence says it could not be checked.
+    """
+    T = spec.model.context_length_tokens
+    sizes = sorted(set(spec.search.batch_sizes_sequences))
+    facts = facts or {}
+    if facts.get("train_rows") is not None:
+        n, what = int(facts["train_rows"]), "training rows"
+    elif facts.get("train_tokens") is not None:
+        n = max(0, (int(facts["train_tokens"]) - 1) // T)
+        what = f"non-overlapping training windows of {T} tokens ({int(facts['train_tokens'])} training tokens)"
+    else:
+        return [f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
+                "exceeds its training windows could not be checked"]
+    big = [b for b in sizes if b > n]
+    if not big:
+        return []
+    return [f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
+            f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
+            f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}"]
+
+
+def _check_shards(spec: SweepSpec) -> dict:
     """``data.shards``: a pretraining spec whose shard index fits its tokenizer and model.
 
     Raises:
@@ -106,7 +144,7 @@ def _check_shards(spec: SweepSpec) -> None:
         _check_tokenizer(spec.data.tokenizer)
     shards = resolve_data_path(spec)
     try:
-        get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
+        return get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
     except DataError as exc:
         raise InvalidInput(str(exc)) from None
 
@@ -231,8 +269,26 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
             f"search.batch_sizes_sequences: {n_b} batch sizes can give b_crit but never status ok, which needs at "
             f"least 2 fitted batch sizes on each side of the knee ({MIN_OK_BATCH_SIZES} or more, all reaching the "
             f"target): the answer will be edge at best")
-    out += milestone_warnings(spec)
+    out += milestone_warnings(spec) + budget_warnings(spec)
     return out
+
+
+def budget_warnings(spec: SweepSpec) -> list[str]:
+    """One sentence naming the batch sizes whose step (``B x context_length_tokens``) does not divide
+    ``budget_tokens``: the loop stops after the first step at or past the budget, so they train (and
+    report their last point) up to one step past it, more tokens than the others (issue 30's kind: the
+    equal-compute comparison is off by that much). Fine-tuning steps count real tokens and are not judged."""
+    if spec.workload != "pretrain":
+        return []
+    T = spec.model.context_length_tokens
+    over = {b: -(-spec.budget_tokens // (b * T)) * b * T for b in sorted(set(spec.search.batch_sizes_sequences))}
+    over = {b: t for b, t in over.items() if t != spec.budget_tokens}
+    if not over:
+        return []
+    return ["budget_tokens: " + ", ".join(f"batch size {b} trains {t} tokens ({t / spec.budget_tokens - 1:.1%} more)"
+                                          for b, t in over.items())
+            + f", not {spec.budget_tokens}: their steps ({T} x B tokens) do not divide it; use a multiple of "
+            f"{math.lcm(*(b * T for b in spec.search.batch_sizes_sequences))} tokens for equal compute"]
 
 
 def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[int]:
@@ -253,22 +309,51 @@ def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[
 
 def milestone_warnings(spec: SweepSpec) -> list[str]:
     """One sentence per batch size that cannot report at every milestone (issue 30): its optimizer step
-    (``B x context_length_tokens`` tokens, the batch ramp's last batch if ``batch_warmup``) is longer
-    than the spacing of ``eval.milestones`` over ``budget_tokens``, so some milestones fold into one
-    report and its curve has fewer points, at other tokens, than the smaller batch sizes'."""
+    (``B x context_length_tokens`` tokens, the batch ramp's last batch if ``batch_warmup``; with fine-tuning
+    an upper bound, padding is not counted) is longer than the spacing of ``eval.milestones`` over
+    ``budget_tokens``, so some milestones fold into one report and its curve has fewer points, at other
+    tokens, than the smaller batch sizes'. :func:`check_milestones` refuses such a spec unless
+    ``eval.allow_folded_milestones``; then these sentences are warnings."""
     milestones = spec.milestones_tokens()
     out = []
     for b in sorted(spec.search.batch_sizes_sequences):
         step_tokens = b * spec.model.context_length_tokens
         got = reported_milestones(milestones, step_tokens)
         if len(got) < len(milestones):
-            most = spec.budget_tokens // step_tokens
             out.append(
                 f"search.batch_sizes_sequences: batch size {b} ({step_tokens} tokens per optimizer step) reports at "
                 f"{len(got)} of the {len(milestones)} milestones (at {', '.join(str(t) for t in got)} tokens): its "
-                f"step is longer than the milestone spacing ({milestones[0]} tokens); use eval.milestones <= "
-                f"{max(most, 1)}, a larger budget_tokens, or smaller batch sizes")
+                f"step is longer than the milestone spacing ({milestones[0]} tokens)")
     return out
+
+
+def most_milestones(spec: SweepSpec) -> int:
+    """The most ``eval.milestones`` at which every batch size reports once per milestone:
+    ``budget_tokens // (max B x context_length_tokens)`` (at least 1)."""
+    return max(1, spec.budget_tokens // (max(spec.search.batch_sizes_sequences) * spec.model.context_length_tokens))
+
+
+def check_milestones(spec: SweepSpec) -> None:
+    """Refuse a spec in which a batch size's optimizer step passes several milestones (issue 30).
+
+    Such a batch size is evaluated once for the milestones one step passes (there is no model state at
+    the milestones it jumps over), so its curve would have fewer points than the others'. With
+    ``eval.allow_folded_milestones: true`` the spec is accepted (and :func:`milestone_warnings` says which
+    batch sizes fold, as warnings); each report records the tokens actually seen either way.
+
+    Raises:
+        InvalidInput: naming each such batch size, its tokens per step, where it would report, and what to
+            change (``eval.milestones <=`` :func:`most_milestones`, a larger budget, smaller batch sizes,
+            or the opt-in).
+    """
+    if spec.eval.allow_folded_milestones:
+        return
+    folded = milestone_warnings(spec)
+    if folded:
+        raise InvalidInput(
+            "; ".join(folded) + f". Use eval.milestones <= {most_milestones(spec)} (every batch size then reports once "
+            "at every milestone), a larger budget_tokens or smaller batch sizes; or set eval.allow_folded_milestones: "
+            "true to accept fewer points for these batch sizes")
 
 
 def resolve_paths(spec: SweepSpec) -> SweepSpec:

@@ -197,11 +197,22 @@ class DataSpec(_Strict):
 
 
 class EvalSpec(_Strict):
-    """Evaluation on the held-out split at token milestones shared by every batch size."""
+    """Evaluation on the held-out split at token milestones shared by every batch size (docs/design.md,
+    "Milestones": a report is at the tokens seen after the step that reaches its milestone)."""
 
     milestones: int = Field(default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens")
     eval_tokens: PositiveInt = Field(default=16384, le=10**9,
                                      description="held-out tokens per evaluation (a fixed set; at most 1e9)")
+    allow_folded_milestones: bool = Field(default=False, strict=True, description=(
+        "accept a batch size whose step (B x context_length_tokens) is longer than the milestone spacing: it reports "
+        "once for the milestones one step passes, so fewer points; false: validate and run refuse the spec"))
+
+    @model_serializer(mode="wrap")
+    def _drop_default_fold(self, handler) -> dict[str, Any]:
+        out = handler(self)  # unset: the dump (and fingerprint) of a spec from before the field existed
+        if not out.pop("allow_folded_milestones", False):
+            return out
+        return {**out, "allow_folded_milestones": True}
 
 
 class ScheduleSpec(_Strict):

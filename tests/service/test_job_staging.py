@@ -218,3 +218,13 @@ def test_a_model_hf_config_file_is_shipped_and_the_staged_spec_names_it(tmp_path
                           model={"hf_config": str(tmp_path / "gqa.json"), "context_length_tokens": 32}), stage)
     assert st.spec.model.hf_config == "inputs/model/gqa.json"
     assert (stage / "inputs/model/gqa.json").read_text() == (tmp_path / "gqa.json").read_text()
+
+
+def test_a_spec_whose_batch_size_folds_milestones_is_refused_at_staging(tmp_path):
+    """Issue 30: refused when staged (the service answers 422), not minutes later inside the Ray job."""
+    d = tiny_spec()
+    folded = tiny(budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024},
+                  search={**d["search"], "batch_sizes_sequences": [4, 256]})
+    with pytest.raises(InvalidInput, match=r"batch size 256 \(8192 tokens per optimizer step\) reports at 2 of the 4 "):
+        stage_sweep(folded, tmp_path)
+    assert not any(tmp_path.iterdir())

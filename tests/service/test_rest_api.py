@@ -158,6 +158,18 @@ def test_a_streamed_body_without_length_is_counted(fake_jobs):
     assert r.status_code == 413
 
 
+def test_a_spec_whose_batch_size_folds_milestones_is_422_and_not_submitted(client, fake_ray):
+    """Issue 30: B = 256 of 32 tokens steps past two of the 4 milestones of 16384 tokens: refused at
+    submission, naming the numbers, instead of failing inside the Ray job."""
+    folded = json.loads(json.dumps(SPEC))
+    folded.update(budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024})
+    folded["search"]["batch_sizes_sequences"] = [4, 256]
+    r = post_yaml(client, folded)
+    assert r.status_code == 422, r.text
+    assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones" in r.text
+    assert fake_ray.submitted == []
+
+
 def test_staging_over_the_upload_limit_is_422(fake_jobs):
     app = create_app(Settings(api_token=TOKEN, data_dir=str(REPO), upload_max_mb=0.5), jobs=fake_jobs)
     with TestClient(app) as c:

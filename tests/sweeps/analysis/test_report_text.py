@@ -102,3 +102,20 @@ def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
     assert "No knee: time still falling at the cap (64 devices)" in text
     assert "Plan for target loss 6.371 on up to 64 devices: fastest B=64 sequences on 64 devices" in text
     assert "Knee: 64 devices" not in text
+
+
+def test_the_loss_plot_places_each_trials_loss_at_the_tokens_it_reported_it_at():
+    """Issue 30: the envelope matched trials by report index, so a loss was drawn at the tokens of another
+    trial's report (two fine-tuning seeds of one batch size stop at different real tokens)."""
+    from sweeps.analysis.report import _envelopes
+
+    def rec(tid, tokens, losses):
+        return TrialRecord(trial_id=tid, batch_size_sequences=8, seed=0, group_id=tid, status="COMPLETED",
+                           hyperparameters={}, tokens=tokens, val_loss=losses, flops=[6.0 * t for t in tokens])
+
+    a, b = rec("a", [100.0, 200.0, 300.0], [3.0, 2.0, 1.0]), rec("b", [150.0, 250.0], [2.5, 1.5])
+    tok, flops, loss = _envelopes([a, b])[8]
+    assert tok.tolist() == [100.0, 150.0, 200.0, 250.0, 300.0]
+    assert loss.tolist() == [3.0, 2.5, 2.0, 1.5, 1.0] and flops.tolist() == [600.0, 900.0, 1200.0, 1500.0, 1800.0]
+    same = rec("c", [100.0, 200.0, 300.0], [2.9, 2.1, 0.9])  # the same tokens: the lower of the two at each
+    assert _envelopes([a, same])[8][2].tolist() == [2.9, 2.0, 0.9]

@@ -33,6 +33,7 @@ def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_sp
         assert p["k_star"] in (0.5, 1, 2)
         assert p["local_cbs_sequences"] == p["k_star"] * 8
         assert all(v is not None for v in p["losses"].values())
+        assert p["tokens_seen_at_loss"] == {str(k): p["tokens_seen"] + 1024 for k in (0.5, 1.0, 2.0)}  # every branch ends on the window
     assert res["flops_measurement"] > 0
     c = MlflowClient(uri)
     runs = c.search_runs([c.get_experiment_by_name("tiny").experiment_id])
@@ -56,3 +57,18 @@ def test_branching_refuses_fsdp_before_anything_runs(tmp_path, tiny_spec_dict):
     with pytest.raises(InvalidInput, match="resources.parallelism: branching runs each branch in one process"):
         run_branching(parse_spec(d), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_branching_refuses_a_window_a_branch_cannot_end_on(tmp_path, tiny_spec_dict):
+    """Issue 30: a branch stops after the first step at or past the window's end; with B0 = 8 of 32 tokens,
+    k = 2 steps 512 tokens, so a window of 1280 would end it at 1536 tokens while k = 0.5 and 1 end at 1280,
+    and k* would compare losses taken at different tokens. Refused (exit 2) before anything runs."""
+    d = dict(tiny_spec_dict)
+    d["branch"] = {"points_fraction": [0.0, 0.5], "multipliers": [0.5, 1, 2], "window_tokens": 1280}
+    spec = write_spec(tmp_path, d)
+    r = CliRunner().invoke(app, ["branch", str(spec), "--output", str(tmp_path / "out"),
+                                 "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"])
+    assert r.exit_code == 2, r.output
+    assert "branch.window_tokens 1280 is not a multiple of the optimizer step of multiplier(s) 2 (512 tokens per step)" in r.output
+    assert "use a multiple of 512 tokens" in r.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "ml.db").exists()

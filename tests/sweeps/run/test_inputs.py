@@ -50,3 +50,30 @@ def test_remote_inputs_are_recorded_unpinned(tmp_path, tiny_spec_dict):
     pinned = pin_inputs(parse_spec(d))
     assert pinned == {"data.shards": {"path": "s3://bucket/corpus", "sha256": None}}
     check_inputs_unchanged(pinned, tmp_path)
+
+
+def test_a_shard_rewritten_under_an_unchanged_index_is_refused(tmp_path, tiny_spec_dict):
+    """Issue 30, the kind: the index pins the shards' hashes, but a shard file rewritten in place (same size,
+    the index untouched) used to pass the resume check, so its remaining trials would train on other data."""
+    import json
+    import os
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    shard = folder / "train-00000.bin"
+    shard.write_bytes(bytes(range(256)) * 4)
+    (folder / "index.json").write_text(json.dumps(
+        {"shards": [{"file": shard.name, "split": "train", "sha256": hashlib.sha256(shard.read_bytes()).hexdigest()}]}))
+    pinned = pin_inputs(resolve_paths(parse_spec(dict(tiny_spec_dict, data={"shards": str(folder)}))))
+    assert set(pinned) == {"data.shards", "data.shards files"}
+    assert pinned["data.shards files"]["files"][shard.name]["bytes"] == 1024
+    check_inputs_unchanged(pinned, tmp_path)
+    os.utime(shard, ns=(1, 1))  # touched, same bytes: hashed, matches its index, passes
+    check_inputs_unchanged(pinned, tmp_path)
+    shard.write_bytes(bytes(reversed(range(256))) * 4)  # same size, other content
+    with pytest.raises(InvalidInput, match=rf"data.shards {shard} changed since the sweep in .* \(sha256 [0-9a-f]{{64}} "
+                                           rf"in its index, [0-9a-f]{{64}} now\)"):
+        check_inputs_unchanged(pinned, tmp_path)
+    shard.unlink()
+    with pytest.raises(InvalidInput, match=rf"data.shards {shard} is gone since the sweep"):
+        check_inputs_unchanged(pinned, tmp_path)

@@ -156,7 +156,9 @@ def test_reported_milestones_fold_the_milestones_one_step_passes():
     assert reported_milestones([1000, 2000, 3000], 768) == [1536, 2304, 3072]  # at the tokens actually seen
 
 
-def test_a_batch_size_that_skips_milestones_is_named_by_validate(tmp_path, tiny_spec_dict):
+def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_path, tiny_spec_dict):
+    """Issue 30's spec: B = 256 of 32 tokens steps 8192 tokens, twice the milestone spacing, and would report
+    at 2 of the 4 milestones: validate and run refuse it (exit 2, the numbers named, nothing created)."""
     from sweeps.run.preflight import milestone_warnings
     from sweeps.spec import parse_spec
     from tests.conftest import invoke_cli, write_spec
@@ -165,10 +167,53 @@ def test_a_batch_size_that_skips_milestones_is_named_by_validate(tmp_path, tiny_
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256])
     (w,) = milestone_warnings(parse_spec(d))
     assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones (at 8192, 16384 tokens)" in w
-    assert "milestone spacing (4096 tokens)" in w and "eval.milestones <= 2" in w
-    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
-    assert "batch size 256" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "milestone spacing (4096 tokens)" in w
+    path = write_spec(tmp_path, d)
+    r = invoke_cli(["validate", str(path)])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones" in r.stderr
+    assert "eval.milestones <= 2" in r.stderr and "eval.allow_folded_milestones: true" in r.stderr
+    out = tmp_path / "out"
+    r = invoke_cli(["run", str(path), "--output", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}",
+                    "--address", "127.0.0.1:9", "--no-progress"])
+    assert r.returncode == 2 and "reports at 2 of the 4 milestones" in r.stderr, r.stdout + r.stderr
+    assert not out.exists() and not (tmp_path / "ml.db").exists()
     assert milestone_warnings(parse_spec(tiny_spec_dict)) == []  # 16 x 32 = 512 tokens per step, spacing 2048
+
+
+def test_folded_milestones_are_accepted_with_the_opt_in_and_still_named(tmp_path, tiny_spec_dict):
+    from sweeps.spec import parse_spec
+    from tests.conftest import invoke_cli, write_spec
+
+    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024,
+                                                        "allow_folded_milestones": True})
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256])
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "warning: search.batch_sizes_sequences: batch size 256 (8192 tokens per optimizer step) reports at 2" in r.stdout + r.stderr
+    # the opt-in is part of the spec (and its fingerprint) only when set: older specs keep their sweep ids
+    plain = parse_spec(tiny_spec_dict)
+    assert "allow_folded_milestones" not in plain.model_dump()["eval"]
+    assert parse_spec(d).model_dump()["eval"]["allow_folded_milestones"] is True
+
+
+def test_the_main_job_and_every_example_keep_one_report_per_milestone():
+    """The main job's milestones are what they were (16 of 16384 tokens = B 256 x 64 tokens: every swept batch
+    size's step lands on each), and no example spec folds milestones."""
+    from pathlib import Path
+
+    from sweeps.run.preflight import check_milestones, reported_milestones
+    from sweeps.spec import load_spec
+
+    root = Path(__file__).resolve().parents[3]
+    main = load_spec(root / "sweeps" / "examples" / "shakespeare-char.yaml")
+    assert main.milestones_tokens() == [16384 * (i + 1) for i in range(16)]
+    for b in main.search.batch_sizes_sequences:
+        assert reported_milestones(main.milestones_tokens(), b * 64) == main.milestones_tokens()
+    for path in sorted((root / "sweeps" / "examples").glob("*.yaml")):
+        s = load_spec(path)
+        for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
+            check_milestones(one)  # raises for a folded one
 
 
 def test_a_sweep_of_fewer_than_3_batch_sizes_is_told_no_b_crit_will_come_out(tmp_path, tiny_spec_dict):
@@ -195,3 +240,53 @@ def test_a_sweep_of_3_batch_sizes_is_told_ok_is_out_of_reach(tiny_spec_dict):
     assert "3 batch sizes can give b_crit but never status ok" in w and "edge at best" in w
     d = dict(tiny_spec_dict, search=dict(tiny_spec_dict["search"], batch_sizes_sequences=[4, 8, 16, 32]))
     assert not [x for x in spec_warnings(parse_spec(d)) if x.startswith("search.batch_sizes_sequences")]
+
+
+# ---- one batch larger than the corpus's training windows (issue 30) ------------------------------
+
+
+def test_a_batch_larger_than_the_corpus_training_windows_is_named_by_validate(tmp_path, tiny_spec_dict):
+    """3000 bytes, 10 % held out: 2700 training tokens hold 84 non-overlapping windows of 32; B = 128 and
+    256 draw more per step, so windows overlap or repeat within one batch. Counted from the file the
+    preflight already reads, nothing prepared."""
+    from tests.conftest import invoke_cli, write_spec
+
+    corpus = tmp_path / "small.txt"
+    corpus.write_text(("To be, or not to be, that is the question.\n" * 80)[:3000])
+    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 2, "eval_tokens": 256},
+             data={"path": str(corpus)})
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 128, 256])
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("warning: search.batch_sizes_sequences: batch sizes 128, 256 draw more sequences per optimizer step than "
+            "the corpus holds non-overlapping training windows of 32 tokens (2700 training tokens) (84)") in r.stdout + r.stderr
+    assert "batch sizes <= 84" in r.stdout + r.stderr
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 64])
+    r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
+    assert r.returncode == 0 and "windows overlap" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_window_warnings_count_rows_of_a_finetuning_set_and_say_when_they_could_not_count(tiny_spec_dict):
+    from sweeps.run.preflight import window_warnings
+
+    s = spec(tiny_spec_dict)  # batch sizes 4, 8, 16
+    (w,) = window_warnings(s, {"train_rows": 10})
+    assert "batch size 16 draws more sequences per optimizer step than the corpus holds training rows (10)" in w
+    assert window_warnings(s, {"train_tokens": 16 * 32 + 1}) == []  # 16 windows of 32: B = 16 fits exactly
+    (w,) = window_warnings(s, {"train_tokens": 16 * 32})
+    assert "(15)" in w
+    (w,) = window_warnings(s, None)
+    assert "could not be checked" in w
+
+
+def test_a_budget_that_a_batch_sizes_step_does_not_divide_is_named(tiny_spec_dict):
+    """The loop stops after the first step at or past budget_tokens: B = 12 of 32 tokens (384 per step) trains
+    8448 tokens of a budget of 8192, 3.1 % more than the others."""
+    from sweeps.run.preflight import budget_warnings
+
+    s = spec(dict(tiny_spec_dict, search=dict(tiny_spec_dict["search"], batch_sizes_sequences=[4, 8, 12, 16])))
+    (w,) = budget_warnings(s)
+    assert w.startswith("budget_tokens: batch size 12 trains 8448 tokens (3.1% more), not 8192")
+    assert "use a multiple of 1536 tokens" in w
+    assert budget_warnings(spec(tiny_spec_dict)) == []
+    assert [x for x in spec_warnings(s) if x.startswith("budget_tokens:")] == [w]
