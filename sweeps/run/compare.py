@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from sweeps.errors import InvalidInput
+from sweeps.files import write_atomic, write_json
 from sweeps.spec import SweepSpec, parse_spec
 from sweeps.spec.identity import is_valid_sweep_id
 
@@ -96,7 +97,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
             raise InvalidInput(f"--output {output} is being claimed by another comparison") from None
         with os.fdopen(fd, "w") as f:
             json.dump(state, f, indent=2)
-        (output / "spec.yaml").write_text(yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
+        write_atomic(output / "spec.yaml", yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
         return _run_arms(spec, output, state, show_progress)
     finally:
         if started_ray:
@@ -152,9 +153,7 @@ def _sizing(arms: list[tuple[str, SweepSpec]]) -> SweepSpec:
 
 
 def _save(output: Path, state: dict[str, Any]) -> None:
-    tmp = output / f".{COMPARISON_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, output / COMPARISON_FILE)
+    write_json(output / COMPARISON_FILE, state)
 
 
 def _arm_status(arm_out: Path) -> str | None:
@@ -257,7 +256,7 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
     failed = [n for n, info, _ in rows if info["status"] != "SUCCEEDED"]
     comparison.update({"comparison_id": cid, "name": spec.name,
                        "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}})
-    (output / "cbs.json").write_text(json.dumps(finite_json(comparison), indent=2))
+    write_json(output / "cbs.json", finite_json(comparison))
     from sweeps.analysis.compare_report import write_comparison_report
 
     write_comparison_report(output, comparison)

@@ -14,7 +14,7 @@ from sweeps.analysis import TrialRecord
 from sweeps.pruning.rungs import RESULT_KEYS
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
-from sweeps.tracking.schema import TRIAL_PARAMS_SUFFIX, trial_status
+from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX, trial_status
 
 __all__ = ["collect_records", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
@@ -75,7 +75,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
 
     Reads ``params.json`` and the reports of ``OUT/tune/<sweep id>/*/result.json`` and
     ``OUT/reports/<trial id>.jsonl`` (one JSON line per report, every restart included:
-    :class:`sweeps.tracking.writer.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
+    :class:`sweeps.run.reportlog.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
     other sweep's folder is read.
 
     Args:
@@ -92,31 +92,74 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         return records
     pruned_file = output / PRUNED_WHILE_PAUSED
     pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
+    reports = output / REPORTS_DIR
     for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
         params_file, result_file = d / "params.json", d / "result.json"
         if not params_file.is_file():  # failed before its first result: the config the driver saw at its start
-            params_file = output / REPORTS_DIR / f"{_trial_id_from_dir(d.name)}{TRIAL_PARAMS_SUFFIX}"
+            params_file = reports / f"{_trial_id_from_dir(d.name)}{TRIAL_PARAMS_SUFFIX}"
             if not params_file.is_file():
                 continue
-        cfg = json.loads(params_file.read_text())
         rows = _json_lines(result_file)
         trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)
-        # every report across the trial's restarts: result.json holds only some after a restore
-        rows += _json_lines(output / REPORTS_DIR / f"{trial_id}.jsonl")
-        # keep one row per tokens value (a restarted worker group may report a milestone twice)
-        by_tokens: dict[int, dict] = {}
-        for r in rows:
-            if "tokens_seen" in r:
-                by_tokens[int(r["tokens_seen"])] = r
-        curve = [by_tokens[k] for k in sorted(by_tokens)]
-        last = curve[-1] if curve else {}
         has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
-        if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
-            last = {**last, **pruned_while_paused[trial_id]}
-            if curve:
-                curve[-1] = last
-        records.append(_record(trial_id, cfg, curve, last, trial_status(last, failed=has_error)))
+        records.append(_trial_record(reports, trial_id, json.loads(params_file.read_text()), rows, has_error,
+                                     pruned_while_paused))
+    # a trial Tune started that has no folder yet (Tune stages it until its first result): stopped before
+    # it reported, it is still one of the sweep's trials (issue 30: it was missing from trials.json)
+    seen = {r.trial_id for r in records}
+    for trial_id in sorted(_tune_trial_ids(tune_dir) - seen):
+        params_file = reports / f"{trial_id}{TRIAL_PARAMS_SUFFIX}"
+        if params_file.is_file():
+            records.append(_trial_record(reports, trial_id, json.loads(params_file.read_text()), [], False,
+                                         pruned_while_paused))
     return records
+
+
+def _trial_record(reports: Path, trial_id: str, cfg: dict, rows: list[dict], has_error: bool,
+                  pruned_while_paused: dict) -> TrialRecord:
+    """One trial's record from its config, Tune's ``result.json`` rows and the driver's report log.
+
+    The trial failed if its latest attempt ended with an error (``<trial id>.end.json``); without that
+    file (a sweep from before it, or a driver that died first) if Tune left an error file.
+    """
+    # every report across the trial's restarts: result.json holds only some after a restore
+    rows = rows + _json_lines(reports / f"{trial_id}.jsonl")
+    # keep one row per tokens value (a restarted worker group may report a milestone twice)
+    by_tokens: dict[int, dict] = {}
+    for r in rows:
+        if "tokens_seen" in r:
+            by_tokens[int(r["tokens_seen"])] = r
+    curve = [by_tokens[k] for k in sorted(by_tokens)]
+    last = curve[-1] if curve else {}
+    end = _json_object(reports / f"{trial_id}{TRIAL_END_SUFFIX}")
+    failed = bool(end["failed"]) if isinstance(end.get("failed"), bool) else has_error
+    if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
+        last = {**last, **pruned_while_paused[trial_id]}
+        if curve:
+            curve[-1] = last
+    return _record(trial_id, cfg, curve, last, trial_status(last, failed=failed))
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; {} if it is missing or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tune_trial_ids(tune_dir: Path) -> set[str]:
+    """The ids of the trials in Tune's experiment snapshots (``experiment_state-*.json``): each entry of
+    ``trial_data`` is ``[the trial's JSON state, its run metadata]``, the state holding ``trial_id``."""
+    ids: set[str] = set()
+    for f in tune_dir.glob("experiment_state-*.json"):
+        for entry in _json_object(f).get("trial_data") or []:
+            try:
+                ids.add(str(json.loads(entry[0])["trial_id"]))
+            except (TypeError, ValueError, KeyError, IndexError):
+                continue
+    return ids
 
 
 def _pruning_of(row: dict) -> dict[str, Any]:
