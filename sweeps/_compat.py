@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-#: the logger of Tune's ``ExperimentAnalysis``, which every ``Tuner.fit()`` builds at its end
+#: the logger of Tune's ``ExperimentAnalysis``, which ``Tuner.restore()`` and the end of ``Tuner.fit()`` build
 _ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"
 
 
@@ -37,7 +37,8 @@ class _TrialsWithoutResults:
 
 
 def quiet_metrics_of_trials_without_results() -> None:
-    """Silence Tune's warning about trials that have no results when ``fit()`` returns (issue 30).
+    """Silence Tune's warning about trials that have no results, in ``Tuner.restore()`` and when ``fit()``
+    returns (issue 30).
 
     A sweep stopped (or resumed) while a trial had not reported yet printed
     ``FileNotFoundError('Could not fetch metrics for run_trial_...')``: Tune's ``ExperimentAnalysis``

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from sweeps.errors import WriteFailed
 
-__all__ = ["write_atomic", "write_json", "append_line", "replace_tree", "write_failed",
+__all__ = ["write_atomic", "write_json", "append_line", "read_json_lines", "replace_tree", "write_failed",
            "out_of_space_cause", "SpaceReserve"]
 
 #: errnos that mean the filesystem has no room (ENOSPC) or the user's quota is spent (EDQUOT)
@@ -166,6 +166,24 @@ def append_line(path: str | os.PathLike, line: str) -> None:
             raise write_failed(path, exc) from exc
     finally:
         os.close(fd)
+
+
+def read_json_lines(path: str | os.PathLike) -> list[dict]:
+    """The JSON objects of a JSON Lines file written by :func:`append_line`, skipping a line torn by a
+    crash mid-append; [] if the file does not exist."""
+    rows = []
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return rows
+    for line in text.splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def replace_tree(src: str | os.PathLike, dst: str | os.PathLike, *, extra: dict[str, bytes | str] | None = None) -> Path:

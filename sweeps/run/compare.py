@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from sweeps.errors import InvalidInput
-from sweeps.files import write_atomic, write_json
+from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.spec import SweepSpec, parse_spec
 from sweeps.spec.identity import is_valid_sweep_id
 
@@ -164,6 +164,14 @@ def _arm_status(arm_out: Path) -> str | None:
         return None
 
 
+def _arm_error(arm_out: Path) -> str | None:
+    """Why the arm's driver crashed (``sweep.json``'s ``error``), or None."""
+    try:
+        return json.loads((arm_out / "sweep.json").read_text()).get("error")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any]:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
     from sweeps.run.driver import resume_sweep, run_sweep
@@ -172,7 +180,8 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
     for name, arm in spec.arm_specs():
         arm_out = _arm_dir(output, name)
         status = _arm_status(arm_out)
-        if status in _FINISHED and (arm_out / "cbs.json").is_file():
+        crashed = status == "FAILED" and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
+        if status in _FINISHED and (arm_out / "cbs.json").is_file() and not crashed:
             log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
             continue
         log.warning("comparison %s: arm %s", cid, name)
@@ -197,7 +206,7 @@ def _measured(arm_out: Path) -> dict[str, float | None]:
     keys_last = ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
     seen: dict[str, list[float]] = {k: [] for k in keys_last}
     for f in sorted((arm_out / REPORTS_DIR).glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        rows = read_json_lines(f)
         for k in keys_last:
             v = next((r[k] for r in reversed(rows) if isinstance(r.get(k), (int, float))), None)
             if v is not None:

@@ -63,13 +63,13 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     grid = None
     tune_dir = tune_dir_of(state.storage_root, state.sweep_id)
+    quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
     try:
         if resume and tune.Tuner.can_restore(tune_dir):
             tuner = _restored_tuner(tune_dir, parts)
         else:
             tuner = _new_tuner(spec, output, state, parts, concurrency)
         stop.tune_running = True
-        quiet_metrics_of_trials_without_results()
         grid = tuner.fit()
     except Exception as exc:
         # a report that could not be logged ends Tune's run; Tune keeps only the text of the error

@@ -130,10 +130,10 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
     assert analysis["status"] == "no_targets" and "targets" in analysis["message"]  # one point: nothing to fit
 
 
-def _tune_snapshot(tune_dir: Path, trial_ids: list[str]) -> None:
+def _tune_snapshot(tune_dir: Path, trials: list[tuple[str, str, dict]]) -> None:
     """An ``experiment_state-*.json`` as Tune writes it: ``trial_data`` of ``[JSON state, run metadata]``."""
     tune_dir.mkdir(parents=True, exist_ok=True)
-    data = [[json.dumps({"trial_id": t, "status": "RUNNING"}), "{}"] for t in trial_ids]
+    data = [[json.dumps({"trial_id": t, "status": status, "config": config}), "{}"] for t, status, config in trials]
     (tune_dir / "experiment_state-2026-12-05_00-00-00.json").write_text(json.dumps({"trial_data": data}))
 
 
@@ -172,10 +172,10 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
 
 
 def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_path):
-    """Issue 30, item 7: Tune stages a trial's folder until its first result, so a trial stopped before it
-    had none in OUT/tune and was missing from trials.json while the sweep was STOPPED. It is one of Tune's
-    trials (its snapshot lists it): listed STOPPED, with no curve. A trial Tune never recorded (a driver
-    killed before the snapshot) is not."""
+    """Issue 30, item 7: a trial stopped before its first report (started, or created and waiting to start)
+    had no config in OUT/tune and could be missing from trials.json while the sweep was STOPPED. It is one
+    of Tune's trials (its snapshot lists it, with its config): listed STOPPED, with no curve. A trial Tune
+    never recorded (a driver killed before the snapshot) is not."""
     import types
 
     from sweeps.run.records import collect_records
@@ -191,10 +191,14 @@ def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_p
               "lr_multiplier": 1.0, "beta2": 0.95, "beta2_half_life_tokens": 1e4}
     for tid in ("cccc0001", "cccc0002"):
         log.on_trial_start(0, [], types.SimpleNamespace(trial_id=tid, config=config))
-    _tune_snapshot(tune_dir, ["cccc0001"])  # cccc0002 started after Tune's last snapshot
-    (record,) = collect_records(tmp_path, spec)
-    assert (record.trial_id, record.status, record.batch_size_sequences) == ("cccc0001", "STOPPED", 16)
-    assert record.tokens == [] and record.val_loss == []
+    # cccc0002 started after Tune's last snapshot; cccc0003 was created by the searcher, not started yet
+    # (PENDING: no folder, no config in OUT/reports)
+    _tune_snapshot(tune_dir, [("cccc0001", "RUNNING", config),
+                              ("cccc0003", "PENDING", {**config, "batch_size_sequences": 32})])
+    records = {r.trial_id: r for r in collect_records(tmp_path, spec)}
+    assert sorted(records) == ["cccc0001", "cccc0003"]
+    assert [(r.status, r.batch_size_sequences, r.tokens, r.val_loss) for r in records.values()] == [
+        ("STOPPED", 16, [], []), ("STOPPED", 32, [], [])]
 
 
 def test_tunes_warning_about_trials_without_results_is_silenced_and_others_are_not():
