@@ -16,9 +16,41 @@ from typing import Any
 
 __all__ = [
     "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
-    "job_submission_client", "is_job_not_found",
+    "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
 ]
+
+
+#: the logger of Tune's ``ExperimentAnalysis``, which ``Tuner.restore()`` and the end of ``Tuner.fit()`` build
+_ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"
+
+
+class _TrialsWithoutResults:
+    """Drops Tune's "Failed to fetch metrics for N trial(s)" warning when every failure it lists is a
+    trial with no ``result.json`` yet (``FileNotFoundError('Could not fetch metrics ...')``)."""
+
+    def filter(self, record) -> bool:
+        lines = str(record.getMessage()).splitlines()
+        if not lines or not lines[0].startswith("Failed to fetch metrics for"):
+            return True
+        return not all("FileNotFoundError('Could not fetch metrics for" in line for line in lines[1:])
+
+
+def quiet_metrics_of_trials_without_results() -> None:
+    """Silence Tune's warning about trials that have no results, in ``Tuner.restore()`` and when ``fit()``
+    returns (issue 30).
+
+    A sweep stopped (or resumed) while a trial had not reported yet printed
+    ``FileNotFoundError('Could not fetch metrics for run_trial_...')``: Tune's ``ExperimentAnalysis``
+    reads every trial's ``result.json``, which Tune writes only with the first result. The driver does
+    not read those metrics (``sweeps.run.records.collect_records`` lists such a trial with no curve);
+    any other failure to read a trial's metrics is still logged. Idempotent.
+    """
+    import logging
+
+    log = logging.getLogger(_ANALYSIS_LOGGER)
+    if not any(isinstance(f, _TrialsWithoutResults) for f in log.filters):
+        log.addFilter(_TrialsWithoutResults())
 
 
 def reattach_restored_tuner(tuner: Any, *, callbacks: list, stop: Any, scheduler: Any) -> Any:

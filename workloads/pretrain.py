@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,8 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
             save_pretrained_byte(work.model, cfg, save_dir, state_dict=full)
         except Exception:  # noqa: BLE001 - the trial's results are already reported: never lose them here
             logging.getLogger(__name__).exception("could not save the Hugging Face checkpoint to %s", save_dir)
+            # a half-written checkpoint (a full disk) must not pass for one: the driver copies it as the best
+            shutil.rmtree(save_dir, ignore_errors=True)
     return outcome
 
 

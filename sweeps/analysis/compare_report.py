@@ -15,6 +15,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from sweeps.files import write_atomic  # noqa: E402
+
 __all__ = ["write_comparison_report"]
 
 
@@ -40,7 +42,7 @@ def _steps_plot(comparison: dict[str, Any], path: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
 
 
@@ -69,7 +71,7 @@ def _b_crit_plot(comparison: dict[str, Any], path: Path) -> None:
     else:
         ax.text(0.5, 0.5, "no arm resolves b_crit at these targets", transform=ax.transAxes, ha="center")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
 
 
@@ -119,5 +121,5 @@ sweep does not tell the arms apart.</p>
 <p><img src="plots/compare_steps_to_target.png"> <img src="plots/compare_b_crit.png"></p>
 </body></html>"""
     path = output / "report.html"
-    path.write_text(text)
+    write_atomic(path, text)
     return path

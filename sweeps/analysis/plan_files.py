@@ -12,6 +12,7 @@ import yaml
 
 from sweeps.analysis.plan import KNEE_THRESHOLD, ClusterSpec, knee_label, plan_target
 from sweeps.errors import InvalidInput
+from sweeps.files import write_atomic
 
 __all__ = ["load_plan_inputs", "make_plan", "write_plan", "plot_plan", "plan_summary", "spec_sync_every_steps",
            "MODEL_TEXT"]
@@ -219,7 +220,7 @@ def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
     return path
 
@@ -268,5 +269,5 @@ def write_plan(out_dir: Path, plan: dict[str, Any]) -> dict[str, Optional[Path]]
     from sweeps.analysis.sweep import finite_json
 
     p = out_dir / "plan.json"
-    p.write_text(json.dumps(finite_json(plan), indent=2), encoding="utf-8")
+    write_atomic(p, json.dumps(finite_json(plan), indent=2))
     return {"plan": p, "plot": plot_plan(plan, out_dir / "plots" / "plan.png")}

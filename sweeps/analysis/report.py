@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from sweeps.files import write_atomic  # noqa: E402
 
 from sweeps.analysis.summary import (  # noqa: E402
     definitions_text, describe_status, headline, interval_ends_text, swept_range)
@@ -97,7 +98,7 @@ def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_l
         if fig is not None:
             fig.tight_layout()
             paths[name] = out_dir / f"{name}.png"
-            fig.savefig(paths[name], dpi=110)
+            write_atomic(paths[name], lambda f, fig=fig: fig.savefig(f, dpi=110, format="png"))
             plt.close(fig)
     return paths
 
@@ -372,5 +373,5 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>
 </body></html>"""
     path = output / "report.html"
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return path

@@ -118,13 +118,9 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
             t.last_result.update(self.pruned_while_paused.get(tid) or self.annotation(tid))  # read by the tracker, the driver
             tune_controller.stop_trial(t)
         if self.state_path:
-            import json
-            import os
+            from sweeps.files import write_json
 
-            tmp = self.state_path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.pruned_while_paused, f)
-            os.replace(tmp, self.state_path)
+            write_json(self.state_path, self.pruned_while_paused, indent=None)
 
     def on_trial_add(self, tune_controller, trial) -> None:
         if self.mode == "pause" and not self._limiter_checked:

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import yaml
 
 from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.files import write_atomic
 from sweeps.remote.errors import StagingError
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 from sweeps.remote.entrypoint import SPEC_FILE, build_entrypoint
@@ -260,7 +261,7 @@ def _write_spec(into: Path, data: dict[str, Any]) -> SweepSpec:
         staged_spec = parse_spec(data)
     except SpecError as exc:  # a rewritten path cannot make a valid spec invalid; guard anyway
         raise CritbatchError(f"staging changed the spec into an invalid one: {exc}") from None
-    (into / SPEC_FILE).write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    write_atomic(into / SPEC_FILE, yaml.safe_dump(data, sort_keys=False))
     return staged_spec
 
 

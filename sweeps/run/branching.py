@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.errors import InvalidInput
+from sweeps.files import write_json
 from sweeps.spec import BranchSpec, SweepSpec
 from sweeps.tracking.schema import (
     PARAM_BATCH_SIZE_SEQUENCES,
@@ -155,12 +156,12 @@ def run_branching(
         "local_cbs": series,
         "mlflow_parent_run_id": parent,
     }
-    (output / "branch.json").write_text(json.dumps(out, indent=2))
+    write_json(output / "branch.json", out)
     cbs_path = output / "cbs.json"
     if cbs_path.is_file():
         cbs = json.loads(cbs_path.read_text())
         cbs["local_cbs"] = series
-        cbs_path.write_text(json.dumps(cbs, indent=2))
+        write_json(cbs_path, cbs)
     return out
 
 

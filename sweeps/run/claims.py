@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
+from sweeps.files import write_json
 
 __all__ = [
     "check_sweep_id_binding",
@@ -222,8 +223,8 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
             marker.unlink()
         claim._write_holder(sweep_id)
         tmp = output / f".sweep.json.{os.getpid()}"
-        tmp.write_text(json.dumps({"sweep_id": sweep_id, "fingerprint": fingerprint, "status": "STARTING",
-                                   "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()}))
+        write_json(tmp, {"sweep_id": sweep_id, "fingerprint": fingerprint, "status": "STARTING",
+                         "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()}, indent=None)
         try:
             os.link(tmp, marker)  # exclusive and atomic: fails if sweep.json appeared meanwhile
         except FileExistsError:

@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from sweeps.errors import InvalidInput
+from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.spec import SweepSpec, parse_spec
 from sweeps.spec.identity import is_valid_sweep_id
 
@@ -96,7 +97,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
             raise InvalidInput(f"--output {output} is being claimed by another comparison") from None
         with os.fdopen(fd, "w") as f:
             json.dump(state, f, indent=2)
-        (output / "spec.yaml").write_text(yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
+        write_atomic(output / "spec.yaml", yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
         return _run_arms(spec, output, state, show_progress)
     finally:
         if started_ray:
@@ -152,15 +153,21 @@ def _sizing(arms: list[tuple[str, SweepSpec]]) -> SweepSpec:
 
 
 def _save(output: Path, state: dict[str, Any]) -> None:
-    tmp = output / f".{COMPARISON_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, output / COMPARISON_FILE)
+    write_json(output / COMPARISON_FILE, state)
 
 
 def _arm_status(arm_out: Path) -> str | None:
     """The arm's sweep status from its ``sweep.json`` (None: not started)."""
     try:
         return json.loads((arm_out / "sweep.json").read_text()).get("status")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _arm_error(arm_out: Path) -> str | None:
+    """Why the arm's driver crashed (``sweep.json``'s ``error``), or None."""
+    try:
+        return json.loads((arm_out / "sweep.json").read_text()).get("error")
     except (FileNotFoundError, ValueError):
         return None
 
@@ -173,7 +180,8 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
     for name, arm in spec.arm_specs():
         arm_out = _arm_dir(output, name)
         status = _arm_status(arm_out)
-        if status in _FINISHED and (arm_out / "cbs.json").is_file():
+        crashed = status == "FAILED" and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
+        if status in _FINISHED and (arm_out / "cbs.json").is_file() and not crashed:
             log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
             continue
         log.warning("comparison %s: arm %s", cid, name)
@@ -198,7 +206,7 @@ def _measured(arm_out: Path) -> dict[str, float | None]:
     keys_last = ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
     seen: dict[str, list[float]] = {k: [] for k in keys_last}
     for f in sorted((arm_out / REPORTS_DIR).glob("*.jsonl")):
-        rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        rows = read_json_lines(f)
         for k in keys_last:
             v = next((r[k] for r in reversed(rows) if isinstance(r.get(k), (int, float))), None)
             if v is not None:
@@ -257,7 +265,7 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
     failed = [n for n, info, _ in rows if info["status"] != "SUCCEEDED"]
     comparison.update({"comparison_id": cid, "name": spec.name,
                        "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}})
-    (output / "cbs.json").write_text(json.dumps(finite_json(comparison), indent=2))
+    write_json(output / "cbs.json", finite_json(comparison))
     from sweeps.analysis.compare_report import write_comparison_report
 
     write_comparison_report(output, comparison)

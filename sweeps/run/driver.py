@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from sweeps.errors import CritbatchError, InvalidInput, SweepFailed
+from sweeps.errors import CritbatchError, InvalidInput, SweepFailed, WriteFailed
+from sweeps.files import SpaceReserve, out_of_space_cause, write_atomic
 from sweeps.run.claims import check_sweep_id_binding, claim_output_folder, lock_output_folder, write_storage_binding
 from sweeps.run.cluster import cluster_shape, init_ray
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
@@ -144,6 +145,7 @@ def _start(spec: SweepSpec, output: Path, tracker, *, uri: str, root: str, ray_a
                        experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
                        optuna_storage=optuna_storage_url(output), inputs=pin_inputs(spec))
+    SpaceReserve(output).keep()  # room to record a crash on a full disk
     _write_spec(output, spec)
     state.save(output)
     return state
@@ -157,6 +159,7 @@ def _discard(output: Path, tracker) -> None:
         except Exception:  # noqa: BLE001
             log.warning("could not delete the MLflow run %s of the sweep that did not start", tracker.parent_run_id)
     (output / "spec.yaml").unlink(missing_ok=True)
+    SpaceReserve(output).release()
 
 
 def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: str | None,
@@ -208,7 +211,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     check_output_folder(output, resuming=True)
     state = SweepState.load(output)
     spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
-    if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file():
+    if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file() and not state.error:
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
     check_inputs_unchanged(state.inputs, output)
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
@@ -222,8 +225,9 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
                 tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint)
+                SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
                 tracker.attach_parent(state.experiment_id, state.parent_run_id)
-                state.status = "RUNNING"
+                state.status, state.error = "RUNNING", None
                 state.save(output)
                 return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=True,
                                         stop=stop)
@@ -255,6 +259,7 @@ def _attach_shared(spec, output, sweep_id, uri, root, ray_address, fingerprint):
     state = SweepState(sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri, experiment_id=exp.experiment_id,
                        parent_run_id=parents[0].info.run_id, data_path=resolve_data_path(spec), ray_address=ray_address,
                        storage_root=root, optuna_storage=optuna_storage_url(output))
+    SpaceReserve(output).keep()
     _write_spec(output, spec)
     state.save(output)
     return tracker, state
@@ -269,11 +274,33 @@ def _execute_guarded(spec: SweepSpec, output: Path, tracker, state: SweepState, 
     except KeyboardInterrupt:
         return _force_quit(output, tracker, state, stop)
     except Exception as exc:
+        error = _record_crash(output, tracker, state, exc)
+        raise SweepFailed(error) from exc
+
+
+def _record_crash(output: Path, tracker, state: SweepState, exc: Exception) -> str:
+    """End the MLflow runs FAILED and write ``sweep.json`` FAILED with ``error`` (resumable); the error's line.
+
+    A full disk (:func:`sweeps.files.out_of_space_cause`) is one line, not a traceback, and the output
+    folder's :class:`~sweeps.files.SpaceReserve` is released first so that ``sweep.json`` can still say so.
+    """
+    error = out_of_space_cause(exc, output)
+    if error is None:
         log.exception("sweep crashed")
-        tracker.finish("FAILED", {}, None, message=f"sweep crashed: {exc}")
-        state.status = "FAILED"
+        error = f"sweep crashed: {type(exc).__name__}: {exc}"
+    else:
+        log.error("%s", error)
+    SpaceReserve(output).release()
+    try:
+        tracker.finish("FAILED", {}, None, message=error)
+    except Exception as mlflow_exc:  # noqa: BLE001 - the crash is what must be recorded
+        log.warning("could not end the MLflow runs: %s", mlflow_exc)
+    state.status, state.error = "FAILED", error
+    try:
         state.save(output)
-        raise SweepFailed(f"sweep crashed: {exc}") from exc
+    except WriteFailed as write_exc:
+        log.error("could not record the crash in sweep.json: %s", write_exc)
+    return error
 
 
 def _force_quit(output: Path, tracker, state: SweepState, stop: StopSignals) -> dict[str, Any]:
@@ -301,8 +328,8 @@ def _tracker(uri: str, spec: SweepSpec, sweep_id: str, fingerprint: str | None):
 
 
 def _write_spec(output: Path, spec: SweepSpec) -> None:
-    """``OUT/spec.yaml``: the resolved spec a resume reads back."""
-    (output / "spec.yaml").write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    """``OUT/spec.yaml``: the resolved spec a resume reads back (whole or not at all)."""
+    write_atomic(output / "spec.yaml", yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
 
 
 def _plan_budget(spec: SweepSpec) -> SweepSpec:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeps._compat import reattach_restored_tuner, searcher_inside
+from sweeps._compat import quiet_metrics_of_trials_without_results, reattach_restored_tuner, searcher_inside
 from sweeps.errors import InvalidInput
 from sweeps.run.finish import finish_sweep
 from sweeps.run.records import collect_records, records_from_grid
@@ -36,6 +36,7 @@ class _Parts:
     stopper: Any  # SweepBudgetStopper | None
     progress: Any  # ProgressCallback
     callbacks: list
+    report_log: Any  # ReportLog
 
 
 def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
@@ -62,6 +63,7 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     grid = None
     tune_dir = tune_dir_of(state.storage_root, state.sweep_id)
+    quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
     try:
         if resume and tune.Tuner.can_restore(tune_dir):
             tuner = _restored_tuner(tune_dir, parts)
@@ -69,6 +71,11 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
             tuner = _new_tuner(spec, output, state, parts, concurrency)
         stop.tune_running = True
         grid = tuner.fit()
+    except Exception as exc:
+        # a report that could not be logged ends Tune's run; Tune keeps only the text of the error
+        if parts.report_log.write_error is not None:
+            raise parts.report_log.write_error from exc
+        raise
     finally:
         stop.tune_running = False
         parts.progress.close()
@@ -88,7 +95,8 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     from sweeps.run.progress import ProgressCallback
     from sweeps.run.reaper import PlacementGroupReaper
     from sweeps.run.trainable import batch_plan_params, make_trainable, training_params
-    from sweeps.tracking.writer import MlflowTrialCallback, ReportLog
+    from sweeps.run.reportlog import ReportLog
+    from sweeps.tracking.writer import MlflowTrialCallback
 
     root = state.storage_root
     local = root == str(output)
@@ -115,13 +123,15 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     if scheduler is not None:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
-    callbacks.append(ReportLog(output / REPORTS_DIR))  # last: sees each result as annotated by the others
+    report_log = ReportLog(output / REPORTS_DIR)
+    callbacks.append(report_log)  # last: sees each result as annotated by the others
     stopper = None
     if spec.budget.sweep_flops is not None:
         from sweeps.search.budget import SweepBudgetStopper
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
-    return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks)
+    return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks,
+                  report_log=report_log)
 
 
 def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local: bool, resume: bool):

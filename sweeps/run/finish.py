@@ -12,6 +12,8 @@ from typing import Any
 
 from sweeps.analysis import analyze_trials, finite_json
 from sweeps.analysis.report import write_report
+from sweeps.errors import WriteFailed
+from sweeps.files import SpaceReserve, replace_tree, write_failed
 from sweeps.run.state import SweepState, write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
@@ -45,6 +47,8 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
     write_json(output / "cbs.json", analysis)
     try:
         write_report(output, analysis, records, spec)
+    except WriteFailed:
+        raise  # a full disk: the sweep crashed (resumable), not a bug of the report
     except Exception:  # noqa: BLE001
         log.exception("report failed")
     counts = analysis.get("trials", {})
@@ -59,6 +63,7 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
     # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
     # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
     tracker.prune_children(keep={r.trial_id for r in records})
+    tracker.settle_children({r.trial_id: r.status for r in records})  # MLflow says what trials.json says
     complete = _close_parent(output, tracker, status, summary, message, best)
     state.status = status
     state.mlflow_complete = complete
@@ -66,6 +71,7 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
         state.mlflow_incomplete_writes = [w for w, _ in tracker.outbox.pending]
         log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
     state.save(output)
+    SpaceReserve(output).release()  # kept for a crash; a resume makes it again
     return {"ok": status == "SUCCEEDED", "status": status, "sweep_id": state.sweep_id, "cbs": analysis,
             "output": str(output), "message": message, "exit_code": exit_code if stopped else None}
 
@@ -121,16 +127,20 @@ def _close_parent(output: Path, tracker, status: str, summary: dict[str, Any], m
                   best: Path | None) -> bool:
     """End the MLflow parent run with the summary metrics and the sweep's files as artifacts; True if
     every MLflow write was delivered."""
-    artifacts = output / "_artifacts"
+    artifacts = output / "_artifacts"  # staged for MLflow, removed once logged
     shutil.rmtree(artifacts, ignore_errors=True)
-    artifacts.mkdir()
-    for name in ("cbs.json", "report.html", "trials.json", "spec.yaml"):
-        if (output / name).is_file():
-            shutil.copy(output / name, artifacts / name)
-    if (output / "plots").is_dir():
-        shutil.copytree(output / "plots", artifacts / "plots")
-    if best is not None:
-        shutil.copytree(best, artifacts / "best_checkpoint")
+    try:
+        artifacts.mkdir()
+        for name in ("cbs.json", "report.html", "trials.json", "spec.yaml"):
+            if (output / name).is_file():
+                shutil.copy(output / name, artifacts / name)
+        if (output / "plots").is_dir():
+            shutil.copytree(output / "plots", artifacts / "plots")
+        if best is not None:
+            shutil.copytree(best, artifacts / "best_checkpoint")
+    except OSError as exc:
+        shutil.rmtree(artifacts, ignore_errors=True)
+        raise write_failed(artifacts, exc) from exc
     complete = tracker.finish(status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts),
                               message=message)
     shutil.rmtree(artifacts, ignore_errors=True)
@@ -147,12 +157,9 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | No
     for tid in best["trial_ids_at_budget"]:
         src = output / "checkpoints" / tid
         if src.is_dir():
-            dst = output / "best_checkpoint"
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(src, dst)
-            (dst / "critbatch.json").write_text(json.dumps(
+            dst = replace_tree(src, output / "best_checkpoint", extra={"critbatch.json": json.dumps(
                 {"trial_id": tid, "batch_size_sequences": best["batch_size_sequences"],
-                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config_at_budget"]}, indent=2))
+                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config_at_budget"]}, indent=2)})
             size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
             analysis["best_checkpoint"] = {"path": str(dst), "trial_id": tid, "size_mb": size_mb}
             if size_mb <= spec.tracking.checkpoint_artifact_max_mb:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.analysis import TrialRecord
+from sweeps.files import read_json_lines
 from sweeps.pruning.rungs import RESULT_KEYS
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
-from sweeps.tracking.schema import TRIAL_PARAMS_SUFFIX, trial_status
+from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX, trial_status
 
 __all__ = ["collect_records", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
@@ -50,20 +51,6 @@ def _first_number(curve: list[dict], key: str) -> float | None:
     return None
 
 
-def _json_lines(path: Path) -> list[dict]:
-    """The JSON objects of a JSON Lines file, skipping torn lines; [] if it does not exist."""
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    continue
-    return rows
-
-
 def _trial_id_from_dir(name: str) -> str:
     """Tune names a trial's folder ``run_trial_<trial id>_<index>_<params>_<date>``."""
     m = re.match(r"run_trial_([^_]+)_", name)
@@ -75,7 +62,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
 
     Reads ``params.json`` and the reports of ``OUT/tune/<sweep id>/*/result.json`` and
     ``OUT/reports/<trial id>.jsonl`` (one JSON line per report, every restart included:
-    :class:`sweeps.tracking.writer.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
+    :class:`sweeps.run.reportlog.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
     other sweep's folder is read.
 
     Args:
@@ -92,31 +79,85 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         return records
     pruned_file = output / PRUNED_WHILE_PAUSED
     pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
+    reports = output / REPORTS_DIR
+    snapshot = _tune_trial_configs(tune_dir)  # every trial Tune created, started or not
     for d in sorted(p for p in tune_dir.iterdir() if p.is_dir()):
-        params_file, result_file = d / "params.json", d / "result.json"
-        if not params_file.is_file():  # failed before its first result: the config the driver saw at its start
-            params_file = output / REPORTS_DIR / f"{_trial_id_from_dir(d.name)}{TRIAL_PARAMS_SUFFIX}"
-            if not params_file.is_file():
-                continue
-        cfg = json.loads(params_file.read_text())
-        rows = _json_lines(result_file)
+        rows = read_json_lines(d / "result.json")
         trial_id = rows[-1]["trial_id"] if rows and "trial_id" in rows[-1] else _trial_id_from_dir(d.name)
-        # every report across the trial's restarts: result.json holds only some after a restore
-        rows += _json_lines(output / REPORTS_DIR / f"{trial_id}.jsonl")
-        # keep one row per tokens value (a restarted worker group may report a milestone twice)
-        by_tokens: dict[int, dict] = {}
-        for r in rows:
-            if "tokens_seen" in r:
-                by_tokens[int(r["tokens_seen"])] = r
-        curve = [by_tokens[k] for k in sorted(by_tokens)]
-        last = curve[-1] if curve else {}
+        # Tune writes params.json only with the first result: else the config the driver saw at the
+        # trial's start, else the one in Tune's snapshot (a trial created but not started yet)
+        cfg = _first_config(d / "params.json", reports / f"{trial_id}{TRIAL_PARAMS_SUFFIX}", snapshot.get(trial_id))
+        if cfg is None:
+            continue
         has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
-        if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
-            last = {**last, **pruned_while_paused[trial_id]}
-            if curve:
-                curve[-1] = last
-        records.append(_record(trial_id, cfg, curve, last, trial_status(last, failed=has_error)))
+        records.append(_trial_record(reports, trial_id, cfg, rows, has_error, pruned_while_paused))
+    # a trial with no folder yet (Tune stages it until its first result): stopped before it reported,
+    # it is still one of the sweep's trials (issue 30: it was missing from trials.json while STOPPED)
+    seen = {r.trial_id for r in records}
+    for trial_id in sorted(set(snapshot) - seen):
+        cfg = _first_config(reports / f"{trial_id}{TRIAL_PARAMS_SUFFIX}", snapshot[trial_id])
+        if cfg is not None:
+            records.append(_trial_record(reports, trial_id, cfg, [], False, pruned_while_paused))
     return records
+
+
+def _trial_record(reports: Path, trial_id: str, cfg: dict, rows: list[dict], has_error: bool,
+                  pruned_while_paused: dict) -> TrialRecord:
+    """One trial's record from its config, Tune's ``result.json`` rows and the driver's report log.
+
+    The trial failed if its latest attempt ended with an error (``<trial id>.end.json``); without that
+    file (a sweep from before it, or a driver that died first) if Tune left an error file.
+    """
+    # every report across the trial's restarts: result.json holds only some after a restore
+    rows = rows + read_json_lines(reports / f"{trial_id}.jsonl")
+    # keep one row per tokens value (a restarted worker group may report a milestone twice)
+    by_tokens: dict[int, dict] = {}
+    for r in rows:
+        if "tokens_seen" in r:
+            by_tokens[int(r["tokens_seen"])] = r
+    curve = [by_tokens[k] for k in sorted(by_tokens)]
+    last = curve[-1] if curve else {}
+    end = _json_object(reports / f"{trial_id}{TRIAL_END_SUFFIX}")
+    failed = bool(end["failed"]) if isinstance(end.get("failed"), bool) else has_error
+    if trial_id in pruned_while_paused:  # its last report is the rung it waited at (pruning.mode: pause)
+        last = {**last, **pruned_while_paused[trial_id]}
+        if curve:
+            curve[-1] = last
+    return _record(trial_id, cfg, curve, last, trial_status(last, failed=failed))
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; {} if it is missing or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _tune_trial_configs(tune_dir: Path) -> dict[str, dict]:
+    """``{trial id: config}`` of the trials in Tune's experiment snapshots (``experiment_state-*.json``,
+    the newest last): each entry of ``trial_data`` is ``[the trial's JSON state, its run metadata]``, the
+    state holding ``trial_id`` and ``config``."""
+    configs: dict[str, dict] = {}
+    for f in sorted(tune_dir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime):
+        for entry in _json_object(f).get("trial_data") or []:
+            try:
+                state = json.loads(entry[0])
+                configs[str(state["trial_id"])] = dict(state["config"])
+            except (TypeError, ValueError, KeyError, IndexError):
+                continue
+    return configs
+
+
+def _first_config(*sources: Path | dict | None) -> dict | None:
+    """The first config found: a JSON file that exists, or a dict."""
+    for src in sources:
+        if isinstance(src, dict):
+            return src
+        if src is not None and src.is_file():
+            return json.loads(src.read_text())
+    return None
 
 
 def _pruning_of(row: dict) -> dict[str, Any]:

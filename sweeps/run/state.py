@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeps import files
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 
@@ -27,7 +28,7 @@ __all__ = [
 #: ``sweep.json``'s ``status``: ``STARTING`` (claimed, not started), then one of the others.
 SWEEP_STATUSES = ("STARTING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 
-#: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.tracking.writer.ReportLog`)
+#: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.run.reportlog.ReportLog`)
 REPORTS_DIR = "reports"
 
 #: trials pruned while paused at a rung (``pruning.mode: pause``): ``{trial id: the scheduler's annotation}``.
@@ -53,6 +54,9 @@ class SweepState:
         mlflow_incomplete_writes: the writes that were not (when ``mlflow_complete`` is False).
         inputs: the content hashes of the inputs that shape the result, pinned at the start
             (:func:`sweeps.run.inputs.pin_inputs`; None in a sweep started before they were pinned).
+        error: why the driver itself crashed (status ``FAILED``; e.g. "no space left on device while
+            writing OUT/trials.json"); None otherwise. A crashed sweep is resumable: ``critbatch resume``
+            clears it.
         extra: keys of the file this version does not know, written back unchanged.
     """
 
@@ -70,12 +74,13 @@ class SweepState:
     mlflow_complete: bool | None = None
     mlflow_incomplete_writes: list[str] | None = None
     inputs: dict[str, dict[str, Any]] | None = None
+    error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``sweep.json`` (the ``mlflow_*`` keys only once set)."""
+        """The JSON object of ``sweep.json`` (the ``mlflow_*``, ``inputs`` and ``error`` keys only once set)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        for k in ("mlflow_complete", "mlflow_incomplete_writes", "inputs"):
+        for k in ("mlflow_complete", "mlflow_incomplete_writes", "inputs", "error"):
             if d[k] is None:
                 del d[k]
         return {**d, **self.extra}
@@ -113,7 +118,11 @@ class SweepState:
             raise InvalidInput(f"{output}/sweep.json is not a sweep's state ({exc})") from None
 
     def save(self, output: Path) -> None:
-        """Write ``OUT/sweep.json`` atomically."""
+        """Write ``OUT/sweep.json`` whole or not at all.
+
+        Raises:
+            WriteFailed: the write failed; the previous ``sweep.json`` is unchanged.
+        """
         write_json(output / "sweep.json", self.to_dict())
 
 
@@ -151,10 +160,12 @@ def optuna_storage_url(output: Path) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON to ``path`` atomically (a temporary file, then ``os.replace``)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
-    os.replace(tmp, path)
+    """Write ``data`` as indented JSON to ``path`` whole or not at all (:func:`sweeps.files.write_json`).
+
+    Raises:
+        WriteFailed: the write failed; the previous file is unchanged.
+    """
+    files.write_json(path, data, default=_json_default)
 
 
 def _json_default(o: Any) -> Any:

@@ -32,6 +32,7 @@ from sweeps._compat import (
     optuna_search_trials,
 )
 from sweeps.spec import SweepSpec
+from sweeps.files import write_atomic
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "OBJECTIVE"]
@@ -276,8 +277,7 @@ class BatchSizeSearcher(Searcher):
         return d
 
     def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self._state(), f)
+        write_atomic(checkpoint_path, lambda f: pickle.dump(self._state(), f))
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:

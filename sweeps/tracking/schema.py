@@ -18,7 +18,7 @@ __all__ = [
     "SCHEDULER_TAG_KEYS", "scheduler_tag",
     "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
-    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX",
+    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
     "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
@@ -86,9 +86,14 @@ TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, 
                   TRIAL_STOPPED)
 
 
-#: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.tracking.writer.ReportLog``
+#: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.run.reportlog.ReportLog``
 #: when the trial starts (Tune's own ``params.json`` comes only with its first result)
 TRIAL_PARAMS_SUFFIX = ".params.json"
+#: ``OUT/reports/<trial id>.end.json``: ``{"failed": bool}``, how the trial's latest attempt ended (written by
+#: ``sweeps.run.reportlog.ReportLog``; ``false`` again when the trial starts again). Tune leaves a trial's ``error.txt``
+#: in place when a resume retries it, so that file alone cannot say whether a trial that later completed
+#: failed (issue 30: a resumed trial counted FAILED and its batch size left out of the fit).
+TRIAL_END_SUFFIX = ".end.json"
 
 
 def trial_status(last: dict, *, failed: bool) -> str:

@@ -27,7 +27,7 @@ from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
 from workloads.api import FLOPS_CONVENTION
 
-__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "ReportLog", "configure_mlflow_env"]
+__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "configure_mlflow_env"]
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,28 @@ class Tracker:
 
         self.outbox.put("prune orphan child runs", prune)
 
+    def settle_children(self, statuses: dict[str, str]) -> None:
+        """Make each child run say how its trial ended by the sweep's records (``{trial id: status}``; only
+        COMPLETED, DIVERGED, PRUNED and FAILED are settled): a crash ends every open child FAILED ("sweep
+        ended before the trial"), and a trial Tune had already finished is not run again by the resume."""
+        wanted = {t: s for t, s in statuses.items() if s in (schema.TRIAL_COMPLETED, schema.TRIAL_DIVERGED,
+                                                             schema.TRIAL_PRUNED, schema.TRIAL_FAILED)}
+
+        def settle() -> None:
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                max_results=10000)
+            for r in runs:
+                want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID))
+                if want is None or (r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != "RUNNING"):
+                    continue
+                self.client.set_tag(r.info.run_id, schema.TAG_STATUS, want)
+                if want != schema.TRIAL_FAILED and schema.TAG_ERROR in r.data.tags:
+                    self.client.delete_tag(r.info.run_id, schema.TAG_ERROR)
+                self.client.set_terminated(r.info.run_id, status="FAILED" if want == schema.TRIAL_FAILED else "FINISHED")
+
+        self.outbox.put("settle child runs", settle)
+
     # ---- end of sweep -----------------------------------------------------------------------------
 
     def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
@@ -457,32 +479,3 @@ class MlflowTrialCallback(Callback):
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.outbox.flush()
-
-
-class ReportLog(Callback):
-    """A Tune callback that appends every trial report to ``FOLDER/<trial id>.jsonl``; never truncated.
-
-    Tune rewrites a restored trial's ``result.json`` from its own copy (seen with Ray 2.60 and a local
-    storage path: the rows before the restart were gone, so ``trials.json`` showed a curve that
-    started at the restart). :func:`collect_records` reads these files with ``result.json``, one row
-    per tokens value.
-    """
-
-    def __init__(self, folder: Path):
-        self.folder = Path(folder)
-
-    def on_trial_start(self, iteration, trials, trial, **info):
-        # Tune writes the trial's params.json only with its first result: a trial that fails before it
-        # (Tune aborting a reused actor, a worker that dies while starting) would be in no record
-        path = self.folder / f"{trial.trial_id}{schema.TRIAL_PARAMS_SUFFIX}"
-        if not path.is_file():
-            self.folder.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
-            tmp.write_text(json.dumps(trial.config, default=str))
-            os.replace(tmp, path)
-
-    def on_trial_result(self, iteration, trials, trial, result, **info):
-        row = {k: v for k, v in result.items() if k != "config"}
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self.folder / f"{trial.trial_id}.jsonl", "a") as f:
-            f.write(json.dumps(row, default=str) + "\n")

@@ -100,7 +100,7 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
     from sweeps.run.records import collect_records
     from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
     from sweeps.spec.loading import load_spec
-    from sweeps.tracking.writer import ReportLog
+    from sweeps.run.reportlog import ReportLog
 
     spec = load_spec("sweeps/examples/shakespeare-char.yaml")
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
@@ -128,3 +128,97 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
                               reference_batch=16.0)
     assert analysis["trials"]["FAILED"] == 1 and analysis["trials"]["COMPLETED"] == 1
     assert analysis["status"] == "no_targets" and "targets" in analysis["message"]  # one point: nothing to fit
+
+
+def _tune_snapshot(tune_dir: Path, trials: list[tuple[str, str, dict]]) -> None:
+    """An ``experiment_state-*.json`` as Tune writes it: ``trial_data`` of ``[JSON state, run metadata]``."""
+    tune_dir.mkdir(parents=True, exist_ok=True)
+    data = [[json.dumps({"trial_id": t, "status": status, "config": config}), "{}"] for t, status, config in trials]
+    (tune_dir / "experiment_state-2026-12-05_00-00-00.json").write_text(json.dumps({"trial_data": data}))
+
+
+def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_error_file(tmp_path):
+    """Issue 30: a trial whose checkpoint copy failed on a full disk (Tune's error.txt), retried by the resume
+    and completed there, was FAILED in trials.json and cbs.json (Tune leaves error.txt) while MLflow said
+    COMPLETED. ReportLog records how each attempt ended; the latest end decides."""
+    import types
+
+    from sweeps.run.records import collect_records
+    from sweeps.run.reportlog import ReportLog
+    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
+    from sweeps.spec.loading import load_spec
+
+    spec = load_spec("sweeps/examples/shakespeare-char.yaml")
+    (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
+    tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
+    log = ReportLog(tmp_path / REPORTS_DIR)
+    trial = types.SimpleNamespace(trial_id="bbbb0001", config={
+        "batch_size_sequences": 8, "seed": 0, "group_id": "g", "lr": 1e-3, "lr_rule": "linear", "lr_multiplier": 1.0,
+        "beta2": 0.95, "beta2_half_life_tokens": 1e4})
+    d = tune_dir / "run_trial_bbbb0001_1_batch_size_sequences=8_2026-12-05_00-00-00"
+    d.mkdir(parents=True)
+    (d / "params.json").write_text(json.dumps(trial.config))
+    log.on_trial_start(0, [], trial)
+    log.on_trial_result(0, [], trial, {"trial_id": "bbbb0001", "tokens_seen": 2048, "val_loss": 4.0})
+    (d / "error.txt").write_text("OSError: [Errno 28] No space left on device")  # the first attempt
+    log.on_trial_error(0, [], trial)
+    assert [r.status for r in collect_records(tmp_path, spec)] == ["FAILED"]
+    log.on_trial_start(0, [], trial)  # the resume retries it: still running, not failed
+    assert [r.status for r in collect_records(tmp_path, spec)] == ["STOPPED"]
+    log.on_trial_result(0, [], trial, {"trial_id": "bbbb0001", "tokens_seen": 4096, "val_loss": 3.0, "done": True})
+    log.on_trial_complete(0, [], trial)
+    (record,) = collect_records(tmp_path, spec)
+    assert record.status == "COMPLETED" and record.tokens == [2048.0, 4096.0]
+
+
+def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_path):
+    """Issue 30, item 7: a trial stopped before its first report (started, or created and waiting to start)
+    had no config in OUT/tune and could be missing from trials.json while the sweep was STOPPED. It is one
+    of Tune's trials (its snapshot lists it, with its config): listed STOPPED, with no curve. A trial Tune
+    never recorded (a driver killed before the snapshot) is not."""
+    import types
+
+    from sweeps.run.records import collect_records
+    from sweeps.run.reportlog import ReportLog
+    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
+    from sweeps.spec.loading import load_spec
+
+    spec = load_spec("sweeps/examples/shakespeare-char.yaml")
+    (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
+    tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
+    log = ReportLog(tmp_path / REPORTS_DIR)
+    config = {"batch_size_sequences": 16, "seed": 0, "group_id": "g", "lr": 1e-3, "lr_rule": "linear",
+              "lr_multiplier": 1.0, "beta2": 0.95, "beta2_half_life_tokens": 1e4}
+    for tid in ("cccc0001", "cccc0002"):
+        log.on_trial_start(0, [], types.SimpleNamespace(trial_id=tid, config=config))
+    # cccc0002 started after Tune's last snapshot; cccc0003 was created by the searcher, not started yet
+    # (PENDING: no folder, no config in OUT/reports)
+    _tune_snapshot(tune_dir, [("cccc0001", "RUNNING", config),
+                              ("cccc0003", "PENDING", {**config, "batch_size_sequences": 32})])
+    records = {r.trial_id: r for r in collect_records(tmp_path, spec)}
+    assert sorted(records) == ["cccc0001", "cccc0003"]
+    assert [(r.status, r.batch_size_sequences, r.tokens, r.val_loss) for r in records.values()] == [
+        ("STOPPED", 16, [], []), ("STOPPED", 32, [], [])]
+
+
+def test_tunes_warning_about_trials_without_results_is_silenced_and_others_are_not():
+    """Issue 30, item 7: a stop or resume printed Tune's "Failed to fetch metrics" warning with
+    ``FileNotFoundError('Could not fetch metrics for run_trial_...')`` for a trial that had not reported."""
+    import logging
+
+    from sweeps._compat import quiet_metrics_of_trials_without_results
+
+    quiet_metrics_of_trials_without_results()
+    quiet_metrics_of_trials_without_results()
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    assert len(logger.filters) == 1
+
+    def passes(msg: str) -> bool:
+        return all(f.filter(logging.LogRecord(logger.name, logging.WARNING, __file__, 1, msg, None, None))
+                   for f in logger.filters)
+
+    no_result = ("- run_trial_ab12cd34: FileNotFoundError('Could not fetch metrics for run_trial_ab12cd34: both "
+                 "result.json and progress.csv were not found at /o/tune/s/run_trial_ab12cd34')")
+    assert not passes(f"Failed to fetch metrics for 1 trial(s):\n{no_result}")
+    assert passes(f"Failed to fetch metrics for 2 trial(s):\n{no_result}\n- run_trial_x: ValueError('bad json')")
+    assert passes("another warning")
