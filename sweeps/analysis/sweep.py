@@ -251,7 +251,8 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
     (context length, real tokens per sequence, FLOPs per token, reference batch, and the sweep-level
-    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``, ``optimizer``). With no
+    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``, ``optimizer``,
+    ``provenance``). With no
     other targets or reference batch the result equals that ``cbs.json``.
 
     Raises:
@@ -276,7 +277,8 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
-    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer"):
+    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer",
+              "provenance"):
         if k in prev and k not in out:
             out[k] = prev[k]
     return out
