@@ -169,9 +169,10 @@ def test_cbs_json_steps_are_the_minimum_over_trials_and_analyze_trials_reproduce
 
 #: what may differ between two runs of one spec on one revision (the rest of ``cbs.json`` must not): the
 #: MLflow store and run ids (``mlflow``), Ray Tune's trial ids (random per run) under every key that holds
-#: them, and the best checkpoint's folder (``best_checkpoint``: its path holds the output folder and a trial
-#: id). Nothing else in ``cbs.json`` is an id or a time.
-RUN_TO_RUN_KEYS = ("mlflow", "best_checkpoint", "trial_id", "trial_ids_to_target", "trial_ids_at_budget")
+#: them (``group_id`` is the Tune id of a search group's first trial, ``sweeps/search/searcher.py``), and the
+#: best checkpoint's folder (``best_checkpoint``: its path holds the output folder and a trial id). Nothing
+#: else in ``cbs.json`` is an id or a time.
+RUN_TO_RUN_KEYS = ("mlflow", "best_checkpoint", "trial_id", "trial_ids_to_target", "trial_ids_at_budget", "group_id")
 
 
 def _without(value, keys):
@@ -180,6 +181,15 @@ def _without(value, keys):
     if isinstance(value, list):
         return [_without(v, keys) for v in value]
     return value
+
+
+def _differences(a, b, path="cbs.json") -> list[str]:
+    """The paths where ``a`` and ``b`` differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, mlflow_template):
@@ -195,7 +205,8 @@ def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, m
     first = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
     second = json.loads((tmp / "out" / "cbs.json").read_text())
     assert first["mlflow"]["parent_run_id"] != second["mlflow"]["parent_run_id"]  # two runs, not one read twice
-    assert _without(second, RUN_TO_RUN_KEYS) == _without(first, RUN_TO_RUN_KEYS)
+    diff = _differences(_without(first, RUN_TO_RUN_KEYS), _without(second, RUN_TO_RUN_KEYS))
+    assert not diff, "\n".join(diff[:20])
     assert first["b_crit_ci"] is not None and first["per_batch"]  # the comparison covered numbers
 
 
