@@ -102,3 +102,18 @@ def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
     assert "No knee: time still falling at the cap (64 devices)" in text
     assert "Plan for target loss 6.371 on up to 64 devices: fastest B=64 sequences on 64 devices" in text
     assert "Knee: 64 devices" not in text
+
+
+def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
+    # the fixture predates the intervals: add them as the analysis now writes them (cbs_20_interval)
+    from sweeps.analysis import cbs_20_interval
+
+    cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
+    cbs["cbs_20_ci"], cbs["b_compute_overhead_20_ci"] = cbs_20_interval(cbs["b_crit_ci"], cbs["reference_batch"])
+    cbs["b_compute_overhead_20"] = 0.2 * cbs["b_crit"]
+    records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
+    page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
+    text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
+    # b_crit 11.06 [0.675, 70.34], B0 = 16: cbs_20 = 0.2 b + 19.2 -> 21.41 [19.34, 33.27]; 0.2 b -> 2.212 [0.135, 14.07]
+    assert "21.41 [19.34, 33.27] sequences" in text
+    assert "2.212 [0.135, 14.07] sequences" in text

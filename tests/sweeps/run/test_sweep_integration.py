@@ -69,6 +69,10 @@ def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
         assert 4 <= cbs["b_crit"] <= 16
         assert cbs["b_crit_tokens"] == pytest.approx(cbs["b_crit"] * 32)
         assert "critical batch size b_crit" in r.stdout
+        # the 20 % CBS's interval: b_crit's mapped through 0.2 b + 1.2 B0 (B0 = 8), printed beside it
+        lo, hi = [None if x is None else 0.2 * x + 9.6 for x in cbs["b_crit_ci"]]
+        assert cbs["cbs_20_ci"] == [pytest.approx(lo), pytest.approx(hi) if hi is not None else None]
+        assert f"[{lo:.1f}, {f'{hi:.1f}' if hi is not None else 'unbounded'}] (95% CI)" in r.stdout
     else:
         assert cbs["message"] and cbs["message"] in r.stdout
     html = (tiny_sweep["out"] / "report.html").read_text()
