@@ -22,7 +22,8 @@ import ray.train
 import ray.train.torch
 
 from workloads._ray_compat import kv_get
-from workloads.config import TRIAL_STARTED_KEY, TrialConfig
+from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
+from workloads.determinism import make_deterministic
 
 __all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
            "wait_for_rung_decision", "worker_nodes"]
@@ -99,17 +100,21 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     storage where rank 0 saves the final Hugging Face checkpoint) and an optional
     :data:`TRIAL_STARTED_KEY` (when the trial started, Unix seconds): then the first report of each
     attempt carries ``startup_s`` (trial start to the end of the first optimizer step, s) and
-    ``startup_ray_s`` (the part before this function ran: Tune's and Ray Train's processes).
+    ``startup_ray_s`` (the part before this function ran: Tune's and Ray Train's processes). An optional
+    :data:`TORCH_THREADS_KEY` fixes the worker's intra-op threads (:func:`workloads.determinism.make_deterministic`,
+    which also turns on deterministic algorithms on CPU); the first report of each attempt carries
+    ``torch_num_threads`` and ``deterministic_algorithms`` (1.0 or 0.0) as the worker set them.
     """
     entered = time.time()
     config = dict(config)
     save_dir = config.pop("_save_dir", None)
     started = config.pop(TRIAL_STARTED_KEY, None)
+    threads = config.pop(TORCH_THREADS_KEY, None)
     cfg = TrialConfig.from_dict(config)
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))))
+    device = ray.train.torch.get_device()
+    settings = make_deterministic(device, threads)
     rank = ray.train.get_context().get_world_rank()
     nodes = worker_nodes()
-    device = ray.train.torch.get_device()
     resume_state = _load_state(ray.train.get_checkpoint())
     # Every report so far travels in the checkpoint, and a restored worker group sends them all again
     # first, whatever the pruning mode. Ray Train saves a checkpoint before Tune has the report that came
@@ -143,6 +148,9 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         first_step = metrics.pop("first_step_unix_s", None)
         if first_step is not None and started is not None:
             metrics.update(startup_s=first_step - started, startup_ray_s=entered - started)
+        if first_step is not None:  # what this attempt's worker computed with (workloads.determinism)
+            metrics.update(torch_num_threads=settings["torch_num_threads"],
+                           deterministic_algorithms=float(settings["deterministic_algorithms"]))
         clean = {**{k: v for k, v in metrics.items() if v is not None}, WORKER_NODES_KEY: nodes}
         reported.append(clean)
         if state is not None:

@@ -36,10 +36,13 @@ from workloads.config import (
     RungGateConfig,
     ScheduleConfig,
     SyncConfig,
+    DETERMINISTIC_WARN_ONLY,
+    TORCH_THREADS_KEY,
     TRIAL_STARTED_KEY,
     TrainingConfig,
     TrialConfig,
     WorkloadConfig,
+    torch_threads_per_worker,
 )
 from workloads.errors import DataError
 from workloads.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
@@ -61,6 +64,9 @@ __all__ = [
     "WORKLOAD_NAMES",
     "TrialConfig",
     "TRIAL_STARTED_KEY",
+    "TORCH_THREADS_KEY",
+    "DETERMINISTIC_WARN_ONLY",
+    "torch_threads_per_worker",
     "WorkloadConfig",
     "ModelConfig",
     "DataConfig",

@@ -13,6 +13,7 @@ import torch
 
 from workloads.config import TrialConfig, WorkloadConfig
 from workloads.data import Corpus, load_corpus, load_shard_corpus, tokenizer_vocab_size, validation_batches, window_batch
+from workloads.determinism import make_deterministic
 from workloads.errors import DataError
 from workloads.loop import Reporter, TrainingOutcome, run_loop
 from workloads.model import build_model, hf_config, model_flops_per_token, peak_flops_per_s
@@ -192,8 +193,8 @@ def train_in_process(config: dict[str, Any], state_path: str | None, save_states
     Raises:
         workloads.errors.DataError: unusable corpus.
     """
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     cfg = TrialConfig.from_dict(config)
+    make_deterministic(torch.device("cpu"), max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     work = build_pretrain(cfg, torch.device("cpu"))
     resume = torch.load(state_path, weights_only=False) if state_path else None
     if resume is not None:

@@ -34,7 +34,8 @@ import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
-__all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "analyze_points", "INTERVAL_METHOD", "STATUSES"]
+__all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "cbs_20_interval",
+           "analyze_points", "INTERVAL_METHOD", "STATUSES"]
 
 #: how ``b_crit_ci`` is computed; stated in ``cbs.json``
 INTERVAL_METHOD = (
@@ -290,6 +291,27 @@ def cbs_20(b_crit: float, reference_batch: float) -> float:
     return 0.2 * b_crit + 1.2 * reference_batch
 
 
+def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
+                    ) -> tuple[list[float | None], list[float | None]]:
+    """The intervals of ``cbs_20`` and ``b_compute_overhead_20`` that ``b_crit_ci`` implies.
+
+    Both are increasing affine maps of ``b_crit`` under the same fit (``cbs_20 = 0.2 b_crit + 1.2 B0``,
+    ``b_compute_overhead_20 = 0.2 b_crit``), so the profile-likelihood interval of ``b_crit`` maps end to
+    end onto theirs at the same level: no new fit, no new assumption.
+
+    Args:
+        b_crit_ci: ``[lo, hi]`` in sequences (``hi`` None: unbounded above).
+        reference_batch: ``B0``, sequences.
+
+    Returns:
+        ``([cbs_20 lo, hi], [b_compute_overhead_20 lo, hi])``, sequences; an end is None where
+        ``b_crit_ci``'s is.
+    """
+    lo, hi = b_crit_ci[0], b_crit_ci[1]
+    return ([None if x is None else cbs_20(x, reference_batch) for x in (lo, hi)],
+            [None if x is None else 0.2 * x for x in (lo, hi)])
+
+
 def analyze_points(
     batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *, level: float = 0.95
 ) -> dict[str, Any]:
@@ -306,7 +328,8 @@ def analyze_points(
     ``ok`` or ``edge``: a knee outside the range is never a bare number), ``b_crit_bound`` (for the
     out-of-range cases), ``b_crit_ci`` (``[lo, hi]``, ``hi`` None when unbounded; None with fewer than
     3 batch sizes), ``s_min``, ``e_min`` with ``s_min_ci`` and ``e_min_ci`` (:func:`interval_s_min_e_min`;
-    None with fewer than 3 batch sizes), ``cbs_20``, ``b_compute_overhead_20``, ``n_points``,
+    None with fewer than 3 batch sizes), ``cbs_20``, ``b_compute_overhead_20`` with ``cbs_20_ci`` and
+    ``b_compute_overhead_20_ci`` (``b_crit_ci`` mapped through them, :func:`cbs_20_interval`), ``n_points``,
     ``n_batch_sizes``, ``fitted_batch_sizes`` (the distinct batch sizes, sorted: the swept range the status
     refers to), ``rms_log_residual``, ``reference_batch``.
     """
@@ -316,7 +339,8 @@ def analyze_points(
                            "reference_batch": reference_batch, "b_crit_bound": None}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
-                   b_crit_ci=None, s_min_ci=None, e_min_ci=None, rms_log_residual=None,
+                   cbs_20_ci=None, b_compute_overhead_20_ci=None, b_crit_ci=None, s_min_ci=None, e_min_ci=None,
+                   rms_log_residual=None,
                    message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
         return out
     ub, us = _per_batch_means(B, steps)
@@ -328,7 +352,7 @@ def analyze_points(
                s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
                e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None])
     lo_b, hi_b = distinct[0], distinct[-1]
-    none = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None)
+    none = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None, cbs_20_ci=None, b_compute_overhead_20_ci=None)
     if lo <= 0.0 and not math.isfinite(hi):
         out.update(status="no_knee", **none,
                    message="the points do not bound b_crit on either side: no knee is identified")
@@ -352,6 +376,8 @@ def analyze_points(
         elif outside:
             message = (f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the "
                        "knee down")
+        c20_ci, o20_ci = cbs_20_interval(out["b_crit_ci"], reference_batch)
         out.update(status=status, b_crit=fit.b_crit, cbs_20=cbs_20(fit.b_crit, reference_batch),
-                   b_compute_overhead_20=0.2 * fit.b_crit, message=message)
+                   b_compute_overhead_20=0.2 * fit.b_crit, cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci,
+                   message=message)
     return out

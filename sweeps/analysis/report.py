@@ -232,6 +232,11 @@ def _fmt_ci(ci: list | None) -> str:
     return "[" + ", ".join("open" if x is None else _fmt(float(x)) for x in ci) + "]"
 
 
+def _with_ci(v: Any, ci: list | None) -> str:
+    """A value with its interval (``21.8 [19.3, 34.3]``); ``-`` without the value."""
+    return "-" if v is None else f"{_fmt(v)} {_fmt_ci(ci)}"
+
+
 def _fmt(v: Any, nd: int = 4) -> str:
     if v is None:
         return "-"
@@ -340,7 +345,8 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
     trows = "".join(
         "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
             t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
-            *interval_ends_text(t.get("b_crit_ci"), swept_range(t)), t.get("cbs_20"), t.get("status"), t.get("n_batch_sizes"),
+            *interval_ends_text(t.get("b_crit_ci"), swept_range(t)), _with_ci(t.get("cbs_20"), t.get("cbs_20_ci")),
+            t.get("status"), t.get("n_batch_sizes"),
             ", ".join(str(x) for x in t.get("excluded_batch_sizes") or []))) + "</tr>"
         for t in analysis.get("targets") or []
     )
@@ -354,8 +360,9 @@ pre.definitions{{white-space:pre-wrap}}</style></head><body>
 <h1>critbatch report: {html.escape(spec.name)}</h1>
 {answer}
 <p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
-20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_fmt(analysis.get('cbs_20'))} sequences;
-batch with 20% compute overhead (0.2 b_crit): {_fmt(analysis.get('b_compute_overhead_20'))} sequences;
+20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_with_ci(analysis.get('cbs_20'), analysis.get('cbs_20_ci'))} sequences;
+batch with 20% compute overhead (0.2 b_crit): {_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences
+(95 % intervals: b_crit's mapped through each);
 S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
@@ -364,7 +371,7 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
-(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
+(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
 <table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>

@@ -265,6 +265,8 @@ def definitions_text(*, tokens_per_sequence: Optional[float] = None, reference_b
         f"scaling from {b0} by 20 %; under the same fit cbs_20 = 0.2 b_crit + 1.2 B0, in {unit}.",
         f"  b_compute_overhead_20: 0.2 b_crit, in {unit}: the largest batch whose compute (tokens, FLOPs) to the "
         "target is at most 20 % above the least, since C(B)/C_min - 1 = B/b_crit.",
+        "  cbs_20_ci, b_compute_overhead_20_ci: b_crit_ci's ends mapped through those two formulas (the same "
+        "fit, the same level).",
         f"  s_min: the fewest optimizer steps to the target (B -> infinity); e_min: the fewest {unit} (B -> 0).",
     ])
 

@@ -89,7 +89,8 @@ def analyze_trials(
     The fit and its interval are :func:`analyze_points`.
 
     Returns a dict with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
-    ``cbs_20``, ``b_compute_overhead_20``, ``s_min``, ``e_min``, ``target_loss``, ``status``,
+    ``cbs_20``, ``b_compute_overhead_20`` (each with its ``_ci``: ``b_crit_ci`` mapped through it), ``s_min``,
+    ``e_min``, ``target_loss``, ``status``,
     ``message``; ``target_rule`` and ``interval_method`` (how points and intervals are made);
     ``targets`` (one entry per target, with its ``points`` and the trial each came from);
     ``per_batch`` (each batch size's steps and tokens to the primary target with the trials that gave
@@ -156,7 +157,7 @@ def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
-_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "s_min", "s_min_ci", "e_min", "e_min_ci",
+_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
                 "n_batch_sizes", "fitted_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
 
@@ -186,7 +187,9 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
         b_crit_ci_tokens=[x * T if x is not None else None for x in primary["b_crit_ci"]] if primary.get("b_crit_ci") else None,
         b_crit_bound=primary.get("b_crit_bound"),
         cbs_20=primary.get("cbs_20"),
+        cbs_20_ci=primary.get("cbs_20_ci"),
         b_compute_overhead_20=primary.get("b_compute_overhead_20"),
+        b_compute_overhead_20_ci=primary.get("b_compute_overhead_20_ci"),
         s_min=primary.get("s_min"),
         s_min_ci=primary.get("s_min_ci"),
         e_min=primary.get("e_min"),
@@ -248,7 +251,8 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
     (context length, real tokens per sequence, FLOPs per token, reference batch, and the sweep-level
-    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``, ``optimizer``). With no
+    keys the driver adds: ``sweep_id``, ``trials_planned``, ``mlflow``, ``best_checkpoint``, ``optimizer``,
+    ``provenance``). With no
     other targets or reference batch the result equals that ``cbs.json``.
 
     Raises:
@@ -273,7 +277,8 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
-    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer"):
+    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer",
+              "provenance"):
         if k in prev and k not in out:
             out[k] = prev[k]
     return out

@@ -252,6 +252,13 @@ def init_checkpoint(
     out.print(f"wrote {path}", highlight=False)
 
 
+def _ci_text(ci: list | None) -> str:
+    """`` [lo, hi] (95% CI)`` of an interval with a finite lower end (``hi`` None: unbounded); "" without one."""
+    if not ci or ci[0] is None:
+        return ""
+    return f" [{ci[0]:.1f}, {f'{ci[1]:.1f}' if ci[1] is not None else 'unbounded'}] (95% CI)"
+
+
 def _print_summary(result: dict) -> None:
     cbs = result.get("cbs") or {}
     if cbs.get("target_loss") is not None and cbs.get("kind") != "comparison":
@@ -271,7 +278,8 @@ def _print_summary(result: dict) -> None:
         out.print(
             f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
             f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
-            f"{cbs['target_loss']:.4g}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences",
+            f"{cbs['target_loss']:.4g}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences"
+            f"{_ci_text(cbs.get('cbs_20_ci'))}",
             highlight=False,
         )
     elif cbs.get("status") and cbs.get("target_loss") is not None:

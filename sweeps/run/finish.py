@@ -14,6 +14,7 @@ from sweeps.analysis import analyze_trials, finite_json
 from sweeps.analysis.report import write_report
 from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
+from sweeps.run.provenance import sweep_provenance
 from sweeps.run.state import SweepState, write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
@@ -93,6 +94,7 @@ def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker) -> tupl
     analysis["flops_per_token"] = c_tok
     analysis["trials_planned"] = spec.n_trials
     analysis["optimizer"] = spec.optimizer.name
+    analysis["provenance"] = sweep_provenance(spec)
     analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
                           "parent_run_id": state.parent_run_id,
                           "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}

@@ -32,11 +32,13 @@ from workloads.api import (
     RungGateConfig,
     ScheduleConfig,
     TrainingConfig,
+    TORCH_THREADS_KEY,
     TRIAL_STARTED_KEY,
     TrialConfig,
     drain_report_queue,
     min_micro_batches_total,
     plan_batch,
+    torch_threads_per_worker,
     train_fn_per_worker,
 )
 
@@ -196,6 +198,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
                            faults=faults_from_env())
         loop_config = cfg.to_dict()
         loop_config[TRIAL_STARTED_KEY] = started
+        loop_config[TORCH_THREADS_KEY] = torch_threads_per_worker(res.cpus_per_worker)  # sweeps/run/provenance.py
         if save_dir_root:
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
         resources = {"CPU": res.cpus_per_worker}

@@ -15,7 +15,7 @@ from __future__ import annotations
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
     "TAG_MESSAGE", "TAG_ERROR", "TAG_CLOSED_BY", "TAG_GROUP_ID", "TAG_INITIAL_POINT", "TAG_PARENT_RUN_ID",
-    "SCHEDULER_TAG_KEYS", "scheduler_tag",
+    "SCHEDULER_TAG_KEYS", "scheduler_tag", "TAG_PROVENANCE_PREFIX", "provenance_tags",
     "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
@@ -63,6 +63,25 @@ SCHEDULER_TAG_KEYS = ("pruned_at_flops", "pruned_rung", "rung_decisions")
 def scheduler_tag(key: str) -> str:
     """The tag name of one of :data:`SCHEDULER_TAG_KEYS` (``critbatch.<key>``)."""
     return f"{TAG_PREFIX}{key}"
+
+
+#: What the sweep's numbers were computed with (``cbs.json``'s ``provenance``), on the parent run as
+#: ``critbatch.provenance.<dotted key>``: ``python``, ``platform``, ``packages.torch`` (``.ray``,
+#: ``.transformers``, ``.optuna``, ``.mlflow``), ``driver.omp_num_threads``, ``driver.torch_num_threads``,
+#: ``worker.device``, ``worker.torch_num_threads``, ``worker.deterministic_algorithms``, ``worker.deterministic_warn_only``.
+TAG_PROVENANCE_PREFIX = "critbatch.provenance."
+
+
+def provenance_tags(provenance: dict) -> dict[str, str]:
+    """``cbs.json``'s ``provenance`` as parent-run tags: nested keys dotted under :data:`TAG_PROVENANCE_PREFIX`,
+    values as strings (None as ``"None"``)."""
+    def flat(d: dict, prefix: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for key, value in d.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": str(value)[:5000]})
+        return out
+
+    return flat(provenance, TAG_PROVENANCE_PREFIX)
 
 
 ROLE_SWEEP = "sweep"
@@ -123,6 +142,8 @@ METRIC_KEYS = (
     "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
     # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.optim)
     "optimizer_state_bytes_per_param", "trainable_params",
+    # the first report of each attempt: the worker's intra-op threads and deterministic flag (workloads.determinism)
+    "torch_num_threads", "deterministic_algorithms",
 )
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.

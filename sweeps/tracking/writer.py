@@ -40,7 +40,8 @@ TAG_NOTE = "mlflow.note.content"
 METRIC_CI_LOW, METRIC_CI_HIGH = "b_crit_ci_low", "b_crit_ci_high"
 #: trial metrics that hold one value per attempt (its start-up, the model's size, the optimizer's state): logged
 #: when they change, not at every milestone
-_ONCE_METRICS = ("startup_s", "startup_ray_s", "trainable_params", "optimizer_state_bytes_per_param")
+_ONCE_METRICS = ("startup_s", "startup_ray_s", "trainable_params", "optimizer_state_bytes_per_param", "torch_num_threads",
+                 "deterministic_algorithms")
 #: a trial's communication counters: always 0 with one worker (nothing is communicated), so not logged then
 _SYNC_METRICS = ("syncs", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s")
 
@@ -359,7 +360,8 @@ class Tracker:
 
         Beside ``summary``'s metrics, from the analysis (``cbs.json``): the interval's finite ends as metrics
         ``b_crit_ci_low`` and ``b_crit_ci_high`` (sequences) and ``target_loss`` (the headline target), the
-        fit's status as the tag ``critbatch.fit_status`` and the headline sentence
+        fit's status as the tag ``critbatch.fit_status``, its ``provenance`` as ``critbatch.provenance.*`` tags
+        (:func:`sweeps.tracking.schema.provenance_tags`) and the headline sentence
         (:func:`sweeps.analysis.summary.headline`) as the run's description (``mlflow.note.content``, with
         the message of a sweep that did not succeed).
 
@@ -426,6 +428,8 @@ def _parent_fields(status: str, summary: dict[str, Any], message: str,
                 metrics[key] = float(v)
         if _finite(analysis.get("target_loss")):
             metrics["target_loss"] = float(analysis["target_loss"])
+        if isinstance(analysis.get("provenance"), dict):  # versions and thread settings (sweeps/run/provenance.py)
+            tags.update(schema.provenance_tags(analysis["provenance"]))
         if analysis.get("status"):
             tags[TAG_FIT_STATUS] = str(analysis["status"])
             try:

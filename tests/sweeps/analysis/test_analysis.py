@@ -12,6 +12,7 @@ from sweeps.analysis import (
     analyze_points,
     analyze_trials,
     cbs_20,
+    cbs_20_interval,
     choose_targets,
     finite_json,
     fit_hyperbola,
@@ -44,6 +45,24 @@ def test_cbs_20_closed_form():
     bstar = cbs_20(e_min / s_min, b0)
     steps = lambda b: s_min + e_min / b  # noqa: E731
     assert steps(bstar) == pytest.approx(1.2 * steps(b0) * b0 / bstar)
+
+
+def test_the_20_percent_batch_sizes_get_b_crit_s_interval_mapped_through_them():
+    # by hand, the main job's headline (docs/results.md): b_crit_ci [1.51, 75.6] sequences, B0 = 16:
+    # cbs_20 = 0.2 b + 1.2 * 16 -> [0.302 + 19.2, 15.12 + 19.2]; 0.2 b -> [0.302, 15.12]
+    c20, o20 = cbs_20_interval([1.51, 75.6], 16.0)
+    assert c20 == pytest.approx([19.502, 34.32]) and o20 == pytest.approx([0.302, 15.12])
+    c20, o20 = cbs_20_interval([5.9, None], 16.0)  # unbounded above stays unbounded
+    assert c20 == [pytest.approx(20.38), None] and o20 == [pytest.approx(1.18), None]
+    # in analyze_points: the same map of its own b_crit_ci, and the point estimates lie inside
+    rng = np.random.default_rng(3)
+    r = analyze_points(B, (1000 + 64000 / B) * np.exp(rng.normal(0, 0.05, B.size)), 16.0)
+    lo, hi = r["b_crit_ci"]
+    assert r["cbs_20_ci"] == pytest.approx([0.2 * lo + 19.2, 0.2 * hi + 19.2])
+    assert r["b_compute_overhead_20_ci"] == pytest.approx([0.2 * lo, 0.2 * hi])
+    assert r["cbs_20_ci"][0] < r["cbs_20"] < r["cbs_20_ci"][1]
+    out = analyze_points(B, 5000 / B, 16)  # a knee past the range: no number, so no interval either
+    assert out["cbs_20"] is None and out["cbs_20_ci"] is None and out["b_compute_overhead_20_ci"] is None
 
 
 def test_tokens_to_target_interpolates_in_log_tokens():

@@ -119,3 +119,18 @@ def test_the_loss_plot_places_each_trials_loss_at_the_tokens_it_reported_it_at()
     assert loss.tolist() == [3.0, 2.5, 2.0, 1.5, 1.0] and flops.tolist() == [600.0, 900.0, 1200.0, 1500.0, 1800.0]
     same = rec("c", [100.0, 200.0, 300.0], [2.9, 2.1, 0.9])  # the same tokens: the lower of the two at each
     assert _envelopes([a, same])[8][2].tolist() == [2.9, 2.0, 0.9]
+
+
+def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
+    # the fixture predates the intervals: add them as the analysis now writes them (cbs_20_interval)
+    from sweeps.analysis import cbs_20_interval
+
+    cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
+    cbs["cbs_20_ci"], cbs["b_compute_overhead_20_ci"] = cbs_20_interval(cbs["b_crit_ci"], cbs["reference_batch"])
+    cbs["b_compute_overhead_20"] = 0.2 * cbs["b_crit"]
+    records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
+    page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
+    text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
+    # b_crit 11.06 [0.675, 70.34], B0 = 16: cbs_20 = 0.2 b + 19.2 -> 21.41 [19.34, 33.27]; 0.2 b -> 2.212 [0.135, 14.07]
+    assert "21.41 [19.34, 33.27] sequences" in text
+    assert "2.212 [0.135, 14.07] sequences" in text

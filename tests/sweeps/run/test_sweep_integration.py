@@ -69,6 +69,10 @@ def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
         assert 4 <= cbs["b_crit"] <= 16
         assert cbs["b_crit_tokens"] == pytest.approx(cbs["b_crit"] * 32)
         assert "critical batch size b_crit" in r.stdout
+        # the 20 % CBS's interval: b_crit's mapped through 0.2 b + 1.2 B0 (B0 = 8), printed beside it
+        lo, hi = [None if x is None else 0.2 * x + 9.6 for x in cbs["b_crit_ci"]]
+        assert cbs["cbs_20_ci"] == [pytest.approx(lo), pytest.approx(hi) if hi is not None else None]
+        assert f"[{lo:.1f}, {f'{hi:.1f}' if hi is not None else 'unbounded'}] (95% CI)" in r.stdout
     else:
         assert cbs["message"] and cbs["message"] in r.stdout
     html = (tiny_sweep["out"] / "report.html").read_text()
@@ -165,3 +169,72 @@ def test_cbs_json_steps_are_the_minimum_over_trials_and_analyze_trials_reproduce
     assert tiny_sweep["result"].returncode == 0
     assert assert_steps_are_minimum_over_trials(tiny_sweep["out"]) >= 3
     assert_analyze_trials_reproduces_cbs_json(tiny_sweep["out"])
+
+
+#: what may differ between two runs of one spec on one revision (the rest of ``cbs.json`` must not): the
+#: MLflow store and run ids (``mlflow``), Ray Tune's trial ids (random per run) under every key that holds
+#: them (``group_id`` is the Tune id of a search group's first trial, ``sweeps/search/searcher.py``), and the
+#: best checkpoint's folder (``best_checkpoint``: its path holds the output folder and a trial id). Nothing
+#: else in ``cbs.json`` is an id or a time.
+RUN_TO_RUN_KEYS = ("mlflow", "best_checkpoint", "trial_id", "trial_ids_to_target", "trial_ids_at_budget", "group_id")
+
+
+def _without(value, keys):
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_without(v, keys) for v in value]
+    return value
+
+
+def _differences(a, b, path="cbs.json") -> list[str]:
+    """The paths where ``a`` and ``b`` differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, mlflow_template):
+    # the suite's tiny sweep once more, same spec and sweep id, into a fresh folder and MLflow store: only the
+    # RUN_TO_RUN_KEYS may differ (CPU training is deterministic: workloads/determinism.py)
+    assert tiny_sweep["result"].returncode == 0
+    tmp = tiny_sweep["tmp"] / "again"
+    tmp.mkdir()
+    uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
+    r = _run(["run", str(tiny_sweep["spec"]), "--output", str(tmp / "out"), "--tracking-uri", uri, "--sweep-id",
+              "tiny-it", "--no-progress", "--address", ray_head.gcs_address])
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
+    second = json.loads((tmp / "out" / "cbs.json").read_text())
+    assert first["mlflow"]["parent_run_id"] != second["mlflow"]["parent_run_id"]  # two runs, not one read twice
+    diff = _differences(_without(first, RUN_TO_RUN_KEYS), _without(second, RUN_TO_RUN_KEYS))
+    assert not diff, "\n".join(diff[:20])
+    assert first["b_crit_ci"] is not None and first["per_batch"]  # the comparison covered numbers
+
+
+def test_cbs_json_and_the_parent_run_say_what_the_numbers_were_computed_with(tiny_sweep):
+    import importlib.metadata
+    import platform
+
+    cbs = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
+    prov = cbs["provenance"]
+    assert prov["python"] == platform.python_version()
+    assert prov["packages"] == {n: importlib.metadata.version(n) for n in ("torch", "ray", "transformers", "optuna",
+                                                                          "mlflow")}
+    # the tiny spec's 1-CPU workers: one intra-op thread, deterministic algorithms on CPU (warnings only)
+    assert prov["worker"] == {"device": "cpu", "torch_num_threads": 1, "deterministic_algorithms": True,
+                              "deterministic_warn_only": True}
+    c = MlflowClient(tiny_sweep["uri"])
+    parent = c.get_run(cbs["mlflow"]["parent_run_id"])
+    tags = parent.data.tags
+    assert tags["critbatch.provenance.packages.torch"] == prov["packages"]["torch"]
+    assert tags["critbatch.provenance.python"] == prov["python"]
+    assert tags["critbatch.provenance.worker.torch_num_threads"] == "1"
+    assert tags["critbatch.provenance.worker.deterministic_algorithms"] == "True"
+    assert tags["critbatch.provenance.driver.omp_num_threads"] == str(prov["driver"]["omp_num_threads"])
+    # and every worker says it did so: its first report's metrics, on its trial's run
+    for rid in cbs["mlflow"]["child_runs"].values():
+        m = c.get_run(rid).data.metrics
+        assert m["torch_num_threads"] == 1 and m["deterministic_algorithms"] == 1.0
