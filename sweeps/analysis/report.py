@@ -232,6 +232,15 @@ def _fmt_ci(ci: list | None) -> str:
     return "[" + ", ".join("open" if x is None else _fmt(float(x)) for x in ci) + "]"
 
 
+def _extrapolated(v: Any, swept: tuple[float, float] | None) -> str:
+    """A note when a batch size read off the fit (``v``, sequences) lies outside the fitted batch sizes."""
+    if v is None or swept is None or swept[0] <= v <= swept[1]:
+        return ""
+    side = f"below the smallest fitted batch size, {swept[0]:g}" if v < swept[0] else \
+        f"above the largest fitted batch size, {swept[1]:g}"
+    return f" ({side}: an extrapolation of the fit)"
+
+
 def _with_ci(v: Any, ci: list | None) -> str:
     """A value with its interval (``21.8 [19.3, 34.3]``); ``-`` without the value."""
     return "-" if v is None else f"{_fmt(v)} {_fmt_ci(ci)}"
@@ -361,7 +370,7 @@ pre.definitions{{white-space:pre-wrap}}</style></head><body>
 {answer}
 <p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
 20% CBS (Zhang et al. 2024, reference batch {_fmt(analysis.get('reference_batch'))}): {_with_ci(analysis.get('cbs_20'), analysis.get('cbs_20_ci'))} sequences;
-batch with 20% compute overhead (0.2 b_crit): {_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences
+batch with 20% compute overhead (0.2 b_crit): {_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences{_extrapolated(analysis.get('b_compute_overhead_20'), swept_range(analysis))}
 (95 % intervals: b_crit's mapped through each);
 S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>
