@@ -6,7 +6,9 @@ its worker group when it died creates a group its ``PlacementGroupCleaner`` neve
 cleaner also needs a dashboard), and the next trials then wait forever for those CPUs. Some of
 those groups keep ``creator_actor_dead = False`` in the GCS although the controller's actor row
 reads ``DEAD`` (a controller killed with its trial's group while creating one), so the
-reaper also asks the actor table.
+reaper also asks the actor table. Ray never removes those groups itself, not even when their job
+ends: on a cluster that outlives its sweeps (a shared head, a test suite's) one sweep's leftovers
+starved the next sweep of every CPU, so the reaper removes any job's orphaned groups, not only its own.
 :class:`PlacementGroupReaper` is the Tune callback that removes them.
 """
 
@@ -25,11 +27,13 @@ log = logging.getLogger(__name__)
 
 
 class PlacementGroupReaper(Callback):
-    """Removes this job's placement groups whose creating actor is dead.
+    """Removes the cluster's placement groups whose creating actor is dead, whatever their job.
 
     A placement group created by an actor (a Ray Train controller) is only usable by that actor's
-    workers, which die with it; Ray keeps such a group until the job ends. Pruned trials leave them
-    (module docstring). Checked at most every ``interval_s`` seconds of the Tune loop.
+    workers, which die with it, and Ray removes it when the actor dies, except when the GCS missed the
+    death (module docstring): then it stays for good, also past its job's end, holding its CPUs. Pruned
+    and stopped trials leave them. Detached groups and groups a driver created (no creator actor) are
+    never touched. Checked at most every ``interval_s`` seconds of the Tune loop.
     """
 
     def __init__(self, interval_s: float = 2.0):
@@ -44,25 +48,25 @@ class PlacementGroupReaper(Callback):
             self.reap()
 
     def reap(self) -> int:
-        """Remove every orphaned placement group of this job now; returns how many."""
+        """Remove every orphaned placement group of the cluster now; returns how many."""
         import ray
         from ray.core.generated import gcs_pb2
         from ray.util.placement_group import PlacementGroup
 
         if not ray.is_initialized():
             return 0
-        job = ray.get_runtime_context().get_job_id()
         nil = ray.ActorID.nil().binary()
         n = 0
         for pg in placement_group_table():
             candidate = (pg.state in (gcs_pb2.PlacementGroupTableData.CREATED, gcs_pb2.PlacementGroupTableData.PENDING)
-                         and not pg.is_detached and pg.creator_actor_id not in (b"", nil) and pg.creator_job_id.hex() == job)
+                         and not pg.is_detached and pg.creator_actor_id not in (b"", nil))
             # the group's own flag is not always set when its creator dies (sweeps._compat.actor_is_dead)
             orphan = candidate and (pg.creator_actor_dead or actor_is_dead(pg.creator_actor_id))
             if orphan:
                 pg_id = ray.PlacementGroupID(pg.placement_group_id)
                 ray.util.remove_placement_group(PlacementGroup(pg_id))
                 self.removed.append(pg_id.hex())
-                log.warning("removed placement group %s: its Ray Train controller is gone (trial finished or stopped)", pg_id.hex())
+                log.warning("removed placement group %s of job %s: its creator (a Ray Train controller) is gone "
+                            "(trial finished or stopped)", pg_id.hex(), pg.creator_job_id.hex())
                 n += 1
         return n

@@ -306,6 +306,75 @@ def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_t
     assert reaper.removed and not live()
 
 
+_LEAKING_DRIVER = """
+import sys, time, ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from sweeps._compat import actor_is_dead, placement_group_table
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+
+@ray.remote(num_cpus=0.001)
+class Controller:
+    def spin(self):
+        import threading
+        def loop():
+            while True:
+                placement_group([{"CPU": 0.001}])
+        threading.Thread(target=loop, daemon=True).start()
+
+trial = placement_group([{"CPU": 0.01}])
+ray.get(trial.ready())
+c = Controller.options(scheduling_strategy=PlacementGroupSchedulingStrategy(trial)).remote()
+cid = c._actor_id.binary()
+ray.get(c.spin.remote())
+deadline = time.monotonic() + 60
+while not [pg for pg in placement_group_table() if pg.creator_actor_id == cid] and time.monotonic() < deadline:
+    time.sleep(0.05)
+remove_placement_group(trial)
+while not actor_is_dead(cid) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(cid.hex(), flush=True)
+sys.stdin.read()  # the job stays alive until the test has reaped
+"""
+
+
+def test_the_reaper_removes_another_finished_jobs_orphaned_groups(ray_local, ray_head):
+    """Seen in the suite on 2026-12-05: groups a dead controller left with ``creator_actor_dead = False``
+    outlive their job (Ray never removes them), and on a shared head three such groups held all 3 CPUs,
+    so the next sweeps waited until their timeouts. The reaper of a later sweep (another job) must remove
+    them. The leaking job here is a driver process of its own that makes the controller die, its job still
+    running while this test's reaper (another job) removes what it left."""
+    import subprocess
+
+    import ray
+
+    from sweeps._compat import actor_is_dead, placement_group_table
+    from sweeps.run.reaper import PlacementGroupReaper
+
+    proc = subprocess.Popen([sys.executable, "-c", _LEAKING_DRIVER, ray_head.gcs_address], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
+                            env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    try:
+        line = proc.stdout.readline()  # the controller's id, once it is dead: its job goes on
+        assert line.strip(), "the leaking driver printed no controller id"
+        cid = bytes.fromhex(line.strip())
+        assert actor_is_dead(cid)
+        mine = ray.get_runtime_context().get_job_id()
+
+        def live():
+            return [pg for pg in placement_group_table() if pg.creator_actor_id == cid and pg.state != pg.REMOVED]
+
+        reaper = PlacementGroupReaper()
+        wait_for(lambda: reaper.reap() >= 0 and not live(), 60, "no live group of the other job's dead controller")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    assert reaper.removed, "the other job's controller left no orphaned group, so nothing was tested"
+    assert all(pg.creator_job_id.hex() != mine for pg in placement_group_table()
+               if ray.PlacementGroupID(pg.placement_group_id).hex() in reaper.removed)
+
+
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
 
 
