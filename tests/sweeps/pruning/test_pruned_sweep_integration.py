@@ -260,7 +260,8 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     assert reaper.reap() == 0  # its creator is alive
     ray.kill(c)
     wait_for(reaper.reap, 60, "the reaper to see the dead controller's group")  # the GCS learns of the death asynchronously
-    assert reaper.removed == [orphan.id.hex()]
+    # (on the suite's shared head it may also remove what earlier sweeps left: any job's dead creator's)
+    assert orphan.id.hex() in reaper.removed and mine.id.hex() not in reaper.removed
     assert placement_group_table(orphan)["state"] == "REMOVED"
     assert placement_group_table(mine)["state"] == "CREATED"
     remove_placement_group(mine)
