@@ -370,9 +370,9 @@ def analyze_points(
         outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
         status = "ok" if below >= 2 and above >= 2 and not outside else "edge"
         message = ""
-        fitted = f"the fitted batch sizes, {lo_b:g} to {hi_b:g}: those that reached this target"
+        fitted = f"the fitted batch sizes ({lo_b:g} to {hi_b:g}, those that reached this target)"
         if below < 2 or above < 2:
-            message = f"the knee is near the edge of {fitted} (fewer than 2 of them on one side)"
+            message = f"the knee is near the edge of {fitted}: fewer than 2 of them on one side"
         elif outside:
             message = (f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the "
                        "knee down")

@@ -442,7 +442,7 @@ def test_an_interval_past_the_swept_range_is_edge_not_ok():
     assert r["b_crit_ci"][0] < 4 and 4 <= r["b_crit"] <= 64
     assert r["status"] == "edge" and "below the smallest" in r["message"]
     # the range it speaks of is the batch sizes in the fit (those that reached the target), said so
-    assert "fitted batch sizes, 4 to 64: those that reached this target" in r["message"]
+    assert "of the fitted batch sizes (4 to 64, those that reached this target): they do not pin" in r["message"]
 
 
 def test_lr_exponent_by_chance_does_not_depend_on_the_order_of_the_trials():
