@@ -36,14 +36,13 @@ from workloads.config import (
     RungGateConfig,
     ScheduleConfig,
     SyncConfig,
-    DETERMINISTIC_WARN_ONLY,
     TORCH_THREADS_KEY,
     TRIAL_STARTED_KEY,
     TrainingConfig,
     TrialConfig,
     WorkloadConfig,
-    torch_threads_per_worker,
 )
+from workloads.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
 from workloads.errors import DataError
 from workloads.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
 from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens

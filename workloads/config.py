@@ -24,7 +24,6 @@ an exact round trip). Every size carries its unit in its name.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass
@@ -37,8 +36,6 @@ __all__ = [
     "TrialConfig",
     "TRIAL_STARTED_KEY",
     "TORCH_THREADS_KEY",
-    "DETERMINISTIC_WARN_ONLY",
-    "torch_threads_per_worker",
     "WorkloadConfig",
     "ModelConfig",
     "DataConfig",
@@ -423,20 +420,8 @@ class RungGateConfig:
 #: started, Unix seconds: set by the Tune trainable, read by ``workloads._ray_adapter`` (``startup_s``).
 TRIAL_STARTED_KEY = "_trial_started_unix"
 #: Key of the Ray Train loop config holding the intra-op threads every worker of the trial uses
-#: (:func:`torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.determinism``.
+#: (:func:`workloads.determinism.torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.determinism``.
 TORCH_THREADS_KEY = "_torch_threads"
-#: ``torch.use_deterministic_algorithms(True, warn_only=...)`` on CPU workers: an op without a
-#: deterministic implementation warns instead of failing the trial (none is known on this CPU path).
-DETERMINISTIC_WARN_ONLY = True
-
-
-def torch_threads_per_worker(cpus_per_worker: float) -> int:
-    """The intra-op threads of a worker given ``cpus_per_worker`` CPUs: ``max(1, floor(cpus))``.
-
-    Ray's own default for ``OMP_NUM_THREADS`` in a worker, but fixed here whatever the environment
-    holds: CPU reductions split their work by thread, so the thread count is part of the result.
-    """
-    return max(1, math.floor(cpus_per_worker + 1e-9))
 
 
 @dataclass(frozen=True, kw_only=True)

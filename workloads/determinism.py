@@ -11,14 +11,28 @@ warn_only=DETERMINISTIC_WARN_ONLY)``. CUDA workers keep torch's defaults (determ
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from workloads.config import DETERMINISTIC_WARN_ONLY
+__all__ = ["make_deterministic", "torch_threads_per_worker", "DETERMINISTIC_WARN_ONLY"]
 
-__all__ = ["make_deterministic"]
+#: ``torch.use_deterministic_algorithms(True, warn_only=...)`` on CPU workers: an op without a
+#: deterministic implementation warns instead of failing the trial (none is known on this CPU path).
+DETERMINISTIC_WARN_ONLY = True
+
+
+def torch_threads_per_worker(cpus_per_worker: float) -> int:
+    """The intra-op threads of a worker given ``cpus_per_worker`` CPUs: ``max(1, floor(cpus))``.
+
+    Ray's own default for ``OMP_NUM_THREADS`` in a worker, but fixed here whatever the environment
+    holds: CPU reductions split their work by thread, so the thread count is part of the result.
+    Torch-free, like the rest of this module's top level (the driver reads it).
+    """
+    return max(1, math.floor(cpus_per_worker + 1e-9))
 
 
 def make_deterministic(device: torch.device, threads: int | None) -> dict[str, Any]:
@@ -26,13 +40,15 @@ def make_deterministic(device: torch.device, threads: int | None) -> dict[str, A
 
     Args:
         device: the worker's device; deterministic algorithms are turned on for ``cpu`` only.
-        threads: intra-op threads (``workloads.config.torch_threads_per_worker``); None keeps the old rule
+        threads: intra-op threads (:func:`torch_threads_per_worker`); None keeps the old rule
             (``OMP_NUM_THREADS``, else torch's current count), for callers that do not pass one.
 
     Returns:
         What the process now uses: ``{"torch_num_threads", "omp_num_threads" (the environment's, or
         None), "deterministic_algorithms", "deterministic_warn_only"}``.
     """
+    import torch
+
     if threads is None:
         threads = max(1, int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     torch.set_num_threads(int(threads))
