@@ -18,6 +18,7 @@ __all__ = [
     "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
     "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
+    "whole_tune_snapshots_on_local_storage",
 ]
 
 
@@ -51,6 +52,66 @@ def quiet_metrics_of_trials_without_results() -> None:
     log = logging.getLogger(_ANALYSIS_LOGGER)
     if not any(isinstance(f, _TrialsWithoutResults) for f in log.filters):
         log.addFilter(_TrialsWithoutResults())
+
+
+def whole_tune_snapshots_on_local_storage() -> None:
+    """Make Tune's copy of its experiment snapshot into a local storage folder keep the last whole
+    snapshot when a write fails (idempotent; only this process).
+
+    Why: Tune writes its snapshot (``experiment_state-*.json``, the searcher's and the callbacks' state)
+    into a staging folder under Ray's temp dir, then a background syncer copies that folder into the
+    storage folder (``OUT/tune/<sweep id>``) file by file, in place (``_upload_to_fs_path``, Ray 2.60).
+    A full disk (or a kill) during that copy left ``experiment_state-*.json`` cut short, and
+    ``critbatch resume`` then failed inside ``Tuner.restore`` with ``JSONDecodeError`` (CI, 2026-12-05,
+    ``test_disk_full_mid_sweep_then_resume_every_record_agrees``). The private ``_upload_to_fs_path`` of
+    ``ray.train._internal.storage`` is wrapped: to a ``pyarrow.fs.LocalFileSystem`` destination each file
+    is written beside its target and renamed over it, the experiment snapshot last, so a failed copy
+    leaves the previous whole file (and no temporary one) and raises as before. Other destinations
+    (remote storage) go to Ray's function unchanged.
+    """
+    from ray.train._internal import storage
+
+    if getattr(storage._upload_to_fs_path, "critbatch_whole_files", False):
+        return
+    ray_upload = storage._upload_to_fs_path
+
+    def upload(local_path: str, fs: Any, fs_path: str, exclude: list | None = None) -> None:
+        import pyarrow.fs
+
+        if type(fs) is not pyarrow.fs.LocalFileSystem or exclude or not os.path.isdir(local_path):
+            return ray_upload(local_path, fs, fs_path, exclude)
+        _copy_tree_by_whole_files(local_path, fs_path)
+
+    upload.critbatch_whole_files = True
+    storage._upload_to_fs_path = upload
+
+
+def _copy_tree_by_whole_files(source: str, target: str) -> None:
+    """Copy every file under ``source`` to the same relative path under ``target``, each one written to
+    ``.<name>.tmp`` and renamed over its target; Tune's ``experiment_state-*.json`` files go last (a whole
+    new one means every other file of that snapshot arrived).
+
+    Raises:
+        OSError: a file could not be written (its temporary file is removed; the target is untouched).
+    """
+    import shutil
+    from pathlib import Path
+
+    entries = list(Path(source).rglob("*"))
+    for d in (p for p in entries if p.is_dir()):  # empty folders too, as Ray's copy makes them
+        (Path(target) / d.relative_to(source)).mkdir(parents=True, exist_ok=True)
+    files = sorted((p for p in entries if p.is_file()),
+                   key=lambda p: (p.name.startswith("experiment_state-"), str(p)))
+    for src in files:
+        dest = Path(target) / src.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
 
 def reattach_restored_tuner(tuner: Any, *, callbacks: list, stop: Any, scheduler: Any) -> Any:

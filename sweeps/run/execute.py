@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeps._compat import quiet_metrics_of_trials_without_results, reattach_restored_tuner, searcher_inside
+from sweeps._compat import (
+    quiet_metrics_of_trials_without_results,
+    reattach_restored_tuner,
+    searcher_inside,
+    whole_tune_snapshots_on_local_storage,
+)
 from sweeps.errors import InvalidInput
 from sweeps.run.finish import finish_sweep
 from sweeps.run.records import collect_records, records_from_grid
@@ -64,6 +69,7 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     grid = None
     tune_dir = tune_dir_of(state.storage_root, state.sweep_id)
     quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
+    whole_tune_snapshots_on_local_storage()  # a full disk must not cut Tune's snapshot in OUT short
     try:
         if resume and tune.Tuner.can_restore(tune_dir):
             tuner = _restored_tuner(tune_dir, parts)

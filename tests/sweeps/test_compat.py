@@ -86,3 +86,61 @@ def test_placement_group_table_and_kv_put(local_ray):
     _compat.kv_put("critbatch-test/key", b"123")
     _compat.kv_put("critbatch-test/key", b"456")  # overwrites
     assert _internal_kv_get("critbatch-test/key") == b"456"
+
+
+_UPLOAD_UNDER_A_FILE_SIZE_LIMIT = r"""
+import json, resource, signal, sys
+import pyarrow.fs
+from ray.train._internal import storage
+if sys.argv[1] == "critbatch":
+    from sweeps._compat import whole_tune_snapshots_on_local_storage
+    whole_tune_snapshots_on_local_storage()
+    whole_tune_snapshots_on_local_storage()  # idempotent: wraps once
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, like ENOSPC
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+fn, kwargs = storage._FilesystemSyncer(storage_filesystem=pyarrow.fs.LocalFileSystem())._sync_up_command(
+    sys.argv[2], sys.argv[3])
+try:
+    fn(**kwargs)
+    print("copied")
+except OSError as exc:
+    print("raised", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("upload", ["ray", "critbatch"])
+def test_a_failed_snapshot_copy_to_local_storage_keeps_the_last_whole_snapshot(tmp_path, upload):
+    """Tune's syncer copies its staged snapshot into the storage folder through the private
+    ``ray.train._internal.storage._upload_to_fs_path``. A write that fails mid-file (a per-process file
+    size limit stands in for a full disk) cuts Ray's in-place copy short; with
+    :func:`sweeps._compat.whole_tune_snapshots_on_local_storage` the previous whole file stays, with no
+    temporary file, and the error is still raised. The small files of the snapshot are copied."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    staged, stored = tmp_path / "staged", tmp_path / "stored"
+    (staged / "trial_0").mkdir(parents=True)
+    new_state = {"trial_data": [["x" * 100, "{}"]] * 100}  # about 11 kB: past the 4 kB limit
+    (staged / "experiment_state-2026-12-05_06-00-00.json").write_text(json.dumps(new_state))
+    (staged / "searcher-state-2026-12-05_06-00-00.pkl").write_bytes(b"searcher")
+    stored.mkdir()
+    old = json.dumps({"trial_data": []})
+    (stored / "experiment_state-2026-12-05_06-00-00.json").write_text(old)
+
+    r = subprocess.run([sys.executable, "-c", _UPLOAD_UNDER_A_FILE_SIZE_LIMIT, upload, str(staged), str(stored)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == "raised", r.stdout
+    text = (stored / "experiment_state-2026-12-05_06-00-00.json").read_text()
+    if upload == "ray":  # why the wrapper exists: Ray's copy leaves a torn snapshot
+        assert text != old and len(text) <= 4096
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+    else:
+        assert text == old
+        assert (stored / "searcher-state-2026-12-05_06-00-00.pkl").read_bytes() == b"searcher"
+        assert (stored / "trial_0").is_dir()
+        assert not [p.name for p in stored.iterdir() if p.name.endswith(".tmp")]

@@ -113,6 +113,10 @@ def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs,
     for name in ("trials.json", "cbs.json"):  # each either absent or whole
         if (out / name).exists():
             json.loads((out / name).read_text())
+    snapshots = list((out / "tune").rglob("experiment_state-*.json"))
+    assert snapshots, sorted(str(p) for p in out.rglob("*"))
+    for path in snapshots:  # Tune's snapshot whole too (it was once cut short: resume then failed)
+        json.loads(path.read_text())
 
     (small_fs / "filler").unlink()
     r = start(["resume", str(out), "--no-progress", "--address", ray_head.gcs_address], tmp_path / "resume.log",
