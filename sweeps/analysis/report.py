@@ -327,6 +327,33 @@ def _answer(analysis: dict[str, Any], T: float) -> str:
             + (f" Analysis message: {html.escape(_capital(message))}." if message else "") + "</p>")
 
 
+def _lr_scaling_text(analysis: dict[str, Any]) -> str:
+    """The measured LR scaling rule in one paragraph (:mod:`sweeps.analysis.lr_scaling`); empty without a fit."""
+    fit, ci = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_ci")
+    if fit is None:
+        return ""
+    text = f"Learning-rate scaling, measured: best LR ~ B^alpha with alpha = {_fmt(fit)}"
+    if ci:
+        rules = analysis.get("lr_scaling_rules_in_interval") or []
+        named = {"linear": "linear (1)", "sqrt": "square root (0.5)", "none": "none (0)"}
+        inside = ", ".join(named.get(r, r) for r in rules) or "none of linear, square root or none"
+        text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}] (95 %); rules inside the interval: {inside}."
+    null = analysis.get("lr_scaling_exponent_by_chance")
+    if null:
+        text += (f" One trial per batch size picked at random gives {_fmt(null['mean'])} &plusmn; {_fmt(null['sd'])}: "
+                 "the fit is evidence for a rule only where it lies outside that spread.")
+    return text
+
+
+def _best_lr_text(row: dict[str, Any] | None) -> str:
+    """A batch size's best LR with its bracket (the tried LRs either side; "?" where none was tried)."""
+    if not row:
+        return ""
+    bracket = row.get("best_lr_bracket")
+    ends = "" if not bracket else " [" + ", ".join("?" if x is None else _fmt(x) for x in bracket) + "]"
+    return f"{_fmt(row['best_lr'])}{' (quadratic)' if row.get('method') == 'quadratic' else ''}{ends}"
+
+
 def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
     """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded; a cluster-plan
     section when ``OUT/plan.json`` exists)."""
@@ -338,15 +365,14 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
         for n, p in plots.items()
     )
     answer = _answer(analysis, T)
-    lr_fit, lr_null = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_by_chance")
-    lr_text = (f"Fitted LR scaling exponent over the trials that reached the target first: {_fmt(lr_fit)}; one trial per "
-               f"batch size picked at random gives {_fmt(lr_null['mean'])} &plusmn; {_fmt(lr_null['sd'])}, so the fit is "
-               "evidence for a rule only where it lies outside that spread.") if lr_fit is not None and lr_null else ""
+    lr_text = _lr_scaling_text(analysis)
+    best_lr = {r["batch_size_sequences"]: r for r in analysis.get("lr_per_batch") or []}
     rows = "".join(
         "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
             p["batch_size_sequences"], p["tokens_to_target"], p["steps_to_target"], p.get("flops_to_target"),
             ", ".join(p.get("trial_ids_to_target") or []),
             (p.get("config_to_target") or {}).get("lr"), (p.get("config_to_target") or {}).get("beta2_half_life_tokens"),
+            _best_lr_text(best_lr.get(p["batch_size_sequences"])),
             p["best_config_at_budget"].get("lr_rule"), p["best_config_at_budget"].get("lr"), p["loss_at_budget"],
             len(p["seeds"]))) + "</tr>"
         for p in analysis.get("per_batch") or []
@@ -382,7 +408,7 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
 (cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
-<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th>
+<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [bracket]</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>
 <h2>Plots</h2>{imgs}{_plan_section(output)}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
+from sweeps.analysis.lr_scaling import lr_scaling
 from sweeps.analysis.summary import headline
 from sweeps.analysis.targets import TARGET_RULE, TrialRecord, best_at_budget, choose_targets, steps_to_target_points
 from sweeps.errors import InvalidInput
@@ -32,39 +33,6 @@ def finite_json(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [finite_json(v) for v in o]
     return o
-
-
-def _lr_exponent(rows: list[tuple[int, float]]) -> float | None:
-    if len({b for b, _ in rows}) < 3:
-        return None
-    slope, _ = np.polyfit(np.log([b for b, _ in rows]), np.log([lr for _, lr in rows]), 1)
-    return float(slope)
-
-
-def _lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], draws: int = 2000, seed: int = 0
-                           ) -> dict[str, float] | None:
-    """The fitted LR exponent when one trial per batch size (of ``batch_sizes``, those of the fit) is
-    picked at random: the null to beat.
-
-    A search space whose LR rules and multipliers are spread evenly around a rule gives that rule's
-    exponent on average whatever the data say; a fitted exponent is evidence only where it differs
-    from this distribution.
-    """
-    by_b: dict[int, list[float]] = {}
-    for t in trials:
-        lr = t.hyperparameters.get("lr")
-        if lr and t.tokens and t.batch_size_sequences in batch_sizes:
-            by_b.setdefault(t.batch_size_sequences, []).append(float(lr))
-    if len(by_b) < 3:
-        return None
-    for lrs in by_b.values():
-        lrs.sort()  # the draws must not depend on the order of the records (Tune's trial ids are random)
-    rng = np.random.default_rng(seed)
-    x = np.log(np.array(sorted(by_b), dtype=float))
-    picks = np.stack([np.log(np.asarray(by_b[b]))[rng.integers(0, len(by_b[b]), draws)] for b in sorted(by_b)], axis=1)
-    xc = x - x.mean()
-    slopes = (picks - picks.mean(axis=1, keepdims=True)) @ xc / (xc @ xc)
-    return {"mean": float(slopes.mean()), "sd": float(slopes.std(ddof=1)), "draws": draws}
 
 
 def analyze_trials(
@@ -96,8 +64,10 @@ def analyze_trials(
     ``per_batch`` (each batch size's steps and tokens to the primary target with the trials that gave
     them, and, separately, ``best_config_at_budget``: the configuration with the lowest mean loss at
     the budget); ``b_simple`` (the noise-scale series of each batch size's best-at-budget trial);
-    ``lr_scaling_exponent_fit`` over the primary target's winning trials with
-    ``lr_scaling_exponent_by_chance`` (the same fit on random picks); ``headline``, the answer in one
+    ``lr_per_batch`` (each batch size's best LR at the primary target, with its interval where measured),
+    ``lr_scaling_exponent_fit`` (alpha of ``lr ~ B^alpha`` over them) with ``lr_scaling_exponent_ci``,
+    ``lr_scaling_rules_in_interval`` and ``lr_scaling_exponent_by_chance`` (the same fit on random picks)
+    (:func:`sweeps.analysis.lr_scaling.lr_scaling`); ``headline``, the answer in one
     sentence (:func:`sweeps.analysis.summary.headline`). The primary target is the
     lowest whose status is ``ok``, else the lowest ``edge``, else the lowest. When the records hold it,
     ``optimizer_state_bytes_per_param``: the median over the trials of each one's measured optimizer
@@ -140,13 +110,8 @@ def analyze_trials(
     result["b_simple"] = [
         {"batch_size_sequences": b, "tokens": ts[0].tokens, "b_simple": ts[0].b_simple} for b, ts in at_budget.items()
     ]
-    # LR scaling exponent of the configurations that reached the primary target first (methodology
-    # section 7.4), beside what random picks of one trial per batch size give
-    winners = [(b, by_trial[pts[0]["trial_id"]].hyperparameters.get("lr")) for b, pts in sorted(primary_points.items())]
-    fitted = _lr_exponent([(b, lr) for b, lr in winners if lr])
-    if fitted is not None:
-        result["lr_scaling_exponent_fit"] = fitted
-        result["lr_scaling_exponent_by_chance"] = _lr_exponent_by_chance(trials, {b for b, lr in winners if lr})
+    # the LR scaling rule the data say (methodology section 7.4), beside what random picks give
+    result |= lr_scaling(trials, primary["target_loss"], level)
     return _with_headline(result)
 
 

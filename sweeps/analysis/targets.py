@@ -14,7 +14,7 @@ import numpy as np
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["TrialRecord", "tokens_to_target", "steps_to_target_points", "choose_targets", "best_at_budget", "TARGET_RULE"]
+__all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "choose_targets", "best_at_budget", "TARGET_RULE"]
 
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
@@ -127,6 +127,13 @@ def _crossing_before_last(t: TrialRecord, target: float, last_tokens: float) -> 
     if hit is None or t.tokens[hit[1]] >= last_tokens:
         return None
     return hit[0]
+
+
+def tokens_to_target_by_trial(trials: list[TrialRecord], target: float) -> dict[str, float | None]:
+    """``{trial id: tokens to target}`` under :data:`TARGET_RULE` (a crossing at the batch size's last
+    milestone does not count: None), for every trial with a curve."""
+    last = _last_tokens_by_batch(trials)
+    return {t.trial_id: _crossing_before_last(t, target, last[t.batch_size_sequences]) for t in trials if t.tokens}
 
 
 def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float

@@ -12,6 +12,8 @@ Plain data: imports nothing, so the REST service can use it.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
     "TAG_MESSAGE", "TAG_ERROR", "TAG_CLOSED_BY", "TAG_GROUP_ID", "TAG_INITIAL_POINT", "TAG_PARENT_RUN_ID",
@@ -19,7 +21,7 @@ __all__ = [
     "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
-    "METRIC_KEYS", "METRIC_VAL_LOSS", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
+    "METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
@@ -82,6 +84,29 @@ def provenance_tags(provenance: dict) -> dict[str, str]:
         return out
 
     return flat(provenance, TAG_PROVENANCE_PREFIX)
+
+
+#: the parent run's tag naming the LR scaling rules inside the fitted exponent's interval (comma-separated)
+TAG_LR_RULES_IN_INTERVAL = "critbatch.lr_scaling_rules_in_interval"
+
+
+def lr_scaling_fields(analysis: dict) -> tuple[dict[str, float], dict[str, str]]:
+    """``cbs.json``'s measured LR scaling rule (:mod:`sweeps.analysis.lr_scaling`) as parent-run
+    ``(metrics, tags)``: ``lr_scaling_exponent`` and its interval's ends ``lr_scaling_exponent_ci_low`` /
+    ``_high`` (finite values only), and :data:`TAG_LR_RULES_IN_INTERVAL`; empty without a fitted exponent."""
+    def finite(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    metrics: dict[str, float] = {}
+    if not finite(analysis.get("lr_scaling_exponent_fit")):
+        return metrics, {}
+    metrics["lr_scaling_exponent"] = float(analysis["lr_scaling_exponent_fit"])
+    for key, v in zip(("lr_scaling_exponent_ci_low", "lr_scaling_exponent_ci_high"),
+                      list(analysis.get("lr_scaling_exponent_ci") or [])[:2]):
+        if finite(v):
+            metrics[key] = float(v)
+    rules = analysis.get("lr_scaling_rules_in_interval") or []
+    return metrics, {TAG_LR_RULES_IN_INTERVAL: ",".join(rules) or "none of linear, sqrt, none"}
 
 
 ROLE_SWEEP = "sweep"

@@ -361,7 +361,8 @@ class Tracker:
         Beside ``summary``'s metrics, from the analysis (``cbs.json``): the interval's finite ends as metrics
         ``b_crit_ci_low`` and ``b_crit_ci_high`` (sequences) and ``target_loss`` (the headline target), the
         fit's status as the tag ``critbatch.fit_status``, its ``provenance`` as ``critbatch.provenance.*`` tags
-        (:func:`sweeps.tracking.schema.provenance_tags`) and the headline sentence
+        (:func:`sweeps.tracking.schema.provenance_tags`), the measured LR exponent with its interval
+        (:func:`sweeps.tracking.schema.lr_scaling_fields`) and the headline sentence
         (:func:`sweeps.analysis.summary.headline`) as the run's description (``mlflow.note.content``, with
         the message of a sweep that did not succeed).
 
@@ -430,6 +431,9 @@ def _parent_fields(status: str, summary: dict[str, Any], message: str,
             metrics["target_loss"] = float(analysis["target_loss"])
         if isinstance(analysis.get("provenance"), dict):  # versions and thread settings (sweeps/run/provenance.py)
             tags.update(schema.provenance_tags(analysis["provenance"]))
+        lr_metrics, lr_tags = schema.lr_scaling_fields(analysis)  # the measured LR scaling rule
+        metrics.update(lr_metrics)
+        tags.update(lr_tags)
         if analysis.get("status"):
             tags[TAG_FIT_STATUS] = str(analysis["status"])
             try:

@@ -446,7 +446,7 @@ def test_an_interval_past_the_swept_range_is_edge_not_ok():
 
 
 def test_lr_exponent_by_chance_does_not_depend_on_the_order_of_the_trials():
-    from sweeps.analysis.sweep import _lr_exponent_by_chance
+    from sweeps.analysis.lr_scaling import lr_exponent_by_chance as _lr_exponent_by_chance
 
     trials = [TrialRecord(trial_id=f"t{b}-{i}", batch_size_sequences=b, seed=0, group_id=f"t{b}-{i}",
                           status="COMPLETED", hyperparameters={"lr": 1e-3 * (b ** 0.5) * m}, tokens=[1.0],

@@ -134,3 +134,19 @@ def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
     # b_crit 11.06 [0.675, 70.34], B0 = 16: cbs_20 = 0.2 b + 19.2 -> 21.41 [19.34, 33.27]; 0.2 b -> 2.212 [0.135, 14.07]
     assert "21.41 [19.34, 33.27] sequences" in text
     assert "2.212 [0.135, 14.07] sequences (below the smallest fitted batch size, 4: an extrapolation of the fit)" in text
+
+
+def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(tmp_path):
+    cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
+    b0 = cbs["per_batch"][0]["batch_size_sequences"]
+    cbs |= {"lr_scaling_exponent_fit": 0.42, "lr_scaling_exponent_ci": [0.1, 0.74],
+            "lr_scaling_rules_in_interval": ["sqrt"], "lr_scaling_exponent_by_chance": {"mean": 0.5, "sd": 0.2},
+            "lr_per_batch": [{"batch_size_sequences": b0, "best_lr": 0.004, "method": "quadratic",
+                              "best_lr_bracket": [0.002, None], "n_trials_to_target": 3}]}
+    records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
+    page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
+    text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
+    assert ("best LR ~ B^alpha with alpha = 0.42 [0.1, 0.74] (95 %); rules inside the interval: square root (0.5)."
+            in text)
+    assert "picked at random gives 0.5 ± 0.2" in text
+    assert "0.004 (quadratic) [0.002, ?]" in text

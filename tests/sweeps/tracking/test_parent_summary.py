@@ -56,6 +56,18 @@ def test_the_parent_reads_cbs_json_from_its_artifacts_and_logs_no_open_end(tiny_
     assert run.data.tags["mlflow.note.content"].startswith("At target loss 6.656, the knee lies above the largest")
 
 
+def test_the_parent_run_holds_the_measured_lr_exponent_and_the_rules_its_interval_holds(tiny_spec_dict, mlflow_uri):
+    cbs = json.loads(FIXTURE.read_text()) | {"lr_scaling_exponent_fit": 0.42, "lr_scaling_exponent_ci": [0.1, 0.74],
+                                             "lr_scaling_rules_in_interval": ["sqrt"]}
+    tracker = _tracker(mlflow_uri, tiny_spec_dict, "summary-lr")
+    assert tracker.finish("SUCCEEDED", {}, None, drain_s=5, analysis=cbs)
+    run = tracker.client.get_run(tracker.parent_run_id)
+    assert run.data.metrics["lr_scaling_exponent"] == pytest.approx(0.42)
+    assert run.data.metrics["lr_scaling_exponent_ci_low"] == pytest.approx(0.1)
+    assert run.data.metrics["lr_scaling_exponent_ci_high"] == pytest.approx(0.74)
+    assert run.data.tags["critbatch.lr_scaling_rules_in_interval"] == "sqrt"
+
+
 def test_a_crashed_sweep_is_described_by_its_message(tiny_spec_dict, mlflow_uri):
     tracker = _tracker(mlflow_uri, tiny_spec_dict, "summary-crash")
     assert tracker.finish("FAILED", {}, None, message="sweep crashed: boom", drain_s=5)
