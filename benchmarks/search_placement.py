@@ -1,0 +1,174 @@
+"""Where the search puts its trials, and what that does to ``b_crit``'s interval (issue 27): today's
+independent per-batch-size search against learning-rate transfer, at the same compute, on simulated
+sweeps with a known critical batch size and an error structure read off this project's cached LR grid.
+
+    python benchmarks/search_placement.py                # 300 sweeps per strategy, about 1-2 min on 2 cores
+    python benchmarks/search_placement.py --sweeps 1000
+
+**The model** (one simulated sweep; numbers read off the 42 curves of ``benchmarks/cache/search_efficiency``,
+7 batch sizes x LR multipliers 0.7-4 of the square-root rule, tokens to loss 2.6 and 2.45):
+
+* the truth: ``S(B) = S_min (1 + b_crit / B)`` (McCandlish et al. 2018, Eq. 2.11), ``b_crit`` drawn
+  log-uniform in [8, 32] per sweep;
+* the optimum LR ``lr*(B) = lr*_16 (B / 16)^a``, with ``a`` drawn uniform in [0, 0.5] per sweep (the grid's
+  optimum moves from about 0.005 at B = 4-8 to 0.004-0.012 at B = 16-64: nearly flat) and the user's
+  starting LR at B = 16 off by up to an octave either way;
+* the cost of a wrong LR, asymmetric and growing with B: ``x = log2(lr / lr*)`` costs
+  ``k (B / 16)^0.15 x^2`` in log tokens with ``k = 0.35`` above the optimum and ``0.2`` below (one octave
+  above B = 16's optimum cost about 0.3 on the grid, one below about 0.17); past ``x = 2.5`` the trial
+  diverges and never reaches a target;
+* noise: lognormal in tokens, ``--sd-batch`` (default 0.05) shared by a batch size's trials and
+  ``--sd-trial`` (0.04) per trial (the seed-to-seed spread of the loss on the grid is 0.6-4 %; next to
+  a smooth curve over the multipliers the grid's log tokens scatter by up to about 0.1-0.25, so run
+  ``--sd-batch 0.1 --sd-trial 0.1`` too);
+* one token budget for every batch size (tokens to the middle loss at B = 64 and its optimum, times 1.5),
+  16 milestones, so the largest batch sizes may not reach the lower targets (censored: they drop out,
+  as in a real sweep);
+* the analysis is the product's own: :func:`sweeps.analysis.analyze_trials` with its target rule and
+  interval; the headline target is the product's choice.
+
+**The placements**, 2 trials per batch size for both (14 trials, the main job's compute):
+
+* ``independent`` (today's ``search.strategy``): each batch size draws its 2 configurations at random,
+  an LR scaling rule among linear, square root and none times a multiplier log-uniform in [0.5, 2]
+  (the example spec's space), around the user's starting LR;
+* ``transfer`` (issue 27's proposal; not in the product yet: this measures whether to build it): batch
+  sizes run outward from 16 (16, 8, 32, 4, 64, 128, 256); the first gets the starting LR times
+  2^(-0.5) and 2^(+0.5); each next batch size centres on the nearest finished batch size's best LR (its
+  faster trial) scaled by (B ratio)^alpha, alpha 0.5 until three batch sizes have finished, then the
+  fitted :func:`sweeps.analysis.lr_scaling.lr_exponent_fit` over their best LRs (clipped to [0, 1]),
+  with its two trials half an octave either side.
+
+Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
+``median_width_ratio=`` (upper / lower end; inf when open), ``median_log2_bias=`` (log2 of the
+estimate over the truth, over sweeps with an estimate), and how many sweeps gave status ok.
+What this does not show: that real searches have this error structure beyond the grid it was read off
+(one model, one seed per configuration); the independent strategy's real sampler is Optuna's TPE per
+batch size, not uniform draws (with 2 trials per batch size TPE has not started learning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
+from sweeps.analysis.lr_scaling import LR_RULE_EXPONENTS, lr_exponent_fit  # noqa: E402
+
+T = 64  # tokens per sequence
+BATCH_SIZES = [4, 8, 16, 32, 64, 128, 256]
+BASE = 16
+TRANSFER_ORDER = [16, 8, 32, 4, 64, 128, 256]
+S_MIN = 200.0
+K_ABOVE, K_BELOW, K_GROWTH, DIVERGE_OCTAVES = 0.35, 0.2, 0.15, 2.5
+
+
+class Sweep:
+    """One simulated sweep's truth and its batch sizes' shared errors."""
+
+    def __init__(self, rng: np.random.Generator, sd_batch: float, sd_trial: float):
+        self.rng, self.sd_trial = rng, sd_trial
+        self.b_crit = float(np.exp(rng.uniform(math.log(8), math.log(32))))
+        self.alpha = float(rng.uniform(0.0, 0.5))
+        self.lr16 = 0.005
+        self.start_lr = self.lr16 * 2 ** rng.uniform(-1, 1)
+        self.e_batch = {b: rng.normal(0, sd_batch) for b in BATCH_SIZES}
+        self.budget = self.tokens_mid(64, penalty=0.0) * 1.5
+        self.milestones = np.linspace(self.budget / 16, self.budget, 16)
+
+    def tokens_mid(self, b: int, penalty: float) -> float:
+        """Tokens to the middle loss (2.0 on the curve below) at batch size ``b`` with a log-token penalty."""
+        return S_MIN * (1 + self.b_crit / b) * b * T * math.exp(penalty)
+
+    def trial(self, tid: str, b: int, lr: float) -> tuple[TrialRecord, float]:
+        """A trial at ``(b, lr)``: its record and its tokens to the middle loss (inf if it diverged)."""
+        x = math.log2(lr / (self.lr16 * (b / BASE) ** self.alpha))
+        grow = (b / BASE) ** K_GROWTH
+        tok = self.milestones
+        if x > DIVERGE_OCTAVES:
+            return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="DIVERGED",
+                               hyperparameters={"lr": lr}, tokens=list(tok[:2]), val_loss=[9.0, 9.0],
+                               flops=list(tok[:2] * 10.0)), math.inf
+        penalty = (K_ABOVE if x > 0 else K_BELOW) * grow * x * x + self.e_batch[b] + self.rng.normal(0, self.sd_trial)
+        mid = self.tokens_mid(b, penalty)
+        loss = 1.0 + 1.0 * (tok / mid) ** -0.5  # loss 2.0 at tokens_mid; the hyperbola holds at every target
+        return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
+                           hyperparameters={"lr": lr}, tokens=list(tok), val_loss=list(loss),
+                           flops=list(tok * 10.0)), mid
+
+
+def independent(sweep: Sweep) -> list[TrialRecord]:
+    """Two random configurations per batch size: a rule of three, a multiplier log-uniform in [0.5, 2]."""
+    rng, out = sweep.rng, []
+    for b in BATCH_SIZES:
+        for k in range(2):
+            rule = list(LR_RULE_EXPONENTS)[rng.integers(0, 3)]
+            lr = sweep.start_lr * (b / BASE) ** LR_RULE_EXPONENTS[rule] * 2 ** rng.uniform(-1, 1)
+            out.append(sweep.trial(f"B{b}-{k}", b, lr)[0])
+    return out
+
+
+def transfer(sweep: Sweep) -> list[TrialRecord]:
+    """Batch sizes outward from 16, each centred on its nearest finished neighbour's best LR (see above)."""
+    out, best = [], {}
+    for b in TRANSFER_ORDER:
+        if not best:
+            centre = sweep.start_lr
+        else:
+            near = min(best, key=lambda f: (abs(math.log(b / f)), f))
+            fit = lr_exponent_fit(list(best), list(best.values())) if len(best) >= 3 else None
+            alpha = min(max(fit["alpha"], 0.0), 1.0) if fit else 0.5
+            centre = best[near] * (b / near) ** alpha
+        runs = [sweep.trial(f"B{b}-{k}", b, centre * 2 ** s) for k, s in enumerate((-0.5, 0.5))]
+        out += [r for r, _ in runs]
+        fastest = min(runs, key=lambda r: r[1])
+        if math.isfinite(fastest[1]):
+            best[b] = fastest[0].hyperparameters["lr"]
+    return out
+
+
+STRATEGIES = {"independent": independent, "transfer": transfer}
+
+
+def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, sd_trial: float) -> dict[str, float]:
+    """``coverage``, ``median_width_ratio``, ``median_log2_bias`` and ``ok`` (sweeps with status ok) of
+    ``sweeps`` simulated sweeps placed by ``strategy``."""
+    rng = np.random.default_rng(seed)
+    hits, ratios, biases, ok = 0, [], [], 0
+    for _ in range(sweeps):
+        sweep = Sweep(rng, sd_batch, sd_trial)
+        res = analyze_trials(STRATEGIES[strategy](sweep), context_length_tokens=T, reference_batch=BASE, level=level)
+        ci = res.get("b_crit_ci")
+        lo, hi = (ci[0] or 0.0, ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
+        hits += lo <= sweep.b_crit <= hi
+        ratio = hi / lo if lo > 0 else math.inf
+        ratios.append(ratio if ratio == ratio else math.inf)  # a NaN end: no interval
+        if res.get("b_crit"):
+            biases.append(math.log2(res["b_crit"] / sweep.b_crit))
+        ok += res.get("status") == "ok"
+    return {"coverage": hits / sweeps, "median_width_ratio": float(np.median(ratios)),
+            "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sweeps", type=int, default=300, help="simulated sweeps per strategy")
+    ap.add_argument("--level", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sd-batch", type=float, default=0.05, help="log-token noise shared by a batch size's trials")
+    ap.add_argument("--sd-trial", type=float, default=0.04, help="log-token noise per trial")
+    a = ap.parse_args()
+    for name in STRATEGIES:  # the same seed: the same truths, starting LRs and shared errors for both
+        s = score(name, a.sweeps, a.seed, a.level, a.sd_batch, a.sd_trial)
+        print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "
+              f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} ({a.sweeps} sweeps)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
