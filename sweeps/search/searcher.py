@@ -33,23 +33,34 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
+from sweeps.search.transfer import anchor_of, lr_offsets_octaves, transfer_centre, transfer_order
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
-__all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "OBJECTIVE"]
+__all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
+           "LR_OFFSET"]
 
 #: the metric each Optuna study minimises: validation loss at the end of the trial's budget
 #: (a diverged trial counts as ``ln(vocab)``, the loss of a uniform prediction).
 OBJECTIVE = "objective"
 
 
+#: the Optuna parameter of ``search.strategy: transfer``: a trial's LR offset from its batch size's
+#: centre, in octaves (:mod:`sweeps.search.transfer`)
+LR_OFFSET = "lr_offset_octaves"
+
+
 def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
-    """Optuna distributions for the dimensions that vary (fixed ones are left out)."""
+    """Optuna distributions for the dimensions that vary (fixed ones are left out). With
+    ``search.strategy: transfer`` the LR rule and multiplier give way to :data:`LR_OFFSET`."""
     s = spec.search
     space: dict[str, optuna.distributions.BaseDistribution] = {}
-    if len(s.lr_rules) > 1:
+    if s.strategy == "transfer":
+        reach = max(2.0, (s.trials_per_batch_size - 1) / 2)
+        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-reach, reach)
+    elif len(s.lr_rules) > 1:
         space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
     lo, hi = s.lr_multiplier
-    if lo < hi:
+    if lo < hi and s.strategy != "transfer":
         space["lr_multiplier"] = optuna.distributions.FloatDistribution(lo, hi, log=True)
     if s.beta2.half_life_tokens is not None:
         lo2, hi2 = s.beta2.half_life_tokens
@@ -82,10 +93,25 @@ def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dic
     return {"lr_rule": rule, "lr_multiplier": mult, "lr": lr, "beta2": beta2, "beta2_half_life_tokens": t_half}
 
 
+def transfer_hyperparameters(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any],
+                             centre_lr: float) -> dict[str, Any]:
+    """:func:`hyperparameters_for` under ``search.strategy: transfer``: ``lr = centre_lr 2^offset``
+    (``offset``: ``sampled[LR_OFFSET]``, octaves), ``lr_rule`` the spec's first (it scales the LR only
+    under batch-size warmup) and ``lr_multiplier`` the one that rule would need for this LR."""
+    s = spec.search
+    hp = hyperparameters_for(spec, batch_size_sequences, {k: v for k, v in sampled.items() if k != LR_OFFSET})
+    lr = centre_lr * 2.0 ** float(sampled.get(LR_OFFSET, 0.0))
+    rule = s.lr_rules[0]
+    return {**hp, "lr_rule": rule, "lr": lr,
+            "lr_multiplier": lr / scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, 1.0)}
+
+
 #: Optuna user attribute of an enqueued ``search.initial_points`` trial: the point's index
 INITIAL_POINT_ATTR = "critbatch.initial_point"
 #: Optuna study user attribute: the fingerprint of the spec the sweep id is bound to
 FINGERPRINT_ATTR = "critbatch.fingerprint"
+#: Optuna user attribute of a trial enqueued by ``search.strategy: transfer``: its index among its batch size's
+TRANSFER_POINT_ATTR = "critbatch.transfer_point"
 #: study user attribute: how many initial points were enqueued (so a restored study does not enqueue them again)
 INITIAL_POINTS_ENQUEUED_ATTR = "critbatch.initial_points_enqueued"
 
@@ -125,6 +151,11 @@ class BatchSizeSearcher(Searcher):
     Emits exactly ``spec.n_trials`` configs, then ``Searcher.FINISHED``. Each config holds
     ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters, and
     ``initial_point`` (its index in ``search.initial_points``) when it is one.
+
+    With ``search.strategy: transfer`` batch sizes are handed out in :func:`transfer_order`; one whose
+    anchor has not finished waits (``suggest`` returns None, Tune asks again), and its study gets its
+    trials' LR offsets and carried beta2 enqueued when it starts (:mod:`sweeps.search.transfer`); its
+    centre, alpha and each finished batch size's best LR are kept in ``transfer_state``.
     """
 
     def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str, fingerprint: str | None = None,
@@ -138,6 +169,12 @@ class BatchSizeSearcher(Searcher):
         self._sampler_blobs: dict[int, bytes] = {}
         self.space = search_space(spec)
         self.batches = list(spec.search.batch_sizes_sequences)
+        self.transfer = spec.search.strategy == "transfer"
+        if self.transfer:
+            self.batches = transfer_order(self.batches, spec.search.base_batch_size_sequences)
+        #: transfer only: per batch size, ``{"centre_lr", "alpha", "anchor"}`` once started and ``"best_lr"``,
+        #: ``"best_params"`` (its best group's sampled values) once its groups have all finished
+        self.transfer_state: dict[int, dict[str, Any]] = {}
         self.quota = spec.search.trials_per_batch_size * len(spec.seeds)
         self.assigned: dict[int, int] = {b: 0 for b in self.batches}
         self.open_group: dict[int, _Group | None] = {b: None for b in self.batches}
@@ -180,15 +217,23 @@ class BatchSizeSearcher(Searcher):
                 sampler = optuna.samplers.TPESampler(seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31))
             sub = OptunaSearch(space=self.space, metric=OBJECTIVE, mode="min", storage=storage, study_name=name,
                                sampler=sampler)
-            self._prepare_study(optuna_search_study(sub))
+            self._prepare_study(optuna_search_study(sub), b)
             self._subs[b] = sub
         return self._subs[b]
 
-    def _prepare_study(self, study: optuna.Study) -> None:
-        """Record the spec's fingerprint and, in a new study, enqueue ``search.initial_points`` (in order)."""
+    def _prepare_study(self, study: optuna.Study, b: int) -> None:
+        """Record the spec's fingerprint and, in a new study, enqueue ``search.initial_points`` (in order)
+        or, under transfer, batch size ``b``'s LR offsets with its carried beta2."""
         attrs = study.user_attrs
         if self.fingerprint and attrs.get(FINGERPRINT_ATTR) != self.fingerprint:
             study.set_user_attr(FINGERPRINT_ATTR, self.fingerprint)
+        if self.transfer:
+            if not attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) and not study.get_trials(deepcopy=False):
+                carried = self._carried_beta2(b)
+                for i, offset in enumerate(lr_offsets_octaves(self.spec.search.trials_per_batch_size)):
+                    study.enqueue_trial({LR_OFFSET: offset, **carried}, user_attrs={TRANSFER_POINT_ATTR: i})
+                study.set_user_attr(INITIAL_POINTS_ENQUEUED_ATTR, self.spec.search.trials_per_batch_size)
+            return
         points = self.spec.search.initial_points
         if not points or attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) or study.get_trials(deepcopy=False):
             return
@@ -198,6 +243,8 @@ class BatchSizeSearcher(Searcher):
         study.set_user_attr(INITIAL_POINTS_ENQUEUED_ATTR, len(points))
 
     def _next_batch(self) -> int | None:
+        if self.transfer:  # the first batch size, in transfer order, with trials left whose anchor has finished
+            return next((b for b in self.batches if self.assigned[b] < self.quota and self._ready(b)), None)
         n = len(self.batches)
         for i in range(n):
             b = self.batches[(self._rr + i) % n]
@@ -211,7 +258,9 @@ class BatchSizeSearcher(Searcher):
             return None  # as many trials running as allowed (paused ones do not count): ask again later
         b = self._next_batch()
         if b is None:
-            return Searcher.FINISHED
+            return Searcher.FINISHED if self.exhausted() else None  # transfer: waiting for an anchor to finish
+        if self.transfer and b not in self.transfer_state:
+            self._start_transfer(b)
         group = self.open_group[b]
         if group is None or group.full():
             sub = self._sub(b)
@@ -225,7 +274,8 @@ class BatchSizeSearcher(Searcher):
         group.trial_ids.append(trial_id)
         self.groups[trial_id] = group
         self.assigned[b] += 1
-        hp = hyperparameters_for(self.spec, b, group.params)
+        hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
+              if self.transfer else hyperparameters_for(self.spec, b, group.params))
         point = getattr(group, "initial_point", None)
         return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,
                 **({"initial_point": point} if point is not None else {})}
@@ -250,17 +300,72 @@ class BatchSizeSearcher(Searcher):
             group.results[trial_id] = ("COMPLETE", float(val)) if ok else ("FAIL", None)
         if not group.finished():
             return
+        states = [s for s, _ in group.results.values()]
+        values = [v for s, v in group.results.values() if s == "COMPLETE"]
+        if self.transfer:
+            self._record_transfer(group, sum(values) / len(values) if values and "PRUNED" not in states else None)
         sub = self._sub(group.batch)
         if sub is None:
             return
-        states = [s for s, _ in group.results.values()]
-        values = [v for s, v in group.results.values() if s == "COMPLETE"]
         if "PRUNED" in states:
             sub.on_trial_complete(group.primary, None, error=False)  # -> Optuna PRUNED
         elif values:
             sub.on_trial_complete(group.primary, {OBJECTIVE: sum(values) / len(values)})
         else:
             sub.on_trial_complete(group.primary, None, error=True)  # -> Optuna FAIL
+
+    # ---- search.strategy: transfer ---------------------------------------------------------------
+
+    def _groups_of(self, b: int) -> list[_Group]:
+        return list({id(g): g for g in self.groups.values() if g.batch == b}.values())
+
+    def _ready(self, b: int) -> bool:
+        """Transfer: ``b`` may start (it is the first batch size, or its anchor has had every trial end)."""
+        if b in self.transfer_state:
+            return True
+        anchor = anchor_of(b, self.batches)
+        return anchor is None or "best_lr" in self.transfer_state.get(anchor, {})
+
+    def _start_transfer(self, b: int) -> None:
+        """Fix ``b``'s centre LR: the spec's starting LR for the first batch size, else transferred."""
+        s = self.spec.search
+        anchor = anchor_of(b, self.batches)
+        if anchor is None:
+            lo, hi = s.lr_multiplier
+            centre = scaled_lr(s.base_lr, s.base_batch_size_sequences, b, s.lr_rules[0], math.sqrt(lo * hi))
+            self.transfer_state[b] = {"centre_lr": centre, "alpha": None, "anchor": None}
+            return
+        best = {a: st["best_lr"] for a, st in self.transfer_state.items() if "best_lr" in st}
+        centre, alpha = transfer_centre(b, anchor, best)
+        self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor}
+
+    def _carried_beta2(self, b: int) -> dict[str, Any]:
+        """The beta2 values ``b``'s trials carry (searched dimensions only): the anchor's best group's, or for
+        the first batch size the middle of the searched range (the first of ``beta2.values``)."""
+        anchor = self.transfer_state.get(b, {}).get("anchor")
+        if anchor is not None:
+            best = self.transfer_state[anchor].get("best_params") or {}
+            return {k: v for k, v in best.items() if k in self.space and k != LR_OFFSET}
+        out: dict[str, Any] = {}
+        beta2 = self.spec.search.beta2
+        if "beta2_half_life_tokens" in self.space:
+            lo, hi = beta2.half_life_tokens
+            out["beta2_half_life_tokens"] = math.sqrt(lo * hi)
+        elif "beta2" in self.space:
+            out["beta2"] = beta2.values[0]
+        return out
+
+    def _record_transfer(self, group: _Group, objective: float | None) -> None:
+        """A group of ``group.batch`` ended: keep its batch size's best LR once every group has ended (a batch
+        size whose trials all failed keeps its centre as its best LR)."""
+        b = group.batch
+        state = self.transfer_state.setdefault(b, {})
+        if objective is not None and objective < state.get("best_objective", math.inf):
+            state.update(best_objective=objective, best_params=dict(group.params),
+                         best_group_lr=state["centre_lr"] * 2.0 ** float(group.params.get(LR_OFFSET, 0.0)))
+        groups = self._groups_of(b)
+        if self.assigned[b] >= self.quota and all(g.finished() for g in groups):
+            state["best_lr"] = state.get("best_group_lr", state["centre_lr"])
 
     # ---- state for Tuner.restore -----------------------------------------------------------------
 
@@ -287,6 +392,8 @@ class BatchSizeSearcher(Searcher):
         state["scheduler"] = getattr(self, "scheduler", None)
         state.setdefault("_sampler_blobs", {})  # saved before samplers were saved: the seed is shifted instead
         state.setdefault("fingerprint", None)
+        state.setdefault("transfer", False)  # saved before search.strategy existed
+        state.setdefault("transfer_state", {})
         self.__dict__.update(state)
         self._subs = None
         # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
@@ -300,5 +407,5 @@ class BatchSizeSearcher(Searcher):
         return self._state()
 
     def set_state(self, state: dict) -> None:
-        self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, **state,
+        self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, "transfer": False, "transfer_state": {}, **state,
                               "scheduler": getattr(self, "scheduler", None)})

@@ -304,10 +304,24 @@ class SearchSpec(_Strict):
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
     trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
     algorithm: Literal["optuna"] = "optuna"
+    strategy: Literal["independent", "transfer"] = Field(
+        default="independent",
+        description="independent: each batch size's study samples the LR rule and multiplier on its own; "
+                    "transfer: batch sizes run outward from base_batch_size_sequences, each centring its LRs "
+                    "on the nearest finished batch size's best LR scaled by the measured exponent "
+                    "(sweeps/search/transfer.py)")
     initial_points: list[InitialPointSpec] = Field(
         default_factory=list, max_length=1000,
         description="configurations evaluated first at every batch size, in order, before Optuna samples "
                     "(enqueued trials of each batch size's study); they count in trials_per_batch_size")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # a spec at the default strategy dumps (and fingerprints) as before search.strategy existed
+        out = handler(self)
+        if out.get("strategy") == "independent":
+            out.pop("strategy")
+        return out
 
     @field_validator("batch_sizes_sequences")
     @classmethod
@@ -329,6 +343,8 @@ class SearchSpec(_Strict):
         if lo > hi:
             raise ValueError("lr_multiplier: low must be <= high")
         errs = [f"initial_points.{i}.{msg}" for i, p in enumerate(self.initial_points) for msg in self._outside(p)]
+        if self.strategy == "transfer" and self.initial_points:
+            errs.append("initial_points: search.strategy transfer places every trial itself; use independent")
         if len(self.initial_points) > self.trials_per_batch_size:
             errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
                         f"{self.trials_per_batch_size} (they count in it)")

@@ -188,6 +188,9 @@ class SweepSpec(_Strict):
             errs.append("finetune: required when workload is 'finetune'")
         if self.workload == "pretrain" and self.finetune is not None:
             errs.append("finetune: only allowed when workload is 'finetune'")
+        if self.search.strategy == "transfer" and self.pruning.enabled and self.pruning.mode == "pause":
+            errs.append("search.strategy: transfer starts a batch size when its neighbour's trials have ended; "
+                        "pruning.mode pause keeps trials waiting for others: use pruning.mode stop")
         errs += self._parallelism_errors()
         errs += self._sync_errors()
         errs += self._optimizer_errors()

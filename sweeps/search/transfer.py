@@ -1,0 +1,65 @@
+"""Learning-rate transfer across batch sizes (``search.strategy: transfer``, issue 27): where each batch
+size's trials go.
+
+Batch sizes run outward from the swept batch size nearest ``base_batch_size_sequences``. The first one
+centres its trials on the spec's starting LR (``base_lr`` scaled by the first LR rule, at the geometric
+middle of ``lr_multiplier``). Each next batch size ``B`` waits for its *anchor*, the neighbour one step
+nearer the start, to finish, then centres on the anchor's best LR scaled by ``(B / anchor)^alpha``:
+``alpha`` is the exponent fitted over the best LRs of the batch sizes finished so far
+(:func:`sweeps.analysis.lr_scaling.lr_exponent_fit`, clipped to [0, 1]) once three have finished, and the
+square-root rule's 0.5 before (Malladi et al. 2022, the Adam SDE). A batch size's ``k`` trials sit an
+octave apart around its centre (offsets ``i - (k - 1) / 2`` octaves): two trials are half an octave
+either side. Simulated on this project's cached LR grid (``benchmarks/search_placement.py``), this
+placement halves the interval's width of today's independent draws at the same compute.
+
+Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the state and asks Optuna.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sweeps.analysis.lr_scaling import lr_exponent_fit
+
+__all__ = ["PRIOR_ALPHA", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre"]
+
+#: the LR exponent used until three batch sizes have finished: the square-root rule
+PRIOR_ALPHA = 0.5
+
+
+def transfer_order(batch_sizes: list[int], base_batch_size: int) -> list[int]:
+    """The batch sizes outward from the one nearest ``base_batch_size`` (in log distance; ties: the smaller
+    first), alternating sides by distance: e.g. ``[4, ..., 256]`` from 16 gives ``[16, 8, 32, 4, 64, 128, 256]``."""
+    start = min(batch_sizes, key=lambda b: (abs(math.log(b / base_batch_size)), b))
+    return sorted(batch_sizes, key=lambda b: (abs(math.log(b / start)), b))
+
+
+def anchor_of(batch_size: int, order: list[int]) -> int | None:
+    """The batch size whose best LR ``batch_size`` transfers from: the next one towards ``order[0]`` on its
+    side (None for ``order[0]`` itself)."""
+    start = order[0]
+    if batch_size == start:
+        return None
+    side = [b for b in order if (b < batch_size if batch_size > start else b > batch_size)
+            and (b >= start if batch_size > start else b <= start)]
+    return min(side, key=lambda b: abs(math.log(batch_size / b)))
+
+
+def lr_offsets_octaves(k: int) -> list[float]:
+    """The ``k`` trials' LR offsets from the centre, in octaves, an octave apart: ``i - (k - 1) / 2``."""
+    return [i - (k - 1) / 2 for i in range(k)]
+
+
+def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) -> tuple[float, float]:
+    """The centre LR of ``batch_size``'s trials: ``best_lrs[anchor] (batch_size / anchor)^alpha``.
+
+    Args:
+        best_lrs: the best LR of every finished batch size (``anchor`` among them).
+
+    Returns:
+        ``(centre, alpha)``: alpha is fitted over ``best_lrs`` with 3 or more batch sizes (clipped to
+        [0, 1]), else :data:`PRIOR_ALPHA`.
+    """
+    fit = lr_exponent_fit(list(best_lrs), list(best_lrs.values())) if len(best_lrs) >= 3 else None
+    alpha = min(max(fit["alpha"], 0.0), 1.0) if fit else PRIOR_ALPHA
+    return best_lrs[anchor] * (batch_size / anchor) ** alpha, alpha

@@ -1,0 +1,160 @@
+"""``search.strategy: transfer`` (sweeps/search/transfer.py and the searcher's transfer path), driven
+directly on a real Optuna RDB: batch sizes outward from the base, each waiting for its anchor, centred on
+the anchor's best LR scaled by the measured exponent, and a restored searcher going on where it left."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+from ray.tune.search import Searcher
+
+from sweeps.errors import InvalidInput
+from sweeps.search.searcher import OBJECTIVE, BatchSizeSearcher
+from sweeps.search.transfer import anchor_of, lr_offsets_octaves, transfer_centre, transfer_order
+from sweeps.spec import parse_spec
+
+
+def test_the_order_runs_outward_from_the_base_and_each_anchor_is_one_step_nearer():
+    order = transfer_order([4, 8, 16, 32, 64, 128, 256], 16)
+    assert order == [16, 8, 32, 4, 64, 128, 256]
+    assert [anchor_of(b, order) for b in order] == [None, 16, 16, 8, 32, 64, 128]
+    assert transfer_order([4, 8, 64], 16) == [8, 4, 64]  # the base itself not swept: the nearest one starts
+    assert anchor_of(64, [8, 4, 64]) == 8
+    assert lr_offsets_octaves(2) == [-0.5, 0.5] and lr_offsets_octaves(3) == [-1.0, 0.0, 1.0]
+
+
+def test_the_centre_scales_by_the_square_root_rule_until_three_batch_sizes_have_finished():
+    assert transfer_centre(32, 16, {16: 4e-3}) == (pytest.approx(4e-3 * math.sqrt(2)), 0.5)
+    centre, alpha = transfer_centre(64, 32, {8: 1e-3, 16: 2e-3, 32: 4e-3})  # linear so far: alpha 1
+    assert alpha == pytest.approx(1.0) and centre == pytest.approx(8e-3)
+    assert transfer_centre(64, 32, {8: 4e-3, 16: 2e-3, 32: 1e-3})[1] == 0.0  # a falling fit is clipped to 0
+
+
+def _spec(tiny_spec_dict, **search):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"].update({"strategy": "transfer", "batch_sizes_sequences": [4, 8, 16, 32], "base_batch_size_sequences": 8,
+                        "base_lr": 2e-3, "lr_rules": ["sqrt", "linear"], "lr_multiplier": [0.5, 2.0],
+                        "trials_per_batch_size": 2, **search})
+    d["seeds"] = [0]
+    return parse_spec(d)
+
+
+def _finish(searcher, tid, objective):
+    searcher.on_trial_complete(tid, {OBJECTIVE: objective})
+
+
+def test_transfer_waits_for_each_anchor_and_centres_on_its_best_lr(tiny_spec_dict, tmp_path):
+    s = _spec(tiny_spec_dict)
+    searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "tr")
+    a, b = searcher.suggest("a"), searcher.suggest("b")
+    assert a["batch_size_sequences"] == b["batch_size_sequences"] == 8
+    assert [a["lr"], b["lr"]] == pytest.approx([2e-3 * 2 ** -0.5, 2e-3 * 2 ** 0.5])  # the start: base LR x 1
+    assert a["lr_rule"] == "sqrt" and a["lr_multiplier"] == pytest.approx(2 ** -0.5)
+    assert searcher.suggest("c") is None  # 4 and 16 wait for 8
+    _finish(searcher, "a", 2.0)
+    assert searcher.suggest("c") is None  # one of 8's two trials still runs
+    _finish(searcher, "b", 1.9)  # the higher LR won
+    best8 = b["lr"]
+    c, d, e, f = (searcher.suggest(t) for t in "cdef")
+    assert [x["batch_size_sequences"] for x in (c, d, e, f)] == [4, 4, 16, 16]
+    assert math.sqrt(c["lr"] * d["lr"]) == pytest.approx(best8 * math.sqrt(4 / 8))
+    assert math.sqrt(e["lr"] * f["lr"]) == pytest.approx(best8 * math.sqrt(16 / 8))
+    assert searcher.suggest("g") is None  # 32 waits for 16
+    for tid, obj in zip("cdef", (2.2, 2.1, 1.8, 1.85)):
+        _finish(searcher, tid, obj)
+    g = searcher.suggest("g")
+    best = {4: d["lr"], 8: best8, 16: e["lr"]}  # three finished: alpha is fitted over their best LRs
+    alpha = searcher.transfer_state[32]["alpha"]
+    assert alpha == pytest.approx(min(max(math.log(best[16] / best[4]) / math.log(4), 0.0), 1.0), abs=0.02)
+    assert g["batch_size_sequences"] == 32 and searcher.transfer_state[32]["anchor"] == 16
+    assert g["lr"] == pytest.approx(best[16] * 2 ** alpha * 2 ** -0.5)
+    searcher.suggest("h")
+    assert searcher.suggest("i") == Searcher.FINISHED
+
+
+def test_a_batch_size_whose_trials_all_failed_passes_its_centre_on(tiny_spec_dict, tmp_path):
+    s = _spec(tiny_spec_dict, batch_sizes_sequences=[8, 16])
+    searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "fail")
+    searcher.suggest("a"), searcher.suggest("b")
+    searcher.on_trial_complete("a", error=True)
+    searcher.on_trial_complete("b", {OBJECTIVE: float("nan")})
+    c = searcher.suggest("c")
+    assert math.sqrt(c["lr"] * searcher.suggest("d")["lr"]) == pytest.approx(2e-3 * math.sqrt(2))
+
+
+def test_a_restored_transfer_searcher_goes_on_as_the_uninterrupted_one(tiny_spec_dict, tmp_path):
+    s = _spec(tiny_spec_dict)
+
+    def drive(searcher, tids, objectives):
+        out = []
+        for tid in tids:
+            cfg = searcher.suggest(tid)
+            out.append((cfg["batch_size_sequences"], round(cfg["lr"], 12)) if isinstance(cfg, dict) else cfg)
+            if tid in objectives:
+                _finish(searcher, tid, objectives[tid])
+        return out
+
+    objectives = {"a": 2.0, "b": 1.9, "c": 2.2, "d": 2.1, "e": 1.8, "f": 1.85}
+    straight = drive(BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'a.db'}", "tr"), "abcdefgh", objectives)
+    first = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'b.db'}", "tr")
+    got = drive(first, "abcd", objectives)
+    first.save(str(tmp_path / "s.pkl"))
+    restored = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'b.db'}", "tr")
+    restored.restore(str(tmp_path / "s.pkl"))
+    got += drive(restored, "efgh", objectives)
+    assert got == straight and len(set(got)) == 8
+
+
+def test_transfer_refuses_initial_points_and_pause_mode(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"].update(strategy="transfer", initial_points=[{"lr_multiplier": 1.0}])
+    with pytest.raises((InvalidInput, ValueError), match="initial_points: search.strategy transfer"):
+        parse_spec(d)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"]["strategy"] = "transfer"
+    d["pruning"] = {"enabled": True, "mode": "pause"}
+    with pytest.raises((InvalidInput, ValueError), match="use pruning.mode stop"):
+        parse_spec(d)
+
+
+def test_the_default_strategy_leaves_the_fingerprint_as_before(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    plain = parse_spec(d)
+    d["search"]["strategy"] = "independent"
+    assert parse_spec(d).fingerprint() == plain.fingerprint() and "strategy" not in plain.model_dump()["search"]
+    d["search"]["strategy"] = "transfer"
+    assert parse_spec(d).fingerprint() != plain.fingerprint()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)  # ~1-2 min idle: two waves of two trials on the suite's Ray head
+def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_on_its_best_lr(
+        tiny_spec_dict, tmp_path, ray_head, mlflow_template):
+    """The real path (Tune, Optuna, MLflow, the analysis): 2 batch sizes x 2 trials from base 8. Tune asks
+    the searcher while batch size 16 waits for 8 (``suggest`` returns None) and the sweep goes on when 8's
+    trials end; 16's two LRs sit half an octave either side of 8's best LR times sqrt(2)."""
+    import json
+
+    from tests.conftest import run_cli, write_spec
+    from tests.harness import copy_mlflow_store
+
+    d = copy.deepcopy(tiny_spec_dict)
+    d["name"] = "transfer"
+    d["search"].update(strategy="transfer", batch_sizes_sequences=[8, 16], trials_per_batch_size=2)
+    uri = copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")
+    out = tmp_path / "out"
+    r = run_cli(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                 "--address", ray_head.gcs_address], timeout_s=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    trials = json.loads((out / "trials.json").read_text())
+    trials = trials["trials"] if isinstance(trials, dict) else trials
+    by_b = {b: [t for t in trials if t["batch_size_sequences"] == b] for b in (8, 16)}
+    assert [len(v) for v in by_b.values()] == [2, 2] and all(t["status"] == "COMPLETED" for t in trials)
+    lrs8 = sorted(t["hyperparameters"]["lr"] for t in by_b[8])
+    assert lrs8 == pytest.approx([3e-3 * 2 ** -0.5, 3e-3 * 2 ** 0.5])  # base_lr at the start batch size
+    best8 = min(by_b[8], key=lambda t: t["val_loss"][-1])["hyperparameters"]["lr"]
+    lrs16 = sorted(t["hyperparameters"]["lr"] for t in by_b[16])
+    assert lrs16 == pytest.approx([best8 * math.sqrt(2) * 2 ** -0.5, best8 * math.sqrt(2) * 2 ** 0.5])
+    assert json.loads((out / "cbs.json").read_text())["trials"]["COMPLETED"] == 4
