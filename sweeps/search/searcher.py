@@ -33,7 +33,13 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
-from sweeps.search.transfer import anchor_of, lr_offsets_octaves, transfer_centre, transfer_order
+from sweeps.search.transfer import (
+    MAX_OFFSET_OCTAVES,
+    anchor_of,
+    lr_offsets_octaves,
+    transfer_centre,
+    transfer_order,
+)
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
@@ -55,8 +61,7 @@ def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribu
     s = spec.search
     space: dict[str, optuna.distributions.BaseDistribution] = {}
     if s.strategy == "transfer":
-        reach = max(2.0, (s.trials_per_batch_size - 1) / 2)
-        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-reach, reach)
+        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-MAX_OFFSET_OCTAVES, MAX_OFFSET_OCTAVES)
     elif len(s.lr_rules) > 1:
         space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
     lo, hi = s.lr_multiplier
@@ -222,17 +227,12 @@ class BatchSizeSearcher(Searcher):
         return self._subs[b]
 
     def _prepare_study(self, study: optuna.Study, b: int) -> None:
-        """Record the spec's fingerprint and, in a new study, enqueue ``search.initial_points`` (in order)
-        or, under transfer, batch size ``b``'s LR offsets with its carried beta2."""
+        """Record the spec's fingerprint and, in a new study, enqueue ``search.initial_points`` (in order;
+        not under transfer, where :meth:`_enqueue_transfer_point` places each group)."""
         attrs = study.user_attrs
         if self.fingerprint and attrs.get(FINGERPRINT_ATTR) != self.fingerprint:
             study.set_user_attr(FINGERPRINT_ATTR, self.fingerprint)
-        if self.transfer:
-            if not attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) and not study.get_trials(deepcopy=False):
-                carried = self._carried_beta2(b)
-                for i, offset in enumerate(lr_offsets_octaves(self.spec.search.trials_per_batch_size)):
-                    study.enqueue_trial({LR_OFFSET: offset, **carried}, user_attrs={TRANSFER_POINT_ATTR: i})
-                study.set_user_attr(INITIAL_POINTS_ENQUEUED_ATTR, self.spec.search.trials_per_batch_size)
+        if self.transfer:  # each group's point is enqueued just before it is asked (suggest)
             return
         points = self.spec.search.initial_points
         if not points or attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) or study.get_trials(deepcopy=False):
@@ -264,6 +264,8 @@ class BatchSizeSearcher(Searcher):
         group = self.open_group[b]
         if group is None or group.full():
             sub = self._sub(b)
+            if self.transfer:
+                self._enqueue_transfer_point(sub, b)
             params = sub.suggest(trial_id) if sub is not None else {}
             if params is None:
                 return None
@@ -327,33 +329,41 @@ class BatchSizeSearcher(Searcher):
         return anchor is None or "best_lr" in self.transfer_state.get(anchor, {})
 
     def _start_transfer(self, b: int) -> None:
-        """Fix ``b``'s centre LR: the spec's starting LR for the first batch size, else transferred."""
+        """Fix ``b``'s centre LR (the spec's starting LR for the first batch size, else transferred) and
+        the beta2 its trials carry (the first batch size's: see :mod:`sweeps.search.transfer`)."""
         s = self.spec.search
         anchor = anchor_of(b, self.batches)
         if anchor is None:
             lo, hi = s.lr_multiplier
             centre = scaled_lr(s.base_lr, s.base_batch_size_sequences, b, s.lr_rules[0], math.sqrt(lo * hi))
-            self.transfer_state[b] = {"centre_lr": centre, "alpha": None, "anchor": None}
+            self.transfer_state[b] = {"centre_lr": centre, "alpha": None, "anchor": None,
+                                      "carried": self._first_beta2()}
             return
         best = {a: st["best_lr"] for a, st in self.transfer_state.items() if "best_lr" in st}
         centre, alpha = transfer_centre(b, anchor, best)
-        self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor}
+        self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor,
+                                  "carried": dict(self.transfer_state[anchor]["carried"])}
 
-    def _carried_beta2(self, b: int) -> dict[str, Any]:
-        """The beta2 values ``b``'s trials carry (searched dimensions only): the anchor's best group's, or for
-        the first batch size the middle of the searched range (the first of ``beta2.values``)."""
-        anchor = self.transfer_state.get(b, {}).get("anchor")
-        if anchor is not None:
-            best = self.transfer_state[anchor].get("best_params") or {}
-            return {k: v for k, v in best.items() if k in self.space and k != LR_OFFSET}
-        out: dict[str, Any] = {}
+    def _first_beta2(self) -> dict[str, Any]:
+        """The searched beta2 dimension's value under transfer: the geometric middle of the half-life
+        range, or the first of ``beta2.values`` (empty when beta2 is fixed)."""
         beta2 = self.spec.search.beta2
         if "beta2_half_life_tokens" in self.space:
             lo, hi = beta2.half_life_tokens
-            out["beta2_half_life_tokens"] = math.sqrt(lo * hi)
-        elif "beta2" in self.space:
-            out["beta2"] = beta2.values[0]
-        return out
+            return {"beta2_half_life_tokens": math.sqrt(lo * hi)}
+        if "beta2" in self.space:
+            return {"beta2": beta2.values[0]}
+        return {}
+
+    def _enqueue_transfer_point(self, sub: OptunaSearch, b: int) -> None:
+        """Enqueue the point of ``b``'s next group: its LR offset by the group's index (the groups of ``b``
+        handed out so far) and the carried beta2. Derived from the searcher's own state, so a searcher
+        restored from an older save asks the same point again (an Optuna trial asked after that save is
+        left RUNNING in its study)."""
+        i = len(self._groups_of(b))
+        offset = lr_offsets_octaves(self.spec.search.trials_per_batch_size)[i]
+        optuna_search_study(sub).enqueue_trial({LR_OFFSET: offset, **self.transfer_state[b]["carried"]},
+                                               user_attrs={TRANSFER_POINT_ATTR: i})
 
     def _record_transfer(self, group: _Group, objective: float | None) -> None:
         """A group of ``group.batch`` ended: keep its batch size's best LR once every group has ended (a batch

@@ -8,8 +8,14 @@ nearer the start, to finish, then centres on the anchor's best LR scaled by ``(B
 ``alpha`` is the exponent fitted over the best LRs of the batch sizes finished so far
 (:func:`sweeps.analysis.lr_scaling.lr_exponent_fit`, clipped to [0, 1]) once three have finished, and the
 square-root rule's 0.5 before (Malladi et al. 2022, the Adam SDE). A batch size's ``k`` trials sit an
-octave apart around its centre (offsets ``i - (k - 1) / 2`` octaves): two trials are half an octave
-either side. Simulated on this project's cached LR grid (``benchmarks/search_placement.py``), this
+octave apart around its centre (offsets ``i - (k - 1) / 2`` octaves, at most 2 octaves either side):
+two trials are half an octave either side. beta2 is not searched: every batch size carries the first
+one's (the geometric middle of ``beta2.half_life_tokens``, or the first of ``beta2.values``), as a token
+half-life where the spec gives one.
+
+The centre (and alpha) is fixed when a batch size is first handed out, from the batch sizes finished
+by then: with as many concurrent trials as trials per batch size (the examples) that set does not
+depend on timing; with more slots it can. Simulated on this project's cached LR grid (``benchmarks/search_placement.py``), this
 placement halves the interval's width of today's independent draws at the same compute.
 
 Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the state and asks Optuna.
@@ -21,7 +27,7 @@ import math
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 
-__all__ = ["PRIOR_ALPHA", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre"]
+__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre"]
 
 #: the LR exponent used until three batch sizes have finished: the square-root rule
 PRIOR_ALPHA = 0.5
@@ -45,9 +51,17 @@ def anchor_of(batch_size: int, order: list[int]) -> int | None:
     return min(side, key=lambda b: abs(math.log(batch_size / b)))
 
 
+#: the widest spread of a batch size's trials around its centre, in octaves (either side)
+MAX_OFFSET_OCTAVES = 2.0
+
+
 def lr_offsets_octaves(k: int) -> list[float]:
-    """The ``k`` trials' LR offsets from the centre, in octaves, an octave apart: ``i - (k - 1) / 2``."""
-    return [i - (k - 1) / 2 for i in range(k)]
+    """The ``k`` trials' LR offsets from the centre, in octaves: an octave apart (``i - (k - 1) / 2``),
+    closer when that would reach past :data:`MAX_OFFSET_OCTAVES` (so 9 or more trials span +-2 octaves)."""
+    if k == 1:
+        return [0.0]
+    step = min(1.0, 2 * MAX_OFFSET_OCTAVES / (k - 1))
+    return [(i - (k - 1) / 2) * step for i in range(k)]
 
 
 def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) -> tuple[float, float]:

@@ -107,16 +107,62 @@ def test_a_restored_transfer_searcher_goes_on_as_the_uninterrupted_one(tiny_spec
     assert got == straight and len(set(got)) == 8
 
 
-def test_transfer_refuses_initial_points_and_pause_mode(tiny_spec_dict):
+def test_transfer_refuses_initial_points_one_trial_per_batch_size_and_pause_mode(tiny_spec_dict):
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update(strategy="transfer", initial_points=[{"lr_multiplier": 1.0}])
+    d["search"].update(strategy="transfer", trials_per_batch_size=2, initial_points=[{"lr_multiplier": 1.0}])
     with pytest.raises((InvalidInput, ValueError), match="initial_points: search.strategy transfer"):
         parse_spec(d)
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"]["strategy"] = "transfer"
+    d["search"].update(strategy="transfer", trials_per_batch_size=1)
+    with pytest.raises((InvalidInput, ValueError), match="transfer needs 2 or more"):
+        parse_spec(d)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"].update(strategy="transfer", trials_per_batch_size=2)
     d["pruning"] = {"enabled": True, "mode": "pause"}
     with pytest.raises((InvalidInput, ValueError), match="use pruning.mode stop"):
         parse_spec(d)
+
+
+def test_many_trials_per_batch_size_stay_within_two_octaves_of_the_centre():
+    assert lr_offsets_octaves(5) == [-2.0, -1.0, 0.0, 1.0, 2.0]
+    wide = lr_offsets_octaves(9)
+    assert wide[0] == -2.0 and wide[-1] == 2.0 and wide[1] - wide[0] == pytest.approx(0.5)
+
+
+def test_a_searcher_restored_from_a_save_older_than_its_last_ask_asks_the_same_point_again(tiny_spec_dict, tmp_path):
+    """Tune saves the searcher now and then: a driver killed after asking B = 8's second group but before
+    the next save resumes with a state that never asked it; the restored searcher must place that group
+    where the uninterrupted one did (not at the next queued or a random point)."""
+    s = _spec(tiny_spec_dict)
+    straight = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'a.db'}", "tr")
+    expected = [straight.suggest("a")["lr"], straight.suggest("b")["lr"]]
+    first = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'b.db'}", "tr")
+    got = [first.suggest("a")["lr"]]
+    first.save(str(tmp_path / "s.pkl"))  # the last save, before the second ask
+    first.suggest("b")  # asked (Optuna's trial is created), then the driver dies
+    restored = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'b.db'}", "tr")
+    restored.restore(str(tmp_path / "s.pkl"))
+    got.append(restored.suggest("b2")["lr"])
+    assert got == pytest.approx(expected)
+
+
+def test_two_seeds_run_each_point_twice_and_beta2_is_carried(tiny_spec_dict, tmp_path):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"].update({"strategy": "transfer", "batch_sizes_sequences": [8, 16], "base_batch_size_sequences": 8,
+                        "trials_per_batch_size": 2})
+    d["seeds"] = [0, 1]
+    s = parse_spec(d)
+    searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "seeds")
+    first = [searcher.suggest(t) for t in "abcd"]
+    assert [c["seed"] for c in first] == [0, 1, 0, 1] and {c["batch_size_sequences"] for c in first} == {8}
+    assert first[0]["lr"] == first[1]["lr"] != first[2]["lr"] == first[3]["lr"]
+    assert searcher.suggest("e") is None
+    for tid, obj in zip("abcd", (2.0, 2.2, 1.9, 1.9)):
+        _finish(searcher, tid, obj)
+    later = [searcher.suggest(t) for t in "efgh"]
+    assert math.sqrt(later[0]["lr"] * later[2]["lr"]) == pytest.approx(first[2]["lr"] * math.sqrt(2))
+    middle = math.sqrt(2048 * 16384)  # the tiny spec's half-life range, carried to every batch size
+    assert {round(c["beta2_half_life_tokens"], 6) for c in first + later} == {round(middle, 6)}
 
 
 def test_the_default_strategy_leaves_the_fingerprint_as_before(tiny_spec_dict):
@@ -124,8 +170,10 @@ def test_the_default_strategy_leaves_the_fingerprint_as_before(tiny_spec_dict):
     plain = parse_spec(d)
     d["search"]["strategy"] = "independent"
     assert parse_spec(d).fingerprint() == plain.fingerprint() and "strategy" not in plain.model_dump()["search"]
-    d["search"]["strategy"] = "transfer"
-    assert parse_spec(d).fingerprint() != plain.fingerprint()
+    d["search"].update(strategy="transfer", trials_per_batch_size=2)
+    d2 = copy.deepcopy(d)
+    d2["search"]["strategy"] = "independent"
+    assert parse_spec(d).fingerprint() != parse_spec(d2).fingerprint()
 
 
 @pytest.mark.slow
