@@ -9,7 +9,8 @@ nearer the start, to finish, then centres on the anchor's best LR scaled by ``(B
 (:func:`sweeps.analysis.lr_scaling.lr_exponent_fit`, clipped to [0, 1]) once three have finished, and the
 square-root rule's 0.5 before (Malladi et al. 2022, the Adam SDE). A batch size's ``k`` trials sit an
 octave apart around its centre (offsets ``i - (k - 1) / 2`` octaves, at most 2 octaves either side):
-two trials are half an octave either side. beta2 is not searched: every batch size carries the first
+two trials are half an octave either side; one trial runs at the centre, so with one trial per batch
+size nothing is searched (the square-root rule from the starting LR). beta2 is not searched: every batch size carries the first
 one's (the geometric middle of ``beta2.half_life_tokens``, or the first of ``beta2.values``), as a token
 half-life where the spec gives one.
 

@@ -345,9 +345,6 @@ class SearchSpec(_Strict):
         errs = [f"initial_points.{i}.{msg}" for i, p in enumerate(self.initial_points) for msg in self._outside(p)]
         if self.strategy == "transfer" and self.initial_points:
             errs.append("initial_points: search.strategy transfer places every trial itself; use independent")
-        if self.strategy == "transfer" and self.trials_per_batch_size < 2:
-            errs.append("trials_per_batch_size: search.strategy transfer needs 2 or more (one trial per batch size "
-                        "would only follow the square-root rule from base_lr); use independent")
         if len(self.initial_points) > self.trials_per_batch_size:
             errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
                         f"{self.trials_per_batch_size} (they count in it)")
