@@ -18,7 +18,7 @@ __all__ = [
     "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
     "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
-    "whole_tune_snapshots_on_local_storage",
+    "whole_tune_snapshots_on_local_storage", "without_idle_train_helpers",
 ]
 
 
@@ -141,6 +141,36 @@ def searcher_inside(search_alg: Any, *, has: str = "exhausted") -> Any:
     if s is None:
         raise RuntimeError(f"no searcher with {has!r} inside {search_alg!r}")
     return s
+
+
+def without_idle_train_helpers(callbacks: list, *, has_datasets: bool) -> list:
+    """Ray Train's default controller callbacks less the two whose helper process a critbatch trial does
+    not need (issue 29).
+
+    Why: every trial is a fresh Ray Train run, and each of these callbacks starts one more Ray actor, a
+    fresh Python process of ~200 MB, before the trial's first step (docs/benchmarks.md, "Per-trial
+    start-up"):
+
+    - ``DatasetsCallback`` creates a ``DatasetManager`` (importing ``ray.data``) in
+      ``before_init_train_context`` even when the trainer has no datasets; critbatch's workers read their
+      own memory-mapped shards. Kept when ``has_datasets``.
+    - ``PlacementGroupCleanerCallback`` starts a detached ``PlacementGroupCleaner`` that removes the
+      workers' placement group if the controller dies without doing so. The sweep's
+      :class:`sweeps.run.reaper.PlacementGroupReaper` does that job for every trial (and also finds the
+      groups the cleaner never hears of).
+
+    Args:
+        callbacks: the list ``DataParallelTrainer._create_default_callbacks`` returned (Ray 2.60, Train V2).
+        has_datasets: whether the trainer was given Ray Datasets.
+
+    Returns:
+        The same callbacks in the same order, without those two.
+    """
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    drop: tuple[type, ...] = (PlacementGroupCleanerCallback,) if has_datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+    return [c for c in callbacks if not isinstance(c, drop)]
 
 
 def placement_group_table() -> list:

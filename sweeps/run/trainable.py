@@ -18,6 +18,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from sweeps._compat import without_idle_train_helpers
 from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import SweepSpec
 from sweeps.run.workload import workload_config
@@ -42,10 +43,23 @@ from workloads.api import (
     train_fn_per_worker,
 )
 
-__all__ = ["trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
+__all__ = ["TrialTorchTrainer", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
            "batch_plan_params", "objective_of", "reuse_trial_actors"]
 
 _trials_in_this_process = 0
+
+
+class TrialTorchTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without the two helper processes a trial does not use.
+
+    One fewer actor each for the ``DatasetManager`` (no Ray Datasets here) and the detached
+    ``PlacementGroupCleaner`` (the sweep's reaper removes orphaned groups):
+    :func:`sweeps._compat.without_idle_train_helpers`, which overrides Ray 2.60's private
+    ``_create_default_callbacks`` (tests/sweeps/test_compat.py pins it).
+    """
+
+    def _create_default_callbacks(self) -> list:
+        return without_idle_train_helpers(super()._create_default_callbacks(), has_datasets=bool(self.datasets))
 
 
 def reuse_trial_actors(spec: SweepSpec) -> bool:
@@ -204,7 +218,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         resources = {"CPU": res.cpus_per_worker}
         if use_gpu:
             resources["GPU"] = res.gpus_per_worker
-        trainer = TorchTrainer(
+        trainer = TrialTorchTrainer(
             train_fn_per_worker,
             train_loop_config=loop_config,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),

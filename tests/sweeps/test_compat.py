@@ -144,3 +144,27 @@ def test_a_failed_snapshot_copy_to_local_storage_keeps_the_last_whole_snapshot(t
         assert (stored / "searcher-state-2026-12-05_06-00-00.pkl").read_bytes() == b"searcher"
         assert (stored / "trial_0").is_dir()
         assert not [p.name for p in stored.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_trial_trainer_starts_no_dataset_manager_or_placement_group_cleaner(tmp_path):
+    """Ray 2.60's default controller callbacks include the two helpers (the private API this pins), and
+    the trial's trainer keeps every other callback, in order, without them."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    from sweeps.run.trainable import TrialTorchTrainer
+
+    def kinds(trainer) -> list[type]:
+        return [type(c) for c in trainer._create_default_callbacks()]
+
+    args = dict(scaling_config=ScalingConfig(num_workers=1), run_config=RunConfig(storage_path=str(tmp_path)))
+    ray_default = kinds(TorchTrainer(lambda: None, **args))
+    assert PlacementGroupCleanerCallback in ray_default and DatasetsCallback in ray_default
+    ours = kinds(TrialTorchTrainer(lambda: None, **args))
+    assert ours == [k for k in ray_default if k not in (PlacementGroupCleanerCallback, DatasetsCallback)]
+    assert len(ours) == len(ray_default) - 2
+
+    with_data = kinds(TrialTorchTrainer(lambda: None, datasets={"train": lambda: None}, **args))
+    assert DatasetsCallback in with_data and PlacementGroupCleanerCallback not in with_data

@@ -1,0 +1,166 @@
+"""Sweep until precise (``search.precision``, issue 27): after each wave of trials, refit, and while the
+critical batch size's 95 % interval is wider than asked, add the trials most likely to narrow it.
+
+A *wave* ends when every trial handed out so far has ended. Its analysis is the one ``cbs.json`` gets
+(:func:`sweeps.analysis.analyze_trials` on the sweep's records). The sweep stops adding trials when
+
+- ``met``: the headline status is ``ok`` and the interval's upper/lower ratio is at most ``b_crit_ratio``;
+- ``max_trials``: the next wave would pass ``precision.max_trials``;
+- ``nothing_to_add``: no rule below proposes a trial it has not run.
+
+(The sweep's FLOP or wall-clock budget, or a stop signal, can also end it first: the driver says so.)
+
+What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
+aimed at what sets the interval's width on this project's own sweeps (``docs/results.md``): too few batch
+sizes on one side of the knee, and a batch size whose best learning rate lies outside the LRs it tried
+(so its steps to target are an overestimate). They are not an optimal experimental design.
+
+1. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
+   interval reaches past, or where the status is ``above_range`` / ``below_range``; with no fit at all
+   (too few batch sizes reached a target), both sides.
+2. **Open LR brackets**: a batch size of the fit whose fastest trial ran at its lowest (highest) tried LR
+   gets a probe one octave below (above) it: the optimum may lie beyond.
+3. **Closed brackets**: a probe halfway (in log LR) between the fastest LR and its faster neighbour.
+
+Within 2 and 3, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first: they
+set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed again.
+
+Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the waves and places the trials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
+
+__all__ = ["Proposal", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+
+#: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
+MIN_PROBE_SPACING_OCTAVES = 0.25
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One trial (per seed) a wave adds.
+
+    Attributes:
+        batch_size_sequences: its global batch size (sequences); a new one extends the swept range.
+        lr: the learning rate to probe, or None for a new batch size (its trials are placed as any batch
+            size's: around the transferred centre, or by its Optuna study) or under ``independent``.
+        reason: why, in words (``cbs.json``'s ``precision.waves[].added``).
+    """
+
+    batch_size_sequences: int
+    lr: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_size_sequences": self.batch_size_sequences, "lr": self.lr, "reason": self.reason}
+
+
+def interval_ratio(ci: list[float | None] | None) -> float:
+    """Upper over lower end of an interval ``[lo, hi]``; ``inf`` when missing, unbounded or ``lo <= 0``."""
+    if not ci or ci[0] is None or ci[1] is None or ci[0] <= 0:
+        return math.inf
+    return float(ci[1]) / float(ci[0])
+
+
+def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:
+    """Whether the headline ``b_crit`` is ``ok`` with a 95 % interval no wider than ``b_crit_ratio`` (upper/lower)."""
+    return analysis.get("status") == "ok" and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
+
+
+def wave_summary(analysis: dict[str, Any], n_trials: int) -> dict[str, Any]:
+    """One line of ``cbs.json``'s ``precision.waves``: ``{trials, b_crit, b_crit_ci, ratio, status, target_loss}``
+    (``ratio`` None where unbounded)."""
+    ratio = interval_ratio(analysis.get("b_crit_ci"))
+    return {"trials": n_trials, "b_crit": analysis.get("b_crit"), "b_crit_ci": analysis.get("b_crit_ci"),
+            "ratio": ratio if math.isfinite(ratio) else None, "status": analysis.get("status"),
+            "target_loss": analysis.get("target_loss")}
+
+
+def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for t in trials:
+        lr = t.hyperparameters.get("lr")
+        if lr:
+            out.setdefault(t.batch_size_sequences, []).append(float(lr))
+    return out
+
+
+def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool]) -> list[Proposal]:
+    lo_b, hi_b = min(batch_sizes), max(batch_sizes)
+    ci, status = analysis.get("b_crit_ci"), analysis.get("status")
+    no_fit = analysis.get("b_crit") is None and status not in ("above_range", "below_range")
+    up = no_fit or status == "above_range" or bool(ci and (ci[1] is None or ci[1] > hi_b))
+    down = no_fit or status == "below_range" or bool(ci and (ci[0] is None or ci[0] < lo_b))
+    out = []
+    if up and allowed(2 * hi_b):
+        out.append(Proposal(2 * hi_b, None, f"the interval reaches above the largest batch size ({hi_b})"
+                            if not no_fit else "no fit yet: widen the range"))
+    if down and lo_b >= 2 and allowed(lo_b // 2):
+        out.append(Proposal(lo_b // 2, None, f"the interval reaches below the smallest batch size ({lo_b})"
+                            if not no_fit else "no fit yet: widen the range"))
+    return out
+
+
+def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> list[Proposal]:
+    """Rules 2 and 3 of the module docstring, nearest the knee first (open brackets before closed ones)."""
+    tokens = tokens_to_target_by_trial(trials, target)
+    by_b: dict[int, list[tuple[float, float]]] = {}
+    for t in trials:
+        lr = t.hyperparameters.get("lr")
+        if lr and t.trial_id in tokens and t.batch_size_sequences in fitted:
+            tok = tokens[t.trial_id]
+            by_b.setdefault(t.batch_size_sequences, []).append((float(lr), math.inf if tok is None else tok))
+    tried = _tried_lrs(trials)
+    open_, closed = [], []
+    for b in sorted(by_b, key=lambda b: (abs(math.log(b / centre_b)), b)):
+        rows = by_b[b]
+        speed: dict[float, float] = {}
+        for lr, tok in rows:
+            speed[lr] = min(speed.get(lr, math.inf), tok)
+        lrs = sorted(speed)
+        best = min(lrs, key=lambda lr: (speed[lr], lr))
+        i = lrs.index(best)
+        far = lambda lr: all(abs(math.log2(lr / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, []))  # noqa: E731
+        if i == 0 and far(best / 2):
+            open_.append(Proposal(b, best / 2, "its fastest trial ran at its lowest LR: probe an octave below"))
+        if i == len(lrs) - 1 and far(best * 2):
+            open_.append(Proposal(b, best * 2, "its fastest trial ran at its highest LR: probe an octave above"))
+        neighbours = [lrs[j] for j in (i - 1, i + 1) if 0 <= j < len(lrs)]
+        if neighbours:
+            nb = min(neighbours, key=lambda lr: (speed[lr], lr))
+            mid = math.sqrt(best * nb)
+            if far(mid):
+                closed.append(Proposal(b, mid, "between its fastest LR and the faster neighbour"))
+    return open_ + closed
+
+
+def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
+            allowed_batch_size: Callable[[int], bool]) -> list[Proposal]:
+    """The next wave's trials (at most ``n``), by the rules of the module docstring.
+
+    Args:
+        analysis: the wave's analysis (``cbs.json``'s content: ``status``, ``b_crit``, ``b_crit_ci``,
+            ``target_loss``, ``fitted_batch_sizes``).
+        trials: the sweep's records so far.
+        n: trials per wave.
+        allowed_batch_size: whether a new batch size may be swept (the spec's limits and its token budget).
+
+    Returns:
+        up to ``n`` proposals, range extensions first; empty if nothing is left to try.
+    """
+    batch_sizes = sorted({t.batch_size_sequences for t in trials})
+    if not batch_sizes or n <= 0:
+        return []
+    out = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b))
+    target, fitted = analysis.get("target_loss"), analysis.get("fitted_batch_sizes") or []
+    if target is not None and fitted:
+        b_crit = analysis.get("b_crit")
+        centre_b = b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted))
+        out += _lr_proposals(trials, float(target), list(fitted), centre_b)
+    return out[:n]
