@@ -285,8 +285,24 @@ def _print_summary(result: dict) -> None:
     elif cbs.get("status") and cbs.get("target_loss") is not None:
         out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
                   + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
+    precision = cbs.get("precision")
+    if precision:
+        out.print(_precision_text(precision), highlight=False)
     if result.get("output"):
         out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
+
+
+def _precision_text(precision: dict) -> str:
+    """``cbs.json``'s ``precision`` in one line: the interval's ratio reached against the one asked, and why
+    the sweep stopped adding trials."""
+    why = {"met": "the interval is as narrow as asked",
+           "max_trials": f"search.precision.max_trials ({precision.get('max_trials')}) reached first",
+           "nothing_to_add": "no trial was left to add",
+           "budget": f"the sweep's budget ran out first ({precision.get('note', '')})",
+           "interrupted": "the sweep was stopped before it decided"}.get(precision.get("stopped_because"), "?")
+    ratio = precision.get("b_crit_ratio")
+    return (f"precision: upper/lower {'unbounded' if ratio is None else f'{ratio:.3g}'} after "
+            f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}")
 
 
 def _register_optional() -> None:

@@ -22,7 +22,7 @@ from sweeps.errors import InvalidInput
 from sweeps.run.finish import finish_sweep
 from sweeps.run.records import collect_records, records_from_grid
 from sweeps.run.signals import StopSignals
-from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, SweepState, optuna_storage_url, tune_dir_of
+from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, SweepState, optuna_storage_url, tune_dir_of, write_json
 from sweeps.run.workload import flops_accounting
 from sweeps.spec import SweepSpec
 
@@ -72,7 +72,7 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     whole_tune_snapshots_on_local_storage()  # a full disk must not cut Tune's snapshot in OUT short
     try:
         if resume and tune.Tuner.can_restore(tune_dir):
-            tuner = _restored_tuner(tune_dir, parts)
+            tuner = _restored_tuner(tune_dir, spec, output, parts)
         else:
             tuner = _new_tuner(spec, output, state, parts, concurrency)
         stop.tune_running = True
@@ -196,7 +196,7 @@ def check_tune_state_readable(tune_dir: str) -> None:
             "Nothing was changed") from None
 
 
-def _restored_tuner(tune_dir: str, parts: _Parts):
+def _restored_tuner(tune_dir: str, spec: SweepSpec, output: Path, parts: _Parts):
     from ray import tune
 
     tuner = tune.Tuner.restore(tune_dir, trainable=parts.trainable, resume_unfinished=True, resume_errored=True)
@@ -204,7 +204,31 @@ def _restored_tuner(tune_dir: str, parts: _Parts):
     search_alg = reattach_restored_tuner(tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler)
     if parts.scheduler is not None and parts.scheduler.mode == "pause":
         searcher_inside(search_alg).attach_scheduler(parts.scheduler)
+    _attach_precision(searcher_inside(search_alg), spec, output, parts)
     return tuner
+
+
+def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Parts) -> None:
+    """``search.precision``: give the searcher the sweep's analysis after each wave (the records of the
+    driver's report log, analysed as ``cbs.json`` is) and a report that writes ``OUT/precision.json`` and
+    prints the wave's interval."""
+    precision = spec.search.precision
+    if precision is None:
+        return
+    from sweeps.run.finish import PRECISION_FILE, sweep_analysis
+    from sweeps.run.records import records_from_reports
+
+    c_tok, _ = flops_accounting(spec)
+
+    def analyse() -> tuple[dict[str, Any], list]:
+        records = records_from_reports(output)
+        return sweep_analysis(spec, records, c_tok), records
+
+    def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int) -> None:
+        write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome})
+        parts.progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
+
+    searcher.attach_precision(analyse, report)
 
 
 def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, concurrency: int):
@@ -218,12 +242,13 @@ def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, 
     searcher = BatchSizeSearcher(spec, storage_url=state.optuna_storage or optuna_storage_url(output),
                                  study_prefix=state.sweep_id, fingerprint=state.fingerprint,
                                  scheduler=parts.scheduler if pause else None)
+    _attach_precision(searcher, spec, output, parts)
     return tune.Tuner(
         parts.trainable,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=parts.scheduler,
-            num_samples=spec.n_trials,
+            num_samples=spec.max_trials,  # search.precision may add trials after the planned ones
             max_concurrent_trials=None if pause else concurrency,
             reuse_actors=reuse_trial_actors(spec),
             time_budget_s=spec.budget.wall_clock_s,

@@ -15,12 +15,16 @@ from sweeps.analysis.report import write_report
 from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
 from sweeps.run.provenance import sweep_provenance
+from sweeps.search.precision import precise_enough, wave_summary
 from sweeps.run.state import SweepState, write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
 
-__all__ = ["finish_sweep"]
+__all__ = ["finish_sweep", "sweep_analysis", "PRECISION_FILE"]
+
+#: ``search.precision``'s waves and outcome, written after each wave (``OUT/precision.json``), read into ``cbs.json``
+PRECISION_FILE = "precision.json"
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,9 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
         :func:`sweeps.run.driver.run_sweep`).
     """
     analysis, analysis_error = _analyse(spec, records, state, tracker)
+    precision = _precision_section(spec, output, records, analysis, stopped=stopped, budget_note=budget_note)
+    if precision is not None:
+        analysis["precision"] = precision
     best = _best_checkpoint(spec, output, analysis)
     analysis = finite_json(analysis)
     write_json(output / "trials.json", finite_json([r.to_dict() for r in records]))
@@ -77,14 +84,47 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
             "output": str(output), "message": message, "exit_code": exit_code if stopped else None}
 
 
+def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None) -> dict[str, Any]:
+    """:func:`sweeps.analysis.analyze_trials` with the spec's context length, reference batch
+    (``base_batch_size_sequences``), targets and tokens per sequence: ``cbs.json``'s analysis, also what
+    ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
+    on the meta device)."""
+    c_tok = flops_per_token if flops_per_token is not None else flops_accounting(spec)[0]
+    return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
+                          reference_batch=float(spec.search.base_batch_size_sequences), flops_per_token=c_tok,
+                          targets=spec.targets, tokens_per_sequence=tokens_per_sequence(spec))
+
+
+def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: dict[str, Any], *, stopped: bool,
+                       budget_note: str) -> dict | None:
+    """``cbs.json``'s ``precision``: what was asked, each wave's interval and additions (the last entry: the
+    final analysis), and why it stopped adding: ``met``, ``max_trials``, ``nothing_to_add`` (the searcher's
+    decision), else ``budget`` (the sweep's FLOP or wall-clock budget) or ``interrupted`` (a stop signal)."""
+    p = spec.search.precision
+    if p is None:
+        return None
+    path = output / PRECISION_FILE
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    waves = list(saved.get("waves", []))
+    final = {**wave_summary(analysis, len(records)), "added": []}
+    if not waves or waves[-1].get("trials") != final["trials"]:
+        waves.append(final)
+    outcome = saved.get("outcome")
+    if outcome is None:  # the searcher did not decide: a signal, a budget, or Tune's cap (num_samples) came first
+        because = ("interrupted" if stopped else "budget" if budget_note
+                   else "met" if precise_enough(analysis, p.b_crit_ratio) else "max_trials")
+        outcome = {"stopped_because": because, "b_crit_ratio_requested": p.b_crit_ratio,
+                   "b_crit_ratio": final["ratio"], "status": final["status"], "trials": len(records),
+                   **({"note": budget_note} if budget_note else {})}
+    return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
+            "trials_per_wave": p.trials_per_wave, "waves": waves, **outcome}
+
+
 def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker) -> tuple[dict[str, Any], str | None]:
     """``(cbs.json's content, the analysis error or None)``: an analysis bug must not lose the trials."""
     c_tok, _ = flops_accounting(spec)
-    reference = float(spec.search.base_batch_size_sequences)
     try:
-        analysis = analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
-                                  reference_batch=reference, flops_per_token=c_tok, targets=spec.targets,
-                                  tokens_per_sequence=tokens_per_sequence(spec))
+        analysis = sweep_analysis(spec, records, c_tok)
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from ray.tune import Callback
 
-__all__ = ["ProgressCallback"]
+__all__ = ["ProgressCallback", "wave_line"]
 
 PLAIN_CHANGE_S = 10.0  # output that is not a terminal: a changed state at most this often,
 PLAIN_HEARTBEAT_S = 60.0  # and a line at least this often
@@ -160,6 +160,14 @@ class ProgressCallback(Callback):
         self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
         self._refresh()
 
+    def wave(self, wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ratio: float, planned_trials: int) -> None:
+        """``search.precision``: say what the wave that just ended measured and what the sweep does next, and
+        count the trials it added (``wave``: an entry of ``cbs.json``'s ``precision.waves``)."""
+        self.n_trials = planned_trials
+        if not self.enabled:
+            return
+        self.console.print(wave_line(wave, outcome, requested_ratio), highlight=False, soft_wrap=True, markup=False)
+
     def close(self) -> None:
         if self._live is not None:
             self._live.update(self.render())
@@ -169,3 +177,23 @@ class ProgressCallback(Callback):
             if (tuple(self.counts().items()), tuple(sorted(self.best.items()))) != (self._last_counts, self._last_best):
                 self._last_plain = -math.inf
                 self._refresh()
+
+
+def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ratio: float) -> str:
+    """One ``search.precision`` wave in a line, e.g. ``[precision] after 14 trials: b_crit 12.9 [1.5, 75.6]
+    (upper/lower 50, asked <= 3), status edge: adding 2 trial(s): B=32 at LR 0.0042, B=16 at LR 0.0061``."""
+    ci = wave.get("b_crit_ci")
+    b = wave.get("b_crit")
+    found = (f"b_crit {b:.3g} [{ci[0]:.3g}, {'inf' if ci[1] is None else f'{ci[1]:.3g}'}]"
+             if b is not None and ci and ci[0] is not None else "no b_crit yet")
+    ratio = wave.get("ratio")
+    head = (f"[precision] after {wave.get('trials')} trials: {found} (upper/lower "
+            f"{'unbounded' if ratio is None else f'{ratio:.3g}'}, asked <= {requested_ratio:g}), status {wave.get('status')}")
+    if outcome is not None:
+        why = {"met": "precise enough, no more trials", "max_trials": "search.precision.max_trials reached",
+               "nothing_to_add": "no trial left to add"}.get(outcome["stopped_because"], outcome["stopped_because"])
+        return f"{head}: {why}"
+    added = ", ".join(f"B={a['batch_size_sequences']}" + (f" at LR {a['lr']:.3g}" if a.get("lr") else " (new batch size)"
+                                                         if a.get("lr") is None else "")
+                      for a in wave.get("added", []))
+    return f"{head}: adding {len(wave.get('added', []))} trial(s): {added}"

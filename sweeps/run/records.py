@@ -17,7 +17,7 @@ from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
 from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX, trial_status
 
-__all__ = ["collect_records", "records_from_grid", "HYPERPARAMETER_KEYS"]
+__all__ = ["collect_records", "records_from_reports", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
 #: the sampled hyperparameters a record keeps (the Tune config's keys)
 HYPERPARAMETER_KEYS = ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
@@ -163,6 +163,23 @@ def _first_config(*sources: Path | dict | None) -> dict | None:
 def _pruning_of(row: dict) -> dict[str, Any]:
     """The equal-compute scheduler's keys (``RESULT_KEYS``) of a result row, without the missing ones."""
     return {k: row[k] for k in RESULT_KEYS if row.get(k) is not None and row.get(k) == row.get(k)}
+
+
+def records_from_reports(output: Path) -> list:
+    """The records of every trial that started, from the driver's report log alone (``OUT/reports/``: the
+    config each trial started with, every report, how it ended); what ``search.precision`` refits after
+    each wave, wherever Tune keeps its own state. Trials Tune created but never started are left out (they
+    have no curve to fit)."""
+    reports = output / REPORTS_DIR
+    pruned_file = output / PRUNED_WHILE_PAUSED
+    pruned_while_paused = json.loads(pruned_file.read_text()) if pruned_file.is_file() else {}
+    records = []
+    for params in sorted(reports.glob(f"*{TRIAL_PARAMS_SUFFIX}")):
+        cfg = _json_object(params)
+        if cfg:
+            trial_id = params.name[: -len(TRIAL_PARAMS_SUFFIX)]
+            records.append(_trial_record(reports, trial_id, cfg, [], False, pruned_while_paused))
+    return records
 
 
 def records_from_grid(grid) -> list:

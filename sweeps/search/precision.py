@@ -20,7 +20,8 @@ sizes on one side of the knee, and a batch size whose best learning rate lies ou
    (too few batch sizes reached a target), both sides.
 2. **Open LR brackets**: a batch size of the fit whose fastest trial ran at its lowest (highest) tried LR
    gets a probe one octave below (above) it: the optimum may lie beyond.
-3. **Closed brackets**: a probe halfway (in log LR) between the fastest LR and its faster neighbour.
+3. **Closed brackets** (tried LRs on both sides of the fastest): a probe halfway (in log LR) between the
+   fastest LR and its faster neighbour.
 
 Within 2 and 3, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first: they
 set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed again.
@@ -125,15 +126,16 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
             speed[lr] = min(speed.get(lr, math.inf), tok)
         lrs = sorted(speed)
         best = min(lrs, key=lambda lr: (speed[lr], lr))
+        if not math.isfinite(speed[best]):
+            continue  # none of its trials reached the target
         i = lrs.index(best)
         far = lambda lr: all(abs(math.log2(lr / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, []))  # noqa: E731
         if i == 0 and far(best / 2):
             open_.append(Proposal(b, best / 2, "its fastest trial ran at its lowest LR: probe an octave below"))
         if i == len(lrs) - 1 and far(best * 2):
             open_.append(Proposal(b, best * 2, "its fastest trial ran at its highest LR: probe an octave above"))
-        neighbours = [lrs[j] for j in (i - 1, i + 1) if 0 <= j < len(lrs)]
-        if neighbours:
-            nb = min(neighbours, key=lambda lr: (speed[lr], lr))
+        if 0 < i < len(lrs) - 1:  # closed: tried LRs on both sides of the fastest
+            nb = min((lrs[i - 1], lrs[i + 1]), key=lambda lr: (speed[lr], lr))
             mid = math.sqrt(best * nb)
             if far(mid):
                 closed.append(Proposal(b, mid, "between its fastest LR and the faster neighbour"))

@@ -33,8 +33,8 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
+from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
 from sweeps.search.transfer import (
-    MAX_OFFSET_OCTAVES,
     anchor_of,
     lr_offsets_octaves,
     transfer_centre,
@@ -54,14 +54,17 @@ OBJECTIVE = "objective"
 #: centre, in octaves (:mod:`sweeps.search.transfer`)
 LR_OFFSET = "lr_offset_octaves"
 
+#: the farthest a ``search.precision`` LR probe may sit from its batch size's centre (octaves, either side)
+MAX_PROBE_OFFSET_OCTAVES = 6.0
+
 
 def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
     """Optuna distributions for the dimensions that vary (fixed ones are left out). With
     ``search.strategy: transfer`` the LR rule and multiplier give way to :data:`LR_OFFSET`."""
     s = spec.search
     space: dict[str, optuna.distributions.BaseDistribution] = {}
-    if s.strategy == "transfer":
-        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-MAX_OFFSET_OCTAVES, MAX_OFFSET_OCTAVES)
+    if s.strategy == "transfer":  # wider than a batch size's own spread: search.precision's probes go beyond it
+        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-MAX_PROBE_OFFSET_OCTAVES, MAX_PROBE_OFFSET_OCTAVES)
     elif len(s.lr_rules) > 1:
         space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
     lo, hi = s.lr_multiplier
@@ -153,7 +156,10 @@ class BatchSizeSearcher(Searcher):
         scheduler: the pruning scheduler in mode ``pause``: new trials start only when it says so
             (:meth:`~sweeps.pruning.halving.SuccessiveHalving.may_start`); None otherwise.
 
-    Emits exactly ``spec.n_trials`` configs, then ``Searcher.FINISHED``. Each config holds
+    Emits ``spec.n_trials`` configs, then ``Searcher.FINISHED``; with ``search.precision``, after those
+    (a wave) it waits for them to end, asks the attached analysis (:meth:`attach_precision`) and either adds
+    a wave of trials (:mod:`sweeps.search.precision`; ``waves`` keeps each wave's interval and what it added)
+    or finishes, saying why in ``precision_outcome``. Each config holds
     ``batch_size_sequences``, ``seed``, ``group_id`` and the resolved hyperparameters, and
     ``initial_point`` (its index in ``search.initial_points``) when it is one.
 
@@ -181,6 +187,16 @@ class BatchSizeSearcher(Searcher):
         #: ``"best_params"`` (its best group's sampled values) once its groups have all finished
         self.transfer_state: dict[int, dict[str, Any]] = {}
         self.quota = spec.search.trials_per_batch_size * len(spec.seeds)
+        #: search.precision: extra groups handed to each batch size by later waves, and under transfer their LRs
+        self.precision = spec.search.precision
+        self.extra_groups: dict[int, int] = {}
+        self.extra_lrs: dict[int, list[float]] = {}
+        #: one entry per ended wave (:func:`sweeps.search.precision.wave_summary` plus ``added``)
+        self.waves: list[dict[str, Any]] = []
+        #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add", ...}`` once the searcher stopped adding
+        self.precision_outcome: dict[str, Any] | None = None
+        self._analyse = None  # attached by the driver (attach_precision), never pickled
+        self._report = None
         self.assigned: dict[int, int] = {b: 0 for b in self.batches}
         self.open_group: dict[int, _Group | None] = {b: None for b in self.batches}
         self.groups: dict[str, _Group] = {}  # tune trial id -> group
@@ -194,9 +210,18 @@ class BatchSizeSearcher(Searcher):
         """Attach the pause-mode scheduler to a restored searcher (its pickled state leaves it out)."""
         self.scheduler = scheduler
 
+    def attach_precision(self, analyse: Any, report: Any) -> None:
+        """``search.precision``: attach ``analyse() -> (analysis, records)`` (the sweep's analysis as ``cbs.json``
+        would hold it now, and its :class:`TrialRecord` list) and ``report(waves, outcome, planned_trials)`` (called
+        after each wave's decision; ``planned_trials``: the trials handed out and added so far). Without them a wave's end finishes the sweep."""
+        self._analyse, self._report = analyse, report
+
+    def _quota(self, b: int) -> int:
+        return self.quota + self.extra_groups.get(b, 0) * len(self.spec.seeds)
+
     def exhausted(self) -> bool:
-        """True once every batch size has been handed all its trials."""
-        return all(self.assigned[b] >= self.quota for b in self.batches)
+        """True once every batch size has been handed all its trials (of the waves so far)."""
+        return all(self.assigned[b] >= self._quota(b) for b in self.batches)
 
     def _live(self) -> list[str]:
         return [t for t, g in self.groups.items() if t not in g.results]
@@ -244,11 +269,11 @@ class BatchSizeSearcher(Searcher):
 
     def _next_batch(self) -> int | None:
         if self.transfer:  # the first batch size, in transfer order, with trials left whose anchor has finished
-            return next((b for b in self.batches if self.assigned[b] < self.quota and self._ready(b)), None)
+            return next((b for b in self.batches if self.assigned[b] < self._quota(b) and self._ready(b)), None)
         n = len(self.batches)
         for i in range(n):
             b = self.batches[(self._rr + i) % n]
-            if self.assigned[b] < self.quota:
+            if self.assigned[b] < self._quota(b):
                 self._rr = (self._rr + i + 1) % n
                 return b
         return None
@@ -257,8 +282,15 @@ class BatchSizeSearcher(Searcher):
         if self.scheduler is not None and not self.exhausted() and not self.scheduler.may_start(self._live()):
             return None  # as many trials running as allowed (paused ones do not count): ask again later
         b = self._next_batch()
+        if b is None and self.exhausted():
+            ended = self._end_of_wave()
+            if ended is None:
+                return None  # a wave's trials still run
+            if not ended:
+                return Searcher.FINISHED
+            b = self._next_batch()
         if b is None:
-            return Searcher.FINISHED if self.exhausted() else None  # transfer: waiting for an anchor to finish
+            return None  # transfer: waiting for an anchor to finish
         if self.transfer and b not in self.transfer_state:
             self._start_transfer(b)
         group = self.open_group[b]
@@ -360,8 +392,13 @@ class BatchSizeSearcher(Searcher):
         handed out so far) and the carried beta2. Derived from the searcher's own state, so a searcher
         restored from an older save asks the same point again (an Optuna trial asked after that save is
         left RUNNING in its study)."""
-        i = len(self._groups_of(b))
-        offset = lr_offsets_octaves(self.spec.search.trials_per_batch_size)[i]
+        i, k = len(self._groups_of(b)), self.spec.search.trials_per_batch_size
+        if i < k:
+            offset = lr_offsets_octaves(k)[i]
+        else:  # a search.precision probe at a chosen LR
+            lr = self.extra_lrs[b][i - k]
+            offset = min(max(math.log2(lr / self.transfer_state[b]["centre_lr"]), -MAX_PROBE_OFFSET_OCTAVES),
+                         MAX_PROBE_OFFSET_OCTAVES)
         optuna_search_study(sub).enqueue_trial({LR_OFFSET: offset, **self.transfer_state[b]["carried"]},
                                                user_attrs={TRANSFER_POINT_ATTR: i})
 
@@ -374,8 +411,65 @@ class BatchSizeSearcher(Searcher):
             state.update(best_objective=objective, best_params=dict(group.params),
                          best_group_lr=state["centre_lr"] * 2.0 ** float(group.params.get(LR_OFFSET, 0.0)))
         groups = self._groups_of(b)
-        if self.assigned[b] >= self.quota and all(g.finished() for g in groups):
+        if self.assigned[b] >= self._quota(b) and all(g.finished() for g in groups):
             state["best_lr"] = state.get("best_group_lr", state["centre_lr"])
+
+    # ---- search.precision ------------------------------------------------------------------------------
+
+    def _end_of_wave(self) -> bool | None:
+        """Every trial handed out has been: True if a new wave was added, False if the sweep is done, None
+        while some still run."""
+        if self.precision is None or self.precision_outcome is not None or self._analyse is None:
+            return False
+        if self._live():
+            return None
+        analysis, records = self._analyse()
+        handed = sum(self.assigned.values())
+        summary = wave_summary(analysis, handed)
+        room = (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
+        outcome = None
+        added: list[Proposal] = []
+        if precise_enough(analysis, self.precision.b_crit_ratio):
+            outcome = "met"
+        elif room <= 0:
+            outcome = "max_trials"
+        else:
+            added = self._fit_to_room(propose(analysis, records, min(room, self.precision.trials_per_wave),
+                                              allowed_batch_size=self.spec.sweepable_batch_size), room)
+            if not added:
+                outcome = "nothing_to_add"
+        for p in added:
+            self._add(p)
+        summary["added"] = [p.to_dict() for p in added]
+        self.waves.append(summary)
+        if outcome is not None:
+            self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,
+                                      "b_crit_ratio": summary["ratio"], "status": summary["status"], "trials": handed}
+        if self._report is not None:
+            self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches))
+        return outcome is None
+
+    def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
+        """The proposals, in order, whose groups fit ``room`` (a new batch size takes trials_per_batch_size)."""
+        out, used = [], 0
+        for p in proposals:
+            cost = self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1
+            if used + cost <= room:
+                out.append(p)
+                used += cost
+        return out
+
+    def _add(self, p: Proposal) -> None:
+        """Hand out one proposal's trials: a new batch size (placed like the others), or one more group."""
+        b = p.batch_size_sequences
+        if b not in self.assigned:
+            self.batches.append(b)  # under transfer: its anchor is the old end of the range (anchor_of)
+            self.assigned[b] = 0
+            self.open_group[b] = None
+            return
+        self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
+        if self.transfer and p.lr is not None:
+            self.extra_lrs.setdefault(b, []).append(float(p.lr))
 
     # ---- state for Tuner.restore -----------------------------------------------------------------
 
@@ -389,6 +483,7 @@ class BatchSizeSearcher(Searcher):
                                **{b: pickle.dumps(optuna_search_study(s).sampler) for b, s in subs.items()}}
         d["_subs"] = None
         d["scheduler"] = None  # re-attached by the driver
+        d["_analyse"] = d["_report"] = None  # likewise (attach_precision)
         return d
 
     def save(self, checkpoint_path: str) -> None:
@@ -404,6 +499,8 @@ class BatchSizeSearcher(Searcher):
         state.setdefault("fingerprint", None)
         state.setdefault("transfer", False)  # saved before search.strategy existed
         state.setdefault("transfer_state", {})
+        state.update({k: v for k, v in self._precision_defaults().items() if k not in state})  # saved before search.precision
+        state["_analyse"], state["_report"] = getattr(self, "_analyse", None), getattr(self, "_report", None)
         self.__dict__.update(state)
         self._subs = None
         # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
@@ -417,5 +514,9 @@ class BatchSizeSearcher(Searcher):
         return self._state()
 
     def set_state(self, state: dict) -> None:
-        self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, "transfer": False, "transfer_state": {}, **state,
-                              "scheduler": getattr(self, "scheduler", None)})
+        self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, "transfer": False, "transfer_state": {},
+                              **self._precision_defaults(), **state, "scheduler": getattr(self, "scheduler", None),
+                              "_analyse": getattr(self, "_analyse", None), "_report": getattr(self, "_report", None)})
+
+    def _precision_defaults(self) -> dict[str, Any]:
+        return {"precision": None, "extra_groups": {}, "extra_lrs": {}, "waves": [], "precision_outcome": None}

@@ -24,23 +24,21 @@ from sweeps.spec.sections import (
     MAX_TOKENS,
     MAX_WIDTH,
     BatchWarmupSpec,
-    Beta2Spec,
     DataSpec,
     EvalSpec,
-    InitialPointSpec,
     ModelSpec,
     NoiseScaleSpec,
     OptimizerSpec,
     ResourcesSpec,
     ScheduleSpec,
-    SearchSpec,
 )
+from sweeps.spec.search import Beta2Spec, InitialPointSpec, PrecisionSpec, SearchSpec
 from sweeps.spec.finetune import FinetuneSpec, LoraSpec
 from sweeps.spec.tracking import TrackingSpec
 from sweeps.spec.sweep import ArmSpec, BranchSpec, BudgetSpec, PruningSpec, SweepSpec
 
 __all__ = [
-    "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec",
+    "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "PrecisionSpec",
     "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
     "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
     "parse_spec_text", "read_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",

@@ -14,8 +14,9 @@ from pydantic import Field, ValidationError, field_validator, model_serializer, 
 
 from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
-    PositiveInt, ResourcesSpec, ScheduleSpec, SearchSpec, _Strict,
+    PositiveInt, ResourcesSpec, ScheduleSpec, _Strict,
 )
+from sweeps.spec.search import SearchSpec
 from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
@@ -191,6 +192,14 @@ class SweepSpec(_Strict):
         if self.search.strategy == "transfer" and self.pruning.enabled and self.pruning.mode == "pause":
             errs.append("search.strategy: transfer starts a batch size when its neighbour's trials have ended; "
                         "pruning.mode pause keeps trials waiting for others: use pruning.mode stop")
+        precision = self.search.precision
+        if precision is not None:
+            if self.pruning.enabled and self.pruning.mode == "pause":
+                errs.append("search.precision waits for every trial of a wave to end; pruning.mode pause keeps "
+                            "trials waiting for others: use pruning.mode stop")
+            if precision.max_trials is not None and precision.max_trials < self.n_trials:
+                errs.append(f"search.precision.max_trials ({precision.max_trials}) is below the planned trials "
+                            f"({self.n_trials}: batch sizes x trials_per_batch_size x seeds)")
         errs += self._parallelism_errors()
         errs += self._sync_errors()
         errs += self._optimizer_errors()
@@ -321,6 +330,24 @@ class SweepSpec(_Strict):
     def n_trials(self) -> int:
         """Planned Tune trials: batch sizes x trials per batch size x seeds."""
         return len(self.search.batch_sizes_sequences) * self.search.trials_per_batch_size * len(self.seeds)
+
+    @property
+    def max_trials(self) -> int:
+        """The most Tune trials the sweep may run: the planned ones, or with ``search.precision`` its
+        ``max_trials`` (default twice the planned)."""
+        p = self.search.precision
+        if p is None:
+            return self.n_trials
+        return p.max_trials if p.max_trials is not None else 2 * self.n_trials
+
+    def sweepable_batch_size(self, batch_size_sequences: int) -> bool:
+        """Whether ``search.precision`` may add this batch size (sequences): within the spec's limit, and one
+        whose step is no longer than the milestone spacing (each milestone at least one step; so also at
+        least 2 steps in the budget when there are 2 or more milestones)."""
+        b = batch_size_sequences
+        spacing = self.budget_tokens / self.eval.milestones
+        return 1 <= b <= MAX_BATCH_SEQUENCES and b * self.model.context_length_tokens <= spacing \
+            and self.budget_tokens >= 2 * b * self.model.context_length_tokens
 
     def milestones_tokens(self) -> list[int]:
         """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""

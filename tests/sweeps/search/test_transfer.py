@@ -179,7 +179,11 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
         tiny_spec_dict, tmp_path, ray_head, mlflow_template):
     """The real path (Tune, Optuna, MLflow, the analysis): 2 batch sizes x 2 trials from base 8. Tune asks
     the searcher while batch size 16 waits for 8 (``suggest`` returns None) and the sweep goes on when 8's
-    trials end; 16's two LRs sit half an octave either side of 8's best LR times sqrt(2)."""
+    trials end; 16's two LRs sit half an octave either side of 8's best LR times sqrt(2).
+
+    With ``search.precision`` (an interval no wider than 1.5x, at most 6 trials): two batch sizes give no
+    fit, so after the first wave the searcher widens the range upwards: batch size 32 with 2 trials,
+    transferred from 16, and the sweep stops at its cap, saying so in ``cbs.json`` and its output."""
     import json
 
     from tests.conftest import run_cli, write_spec
@@ -187,7 +191,8 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
 
     d = copy.deepcopy(tiny_spec_dict)
     d["name"] = "transfer"
-    d["search"].update(strategy="transfer", batch_sizes_sequences=[8, 16], trials_per_batch_size=2)
+    d["search"].update(strategy="transfer", batch_sizes_sequences=[8, 16], trials_per_batch_size=2,
+                       precision={"b_crit_ratio": 1.5, "max_trials": 6})
     uri = copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")
     out = tmp_path / "out"
     r = run_cli(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
@@ -195,11 +200,23 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     trials = json.loads((out / "trials.json").read_text())
     trials = trials["trials"] if isinstance(trials, dict) else trials
-    by_b = {b: [t for t in trials if t["batch_size_sequences"] == b] for b in (8, 16)}
-    assert [len(v) for v in by_b.values()] == [2, 2] and all(t["status"] == "COMPLETED" for t in trials)
+    by_b = {b: [t for t in trials if t["batch_size_sequences"] == b] for b in (8, 16, 32)}
+    assert [len(v) for v in by_b.values()] == [2, 2, 2] and all(t["status"] == "COMPLETED" for t in trials)
     lrs8 = sorted(t["hyperparameters"]["lr"] for t in by_b[8])
     assert lrs8 == pytest.approx([3e-3 * 2 ** -0.5, 3e-3 * 2 ** 0.5])  # base_lr at the start batch size
     best8 = min(by_b[8], key=lambda t: t["val_loss"][-1])["hyperparameters"]["lr"]
     lrs16 = sorted(t["hyperparameters"]["lr"] for t in by_b[16])
     assert lrs16 == pytest.approx([best8 * math.sqrt(2) * 2 ** -0.5, best8 * math.sqrt(2) * 2 ** 0.5])
-    assert json.loads((out / "cbs.json").read_text())["trials"]["COMPLETED"] == 4
+    best16 = min(by_b[16], key=lambda t: t["val_loss"][-1])["hyperparameters"]["lr"]
+    lrs32 = sorted(t["hyperparameters"]["lr"] for t in by_b[32])
+    assert lrs32 == pytest.approx([best16 * math.sqrt(2) * 2 ** -0.5, best16 * math.sqrt(2) * 2 ** 0.5])
+    cbs = json.loads((out / "cbs.json").read_text())
+    assert cbs["trials"]["COMPLETED"] == 6
+    precision = cbs["precision"]
+    assert precision["waves"][0]["trials"] == 4 and precision["waves"][-1]["trials"] == 6
+    assert [a["batch_size_sequences"] for a in precision["waves"][0]["added"]] == [32]
+    assert precision["max_trials"] == 6 and "precision: upper/lower" in r.stdout
+    if precision["stopped_because"] == "met":  # 3 batch sizes: an interval this narrow is all but impossible
+        assert precision["status"] == "ok" and precision["b_crit_ratio"] <= 1.5
+    else:
+        assert precision["stopped_because"] == "max_trials" and "max_trials (6) reached first" in r.stdout

@@ -1,0 +1,233 @@
+"""``search.precision`` (sweeps/search/precision.py and the searcher's waves): the rules that pick a wave's
+trials, and a whole sweep-until-precise run on simulated training curves with a known ``b_crit``, driven
+through the real searcher (real Optuna RDB) and the real analysis, uninterrupted and restored mid-way."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from ray.tune.search import Searcher
+
+from sweeps.analysis import analyze_trials
+from sweeps.analysis.targets import TrialRecord
+from sweeps.errors import InvalidInput
+from sweeps.search.precision import Proposal, interval_ratio, precise_enough, propose
+from sweeps.search.searcher import OBJECTIVE, BatchSizeSearcher
+from sweeps.spec import parse_spec
+
+B_TRUE = 24.0  # the simulated sweep's critical batch size (sequences)
+
+
+def _spec(tiny_spec_dict, *, precision=None, strategy="transfer", batch_sizes=(4, 8, 16, 32, 64), trials=2):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["budget_tokens"] = 262144
+    d["eval"]["milestones"] = 16
+    d["search"].update({"strategy": strategy, "batch_sizes_sequences": list(batch_sizes),
+                        "base_batch_size_sequences": 16, "base_lr": 2e-3, "trials_per_batch_size": trials})
+    if precision is not None:
+        d["search"]["precision"] = precision
+    d["seeds"] = [0]
+    return parse_spec(d)
+
+
+def _curve(spec, b: int, lr: float, noise: float) -> tuple[list[float], list[float]]:
+    """Loss at the spec's milestones of a trial whose data inefficiency is ``(1 + B / B_TRUE)`` times an LR
+    penalty (quadratic in octaves from ``lr_opt(B) = 2e-3 sqrt(B / 16)``) times ``noise``: its steps to any
+    target are then ``c (1 / B + 1 / B_TRUE)``, i.e. ``b_crit = B_TRUE`` (McCandlish et al. 2018, Eq. 2.11)."""
+    lr_opt = 2e-3 * math.sqrt(b / 16)
+    f = (1 + b / B_TRUE) * math.exp(0.3 * math.log2(lr / lr_opt) ** 2) * noise
+    tokens = [float(t) for t in spec.milestones_tokens()]
+    return tokens, [2.0 + 3.0 * (t / (f * spec.budget_tokens / 400)) ** -0.3 for t in tokens]
+
+
+class _SimulatedSweep:
+    """Tune's part, played by hand: ask the searcher until it waits, run every asked trial at once on
+    :func:`_curve`, tell it each result; the searcher's analysis is the real one on these records."""
+
+    def __init__(self, spec, searcher: BatchSizeSearcher):
+        self.spec, self.searcher = spec, searcher
+        self.records: dict[str, TrialRecord] = {}
+        self.asked: list[tuple[str, int, float]] = []
+        self.reports: list[tuple[list, dict | None, int]] = []
+        self.attach(searcher)
+
+    def attach(self, searcher: BatchSizeSearcher) -> None:
+        self.searcher = searcher
+
+        def analyse():
+            records = list(self.records.values())
+            return analyze_trials(records, context_length_tokens=self.spec.model.context_length_tokens,
+                                  reference_batch=16.0), records
+
+        searcher.attach_precision(analyse, lambda waves, outcome, planned: self.reports.append((waves, outcome, planned)))
+
+    def step(self) -> bool:
+        """One round; False once the searcher said FINISHED."""
+        batch = []
+        while True:
+            tid = f"t{len(self.asked) + len(batch):03d}"
+            cfg = self.searcher.suggest(tid)
+            if cfg == Searcher.FINISHED:
+                self._run(batch)
+                return False
+            if cfg is None:
+                break
+            batch.append((tid, cfg))
+        self._run(batch)
+        return True
+
+    def _run(self, batch) -> None:
+        for tid, cfg in batch:
+            b, lr = int(cfg["batch_size_sequences"]), float(cfg["lr"])
+            noise = math.exp(0.05 * np.random.default_rng(len(self.asked)).standard_normal())
+            tokens, losses = _curve(self.spec, b, lr, noise)
+            self.records[tid] = TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
+                                            hyperparameters={"lr": lr}, tokens=tokens, val_loss=losses)
+            self.asked.append((tid, b, lr))
+            self.searcher.on_trial_complete(tid, {OBJECTIVE: losses[-1]})
+
+    def run(self, rounds: int = 100) -> None:
+        for _ in range(rounds):
+            if not self.step():
+                return
+        raise AssertionError("the searcher never finished")
+
+
+def test_the_ratio_and_what_counts_as_precise():
+    assert interval_ratio([10.0, 30.0]) == pytest.approx(3.0)
+    assert interval_ratio([10.0, None]) == math.inf and interval_ratio(None) == math.inf and interval_ratio([0.0, 5.0]) == math.inf
+    assert precise_enough({"status": "ok", "b_crit_ci": [10.0, 29.0]}, 3.0)
+    assert not precise_enough({"status": "edge", "b_crit_ci": [10.0, 29.0]}, 3.0)  # narrow but past an end
+    assert not precise_enough({"status": "ok", "b_crit_ci": [10.0, 31.0]}, 3.0)
+
+
+def _records(rows: list[tuple[int, float, float]], spec) -> list[TrialRecord]:
+    """One trial per ``(batch size, lr, slowdown)``, on :func:`_curve` with ``slowdown`` as its noise."""
+    out = []
+    for i, (b, lr, slow) in enumerate(rows):
+        tokens, losses = _curve(spec, b, lr, slow)
+        out.append(TrialRecord(trial_id=f"r{i}", batch_size_sequences=b, seed=0, group_id=f"r{i}", status="COMPLETED",
+                               hyperparameters={"lr": lr}, tokens=tokens, val_loss=losses))
+    return out
+
+
+def test_a_wave_probes_beyond_an_open_lr_bracket_nearest_the_knee_first(tiny_spec_dict):
+    spec = _spec(tiny_spec_dict)
+    opt = {b: 2e-3 * math.sqrt(b / 16) for b in (8, 16, 32)}
+    # 16 and 32 were fastest at their highest tried LR (open above); 8 at its lower LR, with one below it
+    rows = [(8, opt[8] / 4, 1), (8, opt[8], 1), (8, opt[8] * 2, 1),
+            (16, opt[16] / 4, 1), (16, opt[16] / 2, 1), (32, opt[32] / 4, 1), (32, opt[32] / 2, 1)]
+    records = _records(rows, spec)
+    analysis = analyze_trials(records, context_length_tokens=32, reference_batch=16.0)
+    assert analysis["fitted_batch_sizes"] == [8.0, 16.0, 32.0]
+    got = propose({**analysis, "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 3,
+                  allowed_batch_size=spec.sweepable_batch_size)
+    assert [(p.batch_size_sequences, round(p.lr / opt[p.batch_size_sequences], 6)) for p in got] == [
+        (16, 1.0), (32, 1.0),  # an octave above each fastest LR, 16 first (nearer 20), then the closed bracket at 8
+        (8, round(math.sqrt(2) / 1, 6))]  # halfway (in log) between 8's fastest LR and its faster neighbour
+    assert all(isinstance(p, Proposal) and p.reason for p in got)
+
+
+def test_a_wave_widens_the_range_on_the_side_the_interval_reaches_past(tiny_spec_dict):
+    spec = _spec(tiny_spec_dict)
+    records = _records([(b, 2e-3 * math.sqrt(b / 16), 1) for b in (4, 8, 16, 32, 64)], spec)
+    base = {"target_loss": None, "fitted_batch_sizes": []}
+    up = propose({**base, "status": "edge", "b_crit": 50.0, "b_crit_ci": [20.0, 200.0]}, records, 2,
+                 allowed_batch_size=spec.sweepable_batch_size)
+    assert [p.batch_size_sequences for p in up] == [128]
+    both = propose({**base, "status": "no_knee", "b_crit": None, "b_crit_ci": None}, records, 2,
+                   allowed_batch_size=spec.sweepable_batch_size)
+    assert [p.batch_size_sequences for p in both] == [128, 2]
+    capped = propose({**base, "status": "above_range", "b_crit": None, "b_crit_ci": None}, records, 2,
+                     allowed_batch_size=lambda b: b <= 64)  # a batch size the budget cannot take is not added
+    assert capped == []
+
+
+def test_an_lr_already_tried_is_not_proposed_again(tiny_spec_dict):
+    spec = _spec(tiny_spec_dict)
+    lr = 2e-3
+    # 16's fastest LR has a faster neighbour 0.3 octave above: the halfway probe would sit 0.15 octave from both
+    rows = [(16, lr / 2, 1.3), (16, lr, 1.0), (16, lr * 2 ** 0.3, 1.05), (32, lr / 2, 1.3), (32, lr, 1.0), (32, lr * 2, 1.1)]
+    records = _records(rows, spec)
+    analysis = {"status": "ok", "b_crit": 16.0, "b_crit_ci": [17.0, 30.0], "fitted_batch_sizes": [16.0, 32.0],
+                "target_loss": max(r.val_loss[8] for r in records)}  # every trial crosses it mid-way
+    got = propose(analysis, records, 5, allowed_batch_size=spec.sweepable_batch_size)
+    assert [(p.batch_size_sequences, round(math.log2(p.lr / lr), 6)) for p in got] == [(32, 0.5)]  # none at 16
+
+
+def test_the_spec_refuses_a_cap_below_the_plan_and_pause_mode(tiny_spec_dict):
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"]["precision"] = {"b_crit_ratio": 3, "max_trials": 2}
+    with pytest.raises((InvalidInput, ValueError), match="max_trials"):
+        parse_spec(d)
+    d["search"]["precision"] = {"b_crit_ratio": 3}
+    d["pruning"] = {"enabled": True, "mode": "pause"}
+    with pytest.raises((InvalidInput, ValueError), match="precision"):
+        parse_spec(d)
+    d["pruning"] = {"enabled": True, "mode": "stop"}
+    spec = parse_spec(d)
+    assert spec.max_trials == 2 * spec.n_trials
+    plain = copy.deepcopy(tiny_spec_dict)
+    assert "precision" not in parse_spec(plain).model_dump(mode="json")["search"]  # fingerprints as before
+
+
+def test_a_sweep_adds_waves_until_the_interval_is_as_narrow_as_asked(tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.6, "max_trials": 30, "trials_per_wave": 2})
+    sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'o.db'}", "p"))
+    sim.run()
+    waves, outcome, planned = sim.reports[-1]
+    assert len(waves) >= 2 and outcome is not None
+    assert [w["trials"] for w in waves] == sorted(w["trials"] for w in waves)  # each wave after the previous one
+    assert waves[0]["trials"] == 10 and planned == len(sim.asked) <= 30
+    for w, nxt in zip(waves, waves[1:]):  # each wave added what it said, then the next refit saw them
+        assert nxt["trials"] == w["trials"] + sum(1 if a["lr"] is not None else 2 for a in w["added"])
+    final = sim.searcher.precision_outcome
+    assert final == outcome
+    if outcome["stopped_because"] == "met":
+        assert outcome["status"] == "ok" and outcome["b_crit_ratio"] <= 1.6
+        assert waves[-1]["b_crit_ci"][0] <= B_TRUE * 1.25 and waves[-1]["b_crit_ci"][1] >= B_TRUE / 1.25
+    else:
+        assert outcome["stopped_because"] in ("max_trials", "nothing_to_add")
+    assert waves[-1]["ratio"] is None or waves[0]["ratio"] is None or waves[-1]["ratio"] <= waves[0]["ratio"]
+
+
+def test_a_precise_enough_first_wave_adds_nothing_and_a_cap_stops_the_sweep(tiny_spec_dict, tmp_path):
+    loose = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1e5})
+    sim = _SimulatedSweep(loose, BatchSizeSearcher(loose, f"sqlite:///{tmp_path / 'a.db'}", "a"))
+    sim.run()
+    assert len(sim.asked) == 10 and sim.reports[-1][1]["stopped_because"] == "met"
+    assert sim.reports[-1][0][-1]["added"] == []
+    tight = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 12})
+    sim = _SimulatedSweep(tight, BatchSizeSearcher(tight, f"sqlite:///{tmp_path / 'b.db'}", "b"))
+    sim.run()
+    assert len(sim.asked) == 12 and sim.reports[-1][1]["stopped_because"] in ("max_trials", "nothing_to_add")
+
+
+def test_a_sweep_restored_mid_way_asks_and_answers_as_the_uninterrupted_one(tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.6, "max_trials": 20})
+    whole = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'w.db'}", "w"))
+    whole.run()
+
+    part = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'r.db'}", "w"))
+    while len(part.reports) < 1:  # through the first wave's decision
+        assert part.step()
+    part.searcher.save(str(tmp_path / "searcher.pkl"))
+    fresh = BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'r.db'}", "w")
+    fresh.restore(str(tmp_path / "searcher.pkl"))
+    part.attach(fresh)
+    part.run()
+    assert [(b, pytest.approx(lr)) for _, b, lr in part.asked] == [(b, lr) for _, b, lr in whole.asked]
+    assert part.reports[-1][1] == whole.reports[-1][1]
+    assert fresh.waves == whole.searcher.waves
+
+
+def test_independent_studies_take_waves_too(tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict, strategy="independent", precision={"b_crit_ratio": 1.0001, "max_trials": 14})
+    sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'i.db'}", "i"))
+    sim.run()
+    assert len(sim.asked) == 14 and len(sim.reports) >= 2
+    added = [a for w in sim.reports[-1][0] for a in w["added"]]
+    assert added and all(a["batch_size_sequences"] in dict.fromkeys(b for _, b, _ in sim.asked) for a in added)
