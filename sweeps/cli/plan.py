@@ -71,14 +71,14 @@ def _report(out_dir: Path) -> Optional[Path]:
     lacks what it needs (the plan stands without the report)."""
     from sweeps.analysis.report import write_report
     from sweeps.analysis.targets import TrialRecord
-    from sweeps.spec import load_spec
+    from sweeps.spec import load_stored_spec
 
     if not (out_dir / "trials.json").is_file():  # not a sweep's folder (a cbs.json alone): no report to update
         return None
     try:
         analysis = json.loads((out_dir / "cbs.json").read_text(encoding="utf-8"))
         rows = json.loads((out_dir / "trials.json").read_text(encoding="utf-8"))
-        spec = load_spec(out_dir / "spec.yaml")
+        spec = load_stored_spec(out_dir / "spec.yaml")
         records = [TrialRecord.from_dict(r) for r in rows]
         return write_report(out_dir, analysis, records, spec)
     except Exception as exc:  # an older or partial folder: the plan stands without the report

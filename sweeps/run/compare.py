@@ -32,7 +32,7 @@ import yaml
 
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
-from sweeps.spec import SweepSpec, parse_spec
+from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id
 
 __all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
@@ -141,7 +141,7 @@ def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepS
     output = Path(output).expanduser().resolve()
     try:
         state = json.loads((output / COMPARISON_FILE).read_text())
-        spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+        spec = parse_stored_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     except FileNotFoundError as exc:
         raise InvalidInput(f"{output} holds no comparison{' ' + purpose if purpose else ''} ({exc.filename} missing)") from None
     return output, state, spec

@@ -39,7 +39,7 @@ from sweeps.run.records import collect_records
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, storage_root, tune_dir_of
 from sweeps.run.workload import flops_accounting
-from sweeps.spec import SweepSpec, parse_spec
+from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.tracking import schema
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, tracking_uri_source
 
@@ -210,7 +210,7 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
         return resume_comparison(output, ray_address=ray_address, show_progress=show_progress)
     check_output_folder(output, resuming=True)
     state = SweepState.load(output)
-    spec = parse_spec(yaml.safe_load((output / "spec.yaml").read_text()))
+    spec = parse_stored_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file() and not state.error:
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
     check_inputs_unchanged(state.inputs, output)

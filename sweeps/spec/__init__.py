@@ -13,7 +13,9 @@ Plain data: imports neither torch nor Ray, so the REST service can use it.
 from sweeps.spec.loading import (
     SpecError,
     load_spec,
+    load_stored_spec,
     parse_spec,
+    parse_stored_spec,
     parse_spec_text,
     read_spec_text,
     resolved_spec_dict,
@@ -41,5 +43,5 @@ __all__ = [
     "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "PrecisionSpec",
     "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
     "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
-    "parse_spec_text", "read_spec_text", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+    "parse_spec_text", "read_spec_text", "parse_stored_spec", "load_stored_spec", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
 ]

@@ -13,9 +13,10 @@ import yaml
 from pydantic import ValidationError
 
 from sweeps.spec._errors import describe_errors, describe_yaml_error
-from sweeps.spec.sweep import SweepSpec, deep_merge
+from sweeps.spec.sweep import SweepSpec, deep_merge, with_stored_defaults
 
-__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text"]
+__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text",
+           "parse_stored_spec", "load_stored_spec"]
 
 
 class SpecError(ValueError):
@@ -62,6 +63,25 @@ def parse_spec(data: Any) -> SweepSpec:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
         raise SpecError(spec_errors(exc)) from None
+
+
+def parse_stored_spec(data: Any) -> SweepSpec:
+    """:func:`parse_spec` for a spec a sweep wrote itself (``OUT/spec.yaml``): the defaults of the version that
+    wrote it apply where the file leaves a field out (:func:`sweeps.spec.sweep.with_stored_defaults`).
+
+    Raises:
+        SpecError: with every invalid field's path.
+    """
+    return parse_spec(with_stored_defaults(data))
+
+
+def load_stored_spec(path: str | Path) -> SweepSpec:
+    """Read a sweep's own ``spec.yaml`` (:func:`parse_stored_spec`).
+
+    Raises:
+        SpecError: the file is missing, not YAML, or invalid.
+    """
+    return parse_stored_spec(_read_yaml_with_base(Path(path)))
 
 
 def read_spec_text(path: str | Path) -> str:

@@ -96,11 +96,12 @@ class SearchSpec(_Strict):
     trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
     algorithm: Literal["optuna"] = "optuna"
     strategy: Literal["independent", "transfer"] = Field(
-        default="independent",
-        description="independent: each batch size's study samples the LR rule and multiplier on its own; "
-                    "transfer: batch sizes run outward from base_batch_size_sequences, each centring its LRs "
-                    "on its anchor's (the neighbour one step nearer the base) best LR scaled by the measured "
-                    "exponent, beta2 not searched (sweeps/search/transfer.py)")
+        default="transfer",
+        description="transfer (the default): batch sizes run outward from base_batch_size_sequences, each "
+                    "centring its LRs on its anchor's (the neighbour one step nearer the base) best LR scaled by "
+                    "the measured exponent, beta2 not searched (sweeps/search/transfer.py); independent: each "
+                    "batch size's study samples the LR rule and multiplier on its own (the default where "
+                    "transfer cannot run: with initial_points or pruning.mode pause)")
     precision: PrecisionSpec | None = Field(
         default=None,
         description="sweep until precise: after each wave of trials, refit, and add trials while b_crit's 95 % "
@@ -112,11 +113,11 @@ class SearchSpec(_Strict):
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
-        # a spec at the default strategy dumps (and fingerprints) as before search.strategy existed
+        # the strategy is always written (a stored spec without it is read as independent: it was written
+        # when that was the default, sweeps.spec.sweep.with_stored_defaults); the fingerprint leaves
+        # "independent" out (SweepSpec.fingerprint). Without search.precision the dump is as before it existed.
         out = handler(self)
-        if out.get("strategy") == "independent":
-            out.pop("strategy")
-        if out.get("precision") is None:  # likewise before search.precision existed
+        if out.get("precision") is None:
             out.pop("precision", None)
         return out
 

@@ -207,6 +207,18 @@ class SweepSpec(_Strict):
             raise ValueError("; ".join(errs))
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_strategy(cls, data: Any) -> Any:
+        """``search.strategy`` left out: ``transfer``, except where it cannot run (``search.initial_points``
+        given, or pruning in mode ``pause``): ``independent``."""
+        if not (isinstance(data, dict) and isinstance(data.get("search"), dict)) or "strategy" in data["search"]:
+            return data
+        pruning = data.get("pruning") if isinstance(data.get("pruning"), dict) else {}
+        pause = bool(pruning.get("enabled")) and pruning.get("mode", PruningSpec.model_fields["mode"].default) == "pause"
+        strategy = "independent" if data["search"].get("initial_points") or pause else "transfer"
+        return {**data, "search": {**data["search"], "strategy": strategy}}
+
     @model_validator(mode="after")
     def _arms_valid(self) -> "SweepSpec":
         if not self.arms:
@@ -355,11 +367,24 @@ class SweepSpec(_Strict):
         return [int(round(self.budget_tokens * (i + 1) / n)) for i in range(n)]
 
     def fingerprint(self) -> str:
-        """A short hash of the spec's content (used as part of the sweep id)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """A short hash of the spec's content (used as part of the sweep id). ``search.strategy: independent``
+        is left out, so a sweep from before the field existed keeps its fingerprint."""
+        data = self.model_dump(mode="json")
+        if data["search"].get("strategy") == "independent":
+            data["search"].pop("strategy")
+        blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def with_stored_defaults(data: Any) -> Any:
+    """A spec a sweep stored (``OUT/spec.yaml``, a pickled dump) with the defaults of when it was written:
+    one without ``search.strategy`` was written when ``independent`` was the default (before 2026-12-05),
+    since when the strategy is always written. Anything else is returned unchanged."""
+    if isinstance(data, dict) and isinstance(data.get("search"), dict) and "strategy" not in data["search"]:
+        return {**data, "search": {**data["search"], "strategy": "independent"}}
+    return data
 
 
 def _spec_from_dump(data: dict[str, Any]) -> SweepSpec:
     """A pickled :class:`SweepSpec` read back (``SweepSpec.__reduce__``)."""
-    return SweepSpec.model_validate(data)
+    return SweepSpec.model_validate(with_stored_defaults(data))

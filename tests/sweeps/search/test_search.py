@@ -13,7 +13,7 @@ from sweeps.tracking.writer import Outbox
 
 def make(tiny_spec_dict, tmp_path, **search):
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update(search)
+    d["search"].update({"strategy": "independent", **search})  # these test the independent studies
     d["seeds"] = [0, 1]
     s = parse_spec(d)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -65,7 +65,7 @@ def test_group_outcomes_reach_optuna_as_complete_pruned_fail(tiny_spec_dict, tmp
 
 
 def test_hyperparameters_follow_rule_and_half_life(tiny_spec_dict):
-    s = parse_spec(tiny_spec_dict)
+    s = parse_spec({**tiny_spec_dict, "search": {**tiny_spec_dict["search"], "strategy": "independent"}})
     hp = hyperparameters_for(s, 32, {"lr_rule": "linear", "lr_multiplier": 2.0, "beta2_half_life_tokens": 1024.0})
     assert hp["lr"] == pytest.approx(0.003 * (32 / 8) * 2.0)
     assert hp["beta2"] == pytest.approx(0.5 ** (32 * 32 / 1024))

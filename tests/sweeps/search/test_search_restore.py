@@ -17,7 +17,7 @@ def test_a_restored_searcher_proposes_what_the_uninterrupted_one_would_have(tiny
     third and fourth suggestions equal an uninterrupted searcher's (before, the rebuilt samplers were
     seeded anew, so a resumed sweep differed from an uninterrupted one)."""
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update(trials_per_batch_size=4, batch_sizes_sequences=[4, 8])
+    d["search"].update(trials_per_batch_size=4, batch_sizes_sequences=[4, 8], strategy="independent")
     s = parse_spec(d)
     straight = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'a.db'}", "sw")
     expected = [_key(straight.suggest(f"t{i}")) for i in range(8)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 
 import pytest
 from ray.tune.search import Searcher
@@ -162,15 +163,32 @@ def test_two_seeds_run_each_point_twice_and_beta2_is_carried(tiny_spec_dict, tmp
     assert {round(c["beta2_half_life_tokens"], 6) for c in first + later} == {round(middle, 6)}
 
 
-def test_the_default_strategy_leaves_the_fingerprint_as_before(tiny_spec_dict):
+def test_transfer_is_the_default_and_a_stored_spec_without_a_strategy_reads_as_independent(tiny_spec_dict):
+    from sweeps.spec import parse_stored_spec
+
     d = copy.deepcopy(tiny_spec_dict)
-    plain = parse_spec(d)
-    d["search"]["strategy"] = "independent"
-    assert parse_spec(d).fingerprint() == plain.fingerprint() and "strategy" not in plain.model_dump()["search"]
-    d["search"].update(strategy="transfer", trials_per_batch_size=2)
-    d2 = copy.deepcopy(d)
-    d2["search"]["strategy"] = "independent"
-    assert parse_spec(d).fingerprint() != parse_spec(d2).fingerprint()
+    assert "strategy" not in d["search"]
+    default = parse_spec(d)
+    assert default.search.strategy == "transfer" and default.model_dump()["search"]["strategy"] == "transfer"
+    paused = copy.deepcopy(d)
+    paused["pruning"] = {"enabled": True}  # mode pause by default: transfer cannot run there
+    assert parse_spec(paused).search.strategy == "independent"
+    pointed = copy.deepcopy(d)
+    pointed["search"]["initial_points"] = [{"lr_multiplier": 1.0}]
+    assert parse_spec(pointed).search.strategy == "independent"
+    # a sweep started before the default changed stored its spec without the strategy (independent then)
+    explicit = copy.deepcopy(d)
+    explicit["search"]["strategy"] = "independent"
+    old_dump = parse_spec(explicit).model_dump(mode="json")
+    del old_dump["search"]["strategy"]
+    stored = parse_stored_spec(old_dump)
+    assert stored.search.strategy == "independent"
+    assert stored.fingerprint() == parse_spec(explicit).fingerprint()  # its sweep id and resume checks still hold
+    from sweeps.spec.sweep import _spec_from_dump
+
+    assert _spec_from_dump(old_dump).search.strategy == "independent"  # Tune's pickled state of such a sweep
+    assert pickle.loads(pickle.dumps(default)).search.strategy == "transfer"
+    assert default.fingerprint() != stored.fingerprint()
 
 
 @pytest.mark.slow
