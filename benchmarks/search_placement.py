@@ -32,16 +32,22 @@ sweeps with a known critical batch size and an error structure read off this pro
 * ``independent`` (today's ``search.strategy``): each batch size draws its 2 configurations at random,
   an LR scaling rule among linear, square root and none times a multiplier log-uniform in [0.5, 2]
   (the example spec's space), around the user's starting LR;
-* ``transfer`` (issue 27's proposal; not in the product yet: this measures whether to build it): batch
+* ``transfer`` (a model of ``search.strategy: transfer``, sweeps/search/transfer.py, not that code): batch
   sizes run outward from 16 (16, 8, 32, 4, 64, 128, 256); the first gets the starting LR times
   2^(-0.5) and 2^(+0.5); each next batch size centres on the nearest finished batch size's best LR (its
   faster trial) scaled by (B ratio)^alpha, alpha 0.5 until three batch sizes have finished, then the
   fitted :func:`sweeps.analysis.lr_scaling.lr_exponent_fit` over their best LRs (clipped to [0, 1]),
   with its two trials half an octave either side.
 
+and a third, ``transfer+precision``: ``transfer``, then ``search.precision: {b_crit_ratio: 3, max_trials: 28}``'s
+waves of 2 trials, chosen by the product's own :func:`sweeps.search.precision.propose`, until the interval is
+within 3x: it spends more than 14 trials where the first wave is too wide, and its stopping rule (stop once
+the interval is narrow enough) is what its coverage measures.
+
 Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
 ``median_width_ratio=`` (upper / lower end; inf when open), ``median_log2_bias=`` (log2 of the
-estimate over the truth, over sweeps with an estimate), and how many sweeps gave status ok.
+estimate over the truth, over sweeps with an estimate), how many sweeps gave status ok, and the mean
+number of trials.
 What this does not show: that real searches have this error structure beyond the grid it was read off
 (one model, one seed per configuration); the independent strategy's real sampler is Optuna's TPE per
 batch size, not uniform draws (with 2 trials per batch size TPE has not started learning).
@@ -60,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
 from sweeps.analysis.lr_scaling import LR_RULE_EXPONENTS, lr_exponent_fit  # noqa: E402
+from sweeps.search.precision import precise_enough, propose  # noqa: E402
 
 T = 64  # tokens per sequence
 BATCH_SIZES = [4, 8, 16, 32, 64, 128, 256]
@@ -78,6 +85,7 @@ class Sweep:
         self.alpha = float(rng.uniform(0.0, 0.5))
         self.lr16 = 0.005
         self.start_lr = self.lr16 * 2 ** rng.uniform(-1, 1)
+        self.sd_batch = sd_batch
         self.e_batch = {b: rng.normal(0, sd_batch) for b in BATCH_SIZES}
         self.budget = self.tokens_mid(64, penalty=0.0) * 1.5
         self.milestones = np.linspace(self.budget / 16, self.budget, 16)
@@ -95,6 +103,8 @@ class Sweep:
             return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="DIVERGED",
                                hyperparameters={"lr": lr}, tokens=list(tok[:2]), val_loss=[9.0, 9.0],
                                flops=list(tok[:2] * 10.0)), math.inf
+        if b not in self.e_batch:  # a batch size search.precision added beyond the grid
+            self.e_batch[b] = self.rng.normal(0, self.sd_batch)
         penalty = (K_ABOVE if x > 0 else K_BELOW) * grow * x * x + self.e_batch[b] + self.rng.normal(0, self.sd_trial)
         mid = self.tokens_mid(b, penalty)
         loss = 1.0 + 1.0 * (tok / mid) ** -0.5  # loss 2.0 at tokens_mid; the hyperbola holds at every target
@@ -133,17 +143,54 @@ def transfer(sweep: Sweep) -> list[TrialRecord]:
     return out
 
 
-STRATEGIES = {"independent": independent, "transfer": transfer}
+def transfer_until_precise(sweep: Sweep, ratio: float = 3.0, max_trials: int = 28, per_wave: int = 2) -> list[TrialRecord]:
+    """``transfer``, then ``search.precision``'s waves (the product's own :func:`propose` and
+    :func:`precise_enough`) until the interval's upper/lower ratio is at most ``ratio``, ``max_trials`` trials
+    are spent, or nothing is left to add. A new batch size gets two trials half an octave either side of
+    its neighbour's best LR times the square-root rule, as ``transfer`` places one."""
+    out = transfer(sweep)
+    while len(out) < max_trials:
+        res = analyze_trials(out, context_length_tokens=T, reference_batch=BASE)
+        if precise_enough(res, ratio):
+            break
+        spacing = sweep.budget / 16
+        props = propose(res, out, min(per_wave, max_trials - len(out)),
+                        allowed_batch_size=lambda b: b * T <= spacing)
+        if not props:
+            break
+        room, before = max_trials - len(out), len(out)
+        for p in props:
+            b, n = p.batch_size_sequences, len(out)
+            cost = 1 if p.lr is not None else 2  # as the searcher's _fit_to_room counts them
+            if cost > room:
+                continue
+            room -= cost
+            if p.lr is not None:
+                out.append(sweep.trial(f"B{b}-{n}", b, p.lr)[0])
+                continue
+            done = [r for r in out if r.status == "COMPLETED"]
+            near = min({r.batch_size_sequences for r in done}, key=lambda f: (abs(math.log(b / f)), f))
+            fastest = min((r for r in done if r.batch_size_sequences == near), key=lambda r: r.val_loss[-1])
+            centre = fastest.hyperparameters["lr"] * (b / near) ** 0.5
+            out += [sweep.trial(f"B{b}-{n + k}", b, centre * 2 ** s)[0] for k, s in enumerate((-0.5, 0.5))]
+        if len(out) == before:  # nothing fitted the room left
+            break
+    return out
+
+
+STRATEGIES = {"independent": independent, "transfer": transfer, "transfer+precision": transfer_until_precise}
 
 
 def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, sd_trial: float) -> dict[str, float]:
     """``coverage``, ``median_width_ratio``, ``median_log2_bias`` and ``ok`` (sweeps with status ok) of
     ``sweeps`` simulated sweeps placed by ``strategy``."""
     rng = np.random.default_rng(seed)
-    hits, ratios, biases, ok = 0, [], [], 0
+    hits, ratios, biases, ok, trials = 0, [], [], 0, []
     for _ in range(sweeps):
         sweep = Sweep(rng, sd_batch, sd_trial)
-        res = analyze_trials(STRATEGIES[strategy](sweep), context_length_tokens=T, reference_batch=BASE, level=level)
+        records = STRATEGIES[strategy](sweep)
+        trials.append(len(records))
+        res = analyze_trials(records, context_length_tokens=T, reference_batch=BASE, level=level)
         ci = res.get("b_crit_ci")
         lo, hi = (ci[0] or 0.0, ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
         hits += lo <= sweep.b_crit <= hi
@@ -153,7 +200,8 @@ def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, 
             biases.append(math.log2(res["b_crit"] / sweep.b_crit))
         ok += res.get("status") == "ok"
     return {"coverage": hits / sweeps, "median_width_ratio": float(np.median(ratios)),
-            "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps}
+            "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps,
+            "mean_trials": float(np.mean(trials))}
 
 
 def main() -> None:
@@ -167,7 +215,8 @@ def main() -> None:
     for name in STRATEGIES:  # the same seed: the same truths, starting LRs and shared errors for both
         s = score(name, a.sweeps, a.seed, a.level, a.sd_batch, a.sd_trial)
         print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "
-              f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} ({a.sweeps} sweeps)", flush=True)
+              f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} "
+              f"mean_trials={s['mean_trials']:.1f} ({a.sweeps} sweeps)", flush=True)
 
 
 if __name__ == "__main__":

@@ -37,9 +37,19 @@ def test_transfer_starts_at_the_base_batch_size_and_centres_each_next_one_on_its
 
 
 def test_both_placements_spend_the_same_trials_and_the_scores_repeat_with_the_seed(bench):
-    for name in bench.STRATEGIES:
+    for name in ("independent", "transfer"):
         trials = bench.STRATEGIES[name](bench.Sweep(np.random.default_rng(0), 0.05, 0.04))
         assert len(trials) == 14 and sorted({t.batch_size_sequences for t in trials}) == bench.BATCH_SIZES
     first = bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
     assert first == bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
-    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok"}
+    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials"}
+
+
+def test_the_precision_placement_starts_as_transfer_and_stops_at_its_cap(bench):
+    planned = bench.transfer(bench.Sweep(np.random.default_rng(5), 0.1, 0.1))
+    trials = bench.transfer_until_precise(bench.Sweep(np.random.default_rng(5), 0.1, 0.1), ratio=1.0001, max_trials=20)
+    assert [(t.batch_size_sequences, t.hyperparameters["lr"]) for t in trials[:14]] == [
+        (t.batch_size_sequences, t.hyperparameters["lr"]) for t in planned]
+    assert 14 < len(trials) <= 20
+    loose = bench.transfer_until_precise(bench.Sweep(np.random.default_rng(5), 0.1, 0.1), ratio=1e6)
+    assert len(loose) == 14
