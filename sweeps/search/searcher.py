@@ -33,7 +33,7 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
-from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
+from sweeps.search.waves import PrecisionWaves
 from sweeps.search.transfer import (
     anchor_of,
     lr_offsets_octaves,
@@ -144,7 +144,7 @@ class _Group:
         return len(self.results) >= self.n_seeds
 
 
-class BatchSizeSearcher(Searcher):
+class BatchSizeSearcher(PrecisionWaves, Searcher):
     """Tune searcher: batch sizes on a grid, Optuna (TPE) per batch size, seeds repeated.
 
     Args:
@@ -209,12 +209,6 @@ class BatchSizeSearcher(Searcher):
     def attach_scheduler(self, scheduler: Any) -> None:
         """Attach the pause-mode scheduler to a restored searcher (its pickled state leaves it out)."""
         self.scheduler = scheduler
-
-    def attach_precision(self, analyse: Any, report: Any) -> None:
-        """``search.precision``: attach ``analyse() -> (analysis, records)`` (the sweep's analysis as ``cbs.json``
-        would hold it now, and its :class:`TrialRecord` list) and ``report(waves, outcome, planned_trials)`` (called
-        after each wave's decision; ``planned_trials``: the trials handed out and added so far). Without them a wave's end finishes the sweep."""
-        self._analyse, self._report = analyse, report
 
     def _quota(self, b: int) -> int:
         return self.quota + self.extra_groups.get(b, 0) * len(self.spec.seeds)
@@ -413,63 +407,6 @@ class BatchSizeSearcher(Searcher):
         groups = self._groups_of(b)
         if self.assigned[b] >= self._quota(b) and all(g.finished() for g in groups):
             state["best_lr"] = state.get("best_group_lr", state["centre_lr"])
-
-    # ---- search.precision ------------------------------------------------------------------------------
-
-    def _end_of_wave(self) -> bool | None:
-        """Every trial handed out has been: True if a new wave was added, False if the sweep is done, None
-        while some still run."""
-        if self.precision is None or self.precision_outcome is not None or self._analyse is None:
-            return False
-        if self._live():
-            return None
-        analysis, records = self._analyse()
-        handed = sum(self.assigned.values())
-        summary = wave_summary(analysis, handed)
-        room = (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
-        outcome = None
-        added: list[Proposal] = []
-        if precise_enough(analysis, self.precision.b_crit_ratio):
-            outcome = "met"
-        elif room <= 0:
-            outcome = "max_trials"
-        else:
-            added = self._fit_to_room(propose(analysis, records, min(room, self.precision.trials_per_wave),
-                                              allowed_batch_size=self.spec.sweepable_batch_size), room)
-            if not added:
-                outcome = "nothing_to_add"
-        for p in added:
-            self._add(p)
-        summary["added"] = [p.to_dict() for p in added]
-        self.waves.append(summary)
-        if outcome is not None:
-            self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,
-                                      "b_crit_ratio": summary["ratio"], "status": summary["status"], "trials": handed}
-        if self._report is not None:
-            self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches))
-        return outcome is None
-
-    def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
-        """The proposals, in order, whose groups fit ``room`` (a new batch size takes trials_per_batch_size)."""
-        out, used = [], 0
-        for p in proposals:
-            cost = self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1
-            if used + cost <= room:
-                out.append(p)
-                used += cost
-        return out
-
-    def _add(self, p: Proposal) -> None:
-        """Hand out one proposal's trials: a new batch size (placed like the others), or one more group."""
-        b = p.batch_size_sequences
-        if b not in self.assigned:
-            self.batches.append(b)  # under transfer: its anchor is the old end of the range (anchor_of)
-            self.assigned[b] = 0
-            self.open_group[b] = None
-            return
-        self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
-        if self.transfer and p.lr is not None:
-            self.extra_lrs.setdefault(b, []).append(float(p.lr))
 
     # ---- state for Tuner.restore -----------------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""``search.precision``'s side of the searcher: the end of a wave, the decision, and the trials a wave adds
+(:class:`PrecisionWaves`, a mixin of :class:`sweeps.search.searcher.BatchSizeSearcher`, which owns the
+state it reads: ``assigned``, ``batches``, ``open_group``, ``extra_groups``, ``extra_lrs``, ``waves``,
+``precision_outcome``). The rules that choose the trials are :mod:`sweeps.search.precision`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
+
+__all__ = ["PrecisionWaves"]
+
+
+class PrecisionWaves:
+    """Waves of trials until ``b_crit``'s interval is as narrow as ``search.precision`` asks (see
+    :mod:`sweeps.search.precision`); every method is called by the searcher's ``suggest``."""
+
+    def attach_precision(self, analyse: Any, report: Any) -> None:
+        """``search.precision``: attach ``analyse() -> (analysis, records)`` (the sweep's analysis as ``cbs.json``
+        would hold it now, and its :class:`TrialRecord` list) and ``report(waves, outcome, planned_trials)`` (called
+        after each wave's decision; ``planned_trials``: the trials handed out and added so far). Without them a wave's end finishes the sweep."""
+        self._analyse, self._report = analyse, report
+
+    def _end_of_wave(self) -> bool | None:
+        """Every trial handed out has been: True if a new wave was added, False if the sweep is done, None
+        while some still run."""
+        if self.precision is None or self.precision_outcome is not None or self._analyse is None:
+            return False
+        if self._live():
+            return None
+        analysis, records = self._analyse()
+        handed = sum(self.assigned.values())
+        summary = wave_summary(analysis, handed)
+        room = (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
+        outcome = None
+        added: list[Proposal] = []
+        if precise_enough(analysis, self.precision.b_crit_ratio):
+            outcome = "met"
+        elif room <= 0:
+            outcome = "max_trials"
+        else:
+            added = self._fit_to_room(propose(analysis, records, min(room, self.precision.trials_per_wave),
+                                              allowed_batch_size=self.spec.sweepable_batch_size), room)
+            if not added:
+                outcome = "nothing_to_add"
+        for p in added:
+            self._add(p)
+        summary["added"] = [p.to_dict() for p in added]
+        self.waves.append(summary)
+        if outcome is not None:
+            self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,
+                                      "b_crit_ratio": summary["ratio"], "status": summary["status"], "trials": handed}
+        if self._report is not None:
+            self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches))
+        return outcome is None
+
+    def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
+        """The proposals, in order, whose groups fit ``room`` (a new batch size takes trials_per_batch_size)."""
+        out, used = [], 0
+        for p in proposals:
+            cost = self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1
+            if used + cost <= room:
+                out.append(p)
+                used += cost
+        return out
+
+    def _add(self, p: Proposal) -> None:
+        """Hand out one proposal's trials: a new batch size (placed like the others), or one more group."""
+        b = p.batch_size_sequences
+        if b not in self.assigned:
+            self.batches.append(b)  # under transfer: its anchor is the old end of the range (anchor_of)
+            self.assigned[b] = 0
+            self.open_group[b] = None
+            return
+        self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
+        if self.transfer and p.lr is not None:
+            self.extra_lrs.setdefault(b, []).append(float(p.lr))
