@@ -41,8 +41,9 @@ sweeps with a known critical batch size and an error structure read off this pro
 
 and a third, ``transfer+precision``: ``transfer``, then ``search.precision: {b_crit_ratio: 3, max_trials: 28}``'s
 waves of 2 trials, chosen by the product's own :func:`sweeps.search.precision.propose`, until the interval is
-within 3x: it spends more than 14 trials where the first wave is too wide, and its stopping rule (stop once
-the interval is narrow enough) is what its coverage measures.
+within 3x, judged (and finally analysed) at the targets its first wave declared: it spends more than 14
+trials where the first wave is too wide, and its stopping rule (stop once the interval is narrow enough)
+is what its coverage measures.
 
 Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
 ``median_width_ratio=`` (upper / lower end; inf when open), ``median_log2_bias=`` (log2 of the
@@ -89,6 +90,7 @@ class Sweep:
         self.e_batch = {b: rng.normal(0, sd_batch) for b in BATCH_SIZES}
         self.budget = self.tokens_mid(64, penalty=0.0) * 1.5
         self.milestones = np.linspace(self.budget / 16, self.budget, 16)
+        self.targets: list[float] | None = None  # set by transfer_until_precise: its first wave's targets
 
     def tokens_mid(self, b: int, penalty: float) -> float:
         """Tokens to the middle loss (2.0 on the curve below) at batch size ``b`` with a log-token penalty."""
@@ -150,7 +152,9 @@ def transfer_until_precise(sweep: Sweep, ratio: float = 3.0, max_trials: int = 2
     its neighbour's best LR times the square-root rule, as ``transfer`` places one."""
     out = transfer(sweep)
     while len(out) < max_trials:
-        res = analyze_trials(out, context_length_tokens=T, reference_batch=BASE)
+        res = analyze_trials(out, context_length_tokens=T, reference_batch=BASE, targets=sweep.targets)
+        if sweep.targets is None:  # the first wave declares the targets, as the product's searcher does
+            sweep.targets = [t["target_loss"] for t in res.get("targets") or []] or None
         if precise_enough(res, ratio):
             break
         spacing = sweep.budget / 16
@@ -190,7 +194,7 @@ def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, 
         sweep = Sweep(rng, sd_batch, sd_trial)
         records = STRATEGIES[strategy](sweep)
         trials.append(len(records))
-        res = analyze_trials(records, context_length_tokens=T, reference_batch=BASE, level=level)
+        res = analyze_trials(records, context_length_tokens=T, reference_batch=BASE, level=level, targets=sweep.targets)
         ci = res.get("b_crit_ci")
         lo, hi = (ci[0] or 0.0, ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
         hits += lo <= sweep.b_crit <= hi

@@ -210,8 +210,8 @@ def _restored_tuner(tune_dir: str, spec: SweepSpec, output: Path, parts: _Parts)
 
 def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Parts) -> None:
     """``search.precision``: give the searcher the sweep's analysis after each wave (the records of the
-    driver's report log, analysed as ``cbs.json`` is) and a report that writes ``OUT/precision.json`` and
-    prints the wave's interval."""
+    driver's report log, analysed as ``cbs.json`` is, at the targets the first wave declared) and a report
+    that writes ``OUT/precision.json`` (waves, outcome, targets) and prints the wave's interval."""
     precision = spec.search.precision
     if precision is None:
         return
@@ -220,12 +220,13 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
 
     c_tok, _ = flops_accounting(spec)
 
-    def analyse() -> tuple[dict[str, Any], list]:
+    def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
         records = records_from_reports(output)
-        return sweep_analysis(spec, records, c_tok), records
+        return sweep_analysis(spec, records, c_tok, targets=targets), records
 
-    def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int) -> None:
-        write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome})
+    def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
+               targets: list[float] | None) -> None:
+        write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome, "targets": targets})
         parts.progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
 
     searcher.attach_precision(analyse, report)

@@ -45,7 +45,7 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
         ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}`` (see
         :func:`sweeps.run.driver.run_sweep`).
     """
-    analysis, analysis_error = _analyse(spec, records, state, tracker)
+    analysis, analysis_error = _analyse(spec, records, state, tracker, output)
     precision = _precision_section(spec, output, records, analysis, stopped=stopped, budget_note=budget_note)
     if precision is not None:
         analysis["precision"] = precision
@@ -84,15 +84,25 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
             "output": str(output), "message": message, "exit_code": exit_code if stopped else None}
 
 
-def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None) -> dict[str, Any]:
+def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None,
+                   targets: list[float] | None = None) -> dict[str, Any]:
     """:func:`sweeps.analysis.analyze_trials` with the spec's context length, reference batch
     (``base_batch_size_sequences``), targets and tokens per sequence: ``cbs.json``'s analysis, also what
     ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
-    on the meta device)."""
+    on the meta device). ``targets``: target losses to use where the spec gives none (``search.precision``'s,
+    declared by its first wave); else chosen from the trials."""
     c_tok = flops_per_token if flops_per_token is not None else flops_accounting(spec)[0]
     return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
                           reference_batch=float(spec.search.base_batch_size_sequences), flops_per_token=c_tok,
-                          targets=spec.targets, tokens_per_sequence=tokens_per_sequence(spec))
+                          targets=spec.targets or targets, tokens_per_sequence=tokens_per_sequence(spec))
+
+
+def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
+    """The target losses ``search.precision``'s first wave declared (``OUT/precision.json``), or None."""
+    path = output / PRECISION_FILE
+    if spec.search.precision is None or not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("targets") or None
 
 
 def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: dict[str, Any], *, stopped: bool,
@@ -120,11 +130,11 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
             "trials_per_wave": p.trials_per_wave, "waves": waves, **outcome}
 
 
-def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker) -> tuple[dict[str, Any], str | None]:
+def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker, output: Path) -> tuple[dict[str, Any], str | None]:
     """``(cbs.json's content, the analysis error or None)``: an analysis bug must not lose the trials."""
     c_tok, _ = flops_accounting(spec)
     try:
-        analysis = sweep_analysis(spec, records, c_tok)
+        analysis = sweep_analysis(spec, records, c_tok, targets=_declared_targets(spec, output))
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")

@@ -195,6 +195,8 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         self.waves: list[dict[str, Any]] = []
         #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add", ...}`` once the searcher stopped adding
         self.precision_outcome: dict[str, Any] | None = None
+        #: the target losses the first wave declared (every later wave and cbs.json use them)
+        self.precision_targets: list[float] | None = None
         self._analyse = None  # attached by the driver (attach_precision), never pickled
         self._report = None
         self.assigned: dict[int, int] = {b: 0 for b in self.batches}
@@ -456,4 +458,5 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
                               "_analyse": getattr(self, "_analyse", None), "_report": getattr(self, "_report", None)})
 
     def _precision_defaults(self) -> dict[str, Any]:
-        return {"precision": None, "extra_groups": {}, "extra_lrs": {}, "waves": [], "precision_outcome": None}
+        return {"precision": None, "extra_groups": {}, "extra_lrs": {}, "waves": [], "precision_outcome": None,
+                "precision_targets": None}

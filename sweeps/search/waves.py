@@ -18,9 +18,11 @@ class PrecisionWaves:
     :mod:`sweeps.search.precision`); every method is called by the searcher's ``suggest``."""
 
     def attach_precision(self, analyse: Any, report: Any) -> None:
-        """``search.precision``: attach ``analyse() -> (analysis, records)`` (the sweep's analysis as ``cbs.json``
-        would hold it now, and its :class:`TrialRecord` list) and ``report(waves, outcome, planned_trials)`` (called
-        after each wave's decision; ``planned_trials``: the trials handed out and added so far). Without them a wave's end finishes the sweep."""
+        """``search.precision``: attach ``analyse(targets) -> (analysis, records)`` (the sweep's analysis as
+        ``cbs.json`` would hold it now at those target losses, None: chosen from the trials, and its
+        :class:`TrialRecord` list) and ``report(waves, outcome, planned_trials, targets)`` (called after each
+        wave's decision; ``planned_trials``: the trials handed out and added so far; ``targets``: the target
+        losses every wave after the first is judged at). Without them a wave's end finishes the sweep."""
         self._analyse, self._report = analyse, report
 
     def _end_of_wave(self) -> bool | None:
@@ -30,7 +32,11 @@ class PrecisionWaves:
             return False
         if self._live():
             return None
-        analysis, records = self._analyse()
+        # the first wave declares the targets (chosen from its trials, or the spec's); later waves are judged
+        # at the same ones, so a wave cannot narrow the interval by moving the headline to an easier target
+        analysis, records = self._analyse(self.precision_targets)
+        if self.precision_targets is None:
+            self.precision_targets = [float(t["target_loss"]) for t in analysis.get("targets") or []] or None
         handed = sum(self.assigned.values())
         summary = wave_summary(analysis, handed)
         room = (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
@@ -53,7 +59,8 @@ class PrecisionWaves:
             self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,
                                       "b_crit_ratio": summary["ratio"], "status": summary["status"], "trials": handed}
         if self._report is not None:
-            self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches))
+            self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches),
+                         self.precision_targets)
         return outcome is None
 
     def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:

@@ -57,12 +57,13 @@ class _SimulatedSweep:
     def attach(self, searcher: BatchSizeSearcher) -> None:
         self.searcher = searcher
 
-        def analyse():
+        def analyse(targets):
             records = list(self.records.values())
             return analyze_trials(records, context_length_tokens=self.spec.model.context_length_tokens,
-                                  reference_batch=16.0), records
+                                  reference_batch=16.0, targets=targets), records
 
-        searcher.attach_precision(analyse, lambda waves, outcome, planned: self.reports.append((waves, outcome, planned)))
+        searcher.attach_precision(analyse, lambda waves, outcome, planned, targets: self.reports.append(
+            (waves, outcome, planned, targets)))
 
     def step(self) -> bool:
         """One round; False once the searcher said FINISHED."""
@@ -178,8 +179,11 @@ def test_a_sweep_adds_waves_until_the_interval_is_as_narrow_as_asked(tiny_spec_d
     spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.6, "max_trials": 30, "trials_per_wave": 2})
     sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'o.db'}", "p"))
     sim.run()
-    waves, outcome, planned = sim.reports[-1]
+    waves, outcome, planned, targets = sim.reports[-1]
     assert len(waves) >= 2 and outcome is not None
+    # the first wave declared the targets; every later wave is judged at one of those same losses
+    assert targets and all(r[3] == targets for r in sim.reports)
+    assert all(w["target_loss"] in targets for w in waves)
     assert [w["trials"] for w in waves] == sorted(w["trials"] for w in waves)  # each wave after the previous one
     assert waves[0]["trials"] == 10 and planned == len(sim.asked) <= 30
     for w, nxt in zip(waves, waves[1:]):  # each wave added what it said, then the next refit saw them
