@@ -109,6 +109,21 @@ def lr_scaling_fields(analysis: dict) -> tuple[dict[str, float], dict[str, str]]
     return metrics, {TAG_LR_RULES_IN_INTERVAL: ",".join(rules) or "none of linear, sqrt, none"}
 
 
+#: the parent run's tags of ``search.precision`` (``cbs.json``'s ``precision``)
+TAG_PRECISION_STOPPED_BECAUSE = "critbatch.precision.stopped_because"
+TAG_PRECISION_REQUESTED = "critbatch.precision.b_crit_ratio_requested"
+
+
+def precision_tags(analysis: dict) -> dict[str, str]:
+    """``cbs.json``'s ``precision`` as parent-run tags: why the sweep stopped adding trials
+    (:data:`TAG_PRECISION_STOPPED_BECAUSE`) and the ratio asked for; empty without ``search.precision``."""
+    p = analysis.get("precision")
+    if not isinstance(p, dict):
+        return {}
+    return {TAG_PRECISION_STOPPED_BECAUSE: str(p.get("stopped_because")),
+            TAG_PRECISION_REQUESTED: str(p.get("b_crit_ratio_requested"))}
+
+
 ROLE_SWEEP = "sweep"
 ROLE_TRIAL = "trial"
 #: Branched training (``critbatch branch``): its parent run and one run per branch.

@@ -434,6 +434,7 @@ def _parent_fields(status: str, summary: dict[str, Any], message: str,
         lr_metrics, lr_tags = schema.lr_scaling_fields(analysis)  # the measured LR scaling rule
         metrics.update(lr_metrics)
         tags.update(lr_tags)
+        tags.update(schema.precision_tags(analysis))  # why search.precision stopped adding trials
         if analysis.get("status"):
             tags[TAG_FIT_STATUS] = str(analysis["status"])
             try:

@@ -234,6 +234,10 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     assert precision["waves"][0]["trials"] == 4 and precision["waves"][-1]["trials"] == 6
     assert [a["batch_size_sequences"] for a in precision["waves"][0]["added"]] == [32]
     assert precision["max_trials"] == 6 and "precision: upper/lower" in r.stdout
+    from mlflow.tracking import MlflowClient
+
+    parent = MlflowClient(uri).get_run(cbs["mlflow"]["parent_run_id"])
+    assert parent.data.tags["critbatch.precision.stopped_because"] == precision["stopped_because"]
     declared = json.loads((out / "precision.json").read_text())["targets"]
     assert declared and [t["target_loss"] for t in cbs["targets"]] == pytest.approx(sorted(declared, reverse=True))
     if precision["stopped_because"] == "met":  # 3 batch sizes: an interval this narrow is all but impossible

@@ -116,3 +116,11 @@ def test_replicas_that_synchronise_log_their_counters_at_every_milestone(tiny_sp
     rid = _run_trial(tracker, [_report(2048, syncs=2), _report(4096, syncs=4)])
     assert [m.value for m in sorted(tracker.client.get_metric_history(rid, "syncs"), key=lambda m: m.step)] == [2, 4]
     assert len(tracker.client.get_metric_history(rid, "comm_time_s")) == 2
+
+
+def test_precision_reaches_the_parent_as_tags_only_when_asked_for():
+    from sweeps.tracking import schema
+
+    assert schema.precision_tags({"b_crit": 3.0}) == {}
+    tags = schema.precision_tags({"precision": {"stopped_because": "max_trials", "b_crit_ratio_requested": 3.0}})
+    assert tags == {"critbatch.precision.stopped_because": "max_trials", "critbatch.precision.b_crit_ratio_requested": "3.0"}
