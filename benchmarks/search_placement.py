@@ -4,6 +4,7 @@ sweeps with a known critical batch size and an error structure read off this pro
 
     python benchmarks/search_placement.py                # 300 sweeps per strategy, about 1-2 min on 2 cores
     python benchmarks/search_placement.py --sweeps 1000
+    python benchmarks/search_placement.py --sd-batch 0.1 --sd-trial 0.1 --precision-ratio 2
 
 **The model** (one simulated sweep; numbers read off the 42 curves of ``benchmarks/cache/search_efficiency``,
 7 batch sizes x LR multipliers 0.7-4 of the square-root rule, tokens to loss 2.6 and 2.45):
@@ -158,11 +159,11 @@ def transfer_until_precise(sweep: Sweep, ratio: float = 3.0, max_trials: int = 2
         if precise_enough(res, ratio):
             break
         spacing = sweep.budget / 16
-        props = propose(res, out, min(per_wave, max_trials - len(out)),
-                        allowed_batch_size=lambda b: b * T <= spacing)
+        props = propose(res, out, 100, allowed_batch_size=lambda b: b * T <= spacing)
         if not props:
             break
-        room, before = max_trials - len(out), len(out)
+        # one wave, as the searcher fills it (sweeps/search/waves.py, _fit_to_room)
+        room, before = min(max_trials - len(out), max(per_wave, 1 if props[0].lr is not None else 2)), len(out)
         for p in props:
             b, n = p.batch_size_sequences, len(out)
             cost = 1 if p.lr is not None else 2  # as the searcher's _fit_to_room counts them
@@ -215,7 +216,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sd-batch", type=float, default=0.05, help="log-token noise shared by a batch size's trials")
     ap.add_argument("--sd-trial", type=float, default=0.04, help="log-token noise per trial")
+    ap.add_argument("--precision-ratio", type=float, default=3.0,
+                    help="transfer+precision: the interval's upper/lower ratio asked for (at most 28 trials)")
     a = ap.parse_args()
+    STRATEGIES["transfer+precision"] = lambda sweep: transfer_until_precise(sweep, ratio=a.precision_ratio)
     for name in STRATEGIES:  # the same seed: the same truths, starting LRs and shared errors for both
         s = score(name, a.sweeps, a.seed, a.level, a.sd_batch, a.sd_trial)
         print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "

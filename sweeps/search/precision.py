@@ -20,11 +20,15 @@ sizes on one side of the knee, and a batch size whose best learning rate lies ou
    (too few batch sizes reached a target), both sides.
 2. **Open LR brackets**: a batch size of the fit whose fastest trial ran at its lowest (highest) tried LR
    gets a probe one octave below (above) it: the optimum may lie beyond.
-3. **Closed brackets** (tried LRs on both sides of the fastest): a probe halfway (in log LR) between the
+3. **A batch size between two fitted ones** (their geometric middle, rounded): one more point on the
+   hyperbola, with its own errors. LR probes at a batch size already swept cannot average away an error
+   its trials share (the curve's own noise, which more LRs do not change); a new batch size can.
+4. **Closed brackets** (tried LRs on both sides of the fastest): a probe halfway (in log LR) between the
    fastest LR and its faster neighbour.
 
-Within 2 and 3, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first: they
-set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed again.
+Within 2, 3 and 4, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first:
+they set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed
+again.
 
 Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the waves and places the trials.
 """
@@ -108,8 +112,21 @@ def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: 
     return out
 
 
-def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> list[Proposal]:
-    """Rules 2 and 3 of the module docstring, nearest the knee first (open brackets before closed ones)."""
+def _midpoint_proposals(batch_sizes: list[int], fitted: list[int], centre_b: float,
+                        allowed: Callable[[int], bool]) -> list[Proposal]:
+    """Rule 3 of the module docstring: the geometric middle of each two neighbouring fitted batch sizes
+    (rounded; only where it differs from both and is allowed), nearest the knee first."""
+    fit = sorted(int(b) for b in fitted)
+    out = []
+    for lo, hi in zip(fit, fit[1:]):
+        mid = int(round(math.sqrt(lo * hi)))
+        if lo < mid < hi and mid not in batch_sizes and allowed(mid):
+            out.append(Proposal(mid, None, f"a batch size between {lo} and {hi}: one more point on the hyperbola"))
+    return sorted(out, key=lambda p: (abs(math.log(p.batch_size_sequences / centre_b)), p.batch_size_sequences))
+
+
+def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> tuple[list[Proposal], list[Proposal]]:
+    """Rules 2 and 4 of the module docstring, nearest the knee first: ``(open brackets, closed ones)``."""
     tokens = tokens_to_target_by_trial(trials, target)
     by_b: dict[int, list[tuple[float, float]]] = {}
     for t in trials:
@@ -139,7 +156,7 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
             mid = math.sqrt(best * nb)
             if far(mid):
                 closed.append(Proposal(b, mid, "between its fastest LR and the faster neighbour"))
-    return open_ + closed
+    return open_, closed
 
 
 def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
@@ -164,5 +181,6 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
     if target is not None and fitted:
         b_crit = analysis.get("b_crit")
         centre_b = b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted))
-        out += _lr_proposals(trials, float(target), list(fitted), centre_b)
+        open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b)
+        out += open_ + _midpoint_proposals(batch_sizes, list(fitted), centre_b, allowed_batch_size) + closed
     return out[:n]

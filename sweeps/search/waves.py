@@ -47,8 +47,8 @@ class PrecisionWaves:
         elif room <= 0:
             outcome = "max_trials"
         else:
-            added = self._fit_to_room(propose(analysis, records, min(room, self.precision.trials_per_wave),
-                                              allowed_batch_size=self.spec.sweepable_batch_size), room)
+            added = self._fit_to_room(propose(analysis, records, 100, allowed_batch_size=self.spec.sweepable_batch_size),
+                                      room)
             if not added:
                 outcome = "nothing_to_add"
         for p in added:
@@ -64,13 +64,16 @@ class PrecisionWaves:
         return outcome is None
 
     def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
-        """The proposals, in order, whose groups fit ``room`` (a new batch size takes trials_per_batch_size)."""
+        """The proposals, in order, that fit one wave: ``trials_per_wave`` groups (or the first proposal's
+        cost, if larger: a new batch size takes ``trials_per_batch_size``), and never more than ``room``
+        (the groups ``max_trials`` leaves)."""
+        cost = lambda p: self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1  # noqa: E731
+        wave = min(room, max(self.precision.trials_per_wave, cost(proposals[0]) if proposals else 0))
         out, used = [], 0
         for p in proposals:
-            cost = self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1
-            if used + cost <= room:
+            if used + cost(p) <= wave:
                 out.append(p)
-                used += cost
+                used += cost(p)
         return out
 
     def _add(self, p: Proposal) -> None:

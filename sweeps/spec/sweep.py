@@ -353,13 +353,13 @@ class SweepSpec(_Strict):
         return p.max_trials if p.max_trials is not None else 2 * self.n_trials
 
     def sweepable_batch_size(self, batch_size_sequences: int) -> bool:
-        """Whether ``search.precision`` may add this batch size (sequences): within the spec's limit, and one
-        whose step is no longer than the milestone spacing (each milestone at least one step; so also at
-        least 2 steps in the budget when there are 2 or more milestones)."""
+        """Whether ``search.precision`` may add this batch size (sequences): within the spec's limit, divisible
+        by the workers per trial, and one whose step is no longer than the milestone spacing (each milestone
+        at least one step; so also at least 2 steps in the budget when there are 2 or more milestones)."""
         b = batch_size_sequences
         spacing = self.budget_tokens / self.eval.milestones
-        return 1 <= b <= MAX_BATCH_SEQUENCES and b * self.model.context_length_tokens <= spacing \
-            and self.budget_tokens >= 2 * b * self.model.context_length_tokens
+        return 1 <= b <= MAX_BATCH_SEQUENCES and b % self.resources.workers_per_trial == 0 \
+            and b * self.model.context_length_tokens <= spacing and self.budget_tokens >= 2 * b * self.model.context_length_tokens
 
     def milestones_tokens(self) -> list[int]:
         """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""

@@ -126,10 +126,25 @@ def test_a_wave_probes_beyond_an_open_lr_bracket_nearest_the_knee_first(tiny_spe
     assert analysis["fitted_batch_sizes"] == [8.0, 16.0, 32.0]
     got = propose({**analysis, "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 3,
                   allowed_batch_size=spec.sweepable_batch_size)
-    assert [(p.batch_size_sequences, round(p.lr / opt[p.batch_size_sequences], 6)) for p in got] == [
-        (16, 1.0), (32, 1.0),  # an octave above each fastest LR, 16 first (nearer 20), then the closed bracket at 8
-        (8, round(math.sqrt(2) / 1, 6))]  # halfway (in log) between 8's fastest LR and its faster neighbour
+    assert [(p.batch_size_sequences, round(p.lr / opt[p.batch_size_sequences], 6)) for p in got[:2]] == [
+        (16, 1.0), (32, 1.0)]  # an octave above each fastest LR, 16 first (nearer 20)
+    assert (got[2].batch_size_sequences, got[2].lr) == (23, None)  # then a new batch size between 16 and 32
+    more = propose({**analysis, "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 5,
+                   allowed_batch_size=spec.sweepable_batch_size)
+    assert (more[3].batch_size_sequences, more[3].lr) == (11, None)  # the middle of 8 and 16
+    # last, the closed bracket at 8: halfway (in log) between its fastest LR and its faster neighbour
+    assert (more[4].batch_size_sequences, round(more[4].lr / opt[8], 6)) == (8, round(math.sqrt(2), 6))
     assert all(isinstance(p, Proposal) and p.reason for p in got)
+
+
+def test_a_new_batch_size_must_be_one_the_spec_can_run(tiny_spec_dict):
+    spec = _spec(tiny_spec_dict)
+    assert spec.sweepable_batch_size(128) and spec.sweepable_batch_size(23)
+    assert not spec.sweepable_batch_size(1024)  # a step longer than the milestone spacing (16384 tokens)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["resources"] = {"workers_per_trial": 2, "max_concurrent_trials": 1}
+    d["search"]["batch_sizes_sequences"] = [4, 8, 16]
+    assert not parse_spec(d).sweepable_batch_size(11) and parse_spec(d).sweepable_batch_size(12)
 
 
 def test_a_wave_widens_the_range_on_the_side_the_interval_reaches_past(tiny_spec_dict):
@@ -156,7 +171,9 @@ def test_an_lr_already_tried_is_not_proposed_again(tiny_spec_dict):
     analysis = {"status": "ok", "b_crit": 16.0, "b_crit_ci": [17.0, 30.0], "fitted_batch_sizes": [16.0, 32.0],
                 "target_loss": max(r.val_loss[8] for r in records)}  # every trial crosses it mid-way
     got = propose(analysis, records, 5, allowed_batch_size=spec.sweepable_batch_size)
-    assert [(p.batch_size_sequences, round(math.log2(p.lr / lr), 6)) for p in got] == [(32, 0.5)]  # none at 16
+    probes = [(p.batch_size_sequences, round(math.log2(p.lr / lr), 6)) for p in got if p.lr is not None]
+    assert probes == [(32, 0.5)]  # none at 16
+    assert [p.batch_size_sequences for p in got if p.lr is None] == [23]  # and the middle of 16 and 32
 
 
 def test_the_spec_refuses_a_cap_below_the_plan_and_pause_mode(tiny_spec_dict):
