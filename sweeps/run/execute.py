@@ -209,14 +209,19 @@ def _restored_tuner(tune_dir: str, spec: SweepSpec, output: Path, parts: _Parts)
 
 
 def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Parts) -> None:
-    """``search.precision``: give the searcher the sweep's analysis after each wave (the records of the
-    driver's report log, analysed as ``cbs.json`` is, at the targets the first wave declared) and a report
-    that writes ``OUT/precision.json`` (waves, outcome, targets) and prints the wave's interval."""
+    """Give the searcher what it reads from the sweep's records (the driver's report log, ``OUT/reports/``):
+    under ``transfer`` the trials of a batch size, so its best LR is the one fastest to a common target
+    loss; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
+    targets the first wave declared) and a report that writes ``OUT/precision.json`` (waves, outcome,
+    targets) and prints the wave's interval."""
+    from sweeps.run.finish import PRECISION_FILE, sweep_analysis
+    from sweeps.run.records import records_from_reports
+
+    if spec.search.strategy == "transfer":  # a batch size's best LR by tokens to a target, as the fit reads it
+        searcher.attach_records(lambda: records_from_reports(output))
     precision = spec.search.precision
     if precision is None:
         return
-    from sweeps.run.finish import PRECISION_FILE, sweep_analysis
-    from sweeps.run.records import records_from_reports
 
     c_tok, _ = flops_accounting(spec)
 

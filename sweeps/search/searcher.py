@@ -38,6 +38,7 @@ from sweeps.search.transfer import (
     anchor_of,
     lr_offsets_octaves,
     transfer_centre,
+    fastest_to_common_target,
     transfer_order,
 )
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
@@ -199,6 +200,7 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         self.precision_targets: list[float] | None = None
         self._analyse = None  # attached by the driver (attach_precision), never pickled
         self._report = None
+        self._records = None  # attached by the driver (attach_records), never pickled
         self.assigned: dict[int, int] = {b: 0 for b in self.batches}
         self.open_group: dict[int, _Group | None] = {b: None for b in self.batches}
         self.groups: dict[str, _Group] = {}  # tune trial id -> group
@@ -408,7 +410,28 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
                          best_group_lr=state["centre_lr"] * 2.0 ** float(group.params.get(LR_OFFSET, 0.0)))
         groups = self._groups_of(b)
         if self.assigned[b] >= self._quota(b) and all(g.finished() for g in groups):
+            fastest = self._fastest_group(groups)
+            if fastest is not None:  # what the fit uses: tokens to a loss every trial of b reached
+                state.update(best_params=dict(fastest.params), best_by="tokens_to_common_target",
+                             best_group_lr=state["centre_lr"] * 2.0 ** float(fastest.params.get(LR_OFFSET, 0.0)))
+            else:
+                state["best_by"] = "final_loss"
             state["best_lr"] = state.get("best_group_lr", state["centre_lr"])
+
+    def attach_records(self, records: Any) -> None:
+        """Transfer: attach ``records() -> list[TrialRecord]`` (the trials so far, from the driver's report log),
+        so a batch size's best LR is its fastest group's to a common target loss
+        (:func:`sweeps.search.transfer.fastest_to_common_target`); without it, the lowest final loss."""
+        self._records = records
+
+    def _fastest_group(self, groups: list[_Group]) -> _Group | None:
+        if getattr(self, "_records", None) is None:
+            return None
+        by_id = {r.trial_id: r for r in self._records()}
+        curves = [[(by_id[t].tokens, by_id[t].val_loss) for t in g.trial_ids
+                   if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"] for g in groups]
+        i = fastest_to_common_target(curves)
+        return groups[i] if i is not None else None
 
     # ---- state for Tuner.restore -----------------------------------------------------------------
 
@@ -422,7 +445,7 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
                                **{b: pickle.dumps(optuna_search_study(s).sampler) for b, s in subs.items()}}
         d["_subs"] = None
         d["scheduler"] = None  # re-attached by the driver
-        d["_analyse"] = d["_report"] = None  # likewise (attach_precision)
+        d["_analyse"] = d["_report"] = d["_records"] = None  # likewise (attach_precision, attach_records)
         return d
 
     def save(self, checkpoint_path: str) -> None:
@@ -440,6 +463,7 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         state.setdefault("transfer_state", {})
         state.update({k: v for k, v in self._precision_defaults().items() if k not in state})  # saved before search.precision
         state["_analyse"], state["_report"] = getattr(self, "_analyse", None), getattr(self, "_report", None)
+        state["_records"] = getattr(self, "_records", None)
         self.__dict__.update(state)
         self._subs = None
         # Re-attach the Optuna trials that were asked before the interruption (they live in the RDB).
@@ -455,7 +479,8 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
     def set_state(self, state: dict) -> None:
         self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, "transfer": False, "transfer_state": {},
                               **self._precision_defaults(), **state, "scheduler": getattr(self, "scheduler", None),
-                              "_analyse": getattr(self, "_analyse", None), "_report": getattr(self, "_report", None)})
+                              "_analyse": getattr(self, "_analyse", None), "_report": getattr(self, "_report", None),
+                              "_records": getattr(self, "_records", None)})
 
     def _precision_defaults(self) -> dict[str, Any]:
         return {"precision": None, "extra_groups": {}, "extra_lrs": {}, "waves": [], "precision_outcome": None,

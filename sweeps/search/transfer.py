@@ -27,8 +27,10 @@ from __future__ import annotations
 import math
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
+from sweeps.analysis.targets import tokens_to_target
 
-__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre"]
+__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre",
+           "fastest_to_common_target"]
 
 #: the LR exponent used until three batch sizes have finished: the square-root rule
 PRIOR_ALPHA = 0.5
@@ -78,3 +80,37 @@ def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) ->
     fit = lr_exponent_fit(list(best_lrs), list(best_lrs.values())) if len(best_lrs) >= 3 else None
     alpha = min(max(fit["alpha"], 0.0), 1.0) if fit else PRIOR_ALPHA
     return best_lrs[anchor] * (batch_size / anchor) ** alpha, alpha
+
+
+def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]) -> int | None:
+    """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best by what the fit
+    uses, tokens to a target loss: the group whose trials reach the batch size's *common target* first,
+    the lowest loss every curve reaches before its last milestone (the highest of the curves' minima over
+    their earlier milestones, as the fit's target rule counts a crossing: :data:`sweeps.analysis.targets.TARGET_RULE`),
+    so that every group has a crossing (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in
+    log tokens); a group's tokens are the geometric mean over its trials. Ties go to the lower mean final
+    loss. With one milestone per curve the whole curve counts.
+
+    Args:
+        groups: per group, its trials' ``(tokens, val_loss)`` milestone curves (completed trials only).
+
+    Returns:
+        The index of the best group, or None when no group has a finite curve (then the caller falls back
+        to the final loss).
+    """
+    curves = [c for g in groups for c in g if c[1] and all(math.isfinite(x) for x in c[1])]
+    if not curves:
+        return None
+    common = max(min(losses[:-1] or losses) for _, losses in curves)
+    best, key = None, None
+    for i, g in enumerate(groups):
+        finite = [c for c in g if c[1] and all(math.isfinite(x) for x in c[1])]
+        if not finite or len(finite) != len(g):
+            continue
+        toks = [tokens_to_target(t, l, common) for t, l in finite]
+        if any(x is None for x in toks):
+            continue
+        k = (sum(math.log(x) for x in toks) / len(toks), sum(l[-1] for _, l in finite) / len(finite))
+        if key is None or k < key:
+            best, key = i, k
+    return best

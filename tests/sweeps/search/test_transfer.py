@@ -222,10 +222,15 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     assert [len(v) for v in by_b.values()] == [2, 2, 2] and all(t["status"] == "COMPLETED" for t in trials)
     lrs8 = sorted(t["hyperparameters"]["lr"] for t in by_b[8])
     assert lrs8 == pytest.approx([3e-3 * 2 ** -0.5, 3e-3 * 2 ** 0.5])  # base_lr at the start batch size
-    best8 = min(by_b[8], key=lambda t: t["val_loss"][-1])["hyperparameters"]["lr"]
+    from sweeps.search.transfer import fastest_to_common_target
+
+    def best_lr(ts):  # the searcher's rule: fastest to the loss every trial reached before its last milestone
+        return ts[fastest_to_common_target([[(t["tokens"], t["val_loss"])] for t in ts])]["hyperparameters"]["lr"]
+
+    best8 = best_lr(by_b[8])
     lrs16 = sorted(t["hyperparameters"]["lr"] for t in by_b[16])
     assert lrs16 == pytest.approx([best8 * math.sqrt(2) * 2 ** -0.5, best8 * math.sqrt(2) * 2 ** 0.5])
-    best16 = min(by_b[16], key=lambda t: t["val_loss"][-1])["hyperparameters"]["lr"]
+    best16 = best_lr(by_b[16])
     lrs32 = sorted(t["hyperparameters"]["lr"] for t in by_b[32])
     assert lrs32 == pytest.approx([best16 * math.sqrt(2) * 2 ** -0.5, best16 * math.sqrt(2) * 2 ** 0.5])
     cbs = json.loads((out / "cbs.json").read_text())
@@ -244,3 +249,34 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
         assert precision["status"] == "ok" and precision["b_crit_ratio"] <= 1.5
     else:
         assert precision["stopped_because"] == "max_trials" and "max_trials (6) reached first" in r.stdout
+
+
+def _record(tid, b, lr, losses):
+    from sweeps.analysis.targets import TrialRecord
+
+    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
+                       hyperparameters={"lr": lr}, tokens=[1024.0 * (i + 1) for i in range(len(losses))],
+                       val_loss=list(losses))
+
+
+def test_the_best_lr_is_the_fastest_to_a_loss_every_trial_reached_not_the_lowest_final_loss(tiny_spec_dict, tmp_path):
+    from sweeps.search.transfer import fastest_to_common_target
+
+    fast_then_flat = ([1.0, 2.0, 3.0, 4.0], [3.0, 2.2, 2.1, 2.05])  # reaches 2.2 at 2 Ki tokens, ends at 2.05
+    slow_then_low = ([1.0, 2.0, 3.0, 4.0], [3.5, 2.9, 2.4, 2.0])  # reaches 2.2 only after 3 Ki, ends lower
+    assert fastest_to_common_target([[slow_then_low], [fast_then_flat]]) == 1
+    assert fastest_to_common_target([[fast_then_flat], [slow_then_low, ([1.0], [math.nan])]]) == 0  # a diverged seed
+    assert fastest_to_common_target([]) is None
+
+    s = _spec(tiny_spec_dict)
+    searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "tr")
+    a, b = searcher.suggest("a"), searcher.suggest("b")
+    records = [_record("a", 8, a["lr"], fast_then_flat[1]), _record("b", 8, b["lr"], slow_then_low[1])]
+    searcher.attach_records(lambda: records)
+    _finish(searcher, "a", 2.05)
+    _finish(searcher, "b", 2.0)  # the lower final loss, but slower to the loss both reached (2.2)
+    state = searcher.transfer_state[8]
+    assert state["best_by"] == "tokens_to_common_target" and state["best_lr"] == pytest.approx(a["lr"])
+    c = searcher.suggest("c")
+    centre = math.sqrt(c["lr"] * searcher.suggest("d")["lr"])
+    assert centre == pytest.approx(a["lr"] * math.sqrt(c["batch_size_sequences"] / 8))
