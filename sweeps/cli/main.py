@@ -301,7 +301,8 @@ def _precision_text(precision: dict) -> str:
            "max_trials": f"search.precision.max_trials ({precision.get('max_trials')}) reached first",
            "nothing_to_add": "no trial was left to add",
            "budget": f"the sweep's budget ran out first ({precision.get('note', '')})",
-           "interrupted": "the sweep was stopped before it decided"}.get(precision.get("stopped_because"), "?")
+           "interrupted": "the sweep was stopped before it decided",
+           "analysis_failed": "a wave's analysis failed (see the log)"}.get(precision.get("stopped_because"), "?")
     ratio = precision.get("b_crit_ratio")
     return (f"precision: upper/lower {'unbounded' if ratio is None else f'{ratio:.3g}'} after "
             f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}")

@@ -6,11 +6,14 @@ state it reads: ``assigned``, ``batches``, ``open_group``, ``extra_groups``, ``e
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
 
 __all__ = ["PrecisionWaves"]
+
+log = logging.getLogger(__name__)
 
 
 class PrecisionWaves:
@@ -34,7 +37,16 @@ class PrecisionWaves:
             return None
         # the first wave declares the targets (chosen from its trials, or the spec's); later waves are judged
         # at the same ones, so a wave cannot narrow the interval by moving the headline to an easier target
-        analysis, records = self._analyse(self.precision_targets)
+        try:
+            analysis, records = self._analyse(self.precision_targets)
+        except Exception:  # noqa: BLE001 - an analysis bug ends the waves, never the sweep (cbs.json says why)
+            log.exception("search.precision: the wave's analysis failed; no more trials are added")
+            self.precision_outcome = {"stopped_because": "analysis_failed", "trials": sum(self.assigned.values()),
+                                      "b_crit_ratio_requested": self.precision.b_crit_ratio}
+            if self._report is not None:
+                self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches),
+                             self.precision_targets)
+            return False
         if self.precision_targets is None:
             self.precision_targets = [float(t["target_loss"]) for t in analysis.get("targets") or []] or None
         handed = sum(self.assigned.values())

@@ -252,3 +252,16 @@ def test_independent_studies_take_waves_too(tiny_spec_dict, tmp_path):
     assert len(sim.asked) == 14 and len(sim.reports) >= 2
     added = [a for w in sim.reports[-1][0] for a in w["added"]]
     assert added and all(a["batch_size_sequences"] in dict.fromkeys(b for _, b, _ in sim.asked) for a in added)
+
+
+def test_a_failing_analysis_ends_the_waves_not_the_sweep(tiny_spec_dict, tmp_path):
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 2})
+    sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'f.db'}", "f"))
+
+    def broken(targets):
+        raise RuntimeError("an analysis bug")
+
+    sim.searcher.attach_precision(broken, lambda *a: sim.reports.append(a))
+    sim.run()
+    assert len(sim.asked) == 10 and sim.searcher.precision_outcome["stopped_because"] == "analysis_failed"
+    assert sim.reports[-1][1]["stopped_because"] == "analysis_failed"
