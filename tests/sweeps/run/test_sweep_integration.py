@@ -124,7 +124,10 @@ def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):
     for n in names:
         study = optuna.load_study(study_name=n, storage=url)
         assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE]
-        assert set(study.trials[0].params) == {"lr_rule", "lr_multiplier", "beta2_half_life_tokens"}
+        # the default placement (transfer): each trial is a point critbatch enqueued, its LR offset from the
+        # batch size's centre and the carried beta2 half-life
+        assert set(study.trials[0].params) == {"lr_offset_octaves", "beta2_half_life_tokens"}
+        assert "critbatch.transfer_point" in study.trials[0].user_attrs
 
 
 def test_output_folder_of_another_sweep_is_refused(tiny_sweep):

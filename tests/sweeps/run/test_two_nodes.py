@@ -127,8 +127,10 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
         nodes.append(_start_until_up(env, tmp_path / "node.log", "the second node", head_port=port))
         d = spec_dict(name="two-nodes")
         d["data"] = {"shards": str(shards), "tokenizer": "byte"}
+        # two twins: independent studies with nothing to sample give both trials the same configuration
+        # (transfer, the default, would place them half an octave apart)
         d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]},
-                           trials_per_batch_size=2)
+                           trials_per_batch_size=2, strategy="independent")
         d["resources"] = {"workers_per_trial": 2, "cpus_per_worker": 0.75, "trial_driver_cpus": 0.25,
                           "max_concurrent_trials": 1, "max_failures": 2, "storage_path": str(storage)}
         uri = mlflow_uri

@@ -150,7 +150,8 @@ def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path, ray_head
 
     d = yaml.safe_load(TINY.read_text())
     d["name"] = "tiny-budget"
-    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 4}
+    # independent: the round-robin order of the docstring (transfer would run 8's trials before any of 4's)
+    d["search"] |= {"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 4, "strategy": "independent"}
     d["pruning"] = {"enabled": True, "mode": "stop", "margin": 1000.0}
     data = {"data": {"path": str(ROOT / "data" / "tinyshakespeare" / "input.txt")}}
     spec = parse_spec(d | data)
