@@ -35,7 +35,8 @@ from scipy import stats
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["LR_RULE_EXPONENTS", "best_lr_per_batch", "lr_exponent_fit", "lr_exponent_by_chance", "lr_scaling"]
+__all__ = ["LR_RULE_EXPONENTS", "best_lr_per_batch", "lr_exponent_fit", "lr_exponent_by_chance", "lr_scaling",
+           "lr_optimum_beyond_tried", "lr_search_too_narrow"]
 
 #: the exponent of each LR scaling rule critbatch searches over (``lr = base_lr * (B / B_base)^alpha``)
 LR_RULE_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -152,16 +153,38 @@ def lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], draw
     return {"mean": float(slopes.mean()), "sd": float(slopes.std(ddof=1)), "draws": draws}
 
 
+def lr_optimum_beyond_tried(per_batch: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The batch sizes whose fastest trial ran at the highest (``above``) or lowest (``below``) LR they tried,
+    from :func:`best_lr_per_batch`'s brackets (one tried LR: neither): there the optimum may lie beyond, and
+    the batch size's steps to target are an upper bound on the tuned ones."""
+    above = [p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][1] is None]
+    below = [p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][0] is None]
+    return {"above": above, "below": below}
+
+
+def lr_search_too_narrow(beyond: dict[str, list[int]], n_batch_sizes: int) -> str | None:
+    """``"above"`` or ``"below"`` when most batch sizes (at least 3 and 70 %) were fastest at the same end of
+    their tried LRs: the search is centred off the optimum (e.g. ``search.base_lr`` too low), not scattered
+    around it; else None. With two LRs per batch size one end always wins, so a single side is the signal."""
+    for side in ("above", "below"):
+        if len(beyond[side]) >= max(3, math.ceil(0.7 * n_batch_sizes)):
+            return side
+    return None
+
+
 def lr_scaling(trials: list[TrialRecord], target: float, level: float = 0.95) -> dict[str, Any]:
     """``cbs.json``'s LR-scaling keys at the headline ``target``.
 
     Returns:
-        ``{lr_per_batch: best_lr_per_batch(...)}`` and, with 3 or more batch sizes,
+        ``{lr_per_batch: best_lr_per_batch(...), lr_optimum_beyond_tried, lr_search_too_narrow}``
+        (:func:`lr_optimum_beyond_tried`, :func:`lr_search_too_narrow`) and, with 3 or more batch sizes,
         ``lr_scaling_exponent_fit`` (alpha), ``lr_scaling_exponent_ci``, ``lr_scaling_rules_in_interval``
         and ``lr_scaling_exponent_by_chance``.
     """
     per_batch = best_lr_per_batch(trials, target)
-    out: dict[str, Any] = {"lr_per_batch": per_batch}
+    beyond = lr_optimum_beyond_tried(per_batch)
+    out: dict[str, Any] = {"lr_per_batch": per_batch, "lr_optimum_beyond_tried": beyond,
+                           "lr_search_too_narrow": lr_search_too_narrow(beyond, len(per_batch))}
     fit = lr_exponent_fit([p["batch_size_sequences"] for p in per_batch], [p["best_lr"] for p in per_batch], level)
     if fit is not None:
         out |= {"lr_scaling_exponent_fit": fit["alpha"], "lr_scaling_exponent_ci": fit["alpha_ci"],

@@ -4,7 +4,10 @@ critical batch size's 95 % interval is wider than asked, add the trials most lik
 A *wave* ends when every trial handed out so far has ended. Its analysis is the one ``cbs.json`` gets
 (:func:`sweeps.analysis.analyze_trials` on the sweep's records). The sweep stops adding trials when
 
-- ``met``: the headline status is ``ok`` and the interval's upper/lower ratio is at most ``b_crit_ratio``;
+- ``met``: the headline status is ``ok``, the interval's upper/lower ratio is at most ``b_crit_ratio``, and
+  the LR search is not off-centre (``lr_search_too_narrow``: most batch sizes fastest at the same end of
+  their tried LRs, :func:`sweeps.analysis.lr_scaling.lr_search_too_narrow`; a narrow interval on
+  under-tuned LRs is not the tuned answer);
 - ``max_trials``: the next wave would pass ``precision.max_trials``;
 - ``nothing_to_add``: no rule below proposes a trial it has not run.
 
@@ -74,17 +77,19 @@ def interval_ratio(ci: list[float | None] | None) -> float:
 
 
 def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:
-    """Whether the headline ``b_crit`` is ``ok`` with a 95 % interval no wider than ``b_crit_ratio`` (upper/lower)."""
-    return analysis.get("status") == "ok" and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
+    """Whether the headline ``b_crit`` is ``ok`` with a 95 % interval no wider than ``b_crit_ratio`` (upper/lower),
+    measured on an LR search that is not off-centre (no ``lr_search_too_narrow``)."""
+    return (analysis.get("status") == "ok" and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
+            and not analysis.get("lr_search_too_narrow"))
 
 
 def wave_summary(analysis: dict[str, Any], n_trials: int) -> dict[str, Any]:
-    """One line of ``cbs.json``'s ``precision.waves``: ``{trials, b_crit, b_crit_ci, ratio, status, target_loss}``
-    (``ratio`` None where unbounded)."""
+    """One line of ``cbs.json``'s ``precision.waves``: ``{trials, b_crit, b_crit_ci, ratio, status, target_loss,
+    lr_search_too_narrow}`` (``ratio`` None where unbounded)."""
     ratio = interval_ratio(analysis.get("b_crit_ci"))
     return {"trials": n_trials, "b_crit": analysis.get("b_crit"), "b_crit_ci": analysis.get("b_crit_ci"),
             "ratio": ratio if math.isfinite(ratio) else None, "status": analysis.get("status"),
-            "target_loss": analysis.get("target_loss")}
+            "target_loss": analysis.get("target_loss"), "lr_search_too_narrow": analysis.get("lr_search_too_narrow")}
 
 
 def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:

@@ -105,3 +105,21 @@ def test_analyze_trials_reports_the_lr_scaling_keys():
     assert [r["best_lr"] for r in res["lr_per_batch"]] == pytest.approx([1e-3 * math.sqrt(b) for b in (4, 8, 16, 32, 64)])
     assert all(r["best_lr_bracket"] == [None, pytest.approx(r["best_lr"] * 4)] for r in res["lr_per_batch"])
     assert lr_scaling(trials, res["target_loss"])["lr_per_batch"] == res["lr_per_batch"]
+
+
+def test_a_search_fastest_at_the_same_end_everywhere_is_flagged_and_blocks_precision():
+    from sweeps.analysis.lr_scaling import lr_optimum_beyond_tried, lr_search_too_narrow
+    from sweeps.search.precision import precise_enough
+
+    def entry(b, bracket):
+        return {"batch_size_sequences": b, "best_lr_bracket": bracket}
+
+    top = [entry(b, [0.001, None]) for b in (4, 8, 16, 32)] + [entry(64, [None, 0.01]), entry(128, None)]
+    beyond = lr_optimum_beyond_tried(top)
+    assert beyond == {"above": [4, 8, 16, 32], "below": [64]}
+    assert lr_search_too_narrow(beyond, 5) == "above"  # 4 of 5 with a bracket (>= 3 and 70 %)
+    mixed = lr_optimum_beyond_tried([entry(4, [0.001, None]), entry(8, [0.001, None]), entry(16, [None, 0.01]),
+                                     entry(32, [None, 0.01]), entry(64, [0.001, None])])
+    assert lr_search_too_narrow(mixed, 5) is None  # two LRs per batch size: one end always wins, on both sides here
+    narrow = {"status": "ok", "b_crit_ci": [10.0, 20.0]}
+    assert precise_enough(narrow, 3.0) and not precise_enough({**narrow, "lr_search_too_narrow": "above"}, 3.0)
