@@ -117,7 +117,9 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
     saved = json.loads(path.read_text()) if path.is_file() else {}
     waves = list(saved.get("waves", []))
     final = {**wave_summary(analysis, len(records)), "added": []}
-    if not waves or waves[-1].get("trials") != final["trials"]:
+    if waves and waves[-1].get("trials") == final["trials"]:  # the last decision's wave, as cbs.json reads it
+        waves[-1] = {**final, "added": waves[-1].get("added", [])}  # (the same unless Tune's state is remote)
+    else:
         waves.append(final)
     outcome = saved.get("outcome")
     if outcome is None:  # the searcher did not decide: a signal, a budget, or Tune's cap (num_samples) came first
@@ -126,6 +128,8 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
         outcome = {"stopped_because": because, "b_crit_ratio_requested": p.b_crit_ratio,
                    "b_crit_ratio": final["ratio"], "status": final["status"], "trials": len(records),
                    **({"note": budget_note} if budget_note else {})}
+    else:  # the searcher's reason, with the interval cbs.json reports
+        outcome = {**outcome, "b_crit_ratio": final["ratio"], "status": final["status"]}
     return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
             "trials_per_wave": p.trials_per_wave, "waves": waves, **outcome}
 

@@ -101,12 +101,15 @@ def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
     return out
 
 
-def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool]) -> list[Proposal]:
+def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool], *,
+                     fitted: list[int]) -> list[Proposal]:
+    """Rule 1. Upwards only while the largest swept batch size is in the fit (one that already misses the
+    target would not be joined by a larger one), downwards likewise."""
     lo_b, hi_b = min(batch_sizes), max(batch_sizes)
     ci, status = analysis.get("b_crit_ci"), analysis.get("status")
     no_fit = analysis.get("b_crit") is None and status not in ("above_range", "below_range")
-    up = no_fit or status == "above_range" or bool(ci and (ci[1] is None or ci[1] > hi_b))
-    down = no_fit or status == "below_range" or bool(ci and (ci[0] is None or ci[0] < lo_b))
+    up = no_fit or (hi_b in fitted and (status == "above_range" or bool(ci and (ci[1] is None or ci[1] > hi_b))))
+    down = no_fit or (lo_b in fitted and (status == "below_range" or bool(ci and (ci[0] is None or ci[0] < lo_b))))
     out = []
     if up and allowed(2 * hi_b):
         out.append(Proposal(2 * hi_b, None, f"the interval reaches above the largest batch size ({hi_b})"
@@ -165,7 +168,7 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
 
 
 def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
-            allowed_batch_size: Callable[[int], bool]) -> list[Proposal]:
+            allowed_batch_size: Callable[[int], bool], lr_probes: bool = True) -> list[Proposal]:
     """The next wave's trials (at most ``n``), by the rules of the module docstring.
 
     Args:
@@ -174,6 +177,8 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
         trials: the sweep's records so far.
         n: trials per wave.
         allowed_batch_size: whether a new batch size may be swept (the spec's limits and its token budget).
+        lr_probes: whether rules 2 and 4 apply (``search.strategy: transfer``, where a probe runs at its LR;
+            under ``independent`` a batch size's LRs are its study's to sample, so only batch sizes are added).
 
     Returns:
         up to ``n`` proposals, range extensions first; empty if nothing is left to try.
@@ -181,11 +186,12 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
     batch_sizes = sorted({t.batch_size_sequences for t in trials})
     if not batch_sizes or n <= 0:
         return []
-    out = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b))
+    out = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
+                           fitted=[int(b) for b in analysis.get("fitted_batch_sizes") or []])
     target, fitted = analysis.get("target_loss"), analysis.get("fitted_batch_sizes") or []
     if target is not None and fitted:
         b_crit = analysis.get("b_crit")
         centre_b = b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted))
-        open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b)
+        open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b) if lr_probes else ([], [])
         out += open_ + _midpoint_proposals(batch_sizes, list(fitted), centre_b, allowed_batch_size) + closed
     return out[:n]

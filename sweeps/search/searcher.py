@@ -16,6 +16,7 @@ hyperparameters the uninterrupted one would have.
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 from typing import Any
@@ -45,6 +46,8 @@ from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
            "LR_OFFSET"]
+
+log = logging.getLogger(__name__)
 
 #: the metric each Optuna study minimises: validation loss at the end of the trial's budget
 #: (a diverged trial counts as ``ln(vocab)``, the loss of a uniform prediction).
@@ -146,6 +149,12 @@ class _Group:
 
 
 class BatchSizeSearcher(PrecisionWaves, Searcher):
+    # defaults for a searcher unpickled from a sweep started before these existed (restore() sets them too)
+    precision = None
+    precision_outcome = None
+    precision_targets = None
+    _analyse = _report = _records = None
+
     """Tune searcher: batch sizes on a grid, Optuna (TPE) per batch size, seeds repeated.
 
     Args:
@@ -214,8 +223,8 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         """Attach the pause-mode scheduler to a restored searcher (its pickled state leaves it out)."""
         self.scheduler = scheduler
 
-    def _quota(self, b: int) -> int:
-        return self.quota + self.extra_groups.get(b, 0) * len(self.spec.seeds)
+    def _quota(self, b: int) -> int:  # getattr: a searcher pickled before search.precision existed
+        return self.quota + getattr(self, "extra_groups", {}).get(b, 0) * len(self.spec.seeds)
 
     def exhausted(self) -> bool:
         """True once every batch size has been handed all its trials (of the waves so far)."""
@@ -427,10 +436,14 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
     def _fastest_group(self, groups: list[_Group]) -> _Group | None:
         if getattr(self, "_records", None) is None:
             return None
-        by_id = {r.trial_id: r for r in self._records()}
-        curves = [[(by_id[t].tokens, by_id[t].val_loss) for t in g.trial_ids
-                   if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"] for g in groups]
-        i = fastest_to_common_target(curves)
+        try:
+            by_id = {r.trial_id: r for r in self._records()}
+            curves = [[(by_id[t].tokens, by_id[t].val_loss) for t in g.trial_ids
+                       if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"] for g in groups]
+            i = fastest_to_common_target(curves)
+        except Exception:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
+            log.exception("transfer: the trials' records could not be read; the lowest final loss picks the best LR")
+            return None
         return groups[i] if i is not None else None
 
     # ---- state for Tuner.restore -----------------------------------------------------------------

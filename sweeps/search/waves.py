@@ -7,6 +7,7 @@ state it reads: ``assigned``, ``batches``, ``open_group``, ``extra_groups``, ``e
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
@@ -59,10 +60,11 @@ class PrecisionWaves:
         elif room <= 0:
             outcome = "max_trials"
         else:
-            added = self._fit_to_room(propose(analysis, records, 100, allowed_batch_size=self.spec.sweepable_batch_size),
-                                      room)
+            proposals = [p for p in propose(analysis, records, 100, allowed_batch_size=self.spec.sweepable_batch_size,
+                                            lr_probes=self.transfer) if self._runs_as_proposed(p)]
+            added = self._fit_to_room(proposals, room)
             if not added:
-                outcome = "nothing_to_add"
+                outcome = "max_trials" if proposals else "nothing_to_add"
         for p in added:
             self._add(p)
         summary["added"] = [p.to_dict() for p in added]
@@ -74,6 +76,15 @@ class PrecisionWaves:
             self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches),
                          self.precision_targets)
         return outcome is None
+
+    def _runs_as_proposed(self, p: Proposal) -> bool:
+        """An LR probe runs at its LR only within the study's offset range around its batch size's centre."""
+        if p.lr is None:
+            return True
+        from sweeps.search.searcher import MAX_PROBE_OFFSET_OCTAVES
+
+        centre = self.transfer_state.get(p.batch_size_sequences, {}).get("centre_lr")
+        return bool(centre) and abs(math.log2(p.lr / centre)) <= MAX_PROBE_OFFSET_OCTAVES
 
     def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
         """The proposals, in order, that fit one wave: ``trials_per_wave`` groups (or the first proposal's
@@ -97,5 +108,5 @@ class PrecisionWaves:
             self.open_group[b] = None
             return
         self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
-        if self.transfer and p.lr is not None:
+        if p.lr is not None:
             self.extra_lrs.setdefault(b, []).append(float(p.lr))

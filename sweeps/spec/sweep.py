@@ -214,10 +214,7 @@ class SweepSpec(_Strict):
         given, or pruning in mode ``pause``): ``independent``."""
         if not (isinstance(data, dict) and isinstance(data.get("search"), dict)) or "strategy" in data["search"]:
             return data
-        pruning = data.get("pruning") if isinstance(data.get("pruning"), dict) else {}
-        pause = bool(pruning.get("enabled")) and pruning.get("mode", PruningSpec.model_fields["mode"].default) == "pause"
-        strategy = "independent" if data["search"].get("initial_points") or pause else "transfer"
-        return {**data, "search": {**data["search"], "strategy": strategy}}
+        return {**data, "search": {**data["search"], "strategy": _strategy_default(data)}}
 
     @model_validator(mode="after")
     def _arms_valid(self) -> "SweepSpec":
@@ -256,6 +253,11 @@ class SweepSpec(_Strict):
     def _arm_spec(self, arm: ArmSpec) -> "SweepSpec":
         base = self.model_dump(mode="json")
         base.pop("arms", None)
+        search_over = (arm.overrides or {}).get("search")
+        if not (isinstance(search_over, dict) and "strategy" in search_over) \
+                and base["search"].get("strategy") == _strategy_default({**base, "search": {
+                    k: v for k, v in base["search"].items() if k != "strategy"}}):
+            base["search"].pop("strategy")  # the default: chosen again for the arm (its pruning, initial points)
         derived = deep_merge(base, arm.overrides)
         derived["name"] = f"{self.name}.{arm.name}"
         tracking = dict(derived.get("tracking") or {})
@@ -358,8 +360,10 @@ class SweepSpec(_Strict):
         at least one step; so also at least 2 steps in the budget when there are 2 or more milestones)."""
         b = batch_size_sequences
         spacing = self.budget_tokens / self.eval.milestones
-        return 1 <= b <= MAX_BATCH_SEQUENCES and b % self.resources.workers_per_trial == 0 \
-            and b * self.model.context_length_tokens <= spacing and self.budget_tokens >= 2 * b * self.model.context_length_tokens
+        steps = self.budget_tokens // (b * self.model.context_length_tokens)
+        synced = self.resources.sync.mode == "ddp" or steps >= self.resources.sync.every_steps  # as _sync_errors asks
+        return 1 <= b <= MAX_BATCH_SEQUENCES and b % self.resources.workers_per_trial == 0 and synced \
+            and b * self.model.context_length_tokens <= spacing and steps >= 2
 
     def milestones_tokens(self) -> list[int]:
         """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""
@@ -374,6 +378,14 @@ class SweepSpec(_Strict):
             data["search"].pop("strategy")
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _strategy_default(data: dict[str, Any]) -> str:
+    """The ``search.strategy`` a spec (a mapping) without one gets: ``transfer``, or ``independent`` with
+    ``search.initial_points`` or pruning in mode ``pause`` (where transfer cannot run)."""
+    pruning = data.get("pruning") if isinstance(data.get("pruning"), dict) else {}
+    pause = bool(pruning.get("enabled")) and pruning.get("mode", PruningSpec.model_fields["mode"].default) == "pause"
+    return "independent" if (data.get("search") or {}).get("initial_points") or pause else "transfer"
 
 
 def with_stored_defaults(data: Any) -> Any:

@@ -150,15 +150,20 @@ def test_a_new_batch_size_must_be_one_the_spec_can_run(tiny_spec_dict):
 def test_a_wave_widens_the_range_on_the_side_the_interval_reaches_past(tiny_spec_dict):
     spec = _spec(tiny_spec_dict)
     records = _records([(b, 2e-3 * math.sqrt(b / 16), 1) for b in (4, 8, 16, 32, 64)], spec)
-    base = {"target_loss": None, "fitted_batch_sizes": []}
+    base = {"target_loss": None, "fitted_batch_sizes": [4.0, 8.0, 16.0, 32.0, 64.0]}
     up = propose({**base, "status": "edge", "b_crit": 50.0, "b_crit_ci": [20.0, 200.0]}, records, 2,
                  allowed_batch_size=spec.sweepable_batch_size)
     assert [p.batch_size_sequences for p in up] == [128]
-    both = propose({**base, "status": "no_knee", "b_crit": None, "b_crit_ci": None}, records, 2,
+    missed = propose({**base, "fitted_batch_sizes": [4.0, 8.0, 16.0, 32.0], "status": "edge", "b_crit": 50.0,
+                      "b_crit_ci": [20.0, 200.0]}, records, 2, allowed_batch_size=spec.sweepable_batch_size)
+    assert missed == []  # 64 already misses the target: a larger batch size would not join the fit
+    both = propose({**base, "fitted_batch_sizes": [], "status": "no_knee", "b_crit": None, "b_crit_ci": None}, records, 2,
                    allowed_batch_size=spec.sweepable_batch_size)
     assert [p.batch_size_sequences for p in both] == [128, 2]
     capped = propose({**base, "status": "above_range", "b_crit": None, "b_crit_ci": None}, records, 2,
                      allowed_batch_size=lambda b: b <= 64)  # a batch size the budget cannot take is not added
+    assert [p.batch_size_sequences for p in propose({**base, "status": "above_range", "b_crit": None, "b_crit_ci": None},
+                                                    records, 2, allowed_batch_size=lambda b: True)] == [128]
     assert capped == []
 
 
@@ -252,6 +257,9 @@ def test_independent_studies_take_waves_too(tiny_spec_dict, tmp_path):
     assert len(sim.asked) == 14 and len(sim.reports) >= 2
     added = [a for w in sim.reports[-1][0] for a in w["added"]]
     assert added and all(a["batch_size_sequences"] in dict.fromkeys(b for _, b, _ in sim.asked) for a in added)
+    # no LR probes: a batch size's LRs are its study's to sample, so a wave adds batch sizes only
+    assert all(a["lr"] is None for a in added)
+    assert len({b for _, b, _ in sim.asked}) > 5
 
 
 def test_a_failing_analysis_ends_the_waves_not_the_sweep(tiny_spec_dict, tmp_path):

@@ -71,3 +71,15 @@ def test_validate_lists_the_arms_and_a_bad_arm_exits_2(tmp_path, tiny_spec_dict)
     bad = write_spec(tmp_path, _arms(tiny_spec_dict, {"name": "a"}, {"name": "b", "budget_tokens": 1}), "bad.yaml")
     r = CliRunner().invoke(app, ["validate", str(bad)])
     assert r.exit_code == 2 and "arms.1 (b)" in r.output, r.output
+
+
+def test_an_arm_without_a_strategy_gets_the_default_for_its_own_settings(tiny_spec_dict):
+    s = parse_spec(_arms(tiny_spec_dict, {"name": "plain"}, {"name": "paused", "pruning": {"enabled": True}},
+                         {"name": "pinned", "search": {"strategy": "independent"}}))
+    arms = dict(s.arm_specs())
+    assert s.search.strategy == "transfer" and arms["plain"].search.strategy == "transfer"
+    assert arms["paused"].search.strategy == "independent"  # pause-mode pruning: transfer cannot run there
+    assert arms["pinned"].search.strategy == "independent"
+    explicit = copy.deepcopy(tiny_spec_dict)
+    explicit["search"]["strategy"] = "independent"
+    assert dict(parse_spec(_arms(explicit, {"name": "a"}, {"name": "b"})).arm_specs())["b"].search.strategy == "independent"
