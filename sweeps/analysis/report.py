@@ -345,6 +345,30 @@ def _lr_scaling_text(analysis: dict[str, Any]) -> str:
     return text
 
 
+def _precision_text(analysis: dict[str, Any]) -> str:
+    """``search.precision`` and the off-centre LR warning, one paragraph each (empty when neither applies)."""
+    out = ""
+    side = analysis.get("lr_search_too_narrow")
+    if side:
+        beyond = ", ".join(str(b) for b in (analysis.get("lr_optimum_beyond_tried") or {}).get(side, []))
+        out += (f"<p><b>Warning:</b> at batch sizes {beyond} the fastest trial ran at the "
+                f"{'highest' if side == 'above' else 'lowest'} LR it tried: the optimum lies {side} the searched LRs, "
+                "so these batch sizes are under-tuned and their steps to target overestimated.</p>")
+    p = analysis.get("precision")
+    if isinstance(p, dict):
+        def added(w: dict) -> str:
+            adds = [f"B={a['batch_size_sequences']}" + (f" at LR {_fmt(a['lr'])}" if a.get("lr") else " (new)")
+                    for a in w.get("added") or []]
+            return f", added {', '.join(adds)}" if adds else ""
+
+        waves = "; ".join(f"after {w.get('trials')} trials {_fmt(w.get('b_crit'))} {_fmt_ci(w.get('b_crit_ci'))} "
+                          f"at {_fmt(w.get('target_loss'))}{added(w)}" for w in p.get("waves") or [])
+        out += (f"<p>Sweep until precise (search.precision): asked for an interval within "
+                f"{_fmt(p.get('b_crit_ratio_requested'))}x, at most {p.get('max_trials')} trials; stopped because "
+                f"<code>{html.escape(str(p.get('stopped_because')))}</code>. Waves: {html.escape(waves)}.</p>")
+    return out
+
+
 def _best_lr_text(row: dict[str, Any] | None) -> str:
     """A batch size's best LR with its bracket (the tried LRs either side; "?" where none was tried)."""
     if not row:
@@ -400,6 +424,7 @@ batch with 20% compute overhead (0.2 b_crit): {_with_ci(analysis.get('b_compute_
 (95 % intervals: b_crit's mapped through each);
 S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>
+{_precision_text(analysis)}
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
 Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
