@@ -232,7 +232,8 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
     def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
                targets: list[float] | None) -> None:
         write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome, "targets": targets})
-        parts.progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
+        if waves:  # none when the first wave's analysis failed (outcome analysis_failed)
+            parts.progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
 
     searcher.attach_precision(analyse, report)
 
