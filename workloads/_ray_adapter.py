@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -25,7 +25,7 @@ from workloads._ray_compat import kv_get
 from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.determinism import make_deterministic
 
-__all__ = ["train_fn_per_worker", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
+__all__ = ["train_fn_per_worker", "run_trial", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
            "wait_for_rung_decision", "worker_nodes"]
 
 STATE_FILE = "trial_state.pt"
@@ -116,15 +116,6 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     nodes = worker_nodes()
     resume_state = _load_state(ray.train.get_checkpoint())
-    # Every report so far travels in the checkpoint, and a restored worker group sends them all again
-    # first, whatever the pruning mode. Ray Train saves a checkpoint before Tune has the report that came
-    # with it: a driver that dies or is stopped in between (seen: SIGTERM, kill -9, two milestones under
-    # load) loses those reports, so MLflow and trials.json missed a milestone and, in pruning mode pause,
-    # the scheduler neither saw the trial reach its rung nor had the points its rung value needs. Replays
-    # that Tune already has are ignored downstream (the scheduler, the MLflow tracker and the trial
-    # records keep one row per milestone, by tokens seen).
-    reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
-
     previous = [0.0]  # the tokens seen at the report published last (a rung is judged against it)
 
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
@@ -143,6 +134,36 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
 
                 logging.getLogger(__name__).warning(
                     "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S)
+
+    run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,
+              resume_state=resume_state, save_dir=save_dir, publish=publish)
+
+
+def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any], rank: int, nodes: str,
+              started: float | None, entered: float, resume_state: dict[str, Any] | None, save_dir: str | None,
+              publish: Callable[[dict[str, Any], dict[str, Any] | None], None]) -> None:
+    """Run one trial's workload in this worker, handing every report (and rank 0's state) to ``publish``.
+
+    Shared by the one-trial worker group (:func:`train_fn_per_worker`) and the trial runner
+    (``workloads._ray_runner``). Every report so far travels in the checkpointed state, and a restored
+    trial sends them all again first, whatever the pruning mode. Ray Train saves a checkpoint before Tune
+    has the report that came with it: a driver that dies or is stopped in between (seen: SIGTERM, kill -9,
+    two milestones under load) loses those reports, so MLflow and trials.json missed a milestone and, in
+    pruning mode pause, the scheduler neither saw the trial reach its rung nor had the points its rung
+    value needs. Replays that Tune already has are ignored downstream (the scheduler, the MLflow tracker
+    and the trial records keep one row per milestone, by tokens seen).
+
+    Args:
+        settings: :func:`workloads.determinism.make_deterministic`'s result (the first report says them).
+        nodes: :func:`worker_nodes` (every report names them).
+        started: when the trial started (Unix s; its first report's ``startup_s`` counts from it), or None.
+        entered: when this worker began the trial (Unix s; ``startup_ray_s`` ends there).
+        resume_state: the trial's last checkpointed state, or None for a fresh start.
+        save_dir: rank 0 saves the final Hugging Face checkpoint there (ignored on other ranks).
+        publish: ``publish(clean_metrics, state_or_None)``: every rank, at every report.
+    """
+    resume_state = dict(resume_state) if resume_state is not None else None
+    reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         first_step = metrics.pop("first_step_unix_s", None)

@@ -42,6 +42,7 @@ class _Parts:
     progress: Any  # ProgressCallback
     callbacks: list
     report_log: Any  # ReportLog
+    runners: Any = None  # TrialRunners | None (sweeps.run.runners), started by execute_sweep
 
 
 def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
@@ -71,6 +72,8 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
     whole_tune_snapshots_on_local_storage()  # a full disk must not cut Tune's snapshot in OUT short
     try:
+        if parts.runners is not None:
+            parts.runners.start()  # their workers start (imports, corpus) while Tune sets up
         if resume and tune.Tuner.can_restore(tune_dir):
             tuner = _restored_tuner(tune_dir, spec, output, parts)
         else:
@@ -85,6 +88,8 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     finally:
         stop.tune_running = False
         parts.progress.close()
+        if parts.runners is not None:
+            parts.runners.stop()
 
     records = collect_records(output, spec, sweep_id=state.sweep_id) if local else records_from_grid(grid)
     note = ""
@@ -100,7 +105,7 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
                  *, resume: bool) -> _Parts:
     from sweeps.run.progress import ProgressCallback
     from sweeps.run.reaper import PlacementGroupReaper
-    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params
+    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
     from sweeps.run.reportlog import ReportLog
     from sweeps.tracking.writer import MlflowTrialCallback
 
@@ -117,8 +122,15 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
     from sweeps.run.dataprep import prepared_shards
 
+    runners = None
+    if use_trial_runners(spec):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
+        from sweeps.run.runners import TrialRunners
+
+        runners = TrialRunners(spec, sweep_id=state.sweep_id, count=min(concurrency, spec.max_trials),
+                               storage_path=root + "/train")
     trainable = make_trainable(spec, data_path=state.data_path, storage_path=root + "/train", save_dir_root=save_root,
-                               rung_gate_prefix=gate_prefix, shards=prepared_shards(spec, output, root))
+                               rung_gate_prefix=gate_prefix, shards=prepared_shards(spec, output, root),
+                               exchange=runners.name if runners is not None else None)
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
     c_tok, convention = flops_accounting(spec)
     mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
@@ -137,7 +149,7 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
     return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks,
-                  report_log=report_log)
+                  report_log=report_log, runners=runners)
 
 
 def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local: bool, resume: bool):

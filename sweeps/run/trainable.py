@@ -14,9 +14,6 @@ import time
 from typing import Any
 
 import ray.tune
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchConfig, TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweeps._compat import without_idle_train_helpers
 from sweeps.pruning.rungs import rung_fractions
@@ -36,30 +33,60 @@ from workloads.api import (
     TORCH_THREADS_KEY,
     TRIAL_STARTED_KEY,
     TrialConfig,
-    drain_report_queue,
     min_micro_batches_total,
     plan_batch,
     torch_threads_per_worker,
-    train_fn_per_worker,
 )
 
-__all__ = ["TrialTorchTrainer", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
+__all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
            "batch_plan_params", "objective_of", "reuse_trial_actors"]
 
 _trials_in_this_process = 0
 
 
-class TrialTorchTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer`` without the two helper processes a trial does not use.
+_TRAINER_CLASS: type | None = None
+
+
+def trial_torch_trainer() -> type:
+    """Ray Train's ``TorchTrainer`` without the two helper processes a trial does not use (built on first use,
+    so that importing this module, as Tune's relay trainable does, imports no torch).
 
     One fewer actor each for the ``DatasetManager`` (no Ray Datasets here) and the detached
     ``PlacementGroupCleaner`` (the sweep's reaper removes orphaned groups):
     :func:`sweeps._compat.without_idle_train_helpers`, which overrides Ray 2.60's private
-    ``_create_default_callbacks`` (tests/sweeps/test_compat.py pins it).
+    ``_create_default_callbacks`` (tests/sweeps/test_compat.py pins it). Also ``TrialTorchTrainer``
+    as a module attribute.
     """
+    global _TRAINER_CLASS
+    if _TRAINER_CLASS is None:
+        from ray.train.torch import TorchTrainer
 
-    def _create_default_callbacks(self) -> list:
-        return without_idle_train_helpers(super()._create_default_callbacks(), has_datasets=bool(self.datasets))
+        class TrialTorchTrainer(TorchTrainer):
+            __doc__ = trial_torch_trainer.__doc__
+
+            def _create_default_callbacks(self) -> list:
+                return without_idle_train_helpers(super()._create_default_callbacks(), has_datasets=bool(self.datasets))
+
+        TrialTorchTrainer.__module__, TrialTorchTrainer.__qualname__ = __name__, "TrialTorchTrainer"
+        _TRAINER_CLASS = TrialTorchTrainer
+    return _TRAINER_CLASS
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrialTorchTrainer":
+        return trial_torch_trainer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def use_trial_runners(spec: SweepSpec) -> bool:
+    """Whether the sweep's trials run in long-lived trial runners (``sweeps.run.runners``) rather than one
+    Ray Train run each: when no trial ends early (pruning off; the same condition as Tune's actor reuse,
+    :func:`reuse_trial_actors`), unless ``CRITBATCH_TRIAL_RUNNERS=0``.
+
+    A trial that Tune stops or pauses mid-way (pruning) would hold its runner until its next milestone,
+    and in mode ``pause`` its workers wait at the rung gate: those sweeps keep one worker group per trial.
+    """
+    return not spec.pruning.enabled and os.environ.get("CRITBATCH_TRIAL_RUNNERS", "1") != "0"
 
 
 def reuse_trial_actors(spec: SweepSpec) -> bool:
@@ -182,31 +209,32 @@ def faults_from_env() -> FaultPlan | None:
 
 
 def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,
-                   rung_gate_prefix: str | None = None, shards: str | None = None):
+                   rung_gate_prefix: str | None = None, shards: str | None = None, exchange: str | None = None):
     """A Tune function trainable for this sweep, with its per-trial resource request.
 
     Args:
         spec: the sweep.
         data_path: absolute data path readable by the workers.
         shards: prepared shards the workers memory-map (``sweeps.run.dataprep.prepared_shards``).
-        storage_path: where Ray Train keeps each trial's checkpoints (shared by all nodes).
+        storage_path: where each trial's checkpoints are kept (shared by all nodes): Ray Train's run
+            folder ``<storage_path>/train-<trial id>``, which a trial runner uses too.
         save_dir_root: if set, rank 0 saves each completed trial's Hugging Face checkpoint in
             ``save_dir_root/<trial_id>``.
         rung_gate_prefix: ``pruning.mode: pause``: the sweep's prefix of the rung-gate KV keys (the
             scheduler's ``gate_prefix``); a trial's workers wait at each rung for its decision.
+        exchange: the name of the sweep's trial exchange (``sweeps.run.runners``): the trainable is then
+            a relay that hands its trial to the sweep's trial runners; None: it runs its own ``TorchTrainer``.
     """
     res = spec.resources
     spec_json = spec.model_dump_json()
     use_gpu = res.gpus_per_worker > 0
 
-    def run_trial(config: dict[str, Any]) -> None:
-        started = _trial_started_unix()
+    def loop_config_of(config: dict[str, Any], started: float) -> tuple[str, dict[str, Any]]:
         from sweeps.spec import SweepSpec as _S
+        from sweeps.pruning.rungs import rung_gate_key
 
         s = _S.model_validate_json(spec_json)
         trial_id = ray.tune.get_context().get_trial_id()
-        from sweeps.pruning.rungs import rung_gate_key
-
         cfg = trial_config(s, config, trial_id, data_path=data_path, shards=shards,
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
                            faults=faults_from_env())
@@ -215,10 +243,20 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         loop_config[TORCH_THREADS_KEY] = torch_threads_per_worker(res.cpus_per_worker)  # sweeps/run/provenance.py
         if save_dir_root:
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
+        return trial_id, loop_config
+
+    def run_trial(config: dict[str, Any]) -> None:
+        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        from workloads.api import drain_report_queue, train_fn_per_worker
+
+        trial_id, loop_config = loop_config_of(config, _trial_started_unix())
         resources = {"CPU": res.cpus_per_worker}
         if use_gpu:
             resources["GPU"] = res.gpus_per_worker
-        trainer = TrialTorchTrainer(
+        trainer = trial_torch_trainer()(
             train_fn_per_worker,
             train_loop_config=loop_config,
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
@@ -234,7 +272,13 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         trainer.fit()
         drain_report_queue()
 
-    return ray.tune.with_resources(run_trial, {"CPU": res.trial_driver_cpus})
+    def relay_trial(config: dict[str, Any]) -> None:
+        from sweeps.run.runners import relay
+
+        trial_id, loop_config = loop_config_of(config, _trial_started_unix())
+        relay(exchange, trial_id, loop_config, checkpoint_dir=f"{storage_path}/{train_run_name(trial_id)}")
+
+    return ray.tune.with_resources(relay_trial if exchange else run_trial, {"CPU": res.trial_driver_cpus})
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

@@ -1,0 +1,336 @@
+"""Trial runners: long-lived Ray Train worker groups that run a sweep's trials one after another.
+
+Why: a trial run as its own ``TorchTrainer`` starts five or more fresh processes (Tune's trainable,
+Train's controller, its workers, ...), three of them importing torch, before its first step: about
+12 s a trial on the 2-core machine (docs/benchmarks.md, "Per-trial start-up"). Here the driver starts
+one Ray Train run per concurrent trial slot at the sweep's start (:class:`TrialRunners`, the real
+``ScalingConfig`` and ``FailureConfig``), each running ``workloads._ray_runner.runner_fn_per_worker``;
+Tune's trainable becomes a relay that imports no torch (:func:`sweeps.run.trainable.make_trainable`):
+it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports that come back to
+``tune.report`` and returns when its trial ends. Tune, Optuna, the MLflow callback and the records see
+what they saw with one worker group per trial.
+
+Used when no trial ends early (:func:`sweeps.run.trainable.use_trial_runners`: pruning off), as Tune's
+actor reuse. Everything is owned by the driver: a driver that dies takes the exchange and every runner
+with it, and a resumed sweep starts new ones (each trial continues from the checkpoint in its own
+folder, ``workloads._ray_runner.latest_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TrialExchange", "TrialRunners", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
+
+log = logging.getLogger(__name__)
+
+#: seconds between a relay's two polls of its trial
+RELAY_POLL_S = 0.05
+#: a trial whose relay has not polled for this long is cancelled (its Tune trial is gone)
+STALE_AFTER_S = 120.0
+#: times a runner whose Ray Train run ended with an error is started again before its slot is given up
+RUNNER_REPLACEMENTS = 3
+#: worker-group restarts one runner's Ray Train run allows (each trial also has its own budget)
+RUNNER_MAX_FAILURES = 50
+
+
+def exchange_name(sweep_id: str) -> str:
+    """The Ray actor name of a sweep's trial exchange."""
+    return f"critbatch-trial-exchange-{sweep_id}"
+
+
+class TrialRunnerError(RuntimeError):
+    """A trial ended with an error in its trial runner (the text is the worker's traceback or the reason)."""
+
+
+def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoint_dir: str) -> None:
+    """The body of Tune's relay trainable: hand the trial to the runners, forward its reports, return at its end.
+
+    Runs in Tune's trial process and imports no torch. Each report goes to ``ray.tune.report`` in the
+    order the runner sent it (replays of a restored trial included, as a one-trial worker group sends
+    them).
+
+    Args:
+        exchange: the sweep's :class:`TrialExchange` actor name (in this job's namespace).
+        loop_config: what ``workloads._ray_adapter.train_fn_per_worker`` would take.
+        checkpoint_dir: the trial's own checkpoint folder on the sweep's storage.
+
+    Raises:
+        TrialRunnerError: the trial failed (past its ``max_failures``), was cancelled, or its runner failed.
+    """
+    import ray
+    import ray.tune
+
+    from workloads.api import CHECKPOINT_DIR_KEY
+
+    handle = ray.get_actor(exchange)
+    ticket = ray.get(handle.submit.remote(trial_id, {**loop_config, CHECKPOINT_DIR_KEY: checkpoint_dir}))
+    cursor, ended = 0, False
+    try:
+        while True:
+            rows, state, error = ray.get(handle.poll.remote(ticket, cursor))
+            for row in rows:
+                ray.tune.report(row)
+            cursor += len(rows)
+            if state == "done":
+                ended = True
+                return
+            if state in ("failed", "cancelled"):
+                ended = True
+                raise TrialRunnerError(f"trial {trial_id} {state} in its trial runner: {error}")
+            time.sleep(RELAY_POLL_S)
+    finally:
+        if not ended:  # Tune ended the trial (stop, interrupt): free its runner at its next report
+            try:
+                handle.cancel.remote(ticket)
+            except Exception:  # noqa: BLE001 - the exchange is gone with the sweep
+                pass
+
+
+@dataclass
+class _Ticket:
+    trial_id: str
+    config: dict[str, Any]
+    state: str = "queued"  # queued | running | done | failed | cancelled
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    runner: str | None = None
+    failures: int = 0
+    polled: float = field(default_factory=time.monotonic)
+
+
+class TrialExchange:
+    """The sweep's queue of trials between Tune's relays and the runners (a Ray actor, one per sweep).
+
+    A relay ``submit``\\ s its trial and gets a ticket, then ``poll``\\ s the ticket for reports and
+    its end. A runner's rank 0 ``take``\\ s the next queued ticket, sends each report with ``report``
+    (whose answer says whether to go on), and ends it with ``finish`` or hands it back with ``failed``.
+
+    Failures count per trial, as Ray Train's ``FailureConfig(max_failures)`` counted them for a
+    one-trial worker group: a runner that asks again while its trial is still in flight (its worker
+    group was restarted, or the trial raised) gets that trial back once more, until the trial has
+    failed ``max_failures + 1`` times; then the trial ends with its last error.
+    """
+
+    def __init__(self, max_failures: int, stale_after_s: float = STALE_AFTER_S) -> None:
+        self._max_failures = int(max_failures)
+        self._stale_after_s = float(stale_after_s)
+        self._tickets: dict[int, _Ticket] = {}
+        self._queue: deque[int] = deque()
+        self._running: dict[str, int] = {}  # runner id -> ticket in flight
+        self._next = 0
+        self._closed = False
+
+    def submit(self, trial_id: str, config: dict[str, Any]) -> int:
+        """Queue a trial; returns its ticket. An earlier ticket of the same trial (a restarted relay) is cancelled."""
+        for t in self._tickets.values():
+            if t.trial_id == trial_id and t.state in ("queued", "running"):
+                t.state = "cancelled"
+        self._next += 1
+        self._tickets[self._next] = _Ticket(trial_id, dict(config))
+        self._queue.append(self._next)
+        if self._closed:
+            self._tickets[self._next].state = "cancelled"
+        return self._next
+
+    def take(self, runner_id: str) -> Any:
+        """The runner's next trial as ``(ticket, config)``; None if none is queued; ``"shutdown"`` once closed."""
+        if self._closed:
+            return "shutdown"
+        self._expire()
+        tk = self._running.pop(runner_id, None)
+        if tk is not None:  # asked again with a trial in flight: its worker group restarted or it raised
+            t = self._tickets[tk]
+            if t.state == "running":
+                t.failures += 1
+                if t.failures > self._max_failures:
+                    t.state = "failed"
+                    t.error = t.error or f"the trial's worker group failed {t.failures} times"
+                else:
+                    self._running[runner_id] = tk
+                    return tk, t.config
+        while self._queue:
+            tk = self._queue.popleft()
+            t = self._tickets[tk]
+            if t.state != "queued":
+                continue
+            t.state, t.runner = "running", runner_id
+            self._running[runner_id] = tk
+            return tk, t.config
+        return None
+
+    def report(self, ticket: int, row: dict[str, Any]) -> bool:
+        """Add one report of a running trial; returns whether the trial should go on."""
+        t = self._tickets.get(ticket)
+        if t is None or t.state != "running":
+            return False
+        t.rows.append(row)
+        return not self._closed
+
+    def finish(self, ticket: int) -> None:
+        """The trial's workload returned: its relay returns after forwarding its reports."""
+        t = self._tickets.get(ticket)
+        if t is not None and t.state == "running":
+            t.state = "done"
+        self._release(ticket)
+
+    def failed(self, runner_id: str, ticket: int, error: str) -> None:
+        """The trial raised in the runner; the runner's next ``take`` retries it or ends it."""
+        t = self._tickets.get(ticket)
+        if t is not None:
+            t.error = error
+
+    def runner_lost(self, runner_id: str, error: str) -> None:
+        """The runner's Ray Train run ended with an error: its trial in flight ends with it."""
+        tk = self._running.pop(runner_id, None)
+        if tk is not None and self._tickets[tk].state == "running":
+            t = self._tickets[tk]
+            t.state, t.error = "failed", f"its trial runner failed: {error}"
+
+    def poll(self, ticket: int, cursor: int) -> tuple[list[dict[str, Any]], str, str | None]:
+        """``(reports after cursor, state, error)`` of a ticket; the relay's heartbeat."""
+        t = self._tickets.get(ticket)
+        if t is None:
+            return [], "cancelled", "unknown ticket"
+        t.polled = time.monotonic()
+        return t.rows[cursor:], t.state, t.error
+
+    def cancel(self, ticket: int) -> None:
+        """The relay's trial ended in Tune: drop it (a runner stops it at its next report)."""
+        t = self._tickets.get(ticket)
+        if t is not None and t.state in ("queued", "running"):
+            t.state = "cancelled"
+        self._release(ticket)
+
+    def close(self) -> None:
+        """The sweep is over: every runner's next ``take`` is ``"shutdown"``, every open trial cancelled."""
+        self._closed = True
+        for t in self._tickets.values():
+            if t.state in ("queued", "running"):
+                t.state = "cancelled"
+
+    def counts(self) -> dict[str, int]:
+        """Tickets by state (for tests and logs)."""
+        out: dict[str, int] = {}
+        for t in self._tickets.values():
+            out[t.state] = out.get(t.state, 0) + 1
+        return out
+
+    def _release(self, ticket: int) -> None:
+        for runner, tk in list(self._running.items()):
+            if tk == ticket and self._tickets[tk].state != "running":
+                del self._running[runner]
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for t in self._tickets.values():
+            if t.state in ("queued", "running") and now - t.polled > self._stale_after_s:
+                t.state, t.error = "cancelled", "its relay stopped polling"
+
+
+class TrialRunners:
+    """The driver side of a sweep's trial runners: the exchange actor and one Ray Train run per slot.
+
+    Each runner's ``TorchTrainer.fit()`` runs in a daemon thread of the driver (its controller is
+    then owned by the driver, like every other actor of the sweep); a run that ends with an error
+    fails its trial in flight and is started again, up to :data:`RUNNER_REPLACEMENTS` times.
+
+    Args:
+        sweep_id: names the exchange actor (:func:`exchange_name`).
+        count: runners to start (the sweep's concurrency).
+        storage_path: Ray Train's storage for the runners' own run folders (the sweep's ``ROOT/train``).
+        spec: the sweep (its ``resources`` size each worker group).
+    """
+
+    def __init__(self, spec: Any, *, sweep_id: str, count: int, storage_path: str) -> None:
+        self.spec = spec
+        self.sweep_id = sweep_id
+        self.count = int(count)
+        self.storage_path = storage_path
+        self.name = exchange_name(sweep_id)
+        self.exchange: Any = None
+        self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
+
+    def start(self) -> "TrialRunners":
+        """Create the exchange and start every runner (they take trials as soon as their workers are up)."""
+        import ray
+
+        namespace = ray.get_runtime_context().namespace
+        self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
+                                                          max_concurrency=1).remote(self.spec.resources.max_failures)
+        ray.get(self.exchange.counts.remote())  # up before any relay looks for it
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for i in range(self.count):
+            th = threading.Thread(target=self._run, args=(f"runner-{i}", f"runner-{stamp}-{i}", namespace),
+                                  name=f"critbatch-runner-{i}", daemon=True)
+            th.start()
+            self._threads.append(th)
+        return self
+
+    def _run(self, runner_id: str, run_name: str, namespace: str) -> None:
+        for generation in range(RUNNER_REPLACEMENTS + 1):
+            if self._stopping.is_set():
+                return
+            try:
+                self._trainer(runner_id, f"{run_name}-{generation}", namespace).fit()
+                return
+            except Exception as exc:  # noqa: BLE001 - a runner's end is reported to the exchange, never raised
+                if self._stopping.is_set():
+                    return
+                log.warning("trial runner %s failed (%s: %s); starting it again", runner_id, type(exc).__name__, exc)
+                try:
+                    import ray
+
+                    ray.get(self.exchange.runner_lost.remote(runner_id, f"{type(exc).__name__}: {exc}"))
+                except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is ending
+                    return
+        log.warning("trial runner %s failed %d times: its slot stays empty", runner_id, RUNNER_REPLACEMENTS + 1)
+
+    def _trainer(self, runner_id: str, run_name: str, namespace: str):
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig
+
+        from sweeps.run.trainable import trial_torch_trainer
+        from workloads._ray_runner import runner_fn_per_worker
+
+        res = self.spec.resources
+        use_gpu = res.gpus_per_worker > 0
+        resources = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
+        return trial_torch_trainer()(
+            runner_fn_per_worker,
+            train_loop_config={"exchange": self.name, "namespace": namespace, "runner_id": runner_id},
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            scaling_config=ScalingConfig(num_workers=res.workers_per_trial, use_gpu=use_gpu,
+                                         resources_per_worker=resources),
+            run_config=RunConfig(name=run_name, storage_path=self.storage_path,
+                                 failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)),
+        )
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Close the exchange (runners leave their loops at their next ask or report) and wait for them.
+
+        A runner still busy after ``timeout_s`` is left to the end of the driver's Ray session, which
+        ends its controller and workers (all owned by the driver).
+        """
+        import ray
+
+        self._stopping.set()
+        if self.exchange is None:
+            return
+        try:
+            ray.get(self.exchange.close.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the exchange is already gone
+            pass
+        deadline = time.monotonic() + timeout_s
+        for th in self._threads:
+            th.join(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            ray.kill(self.exchange)
+        except Exception:  # noqa: BLE001
+            pass
