@@ -86,6 +86,16 @@ def worker_nodes() -> str:
     return ",".join(str(i) for i in ids)
 
 
+def _rss_mb() -> float | None:
+    """This process's resident memory (MiB), or None without psutil: a trial runner's workers must not grow."""
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except Exception:  # noqa: BLE001 - psutil missing: the report goes without it
+        return None
+
+
 def _load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | None:
     if checkpoint is None:
         return None
@@ -103,7 +113,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     ``startup_ray_s`` (the part before this function ran: Tune's and Ray Train's processes). An optional
     :data:`TORCH_THREADS_KEY` fixes the worker's intra-op threads (:func:`workloads.determinism.make_deterministic`,
     which also turns on deterministic algorithms on CPU); the first report of each attempt carries
-    ``torch_num_threads`` and ``deterministic_algorithms`` (1.0 or 0.0) as the worker set them.
+    ``torch_num_threads`` and ``deterministic_algorithms`` (1.0 or 0.0) as the worker set them, and
+    ``worker_rss_mb`` (the worker's resident memory, MiB, when psutil is installed).
     """
     entered = time.time()
     config = dict(config)
@@ -171,7 +182,8 @@ def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any
             metrics.update(startup_s=first_step - started, startup_ray_s=entered - started)
         if first_step is not None:  # what this attempt's worker computed with (workloads.determinism)
             metrics.update(torch_num_threads=settings["torch_num_threads"],
-                           deterministic_algorithms=float(settings["deterministic_algorithms"]))
+                           deterministic_algorithms=float(settings["deterministic_algorithms"]),
+                           worker_rss_mb=_rss_mb())
         clean = {**{k: v for k, v in metrics.items() if v is not None}, WORKER_NODES_KEY: nodes}
         reported.append(clean)
         if state is not None:

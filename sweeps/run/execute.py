@@ -236,6 +236,7 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
         return
 
     c_tok, _ = flops_accounting(spec)
+    progress = parts.progress  # the closures below are pickled with the Tuner's searcher: nothing live beyond it
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
         records = records_from_reports(output)
@@ -245,7 +246,7 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
                targets: list[float] | None) -> None:
         write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome, "targets": targets})
         if waves:  # none when the first wave's analysis failed (outcome analysis_failed)
-            parts.progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
+            progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
 
     searcher.attach_precision(analyse, report)
 

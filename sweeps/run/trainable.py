@@ -1,9 +1,12 @@
-"""The Tune trainable: one trial = one Ray Train ``TorchTrainer`` run of a workload.
+"""The Tune trainable: a relay to the sweep's trial runners, or one Ray Train ``TorchTrainer`` run per trial.
 
 Three levels, as Ray recommends for Tune + Train V2: the workload's pure training loop
-(``workloads``), wrapped by ``train_fn_per_worker`` (``workloads.api``), wrapped by this
-Tune function trainable, which turns the sweep's config into a :class:`TrialConfig`, sizes the
-worker group and forwards rank 0's milestone metrics to Tune.
+(``workloads``), wrapped by a Ray Train worker function (``workloads.api``), wrapped by this
+Tune function trainable, which turns the sweep's config into a :class:`TrialConfig`. When no trial
+ends early (:func:`use_trial_runners`) the trainable hands that config to the sweep's long-lived
+worker groups and forwards their reports (``sweeps.run.runners``); otherwise it sizes a worker group
+of its own and forwards rank 0's milestone metrics to Tune. Importing this module imports no torch
+(the relay runs in Tune's trial process).
 """
 
 from __future__ import annotations

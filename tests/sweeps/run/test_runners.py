@@ -1,0 +1,181 @@
+"""Trial runners (sweeps/run/runners.py, workloads/_ray_runner.py): the exchange's rules, the per-trial
+checkpoints, and real runners on the suite's Ray head (no state carried from one trial to the next,
+memory that does not grow)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sweeps.run.runners import TrialExchange
+
+
+def _ex(max_failures: int = 2, stale_after_s: float = 120.0) -> TrialExchange:
+    return TrialExchange(max_failures, stale_after_s=stale_after_s)
+
+
+def test_trials_are_taken_in_order_and_their_reports_reach_the_relay():
+    ex = _ex()
+    a, b = ex.submit("a", {"x": 1}), ex.submit("b", {"x": 2})
+    assert ex.take("r0") == (a, {"x": 1})
+    assert ex.take("r1") == (b, {"x": 2})
+    assert ex.take("r2") is None  # nothing queued
+    assert ex.report(a, {"tokens_seen": 1.0}) is True
+    assert ex.poll(a, 0) == ([{"tokens_seen": 1.0}], "running", None)
+    ex.finish(a)
+    assert ex.poll(a, 1) == ([], "done", None)
+    assert ex.take("r0") is None  # a finished trial is not handed out again
+
+
+def test_a_trial_that_fails_is_retried_until_its_max_failures_then_ends_with_its_error():
+    ex = _ex(max_failures=2)
+    t = ex.submit("a", {})
+    assert ex.take("r0")[0] == t
+    for attempt in (1, 2):  # the runner asks again with the trial in flight: a failure, retried
+        ex.failed("r0", t, f"boom {attempt}")
+        assert ex.take("r0") == (t, {})
+    ex.failed("r0", t, "boom 3")
+    assert ex.take("r0") is None  # the third failure is past max_failures=2
+    rows, state, error = ex.poll(t, 0)
+    assert state == "failed" and error == "boom 3"
+
+
+def test_a_restarted_worker_group_gets_its_trial_back_and_the_restart_counts_against_that_trial_only():
+    ex = _ex(max_failures=1)
+    a, b = ex.submit("a", {}), ex.submit("b", {})
+    assert ex.take("r0")[0] == a and ex.take("r1")[0] == b
+    assert ex.take("r0")[0] == a  # r0's group restarted: a again (1 failure, allowed)
+    ex.finish(b)  # r1's trial is untouched by r0's failures
+    assert ex.poll(b, 0)[1] == "done"
+    assert ex.take("r0") is None and ex.poll(a, 0)[1] == "failed"  # a second restart: past max_failures=1
+
+
+def test_a_cancelled_or_resubmitted_trial_stops_at_its_next_report_and_close_shuts_every_runner_down():
+    ex = _ex()
+    old = ex.submit("a", {"v": 1})
+    assert ex.take("r0")[0] == old
+    new = ex.submit("a", {"v": 2})  # Tune restarted the trial's relay: the old ticket is dropped
+    assert ex.report(old, {"tokens_seen": 1.0}) is False
+    assert ex.take("r0") == (new, {"v": 2})  # the runner's next ask is the new ticket, no failure counted
+    ex.cancel(new)
+    assert ex.report(new, {}) is False
+    queued = ex.submit("b", {})
+    ex.close()
+    assert ex.take("r0") == "shutdown" and ex.poll(queued, 0)[1] == "cancelled"
+
+
+def test_a_trial_whose_relay_stopped_polling_is_cancelled():
+    ex = _ex(stale_after_s=0.0)
+    t = ex.submit("a", {})
+    time.sleep(0.01)
+    assert ex.take("r0") is None and ex.poll(t, 0)[1] == "cancelled"
+
+
+def test_a_lost_runner_fails_its_trial_in_flight():
+    ex = _ex()
+    t = ex.submit("a", {})
+    ex.take("r0")
+    ex.runner_lost("r0", "ControllerError: gone")
+    rows, state, error = ex.poll(t, 0)
+    assert state == "failed" and "ControllerError: gone" in error
+
+
+def test_runner_checkpoints_keep_only_the_last_and_a_one_trial_groups_checkpoint_is_read(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    from workloads._ray_adapter import STATE_FILE
+    from workloads._ray_runner import latest_checkpoint, save_checkpoint
+
+    d = tmp_path / "train-abc"
+    assert latest_checkpoint(str(d)) is None  # nothing yet (the folder does not exist)
+    legacy = d / "checkpoint_2026-12-05_10-00-00.000000"
+    legacy.mkdir(parents=True)
+    torch.save({"loop": {"step": 3}}, legacy / STATE_FILE)
+    assert latest_checkpoint(str(d)) == {"loop": {"step": 3}}  # a sweep started before runners
+    save_checkpoint(str(d), 1, {"loop": {"step": 4}})
+    save_checkpoint(str(d), 2, {"loop": {"step": 5}})
+    assert latest_checkpoint(str(d)) == {"loop": {"step": 5}}
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000002"]
+
+
+# ---- real runners on the suite's Ray head ---------------------------------------------------------------
+
+_TIMING = {"startup_s", "startup_ray_s", "worker_rss_mb", "worker_nodes", "wall_s", "step_time_s", "tokens_per_s",
+           "time_total_s", "mfu", "flops_per_s", "eval_s"}
+
+
+def _curve(rows: list[dict]) -> list[dict]:
+    """A trial's reports without what depends on the clock, the process or the node."""
+    return [{k: v for k, v in r.items() if k not in _TIMING and not k.endswith("_s") and not k.endswith("_per_s")}
+            for r in rows]
+
+
+def _run(runners, trials: list[tuple[str, dict]], timeout_s: float = 300.0) -> list[list[dict]]:
+    """Submit the trials in order to the runners' exchange and wait for each one's reports."""
+    import ray
+
+    out = []
+    for trial_id, cfg in trials:
+        ticket = ray.get(runners.exchange.submit.remote(trial_id, cfg))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows, state, error = ray.get(runners.exchange.poll.remote(ticket, 0))
+            if state == "done":
+                break
+            assert state in ("queued", "running"), f"{trial_id}: {state}: {error}"
+            assert time.monotonic() < deadline, f"{trial_id} did not end in {timeout_s} s"
+            time.sleep(0.05)
+        out.append(rows)
+    return out
+
+
+@pytest.mark.slow
+def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_memory_does_not_grow(
+        ray_head, tiny_spec_dict, tmp_path):
+    """The same trial as the first of a fresh runner and as the third of a reused one: identical curves,
+    bit for bit (seeds, RNG states, thread settings, data order: nothing leaks between trials). Then 20
+    trials through one runner: its worker's resident memory after the 5th and after the 20th."""
+    import ray
+
+    from sweeps.run.runners import TrialRunners
+    from sweeps.run.trainable import trial_config
+    from sweeps.spec import SweepSpec
+    from workloads.api import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY
+
+    d = dict(tiny_spec_dict, budget_tokens=4096)
+    d["eval"] = {"milestones": 2, "eval_tokens": 512}
+    spec = SweepSpec.model_validate(d)
+    data = str(Path(d["data"]["path"]).resolve()) if Path(d["data"]["path"]).is_absolute() else str(
+        (Path(__file__).resolve().parents[3] / d["data"]["path"]))
+
+    def trial(i: int, batch: int, lr: float, seed: int = 0) -> tuple[str, dict]:
+        tid = f"t{i:02d}"
+        cfg = trial_config(spec, {"batch_size_sequences": batch, "lr": lr, "lr_rule": "sqrt", "beta2": 0.99,
+                                  "beta2_half_life_tokens": 4096.0, "seed": seed}, tid, data_path=data).to_dict()
+        cfg[TORCH_THREADS_KEY] = 1
+        cfg[CHECKPOINT_DIR_KEY] = str(tmp_path / "train" / f"train-{tid}")
+        return tid, cfg
+
+    ray.init(address=ray_head.gcs_address, namespace=f"runners-{uuid.uuid4().hex[:8]}", log_to_driver=False)
+    try:
+        reused = TrialRunners(spec, sweep_id=f"reused-{uuid.uuid4().hex[:6]}", count=1,
+                              storage_path=str(tmp_path / "runs")).start()
+        a = trial(0, 8, 0.003)
+        first = _run(reused, [trial(1, 4, 0.006, seed=1), trial(2, 16, 0.001, seed=2),
+                              (a[0] + "x", dict(a[1], **{CHECKPOINT_DIR_KEY: a[1][CHECKPOINT_DIR_KEY] + "x"}))])
+        more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
+        reused.stop()
+        fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
+                             storage_path=str(tmp_path / "runs2")).start()
+        alone = _run(fresh, [a])
+        fresh.stop()
+    finally:
+        ray.shutdown()
+    assert _curve(first[2]) == _curve(alone[0]) and len(alone[0]) >= 2
+    assert first[0][0]["worker_nodes"] == first[2][0]["worker_nodes"]  # the same runner ran both
+    rss = [rows[0]["worker_rss_mb"] for rows in first + more]
+    assert len(rss) == 20
+    print(f"worker RSS (MiB) by trial: {[round(r) for r in rss]}")
+    assert rss[19] - rss[4] < 25.0, rss  # MiB over 15 trials; measured: see docs/benchmarks.md
