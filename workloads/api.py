@@ -51,6 +51,7 @@ from workloads.tokenizer import has_tokenizer_files
 
 if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads._ray_adapter import train_fn_per_worker
+    from workloads._ray_runner import runner_fn_per_worker
     from workloads._ray_compat import drain_report_queue
     from workloads.data import tokenizer_vocab_size
     from workloads.finetune import init_checkpoint
@@ -104,6 +105,7 @@ __all__ = [
     "prepare_data",
     "prepare_text_file",
     "PrepareResult",
+    "runner_fn_per_worker",
 ]
 
 
@@ -178,6 +180,7 @@ def get_workload(name: str) -> Workload:
 _LAZY = {
     "tokenizer_vocab_size": "workloads.data",
     "train_fn_per_worker": "workloads._ray_adapter",
+    "runner_fn_per_worker": "workloads._ray_runner",  # a trial runner's worker loop (sweeps/run/runners.py)
     "drain_report_queue": "workloads._ray_compat",
     "init_checkpoint": "workloads.finetune",
     "check_model_config": "workloads.model",  # the model's config built before launch: model_type, vocab, FLOPs

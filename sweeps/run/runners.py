@@ -297,7 +297,7 @@ class TrialRunners:
         from ray.train.torch import TorchConfig
 
         from sweeps.run.trainable import trial_torch_trainer
-        from workloads._ray_runner import runner_fn_per_worker
+        from workloads.api import runner_fn_per_worker
 
         res = self.spec.resources
         use_gpu = res.gpus_per_worker > 0
