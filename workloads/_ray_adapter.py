@@ -25,7 +25,7 @@ from workloads._ray_compat import kv_get
 from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.determinism import make_deterministic
 
-__all__ = ["train_fn_per_worker", "run_trial", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
+__all__ = ["train_fn_per_worker", "run_trial", "RungGate", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
            "wait_for_rung_decision", "worker_nodes"]
 
 STATE_FILE = "trial_state.pt"
@@ -56,10 +56,11 @@ def reaches_rung(cfg: TrialConfig, tokens_seen: float, previous_tokens: float) -
 
 
 def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG_WAIT_TIMEOUT_S,
-                           poll_s: float = 0.1) -> bool:
+                           poll_s: float = 0.1, cancelled: Callable[[], bool] | None = None) -> bool:
     """Block until the Ray KV value under ``key`` (written by the sweep's scheduler) is >= ``tokens_seen``.
 
-    Returns False if ``timeout_s`` passed first (the worker then goes on).
+    Returns False if ``timeout_s`` passed first (the worker then goes on), or as soon as ``cancelled()``
+    is true (a trial runner's trial that Tune paused or stopped meanwhile: the runner is freed).
     """
     import time
 
@@ -68,8 +69,39 @@ def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG
         raw = kv_get(key)
         if raw is not None and float(raw) >= tokens_seen:
             return True
+        if cancelled is not None and cancelled():
+            return False
         time.sleep(poll_s)
     return False
+
+
+class RungGate:
+    """The rung gate of pruning mode ``pause`` as a trial's reports pass it (one per trial and worker).
+
+    :meth:`after` is called with every published report, in order: the first at or past a rung (judged on
+    the tokens the reports were made at, :func:`reaches_rung`) waits for the scheduler's decision.
+    """
+
+    def __init__(self, cfg: TrialConfig) -> None:
+        self.cfg = cfg
+        self.previous = 0.0  # the tokens seen at the report published last (a rung is judged against it)
+
+    def after(self, clean: dict[str, Any], cancelled: Callable[[], bool] | None = None) -> bool:
+        """Wait at a rung if this report reaches one; returns False only if ``cancelled()`` became true there."""
+        tokens = float(clean.get("tokens_seen") or 0.0)
+        gate, since = self.cfg.rung_gate, self.previous
+        self.previous = max(since, tokens)
+        if gate is None or not gate.key or clean.get("done") or not reaches_rung(self.cfg, tokens, since):
+            return True
+        if wait_for_rung_decision(gate.key, tokens, cancelled=cancelled):
+            return True
+        if cancelled is not None and cancelled():
+            return False
+        import logging
+
+        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", gate.key,
+                                            RUNG_WAIT_TIMEOUT_S)
+        return True
 
 
 def worker_nodes() -> str:
@@ -127,7 +159,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     nodes = worker_nodes()
     resume_state = _load_state(ray.train.get_checkpoint())
-    previous = [0.0]  # the tokens seen at the report published last (a rung is judged against it)
+    gate = RungGate(cfg)
 
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
         if state is None:
@@ -136,15 +168,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 torch.save(state, os.path.join(tmp, STATE_FILE))
                 ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-        tokens = float(clean.get("tokens_seen") or 0.0)
-        gate, since = cfg.rung_gate, previous[0]
-        previous[0] = max(since, tokens)
-        if gate is not None and gate.key and not clean.get("done") and reaches_rung(cfg, tokens, since):
-            if not wait_for_rung_decision(gate.key, tokens):
-                import logging
-
-                logging.getLogger(__name__).warning(
-                    "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S)
+        gate.after(clean)
 
     run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,
               resume_state=resume_state, save_dir=save_dir, publish=publish)

@@ -14,6 +14,11 @@ trial's Ray Train run folder), so a trial restarted in any runner, or by a resum
 from its last milestone. A checkpoint left by a one-trial worker group (Ray Train's
 ``checkpoint_<time>/trial_state.pt``, a sweep started before runners) is read as well.
 
+Pruning: a trial that Tune stops or pauses is cancelled at the exchange by the driver
+(``sweeps.run.runners.RunnerCancels``); its runner drops it at its next report, or at once while it
+waits at a rung of pruning mode ``pause`` (only rank 0 waits there; the others wait for its word).
+A paused trial resumed later continues from its checkpoint in whichever runner takes it.
+
 Faults: a trial that raises in a one-worker group is handed back to the exchange (which retries it up
 to the trial's ``max_failures``, or ends it with the error) and the runner takes the next; in a larger
 group the error ends the group's attempt, Ray Train restarts the group, and the exchange gives the
@@ -36,7 +41,7 @@ import ray
 import ray.train
 import ray.train.torch
 
-from workloads._ray_adapter import STATE_FILE, run_trial, worker_nodes
+from workloads._ray_adapter import STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.config import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.determinism import make_deterministic
 
@@ -181,6 +186,10 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
     settings = make_deterministic(device, threads)
     resume_state = latest_checkpoint(directory)
     count = [0]
+    gate = RungGate(cfg)  # rank 0 waits at a rung (pruning mode pause) until the scheduler lets go or Tune pauses it
+
+    def cancelled() -> bool:
+        return not ray.get(exchange.alive.remote(ticket))
 
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
         keep = True
@@ -188,7 +197,7 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
             count[0] += 1
             if state is not None:
                 save_checkpoint(directory, count[0], state)
-            keep = bool(ray.get(exchange.report.remote(ticket, clean)))
+            keep = bool(ray.get(exchange.report.remote(ticket, clean))) and gate.after(clean, cancelled=cancelled)
         if not _broadcast(keep):
             raise TrialCancelled(str(ticket))
 

@@ -141,6 +141,10 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     if scheduler is not None:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
+    if runners is not None:  # a trial Tune pauses or ends frees its runner
+        from sweeps.run.runners import RunnerCancels
+
+        callbacks.append(RunnerCancels(runners.name))
     report_log = ReportLog(output / REPORTS_DIR)
     callbacks.append(report_log)  # last: sees each result as annotated by the others
     stopper = None

@@ -10,10 +10,12 @@ it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports t
 ``tune.report`` and returns when its trial ends. Tune, Optuna, the MLflow callback and the records see
 what they saw with one worker group per trial.
 
-Used when no trial ends early (:func:`sweeps.run.trainable.use_trial_runners`: pruning off), as Tune's
-actor reuse. Everything is owned by the driver: a driver that dies takes the exchange and every runner
-with it, and a resumed sweep starts new ones (each trial continues from the checkpoint in its own
-folder, ``workloads._ray_runner.latest_checkpoint``).
+Used by every sweep (:func:`sweeps.run.trainable.use_trial_runners`; ``CRITBATCH_TRIAL_RUNNERS=0`` goes
+back to one Ray Train run per trial). A trial that Tune pauses or stops (pruning, a budget, a signal) is
+cancelled at the exchange by :class:`RunnerCancels`, which frees its runner at the trial's next report
+(at once while it waits at a rung). Everything is owned by the driver: a driver that dies takes the
+exchange and every runner with it, and a resumed sweep starts new ones (each trial continues from the
+checkpoint in its own folder, ``workloads._ray_runner.latest_checkpoint``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrialExchange", "TrialRunners", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
+from ray.tune import Callback
+
+__all__ = ["TrialExchange", "TrialRunners", "RunnerCancels", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,8 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
         checkpoint_dir: the trial's own checkpoint folder on the sweep's storage.
 
     Raises:
-        TrialRunnerError: the trial failed (past its ``max_failures``), was cancelled, or its runner failed.
+        TrialRunnerError: the trial failed (past its ``max_failures``), or its runner failed. A trial
+            cancelled at the exchange (Tune paused or ended it, or the sweep ended) returns quietly.
     """
     import ray
     import ray.tune
@@ -80,9 +85,12 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
             if state == "done":
                 ended = True
                 return
-            if state in ("failed", "cancelled"):
+            if state == "cancelled":  # Tune paused or ended the trial, or the sweep ended: nothing to say
                 ended = True
-                raise TrialRunnerError(f"trial {trial_id} {state} in its trial runner: {error}")
+                return
+            if state == "failed":
+                ended = True
+                raise TrialRunnerError(f"trial {trial_id} failed in its trial runner: {error}")
             time.sleep(RELAY_POLL_S)
     finally:
         if not ended:  # Tune ended the trial (stop, interrupt): free its runner at its next report
@@ -200,6 +208,21 @@ class TrialExchange:
         t.polled = time.monotonic()
         return t.rows[cursor:], t.state, t.error
 
+    def alive(self, ticket: int) -> bool:
+        """Whether a running trial should go on (a runner waiting at a rung asks)."""
+        t = self._tickets.get(ticket)
+        return t is not None and t.state == "running" and not self._closed
+
+    def cancel_trials(self, trial_ids: list[str]) -> int:
+        """Cancel the open tickets of these trials (Tune paused or ended them); returns how many."""
+        ids, n = set(trial_ids), 0
+        for tk, t in self._tickets.items():
+            if t.trial_id in ids and t.state in ("queued", "running"):
+                t.state = "cancelled"
+                self._release(tk)
+                n += 1
+        return n
+
     def cancel(self, ticket: int) -> None:
         """The relay's trial ended in Tune: drop it (a runner stops it at its next report)."""
         t = self._tickets.get(ticket)
@@ -231,6 +254,39 @@ class TrialExchange:
         for t in self._tickets.values():
             if t.state in ("queued", "running") and now - t.polled > self._stale_after_s:
                 t.state, t.error = "cancelled", "its relay stopped polling"
+
+
+class RunnerCancels(Callback):
+    """The Tune callback that cancels, at the exchange, every trial that stopped running in Tune (paused or
+    pruned by the scheduler, stopped by a budget, errored): its runner drops it at its next report, or at
+    once while it waits at a rung, and takes the next trial.
+
+    Tune has no hook for a pause, so after each step of its loop the trials that were running and are
+    no longer are cancelled by trial id. A paused trial that Tune starts again submits a new ticket
+    (its relay runs again), which this never cancels: that happens steps later.
+
+    Args:
+        exchange: the sweep's :class:`TrialExchange` actor name.
+    """
+
+    def __init__(self, exchange: str) -> None:
+        self.exchange = exchange
+        self._running: set[str] = set()
+        self._handle: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"exchange": self.exchange, "_running": set(), "_handle": None}
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        running = {t.trial_id for t in trials if t.status == "RUNNING"}
+        gone = sorted(self._running - running)
+        self._running = running
+        if gone:
+            import ray
+
+            if self._handle is None:
+                self._handle = ray.get_actor(self.exchange)
+            self._handle.cancel_trials.remote(gone)
 
 
 class TrialRunners:

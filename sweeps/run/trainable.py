@@ -83,27 +83,25 @@ def __getattr__(name: str) -> Any:
 
 def use_trial_runners(spec: SweepSpec) -> bool:
     """Whether the sweep's trials run in long-lived trial runners (``sweeps.run.runners``) rather than one
-    Ray Train run each: when no trial ends early (pruning off; the same condition as Tune's actor reuse,
-    :func:`reuse_trial_actors`), unless ``CRITBATCH_TRIAL_RUNNERS=0``.
-
-    A trial that Tune stops or pauses mid-way (pruning) would hold its runner until its next milestone,
-    and in mode ``pause`` its workers wait at the rung gate: those sweeps keep one worker group per trial.
+    Ray Train run each: always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is set in the driver's environment
+    (the one-trial worker groups, kept for comparison and as a way out).
     """
-    return not spec.pruning.enabled and os.environ.get("CRITBATCH_TRIAL_RUNNERS", "1") != "0"
+    return os.environ.get("CRITBATCH_TRIAL_RUNNERS", "1") != "0"
 
 
 def reuse_trial_actors(spec: SweepSpec) -> bool:
     """Whether Tune may run a trial in the process of a finished one (``TuneConfig(reuse_actors=...)``).
 
-    A reused process skips the Tune trainable's start: a Python process with Ray and torch imported,
-    about 7 CPU-seconds a trial on this project's machines (docs/benchmarks.md, "Per-trial start-up").
-    Only when no trial ends early, i.e. pruning is off: Tune caches the actor of a trial it stopped or
-    paused as well, and that actor's thread is still inside ``TorchTrainer.fit()``, so the pruned
-    trial would train on until Tune's ``reset_config`` gives up on it (2 s after the next trial asks)
-    and kills it (sweeps/run/reaper.py). A sweep stopped as a whole (signal, FLOP or wall-clock
-    budget) ends every actor with the experiment either way.
+    A reused process skips the Tune trainable's start (a Python process with Ray imported, and torch
+    too for a one-trial worker group: about 7 CPU-seconds a trial, docs/benchmarks.md, "Per-trial
+    start-up"). Always with trial runners (:func:`use_trial_runners`): the relay's thread ends as soon as
+    its trial is cancelled at the exchange. Otherwise only when no trial ends early, i.e. pruning is off:
+    Tune caches the actor of a trial it stopped or paused as well, and that actor's thread is still inside
+    ``TorchTrainer.fit()``, so the pruned trial would train on until Tune's ``reset_config`` gives up on it
+    (2 s after the next trial asks) and kills it (sweeps/run/reaper.py). A sweep stopped as a whole
+    (signal, FLOP or wall-clock budget) ends every actor with the experiment either way.
     """
-    return not spec.pruning.enabled
+    return use_trial_runners(spec) or not spec.pruning.enabled
 
 
 def _trial_started_unix() -> float:

@@ -67,6 +67,17 @@ def test_a_cancelled_or_resubmitted_trial_stops_at_its_next_report_and_close_shu
     assert ex.take("r0") == "shutdown" and ex.poll(queued, 0)[1] == "cancelled"
 
 
+def test_trials_that_tune_paused_or_ended_are_cancelled_by_id_and_a_waiting_runner_sees_it():
+    ex = _ex()
+    a, b = ex.submit("a", {}), ex.submit("b", {})
+    ex.take("r0")
+    assert ex.alive(a) and not ex.alive(b)  # b is queued, not running
+    assert ex.cancel_trials(["a", "b", "zzz"]) == 2
+    assert not ex.alive(a) and ex.report(a, {}) is False and ex.take("r1") is None
+    again = ex.submit("a", {})  # Tune resumed the paused trial: a new ticket, taken by any runner
+    assert ex.take("r1") == (again, {}) and ex.alive(again)
+
+
 def test_a_trial_whose_relay_stopped_polling_is_cancelled():
     ex = _ex(stale_after_s=0.0)
     t = ex.submit("a", {})

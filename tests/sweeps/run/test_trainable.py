@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from sweeps.run.trainable import faults_from_env, reuse_trial_actors, trial_config
+from sweeps.run.trainable import faults_from_env, reuse_trial_actors, trial_config, use_trial_runners
 from sweeps.run.workload import workload_config
 from sweeps.spec import parse_spec
 from workloads.api import FaultPlan, TrialConfig
@@ -48,12 +48,19 @@ def test_the_fault_plan_comes_from_the_environment_only_when_a_test_sets_it(monk
     assert faults_from_env() == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
 
 
-def test_tune_reuses_trial_processes_only_when_no_trial_ends_early(tiny_spec_dict):
-    assert reuse_trial_actors(parse_spec(tiny_spec_dict))
+def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_trial_ends_early(tiny_spec_dict,
+                                                                                                 monkeypatch):
+    pruned = []
     for mode in ("pause", "stop"):
         d = copy.deepcopy(tiny_spec_dict)
         d["pruning"] = {"enabled": True, "mode": mode}
-        assert not reuse_trial_actors(parse_spec(d)), mode
+        pruned.append(parse_spec(d))
+    assert use_trial_runners(parse_spec(tiny_spec_dict)) and all(use_trial_runners(s) for s in pruned)
+    assert reuse_trial_actors(parse_spec(tiny_spec_dict)) and all(reuse_trial_actors(s) for s in pruned)
+    monkeypatch.setenv("CRITBATCH_TRIAL_RUNNERS", "0")  # one Ray Train run per trial
+    assert not use_trial_runners(parse_spec(tiny_spec_dict))
+    assert reuse_trial_actors(parse_spec(tiny_spec_dict))
+    assert not any(reuse_trial_actors(s) for s in pruned)
 
 
 def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_two_seconds(monkeypatch):
