@@ -147,7 +147,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         ray_head, tiny_spec_dict, tmp_path):
     """The same trial as the first of a fresh runner and as the third of a reused one: identical curves,
     bit for bit (seeds, RNG states, thread settings, data order: nothing leaks between trials). Then 20
-    trials through one runner: its worker's resident memory after the 5th and after the 20th."""
+    trials through one runner (and one that raises on every attempt, which ends alone): its worker's
+    resident memory after the 5th and after the 20th."""
     import ray
 
     from sweeps.run.runners import TrialRunners
@@ -176,7 +177,11 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         a = trial(0, 8, 0.003)
         first = _run(reused, [trial(1, 4, 0.006, seed=1), trial(2, 16, 0.001, seed=2),
                               (a[0] + "x", dict(a[1], **{CHECKPOINT_DIR_KEY: a[1][CHECKPOINT_DIR_KEY] + "x"}))])
+        bad_id, bad = trial(99, 8, 0.003)
+        bad["workload"]["data"]["path"] = str(tmp_path / "no-such-corpus.txt")  # raises in the worker, every attempt
+        ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
+        rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
         reused.stop()
         fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
                              storage_path=str(tmp_path / "runs2")).start()
@@ -185,6 +190,9 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     finally:
         ray.shutdown()
     assert _curve(first[2]) == _curve(alone[0]) and len(alone[0]) >= 2
+    # the trial that raised ended alone, with its error, after max_failures + 1 attempts; the runner went on
+    assert state == "failed" and "no-such-corpus" in error and rows == [], (state, error)
+    assert {r[0]["worker_nodes"] for r in more} == {first[0][0]["worker_nodes"]} and len(more) == 17
     assert first[0][0]["worker_nodes"] == first[2][0]["worker_nodes"]  # the same runner ran both
     rss = [rows[0]["worker_rss_mb"] for rows in first + more]
     assert len(rss) == 20
