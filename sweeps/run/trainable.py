@@ -246,6 +246,10 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
             loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
         return trial_id, loop_config
 
+    if exchange:
+        return ray.tune.with_resources(_relay_trainable(exchange, loop_config_of, storage_path),
+                                       {"CPU": res.trial_driver_cpus})
+
     def run_trial(config: dict[str, Any]) -> None:
         from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig
@@ -273,13 +277,19 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
         trainer.fit()
         drain_report_queue()
 
-    def relay_trial(config: dict[str, Any]) -> None:
+    return ray.tune.with_resources(run_trial, {"CPU": res.trial_driver_cpus})
+
+
+def _relay_trainable(exchange: str, loop_config_of, storage_path: str):
+    """Tune's trainable under trial runners: the trial goes to the sweep's exchange (``sweeps.run.runners.relay``)."""
+
+    def run_trial(config: dict[str, Any]) -> None:  # Tune names trial folders run_trial_<id>_... (records.py)
         from sweeps.run.runners import relay
 
         trial_id, loop_config = loop_config_of(config, _trial_started_unix())
         relay(exchange, trial_id, loop_config, checkpoint_dir=f"{storage_path}/{train_run_name(trial_id)}")
 
-    return ray.tune.with_resources(relay_trial if exchange else run_trial, {"CPU": res.trial_driver_cpus})
+    return run_trial
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

@@ -81,11 +81,13 @@ def tune_tokens(out: Path) -> dict[str, float]:
 
 
 def checkpoint_tokens(out: Path) -> dict[str, float]:
-    """The tokens seen in each trial's newest Ray Train checkpoint (``OUT/train/train-<trial id>/``)."""
+    """The tokens seen in each trial's newest checkpoint (``OUT/train/train-<trial id>/``: a trial runner's
+    ``ckpt-<n>``, or Ray Train's ``checkpoint_<time>`` under ``CRITBATCH_TRIAL_RUNNERS=0``)."""
     import torch
 
     got: dict[str, float] = {}
-    for f in (out / "train").glob("train-*/checkpoint_*/trial_state.pt"):
+    train = out / "train"
+    for f in [*train.glob("train-*/checkpoint_*/trial_state.pt"), *train.glob("train-*/ckpt-*/trial_state.pt")]:
         try:
             state = torch.load(f, weights_only=False, map_location="cpu")
         except Exception:  # noqa: BLE001 - being written, or just replaced by the next one

@@ -176,8 +176,9 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
         assert a["step"] == b["step"] and a["tokens_seen"] == b["tokens_seen"]
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5), (a["tokens_seen"], a["val_loss"], b["val_loss"])
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
-    # the checkpoint the restart read lies on the shared storage path (Ray Train keeps the last one)
-    ckpts = list((storage / sweep_id / "train" / f"train-{killed}").glob("checkpoint_*/trial_state.pt"))
+    # the checkpoint the restart read lies on the shared storage path (the last one is kept)
+    folder = storage / sweep_id / "train" / f"train-{killed}"  # a runner's ckpt-<n> (Ray Train's checkpoint_<time> without)
+    ckpts = [*folder.glob("ckpt-*/trial_state.pt"), *folder.glob("checkpoint_*/trial_state.pt")]
     assert ckpts, sorted(str(p.relative_to(storage)) for p in storage.rglob("*"))[:40]
     assert min(p.stat().st_mtime for p in ckpts) > killed_at  # written after the restart: it trained on
     # one MLflow child per trial, every milestone once on a monotone tokens axis
