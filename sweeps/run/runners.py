@@ -368,17 +368,18 @@ class TrialRunners:
                                  failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)),
         )
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float = 30.0) -> bool:
         """Close the exchange (runners leave their loops at their next ask or report) and wait for them.
 
-        A runner still busy after ``timeout_s`` is left to the end of the driver's Ray session, which
-        ends its controller and workers (all owned by the driver).
+        Returns whether every runner's Ray Train run ended (its worker group and placement group gone). A
+        runner still busy after ``timeout_s`` is left to the end of the driver's Ray session, which ends
+        its controller and workers (all owned by the driver; the sweeps' reaper removes a group left behind).
         """
         import ray
 
         self._stopping.set()
         if self.exchange is None:
-            return
+            return True
         try:
             ray.get(self.exchange.close.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the exchange is already gone
@@ -390,3 +391,4 @@ class TrialRunners:
             ray.kill(self.exchange)
         except Exception:  # noqa: BLE001
             pass
+        return not any(th.is_alive() for th in self._threads)

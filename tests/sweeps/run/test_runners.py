@@ -182,11 +182,11 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
-        reused.stop()
+        assert reused.stop()  # every runner's Ray Train run ended (its groups released)
         fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
                              storage_path=str(tmp_path / "runs2")).start()
         alone = _run(fresh, [a])
-        fresh.stop()
+        assert fresh.stop()
     finally:
         ray.shutdown()
     assert _curve(first[2]) == _curve(alone[0]) and len(alone[0]) >= 2
