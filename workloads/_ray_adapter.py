@@ -78,30 +78,41 @@ def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG
 class RungGate:
     """The rung gate of pruning mode ``pause`` as a trial's reports pass it (one per trial and worker).
 
-    :meth:`after` is called with every published report, in order: the first at or past a rung (judged on
-    the tokens the reports were made at, :func:`reaches_rung`) waits for the scheduler's decision.
+    :meth:`reached` is called with every published report, in order, and says whether the report is the
+    first at or past a rung (judged on the tokens the reports were made at, :func:`reaches_rung`); then the
+    worker waits for the scheduler's decision (:meth:`wait`, or :meth:`after` for both at once).
     """
 
     def __init__(self, cfg: TrialConfig) -> None:
         self.cfg = cfg
         self.previous = 0.0  # the tokens seen at the report published last (a rung is judged against it)
 
-    def after(self, clean: dict[str, Any], cancelled: Callable[[], bool] | None = None) -> bool:
-        """Wait at a rung if this report reaches one; returns False only if ``cancelled()`` became true there."""
+    def reached(self, clean: dict[str, Any]) -> float | None:
+        """The report's tokens seen if it reaches a rung where the worker must wait, else None."""
         tokens = float(clean.get("tokens_seen") or 0.0)
         gate, since = self.cfg.rung_gate, self.previous
         self.previous = max(since, tokens)
         if gate is None or not gate.key or clean.get("done") or not reaches_rung(self.cfg, tokens, since):
-            return True
-        if wait_for_rung_decision(gate.key, tokens, cancelled=cancelled):
-            return True
-        if cancelled is not None and cancelled():
-            return False
+            return None
+        return tokens
+
+    def wait(self, tokens: float, *, cancelled: Callable[[], bool] | None = None, timeout_s: float) -> str:
+        """Wait up to ``timeout_s`` for the scheduler's go at ``tokens``: ``"go"``, ``"cancelled"`` (the trial
+        was cancelled meanwhile, :func:`wait_for_rung_decision`'s ``cancelled``) or ``"wait"`` (no answer yet)."""
+        if wait_for_rung_decision(self.cfg.rung_gate.key, tokens, timeout_s=timeout_s, cancelled=cancelled):
+            return "go"
+        return "cancelled" if cancelled is not None and cancelled() else "wait"
+
+    def after(self, clean: dict[str, Any]) -> None:
+        """Wait at a rung if this report reaches one; after :data:`RUNG_WAIT_TIMEOUT_S` without a decision
+        the worker goes on (a lost signal costs FLOPs, never the sweep)."""
+        tokens = self.reached(clean)
+        if tokens is None or self.wait(tokens, timeout_s=RUNG_WAIT_TIMEOUT_S) == "go":
+            return
         import logging
 
-        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", gate.key,
+        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", self.cfg.rung_gate.key,
                                             RUNG_WAIT_TIMEOUT_S)
-        return True
 
 
 def worker_nodes() -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -41,12 +42,12 @@ import ray
 import ray.train
 import ray.train.torch
 
-from workloads._ray_adapter import STATE_FILE, RungGate, run_trial, worker_nodes
+from workloads._ray_adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.config import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.determinism import make_deterministic
 
-__all__ = ["runner_fn_per_worker", "SHUTDOWN", "TrialCancelled",
-           "latest_checkpoint", "save_checkpoint"]
+__all__ = ["runner_fn_per_worker", "SHUTDOWN", "IDLE", "TrialCancelled", "latest_checkpoint", "load_checkpoint",
+           "checkpoint_candidates", "save_checkpoint"]
 
 #: what the exchange's ``take`` returns when the sweep is over
 SHUTDOWN = "shutdown"
@@ -54,6 +55,10 @@ SHUTDOWN = "shutdown"
 _CKPT_PREFIX = "ckpt-"
 #: seconds between two asks for work while the exchange has none
 _POLL_S = 0.05
+#: what rank 0 broadcasts when it has waited this long for work (or at a rung) without an answer: the
+#: other ranks wait in a collective meanwhile, whose timeout (``TorchConfig.timeout_s``, 1800 s) must not pass
+IDLE = "idle"
+_IDLE_SLICE_S = 5.0
 
 
 class TrialCancelled(Exception):
@@ -73,7 +78,7 @@ def save_checkpoint(directory: str, index: int, state: dict[str, Any]) -> str:
     """Write ``state`` as ``<directory>/ckpt-<index>/trial_state.pt`` and delete the older runner checkpoints.
 
     Written under a temporary name and renamed (local) or copied whole (remote), so a reader never
-    sees half a checkpoint. Returns the checkpoint's folder.
+    sees half a checkpoint (a failed write leaves no temporary folder). Returns the checkpoint's folder.
     """
     fs, base = _filesystem(directory)
     name = f"{_CKPT_PREFIX}{index:06d}"
@@ -81,10 +86,14 @@ def save_checkpoint(directory: str, index: int, state: dict[str, Any]) -> str:
     if "://" not in directory:
         os.makedirs(base, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=base)
-        torch.save(state, os.path.join(tmp, STATE_FILE))
-        if os.path.exists(target):
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        try:
+            torch.save(state, os.path.join(tmp, STATE_FILE))
+            if os.path.exists(target):
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     else:
         import pyarrow.fs as pafs
 
@@ -104,26 +113,39 @@ def _listing(fs, base: str) -> list:
     return fs.get_file_info(pafs.FileSelector(base, allow_not_found=True, recursive=False))
 
 
-def latest_checkpoint(directory: str) -> dict[str, Any] | None:
-    """The trial state saved last under ``directory``, or None (a trial that never reported a checkpoint).
-
-    A runner's ``ckpt-<n>`` with the largest ``n`` first; else the newest of Ray Train's
-    ``checkpoint_*`` folders (a trial checkpointed by a one-trial worker group).
-    """
+def checkpoint_candidates(directory: str) -> list[str]:
+    """The trial's checkpoint files under ``directory``, newest first: a runner's ``ckpt-<n>`` by ``n``, then
+    Ray Train's ``checkpoint_<time>`` folders (a trial checkpointed by a one-trial worker group) by time."""
     fs, base = _filesystem(directory)
     infos = [i for i in _listing(fs, base) if i.type.name == "Directory"]
-    ours = sorted(i.path for i in infos if i.base_name.startswith(_CKPT_PREFIX))
-    candidates = [ours[-1]] if ours else []
-    if not candidates:
-        theirs = [i for i in infos if i.base_name.startswith("checkpoint_")]
-        candidates = [i.path for i in sorted(theirs, key=lambda i: i.base_name, reverse=True)]
-    for path in candidates:
-        f = f"{path}/{STATE_FILE}"
-        if fs.get_file_info(f).type.name != "File":
+    ours = sorted((i.base_name for i in infos if i.base_name.startswith(_CKPT_PREFIX)), reverse=True)
+    theirs = sorted((i.base_name for i in infos if i.base_name.startswith("checkpoint_")), reverse=True)
+    return [f"{directory.rstrip('/')}/{n}/{STATE_FILE}" for n in ours + theirs]
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """The trial state in the file ``path`` (a path or URI).
+
+    Raises:
+        OSError, RuntimeError, EOFError, pickle.UnpicklingError: the file is missing or does not load (cut short).
+    """
+    fs, p = _filesystem(path)
+    with fs.open_input_file(p) as handle:
+        return torch.load(io.BytesIO(handle.read()), weights_only=False, map_location="cpu")
+
+
+def latest_checkpoint(directory: str) -> tuple[str | None, dict[str, Any] | None]:
+    """``(file, state)`` of the newest checkpoint under ``directory`` that loads, or ``(None, None)``.
+
+    A checkpoint that is missing or does not load (a store without atomic writes, a write cut short) is
+    skipped for the one before it, rather than failing the trial or restarting it from scratch.
+    """
+    for path in checkpoint_candidates(directory):
+        try:
+            return path, load_checkpoint(path)
+        except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
             continue
-        with fs.open_input_file(f) as handle:
-            return torch.load(io.BytesIO(handle.read()), weights_only=False, map_location="cpu")
-    return None
+    return None, None
 
 
 def _broadcast(obj: Any) -> Any:
@@ -136,13 +158,36 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _take(exchange, runner_id: str) -> Any:
-    """Rank 0: the next trial for this runner (``(ticket, config)``) or :data:`SHUTDOWN`, waiting for one."""
+def _take(exchange, runner_id: str, slice_s: float) -> Any:
+    """Rank 0: the next trial for this runner (``(ticket, config)``), :data:`SHUTDOWN`, or :data:`IDLE` after
+    ``slice_s`` seconds without one (the other ranks wait in a collective meanwhile, which must not time out)."""
+    deadline = time.monotonic() + slice_s
     while True:
         item = ray.get(exchange.take.remote(runner_id))
         if item is not None:
             return item
+        if time.monotonic() >= deadline:
+            return IDLE
         time.sleep(_POLL_S)
+
+
+def _multi_worker() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _fresh_trial_state(device: torch.device) -> None:
+    """What one trial may leave in this process that the next must not see: garbage, the CUDA caching
+    allocator's blocks, and ``torch.compile``'s caches (whose recompile limit would otherwise make a later
+    trial fall back to eager silently)."""
+    import gc
+    import sys
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
 
 
 def runner_fn_per_worker(config: dict[str, Any]) -> None:
@@ -150,26 +195,42 @@ def runner_fn_per_worker(config: dict[str, Any]) -> None:
 
     ``config``: ``exchange`` (the trial exchange actor's name), ``namespace`` (its Ray namespace),
     ``runner_id``. Each taken trial's config is what :func:`workloads._ray_adapter.train_fn_per_worker`
-    takes, plus :data:`CHECKPOINT_DIR_KEY`.
+    takes, plus :data:`CHECKPOINT_DIR_KEY`. Returns when the exchange says the sweep is over, or is gone
+    (the driver ended it: nothing is left to run).
     """
-    exchange = ray.get_actor(config["exchange"], namespace=config.get("namespace"))
+    try:
+        exchange = ray.get_actor(config["exchange"], namespace=config.get("namespace"))
+    except ValueError:  # the sweep ended (its exchange is gone) before this group started
+        return
     runner_id = str(config["runner_id"])
     rank = ray.train.get_context().get_world_rank()
     device = ray.train.torch.get_device()
     nodes = worker_nodes()
+    slice_s = _IDLE_SLICE_S if _multi_worker() else 3600.0
     while True:
-        item = _broadcast(_take(exchange, runner_id) if rank == 0 else None)
+        try:
+            item = _broadcast(_take(exchange, runner_id, slice_s) if rank == 0 else None)
+        except ray.exceptions.RayActorError:  # the exchange is gone: the sweep is over
+            item = SHUTDOWN
         if item == SHUTDOWN:
             return
+        if item == IDLE:
+            continue
         ticket, trial = item
+        _fresh_trial_state(device)
         try:
             _run_taken(exchange, ticket, dict(trial), rank=rank, device=device, nodes=nodes)
         except TrialCancelled:
             continue
+        except ray.exceptions.RayActorError:
+            return  # the exchange is gone mid-trial: the sweep is over
         except Exception:  # noqa: BLE001 - the trial's error, not the runner's: hand it back
-            if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-                raise  # the other ranks may wait in a collective: Ray Train restarts the group
-            ray.get(exchange.failed.remote(runner_id, ticket, traceback.format_exc(limit=20)))
+            if rank == 0 or not _multi_worker():
+                ray.get(exchange.failed.remote(runner_id, ticket, traceback.format_exc(limit=20)))
+            if _multi_worker() or device.type == "cuda":
+                # the other ranks may wait in a collective, and a CUDA error can poison the process:
+                # Ray Train restarts the group, and the exchange gives the runner its trial back
+                raise
             continue
         if rank == 0:
             ray.get(exchange.finish.remote(ticket))
@@ -184,22 +245,45 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
     threads = trial.pop(TORCH_THREADS_KEY, None)
     cfg = TrialConfig.from_dict(trial)
     settings = make_deterministic(device, threads)
-    resume_state = latest_checkpoint(directory)
+    # rank 0 chooses the checkpoint and every rank loads that one: ranks that each listed the folder could
+    # pick different states and then disagree on how many reports to replay (a collective mismatch)
+    path, resume_state = latest_checkpoint(directory) if rank == 0 else (None, None)
+    path = _broadcast(path)
+    if rank != 0 and path is not None:
+        resume_state = load_checkpoint(path)
     count = [0]
     gate = RungGate(cfg)  # rank 0 waits at a rung (pruning mode pause) until the scheduler lets go or Tune pauses it
 
-    def cancelled() -> bool:
-        return not ray.get(exchange.alive.remote(ticket))
+    def alive() -> bool:
+        return bool(ray.get(exchange.alive.remote(ticket)))
 
     def publish(clean: dict[str, Any], state: dict[str, Any] | None) -> None:
         keep = True
         if rank == 0:
             count[0] += 1
-            if state is not None:
+            if state is not None and alive():  # a cancelled trial writes nothing (another runner may have it)
                 save_checkpoint(directory, count[0], state)
-            keep = bool(ray.get(exchange.report.remote(ticket, clean))) and gate.after(clean, cancelled=cancelled)
+            keep = bool(ray.get(exchange.report.remote(ticket, clean)))
         if not _broadcast(keep):
             raise TrialCancelled(str(ticket))
+        tokens = gate.reached(clean)
+        if tokens is None:
+            return
+        waited = 0.0
+        while True:  # in slices, so that the other ranks' wait in the broadcast never times out
+            decision = gate.wait(tokens, cancelled=lambda: not alive(), timeout_s=_IDLE_SLICE_S) if rank == 0 else None
+            decision = _broadcast(decision)
+            waited += _IDLE_SLICE_S
+            if decision == "go":
+                return
+            if decision == "cancelled":
+                raise TrialCancelled(str(ticket))
+            if waited >= RUNG_WAIT_TIMEOUT_S:
+                import logging
+
+                logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on",
+                                                    cfg.rung_gate.key, RUNG_WAIT_TIMEOUT_S)
+                return
 
     run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,
               resume_state=resume_state, save_dir=save_dir, publish=publish)

@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 
 #: seconds between a relay's two polls of its trial
 RELAY_POLL_S = 0.05
-#: a trial whose relay has not polled for this long is cancelled (its Tune trial is gone)
+#: a trial whose relay has not polled nor beaten for this long fails (its Tune trial process is gone or hung)
 STALE_AFTER_S = 120.0
+#: seconds between two heartbeats of a relay (sent also while ``ray.tune.report`` blocks)
+HEARTBEAT_S = 5.0
 #: times a runner whose Ray Train run ended with an error is started again before its slot is given up
 RUNNER_REPLACEMENTS = 3
 #: worker-group restarts one runner's Ray Train run allows (each trial also has its own budget)
@@ -76,6 +78,18 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
     handle = ray.get_actor(exchange)
     ticket = ray.get(handle.submit.remote(trial_id, {**loop_config, CHECKPOINT_DIR_KEY: checkpoint_dir}))
     cursor, ended = 0, False
+    # ray.tune.report blocks until Tune's loop takes the result, however long that loop is busy: a heartbeat
+    # of its own keeps the exchange from taking this relay for gone meanwhile
+    beating = threading.Event()
+
+    def heartbeat() -> None:
+        while not beating.wait(HEARTBEAT_S):
+            try:
+                handle.heartbeat.remote(ticket)
+            except Exception:  # noqa: BLE001 - the exchange is gone with the sweep
+                return
+
+    threading.Thread(target=heartbeat, name=f"relay-heartbeat-{trial_id}", daemon=True).start()
     try:
         while True:
             rows, state, error = ray.get(handle.poll.remote(ticket, cursor))
@@ -93,6 +107,7 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
                 raise TrialRunnerError(f"trial {trial_id} failed in its trial runner: {error}")
             time.sleep(RELAY_POLL_S)
     finally:
+        beating.set()
         if not ended:  # Tune ended the trial (stop, interrupt): free its runner at its next report
             try:
                 handle.cancel.remote(ticket)
@@ -133,6 +148,8 @@ class TrialExchange:
         self._running: dict[str, int] = {}  # runner id -> ticket in flight
         self._next = 0
         self._closed = False
+        self._runners: int | None = None  # runner slots still alive (None: not said yet)
+        self._no_runner_error: str | None = None
 
     def submit(self, trial_id: str, config: dict[str, Any]) -> int:
         """Queue a trial; returns its ticket. An earlier ticket of the same trial (a restarted relay) is cancelled."""
@@ -140,11 +157,35 @@ class TrialExchange:
             if t.trial_id == trial_id and t.state in ("queued", "running"):
                 t.state = "cancelled"
         self._next += 1
-        self._tickets[self._next] = _Ticket(trial_id, dict(config))
+        t = self._tickets[self._next] = _Ticket(trial_id, dict(config))
         self._queue.append(self._next)
         if self._closed:
-            self._tickets[self._next].state = "cancelled"
+            t.state = "cancelled"
+        elif self._no_runner_error is not None:
+            t.state, t.error = "failed", self._no_runner_error
         return self._next
+
+    def set_runners(self, count: int) -> None:
+        """How many runner slots the sweep started (each says :meth:`runner_gone` when it gives up)."""
+        self._runners = int(count)
+
+    def runner_gone(self, runner_id: str, error: str) -> None:
+        """A runner slot gave up (its Ray Train run failed every time it was started). When none is left,
+        every open trial and every later one fails with ``error``, instead of waiting forever."""
+        self.runner_lost(runner_id, error)
+        if self._runners is not None:
+            self._runners -= 1
+            if self._runners <= 0:
+                self._no_runner_error = f"no trial runner is left (the last failed with: {error})"
+                for t in self._tickets.values():
+                    if t.state in ("queued", "running"):
+                        t.state, t.error = "failed", self._no_runner_error
+
+    def heartbeat(self, ticket: int) -> None:
+        """The relay of this ticket is alive (it may be blocked handing a report to Tune)."""
+        t = self._tickets.get(ticket)
+        if t is not None:
+            t.polled = time.monotonic()
 
     def take(self, runner_id: str) -> Any:
         """The runner's next trial as ``(ticket, config)``; None if none is queued; ``"shutdown"`` once closed."""
@@ -206,7 +247,10 @@ class TrialExchange:
         if t is None:
             return [], "cancelled", "unknown ticket"
         t.polled = time.monotonic()
-        return t.rows[cursor:], t.state, t.error
+        rows = t.rows[cursor:]
+        if t.state not in ("queued", "running") and not rows:
+            t.rows = []  # ended and every row forwarded: nothing more to keep
+        return rows, t.state, t.error
 
     def alive(self, ticket: int) -> bool:
         """Whether a running trial should go on (a runner waiting at a rung asks)."""
@@ -253,7 +297,7 @@ class TrialExchange:
         now = time.monotonic()
         for t in self._tickets.values():
             if t.state in ("queued", "running") and now - t.polled > self._stale_after_s:
-                t.state, t.error = "cancelled", "its relay stopped polling"
+                t.state, t.error = "failed", f"its relay sent no heartbeat for {self._stale_after_s:g} s"
 
 
 class RunnerCancels(Callback):
@@ -320,7 +364,7 @@ class TrialRunners:
         namespace = ray.get_runtime_context().namespace
         self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
                                                           max_concurrency=1).remote(self.spec.resources.max_failures)
-        ray.get(self.exchange.counts.remote())  # up before any relay looks for it
+        ray.get(self.exchange.set_runners.remote(self.count))  # up before any relay looks for it
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for i in range(self.count):
             th = threading.Thread(target=self._run, args=(f"runner-{i}", f"runner-{stamp}-{i}", namespace),
@@ -347,6 +391,13 @@ class TrialRunners:
                 except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is ending
                     return
         log.warning("trial runner %s failed %d times: its slot stays empty", runner_id, RUNNER_REPLACEMENTS + 1)
+        try:
+            import ray
+
+            why = f"runner {runner_id} failed {RUNNER_REPLACEMENTS + 1} times"
+            ray.get(self.exchange.runner_gone.remote(runner_id, why))
+        except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is ending
+            pass
 
     def _trainer(self, runner_id: str, run_name: str, namespace: str):
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -387,8 +438,10 @@ class TrialRunners:
         deadline = time.monotonic() + timeout_s
         for th in self._threads:
             th.join(timeout=max(0.0, deadline - time.monotonic()))
-        try:
-            ray.kill(self.exchange)
-        except Exception:  # noqa: BLE001
-            pass
-        return not any(th.is_alive() for th in self._threads)
+        ended = not any(th.is_alive() for th in self._threads)
+        if ended:  # else a runner still between two reports would fail on a missing exchange: it dies with the driver
+            try:
+                ray.kill(self.exchange)
+            except Exception:  # noqa: BLE001
+                pass
+        return ended

@@ -78,11 +78,39 @@ def test_trials_that_tune_paused_or_ended_are_cancelled_by_id_and_a_waiting_runn
     assert ex.take("r1") == (again, {}) and ex.alive(again)
 
 
-def test_a_trial_whose_relay_stopped_polling_is_cancelled():
-    ex = _ex(stale_after_s=0.0)
+def test_a_trial_whose_relay_sent_no_heartbeat_fails_and_a_heartbeat_keeps_it():
+    ex = _ex(stale_after_s=0.05)
+    gone, beating = ex.submit("a", {}), ex.submit("b", {})
+    for _ in range(3):  # b's relay is blocked handing a report to Tune, but its heartbeat thread beats
+        time.sleep(0.03)
+        ex.heartbeat(beating)
+    assert ex.take("r0") == (beating, {})
+    rows, state, error = ex.poll(gone, 0)
+    assert state == "failed" and "no heartbeat" in error  # never a silent, quiet end of the trial
+
+
+def test_when_every_runner_slot_gave_up_open_and_later_trials_fail_instead_of_waiting():
+    ex = _ex()
+    ex.set_runners(2)
+    a, b = ex.submit("a", {}), ex.submit("b", {})
+    ex.take("r0")
+    ex.runner_gone("r0", "ImportError: no torch")
+    assert ex.poll(a, 0)[1] == "failed" and ex.poll(b, 0)[1] == "queued"  # r1 may still take b
+    ex.runner_gone("r1", "ImportError: no torch")
+    later = ex.submit("c", {})
+    for t in (b, later):
+        rows, state, error = ex.poll(t, 0)
+        assert state == "failed" and "no trial runner is left" in error and "no torch" in error
+
+
+def test_an_ended_ticket_forgets_its_rows_once_the_relay_has_them_all():
+    ex = _ex()
     t = ex.submit("a", {})
-    time.sleep(0.01)
-    assert ex.take("r0") is None and ex.poll(t, 0)[1] == "cancelled"
+    ex.take("r0")
+    ex.report(t, {"tokens_seen": 1.0})
+    ex.finish(t)
+    assert ex.poll(t, 0) == ([{"tokens_seen": 1.0}], "done", None)
+    assert ex.poll(t, 1) == ([], "done", None) and ex._tickets[t].rows == []
 
 
 def test_a_lost_runner_fails_its_trial_in_flight():
@@ -100,15 +128,20 @@ def test_runner_checkpoints_keep_only_the_last_and_a_one_trial_groups_checkpoint
     from workloads._ray_runner import latest_checkpoint, save_checkpoint
 
     d = tmp_path / "train-abc"
-    assert latest_checkpoint(str(d)) is None  # nothing yet (the folder does not exist)
+    assert latest_checkpoint(str(d)) == (None, None)  # nothing yet (the folder does not exist)
     legacy = d / "checkpoint_2026-12-05_10-00-00.000000"
     legacy.mkdir(parents=True)
     torch.save({"loop": {"step": 3}}, legacy / STATE_FILE)
-    assert latest_checkpoint(str(d)) == {"loop": {"step": 3}}  # a sweep started before runners
+    assert latest_checkpoint(str(d))[1] == {"loop": {"step": 3}}  # a sweep started before runners
     save_checkpoint(str(d), 1, {"loop": {"step": 4}})
     save_checkpoint(str(d), 2, {"loop": {"step": 5}})
-    assert latest_checkpoint(str(d)) == {"loop": {"step": 5}}
+    path, state = latest_checkpoint(str(d))
+    assert state == {"loop": {"step": 5}} and path.endswith("ckpt-000002/" + STATE_FILE)
     assert sorted(p.name for p in d.iterdir() if p.name.startswith("ckpt-")) == ["ckpt-000002"]
+    (d / "ckpt-000003").mkdir()
+    (d / "ckpt-000003" / STATE_FILE).write_bytes(b"cut short")  # a store without atomic writes, a crash
+    assert latest_checkpoint(str(d))[1] == {"loop": {"step": 5}}  # the one before it, not a failed trial
+    assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
 # ---- real runners on the suite's Ray head ---------------------------------------------------------------
