@@ -25,11 +25,14 @@ class FaultPlan:
         hold_at_milestone: after reporting this milestone index, wait while ``hold_file`` exists (a
             test kills the worker in that window, then deletes the file).
         hold_file: the file that holds the worker.
+        hold_every_attempt: hold a trial restarted from its checkpoint too (a trial that pruning mode
+            ``pause`` paused and resumed), not only its first attempt.
     """
 
     fail_at_milestone: int | None = None
     hold_at_milestone: int | None = None
     hold_file: str | None = None
+    hold_every_attempt: bool = False
 
     def before_report(self, milestone_index: int, attempt: int) -> None:
         """Raises:
@@ -39,7 +42,8 @@ class FaultPlan:
             raise RuntimeError(f"injected fault at milestone {self.fail_at_milestone}")
 
     def after_report(self, milestone_index: int, attempt: int, poll_s: float = 0.05) -> None:
-        """Block while ``hold_file`` exists, at ``hold_at_milestone`` on attempt 0."""
-        if self.hold_file and attempt == 0 and milestone_index == self.hold_at_milestone:
+        """Block while ``hold_file`` exists, at ``hold_at_milestone`` on attempt 0 (on every attempt with
+        ``hold_every_attempt``)."""
+        if self.hold_file and (attempt == 0 or self.hold_every_attempt) and milestone_index == self.hold_at_milestone:
             while os.path.exists(self.hold_file):
                 time.sleep(poll_s)

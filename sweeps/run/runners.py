@@ -3,7 +3,8 @@
 Why: a trial run as its own ``TorchTrainer`` starts five or more fresh processes (Tune's trainable,
 Train's controller, its workers, ...), three of them importing torch, before its first step: about
 12 s a trial on the 2-core machine (docs/benchmarks.md, "Per-trial start-up"). Here the driver starts
-one Ray Train run per concurrent trial slot at the sweep's start (:class:`TrialRunners`, the real
+one Ray Train run per concurrent trial slot at the sweep's start (:class:`TrialRunners`, each in a
+:class:`RunnerHost` actor, with the real
 ``ScalingConfig`` and ``FailureConfig``), each running ``workloads._ray_runner.runner_fn_per_worker``;
 Tune's trainable becomes a relay that imports no torch (:func:`sweeps.run.trainable.make_trainable`):
 it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports that come back to
@@ -29,7 +30,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-__all__ = ["TrialExchange", "TrialRunners", "RunnerCancels", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
+__all__ = ["TrialExchange", "TrialRunners", "RunnerCancels", "RunnerHost", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
 
 log = logging.getLogger(__name__)
 
@@ -333,12 +334,65 @@ class RunnerCancels(Callback):
             self._handle.cancel_trials.remote(gone)
 
 
-class TrialRunners:
-    """The driver side of a sweep's trial runners: the exchange actor and one Ray Train run per slot.
+class RunnerHost:
+    """A Ray actor (no CPU) that owns one runner slot's Ray Train run: ``TorchTrainer.fit()`` runs in it, so
+    the run's controller and workers are its children, and killing it ends them all at once.
 
-    Each runner's ``TorchTrainer.fit()`` runs in a daemon thread of the driver (its controller is
-    then owned by the driver, like every other actor of the sweep); a run that ends with an error
-    fails its trial in flight and is started again, up to :data:`RUNNER_REPLACEMENTS` times.
+    A run that ends with an error fails its trial in flight (the exchange's ``runner_lost``) and is started
+    again, up to :data:`RUNNER_REPLACEMENTS` times; then the slot tells the exchange it is gone
+    (``runner_gone``). Not a thread of the driver: a driver whose threads still wait inside Ray when it
+    exits (a force-quit while a trial is held) was seen to crash with SIGSEGV.
+    """
+
+    def run(self, *, exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str,
+            resources: dict[str, Any]) -> str:
+        """Run the slot until the exchange shuts its runners down; returns how it ended."""
+        import ray
+
+        handle = ray.get_actor(exchange, namespace=namespace)
+        for generation in range(RUNNER_REPLACEMENTS + 1):
+            try:
+                _trainer(exchange, namespace, runner_id, f"{run_name}-{generation}", storage_path, resources).fit()
+                return "done"
+            except Exception as exc:  # noqa: BLE001 - a runner's end is reported to the exchange, never raised
+                log.warning("trial runner %s failed (%s: %s); starting it again", runner_id, type(exc).__name__, exc)
+                try:
+                    ray.get(handle.runner_lost.remote(runner_id, f"{type(exc).__name__}: {exc}"))
+                except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is over
+                    return "exchange gone"
+        why = f"runner {runner_id} failed {RUNNER_REPLACEMENTS + 1} times"
+        log.warning("%s: its slot stays empty", why)
+        try:
+            ray.get(handle.runner_gone.remote(runner_id, why))
+        except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is over
+            pass
+        return "gone"
+
+
+def _trainer(exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str,
+             resources: dict[str, Any]):
+    """One runner slot's Ray Train run (``TrialTorchTrainer`` running ``runner_fn_per_worker``)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    from sweeps.run.trainable import trial_torch_trainer
+    from workloads.api import runner_fn_per_worker
+
+    use_gpu = resources["gpus_per_worker"] > 0
+    per_worker = {"CPU": resources["cpus_per_worker"], **({"GPU": resources["gpus_per_worker"]} if use_gpu else {})}
+    return trial_torch_trainer()(
+        runner_fn_per_worker,
+        train_loop_config={"exchange": exchange, "namespace": namespace, "runner_id": runner_id},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=resources["workers_per_trial"], use_gpu=use_gpu,
+                                     resources_per_worker=per_worker),
+        run_config=RunConfig(name=run_name, storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)),
+    )
+
+
+class TrialRunners:
+    """The driver side of a sweep's trial runners: the exchange actor and one :class:`RunnerHost` per slot.
 
     Args:
         sweep_id: names the exchange actor (:func:`exchange_name`).
@@ -354,8 +408,8 @@ class TrialRunners:
         self.storage_path = storage_path
         self.name = exchange_name(sweep_id)
         self.exchange: Any = None
-        self._threads: list[threading.Thread] = []
-        self._stopping = threading.Event()
+        self._hosts: list[Any] = []
+        self._runs: list[Any] = []
 
     def start(self) -> "TrialRunners":
         """Create the exchange and start every runner (they take trials as soon as their workers are up)."""
@@ -365,83 +419,44 @@ class TrialRunners:
         self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
                                                           max_concurrency=1).remote(self.spec.resources.max_failures)
         ray.get(self.exchange.set_runners.remote(self.count))  # up before any relay looks for it
+        r = self.spec.resources
+        resources = {"workers_per_trial": r.workers_per_trial, "cpus_per_worker": r.cpus_per_worker,
+                     "gpus_per_worker": r.gpus_per_worker}
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        host_cls = ray.remote(num_cpus=0, max_restarts=0)(RunnerHost)
         for i in range(self.count):
-            th = threading.Thread(target=self._run, args=(f"runner-{i}", f"runner-{stamp}-{i}", namespace),
-                                  name=f"critbatch-runner-{i}", daemon=True)
-            th.start()
-            self._threads.append(th)
+            host = host_cls.remote()
+            self._hosts.append(host)
+            self._runs.append(host.run.remote(exchange=self.name, namespace=namespace, runner_id=f"runner-{i}",
+                                              run_name=f"runner-{stamp}-{i}", storage_path=self.storage_path,
+                                              resources=resources))
         return self
 
-    def _run(self, runner_id: str, run_name: str, namespace: str) -> None:
-        for generation in range(RUNNER_REPLACEMENTS + 1):
-            if self._stopping.is_set():
-                return
-            try:
-                self._trainer(runner_id, f"{run_name}-{generation}", namespace).fit()
-                return
-            except Exception as exc:  # noqa: BLE001 - a runner's end is reported to the exchange, never raised
-                if self._stopping.is_set():
-                    return
-                log.warning("trial runner %s failed (%s: %s); starting it again", runner_id, type(exc).__name__, exc)
-                try:
-                    import ray
-
-                    ray.get(self.exchange.runner_lost.remote(runner_id, f"{type(exc).__name__}: {exc}"))
-                except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is ending
-                    return
-        log.warning("trial runner %s failed %d times: its slot stays empty", runner_id, RUNNER_REPLACEMENTS + 1)
-        try:
-            import ray
-
-            why = f"runner {runner_id} failed {RUNNER_REPLACEMENTS + 1} times"
-            ray.get(self.exchange.runner_gone.remote(runner_id, why))
-        except Exception:  # noqa: BLE001 - the exchange is gone: the sweep is ending
-            pass
-
-    def _trainer(self, runner_id: str, run_name: str, namespace: str):
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig
-
-        from sweeps.run.trainable import trial_torch_trainer
-        from workloads.api import runner_fn_per_worker
-
-        res = self.spec.resources
-        use_gpu = res.gpus_per_worker > 0
-        resources = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
-        return trial_torch_trainer()(
-            runner_fn_per_worker,
-            train_loop_config={"exchange": self.name, "namespace": namespace, "runner_id": runner_id},
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            scaling_config=ScalingConfig(num_workers=res.workers_per_trial, use_gpu=use_gpu,
-                                         resources_per_worker=resources),
-            run_config=RunConfig(name=run_name, storage_path=self.storage_path,
-                                 failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)),
-        )
-
     def stop(self, timeout_s: float = 30.0) -> bool:
-        """Close the exchange (runners leave their loops at their next ask or report) and wait for them.
+        """Close the exchange (runners leave their loops at their next ask or report), wait up to ``timeout_s``
+        for their runs to end, then kill every host (ending a run still busy: its controller and workers
+        are the host's children) and the exchange.
 
-        Returns whether every runner's Ray Train run ended (its worker group and placement group gone). A
-        runner still busy after ``timeout_s`` is left to the end of the driver's Ray session, which ends
-        its controller and workers (all owned by the driver; the sweeps' reaper removes a group left behind).
+        Returns whether every runner's run had ended by itself (its worker group released).
         """
         import ray
 
-        self._stopping.set()
         if self.exchange is None:
             return True
         try:
             ray.get(self.exchange.close.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the exchange is already gone
             pass
-        deadline = time.monotonic() + timeout_s
-        for th in self._threads:
-            th.join(timeout=max(0.0, deadline - time.monotonic()))
-        ended = not any(th.is_alive() for th in self._threads)
-        if ended:  # else a runner still between two reports would fail on a missing exchange: it dies with the driver
+        ended = True
+        if self._runs:
             try:
-                ray.kill(self.exchange)
-            except Exception:  # noqa: BLE001
+                done, pending = ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout_s)
+                ended = not pending
+            except Exception:  # noqa: BLE001 - a host died: nothing left to wait for
+                ended = False
+        for handle in [*self._hosts, self.exchange]:
+            try:
+                ray.kill(handle)
+            except Exception:  # noqa: BLE001 - already gone
                 pass
         return ended

@@ -199,14 +199,16 @@ def faults_from_env() -> FaultPlan | None:
 
     Those tests run real sweeps in subprocesses (and Ray heads), so the trial processes are reached
     only through their environment: ``CRITBATCH_TEST_HOLD_AT_MILESTONE`` (a milestone index) and
-    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report). This is the one
+    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report), and
+    ``CRITBATCH_TEST_HOLD_EVERY_ATTEMPT=1`` (hold a trial resumed from its checkpoint too). This is the one
     place the variables are read; unset in normal use.
     """
     hold_at = os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE")
     hold_file = os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None
     if not hold_at and not hold_file:
         return None
-    return FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file)
+    return FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file,
+                     hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1")
 
 
 def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,

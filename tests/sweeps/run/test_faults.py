@@ -284,11 +284,12 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, mlflow_
         out = tmp_path / "out"
         spec = write_spec(tmp_path, d)
         log = open(tmp_path / "driver.log", "w")
-        # every trial's first attempt waits after its third milestone (past the first rung) while this file
-        # exists: no trial can finish before the kill, however fast trials start (workloads/faults.py)
+        # every trial waits after its third milestone (past the first rung) while this file exists, also one
+        # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/faults.py)
         hold = tmp_path / "hold"
         hold.touch()
-        env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold))
+        env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
+                   CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1")
         proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
                                        "--address", address], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 text=True)

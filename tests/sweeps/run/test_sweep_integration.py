@@ -114,7 +114,9 @@ def test_later_trials_run_in_the_tune_process_of_a_finished_one(tiny_sweep):
         rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         pids[f.stem] = {r["pid"] for r in rows}
     assert len(pids) == 3 and all(len(p) == 1 for p in pids.values())
-    assert len(set().union(*pids.values())) == 2
+    # at least one trial ran in a process a finished trial left (how many depends on timing: under transfer
+    # the batch sizes wait for their anchors, so one relay process may serve all three)
+    assert len(set().union(*pids.values())) < 3
 
 
 def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):
