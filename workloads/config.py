@@ -423,9 +423,7 @@ TRIAL_STARTED_KEY = "_trial_started_unix"
 #: Key of the Ray Train loop config holding the intra-op threads every worker of the trial uses
 #: (:func:`workloads.determinism.torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.determinism``.
 TORCH_THREADS_KEY = "_torch_threads"
-#: a trial config key: the trial's own checkpoint folder on the sweep's storage (a path or URI), set when the
-#: trial runs in a trial runner (``workloads._ray_runner``), which saves and finds its checkpoints there
-CHECKPOINT_DIR_KEY = "_checkpoint_dir"
+CHECKPOINT_DIR_KEY = "_checkpoint_dir"  #: a trial runner's trial: its own checkpoint folder (workloads/_ray_runner.py)
 
 
 @dataclass(frozen=True, kw_only=True)
