@@ -62,7 +62,9 @@ def start_group(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> su
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM a process started by :func:`start_group`, then SIGKILL anything left in its group."""
+    """SIGTERM to a process started by :func:`start_group`, then SIGKILL anything left in its group after
+    ``grace_s``. Ray heads get ``grace_s=0`` (SIGKILL at once): a ``ray start --block`` took 33 s to stop
+    on SIGTERM, and on SIGINT 1.5 s in one run and 30 s in another."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -147,7 +149,7 @@ def start_ray_head(temp_dir: Path, *, num_cpus: int, env: dict[str, str], attemp
             wait_http(f"{url}/api/version", 120, proc, log)
             wait_http(f"{url}/api/jobs/", 60, proc, log)
             return RayHead(proc, url, f"127.0.0.1:{gcs}", temp_dir)
-        stop_group(proc, grace_s=5)
+        stop_group(proc, grace_s=0)
     raise RuntimeError(f"ray start failed {attempts} times:\n{log.read_text()[-4000:]}")
 
 

@@ -2,7 +2,7 @@
 
 A sweep starts one ``TorchTrainer`` run per concurrent trial slot whose ``train_fn_per_worker`` is
 :func:`runner_fn_per_worker`: a loop in which rank 0 takes the next trial from the sweep's trial
-exchange (a Ray actor, ``sweeps.run.runners.TrialExchange``, reached by name: this package never
+exchange (a Ray actor, ``sweeps.run.exchange.TrialExchange``, reached by name: this package never
 imports ``sweeps``), broadcasts it to the group, and every rank runs it exactly as a one-trial worker
 group would (:func:`workloads._ray_adapter.run_trial`). The processes, their imports and the
 memory-mapped corpus stay warm; the model, optimizer, RNG states, EMA and data order are built from

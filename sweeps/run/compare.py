@@ -174,6 +174,15 @@ def _arm_error(arm_out: Path) -> str | None:
 
 def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any]:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
+    from sweeps.run.runners import shared_runners
+
+    with shared_runners(state["comparison_id"]):  # arms of one resource shape run in the same trial runners
+        result = _run_arms_in_turn(spec, output, state, show_progress)
+    return result if result is not None else _finish(spec, output, state)
+
+
+def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any] | None:
+    """Each arm in order (skipped when finished); the stopped arm's result, or None when every arm ran."""
     from sweeps.run.driver import resume_sweep, run_sweep
 
     cid = state["comparison_id"]
@@ -195,7 +204,7 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
             _save(output, state)
             return {**result, "sweep_id": cid, "output": str(output),
                     "message": f"arm {name} stopped: `critbatch resume {output}` continues the comparison"}
-    return _finish(spec, output, state)
+    return None
 
 
 def _measured(arm_out: Path) -> dict[str, float | None]:

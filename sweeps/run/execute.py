@@ -43,6 +43,7 @@ class _Parts:
     callbacks: list
     report_log: Any  # ReportLog
     runners: Any = None  # TrialRunners | None (sweeps.run.runners), started by execute_sweep
+    runners_shared: bool = False  # a RunnerPool's (a comparison's): left running for the next arm
 
 
 def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
@@ -88,8 +89,8 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     finally:
         stop.tune_running = False
         parts.progress.close()
-        if parts.runners is not None:
-            parts.runners.stop()
+        if parts.runners is not None and (stop.forced or not parts.runners_shared):
+            parts.runners.stop(forced=stop.forced)  # a force-quit does not wait for trials to reach a report
 
     records = collect_records(output, spec, sweep_id=state.sweep_id) if local else records_from_grid(grid)
     note = ""
@@ -122,12 +123,14 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
     from sweeps.run.dataprep import prepared_shards
 
-    runners = None
+    runners, shared = None, False
     if use_trial_runners(spec):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
-        from sweeps.run.runners import TrialRunners
+        from sweeps.run.runners import TrialRunners, active_pool
 
-        runners = TrialRunners(spec, sweep_id=state.sweep_id, count=min(concurrency, spec.max_trials),
-                               storage_path=root + "/train")
+        count, pool = min(concurrency, spec.max_trials), active_pool()
+        shared = pool is not None  # a comparison's arms share runners while their shape stays the same
+        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if shared else
+                   TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train"))
     trainable = make_trainable(spec, data_path=state.data_path, storage_path=root + "/train", save_dir_root=save_root,
                                rung_gate_prefix=gate_prefix, shards=prepared_shards(spec, output, root),
                                exchange=runners.name if runners is not None else None)
@@ -153,7 +156,7 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
     return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks,
-                  report_log=report_log, runners=runners)
+                  report_log=report_log, runners=runners, runners_shared=shared)
 
 
 def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local: bool, resume: bool):

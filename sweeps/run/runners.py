@@ -24,31 +24,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from ray.tune import Callback
 
-__all__ = ["TrialExchange", "TrialRunners", "RunnerCancels", "RunnerHost", "TrialRunnerError", "exchange_name", "relay", "RELAY_POLL_S", "STALE_AFTER_S"]
+from sweeps.run.exchange import TrialExchange, exchange_name
+
+__all__ = ["TrialRunners", "RunnerPool", "shared_runners", "active_pool", "runner_shape", "RunnerCancels", "RunnerHost", "TrialRunnerError", "relay", "RELAY_POLL_S"]
 
 log = logging.getLogger(__name__)
 
 #: seconds between a relay's two polls of its trial
 RELAY_POLL_S = 0.05
-#: a trial whose relay has not polled nor beaten for this long fails (its Tune trial process is gone or hung)
-STALE_AFTER_S = 120.0
 #: seconds between two heartbeats of a relay (sent also while ``ray.tune.report`` blocks)
 HEARTBEAT_S = 5.0
 #: times a runner whose Ray Train run ended with an error is started again before its slot is given up
 RUNNER_REPLACEMENTS = 3
 #: worker-group restarts one runner's Ray Train run allows (each trial also has its own budget)
 RUNNER_MAX_FAILURES = 50
-
-
-def exchange_name(sweep_id: str) -> str:
-    """The Ray actor name of a sweep's trial exchange."""
-    return f"critbatch-trial-exchange-{sweep_id}"
 
 
 class TrialRunnerError(RuntimeError):
@@ -114,191 +110,6 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
                 handle.cancel.remote(ticket)
             except Exception:  # noqa: BLE001 - the exchange is gone with the sweep
                 pass
-
-
-@dataclass
-class _Ticket:
-    trial_id: str
-    config: dict[str, Any]
-    state: str = "queued"  # queued | running | done | failed | cancelled
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
-    runner: str | None = None
-    failures: int = 0
-    polled: float = field(default_factory=time.monotonic)
-
-
-class TrialExchange:
-    """The sweep's queue of trials between Tune's relays and the runners (a Ray actor, one per sweep).
-
-    A relay ``submit``\\ s its trial and gets a ticket, then ``poll``\\ s the ticket for reports and
-    its end. A runner's rank 0 ``take``\\ s the next queued ticket, sends each report with ``report``
-    (whose answer says whether to go on), and ends it with ``finish`` or hands it back with ``failed``.
-
-    Failures count per trial, as Ray Train's ``FailureConfig(max_failures)`` counted them for a
-    one-trial worker group: a runner that asks again while its trial is still in flight (its worker
-    group was restarted, or the trial raised) gets that trial back once more, until the trial has
-    failed ``max_failures + 1`` times; then the trial ends with its last error.
-    """
-
-    def __init__(self, max_failures: int, stale_after_s: float = STALE_AFTER_S) -> None:
-        self._max_failures = int(max_failures)
-        self._stale_after_s = float(stale_after_s)
-        self._tickets: dict[int, _Ticket] = {}
-        self._queue: deque[int] = deque()
-        self._running: dict[str, int] = {}  # runner id -> ticket in flight
-        self._next = 0
-        self._closed = False
-        self._runners: int | None = None  # runner slots still alive (None: not said yet)
-        self._no_runner_error: str | None = None
-
-    def submit(self, trial_id: str, config: dict[str, Any]) -> int:
-        """Queue a trial; returns its ticket. An earlier ticket of the same trial (a restarted relay) is cancelled."""
-        for t in self._tickets.values():
-            if t.trial_id == trial_id and t.state in ("queued", "running"):
-                t.state = "cancelled"
-        self._next += 1
-        t = self._tickets[self._next] = _Ticket(trial_id, dict(config))
-        self._queue.append(self._next)
-        if self._closed:
-            t.state = "cancelled"
-        elif self._no_runner_error is not None:
-            t.state, t.error = "failed", self._no_runner_error
-        return self._next
-
-    def set_runners(self, count: int) -> None:
-        """How many runner slots the sweep started (each says :meth:`runner_gone` when it gives up)."""
-        self._runners = int(count)
-
-    def runner_gone(self, runner_id: str, error: str) -> None:
-        """A runner slot gave up (its Ray Train run failed every time it was started). When none is left,
-        every open trial and every later one fails with ``error``, instead of waiting forever."""
-        self.runner_lost(runner_id, error)
-        if self._runners is not None:
-            self._runners -= 1
-            if self._runners <= 0:
-                self._no_runner_error = f"no trial runner is left (the last failed with: {error})"
-                for t in self._tickets.values():
-                    if t.state in ("queued", "running"):
-                        t.state, t.error = "failed", self._no_runner_error
-
-    def heartbeat(self, ticket: int) -> None:
-        """The relay of this ticket is alive (it may be blocked handing a report to Tune)."""
-        t = self._tickets.get(ticket)
-        if t is not None:
-            t.polled = time.monotonic()
-
-    def take(self, runner_id: str) -> Any:
-        """The runner's next trial as ``(ticket, config)``; None if none is queued; ``"shutdown"`` once closed."""
-        if self._closed:
-            return "shutdown"
-        self._expire()
-        tk = self._running.pop(runner_id, None)
-        if tk is not None:  # asked again with a trial in flight: its worker group restarted or it raised
-            t = self._tickets[tk]
-            if t.state == "running":
-                t.failures += 1
-                if t.failures > self._max_failures:
-                    t.state = "failed"
-                    t.error = t.error or f"the trial's worker group failed {t.failures} times"
-                else:
-                    self._running[runner_id] = tk
-                    return tk, t.config
-        while self._queue:
-            tk = self._queue.popleft()
-            t = self._tickets[tk]
-            if t.state != "queued":
-                continue
-            t.state, t.runner = "running", runner_id
-            self._running[runner_id] = tk
-            return tk, t.config
-        return None
-
-    def report(self, ticket: int, row: dict[str, Any]) -> bool:
-        """Add one report of a running trial; returns whether the trial should go on."""
-        t = self._tickets.get(ticket)
-        if t is None or t.state != "running":
-            return False
-        t.rows.append(row)
-        return not self._closed
-
-    def finish(self, ticket: int) -> None:
-        """The trial's workload returned: its relay returns after forwarding its reports."""
-        t = self._tickets.get(ticket)
-        if t is not None and t.state == "running":
-            t.state = "done"
-        self._release(ticket)
-
-    def failed(self, runner_id: str, ticket: int, error: str) -> None:
-        """The trial raised in the runner; the runner's next ``take`` retries it or ends it."""
-        t = self._tickets.get(ticket)
-        if t is not None:
-            t.error = error
-
-    def runner_lost(self, runner_id: str, error: str) -> None:
-        """The runner's Ray Train run ended with an error: its trial in flight ends with it."""
-        tk = self._running.pop(runner_id, None)
-        if tk is not None and self._tickets[tk].state == "running":
-            t = self._tickets[tk]
-            t.state, t.error = "failed", f"its trial runner failed: {error}"
-
-    def poll(self, ticket: int, cursor: int) -> tuple[list[dict[str, Any]], str, str | None]:
-        """``(reports after cursor, state, error)`` of a ticket; the relay's heartbeat."""
-        t = self._tickets.get(ticket)
-        if t is None:
-            return [], "cancelled", "unknown ticket"
-        t.polled = time.monotonic()
-        rows = t.rows[cursor:]
-        if t.state not in ("queued", "running") and not rows:
-            t.rows = []  # ended and every row forwarded: nothing more to keep
-        return rows, t.state, t.error
-
-    def alive(self, ticket: int) -> bool:
-        """Whether a running trial should go on (a runner waiting at a rung asks)."""
-        t = self._tickets.get(ticket)
-        return t is not None and t.state == "running" and not self._closed
-
-    def cancel_trials(self, trial_ids: list[str]) -> int:
-        """Cancel the open tickets of these trials (Tune paused or ended them); returns how many."""
-        ids, n = set(trial_ids), 0
-        for tk, t in self._tickets.items():
-            if t.trial_id in ids and t.state in ("queued", "running"):
-                t.state = "cancelled"
-                self._release(tk)
-                n += 1
-        return n
-
-    def cancel(self, ticket: int) -> None:
-        """The relay's trial ended in Tune: drop it (a runner stops it at its next report)."""
-        t = self._tickets.get(ticket)
-        if t is not None and t.state in ("queued", "running"):
-            t.state = "cancelled"
-        self._release(ticket)
-
-    def close(self) -> None:
-        """The sweep is over: every runner's next ``take`` is ``"shutdown"``, every open trial cancelled."""
-        self._closed = True
-        for t in self._tickets.values():
-            if t.state in ("queued", "running"):
-                t.state = "cancelled"
-
-    def counts(self) -> dict[str, int]:
-        """Tickets by state (for tests and logs)."""
-        out: dict[str, int] = {}
-        for t in self._tickets.values():
-            out[t.state] = out.get(t.state, 0) + 1
-        return out
-
-    def _release(self, ticket: int) -> None:
-        for runner, tk in list(self._running.items()):
-            if tk == ticket and self._tickets[tk].state != "running":
-                del self._running[runner]
-
-    def _expire(self) -> None:
-        now = time.monotonic()
-        for t in self._tickets.values():
-            if t.state in ("queued", "running") and now - t.polled > self._stale_after_s:
-                t.state, t.error = "failed", f"its relay sent no heartbeat for {self._stale_after_s:g} s"
 
 
 class RunnerCancels(Callback):
@@ -408,14 +219,22 @@ class TrialRunners:
         self.storage_path = storage_path
         self.name = exchange_name(sweep_id)
         self.exchange: Any = None
+        self._abandoned: Any = None
         self._hosts: list[Any] = []
         self._runs: list[Any] = []
 
     def start(self) -> "TrialRunners":
-        """Create the exchange and start every runner (they take trials as soon as their workers are up)."""
+        """Create the exchange and start every runner (they take trials as soon as their workers are up);
+        runners already started (a :class:`RunnerPool`'s) are left as they are."""
         import ray
 
+        if self.exchange is not None:
+            return self
         namespace = ray.get_runtime_context().namespace
+        try:  # one left by a force-quit sweep of the same id in this process (it dies with the job otherwise)
+            ray.kill(ray.get_actor(self.name, namespace=namespace))
+        except ValueError:
+            pass
         self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
                                                           max_concurrency=1).remote(self.spec.resources.max_failures)
         ray.get(self.exchange.set_runners.remote(self.count))  # up before any relay looks for it
@@ -432,10 +251,14 @@ class TrialRunners:
                                               resources=resources))
         return self
 
-    def stop(self, timeout_s: float = 30.0) -> bool:
+    def stop(self, timeout_s: float = 30.0, *, forced: bool = False) -> bool:
         """Close the exchange (runners leave their loops at their next ask or report), wait up to ``timeout_s``
         for their runs to end, then kill every host (ending a run still busy: its controller and workers
         are the host's children) and the exchange.
+
+        ``forced`` (a force-quit): kill the hosts at once and leave the exchange to die with the driver's job,
+        so that the relays of the trials Tune abandoned do not fail on a dead exchange (each such failure was
+        printed as an unhandled error).
 
         Returns whether every runner's run had ended by itself (its worker group released).
         """
@@ -443,20 +266,100 @@ class TrialRunners:
 
         if self.exchange is None:
             return True
+        hosts, self._hosts, runs, self._runs = self._hosts, [], self._runs, []
+        exchange, self.exchange = self.exchange, None
+        if forced:
+            self._abandoned = exchange  # a handle kept: the actor would die with its last reference
+            for handle in hosts:
+                try:
+                    ray.kill(handle)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            return False
         try:
-            ray.get(self.exchange.close.remote(), timeout=10)
+            ray.get(exchange.close.remote(), timeout=10)
         except Exception:  # noqa: BLE001 - the exchange is already gone
             pass
         ended = True
-        if self._runs:
+        if runs:
             try:
-                done, pending = ray.wait(self._runs, num_returns=len(self._runs), timeout=timeout_s)
+                done, pending = ray.wait(runs, num_returns=len(runs), timeout=timeout_s)
                 ended = not pending
             except Exception:  # noqa: BLE001 - a host died: nothing left to wait for
                 ended = False
-        for handle in [*self._hosts, self.exchange]:
+        for handle in [*hosts, exchange]:
             try:
                 ray.kill(handle)
             except Exception:  # noqa: BLE001 - already gone
                 pass
         return ended
+
+
+def runner_shape(spec: Any, count: int) -> tuple:
+    """What makes two sweeps' trial runners interchangeable: the worker group's shape, the retry budget the
+    exchange applies, and the number of runners. A runner builds everything else from each trial's config."""
+    r = spec.resources
+    return (r.workers_per_trial, r.cpus_per_worker, r.gpus_per_worker, r.max_failures, int(count))
+
+
+class RunnerPool:
+    """Trial runners kept from one sweep to the next in this driver: the arms of a comparison
+    (``sweeps.run.compare``) run in the same runners while their :func:`runner_shape` stays the same, so
+    only the first arm of a shape pays the runners' start.
+
+    It keeps one shape at a time: an arm of another shape stops the kept runners before its own start
+    (idle runners would hold the CPUs or GPUs that the next shape needs). The kept runners' own Ray Train
+    run folders stay in the first arm's ``ROOT/train``; each trial's checkpoints are in its own folder
+    whatever runner trains it. Use it through :func:`shared_runners`.
+    """
+
+    def __init__(self, pool_id: str) -> None:
+        self.pool_id = pool_id
+        self._runners: TrialRunners | None = None
+        self._shape: tuple | None = None
+        self._made = 0
+
+    def runners_for(self, spec: Any, *, count: int, storage_path: str) -> TrialRunners:
+        """The kept runners when ``spec`` and ``count`` have their shape, else new ones (not yet started;
+        the kept ones of another shape are stopped first)."""
+        shape = runner_shape(spec, count)
+        if self._runners is not None and shape == self._shape:
+            return self._runners
+        self.close()
+        self._made += 1
+        self._runners = TrialRunners(spec, sweep_id=f"{self.pool_id}.runners-{self._made}", count=count,
+                                     storage_path=storage_path)
+        self._shape = shape
+        return self._runners
+
+    def close(self, *, forced: bool = False) -> None:
+        """Stop the kept runners (at once when ``forced``: see :meth:`TrialRunners.stop`)."""
+        runners, self._runners, self._shape = self._runners, None, None
+        if runners is not None:
+            runners.stop(forced=forced)
+
+
+_POOL: ContextVar[RunnerPool | None] = ContextVar("critbatch_runner_pool", default=None)
+
+
+def active_pool() -> RunnerPool | None:
+    """The :class:`RunnerPool` of the enclosing :func:`shared_runners` block, or None (each sweep then
+    starts and stops its own runners)."""
+    return _POOL.get()
+
+
+@contextmanager
+def shared_runners(pool_id: str) -> Iterator[RunnerPool]:
+    """Within the block, sweeps run by this driver share their trial runners (:class:`RunnerPool`);
+    they are stopped when the block ends (at once on a force-quit's ``KeyboardInterrupt``)."""
+    pool = RunnerPool(pool_id)
+    token = _POOL.set(pool)
+    forced = False
+    try:
+        yield pool
+    except KeyboardInterrupt:
+        forced = True
+        raise
+    finally:
+        _POOL.reset(token)
+        pool.close(forced=forced)

@@ -23,7 +23,8 @@ import pytest
 
 from tests.conftest import ROOT, write_spec
 from tests.harness import copy_mlflow_store
-from tests.sweeps.run.test_faults import CLI, ENV, children, result_rows, spec_dict, start_ray_head, stop_group, wait_for
+from tests.sweeps.run.test_faults import (CLI, ENV, children, result_rows, spec_dict, start_ray_head, stop_group,
+                                          stop_head, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-3 min idle (a sweep, an interrupt, a resume)
 
@@ -249,5 +250,5 @@ def test_a_second_ctrl_c_force_quits_and_the_sweep_still_resumes(tmp_path, refer
         assert_stopped_and_resumable(out, uri, "intr-force")
         resume_to_the_end(out, tmp_path / "resume.log", address=address)
     finally:
-        stop_group(head)
+        stop_head(head)
     assert_same_result_as_uninterrupted(out, uri, "intr-force", reference)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.run.runners import TrialExchange
+from sweeps.run.exchange import TrialExchange
 
 
 def _ex(max_failures: int = 2, stale_after_s: float = 120.0) -> TrialExchange:
@@ -120,6 +120,31 @@ def test_a_lost_runner_fails_its_trial_in_flight():
     ex.runner_lost("r0", "ControllerError: gone")
     rows, state, error = ex.poll(t, 0)
     assert state == "failed" and "ControllerError: gone" in error
+
+
+def test_a_runner_pool_keeps_one_shape_and_a_new_shape_stops_the_kept_runners():
+    """The comparison's pool (sweeps.run.runners.RunnerPool): arms of one shape get the same (unstarted)
+    runners; a different worker count, CPU share, retry budget or runner count gets new ones."""
+    from types import SimpleNamespace
+
+    from sweeps.run.runners import RunnerPool, active_pool, shared_runners
+
+    def spec(workers=1, cpus=1.0, failures=2):
+        return SimpleNamespace(resources=SimpleNamespace(workers_per_trial=workers, cpus_per_worker=cpus,
+                                                         gpus_per_worker=0.0, max_failures=failures))
+
+    assert active_pool() is None
+    with shared_runners("cmp") as pool:
+        assert active_pool() is pool and isinstance(pool, RunnerPool)
+        first = pool.runners_for(spec(), count=2, storage_path="/x/a/train")
+        assert pool.runners_for(spec(), count=2, storage_path="/x/b/train") is first
+        assert first.storage_path == "/x/a/train" and first.name.endswith("cmp.runners-1")
+        for other in (spec(workers=2), spec(cpus=0.5), spec(failures=3)):
+            kept = pool.runners_for(other, count=2, storage_path="/x/c/train")
+            assert kept is not first and pool.runners_for(other, count=2, storage_path="/x/d/train") is kept
+            first = kept
+        assert pool.runners_for(spec(failures=3), count=1, storage_path="/x/e/train") is not first
+    assert active_pool() is None
 
 
 def test_runner_checkpoints_keep_only_the_last_and_a_one_trial_groups_checkpoint_is_read(tmp_path: Path):

@@ -49,6 +49,17 @@ def kinds(tmp_path_factory, ray_head, mlflow_template):
     return {"out": out, "client": c, "trials": trials}
 
 
+def test_arms_of_one_resource_shape_share_their_trial_runners_and_another_shape_starts_its_own(kinds):
+    """fsdp and diloco (2 workers of 0.9 CPU) run in the runners the fsdp arm started: a runner's Ray Train
+    run folder (``train/runner-*``) exists only in the first arm of each shape; every trial's checkpoints
+    are in its own arm's folder whatever runner trained it."""
+    arms = kinds["out"] / "arms"
+    runs = {a: sorted(p.name for p in (arms / a / "train").glob("runner-*")) for a in ("fsdp", "diloco", "adamw-8bit")}
+    assert len(runs["fsdp"]) == 1 and runs["diloco"] == [] and len(runs["adamw-8bit"]) == 1, runs
+    for a in runs:
+        assert len(list((arms / a / "train").glob("train-*/ckpt-*"))) == 1, a
+
+
 def test_an_fsdp_trial_completes_with_its_params_noise_scale_and_checkpoint(kinds):
     trial, out = kinds["trials"]["fsdp"], kinds["out"] / "arms" / "fsdp"
     p = trial.data.params

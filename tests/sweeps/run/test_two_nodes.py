@@ -64,7 +64,7 @@ def _start_until_up(env: dict, log: Path, what: str, **where) -> subprocess.Pope
                       diagnose=lambda: log.read_text(errors="replace")[-2000:])
         if up and node.poll() is None:
             return node
-        stop_group(node)
+        stop_group(node, first=signal.SIGKILL)
     raise AssertionError(f"{what} did not start three times:\n{log.read_text(errors='replace')[-2000:]}")
 
 
@@ -85,9 +85,9 @@ def _train_workers_of(node: subprocess.Popen) -> list[int]:
 
 
 def _stop_all(nodes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """SIGTERM to every node's process group at once, SIGKILL to the groups still there after
-    ``grace_s`` (a ``ray start --block`` took 30 s and more to stop its processes gracefully)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGKILL to every node's process group at once (a graceful ``ray start --block`` stop took 30 s
+    and more; these nodes are thrown away), then wait up to ``grace_s`` for them to go."""
+    for sig in (signal.SIGKILL,):
         for n in nodes:
             try:
                 os.killpg(n.pid, sig)
