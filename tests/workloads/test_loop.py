@@ -304,6 +304,7 @@ def _gloo_worker(rank: int, world: int, init_file: str, cases: dict, splits: dic
                 res[(cname, sname)] = (sg.grads, sg.loss, sg.loss_tokens, sg.real_tokens, sg.small_sq_norm_mean,
                                        sg.big_sq_norm, sg.micro_batches)
         torch.save(res, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
     finally:
         dist.destroy_process_group()
 

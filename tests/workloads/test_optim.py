@@ -190,6 +190,7 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
     res["fsdp_resumed"] = _run(fsdp, resume=copy.deepcopy(state[0]))
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
+    dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
     dist.destroy_process_group()
 
 
