@@ -96,21 +96,26 @@ def run_sweep(
                 plan = plan_resources(spec, total, largest)
                 if plan.warning:
                     log.warning(plan.warning)
-                if shared:
-                    from ray import tune
+                from sweeps.run.runners import sweep_runners
 
-                    if tune.Tuner.can_restore(tune_dir_of(root, sweep_id)):
-                        # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
-                        tracker, state = _attach_shared(spec, output, sweep_id, uri, root, ray_address, fingerprint)
-                        started = True
-                        log.warning("resuming sweep %s from %s", sweep_id, root)
-                        return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
-                                                resume=True, stop=stop)
-                tracker = _tracker(uri, spec, sweep_id, fingerprint)
-                state = _start(spec, output, tracker, uri=uri, root=root, ray_address=ray_address)
-                started = True
-                return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=False,
-                                        stop=stop)
+                # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
+                with sweep_runners(spec, sweep_id, concurrency=plan.concurrency, storage_path=root + "/train"):
+                    if shared:
+                        from ray import tune
+
+                        if tune.Tuner.can_restore(tune_dir_of(root, sweep_id)):
+                            # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
+                            tracker, state = _attach_shared(spec, output, sweep_id, uri, root, ray_address,
+                                                            fingerprint)
+                            started = True
+                            log.warning("resuming sweep %s from %s", sweep_id, root)
+                            return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
+                                                    resume=True, stop=stop)
+                    tracker = _tracker(uri, spec, sweep_id, fingerprint)
+                    state = _start(spec, output, tracker, uri=uri, root=root, ray_address=ray_address)
+                    started = True
+                    return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
+                                            resume=False, stop=stop)
             finally:
                 if started_ray:
                     import ray
@@ -224,13 +229,17 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
             try:
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
-                tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint)
-                SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
-                tracker.attach_parent(state.experiment_id, state.parent_run_id)
-                state.status, state.error = "RUNNING", None
-                state.save(output)
-                return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress, resume=True,
-                                        stop=stop)
+                from sweeps.run.runners import sweep_runners
+
+                with sweep_runners(spec, state.sweep_id, concurrency=plan.concurrency,
+                                   storage_path=state.storage_root + "/train"):
+                    tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint)
+                    SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
+                    tracker.attach_parent(state.experiment_id, state.parent_run_id)
+                    state.status, state.error = "RUNNING", None
+                    state.save(output)
+                    return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
+                                            resume=True, stop=stop)
             finally:
                 if started_ray:
                     import ray

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,7 +33,7 @@ from ray.tune import Callback
 
 from sweeps.run.exchange import TrialExchange, exchange_name
 
-__all__ = ["TrialRunners", "RunnerPool", "shared_runners", "active_pool", "runner_shape", "RunnerCancels", "RunnerHost", "TrialRunnerError", "relay", "RELAY_POLL_S"]
+__all__ = ["TrialRunners", "RunnerPool", "shared_runners", "sweep_runners", "active_pool", "runner_shape", "RunnerCancels", "RunnerHost", "TrialRunnerError", "relay", "RELAY_POLL_S"]
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,14 @@ class RunnerHost:
     exits (a force-quit while a trial is held) was seen to crash with SIGSEGV.
     """
 
+    def warm(self) -> None:
+        """Import what :meth:`run` needs (Ray Train's torch trainer, the runner's worker loop: about 3 s on
+        the 2-core machine), ahead of it: the driver calls it while it still sets up MLflow."""
+        from sweeps.run.trainable import trial_torch_trainer
+        from workloads.api import runner_fn_per_worker  # noqa: F401 - imported for its cost
+
+        trial_torch_trainer()
+
     def run(self, *, exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str,
             resources: dict[str, Any]) -> str:
         """Run the slot until the exchange shuts its runners down; returns how it ended."""
@@ -223,9 +231,9 @@ class TrialRunners:
         self._hosts: list[Any] = []
         self._runs: list[Any] = []
 
-    def start(self) -> "TrialRunners":
-        """Create the exchange and start every runner (they take trials as soon as their workers are up);
-        runners already started (a :class:`RunnerPool`'s) are left as they are."""
+    def prepare(self) -> "TrialRunners":
+        """Create the exchange and one :class:`RunnerHost` per slot, and let the hosts import what they
+        need (:meth:`RunnerHost.warm`); nothing runs and no file is written until :meth:`start`."""
         import ray
 
         if self.exchange is not None:
@@ -237,18 +245,30 @@ class TrialRunners:
             pass
         self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
                                                           max_concurrency=1).remote(self.spec.resources.max_failures)
+        host_cls = ray.remote(num_cpus=0, max_restarts=0)(RunnerHost)
+        self._hosts = [host_cls.remote() for _ in range(self.count)]
+        for host in self._hosts:
+            host.warm.remote()
+        return self
+
+    def start(self) -> "TrialRunners":
+        """Start every runner's Ray Train run (:meth:`prepare` first if it was not called); they take trials
+        as soon as their workers are up. Runners already started (a :class:`RunnerPool`'s) are left as they are."""
+        import ray
+
+        self.prepare()
+        if self._runs:
+            return self
         ray.get(self.exchange.set_runners.remote(self.count))  # up before any relay looks for it
+        namespace = ray.get_runtime_context().namespace
         r = self.spec.resources
         resources = {"workers_per_trial": r.workers_per_trial, "cpus_per_worker": r.cpus_per_worker,
                      "gpus_per_worker": r.gpus_per_worker}
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        host_cls = ray.remote(num_cpus=0, max_restarts=0)(RunnerHost)
-        for i in range(self.count):
-            host = host_cls.remote()
-            self._hosts.append(host)
-            self._runs.append(host.run.remote(exchange=self.name, namespace=namespace, runner_id=f"runner-{i}",
-                                              run_name=f"runner-{stamp}-{i}", storage_path=self.storage_path,
-                                              resources=resources))
+        self._runs = [host.run.remote(exchange=self.name, namespace=namespace, runner_id=f"runner-{i}",
+                                      run_name=f"runner-{stamp}-{i}", storage_path=self.storage_path,
+                                      resources=resources)
+                      for i, host in enumerate(self._hosts)]
         return self
 
     def stop(self, timeout_s: float = 30.0, *, forced: bool = False) -> bool:
@@ -346,6 +366,21 @@ def active_pool() -> RunnerPool | None:
     """The :class:`RunnerPool` of the enclosing :func:`shared_runners` block, or None (each sweep then
     starts and stops its own runners)."""
     return _POOL.get()
+
+
+@contextmanager
+def sweep_runners(spec: Any, sweep_id: str, *, concurrency: int, storage_path: str) -> Iterator[None]:
+    """One sweep's run (``sweeps.run.driver``): its trial runners prepared at once (:meth:`TrialRunners.prepare`:
+    the hosts import while the driver sets up MLflow), started by ``execute_sweep``, stopped when the block
+    ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool."""
+    from sweeps.run.trainable import use_trial_runners
+
+    count = min(concurrency, spec.max_trials)
+    outer = active_pool()
+    with (nullcontext(outer) if outer is not None else shared_runners(sweep_id)) as pool:
+        if use_trial_runners(spec):
+            pool.runners_for(spec, count=count, storage_path=storage_path).prepare()
+        yield
 
 
 @contextmanager
