@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sweeps.remote import TrialCounts
+from sweeps.spec.statuses import SERVED_STATUSES
 
 #: trials by outcome (``done``: completed normally; ``stopped``: cut short by a stop); the dataclass that
 #: ``sweeps.remote.status`` counts them in, served as it is
@@ -31,8 +32,8 @@ __all__ = [
     "finite",
 ]
 
-#: A sweep's status as served (``sweeps.remote.SWEEP_STATUSES``).
-SweepStatusName = Literal["PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"]
+#: A sweep's status as served (``sweeps.spec.statuses.SERVED_STATUSES``).
+SweepStatusName = Literal[SERVED_STATUSES]
 
 
 def finite(obj: Any) -> Any:

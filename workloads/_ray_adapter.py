@@ -228,7 +228,7 @@ def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any
     for row in list(reported):
         publish(row, None)
 
-    from workloads.api import get_workload
+    from workloads.registry import get_workload
 
     get_workload(cfg.workload.name).train(cfg, device=device, report=report, resume_state=resume_state,
                                           save_dir=save_dir if rank == 0 else None)

@@ -23,25 +23,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from workloads.noise_scale import step_estimates
 from workloads.schedule import BatchPhase, Schedule
-from workloads.sync import ReplicaSync, payload_bytes, timed_all_reduce
+from workloads.sync import ReplicaSync, dist_info, payload_bytes, timed_all_reduce
 
 __all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "sharded_step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
            "forward_logits"]
 
 IGNORE_INDEX = -100
-
-
-def dist_info() -> tuple[int, int]:
-    """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
 
 
 def forward_logits(model: torch.nn.Module, inputs, device: torch.device) -> torch.Tensor:

@@ -44,7 +44,15 @@ import torch.distributed as dist
 
 from workloads.config import SyncConfig
 
-__all__ = ["ReplicaSync", "CommCounters", "timed_all_reduce", "payload_bytes", "to_cpu", "replica_mean_state_dict"]
+__all__ = ["ReplicaSync", "CommCounters", "timed_all_reduce", "payload_bytes", "to_cpu", "replica_mean_state_dict",
+           "dist_info"]
+
+
+def dist_info() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group, ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def payload_bytes(t: torch.Tensor) -> int:
@@ -123,8 +131,6 @@ class ReplicaSync:
     """
 
     def __init__(self, cfg: SyncConfig, model: torch.nn.Module, params: list[torch.Tensor]):
-        from workloads.step import dist_info
-
         if not cfg.local:
             raise ValueError("ReplicaSync is for training.sync.mode local_sgd or diloco")
         self.rank, self.world = dist_info()

@@ -128,7 +128,7 @@ def run(
 
     Trials on Ray, search by Optuna, runs in MLflow; writes OUT/cbs.json and OUT/report.html.
     """
-    from sweeps.run.driver import run_sweep
+    from sweeps.run.api import run_sweep
 
     _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
                                          ray_address=address, show_progress=progress))
@@ -144,7 +144,7 @@ def resume(
 
     The Tune state, the Optuna studies and the MLflow runs are kept.
     """
-    from sweeps.run.driver import resume_sweep
+    from sweeps.run.api import resume_sweep
 
     _sweep_and_report(lambda: resume_sweep(output, ray_address=address, show_progress=progress))
 

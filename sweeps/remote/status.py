@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sweeps.spec.identity import redact_uri
+from sweeps.spec.statuses import SERVED_STATUSES, TERMINAL_STATUSES
 from sweeps.tracking.schema import (
     META_NAME,
     META_SWEEP_ID,
@@ -47,9 +48,8 @@ __all__ = [
     "with_runs", "trial_counts", "final_counts", "best_trial", "failure_reason",
 ]
 
-#: What a reader reports, in order of a sweep's life.
-SWEEP_STATUSES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
-TERMINAL_STATUSES = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+#: What a reader reports, in order of a sweep's life (``sweeps.spec.statuses``).
+SWEEP_STATUSES = SERVED_STATUSES
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: Params of the best trial, with the type each is served as.

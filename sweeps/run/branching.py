@@ -191,7 +191,7 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
     Ray task; returns ``(base result, {(point, k): branch result})`` (``Workload.train_in_process``)."""
     import ray
 
-    from sweeps.run.cluster import init_ray
+    from sweeps.run.cluster import ray_session
     from sweeps.run.preflight import resolve_data_path
     from sweeps.run.trainable import trial_config
     from sweeps.search.searcher import hyperparameters_for
@@ -204,8 +204,7 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
     base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
                             data_path=data_path, shards=shards)
     positive = [p for p in points if p > 0]
-    started = init_ray(ray_address, spec)
-    try:
+    with ray_session(ray_address, spec):
         task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(train_in_process)
         if positive:
             # the last point's state is needed too: the loop does not save a state with its final report
@@ -236,9 +235,6 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
                 state = str(states_dir / f"base_{p}.pt") if p > 0 else None
                 refs[(p, k)] = task.remote(cfg.to_dict(), state, None)
         return base, {key: ray.get(ref) for key, ref in refs.items()}
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, float], dict[str, Any]]) -> dict[str, Any]:

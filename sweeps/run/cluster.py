@@ -1,16 +1,19 @@
 """Connecting the driver to Ray: a given cluster (``--address``, ``RAY_ADDRESS``) or one started
-in-process, with the environment every trial needs; and the cluster's shape for the resource plan."""
+in-process, with the environment every trial needs; and the resource plan fitted to the cluster's shape."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from sweeps.errors import CritbatchError
+from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.spec import SweepSpec
 
-__all__ = ["init_ray", "cluster_shape", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
+__all__ = ["init_ray", "ray_session", "cluster_shape", "plan_resources", "ResourcePlan", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,21 @@ def trial_env() -> dict[str, str]:
            "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S)}
     env.update({k: v for k, v in os.environ.items() if k.startswith(TEST_HOOK_PREFIX)})
     return env
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, spec: SweepSpec) -> Iterator[bool]:
+    """:func:`init_ray` for the block (yields whether this call connected or started Ray); Ray is shut down
+    when the block ends if this call connected or started it, and left alone if it was already up (a
+    comparison's arms run inside the comparison's session)."""
+    started = init_ray(address, spec)
+    try:
+        yield started
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
 
 
 def init_ray(address: str | None, spec: SweepSpec) -> bool:
@@ -135,3 +153,56 @@ def cluster_shape() -> tuple[dict[str, float], dict[str, float]]:
         if res.get("CPU", 0) >= largest.get("CPU", 0):
             largest = {k: float(v) for k, v in res.items()}
     return total, largest
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """How many trials run at once, and what one trial takes."""
+
+    bundle_cpus: float
+    bundle_gpus: float
+    concurrency: int
+    warning: str | None = None
+
+
+def plan_resources(spec: SweepSpec, cluster: dict[str, float], largest_node: dict[str, float]) -> ResourcePlan:
+    """Fit the trial bundle (workers x per-worker resources + the trial's Tune driver) to the cluster.
+
+    Args:
+        cluster: total resources (``ray.cluster_resources()``).
+        largest_node: resources of the biggest node (one worker must fit on one node).
+
+    Returns:
+        the plan; concurrency lowered (with a warning) when the requested one does not fit.
+
+    Raises:
+        InvalidInput: one worker does not fit on any node, or one whole trial does not fit the
+            cluster (the trial would stay PENDING forever).
+    """
+    r = spec.resources
+    w_cpu, w_gpu = r.cpus_per_worker, r.gpus_per_worker
+    if w_cpu > largest_node.get("CPU", 0) + 1e-9 or w_gpu > largest_node.get("GPU", 0) + 1e-9:
+        raise InvalidInput(
+            f"resources: one worker needs {w_cpu:g} CPU and {w_gpu:g} GPU, but the largest node has "
+            f"{largest_node.get('CPU', 0):g} CPU and {largest_node.get('GPU', 0):g} GPU"
+        )
+    cpus = r.workers_per_trial * w_cpu + r.trial_driver_cpus
+    gpus = r.workers_per_trial * w_gpu
+    tot_cpu, tot_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
+    if cpus > tot_cpu + 1e-9 or gpus > tot_gpu + 1e-9:
+        raise InvalidInput(
+            f"resources: one trial needs {cpus:g} CPU and {gpus:g} GPU "
+            f"({r.workers_per_trial} worker(s) x {w_cpu:g} CPU/{w_gpu:g} GPU + {r.trial_driver_cpus:g} CPU for its driver), "
+            f"but the cluster has {tot_cpu:g} CPU and {tot_gpu:g} GPU"
+        )
+    fit = int(math.floor(tot_cpu / cpus + 1e-9))
+    if gpus > 0:
+        fit = min(fit, int(math.floor(tot_gpu / gpus + 1e-9)))
+    conc = min(r.max_concurrent_trials, max(fit, 1))
+    warning = None
+    if conc < r.max_concurrent_trials:
+        warning = (
+            f"resources.max_concurrent_trials={r.max_concurrent_trials} does not fit the cluster "
+            f"({tot_cpu:g} CPU, {tot_gpu:g} GPU; {cpus:g} CPU and {gpus:g} GPU per trial): running {conc} at a time"
+        )
+    return ResourcePlan(bundle_cpus=cpus, bundle_gpus=gpus, concurrency=conc, warning=warning)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +32,8 @@ import yaml
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.spec import SweepSpec, parse_stored_spec
-from sweeps.spec.identity import is_valid_sweep_id
+from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
+from sweeps.spec.statuses import FINISHED_STATUSES
 
 __all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
 
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 COMPARISON_FILE = "comparison.json"
 ARMS_DIR = "arms"
-_FINISHED = ("SUCCEEDED", "FAILED")
 
 
 def is_comparison(output: Path) -> bool:
@@ -58,7 +57,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them.
 
     Returns:
-        :func:`sweeps.run.driver.run_sweep`'s dict for the comparison: ``sweep_id`` is the comparison id,
+        :func:`sweeps.run.api.run_sweep`'s dict for the comparison: ``sweep_id`` is the comparison id,
         ``cbs`` the comparison (``kind: comparison``), ``ok`` True when every arm succeeded; a stopped arm
         ends the comparison with its ``exit_code``.
 
@@ -66,24 +65,23 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         InvalidInput: any arm's preflight fails, or ``OUT`` holds a sweep or another comparison. Nothing
             was created.
     """
-    from sweeps.run.cluster import cluster_shape, init_ray
-    from sweeps.run.driver import _prepare  # the one-sweep preflight, per arm
-    from sweeps.run.preflight import check_output_folder, plan_resources, resolve_paths
+    from sweeps.run.cluster import cluster_shape, plan_resources, ray_session
+    from sweeps.run.driver import prepare_sweep  # the one-sweep preflight, per arm
+    from sweeps.run.preflight import check_output_folder, resolve_paths
 
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
         raise InvalidInput(f"--output {output} already holds a comparison: use `critbatch resume {output}` to "
                            "continue it, or choose another folder")
     check_output_folder(output)
-    cid = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    cid = sweep_id or run_sweep_id(spec.name)
     if not is_valid_sweep_id(cid) or len(cid) + 25 > 128:
         raise InvalidInput(f"--sweep-id {cid!r}: use letters, digits, '.', '_' and '-' (at most 103, the arms add "
                            "'.ARM')")
     arms = spec.arm_specs()
     for name, arm in arms:
-        _prepare(arm, _arm_dir(output, name), tracking_uri, f"{cid}.{name}", arm.fingerprint())
-    started_ray = init_ray(ray_address, _sizing(arms))
-    try:
+        prepare_sweep(arm, _arm_dir(output, name), tracking_uri, f"{cid}.{name}", arm.fingerprint())
+    with ray_session(ray_address, _sizing(arms)):
         total, largest = cluster_shape()
         for _, arm in arms:
             plan_resources(arm, total, largest)  # raises InvalidInput before anything is written
@@ -99,11 +97,6 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
             json.dump(state, f, indent=2)
         write_atomic(output / "spec.yaml", yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
         return _run_arms(spec, output, state, show_progress)
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
 
 
 def resume_comparison(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
@@ -112,24 +105,18 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
     Raises:
         InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates.
     """
-    from sweeps.run.cluster import init_ray
+    from sweeps.run.cluster import ray_session
 
     output, state, spec = _load(output, "to resume")
-    if state.get("status") in _FINISHED:
+    if state.get("status") in FINISHED_STATUSES:
         raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
     arms = spec.arm_specs()
     address = ray_address or state.get("ray_address")
-    started_ray = init_ray(address, _sizing(arms))
-    try:
+    with ray_session(address, _sizing(arms)):
         state["status"] = "RUNNING"
         state["ray_address"] = address
         _save(output, state)
         return _run_arms(spec, output, state, show_progress)
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
 
 
 def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepSpec]:
@@ -183,22 +170,22 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
 
 def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any] | None:
     """Each arm in order (skipped when finished); the stopped arm's result, or None when every arm ran."""
-    from sweeps.run.driver import resume_sweep, run_sweep
+    from sweeps.run.driver import resume_single_sweep, run_single_sweep
 
     cid = state["comparison_id"]
     for name, arm in spec.arm_specs():
         arm_out = _arm_dir(output, name)
         status = _arm_status(arm_out)
         crashed = status == "FAILED" and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
-        if status in _FINISHED and (arm_out / "cbs.json").is_file() and not crashed:
+        if status in FINISHED_STATUSES and (arm_out / "cbs.json").is_file() and not crashed:
             log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
             continue
         log.warning("comparison %s: arm %s", cid, name)
         if status is None or status == "STARTING":
-            result = run_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
+            result = run_single_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
                                ray_address=state.get("ray_address"), show_progress=show_progress)
         else:
-            result = resume_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
+            result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
         if result.get("exit_code"):  # stopped by a signal: the comparison stops with it, resumable
             state["status"] = "STOPPED"
             _save(output, state)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import yaml
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed, WriteFailed
 from sweeps.files import SpaceReserve, out_of_space_cause, write_atomic
 from sweeps.run.claims import check_sweep_id_binding, claim_output_folder, lock_output_folder, write_storage_binding
-from sweeps.run.cluster import cluster_shape, init_ray
+from sweeps.run.cluster import cluster_shape, plan_resources, ray_session
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.preflight import (
     check_data_files,
@@ -28,7 +26,6 @@ from sweeps.run.preflight import (
     check_output_folder,
     check_optuna_storage,
     check_tracking_uri,
-    plan_resources,
     resolve_data_path,
     resolve_paths,
     spec_warnings,
@@ -41,14 +38,15 @@ from sweeps.run.state import SweepState, optuna_storage_url, storage_root, tune_
 from sweeps.run.workload import flops_accounting
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.tracking import schema
-from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, tracking_uri_source
+from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, run_sweep_id, tracking_uri_source
+from sweeps.spec.statuses import FINISHED_STATUSES
 
-__all__ = ["run_sweep", "resume_sweep", "collect_records"]
+__all__ = ["run_single_sweep", "resume_single_sweep", "prepare_sweep", "collect_records"]
 
 log = logging.getLogger(__name__)
 
 
-def run_sweep(
+def run_single_sweep(
     spec: SweepSpec,
     output: Path,
     *,
@@ -57,8 +55,8 @@ def run_sweep(
     ray_address: str | None = None,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Run a whole sweep and write ``OUT/cbs.json`` and ``OUT/report.html``; a spec with ``arms`` runs a
-    comparison instead (:func:`sweeps.run.compare.run_comparison`).
+    """Run a whole sweep (a spec without ``arms``: the front door, :func:`sweeps.run.api.run_sweep`, routes a
+    comparison to :mod:`sweeps.run.compare`) and write ``OUT/cbs.json`` and ``OUT/report.html``.
 
     The output folder is claimed atomically before anything starts (:func:`~sweeps.run.claims.claim_output_folder`);
     SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`~sweeps.run.signals.StopSignals`).
@@ -75,13 +73,8 @@ def run_sweep(
             to another spec's fingerprint, resources that cannot fit the cluster. Nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
-    if spec.arms:  # a comparison: each arm a sweep of its own (sweeps.run.compare)
-        from sweeps.run.compare import run_comparison
-
-        return run_comparison(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
-                              show_progress=show_progress)
     fingerprint = spec.fingerprint()  # of the spec as given: what the sweep id is bound to
-    spec, output, sweep_id, uri, root = _prepare(spec, output, tracking_uri, sweep_id, fingerprint)
+    spec, output, sweep_id, uri, root = prepare_sweep(spec, output, tracking_uri, sweep_id, fingerprint)
     shared = root != str(output)
 
     with StopSignals() as stop:
@@ -89,9 +82,8 @@ def run_sweep(
         started = False
         tracker = None
         try:
-            started_ray = init_ray(ray_address, spec)
-            stop.install()  # ray.init replaced the SIGTERM handler
-            try:
+            with ray_session(ray_address, spec):
+                stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
                 if plan.warning:
@@ -116,11 +108,6 @@ def run_sweep(
                     started = True
                     return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
                                             resume=False, stop=stop)
-            finally:
-                if started_ray:
-                    import ray
-
-                    ray.shutdown()
         except KeyboardInterrupt:
             if started:
                 raise
@@ -167,13 +154,13 @@ def _discard(output: Path, tracker) -> None:
     SpaceReserve(output).release()
 
 
-def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: str | None,
+def prepare_sweep(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: str | None,
              fingerprint: str) -> tuple[SweepSpec, Path, str, str, str]:
     """Every check that needs neither Ray nor a new file: ``(spec with paths resolved and budget planned,
-    output folder, sweep id, tracking URI, storage root)``.
+    output folder, sweep id, tracking URI, storage root)``. A comparison runs it for each arm first.
 
     Raises:
-        InvalidInput: see :func:`run_sweep`.
+        InvalidInput: see :func:`run_single_sweep`.
     """
     check_milestones(spec)
     facts = check_data_files(spec)
@@ -182,8 +169,7 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
     spec = _plan_budget(resolve_paths(spec))
     output = Path(output).expanduser().resolve()
     check_output_folder(output)
-    # the random tail keeps two runs of one spec started in the same second apart (MLflow, Ray staging)
-    sweep_id = sweep_id or f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    sweep_id = sweep_id or run_sweep_id(spec.name)
     if not is_valid_sweep_id(sweep_id):
         raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     uri = local_tracking_uri(spec, tracking_uri)
@@ -197,8 +183,9 @@ def _prepare(spec: SweepSpec, output: Path, tracking_uri: str | None, sweep_id: 
     return spec, output, sweep_id, uri, root
 
 
-def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
-    """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept).
+def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept); not a
+    comparison (the front door, :func:`sweeps.run.api.resume_sweep`, routes one to :mod:`sweeps.run.compare`).
 
     Unfinished trials continue from their last checkpoint (every report it holds is sent again,
     so no milestone is lost); finished ones are not rerun.
@@ -209,14 +196,10 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
             (:func:`sweeps.run.inputs.check_inputs_unchanged`), or another driver is running there.
     """
     output = Path(output).expanduser().resolve()
-    from sweeps.run.compare import is_comparison, resume_comparison
-
-    if is_comparison(output):
-        return resume_comparison(output, ray_address=ray_address, show_progress=show_progress)
     check_output_folder(output, resuming=True)
     state = SweepState.load(output)
     spec = parse_stored_spec(yaml.safe_load((output / "spec.yaml").read_text()))
-    if state.status in ("SUCCEEDED", "FAILED") and (output / "cbs.json").is_file() and not state.error:
+    if state.status in FINISHED_STATUSES and (output / "cbs.json").is_file() and not state.error:
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
     check_inputs_unchanged(state.inputs, output)
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
@@ -224,9 +207,8 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:
-            started_ray = init_ray(ray_address or state.ray_address, spec)
-            stop.install()  # ray.init replaced the SIGTERM handler
-            try:
+            with ray_session(ray_address or state.ray_address, spec):
+                stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
                 from sweeps.run.runners import sweep_runners
@@ -240,11 +222,6 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress:
                     state.save(output)
                     return _execute_guarded(spec, output, tracker, state, plan.concurrency, show_progress,
                                             resume=True, stop=stop)
-            finally:
-                if started_ray:
-                    import ray
-
-                    ray.shutdown()
         except KeyboardInterrupt:  # stopped before the resume began: the sweep is as it was
             return {"ok": False, "status": "STOPPED", "sweep_id": state.sweep_id, "cbs": None,
                     "output": str(output), "message": "stopped before the resume began", "exit_code": stop.exit_code}

@@ -1,27 +1,98 @@
 """The trial exchange: a sweep's queue of trials between Tune's relay trainables and its trial runners.
 
 One Ray actor per sweep (:class:`TrialExchange`, named by :func:`exchange_name`), created by
-:class:`sweeps.run.runners.TrialRunners`; relays (``sweeps.run.runners.relay``) submit and poll tickets,
-the runners' rank 0 (``workloads._ray_runner``) takes them and reports. Plain Python: its rules are
-unit-tested without Ray (``tests/sweeps/run/test_runners.py``).
+:class:`sweeps.run.runners.TrialRunners`; Tune's relay trainables (:func:`relay`) submit and poll
+tickets, the runners' rank 0 (``workloads._ray_runner``) takes them and reports. The exchange is plain
+Python: its rules are unit-tested without Ray (``tests/sweeps/run/test_runners.py``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrialExchange", "exchange_name", "STALE_AFTER_S"]
+__all__ = ["TrialExchange", "TrialRunnerError", "exchange_name", "relay", "STALE_AFTER_S", "RELAY_POLL_S",
+           "HEARTBEAT_S"]
 
 #: a trial whose relay has not polled nor beaten for this long fails (its Tune trial process is gone or hung)
 STALE_AFTER_S = 120.0
+#: seconds between a relay's two polls of its trial
+RELAY_POLL_S = 0.05
+#: seconds between two heartbeats of a relay (sent also while ``ray.tune.report`` blocks)
+HEARTBEAT_S = 5.0
 
 
 def exchange_name(sweep_id: str) -> str:
     """The Ray actor name of a sweep's trial exchange."""
     return f"critbatch-trial-exchange-{sweep_id}"
+
+
+class TrialRunnerError(RuntimeError):
+    """A trial ended with an error in its trial runner (the text is the worker's traceback or the reason)."""
+
+
+def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoint_dir: str) -> None:
+    """The body of Tune's relay trainable: hand the trial to the runners, forward its reports, return at its end.
+
+    Runs in Tune's trial process and imports no torch. Each report goes to ``ray.tune.report`` in the
+    order the runner sent it (replays of a restored trial included, as a one-trial worker group sends
+    them).
+
+    Args:
+        exchange: the sweep's :class:`TrialExchange` actor name (in this job's namespace).
+        loop_config: what ``workloads._ray_adapter.train_fn_per_worker`` would take.
+        checkpoint_dir: the trial's own checkpoint folder on the sweep's storage.
+
+    Raises:
+        TrialRunnerError: the trial failed (past its ``max_failures``), or its runner failed. A trial
+            cancelled at the exchange (Tune paused or ended it, or the sweep ended) returns quietly.
+    """
+    import ray
+    import ray.tune
+
+    from workloads.api import CHECKPOINT_DIR_KEY
+
+    handle = ray.get_actor(exchange)
+    ticket = ray.get(handle.submit.remote(trial_id, {**loop_config, CHECKPOINT_DIR_KEY: checkpoint_dir}))
+    cursor, ended = 0, False
+    # ray.tune.report blocks until Tune's loop takes the result, however long that loop is busy: a heartbeat
+    # of its own keeps the exchange from taking this relay for gone meanwhile
+    beating = threading.Event()
+
+    def heartbeat() -> None:
+        while not beating.wait(HEARTBEAT_S):
+            try:
+                handle.heartbeat.remote(ticket)
+            except Exception:  # noqa: BLE001 - the exchange is gone with the sweep
+                return
+
+    threading.Thread(target=heartbeat, name=f"relay-heartbeat-{trial_id}", daemon=True).start()
+    try:
+        while True:
+            rows, state, error = ray.get(handle.poll.remote(ticket, cursor))
+            for row in rows:
+                ray.tune.report(row)
+            cursor += len(rows)
+            if state == "done":
+                ended = True
+                return
+            if state == "cancelled":  # Tune paused or ended the trial, or the sweep ended: nothing to say
+                ended = True
+                return
+            if state == "failed":
+                ended = True
+                raise TrialRunnerError(f"trial {trial_id} failed in its trial runner: {error}")
+            time.sleep(RELAY_POLL_S)
+    finally:
+        beating.set()
+        if not ended:  # Tune ended the trial (stop, interrupt): free its runner at its next report
+            try:
+                handle.cancel.remote(ticket)
+            except Exception:  # noqa: BLE001 - the exchange is gone with the sweep
+                pass
 
 
 @dataclass

@@ -52,7 +52,7 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
 
     Args:
         tracker: the sweep's :class:`sweeps.tracking.writer.Tracker` (parent run started or attached).
-        concurrency: trials running at once (:func:`sweeps.run.preflight.plan_resources`).
+        concurrency: trials running at once (:func:`sweeps.run.cluster.plan_resources`).
         resume: continue the Tune run in the sweep's storage (``Tuner.restore``) if there is one.
         stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
 

@@ -43,7 +43,7 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
 
     Returns:
         ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}`` (see
-        :func:`sweeps.run.driver.run_sweep`).
+        :func:`sweeps.run.api.run_sweep`).
     """
     analysis, analysis_error = _analyse(spec, records, state, tracker, output)
     precision = _precision_section(spec, output, records, analysis, stopped=stopped, budget_note=budget_note)

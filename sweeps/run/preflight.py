@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
@@ -22,8 +21,6 @@ __all__ = [
     "check_output_folder",
     "check_tracking_uri",
     "check_optuna_storage",
-    "ResourcePlan",
-    "plan_resources",
     "resolve_data_path",
     "spec_warnings",
     "window_warnings",
@@ -399,56 +396,3 @@ def check_output_folder(output: Path, *, resuming: bool = False) -> None:
             f"--output {output} already holds sweep '{other}': use `critbatch resume {output}` to continue it, "
             "or choose another folder"
         )
-
-
-@dataclass(frozen=True)
-class ResourcePlan:
-    """How many trials run at once, and what one trial takes."""
-
-    bundle_cpus: float
-    bundle_gpus: float
-    concurrency: int
-    warning: str | None = None
-
-
-def plan_resources(spec: SweepSpec, cluster: dict[str, float], largest_node: dict[str, float]) -> ResourcePlan:
-    """Fit the trial bundle (workers x per-worker resources + the trial's Tune driver) to the cluster.
-
-    Args:
-        cluster: total resources (``ray.cluster_resources()``).
-        largest_node: resources of the biggest node (one worker must fit on one node).
-
-    Returns:
-        the plan; concurrency lowered (with a warning) when the requested one does not fit.
-
-    Raises:
-        InvalidInput: one worker does not fit on any node, or one whole trial does not fit the
-            cluster (the trial would stay PENDING forever).
-    """
-    r = spec.resources
-    w_cpu, w_gpu = r.cpus_per_worker, r.gpus_per_worker
-    if w_cpu > largest_node.get("CPU", 0) + 1e-9 or w_gpu > largest_node.get("GPU", 0) + 1e-9:
-        raise InvalidInput(
-            f"resources: one worker needs {w_cpu:g} CPU and {w_gpu:g} GPU, but the largest node has "
-            f"{largest_node.get('CPU', 0):g} CPU and {largest_node.get('GPU', 0):g} GPU"
-        )
-    cpus = r.workers_per_trial * w_cpu + r.trial_driver_cpus
-    gpus = r.workers_per_trial * w_gpu
-    tot_cpu, tot_gpu = cluster.get("CPU", 0.0), cluster.get("GPU", 0.0)
-    if cpus > tot_cpu + 1e-9 or gpus > tot_gpu + 1e-9:
-        raise InvalidInput(
-            f"resources: one trial needs {cpus:g} CPU and {gpus:g} GPU "
-            f"({r.workers_per_trial} worker(s) x {w_cpu:g} CPU/{w_gpu:g} GPU + {r.trial_driver_cpus:g} CPU for its driver), "
-            f"but the cluster has {tot_cpu:g} CPU and {tot_gpu:g} GPU"
-        )
-    fit = int(math.floor(tot_cpu / cpus + 1e-9))
-    if gpus > 0:
-        fit = min(fit, int(math.floor(tot_gpu / gpus + 1e-9)))
-    conc = min(r.max_concurrent_trials, max(fit, 1))
-    warning = None
-    if conc < r.max_concurrent_trials:
-        warning = (
-            f"resources.max_concurrent_trials={r.max_concurrent_trials} does not fit the cluster "
-            f"({tot_cpu:g} CPU, {tot_gpu:g} GPU; {cpus:g} CPU and {gpus:g} GPU per trial): running {conc} at a time"
-        )
-    return ResourcePlan(bundle_cpus=cpus, bundle_gpus=gpus, concurrency=conc, warning=warning)

@@ -19,14 +19,13 @@ from typing import Any
 from sweeps import files
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
+from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
 
 __all__ = [
     "SweepState", "SWEEP_STATUSES", "storage_root", "tune_experiment_dir", "tune_dir_of", "optuna_storage_url",
     "write_json", "REPORTS_DIR", "PRUNED_WHILE_PAUSED",
 ]
 
-#: ``sweep.json``'s ``status``: ``STARTING`` (claimed, not started), then one of the others.
-SWEEP_STATUSES = ("STARTING", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED")
 
 #: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.run.reportlog.ReportLog`)
 REPORTS_DIR = "reports"

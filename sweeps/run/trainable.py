@@ -283,10 +283,10 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
 
 
 def _relay_trainable(exchange: str, loop_config_of, storage_path: str):
-    """Tune's trainable under trial runners: the trial goes to the sweep's exchange (``sweeps.run.runners.relay``)."""
+    """Tune's trainable under trial runners: the trial goes to the sweep's exchange (``sweeps.run.exchange.relay``)."""
 
     def run_trial(config: dict[str, Any]) -> None:  # Tune names trial folders run_trial_<id>_... (records.py)
-        from sweeps.run.runners import relay
+        from sweeps.run.exchange import relay
 
         trial_id, loop_config = loop_config_of(config, _trial_started_unix())
         relay(exchange, trial_id, loop_config, checkpoint_dir=f"{storage_path}/{train_run_name(trial_id)}")

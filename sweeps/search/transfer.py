@@ -29,8 +29,11 @@ import math
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
 
-__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "transfer_order", "anchor_of", "lr_offsets_octaves", "transfer_centre",
-           "fastest_to_common_target"]
+__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "transfer_order", "anchor_of",
+           "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target"]
+
+#: the farthest a ``search.precision`` LR probe may sit from its batch size's centre (octaves, either side)
+MAX_PROBE_OFFSET_OCTAVES = 6.0
 
 #: the LR exponent used until three batch sizes have finished: the square-root rule
 PRIOR_ALPHA = 0.5

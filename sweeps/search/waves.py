@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
+from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 
 __all__ = ["PrecisionWaves"]
 
@@ -81,8 +82,6 @@ class PrecisionWaves:
         """An LR probe runs at its LR only within the study's offset range around its batch size's centre."""
         if p.lr is None:
             return True
-        from sweeps.search.searcher import MAX_PROBE_OFFSET_OCTAVES
-
         centre = self.transfer_state.get(p.batch_size_sequences, {}).get("centre_lr")
         return bool(centre) and abs(math.log2(p.lr / centre)) <= MAX_PROBE_OFFSET_OCTAVES
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import secrets
+import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -17,7 +19,7 @@ from sweeps.errors import InvalidInput
 from sweeps.spec.sweep import SweepSpec
 
 __all__ = [
-    "SWEEP_ID_PATTERN", "DEFAULT_TRACKING_URI", "check_sweep_id", "is_valid_sweep_id", "default_sweep_id",
+    "SWEEP_ID_PATTERN", "DEFAULT_TRACKING_URI", "check_sweep_id", "is_valid_sweep_id", "default_sweep_id", "run_sweep_id",
     "local_tracking_uri", "tracking_uri_source", "job_tracking_uri", "is_file_store", "ARTIFACTS_DIR_NAME", "experiment_artifact_location", "is_loopback_host", "is_loopback_address",
     "redact_uri", "same_tracking_uri",
 ]
@@ -52,6 +54,13 @@ def is_valid_sweep_id(sweep_id: object) -> bool:
 def default_sweep_id(spec: SweepSpec) -> str:
     """``NAME-FINGERPRINT``: resubmitting an identical spec gives the same id (so no second job)."""
     return f"{spec.name}-{spec.fingerprint()}"
+
+
+def run_sweep_id(name: str) -> str:
+    """``NAME-YYYYMMDD-HHMMSS-xxxxxx``, a local ``critbatch run``'s default: the random tail keeps two runs of
+    one spec started in the same second apart (in MLflow and in Ray's staging folders). A submitted job
+    takes :func:`default_sweep_id` instead, so that resubmitting it starts no second job."""
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def is_file_store(uri: str) -> bool:

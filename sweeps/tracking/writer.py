@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ from sweeps.analysis.summary import headline
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
+from sweeps.tracking.outbox import Outbox  # also a name a pickled Tracker from before the move needs
 from workloads.api import FLOPS_CONVENTION
 
 __all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "configure_mlflow_env"]
@@ -50,50 +50,6 @@ def configure_mlflow_env() -> None:
     """Make MLflow's HTTP client fail fast (the Outbox retries instead of blocking training)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-
-
-class Outbox:
-    """An ordered queue of MLflow writes, retried until they succeed.
-
-    Args:
-        name: for log messages.
-    """
-
-    def __init__(self, name: str = "mlflow"):
-        self.name = name
-        self.pending: deque[tuple[str, Callable[[], Any]]] = deque()
-        self.failures = 0
-        self._warned = False
-
-    def put(self, what: str, fn: Callable[[], Any]) -> None:
-        """Queue the write ``fn`` (``what`` names it in logs) and try the queue."""
-        self.pending.append((what, fn))
-        self.flush()
-
-    def flush(self) -> bool:
-        """Try the queued writes in order; stop at the first failure. True when empty."""
-        while self.pending:
-            what, fn = self.pending[0]
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001 - any tracking failure is retried later
-                self.failures += 1
-                if not self._warned:
-                    log.warning("MLflow write failed (%s): %s; buffering and retrying", what, exc)
-                    self._warned = True
-                return False
-            self.pending.popleft()
-            self._warned = False
-        return True
-
-    def drain(self, timeout_s: float = 60.0, interval_s: float = 1.0) -> bool:
-        """Retry until the queue is empty or ``timeout_s`` passes. True when everything was written."""
-        deadline = time.monotonic() + timeout_s
-        while not self.flush():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(interval_s)
-        return True
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -133,7 +133,7 @@ def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_sh
     away; every trial still completes, so the workers read the shards, not the file."""
     import shutil
 
-    from sweeps.run.driver import run_sweep
+    from sweeps.run.api import run_sweep
 
     raw = tmp_path / "corpus.txt"
     shutil.copy(SHAKESPEARE, raw)

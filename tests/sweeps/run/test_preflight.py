@@ -4,7 +4,8 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.preflight import check_output_folder, plan_resources, spec_warnings
+from sweeps.run.cluster import plan_resources
+from sweeps.run.preflight import check_output_folder, spec_warnings
 from sweeps.spec import parse_spec
 
 

@@ -66,7 +66,7 @@ def test_a_resume_whose_tune_state_does_not_unpickle_changes_nothing(tmp_path):
 
     import yaml
 
-    from sweeps.run.driver import resume_sweep
+    from sweeps.run.api import resume_sweep
     from sweeps.run.state import tune_experiment_dir
     from sweeps.spec.loading import load_spec
 

@@ -1,0 +1,57 @@
+"""The front door of ``sweeps/run``: run or resume a sweep, one sweep or a comparison of arms.
+
+The CLI (``critbatch run`` / ``resume``, which the service's Ray jobs run too) and library users call
+:func:`run_sweep` and :func:`resume_sweep`. A spec with ``arms``, or an output folder that holds a
+comparison, goes to :mod:`sweeps.run.compare`, which runs each arm through :mod:`sweeps.run.driver`;
+anything else goes to the driver directly. The arrows run ``api -> compare -> driver`` and never back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sweeps.spec import SweepSpec
+
+__all__ = ["run_sweep", "resume_sweep"]
+
+
+def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
+              ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Run the sweep of ``spec`` into ``output`` (:func:`sweeps.run.driver.run_single_sweep`), or the
+    comparison of its ``arms`` (:func:`sweeps.run.compare.run_comparison`).
+
+    Returns:
+        ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}``: ``ok`` is False when the
+        sweep FAILED or was STOPPED; ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
+
+    Raises:
+        InvalidInput: bad input of any kind (see the two functions above); nothing was created.
+        CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
+    """
+    if spec.arms:
+        from sweeps.run.compare import run_comparison
+
+        return run_comparison(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
+                              show_progress=show_progress)
+    from sweeps.run.driver import run_single_sweep
+
+    return run_single_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
+                            show_progress=show_progress)
+
+
+def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Continue the sweep (:func:`sweeps.run.driver.resume_single_sweep`) or the comparison
+    (:func:`sweeps.run.compare.resume_comparison`) in ``output``; returns what :func:`run_sweep` returns.
+
+    Raises:
+        InvalidInput: ``output`` holds nothing to resume, or what it holds cannot be resumed (the message says why).
+    """
+    from sweeps.run.compare import is_comparison, resume_comparison
+
+    output = Path(output).expanduser().resolve()
+    if is_comparison(output):
+        return resume_comparison(output, ray_address=ray_address, show_progress=show_progress)
+    from sweeps.run.driver import resume_single_sweep
+
+    return resume_single_sweep(output, ray_address=ray_address, show_progress=show_progress)

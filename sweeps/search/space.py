@@ -1,0 +1,82 @@
+"""The search space of each batch size's Optuna study, and the hyperparameters a trial gets from a sample.
+
+:func:`search_space` lists the dimensions that vary (the LR rule, the LR multiplier and beta2 or its token
+half-life; under ``search.strategy: transfer`` an LR offset in octaves instead of the rule and multiplier);
+:func:`hyperparameters_for` and :func:`transfer_hyperparameters` turn a sample into the trial's LR and
+beta2 (``workloads.api.scaled_lr``, ``beta2_from_half_life``). Used by
+:class:`sweeps.search.searcher.BatchSizeSearcher`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
+from sweeps.spec import SweepSpec
+from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
+
+__all__ = ["search_space", "hyperparameters_for", "transfer_hyperparameters", "LR_OFFSET"]
+
+
+#: the Optuna parameter of ``search.strategy: transfer``: a trial's LR offset from its batch size's
+#: centre, in octaves (:mod:`sweeps.search.transfer`)
+LR_OFFSET = "lr_offset_octaves"
+
+
+
+def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Optuna distributions for the dimensions that vary (fixed ones are left out). With
+    ``search.strategy: transfer`` the LR rule and multiplier give way to :data:`LR_OFFSET`."""
+    s = spec.search
+    space: dict[str, optuna.distributions.BaseDistribution] = {}
+    if s.strategy == "transfer":  # wider than a batch size's own spread: search.precision's probes go beyond it
+        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-MAX_PROBE_OFFSET_OCTAVES, MAX_PROBE_OFFSET_OCTAVES)
+    elif len(s.lr_rules) > 1:
+        space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
+    lo, hi = s.lr_multiplier
+    if lo < hi and s.strategy != "transfer":
+        space["lr_multiplier"] = optuna.distributions.FloatDistribution(lo, hi, log=True)
+    if s.beta2.half_life_tokens is not None:
+        lo2, hi2 = s.beta2.half_life_tokens
+        if lo2 < hi2:
+            space["beta2_half_life_tokens"] = optuna.distributions.FloatDistribution(lo2, hi2, log=True)
+    elif s.beta2.values is not None and len(s.beta2.values) > 1:
+        space["beta2"] = optuna.distributions.CategoricalDistribution(list(s.beta2.values))
+    return space
+
+
+def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any]) -> dict[str, Any]:
+    """Resolve sampled values (plus the spec's fixed ones) into the trial's LR and beta2.
+
+    Returns a dict with ``lr_rule``, ``lr_multiplier``, ``lr``, ``beta2``, ``beta2_half_life_tokens``.
+    Fixed beta2 values keep beta2 fixed at this batch size; their half-life is derived from it so
+    that batch-size warmup can rescale beta2 by the half-life rule.
+    """
+    s = spec.search
+    T = spec.model.context_length_tokens
+    rule = sampled.get("lr_rule", s.lr_rules[0])
+    mult = float(sampled.get("lr_multiplier", s.lr_multiplier[0]))
+    lr = scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, mult)
+    if s.beta2.half_life_tokens is not None:
+        t_half = float(sampled.get("beta2_half_life_tokens", s.beta2.half_life_tokens[0]))
+        beta2 = beta2_from_half_life(t_half, batch_size_sequences, T)
+    else:
+        assert s.beta2.values is not None
+        beta2 = float(sampled.get("beta2", s.beta2.values[0]))
+        t_half = half_life_from_beta2(beta2, batch_size_sequences, T)
+    return {"lr_rule": rule, "lr_multiplier": mult, "lr": lr, "beta2": beta2, "beta2_half_life_tokens": t_half}
+
+
+def transfer_hyperparameters(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any],
+                             centre_lr: float) -> dict[str, Any]:
+    """:func:`hyperparameters_for` under ``search.strategy: transfer``: ``lr = centre_lr 2^offset``
+    (``offset``: ``sampled[LR_OFFSET]``, octaves), ``lr_rule`` the spec's first (it scales the LR only
+    under batch-size warmup) and ``lr_multiplier`` the one that rule would need for this LR."""
+    s = spec.search
+    hp = hyperparameters_for(spec, batch_size_sequences, {k: v for k, v in sampled.items() if k != LR_OFFSET})
+    lr = centre_lr * 2.0 ** float(sampled.get(LR_OFFSET, 0.0))
+    rule = s.lr_rules[0]
+    return {**hp, "lr_rule": rule, "lr": lr,
+            "lr_multiplier": lr / scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, 1.0)}
