@@ -315,22 +315,17 @@ def _precision_text(precision: dict) -> str:
             f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}")
 
 
-def _register_optional() -> None:
-    """Attach command groups that live in their own modules (submission, Kubernetes, branching, data preparation,
-    cluster planning)."""
-    import importlib
+def _register_commands() -> None:
+    """Attach the command groups that live in modules of their own: submission and the service (cluster),
+    Kubernetes, branching, data preparation, cluster planning. Each is imported here by name: a module that
+    fails to import fails the program, never drops its commands quietly."""
+    from sweeps.cli import branch, cluster, data, k8s, plan
 
-    for mod in ("sweeps.cli.cluster", "sweeps.cli.k8s", "sweeps.cli.branch", "sweeps.cli.data", "sweeps.cli.plan"):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name == mod:
-                continue
-            raise
-        m.register(app)
+    for module in (cluster, k8s, branch, data, plan):
+        module.register(app)
 
 
-_register_optional()
+_register_commands()
 
 
 def main() -> None:  # pragma: no cover - console entry
