@@ -31,8 +31,10 @@ def _wait_for(pred, timeout_s: float, proc) -> None:
 def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_targets(tmp_path, tiny_spec_dict,
                                                                                        ray_head, mlflow_uri):
     d = dict(tiny_spec_dict, name="tiny-cmp")
-    # 2 batch sizes per arm (a comparison at common targets needs no more); 2 at a time in the second arm
+    # 2 batch sizes per arm (a comparison at common targets needs no more), one trial at a time (two trial
+    # runners starting at once cost ~7 s a sweep on 2 cores): the stop lands after the second arm's first report
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8])
+    d["resources"] = {"max_concurrent_trials": 1}
     d["arms"] = [{"name": "sqrt", "search": {"lr_rules": ["sqrt"]}}, {"name": "linear", "search": {"lr_rules": ["linear"]}}]
     out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)

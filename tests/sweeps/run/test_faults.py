@@ -121,9 +121,11 @@ def children(run_uri: str, experiment: str):
         r for r in runs if r.data.tags.get("critbatch.role") == "trial"]
 
 
-def test_killed_training_worker_resumes_from_checkpoint(tmp_path, mlflow_uri):
+def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlflow_uri):
     """kill -9 the Ray Train worker after its second milestone: the trial restarts the worker group
-    from the last checkpoint and finishes with one continuous MLflow run."""
+    from the last checkpoint and finishes with one continuous MLflow run (on the suite's head: the hold
+    reaches the worker through the job's runtime env, and the worker killed is the one that appeared
+    after the sweep started)."""
     d = spec_dict(name="fault-worker", budget_tokens=16384)
     d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]})
     d["eval"] = {"milestones": 8, "eval_tokens": 1024}
@@ -138,7 +140,8 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path, mlflow_uri):
     env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll
     proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                   "--no-progress"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+                                   "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
     diagnose = lambda: (tmp_path / "driver.log").read_text()[-3000:]  # noqa: E731
     try:
         wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports", diagnose=diagnose)
@@ -166,7 +169,7 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path, mlfl
     try:
         d = spec_dict(name="fault-driver")
         d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
-        d["resources"] = {"max_concurrent_trials": 2}
+        d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
         uri = mlflow_uri
         out = tmp_path / "out"
         spec = write_spec(tmp_path, d)

@@ -206,7 +206,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     """The same trial as the first of a fresh runner and as the third of a reused one: identical curves,
     bit for bit (seeds, RNG states, thread settings, data order: nothing leaks between trials). Then 20
     trials through one runner (and one that raises on every attempt, which ends alone): its worker's
-    resident memory after the 5th and after the 20th."""
+    resident memory after the 5th and after the 20th. Last, the runner's Ray Train controller is killed:
+    its host starts the slot's run again, which takes the next trial."""
     import ray
 
     from sweeps.run.runners import TrialRunners
@@ -240,6 +241,9 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
+        # a runner whose Ray Train run ends with an error (its controller killed) is started again by its host
+        killed = _kill_train_controllers(ray.get_runtime_context().namespace)
+        after = _run(reused, [trial(20, 8, 0.003, seed=20)])
         assert reused.stop()  # every runner's Ray Train run ended (its groups released)
         fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
                              storage_path=str(tmp_path / "runs2")).start()
@@ -256,3 +260,20 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     assert len(rss) == 20
     print(f"worker RSS (MiB) by trial: {[round(r) for r in rss]}")
     assert rss[19] - rss[4] < 25.0, rss  # MiB over 15 trials; measured: see docs/benchmarks.md
+    # the replacement: one controller killed, the slot's second Ray Train run (generation 1) took the next trial
+    assert killed == 1 and len(after[0]) >= 2 and after[0][-1].get("done"), (killed, after)
+    assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / "runs").glob("runner-*")) == ["0", "1"]
+
+
+def _kill_train_controllers(namespace: str) -> int:
+    """SIGKILL the process of every live Ray Train controller whose job runs in ``namespace``; how many."""
+    import os
+    import signal
+
+    from ray.util.state import list_actors
+
+    actors = list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")], detail=True)
+    mine = [a for a in actors if getattr(a, "ray_namespace", None) == namespace]
+    for a in mine:
+        os.kill(a.pid, signal.SIGKILL)
+    return len(mine)

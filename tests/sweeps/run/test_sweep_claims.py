@@ -11,7 +11,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import run_cli, write_spec
+from tests.conftest import invoke_cli, run_cli, write_spec
 from tests.sweeps.run.test_faults import children, spec_dict, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import start, tail
 
@@ -27,6 +27,7 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     import shutil
 
     d = spec_dict(name="race")
+    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     corpus = tmp_path / "corpus.txt"
     shutil.copy(d["data"]["path"], corpus)
     d["data"]["path"] = str(corpus)
@@ -101,8 +102,8 @@ def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow
     changed = dict(d, search={**d["search"], "batch_sizes_sequences": [8]})
     for name, spec_d, out in [("shared storage", changed, tmp_path / "out2"),
                               ("MLflow", {**changed, "resources": {"max_concurrent_trials": 1}}, tmp_path / "out3")]:
-        r = run_cli(["run", str(write_spec(tmp_path, spec_d, "b.yaml")), "--output", str(out), "--tracking-uri", uri,
-                     "--sweep-id", "bind-1", "--no-progress", "--address", "127.0.0.1:9"], timeout_s=300)
+        r = invoke_cli(["run", str(write_spec(tmp_path, spec_d, "b.yaml")), "--output", str(out), "--tracking-uri", uri,
+                        "--sweep-id", "bind-1", "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
         assert r.returncode == 2, (name, r.stdout[-2000:], r.stderr[-3000:])
         assert "--sweep-id 'bind-1' already runs another spec" in r.stderr, (name, r.stderr)
         assert "resuming" not in r.stdout + r.stderr and not out.exists(), name

@@ -30,6 +30,7 @@ def tiny_sweep(tmp_path_factory, ray_head, mlflow_template):
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
     d["data"]["path"] = str(ROOT / d["data"]["path"])
+    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     spec = write_spec(tmp, d)
     out = tmp / "out"
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
@@ -150,6 +151,7 @@ def test_sweep_where_every_trial_diverges_ends_failed(tmp_path, ray_head, mlflow
                        beta2={"values": [0.99]})
     d["optimizer"] = {"grad_clip_norm": None}
     d["schedule"]["warmup_tokens"] = 0
+    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     spec = write_spec(tmp_path, d)
     uri = mlflow_uri
     r = _run(["run", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri, "--no-progress",
