@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
+from sweeps.cli.common import EXIT_FAILED, EXIT_INVALID, console, out  # noqa: F401 - EXIT_INVALID: the codes are read here too
+from sweeps.cli.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.spec import SpecError, load_spec
 
@@ -44,11 +45,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-console = Console(stderr=True, soft_wrap=True)
-out = Console(soft_wrap=True)
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 
 
 def _version() -> str:
@@ -70,12 +66,6 @@ def _root(
                                  help="Print the version and exit."),
 ) -> None:
     """The options before a command (``critbatch --version``); the commands do the work."""
-
-
-def _fail_invalid(exc: Exception) -> None:
-    """Print ``exc`` on stderr (``error: ...``; a spec with one problem in one line) and exit 2."""
-    console.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False)
-    raise typer.Exit(EXIT_INVALID)
 
 
 @app.command()
