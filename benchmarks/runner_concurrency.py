@@ -38,13 +38,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_head(temp: Path) -> tuple[subprocess.Popen, str]:
+def _start_head(temp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
            "--min-worker-port=20000", "--max-worker-port=20999", f"--ray-client-server-port={_free_port()}",
            f"--dashboard-agent-listen-port={_free_port()}", "--disable-usage-stats", "--include-dashboard=false",
            f"--temp-dir={temp}"]
-    head = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    head = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -65,8 +65,8 @@ def main() -> None:
     spec["data"]["path"] = str(ROOT / spec["data"]["path"])
     spec["search"]["batch_sizes_sequences"] = [int(b) for b in args.batch_sizes.split(",")]
     work = Path(tempfile.mkdtemp(prefix="cbconc"))
-    head, address = _start_head(Path(tempfile.mkdtemp(prefix="cbr", dir="/tmp")))
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the head and the drivers alike
+    head, address = _start_head(Path(tempfile.mkdtemp(prefix="cbr", dir="/tmp")), env)
     walls: dict[int, list[float]] = {2: [], 1: []}
     try:
         for rep in range(args.repeats):
@@ -82,6 +82,8 @@ def main() -> None:
                 wall = time.monotonic() - t0
                 walls[conc].append(wall)
                 print(f"concurrency={conc} wall_s={wall:.1f} rc={r.returncode}", flush=True)
+                if r.returncode != 0:
+                    print(r.stdout[-2000:] + r.stderr[-3000:], flush=True)
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait()
