@@ -242,7 +242,10 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
         # a runner whose Ray Train run ends with an error (its controller killed) is started again by its host
-        killed = _kill_train_controllers(ray.get_runtime_context().namespace)
+        killed = _kill_train_controllers(ray.get_runtime_context().namespace, ray_head.dashboard_url)
+        deadline = time.monotonic() + 180  # the next trial once the slot's second run has begun (a trial taken
+        while not list((tmp_path / "runs").glob("runner-*-1")) and time.monotonic() < deadline:  # by the dying
+            time.sleep(0.5)  # run would fail with it: runner_lost fails the trial in flight)
         after = _run(reused, [trial(20, 8, 0.003, seed=20)])
         assert reused.stop()  # every runner's Ray Train run ended (its groups released)
         fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
@@ -265,14 +268,17 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / "runs").glob("runner-*")) == ["0", "1"]
 
 
-def _kill_train_controllers(namespace: str) -> int:
-    """SIGKILL the process of every live Ray Train controller whose job runs in ``namespace``; how many."""
+def _kill_train_controllers(namespace: str, dashboard_url: str) -> int:
+    """SIGKILL the process of every live Ray Train controller whose job runs in ``namespace`` on the cluster
+    whose dashboard is ``dashboard_url`` (named: with several Ray instances on the machine the state API
+    cannot guess which); how many."""
     import os
     import signal
 
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")], detail=True)
+    actors = list_actors(address=dashboard_url, filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")],
+                         detail=True)
     mine = [a for a in actors if getattr(a, "ray_namespace", None) == namespace]
     for a in mine:
         os.kill(a.pid, signal.SIGKILL)
