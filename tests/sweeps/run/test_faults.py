@@ -163,33 +163,31 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlfl
     assert rows[-1]["done"] and rows[-1]["tokens_seen"] == 16384
 
 
-def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path, mlflow_uri):
-    """SIGKILL the sweep driver (on an external Ray cluster) mid-sweep, then `critbatch resume`."""
-    head, address = start_ray_head()
+def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path, ray_head, mlflow_uri):
+    """SIGKILL the sweep driver (on an external Ray cluster: the suite's; Ray ends a dead driver's job and its
+    actors) mid-sweep, then `critbatch resume`."""
+    address = ray_head.gcs_address
+    d = spec_dict(name="fault-driver")
+    d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
+    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
+    uri = mlflow_uri
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path, d)
+    log = open(tmp_path / "driver.log", "w")
+    proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                                   "--address", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
+                            text=True)
     try:
-        d = spec_dict(name="fault-driver")
-        d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
-        d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
-        uri = mlflow_uri
-        out = tmp_path / "out"
-        spec = write_spec(tmp_path, d)
-        log = open(tmp_path / "driver.log", "w")
-        proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                                       "--address", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
-                                text=True)
-        try:
-            wait_for(lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
-                     900, "one finished trial and another under way",
-                     diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            proc.kill()
-        r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stdout + r.stderr
+        wait_for(lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
+                 900, "one finished trial and another under way",
+                 diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     finally:
-        stop_head(head)
+        proc.kill()
+    r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
     cbs = json.loads((out / "cbs.json").read_text())
     assert cbs["trials"]["COMPLETED"] == 4
     trials = json.loads((out / "trials.json").read_text())
@@ -274,55 +272,54 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path, ray_head, mlflow_templa
         stop_group(server)
 
 
-def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, mlflow_uri):
+def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, ray_head, mlflow_uri):
     """Mode "pause": SIGKILL the driver while trials wait paused at a rung, then `critbatch resume`.
 
     The scheduler replays every rung from the trials' reports (and pruned_while_paused.json): the rungs
     decided before the kill are decided again alike, a trial that waited at a rung stays paused (Tune
     would restart it past the rung) until its batch size completes the rung, and each batch size still
     ends with one survivor.
+
+    On the suite's Ray head: Ray ends the killed driver's job and its actors.
     """
-    head, address = start_ray_head()
+    address = ray_head.gcs_address
+    d = spec_dict(name="fault-pause")
+    d["eval"] = {"milestones": 8, "eval_tokens": 1024}
+    # one batch size of 3 trials, 2 at a time: two wait paused at the first rung while the third runs
+    # (a second batch size would replay the same rungs independently: minutes, nothing more shown)
+    d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=3, lr_multiplier=[0.25, 4.0])
+    d["resources"] = {"max_concurrent_trials": 2}
+    d["pruning"] = {"enabled": True, "mode": "pause"}
+    uri = mlflow_uri
+    out = tmp_path / "out"
+    spec = write_spec(tmp_path, d)
+    log = open(tmp_path / "driver.log", "w")
+    # every trial waits after its third milestone (past the first rung) while this file exists, also one
+    # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/faults.py)
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
+               CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1")
+    proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                                   "--address", address], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            text=True)
+
+    def at_rung() -> int:  # trials that reported the first rung's milestone (25 % = 2048 tokens)
+        return len({r["trial_id"] for r in result_rows(out) if r.get("tokens_seen", 0) >= 2048})
+
     try:
-        d = spec_dict(name="fault-pause")
-        d["eval"] = {"milestones": 8, "eval_tokens": 1024}
-        # one batch size of 3 trials, 2 at a time: two wait paused at the first rung while the third runs
-        # (a second batch size would replay the same rungs independently: minutes, nothing more shown)
-        d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=3, lr_multiplier=[0.25, 4.0])
-        d["resources"] = {"max_concurrent_trials": 2}
-        d["pruning"] = {"enabled": True, "mode": "pause"}
-        uri = mlflow_uri
-        out = tmp_path / "out"
-        spec = write_spec(tmp_path, d)
-        log = open(tmp_path / "driver.log", "w")
-        # every trial waits after its third milestone (past the first rung) while this file exists, also one
-        # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/faults.py)
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
-                   CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1")
-        proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                                       "--address", address], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                text=True)
-
-        def at_rung() -> int:  # trials that reported the first rung's milestone (25 % = 2048 tokens)
-            return len({r["trial_id"] for r in result_rows(out) if r.get("tokens_seen", 0) >= 2048})
-
-        try:
-            wait_for(lambda: at_rung() >= 2, 400, "two trials at the first rung",
-                     diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            proc.kill()
-            hold.unlink(missing_ok=True)
-        # killed with no trial trained to its end (Tune's `done` also marks a trial pruned at the first rung)
-        assert all(r["tokens_seen"] < d["budget_tokens"] for r in result_rows(out) if "tokens_seen" in r)
-        r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                           capture_output=True, text=True, timeout=500)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        wait_for(lambda: at_rung() >= 2, 400, "two trials at the first rung",
+                 diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     finally:
-        stop_head(head)
+        proc.kill()
+        hold.unlink(missing_ok=True)
+    # killed with no trial trained to its end (Tune's `done` also marks a trial pruned at the first rung)
+    assert all(r["tokens_seen"] < d["budget_tokens"] for r in result_rows(out) if "tokens_seen" in r)
+    r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     trials = json.loads((out / "trials.json").read_text())
     assert len(trials) == 3 and len({t["trial_id"] for t in trials}) == 3
     for b in (4,):  # LRs within 4x of the base: no trial diverges, the batch size keeps one of three
