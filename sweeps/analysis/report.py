@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 from sweeps.files import write_atomic  # noqa: E402
 
 from sweeps.analysis.summary import (  # noqa: E402
-    definitions_text, describe_status, headline, interval_ends_text, swept_range)
+    censored_text, definitions_text, describe_status, headline, interval_ends_text, swept_range)
 
 __all__ = ["write_report", "make_plots", "PLOT_CAPTIONS"]
 
@@ -398,7 +398,7 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
             (p.get("config_to_target") or {}).get("lr"), (p.get("config_to_target") or {}).get("beta2_half_life_tokens"),
             _best_lr_text(best_lr.get(p["batch_size_sequences"])),
             p["best_config_at_budget"].get("lr_rule"), p["best_config_at_budget"].get("lr"), p["loss_at_budget"],
-            len(p["seeds"]))) + "</tr>"
+            len(p["seeds"]), p.get("trials"), p.get("budget_tokens"), p.get("tokens_trained"))) + "</tr>"
         for p in analysis.get("per_batch") or []
     )
     trows = "".join(
@@ -406,7 +406,7 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
             t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
             *interval_ends_text(t.get("b_crit_ci"), swept_range(t)), _with_ci(t.get("cbs_20"), t.get("cbs_20_ci")),
             t.get("status"), t.get("n_batch_sizes"),
-            ", ".join(str(x) for x in t.get("excluded_batch_sizes") or []))) + "</tr>"
+            censored_text(t))) + "</tr>"
         for t in analysis.get("targets") or []
     )
     counts = analysis.get("trials") or {}
@@ -431,10 +431,10 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
-(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone</th></tr>{trows}</table>
+(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone (censored: needs more than N steps; the fit's steps)</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
 <table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [bracket]</th>
-<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th></tr>{rows}</table>
+<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th><th>trials</th><th>token budget</th><th>tokens trained</th></tr>{rows}</table>
 <h2>Plots</h2>{imgs}{_plan_section(output)}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},
 parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>

@@ -17,7 +17,7 @@ import math
 from typing import Any, Optional
 
 __all__ = ["STATUS_TEXT", "SWEEP_STATUSES", "describe_status", "headline", "fitted_batch_sizes", "swept_range",
-           "interval_ends_text", "definitions_text", "analyze_note"]
+           "interval_ends_text", "definitions_text", "analyze_note", "censored_text"]
 
 #: the statuses ``cbs.json`` can have besides a fit's (``sweeps.analysis.fit.STATUSES``): set by
 #: :func:`sweeps.analysis.sweep.analyze_trials` (no completed trial, no target) and by the sweep's end when
@@ -240,6 +240,23 @@ def _excluded(fit: dict[str, Any]) -> list[float]:
     if ex is None:
         ex = (_primary_target(fit) or {}).get("excluded_batch_sizes")
     return sorted(float(x) for x in ex or [])
+
+
+def censored_text(target: dict[str, Any]) -> str:
+    """A target's batch sizes short of it: each censored point with the steps it needs more than and the fit's
+    steps there, marked when the fit contradicts it (``cbs.json``'s ``censored_points``; older ones: the sizes)."""
+    cens = target.get("censored_points")
+    if cens is None:
+        return ", ".join(str(x) for x in target.get("excluded_batch_sizes") or [])
+
+    def one(c: dict[str, Any]) -> str:
+        bound = c.get("steps_lower_bound")
+        text = f"{c['batch_size_sequences']} (> {bound:.3g} steps" if bound is not None else f"{c['batch_size_sequences']} (diverged"
+        if c.get("fit_steps") is not None:
+            text += f"; fit {c['fit_steps']:.3g}" + (", contradicts" if c.get("fit_consistent") is False else "")
+        return text + ")"
+
+    return ", ".join(one(c) for c in cens)
 
 
 def _late_text(late: list[float]) -> str:

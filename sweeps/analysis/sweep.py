@@ -19,7 +19,8 @@ import numpy as np
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
 from sweeps.analysis.lr_scaling import lr_scaling
 from sweeps.analysis.summary import headline
-from sweeps.analysis.targets import TARGET_RULE, TrialRecord, best_at_budget, choose_targets, steps_to_target_points
+from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
+                                     steps_to_target_points)
 from sweeps.errors import InvalidInput
 
 __all__ = ["analyze_trials", "analyze_trials_file", "analyze_csv", "finite_json"]
@@ -60,7 +61,10 @@ def analyze_trials(
     ``cbs_20``, ``b_compute_overhead_20`` (each with its ``_ci``: ``b_crit_ci`` mapped through it), ``s_min``,
     ``e_min``, ``target_loss``, ``status``,
     ``message``; ``target_rule`` and ``interval_method`` (how points and intervals are made);
-    ``targets`` (one entry per target, with its ``points`` and the trial each came from);
+    ``targets`` (one entry per target, with its ``points`` and the trial each came from, and its
+    ``censored_points``: the batch sizes that did not reach it, each with the steps it is known to need more
+    than, :func:`~sweeps.analysis.targets.censored_points`, and whether the fit, made without them, agrees
+    (``fit_steps``, ``fit_consistent``)); ``censored_points`` (the primary target's);
     ``per_batch`` (each batch size's steps and tokens to the primary target with the trials that gave
     them, and, separately, ``best_config_at_budget``: the configuration with the lowest mean loss at
     the budget); ``b_simple`` (the noise-scale series of each batch size's best-at-budget trial);
@@ -124,7 +128,8 @@ def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
 #: the keys of each entry of ``cbs.json``'s ``targets``
 _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
-                "n_batch_sizes", "fitted_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes")
+                "n_batch_sizes", "fitted_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes",
+                "censored_points")
 
 
 def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
@@ -133,7 +138,20 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
     points, excluded = steps_to_target_points(trials, target, T)
     fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
                          reference_batch, level=level)
-    return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded}
+    censored = censored_points(trials, target, T)
+    s_min, e_min = fit.get("s_min"), fit.get("e_min")
+    for c in censored:  # does the fit, made without them, say they should have reached the target?
+        fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None
+        c["fit_steps"] = fitted
+        c["fit_consistent"] = (None if fitted is None or c["steps_lower_bound"] is None
+                               else bool(fitted > c["steps_lower_bound"]))
+    contradicted = [c["batch_size_sequences"] for c in censored if c["fit_consistent"] is False]
+    if contradicted:
+        note = (f"batch size(s) {', '.join(str(b) for b in contradicted)} did not reach this target within more steps "
+                f"than the fit (made without them) gives them: b_crit may be overstated")
+        fit["message"] = f"{fit['message']}; {note}" if fit.get("message") else note
+    return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded,
+            "censored_points": censored}
 
 
 def _scaled(ci: list[float | None] | None, factor: float) -> list[float | None] | None:
@@ -162,6 +180,7 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
         e_min_tokens=primary["e_min"] * T if primary.get("e_min") is not None else None,
         e_min_ci_tokens=_scaled(primary.get("e_min_ci"), T),
         fitted_batch_sizes=primary.get("fitted_batch_sizes"),
+        censored_points=primary.get("censored_points") or [],
         status=primary["status"],
         message=primary.get("message", ""),
     )
@@ -171,8 +190,16 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
                primary_points: dict[int, list[dict[str, Any]]], by_trial: dict[str, TrialRecord], T: float,
                flops_per_token: float | None) -> list[dict[str, Any]]:
     """``cbs.json``'s ``per_batch``: each batch size's steps and tokens to the primary target (geometric
-    mean over its seeds, only when every seed reached it) and its best configuration at the budget."""
+    mean over its seeds, only when every seed reached it), its best configuration at the budget, its token
+    budget (``budget_tokens``: the most tokens one of its trials trained), and the compute it used
+    (``tokens_trained``: the sum over its ``trials`` with a curve, pruned and stopped ones at what they reached)."""
     seeds_of = {b: sorted({t.seed for t in trials if t.batch_size_sequences == b}) for b in at_budget}
+    trained: dict[int, float] = {}
+    budget: dict[int, float] = {}
+    for t in trials:
+        if t.tokens:
+            trained[t.batch_size_sequences] = trained.get(t.batch_size_sequences, 0.0) + max(t.tokens)
+            budget[t.batch_size_sequences] = max(budget.get(t.batch_size_sequences, 0.0), max(t.tokens))
     per_batch = []
     for b, ts in at_budget.items():
         pts = primary_points.get(b, [])
@@ -190,6 +217,9 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
             "trial_ids_at_budget": [t.trial_id for t in ts],
             "seeds": [t.seed for t in ts],
             "loss_at_budget": float(np.mean([t.final_loss for t in ts])),
+            "budget_tokens": budget.get(b),
+            "tokens_trained": trained.get(b),
+            "trials": sum(1 for t in trials if t.batch_size_sequences == b and t.tokens),
         })
     return per_batch
 

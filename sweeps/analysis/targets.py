@@ -14,7 +14,8 @@ import numpy as np
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "choose_targets", "best_at_budget", "TARGET_RULE"]
+__all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "censored_points",
+           "choose_targets", "best_at_budget", "TARGET_RULE"]
 
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
@@ -163,6 +164,50 @@ def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_
               for (b, s), (tok, t) in sorted(best.items())]
     reached = {p["batch_size_sequences"] for p in points}
     return points, sorted(set(last) - reached)
+
+
+def _tokens_still_above(t: TrialRecord, target: float, last_tokens: float) -> float:
+    """The most tokens at which one trial is known not to have reached ``target`` under :data:`TARGET_RULE`:
+    its last milestone before the batch size's last (a crossing at the last one does not count), or ``inf``
+    when its curve turned non-finite first (a diverged trial never reaches it)."""
+    seen = 0.0
+    for tok, loss in zip(t.tokens, t.val_loss):
+        if loss is None or not math.isfinite(loss):
+            return math.inf
+        if tok >= last_tokens:
+            return float(last_tokens) if loss > target else seen
+        seen = float(tok)
+    return seen
+
+
+def censored_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float) -> list[dict[str, Any]]:
+    """The (batch size, seed) cells with trials but no counted crossing of ``target``: right-censored points.
+
+    Their steps to target are not known, only that they exceed a bound: the minimum over the cell's trials of
+    the tokens each was still above the target (:func:`_tokens_still_above`: its last counted milestone; the
+    budget for a trial that ended above it; a pruned or stopped trial's last milestone, which weakens the
+    bound; a diverged trial gives none). Steps = tokens / (B * tokens_per_sequence), as for the points.
+
+    Returns:
+        One dict per censored cell, sorted by batch size then seed: ``{batch_size_sequences, seed,
+        tokens_lower_bound, steps_lower_bound, trial_id}`` (the trial that sets the bound; ``tokens_lower_bound``
+        None when every trial of the cell diverged).
+    """
+    last = _last_tokens_by_batch(trials)
+    cells: dict[tuple[int, int], list[TrialRecord]] = {}
+    for t in trials:
+        if t.tokens:
+            cells.setdefault((t.batch_size_sequences, t.seed), []).append(t)
+    out = []
+    for (b, seed), ts in sorted(cells.items()):
+        if any(_crossing_before_last(t, target, last[b]) is not None for t in ts):
+            continue
+        bound, t_min = min(((_tokens_still_above(t, target, last[b]), t) for t in ts), key=lambda x: x[0])
+        finite = math.isfinite(bound)
+        out.append({"batch_size_sequences": b, "seed": seed, "tokens_lower_bound": bound if finite else None,
+                    "steps_lower_bound": bound / (b * tokens_per_sequence) if finite else None,
+                    "trial_id": t_min.trial_id})
+    return out
 
 
 def best_at_budget(trials: list[TrialRecord]) -> dict[int, list[TrialRecord]]:

@@ -13,6 +13,7 @@ from sweeps.analysis import (
     analyze_trials,
     cbs_20,
     cbs_20_interval,
+    censored_points,
     choose_targets,
     finite_json,
     fit_hyperbola,
@@ -477,3 +478,64 @@ def test_a_comparison_row_gives_steps_tokens_and_synchronizations_to_target_each
     assert row["syncs_min_ci"] == pytest.approx([lo / 4, hi / 4])
     assert row["e_min_tokens_ci"] == pytest.approx([x * 64 for x in row["e_min_ci"]])
     assert all(p["syncs_to_target"] == pytest.approx(p["steps_to_target"] / 4) for p in row["points"])
+
+
+def test_a_batch_size_short_of_the_target_is_a_censored_point_with_the_steps_it_needs_more_than():
+    """Issue 27: a batch size with no counted crossing enters cbs.json as a censored point, not only as an
+    excluded number. Its bound is the minimum over its trials of the tokens each is known to be above the target:
+    the budget for one that ended above it, the penultimate milestone for one that crossed only at the last,
+    its last milestone for a pruned one; a diverged trial sets none."""
+    tok = [1000, 2000, 4000]
+    above = _rec("above", 16, tok, [3.0, 2.8, 2.6])            # ends above 2.5: needs more than 4000 tokens
+    at_last = _rec("at_last", 32, tok, [3.0, 2.8, 2.4])        # crosses only at the last: more than 2000
+    pruned = _rec("pruned", 32, tok[:1], [3.1], status="PRUNED")  # stopped at 1000: the bound falls to 1000
+    diverged = _rec("diverged", 64, tok[:2], [3.0, float("nan")], status="DIVERGED")
+    fast = _rec("fast", 64, tok, [3.0, 2.9, 2.7])               # B = 64's bound comes from this one: 4000
+    reached = _rec("reached", 8, tok, [2.9, 2.4, 2.2])          # crosses at 2000: a point, not censored
+    cens = censored_points([above, at_last, pruned, diverged, fast, reached], 2.5, 16)
+    assert [(c["batch_size_sequences"], c["tokens_lower_bound"], c["trial_id"]) for c in cens] == [
+        (16, 4000.0, "above"), (32, 1000.0, "pruned"), (64, 4000.0, "fast")]
+    assert cens[0]["steps_lower_bound"] == pytest.approx(4000 / (16 * 16))
+    alone = censored_points([diverged], 2.5, 16)
+    assert alone == [{"batch_size_sequences": 64, "seed": 0, "tokens_lower_bound": None, "steps_lower_bound": None,
+                      "trial_id": "diverged"}]
+    assert censored_points([at_last], 2.9, 16) == []  # crosses 2.9 at 2000 tokens, before the last milestone
+
+
+def test_cbs_json_names_its_censored_points_and_whether_the_fit_agrees_with_them():
+    """The largest batch sizes are cut at a budget too short for the lowest target: cbs.json lists them as
+    censored with the steps they needed more than and the fit's steps there; per_batch gives each batch
+    size's token budget and the tokens its trials used. A censored point the fit says should have crossed
+    (fit steps below its bound) is a contradiction, said in the target's message."""
+    trials = _synthetic_trials(seeds=(0,))
+    cut = []
+    for t in trials:  # B = 128 and 256 get a quarter of the tokens: they miss the lowest targets
+        if t.batch_size_sequences >= 128:
+            keep = len(t.tokens) // 4
+            t.tokens, t.val_loss, t.flops, t.b_simple = (t.tokens[:keep], t.val_loss[:keep], t.flops[:keep],
+                                                         t.b_simple[:keep])
+        cut.append(t)
+    res = analyze_trials(cut, context_length_tokens=64, reference_batch=16)
+    primary = next(t for t in res["targets"] if t["target_loss"] == res["target_loss"])
+    censored = {c["batch_size_sequences"] for c in primary["censored_points"]}
+    assert censored == set(primary["excluded_batch_sizes"]) and censored, primary["excluded_batch_sizes"]
+    assert res["censored_points"] == primary["censored_points"]
+    for c in primary["censored_points"]:
+        assert c["steps_lower_bound"] == pytest.approx(c["tokens_lower_bound"] / (c["batch_size_sequences"] * 64))
+        assert c["fit_steps"] == pytest.approx(res["s_min"] + res["e_min"] / c["batch_size_sequences"])
+        assert c["fit_consistent"] is True  # the planted curves obey the hyperbola past the budget too
+    rows = {r["batch_size_sequences"]: r for r in res["per_batch"]}
+    assert rows[256]["budget_tokens"] == pytest.approx(cut[-1].tokens[-1])
+    assert rows[256]["budget_tokens"] < rows[4]["budget_tokens"]
+    assert rows[4]["tokens_trained"] == pytest.approx(max(cut[0].tokens)) and rows[4]["trials"] == 1
+
+    # the same curves, B = 256 slower than the hyperbola allows: the fit made without it contradicts its bound
+    slow = [t for t in cut if t.batch_size_sequences != 256]
+    t256 = next(t for t in cut if t.batch_size_sequences == 256)
+    slow.append(TrialRecord(trial_id="slow", batch_size_sequences=256, seed=0, group_id="slow", status="COMPLETED",
+                            hyperparameters=t256.hyperparameters, tokens=list(trials[0].tokens),
+                            val_loss=[v + 5.0 for v in trials[0].val_loss], flops=list(trials[0].flops)))
+    res2 = analyze_trials(slow, context_length_tokens=64, reference_batch=16, targets=[res["target_loss"]])
+    c256 = next(c for c in res2["censored_points"] if c["batch_size_sequences"] == 256)
+    assert c256["fit_consistent"] is False and c256["fit_steps"] < c256["steps_lower_bound"]
+    assert "256 did not reach this target" in res2["targets"][0]["message"]

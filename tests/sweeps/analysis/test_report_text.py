@@ -166,3 +166,14 @@ def test_the_report_says_what_search_precision_did_and_warns_of_an_off_centre_lr
     assert "Warning: at batch sizes 4, 8, 16 the fastest trial ran at the highest LR it tried" in text
     assert "asked for an interval within 4x, at most 24 trials; stopped because max_trials" in text
     assert "after 12 trials 13.2" in text and "added B=16 at LR 0.0085, B=24 (new)" in text
+
+
+def test_the_targets_table_says_what_each_censored_point_needs_more_than_and_where_the_fit_disagrees():
+    from sweeps.analysis.summary import censored_text
+
+    t = {"excluded_batch_sizes": [128, 256, 512], "censored_points": [
+        {"batch_size_sequences": 128, "steps_lower_bound": 32.0, "fit_steps": 45.2, "fit_consistent": True},
+        {"batch_size_sequences": 256, "steps_lower_bound": 16.0, "fit_steps": 12.5, "fit_consistent": False},
+        {"batch_size_sequences": 512, "steps_lower_bound": None, "fit_steps": None, "fit_consistent": None}]}
+    assert censored_text(t) == "128 (> 32 steps; fit 45.2), 256 (> 16 steps; fit 12.5, contradicts), 512 (diverged)"
+    assert censored_text({"excluded_batch_sizes": [128]}) == "128"  # a cbs.json from before censored points
