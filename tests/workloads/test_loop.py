@@ -29,6 +29,7 @@ from workloads.scaling import warmup_factor, warmup_length_tokens
 from workloads.step import IGNORE_INDEX, step_gradient
 from tests.conftest import ROOT
 from tests.workloads.trial import with_sections
+from tests.workloads.ranks import leave_group_and_exit
 
 DATA = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
 BASE = TrialConfig(
@@ -304,9 +305,10 @@ def _gloo_worker(rank: int, world: int, init_file: str, cases: dict, splits: dic
                 res[(cname, sname)] = (sg.grads, sg.loss, sg.loss_tokens, sg.real_tokens, sg.small_sq_norm_mean,
                                        sg.big_sq_norm, sg.micro_batches)
         torch.save(res, f"{out_dir}/rank{rank}.pt")
-        dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_group_and_exit()  # ranks.py: together, and past the teardown where gloo aborted a rank now and then
 
 
 @pytest.fixture(scope="module")

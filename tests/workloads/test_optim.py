@@ -15,6 +15,7 @@ from workloads.optim import build_optimizer, reads_beta2, state_bytes_per_param
 from workloads.pretrain import build_pretrain, run_pretrain
 from tests.workloads.test_loop import BASE, cfg, run
 from tests.workloads.trial import with_sections
+from tests.workloads.ranks import leave_group_and_exit
 
 #: a peak LR at which each optimizer learns on the tiny model (Adafactor's is a relative step size)
 LR = {"adamw": 3e-3, "adamw_8bit": 3e-3, "sgd_momentum": 0.3, "adafactor": 3e-2}
@@ -190,8 +191,7 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
     res["fsdp_resumed"] = _run(fsdp, resume=copy.deepcopy(state[0]))
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
-    dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
-    dist.destroy_process_group()
+    leave_group_and_exit()  # ranks.py: together, and past the teardown where gloo aborted a rank now and then
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from workloads.parallel import autocast_dtype
 from workloads.pretrain import run_pretrain
 from tests.workloads.test_loop import BASE
 from tests.workloads.trial import with_sections
+from tests.workloads.ranks import leave_group_and_exit
 
 # 8 sequences per step, micro-batches of 2: 2 accumulation steps on each of 2 workers; 8 steps
 TWO = with_sections(BASE, batch={"micro_batch_size_sequences_max": 2}, budget_tokens=2048,
@@ -49,8 +50,7 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
                                                                                 activation_checkpointing=True)))[1]
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
-    dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
-    dist.destroy_process_group()
+    leave_group_and_exit()  # ranks.py: together, and past the teardown where gloo aborted a rank now and then
 
 
 @pytest.fixture(scope="module")

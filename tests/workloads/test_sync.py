@@ -15,6 +15,7 @@ from workloads.pretrain import build_pretrain
 from workloads.sync import replica_mean_state_dict
 from tests.workloads.test_parallel import TWO, _run
 from tests.workloads.trial import with_sections
+from tests.workloads.ranks import leave_group_and_exit
 
 SGD = {"name": "sgd_momentum", "lr": 0.3, "grad_clip_norm": None}
 NO_CLIP = {"grad_clip_norm": None}
@@ -50,8 +51,7 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
     res["tied_mean"] = replica_mean_state_dict(tied)
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
-    dist.barrier()  # both ranks leave together: a rank whose peer had already gone was seen to abort (SIGABRT)
-    dist.destroy_process_group()
+    leave_group_and_exit()  # ranks.py: together, and past the teardown where gloo aborted a rank now and then
 
 
 @pytest.fixture(scope="module")

@@ -206,7 +206,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     """The same trial as the first of a fresh runner and as the third of a reused one: identical curves,
     bit for bit (seeds, RNG states, thread settings, data order: nothing leaks between trials). Then 20
     trials through one runner (and one that raises on every attempt, which ends alone): its worker's
-    resident memory after the 5th and after the 20th. Last, the runner's Ray Train controller is killed:
+    resident memory after the 5th and after the 20th. Then the same LoRA fine-tuning trial twice in that
+    runner: the same curve (the checkpoint is loaded per trial). Last, the runner's Ray Train controller is killed:
     its host starts the slot's run again, which takes the next trial."""
     import ray
 
@@ -241,6 +242,11 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
         ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
+        # fine-tuning in the same warm runner: the checkpoint loaded per trial (a LoRA adapter trained by the first
+        # must not be in the second's model), so the same trial twice gives the same curve
+        ft = _finetune_trial(tmp_path)
+        tuned = _run(reused, [("ft-a", dict(ft, trial_id="ft-a", **{CHECKPOINT_DIR_KEY: str(tmp_path / "train-ft-a")})),
+                              ("ft-b", dict(ft, trial_id="ft-b", **{CHECKPOINT_DIR_KEY: str(tmp_path / "train-ft-b")}))])
         # a runner whose Ray Train run ends with an error (its controller killed) is started again by its host
         killed = _kill_train_controllers(ray.get_runtime_context().namespace, ray_head.dashboard_url)
         deadline = time.monotonic() + 180  # the next trial once the slot's second run has begun (a trial taken
@@ -259,6 +265,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     assert state == "failed" and "no-such-corpus" in error and rows == [], (state, error)
     assert {r[0]["worker_nodes"] for r in more} == {first[0][0]["worker_nodes"]} and len(more) == 17
     assert first[0][0]["worker_nodes"] == first[2][0]["worker_nodes"]  # the same runner ran both
+    assert len(tuned[0]) == 2 and tuned[0][-1].get("done") and _curve(tuned[0]) == _curve(tuned[1]), tuned
+    assert {r[0]["worker_nodes"] for r in tuned} == {first[0][0]["worker_nodes"]}
     rss = [rows[0]["worker_rss_mb"] for rows in first + more]
     assert len(rss) == 20
     print(f"worker RSS (MiB) by trial: {[round(r) for r in rss]}")
@@ -266,6 +274,37 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     # the replacement: one controller killed, the slot's second Ray Train run (generation 1) took the next trial
     assert killed == 1 and len(after[0]) >= 2 and after[0][-1].get("done"), (killed, after)
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / "runs").glob("runner-*")) == ["0", "1"]
+
+
+def _finetune_trial(tmp_path: Path) -> dict:
+    """A fine-tuning trial's config (``sweeps/examples/gsm8k-finetune.yaml`` cut down: LoRA rank 4 on a tiny
+    byte-level checkpoint made here, 40 arithmetic questions, 2 milestones of 1536 tokens), one torch thread."""
+    import json
+
+    import yaml
+
+    from sweeps.run.trainable import trial_config
+    from sweeps.spec import SweepSpec
+    from workloads.api import TORCH_THREADS_KEY, init_checkpoint
+
+    root = Path(__file__).resolve().parents[3]
+    ckpt = init_checkpoint(str(tmp_path / "ft-ckpt"), d_model=32, n_layers=1, n_heads=2, context_length_tokens=128,
+                           d_ff=64)
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text("".join(json.dumps({"question": f"What is {3 * i + 1} plus {7 * i + 2}?",
+                                      "answer": f"#### {10 * i + 3}"}) + "\n" for i in range(40)))
+    d = yaml.safe_load((root / "sweeps" / "examples" / "gsm8k-finetune.yaml").read_text())
+    d["model"] = {"context_length_tokens": 96}
+    d["data"] = {"path": str(qa), "validation_fraction": 0.2}
+    d["finetune"].update(checkpoint_dir=str(ckpt), truncate=False, lora={"rank": 4, "alpha": 8})
+    d.update(budget_tokens=3072, schedule={"kind": "constant_ema", "warmup_tokens": 0, "ema_half_life_tokens": 1024},
+             eval={"milestones": 2, "eval_tokens": 512})
+    d["search"].update(batch_sizes_sequences=[4], base_batch_size_sequences=4)
+    spec = SweepSpec.model_validate(d)
+    cfg = trial_config(spec, {"batch_size_sequences": 4, "lr": 0.003, "lr_rule": "sqrt", "beta2": 0.99,
+                              "beta2_half_life_tokens": 4096.0, "seed": 0}, "ft", data_path=str(qa)).to_dict()
+    cfg[TORCH_THREADS_KEY] = 1
+    return cfg
 
 
 def _kill_train_controllers(namespace: str, dashboard_url: str) -> int:
