@@ -16,7 +16,9 @@ Sizing (one pod per concurrently running trial):
   (``minReplicas == replicas == maxReplicas``);
 * memory is not in the spec: ``max(4, 2 x CPUs + 8 x GPUs)`` GiB per worker pod;
 * every container's requests equal its limits (Guaranteed QoS), and the head has
-  ``num-cpus: "0"`` so that no trial runs beside the GCS, the dashboard and the sweep driver.
+  ``num-cpus: "0"`` so that no trial runs beside the GCS, the dashboard and the sweep driver;
+* the head's memory is 6 GiB plus 1 GiB per trial runner (:func:`head_memory_gib`): each runner's host
+  actor and Ray Train controller take no CPU and run on the head.
 
 The ``RayJob`` is allowed ``budget.wall_clock_s`` (24 h when the spec sets none) plus 30 minutes
 for the cluster to start and the report to be written.
@@ -49,6 +51,7 @@ __all__ = [
     "rayjob_name",
     "render_rayjob",
     "trial_pod_resources",
+    "head_memory_gib",
 ]
 
 # ---- what the platform (k8s/base) provides, by name --------------------------------------------
@@ -76,7 +79,12 @@ SPEC_MOUNT_DIR = "/critbatch/spec"
 OUTPUT_DIR = "/tmp/critbatch-out"
 WORKDIR = "/app"  # the image's working directory: relative data paths in specs resolve here
 HEAD_CPUS = "2"
-HEAD_MEMORY = "6Gi"
+#: the head's memory without trial runners: the GCS, the dashboard, the sweep's driver and Tune
+HEAD_BASE_MEMORY_GIB = 6
+#: the head's memory per trial runner: its host actor and Ray Train controller (0 CPU each, so Ray places them
+#: beside the driver on the head) and Ray Train's synchronization actor. Measured on a local sweep (peak RSS,
+#: 2026-12-05: host 386, controller 379, synchronization actor 189 MiB), rounded up; docs/benchmarks.md
+RUNNER_MEMORY_GIB = 1
 SUBMITTER_CPU = "500m"
 SUBMITTER_MEMORY = "512Mi"
 MIN_MEMORY_GIB = 4
@@ -144,6 +152,14 @@ def trial_pod_resources(spec: SweepSpec) -> TrialPodResources:
     memory_gib = max(MIN_MEMORY_GIB, MEMORY_GIB_PER_CPU * cpus + MEMORY_GIB_PER_GPU * gpus)
     replicas = min(r.max_concurrent_trials, spec.n_trials)
     return TrialPodResources(cpus=cpus, gpus=gpus, memory_gib=memory_gib, replicas=replicas)
+
+
+def head_memory_gib(spec: SweepSpec) -> int:
+    """The head pod's memory in GiB: :data:`HEAD_BASE_MEMORY_GIB` plus :data:`RUNNER_MEMORY_GIB` for each trial
+    runner (``min(max_concurrent_trials, max_trials)`` of them, ``sweeps.run.runners.sweep_runners``), whose
+    host actor and Ray Train controller take no CPU and so run on the head beside the driver. Example (the Tiny
+    Shakespeare sweep, 2 at a time): 6 + 2 x 1 = 8 GiB."""
+    return HEAD_BASE_MEMORY_GIB + RUNNER_MEMORY_GIB * min(spec.resources.max_concurrent_trials, spec.max_trials)
 
 
 def active_deadline_s(spec: SweepSpec) -> int:
@@ -343,7 +359,7 @@ def _ray_cluster_spec(spec: SweepSpec, image: str, labels: dict[str, str], confi
         container="ray-head",
         image=image,
         labels={**labels, "app.kubernetes.io/component": "ray-head"},
-        resources={"cpu": HEAD_CPUS, "memory": HEAD_MEMORY},
+        resources={"cpu": HEAD_CPUS, "memory": f"{head_memory_gib(spec)}Gi"},
         spec_configmap=configmap,
         ports=[
             {"name": "gcs-server", "containerPort": 6379},

@@ -297,3 +297,22 @@ def test_cli_missing_file_and_bad_namespace_exit_2(cli, tmp_path):
     assert cli(tmp_path / "nope.yaml").exit_code == 2
     result = cli(EXAMPLE_SPEC, "--namespace", "Bad_NS")
     assert result.exit_code == 2 and "--namespace" in result.stderr
+
+
+def test_the_head_has_room_for_each_trial_runners_host_and_controller():
+    """Issue 29: each trial runner's host actor and Ray Train controller take no CPU, so they run on the head
+    beside the driver: 6 GiB plus 1 GiB per runner (as many as trials run at once, never more than the trials)."""
+    from sweeps.remote.k8s import head_memory_gib
+
+    def head(spec):
+        rj = render_rayjob(spec, EXAMPLE_TEXT, "critbatch:0.1.0", None)[1]
+        (c,) = rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]
+        return c["resources"]
+
+    assert head_memory_gib(EXAMPLE) == 8 and head(EXAMPLE)["limits"]["memory"] == "8Gi"  # 2 at a time
+    wide = EXAMPLE.model_copy(update={"resources": EXAMPLE.resources.model_copy(update={"max_concurrent_trials": 8})})
+    assert head(wide)["requests"] == head(wide)["limits"] == {"cpu": "2", "memory": "14Gi"}
+    few = wide.model_copy(update={"search": wide.search.model_copy(update={"batch_sizes_sequences": [4, 8],
+                                                                          "trials_per_batch_size": 1,
+                                                                          "precision": None})})
+    assert head_memory_gib(few) == 6 + 2  # two trials in all: two runners
