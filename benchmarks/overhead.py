@@ -16,7 +16,7 @@ is ``ratio=X tune_only_ratio=Y sweep_over_tune_only=Z fixed_cost_s=W`` (sweep an
 clock over plain wall clock, the sweep over Tune-only, and the median per-trial fixed cost over the
 trials after the first ``--concurrency`` (each trial runner's first pays its start): the sweep's time
 to a trial's first report minus the plain loop's time to its first report at that batch size); the
-lines before it say where the difference goes.
+lines before it say where the difference goes (``sweep wall clock by part``: :func:`sweep_breakdown`).
 
 ``--pruned`` instead runs the main job (``sweeps/examples/shakespeare-char.yaml``) and the pruned
 example (``sweeps/examples/shakespeare-char-pruned.yaml``, the same training FLOPs) one after the other
@@ -162,6 +162,39 @@ def train_starts(out: Path) -> tuple[list[float], list[float]]:
     return first, restarts
 
 
+def sweep_breakdown(out: Path, started_unix: float, wall_s: float, concurrency: int) -> dict[str, float]:
+    """Where a ``critbatch run``'s wall clock went, from its records (1 s resolution in places: file times).
+
+    ``before_sweep_s``: the CLI's start to ``OUT/sweep.json``'s ``created`` (imports, checks, Ray's start, the
+    MLflow parent); ``to_first_trial_s``: from there to the first trial's ``params.json``; ``trials_s``: the first
+    trial's start to the last trial's ``end.json``, split per slot (sums over trials / ``concurrency``) into
+    ``training_s`` (each trial's tokens over its ``tokens_per_s``), ``first_starts_s`` (the ``startup_s`` of each
+    runner's first trial), ``later_starts_s`` (the other trials' ``startup_s``) and ``rest_s`` (evaluations,
+    reports, checkpoints, and slots left idle); ``after_trials_s``: the last ``end.json`` to the CLI's exit
+    (the analysis, the report, the records, Ray's stop). ``training_total_s`` is the sum over trials.
+    """
+    created = json.loads((out / "sweep.json").read_text())["created"]
+    trials = []
+    for f in sorted((out / "reports").glob("*.jsonl")):
+        tid = f.name[: -len(".jsonl")]
+        reps = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        start = (out / "reports" / f"{tid}.params.json").stat().st_mtime
+        end = (out / "reports" / f"{tid}.end.json").stat().st_mtime
+        last = reps[-1]
+        trials.append((start, end, reps[0].get("startup_s") or 0.0, last["tokens_seen"] / last["tokens_per_s"]))
+    trials.sort()
+    first, last_end = trials[0][0], max(t[1] for t in trials)
+    span = last_end - first
+    training = sum(t[3] for t in trials)
+    starts = [t[2] for t in trials]
+    b = {"before_sweep_s": created - started_unix, "to_first_trial_s": first - created, "trials_s": span,
+         "training_s": training / concurrency, "first_starts_s": sum(starts[:concurrency]) / concurrency,
+         "later_starts_s": sum(starts[concurrency:]) / concurrency,
+         "after_trials_s": started_unix + wall_s - last_end, "training_total_s": training}
+    b["rest_s"] = span - b["training_s"] - b["first_starts_s"] - b["later_starts_s"]
+    return b
+
+
 def pruned_over_main() -> None:
     """The ``--pruned`` mode (module docstring)."""
     walls = {}
@@ -210,7 +243,9 @@ def main() -> None:
                   f"actors reused)")
         p = Path(tmp) / "spec.yaml"
         p.write_text(yaml.safe_dump(spec))
+        started_unix = time.time()
         sweep = _run_sweep(p, tmp)
+        br = sweep_breakdown(Path(tmp, "out"), started_unix, sweep, a.concurrency)
         rows = []
         for f in sorted(Path(tmp, "out", "tune").glob("**/result.json")):
             rows.append([json.loads(x) for x in f.read_text().splitlines() if x.strip()])
@@ -222,6 +257,9 @@ def main() -> None:
               f"in start order: {', '.join(f'{x:.1f}' for x in fixed)} s")
         print(f"plain-loop training time per trial ~{sum(per_trial) / len(per_trial):.1f} s; sweep trial time "
               f"~{sum(total) / len(total):.1f} s; sweep minus plain wall clock {sweep - plain:.1f} s")
+        print("sweep wall clock by part (s; the trials' span per slot): "
+              + ", ".join(f"{k}={v:.1f}" for k, v in br.items() if k != "training_total_s")
+              + f"; training in all {br['training_total_s']:.1f} s (plain loops {sum(per_trial):.1f} s)")
     extra = "" if tune_s is None else f" tune_only_ratio={tune_s / plain:.3f} sweep_over_tune_only={sweep / tune_s:.3f}"
     print(f"ratio={sweep / plain:.3f}{extra} fixed_cost_s={statistics.median(later):.1f}")
 
