@@ -56,8 +56,9 @@ def make_spec(budget_tokens: int, batch_sizes: list[int], concurrency: int, tria
     return d
 
 
-def _plain_trial(args: tuple[dict, int]) -> tuple[float, float]:
-    """One trial as a plain loop in this process: ``(training wall clock, time to its first report)`` (s)."""
+def _plain_trial(args: tuple[dict, int]) -> tuple[float, float, float]:
+    """One trial as a plain loop in this process: ``(training wall clock, time to its first report, steps and
+    reports, evaluations excluded)`` (s; :func:`steps_time_s`)."""
     spec_dict, b = args
     import torch
 
@@ -72,8 +73,26 @@ def _plain_trial(args: tuple[dict, int]) -> tuple[float, float]:
                        f"plain-{b}", data_path=spec.data.path)
     t0 = time.perf_counter()
     first: list[float] = []
-    run_pretrain(cfg, device=torch.device("cpu"), report=lambda m, s: first.append(time.perf_counter() - t0))
-    return time.perf_counter() - t0, first[0]
+    reports: list[dict] = []
+
+    def report(metrics: dict, state) -> None:
+        first.append(time.perf_counter() - t0)
+        reports.append(metrics)
+
+    run_pretrain(cfg, device=torch.device("cpu"), report=report)
+    return time.perf_counter() - t0, first[0], steps_time_s(reports)
+
+
+def steps_time_s(reports: list[dict]) -> float:
+    """A trial's seconds in training steps and reports, evaluations excluded: the sum over its reports of the
+    tokens since the previous one over that interval's ``tokens_per_s`` (``workloads/loop.py``: each interval
+    runs from the previous report's start, so it holds that report and its checkpoint, not the evaluation)."""
+    total, prev = 0.0, 0.0
+    for r in reports:
+        if r.get("tokens_per_s"):
+            total += (r["tokens_seen"] - prev) / r["tokens_per_s"]
+        prev = r["tokens_seen"]
+    return total
 
 
 def _tune_only_trial(config: dict) -> None:
@@ -168,9 +187,9 @@ def sweep_breakdown(out: Path, started_unix: float, wall_s: float, concurrency: 
     ``before_sweep_s``: the CLI's start to ``OUT/sweep.json``'s ``created`` (imports, checks, Ray's start, the
     MLflow parent); ``to_first_trial_s``: from there to the first trial's ``params.json``; ``trials_s``: the first
     trial's start to the last trial's ``end.json``, split per slot (sums over trials / ``concurrency``) into
-    ``training_s`` (each trial's tokens over its ``tokens_per_s``), ``first_starts_s`` (the ``startup_s`` of each
+    ``training_s`` (steps and reports, evaluations excluded: :func:`steps_time_s`), ``first_starts_s`` (the ``startup_s`` of each
     runner's first trial), ``later_starts_s`` (the other trials' ``startup_s``) and ``rest_s`` (evaluations,
-    reports, checkpoints, and slots left idle); ``after_trials_s``: the last ``end.json`` to the CLI's exit
+    the rest of a trial's reports, and slots left idle); ``after_trials_s``: the last ``end.json`` to the CLI's exit
     (the analysis, the report, the records, Ray's stop). ``training_total_s`` is the sum over trials.
     """
     created = json.loads((out / "sweep.json").read_text())["created"]
@@ -180,8 +199,7 @@ def sweep_breakdown(out: Path, started_unix: float, wall_s: float, concurrency: 
         reps = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         start = (out / "reports" / f"{tid}.params.json").stat().st_mtime
         end = (out / "reports" / f"{tid}.end.json").stat().st_mtime
-        last = reps[-1]
-        trials.append((start, end, reps[0].get("startup_s") or 0.0, last["tokens_seen"] / last["tokens_per_s"]))
+        trials.append((start, end, reps[0].get("startup_s") or 0.0, steps_time_s(reps)))
     trials.sort()
     first, last_end = trials[0][0], max(t[1] for t in trials)
     span = last_end - first
@@ -231,6 +249,7 @@ def main() -> None:
         plain_rows = pool.map(_plain_trial, [(spec, b) for b in bs], chunksize=1)
     plain = time.perf_counter() - t0
     per_trial = [r[0] for r in plain_rows]
+    plain_steps = sum(r[2] for r in plain_rows)
     plain_first = {b: statistics.mean(r[1] for b_, r in zip(bs, plain_rows) if b_ == b) for b in sizes}
     print(f"plain: {plain:.1f} s wall for {len(bs)} trials (training {sum(per_trial):.1f} s in all; "
           f"first report after {statistics.median(r[1] for r in plain_rows):.2f} s median)")
@@ -259,7 +278,8 @@ def main() -> None:
               f"~{sum(total) / len(total):.1f} s; sweep minus plain wall clock {sweep - plain:.1f} s")
         print("sweep wall clock by part (s; the trials' span per slot): "
               + ", ".join(f"{k}={v:.1f}" for k, v in br.items() if k != "training_total_s")
-              + f"; training in all {br['training_total_s']:.1f} s (plain loops {sum(per_trial):.1f} s)")
+              + f"; steps and reports in all {br['training_total_s']:.1f} s (plain loops: {plain_steps:.1f} s of "
+              f"{sum(per_trial):.1f} s)")
     extra = "" if tune_s is None else f" tune_only_ratio={tune_s / plain:.3f} sweep_over_tune_only={sweep / tune_s:.3f}"
     print(f"ratio={sweep / plain:.3f}{extra} fixed_cost_s={statistics.median(later):.1f}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,17 +30,28 @@ sys.path.insert(0, str(ROOT / "tests"))
 from harness import base_env, copy_mlflow_store, make_mlflow_template, pinned_date_env, start_ray_head, stop_group  # noqa: E402
 
 
-def sample_peaks(peak: dict[str, int], stop: threading.Event, interval_s: float = 0.5) -> None:
-    """Until ``stop`` is set, record in ``peak`` the largest RSS (MiB) of each process kind."""
+def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, interval_s: float = 0.5) -> None:
+    """Until ``stop`` is set, record in ``peak`` the largest RSS (MiB) of each process kind among the
+    descendants of ``roots`` (this head's ``ray start`` and the sweep's CLI: other Ray clusters on the machine
+    are not counted)."""
     while not stop.is_set():
-        out = subprocess.run(["ps", "-eo", "rss,args", "--no-headers"], capture_output=True, text=True).stdout
+        out = subprocess.run(["ps", "-eo", "pid=,ppid=,rss=,args="], capture_output=True, text=True).stdout
+        rows = {}
         for line in out.splitlines():
-            rss, _, args = line.strip().partition(" ")
-            args = args.strip()
+            pid, ppid, rss, *args = line.split(None, 3)
+            rows[int(pid)] = (int(ppid), int(rss), args[0] if args else "")
+        mine = set(roots)
+        grew = True
+        while grew:  # the descendants of the roots
+            new = {pid for pid, (ppid, _, _) in rows.items() if ppid in mine and pid not in mine}
+            mine |= new
+            grew = bool(new)
+        for pid in mine & rows.keys():
+            _, rss, args = rows[pid]
             kind = (args.split()[0].split(".")[0] if args.startswith("ray::")
                     else "driver (critbatch run)" if "sweeps.cli" in args else None)
             if kind:
-                peak[kind] = max(peak[kind], int(rss) // 1024)
+                peak[kind] = max(peak[kind], rss // 1024)
         stop.wait(interval_s)
 
 
@@ -56,22 +68,25 @@ def main() -> None:
         uri = copy_mlflow_store(make_mlflow_template(temp / "template.db"), work / "mlflow.db")
         peak: dict[str, int] = collections.defaultdict(int)
         stop = threading.Event()
-        sampler = threading.Thread(target=sample_peaks, args=(peak, stop), daemon=True)
-        sampler.start()
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(work / "spec.yaml"), "--output",
-                            str(work / "out"), "--tracking-uri", uri, "--address", head.gcs_address, "--no-progress"],
-                           cwd=ROOT, capture_output=True, text=True,
-                           env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
+        cli = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "run", str(work / "spec.yaml"), "--output",
+                                str(work / "out"), "--tracking-uri", uri, "--address", head.gcs_address, "--no-progress"],
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
+        sampler = threading.Thread(target=sample_peaks, args=(peak, [head.proc.pid, cli.pid], stop), daemon=True)
+        sampler.start()
+        _, err = cli.communicate()
         stop.set()
         sampler.join()
-        if r.returncode != 0:
-            raise SystemExit(f"the sweep failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+        shutil.rmtree(work, ignore_errors=True)
+        if cli.returncode != 0:
+            raise SystemExit(f"the sweep failed (exit {cli.returncode}):\n{err[-3000:]}")
         print(f"sweep: {time.perf_counter() - t0:.1f} s; peak resident memory by process kind (MiB):")
         for kind, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
             print(f"{mib:6d}  {kind}")
     finally:
         stop_group(head.proc, grace_s=0)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 if __name__ == "__main__":

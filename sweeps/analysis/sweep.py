@@ -92,13 +92,13 @@ def analyze_trials(
     if not at_budget:
         result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
-                      message="no trial completed: there is nothing to analyse")
+                      censored_points=[], message="no trial completed: there is nothing to analyse")
         return _with_headline(result)
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
     if not tlist:
         result.update(status="no_targets", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                       s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
-                      message="no target loss could be chosen from the curves (too few batch sizes or "
+                      censored_points=[], message="no target loss could be chosen from the curves (too few batch sizes or "
                               "milestones completed): give `targets` or run more trials")
         return _with_headline(result)
     per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
@@ -140,18 +140,36 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
                          reference_batch, level=level)
     censored = censored_points(trials, target, T)
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
-    for c in censored:  # does the fit, made without them, say they should have reached the target?
+    for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None
         c["fit_steps"] = fitted
         c["fit_consistent"] = (None if fitted is None or c["steps_lower_bound"] is None
                                else bool(fitted > c["steps_lower_bound"]))
-    contradicted = [c["batch_size_sequences"] for c in censored if c["fit_consistent"] is False]
-    if contradicted:
-        note = (f"batch size(s) {', '.join(str(b) for b in contradicted)} did not reach this target within more steps "
-                f"than the fit (made without them) gives them: b_crit may be overstated")
+    note = _contradiction_note(censored, fit.get("b_crit"))
+    if note:
         fit["message"] = f"{fit['message']}; {note}" if fit.get("message") else note
     return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded,
             "censored_points": censored}
+
+
+def _contradiction_note(censored: list[dict[str, Any]], b_crit: float | None) -> str:
+    """A sentence for the target's message when censored cells needed more steps than the fit gives them, or "".
+
+    More steps than the hyperbola allows at a batch size above the knee would raise ``S_min`` (the fit's
+    ``b_crit`` then reads high); below the knee they would raise ``E_min`` (it reads low). Without a ``b_crit``
+    (a knee outside the range) no direction is given. A cell's trials may also simply have run at poor LRs."""
+    sizes = sorted({c["batch_size_sequences"] for c in censored if c["fit_consistent"] is False})
+    if not sizes:
+        return ""
+    text = (f"batch size(s) {', '.join(str(b) for b in sizes)} did not reach this target within the steps the fit "
+            f"(made from the cells that did) gives them")
+    if b_crit is not None:
+        above = [b for b in sizes if b > b_crit]
+        below = [b for b in sizes if b <= b_crit]
+        why = (["b_crit may be overstated (above the knee)"] if above else []) + (
+            ["b_crit may be understated (below the knee)"] if below else [])
+        text += ": " + " and ".join(why)
+    return text + ", unless their trials' learning rates were poor"
 
 
 def _scaled(ci: list[float | None] | None, factor: float) -> list[float | None] | None:

@@ -538,4 +538,20 @@ def test_cbs_json_names_its_censored_points_and_whether_the_fit_agrees_with_them
     res2 = analyze_trials(slow, context_length_tokens=64, reference_batch=16, targets=[res["target_loss"]])
     c256 = next(c for c in res2["censored_points"] if c["batch_size_sequences"] == 256)
     assert c256["fit_consistent"] is False and c256["fit_steps"] < c256["steps_lower_bound"]
-    assert "256 did not reach this target" in res2["targets"][0]["message"]
+    msg = res2["targets"][0]["message"]
+    assert "256 did not reach this target" in msg and "overstated (above the knee)" in msg, msg
+
+
+def test_a_contradicting_censored_point_says_which_way_b_crit_would_move():
+    """Above the knee, more steps than the fit allows raise S_min (b_crit reads high); below it they raise E_min
+    (it reads low); with no b_crit (a knee outside the range) no direction; each batch size named once."""
+    from sweeps.analysis.sweep import _contradiction_note
+
+    cell = lambda b, ok: {"batch_size_sequences": b, "fit_consistent": ok}  # noqa: E731
+    assert _contradiction_note([cell(128, True)], 17.0) == ""
+    above = _contradiction_note([cell(256, False), cell(256, False)], 17.0)
+    assert "size(s) 256 did" in above and "overstated (above the knee)" in above and "understated" not in above
+    below = _contradiction_note([cell(4, False)], 17.0)
+    assert "understated (below the knee)" in below and "overstated" not in below
+    none = _contradiction_note([cell(4, False)], None)
+    assert "stated" not in none and none.endswith("unless their trials' learning rates were poor")
