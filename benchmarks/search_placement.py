@@ -49,7 +49,8 @@ is what its coverage measures.
 Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
 ``median_width_ratio=`` (upper / lower end; inf when open), ``median_log2_bias=`` (log2 of the
 estimate over the truth, over sweeps with an estimate), how many sweeps gave status ok, and the mean
-number of trials.
+number of trials; then how often a censored point contradicts the headline fit (``cbs.json``'s
+``fit_consistent: false``) and the coverage and bias among those sweeps and the others.
 What this does not show: that real searches have this error structure beyond the grid it was read off
 (one model, one seed per configuration); the independent strategy's real sampler is Optuna's TPE per
 batch size, not uniform draws (with 2 trials per batch size TPE has not started learning).
@@ -191,6 +192,7 @@ def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, 
     ``sweeps`` simulated sweeps placed by ``strategy``."""
     rng = np.random.default_rng(seed)
     hits, ratios, biases, ok, trials = 0, [], [], 0, []
+    flagged: list[tuple[bool, bool, float | None]] = []  # (a censored point contradicts the fit, covered, log2 bias)
     for _ in range(sweeps):
         sweep = Sweep(rng, sd_batch, sd_trial)
         records = STRATEGIES[strategy](sweep)
@@ -199,14 +201,22 @@ def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, 
         ci = res.get("b_crit_ci")
         lo, hi = (ci[0] or 0.0, ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
         hits += lo <= sweep.b_crit <= hi
+        contradicted = any(c.get("fit_consistent") is False for c in res.get("censored_points") or [])
+        flagged.append((contradicted, lo <= sweep.b_crit <= hi,
+                        math.log2(res["b_crit"] / sweep.b_crit) if res.get("b_crit") else None))
         ratio = hi / lo if lo > 0 else math.inf
         ratios.append(ratio if ratio == ratio else math.inf)  # a NaN end: no interval
         if res.get("b_crit"):
             biases.append(math.log2(res["b_crit"] / sweep.b_crit))
         ok += res.get("status") == "ok"
-    return {"coverage": hits / sweeps, "median_width_ratio": float(np.median(ratios)),
-            "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps,
-            "mean_trials": float(np.mean(trials))}
+    out = {"coverage": hits / sweeps, "median_width_ratio": float(np.median(ratios)),
+           "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps,
+           "mean_trials": float(np.mean(trials)), "contradicted": sum(f[0] for f in flagged) / sweeps}
+    for name, group in (("contradicted", [f for f in flagged if f[0]]), ("consistent", [f for f in flagged if not f[0]])):
+        b = [f[2] for f in group if f[2] is not None]
+        out[f"coverage_{name}"] = sum(f[1] for f in group) / len(group) if group else math.nan
+        out[f"median_log2_bias_{name}"] = float(np.median(b)) if b else math.nan
+    return out
 
 
 def main() -> None:
@@ -225,6 +235,9 @@ def main() -> None:
         print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "
               f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} "
               f"mean_trials={s['mean_trials']:.1f} ({a.sweeps} sweeps)", flush=True)
+        print(f"  a censored point contradicts the headline fit in {s['contradicted']:.2f} of the sweeps: coverage "
+              f"{s['coverage_contradicted']:.3f}, median log2 bias {s['median_log2_bias_contradicted']:+.3f} there; "
+              f"{s['coverage_consistent']:.3f} and {s['median_log2_bias_consistent']:+.3f} in the others", flush=True)
 
 
 if __name__ == "__main__":
