@@ -42,7 +42,10 @@ def test_both_placements_spend_the_same_trials_and_the_scores_repeat_with_the_se
         assert len(trials) == 14 and sorted({t.batch_size_sequences for t in trials}) == bench.BATCH_SIZES
     first = bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
     assert first == bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
-    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials"}
+    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials", "contradicted",
+                          "coverage_contradicted", "coverage_consistent", "median_log2_bias_contradicted",
+                          "median_log2_bias_consistent"}
+    assert 0.0 <= first["contradicted"] <= 1.0
 
 
 def test_the_precision_placement_starts_as_transfer_and_stops_at_its_cap(bench):
