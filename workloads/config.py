@@ -266,7 +266,7 @@ class ScheduleConfig:
     """
 
     kind: str = "constant_ema"
-    warmup_tokens: int = 0
+    warmup_tokens: int = 32768  # the spec's default (sweeps.spec.sections.ScheduleSpec; tests/test_section_parity.py)
     warmup_min_steps: int = 4
     ema_half_life_tokens: float = 32768.0
     decay_fraction: float = 0.1
