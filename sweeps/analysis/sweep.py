@@ -20,7 +20,7 @@ from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
 from sweeps.analysis.lr_scaling import lr_scaling
 from sweeps.analysis.summary import headline
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
-                                     steps_to_target_points)
+                                     last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
 
 __all__ = ["analyze_trials", "analyze_trials_file", "analyze_csv", "finite_json"]
@@ -212,12 +212,11 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
     budget (``budget_tokens``: the most tokens one of its trials trained), and the compute it used
     (``tokens_trained``: the sum over its ``trials`` with a curve, pruned and stopped ones at what they reached)."""
     seeds_of = {b: sorted({t.seed for t in trials if t.batch_size_sequences == b}) for b in at_budget}
+    budget = last_tokens_by_batch(trials)  # the same budget the target rule uses
     trained: dict[int, float] = {}
-    budget: dict[int, float] = {}
     for t in trials:
         if t.tokens:
             trained[t.batch_size_sequences] = trained.get(t.batch_size_sequences, 0.0) + max(t.tokens)
-            budget[t.batch_size_sequences] = max(budget.get(t.batch_size_sequences, 0.0), max(t.tokens))
     per_batch = []
     for b, ts in at_budget.items():
         pts = primary_points.get(b, [])

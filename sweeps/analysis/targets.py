@@ -15,7 +15,7 @@ import numpy as np
 from sweeps.errors import InvalidInput
 
 __all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "censored_points",
-           "choose_targets", "best_at_budget", "TARGET_RULE"]
+           "last_tokens_by_batch", "choose_targets", "best_at_budget", "TARGET_RULE"]
 
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
@@ -113,7 +113,7 @@ def _float_or_none(x: Any) -> float | None:
     return float(x) if x is not None else None
 
 
-def _last_tokens_by_batch(trials: list[TrialRecord]) -> dict[int, float]:
+def last_tokens_by_batch(trials: list[TrialRecord]) -> dict[int, float]:
     """Per batch size, its last milestone: the most tokens any of its trials reported (the budget)."""
     out: dict[int, float] = {}
     for t in trials:
@@ -133,7 +133,7 @@ def _crossing_before_last(t: TrialRecord, target: float, last_tokens: float) -> 
 def tokens_to_target_by_trial(trials: list[TrialRecord], target: float) -> dict[str, float | None]:
     """``{trial id: tokens to target}`` under :data:`TARGET_RULE` (a crossing at the batch size's last
     milestone does not count: None), for every trial with a curve."""
-    last = _last_tokens_by_batch(trials)
+    last = last_tokens_by_batch(trials)
     return {t.trial_id: _crossing_before_last(t, target, last[t.batch_size_sequences]) for t in trials if t.tokens}
 
 
@@ -150,7 +150,7 @@ def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_
         seed, tokens_to_target, steps_to_target, trial_id, group_id}``; ``excluded``: batch sizes with
         a trial but no counted crossing.
     """
-    last = _last_tokens_by_batch(trials)
+    last = last_tokens_by_batch(trials)
     best: dict[tuple[int, int], tuple[float, TrialRecord]] = {}
     for t in trials:
         if not t.tokens:
@@ -193,7 +193,7 @@ def censored_points(trials: list[TrialRecord], target: float, tokens_per_sequenc
         tokens_lower_bound, steps_lower_bound, trial_id}`` (the trial that sets the bound; ``tokens_lower_bound``
         None when every trial of the cell diverged).
     """
-    last = _last_tokens_by_batch(trials)
+    last = last_tokens_by_batch(trials)
     cells: dict[tuple[int, int], list[TrialRecord]] = {}
     for t in trials:
         if t.tokens:
@@ -235,7 +235,7 @@ def choose_targets(trials: list[TrialRecord], n_targets: int = 4) -> list[float]
     strictly before their last milestone (:data:`TARGET_RULE`); the others are spaced evenly up to
     halfway to the lowest ``first``. Returned in decreasing order; empty if no trial has a curve.
     """
-    last = _last_tokens_by_batch(trials)
+    last = last_tokens_by_batch(trials)
     reach: dict[int, float] = {}
     firsts: dict[int, float] = {}
     for t in trials:
