@@ -82,11 +82,13 @@ def analyze_trials(
     result = _sweep_facts(trials, reference_batch=reference_batch, context_length_tokens=context_length_tokens,
                           tokens_per_sequence=T)
     if not at_budget:
-        return _with_headline(_no_fit(result, "no_completed_trials", "no trial completed: there is nothing to analyse"))
+        return _with_headline(_no_fit(result, status="no_completed_trials",
+                                      message="no trial completed: there is nothing to analyse"))
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
     if not tlist:
-        return _with_headline(_no_fit(result, "no_targets", "no target loss could be chosen from the curves (too few "
-                                      "batch sizes or milestones completed): give `targets` or run more trials"))
+        return _with_headline(_no_fit(result, status="no_targets", message="no target loss could be chosen from the "
+                                      "curves (too few batch sizes or milestones completed): give `targets` or run "
+                                      "more trials"))
     per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
     primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
                    next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
@@ -123,7 +125,7 @@ def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_l
     return result
 
 
-def _no_fit(result: dict[str, Any], status: str, message: str) -> dict[str, Any]:
+def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, Any]:
     """``result`` of a sweep with nothing to fit (``status``, ``message``): every fitted field None or empty."""
     result.update(status=status, b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
                   s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
