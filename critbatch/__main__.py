@@ -1,5 +1,5 @@
-"""``python -m sweeps.cli``: the ``critbatch`` program (Ray job entrypoints call it this way)."""
+"""``python -m critbatch``: the ``critbatch`` program (Ray job entrypoints call it this way)."""
 
-from sweeps.cli.main import app
+from critbatch.main import app
 
 app()

@@ -13,8 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sweeps.cli import main as cli_main
-from sweeps.cli.main import app
+from critbatch import main as cli_main
+from critbatch.main import app
 
 WIDTH = 80
 ENV = {"COLUMNS": str(WIDTH), "TERMINAL_WIDTH": str(WIDTH)}
