@@ -1,4 +1,6 @@
-"""The ``critbatch`` command line.
+"""The ``critbatch`` command line: the typer app, its local-sweep commands (validate, run, resume, analyze,
+init-checkpoint) and the other command modules attached by name (:func:`_register_commands`). The top of the
+layers: it may import sweeps, workloads and service; none of them imports it.
 
 Exit codes: 0 success; 1 the sweep ran but failed (every trial failed, analysis impossible, or a
 remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder, a sweep id
@@ -18,7 +20,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from critbatch.common import EXIT_FAILED, EXIT_INVALID, console, out  # noqa: F401 - EXIT_INVALID: the codes are read here too
+from critbatch.common import EXIT_FAILED, console, out
 from critbatch.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.spec import SpecError, load_spec
