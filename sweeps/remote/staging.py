@@ -1,9 +1,9 @@
 """Staging a sweep for Ray Jobs: the job's working directory, its entrypoint and its arguments.
 
 A submitted sweep's spec travels as a file (``spec.yaml``) in the job's working directory, never
-inside the command (:mod:`sweeps.remote.entrypoint`). The working directory is a
-fresh folder holding only the packages (``sweeps``, ``workloads``, ``service``),
-``pyproject.toml``, ``spec.yaml`` and, when small, the data (the spec's paths are rewritten to the
+inside the command (:mod:`sweeps.remote.entrypoint`). The working directory is a fresh folder holding
+only the packages (``sweeps``, ``workloads``, ``service`` and ``critbatch``, the program the entrypoint
+runs), ``pyproject.toml``, ``spec.yaml`` and, when small, the data (the spec's paths are rewritten to the
 shipped copies). Its size is checked before upload (:class:`StagingLimits`).
 
 Imports neither torch, Ray nor MLflow: the REST service uses it.
@@ -47,8 +47,9 @@ __all__ = [
 
 MiB = 1024 * 1024
 
-#: The packages a job needs; copied from wherever they are imported from.
-PACKAGES = ("sweeps", "workloads", "service")
+#: The packages a job needs, the entrypoint's program (``python -m critbatch``) last; copied from wherever
+#: they are imported from (found, never imported: the CLI sits above this package).
+PACKAGES = ("sweeps", "workloads", "service", "critbatch")
 #: Shipped inputs go under this folder of the job's working directory.
 INPUTS_DIR = "inputs"
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*", "*.egg-info", "node_modules")

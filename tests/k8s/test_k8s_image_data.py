@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.remote.k8s import image_data_warnings
 from sweeps.spec import parse_spec
 from tests.conftest import write_spec

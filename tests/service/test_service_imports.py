@@ -14,7 +14,7 @@ FORBIDDEN = ("torch", "transformers", "ray.tune", "ray.train", "optuna", "peft")
 
 def test_service_imports_no_training_stack():
     code = (
-        "import sys, service.app, service.server, service.settings, sweeps.remote, sweeps.cli.cluster\n"
+        "import sys, service.app, service.server, service.settings, sweeps.remote, critbatch.cluster\n"
         "from service.app import create_app\n"
         "from service.settings import Settings\n"
         "create_app(Settings(api_token='x' * 16, ray_address='http://127.0.0.1:9')).openapi()\n"

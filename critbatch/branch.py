@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         Branches off a base run at batch k*B0 with LR sqrt(k)*lr (Merrill et al. 2025).
         """
         from sweeps.run.branching import run_branching
-        from sweeps.cli.common import fail_invalid as _fail_invalid, out
+        from critbatch.common import fail_invalid as _fail_invalid, out
         from sweeps.errors import InvalidInput
         from sweeps.spec import SpecError, load_spec
 

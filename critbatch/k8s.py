@@ -1,4 +1,4 @@
-"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``sweeps.cli.main._register_commands``)."""
+"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``critbatch.main._register_commands``)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
         The ConfigMap holds the spec, the RayJob runs the sweep; pipe it to `kubectl apply -f -`.
         """
-        from sweeps.cli.common import fail_invalid as _fail_invalid
+        from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
         from sweeps.remote.k8s import dump_manifests, image_data_warnings, render_rayjob
         from sweeps.spec import SpecError, parse_spec_text
