@@ -23,7 +23,7 @@ from rich.text import Text
 from critbatch.common import EXIT_FAILED, console, out
 from critbatch.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import load_spec
 
 #: the exit codes, as the main ``--help`` lists them (``\b`` keeps click from rewrapping the block)
 EXIT_CODES_HELP = """\b
@@ -84,7 +84,7 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
             check_milestones(one)
         facts = check_data_files(s)
-    except (SpecError, InvalidInput) as exc:
+    except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     if s.arms:
         arms = s.arm_specs()
@@ -150,7 +150,7 @@ def _sweep_and_report(call) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = call()
-    except (SpecError, InvalidInput) as exc:
+    except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     except CritbatchError as exc:
         console.print(Text.assemble(("sweep failed:", "bold red"), f" {exc}"), highlight=False)

@@ -4,6 +4,7 @@ including the ones inside functions. A new import across an arrow that is not al
     critbatch -> sweeps, workloads, service    (the CLI, the composition root: nothing imports it)
     service  ->  sweeps.spec, sweeps.remote, sweeps.errors
     sweeps   ->  workloads.api
+                 (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
 """
 
@@ -80,21 +81,48 @@ def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
     assert not [(f, m) for f, m in imports_of("service") if _under(m, ("workloads",))]
 
 
-@pytest.mark.parametrize("package, forbidden", [
-    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads")),  # the service parses specs
-    ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna")),  # pure: cbs.json from trials.json anywhere
-    ("sweeps/pruning/halving.py", ("ray",)),
-    ("sweeps/pruning/rungs.py", ("ray",)),
+@pytest.mark.parametrize("package, forbidden, allowed", [
+    # the service parses specs: of workloads only its torch-free interface (the error base, the config types)
+    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads"), ("workloads.api",)),
+    ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna"), ()),  # pure: cbs.json from trials.json anywhere
+    ("sweeps/pruning/halving.py", ("ray",), ()),
+    ("sweeps/pruning/rungs.py", ("ray",), ()),
 ])
-def test_pure_modules_stay_pure(package, forbidden):
+def test_pure_modules_stay_pure(package, forbidden, allowed):
     paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).rglob("*.py"))
     bad = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            bad += [(path.name, n) for n in names if _under(n, forbidden)]
-    assert not bad, f"{package} must not import {forbidden}: {bad}"
+            bad += [(path.name, n) for n in names if _under(n, forbidden) and n not in allowed]
+    assert not bad, f"{package} must not import {forbidden} (but {allowed}): {bad}"
+
+
+def test_one_error_base_for_every_layer():
+    """Every exception class of the product derives from the one base at the lowest layer
+    (``workloads.errors.CritbatchError``, re-exported by ``workloads.api`` and ``sweeps.errors``): a class
+    whose bases include a built-in exception has a base of ours beside it (``InvalidInput, ValueError``),
+    CritbatchError itself aside."""
+    import builtins
+
+    import sweeps.errors
+    import workloads.api
+    from workloads.errors import CritbatchError
+
+    assert sweeps.errors.CritbatchError is workloads.api.CritbatchError is CritbatchError
+    assert sweeps.errors.InvalidInput is workloads.api.InvalidInput
+    builtin_errors = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    bare = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ClassDef) or node.name == "CritbatchError":
+                    continue
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                if bases and all(b in builtin_errors for b in bases):
+                    bare.append(f"{path.relative_to(ROOT)}:{node.name}({', '.join(bases)})")
+    assert not bare, f"derive these from sweeps.errors / workloads.errors (CritbatchError, InvalidInput): {bare}"
 
 
 def test_every_third_party_package_the_product_imports_is_declared():
