@@ -69,7 +69,7 @@ def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
 
 
 @pytest.mark.parametrize("package, forbidden", [
-    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads")),  # the service parses specs
+    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna")),  # the service parses specs
     ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna")),  # pure: cbs.json from trials.json anywhere
     ("sweeps/pruning/halving.py", ("ray",)),
     ("sweeps/pruning/rungs.py", ("ray",)),
@@ -83,6 +83,13 @@ def test_pure_modules_stay_pure(package, forbidden):
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
             bad += [(path.name, n) for n in names if _under(n, forbidden)]
     assert not bad, f"{package} must not import {forbidden}: {bad}"
+
+
+def test_the_spec_imports_from_workloads_only_its_torch_free_interface():
+    """The spec embeds the trial config's sections (issue 32), through ``workloads.api`` only: importing it
+    stays free of torch (tests/service/test_service_imports.py)."""
+    bad = [(f, m) for f, m in imports_of("sweeps/spec") if _under(m, ("workloads",)) and m != "workloads.api"]
+    assert not bad, f"sweeps/spec may import only workloads.api from workloads: {bad}"
 
 
 def test_every_third_party_package_the_product_imports_is_declared():
