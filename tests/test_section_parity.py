@@ -114,3 +114,9 @@ def test_the_known_different_defaults_still_differ():
 def test_the_finetune_section_embeds_the_merged_lora_section():
     assert FinetuneSpec.model_fields["lora"].annotation == LoraSpec | None
     assert FinetuneConfig.__dataclass_fields__["lora"].type in ("LoraConfig | None", LoraConfig | None)
+
+
+@pytest.mark.parametrize("cls", [DataConfig, OptimizerConfig])
+def test_a_fields_order_names_every_field_once(cls):
+    """``TrialConfig.to_dict`` keeps the key order these sections had as dataclasses."""
+    assert sorted(cls._fields_order) == sorted(cls.model_fields)

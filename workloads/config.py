@@ -201,6 +201,9 @@ class OptimizerConfig(OptimizerSettings):
     beta2: float = 0.99
     beta2_half_life_tokens: float
 
+    _fields_order = ("name", "lr", "lr_rule", "beta1", "beta2", "beta2_half_life_tokens", "eps", "weight_decay",
+                     "grad_clip_norm", "divergence_loss_factor")
+
 
 @dataclass(frozen=True, kw_only=True)
 class BatchConfig:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 
@@ -67,6 +67,9 @@ class ConfigSection(BaseModel):
     """A frozen, strict section: unknown fields are refused, defaults are validated too."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    #: the order of :meth:`fields` (so of a trial's dict, ``TrialConfig.to_dict``) where it is not the fields':
+    #: the order the section had as a dataclass, before the spec's section embedded it
+    _fields_order: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def of(cls: type[S], section: "ConfigSection") -> S:
@@ -75,7 +78,7 @@ class ConfigSection(BaseModel):
 
     def fields(self) -> dict[str, Any]:
         """``{field: value}`` in field order (nested values as they are)."""
-        return {name: getattr(self, name) for name in type(self).model_fields}
+        return {name: getattr(self, name) for name in self._fields_order or type(self).model_fields}
 
 
 def replace(obj: Any, **changes: Any) -> Any:
@@ -195,6 +198,8 @@ class DataConfig(ConfigSection):
                                                        "with shards, the one that made them (its hash is checked)")
     validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5, description="held-out fraction of data.path's tokens "
                                                                                  "(with shards the split is the index's)")
+
+    _fields_order = ("path", "tokenizer", "validation_fraction", "shards")
 
 
 class OptimizerSettings(ConfigSection):
