@@ -2,7 +2,9 @@
 
 Built by the sweep from the spec plus the sampled hyperparameters (``sweeps/run/trainable.py``) and
 sent to Ray Train workers as a dict (:meth:`TrialConfig.to_dict` / :meth:`TrialConfig.from_dict`,
-an exact round trip). Every size carries its unit in its name.
+an exact round trip). Every size carries its unit in its name. The sections a sweep spec embeds (data,
+LoRA, the optimizer's settings, schedule, noise scale, sync) are frozen pydantic models defined once in
+:mod:`workloads.sections` and re-exported here; the others are frozen dataclasses (:func:`replace` works on both).
 
 ::
 

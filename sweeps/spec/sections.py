@@ -6,7 +6,13 @@ Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, 
 strict (unknown fields refused, integers refuse booleans) and frozen. The whole spec is
 :class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
 
-Plain data: imports neither torch nor Ray, so the REST service can use it.
+The sections a trial's config shares are defined once, in ``workloads.sections`` (through
+:mod:`workloads.api`): :class:`DataSpec`, :class:`ScheduleSpec`, :class:`OptimizerSpec`,
+:class:`NoiseScaleSpec` and :class:`SyncSpec` subclass them and add only their docstring and what the spec
+alone checks or drops from its dump. :class:`ModelSpec` is still a mirror of ``ModelConfig``
+(``tests/test_section_parity.py``).
+
+Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so the REST service can use it.
 """
 
 from __future__ import annotations
