@@ -120,3 +120,25 @@ def test_the_finetune_section_embeds_the_merged_lora_section():
 def test_a_fields_order_names_every_field_once(cls):
     """``TrialConfig.to_dict`` keeps the key order these sections had as dataclasses."""
     assert sorted(cls._fields_order) == sorted(cls.model_fields)
+
+
+def test_replace_rebuilds_a_section_and_validates_it_again():
+    from pydantic import ValidationError
+
+    from workloads.config import replace
+
+    s = ScheduleConfig()
+    assert replace(s, warmup_min_steps=0) == ScheduleConfig(warmup_min_steps=0)
+    with pytest.raises(ValidationError, match="warmup_tokens"):
+        replace(s, warmup_tokens=-1)
+
+
+def test_local_sync_needs_ddp_in_one_place():
+    from workloads.config import TrainingConfig
+    from workloads.sections import local_sync_error
+
+    assert local_sync_error("ddp", "fsdp", where="x") is None and local_sync_error("diloco", "ddp", where="x") is None
+    assert local_sync_error("local_sgd", "fsdp", where="resources") == (
+        "resources.sync: local_sgd needs resources.parallelism ddp (every replica holds the whole model), got fsdp")
+    with pytest.raises(ValueError, match=r"^training\.sync: diloco needs training\.parallelism ddp"):
+        TrainingConfig(parallelism="fsdp", sync=SyncConfig(mode="diloco"))
