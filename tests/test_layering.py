@@ -125,6 +125,13 @@ def test_one_error_base_for_every_layer():
     assert not bare, f"derive these from sweeps.errors / workloads.errors (CritbatchError, InvalidInput): {bare}"
 
 
+def test_the_spec_imports_from_workloads_only_its_torch_free_interface():
+    """The spec embeds the trial config's sections (issue 32), through ``workloads.api`` only: importing it
+    stays free of torch (tests/service/test_service_imports.py)."""
+    bad = [(f, m) for f, m in imports_of("sweeps/spec") if _under(m, ("workloads",)) and m != "workloads.api"]
+    assert not bad, f"sweeps/spec may import only workloads.api from workloads: {bad}"
+
+
 def test_every_third_party_package_the_product_imports_is_declared():
     """A package imported only because another one brings it breaks when that one stops bringing it:
     every top-level import of critbatch, sweeps, workloads and service is the standard library, ours, or a

@@ -48,6 +48,25 @@ from workloads.errors import CritbatchError, DataError, InvalidInput
 from workloads.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
 from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 from workloads.registry import Workload, get_workload
+from workloads.sections import (
+    MAX_BATCH_SEQUENCES,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    MIXED_PRECISIONS,
+    OPTIMIZER_NAMES,
+    PARALLELISMS,
+    SYNC_MODES,
+    ConfigSection,
+    MixedPrecision,
+    OptimizerName,
+    OptimizerSettings,
+    Parallelism,
+    PositiveInt,
+    SyncMode,
+    local_sync_error,
+    reads_beta2,
+    replace,
+)
 from workloads.tokenizer import has_tokenizer_files
 
 if TYPE_CHECKING:  # loaded on first access, see _LAZY
@@ -109,6 +128,24 @@ __all__ = [
     "prepare_text_file",
     "PrepareResult",
     "runner_fn_per_worker",
+    # the sections a sweep spec embeds (workloads.sections) and their vocabularies
+    "ConfigSection",
+    "OptimizerSettings",
+    "replace",
+    "OPTIMIZER_NAMES",
+    "OptimizerName",
+    "reads_beta2",
+    "SYNC_MODES",
+    "SyncMode",
+    "PARALLELISMS",
+    "Parallelism",
+    "MIXED_PRECISIONS",
+    "MixedPrecision",
+    "local_sync_error",
+    "PositiveInt",
+    "MAX_TOKENS",
+    "MAX_BATCH_SEQUENCES",
+    "MAX_WIDTH",
 ]
 
 

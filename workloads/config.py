@@ -2,7 +2,9 @@
 
 Built by the sweep from the spec plus the sampled hyperparameters (``sweeps/run/trainable.py``) and
 sent to Ray Train workers as a dict (:meth:`TrialConfig.to_dict` / :meth:`TrialConfig.from_dict`,
-an exact round trip). Every size carries its unit in its name.
+an exact round trip). Every size carries its unit in its name. The sections a sweep spec embeds (data,
+LoRA, the optimizer's settings, schedule, noise scale, sync) are frozen pydantic models defined once in
+:mod:`workloads.sections` and re-exported here; the others are frozen dataclasses (:func:`replace` works on both).
 
 ::
 
@@ -23,6 +25,7 @@ an exact round trip). Every size carries its unit in its name.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -31,6 +34,21 @@ from typing import Any
 
 from workloads.errors import DataError
 from workloads.faults import FaultPlan
+from workloads.sections import (
+    MIXED_PRECISIONS,
+    OPTIMIZER_NAMES,
+    PARALLELISMS,
+    SYNC_MODES,
+    ConfigSection,
+    DataConfig,
+    LoraConfig,
+    NoiseScaleConfig,
+    OptimizerSettings,
+    ScheduleConfig,
+    SyncConfig,
+    local_sync_error,
+    replace,
+)
 
 __all__ = [
     "TrialConfig",
@@ -56,18 +74,11 @@ __all__ = [
     "FaultPlan",
     "WORKLOAD_NAMES",
     "OPTIMIZER_NAMES",
+    "replace",
 ]
 
 #: the workloads a config may name (their entries are in :mod:`workloads.api`)
 WORKLOAD_NAMES = ("pretrain", "finetune")
-#: ``OptimizerConfig.name``: built by :func:`workloads.optim.build_optimizer`
-OPTIMIZER_NAMES = ("adamw", "adafactor", "adamw_8bit", "sgd_momentum")
-#: ``TrainingConfig.parallelism``: hand-made data parallelism (one all-reduce) or FSDP2 ``fully_shard``
-PARALLELISMS = ("ddp", "fsdp")
-#: ``TrainingConfig.mixed_precision``: ``auto`` is bf16 autocast on CUDA, float32 elsewhere
-MIXED_PRECISIONS = ("auto", "bf16", "fp32")
-#: ``SyncConfig.mode``: a gradient all-reduce every step, or replicas that synchronise every H steps
-SYNC_MODES = ("ddp", "local_sgd", "diloco")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,48 +111,6 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     hf_config: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
     flops_per_token: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    """The training text and its tokenizer.
-
-    Attributes:
-        path: a text file (pretraining) or JSON Lines (fine-tuning), absolute on the workers; None
-            when pretraining reads only ``shards``.
-        tokenizer: ``"byte"`` (256 ids) or a local Hugging Face tokenizer directory.
-        validation_fraction: the held-out tail (of tokens, or of examples when fine-tuning); with
-            ``shards`` the split is the index's.
-        shards: pretraining: a prepared token-shard folder or fsspec URI (``workloads.shards``) the
-            workers memory-map; when set, ``path`` is not read by the workers.
-    """
-
-    path: str | None = None
-    tokenizer: str = "byte"
-    validation_fraction: float = 0.1
-    shards: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoraConfig:
-    """LoRA adapters (``peft``): only they train.
-
-    Attributes:
-        rank: ``r`` of each adapter pair.
-        alpha: ``lora_alpha`` (the update is scaled by ``alpha / r``).
-        dropout: dropout on the adapter input (draws from the torch RNG in training forwards).
-        target_modules: a module is adapted when its name ends with one of these.
-    """
-
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{rank, alpha, dropout, target_modules}`` with a list of modules (JSON, ``peft``)."""
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
-                "target_modules": list(self.target_modules)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,65 +180,31 @@ class WorkloadConfig:
             raise DataError("the finetune workload needs a 'finetune' section (checkpoint_dir, fields, template)")
 
 
-@dataclass(frozen=True, kw_only=True)
-class OptimizerConfig:
+class OptimizerConfig(OptimizerSettings):
     """The optimizer with the trial's peak LR and beta2, already scaled for ``BatchConfig.batch_size_sequences``.
 
+    The batch-independent settings (``name``, ``beta1``, ``eps``, ``weight_decay``, ``grad_clip_norm``,
+    ``divergence_loss_factor``) are :class:`workloads.sections.OptimizerSettings`'; this adds:
+
     Attributes:
-        name: one of :data:`OPTIMIZER_NAMES` (:func:`workloads.optim.build_optimizer` says which
-            hyperparameters each one reads).
         lr: peak learning rate at the trial's batch (after warmup).
         lr_rule: ``"linear"``, ``"sqrt"`` or ``"none"``: how the LR follows the batch during
             batch-size warmup (``workloads.scaling.scaled_lr``).
-        beta1: Adam beta1.
         beta2: Adam beta2 at the trial's batch (reported until the first step).
         beta2_half_life_tokens: the second-moment EMA's half-life in tokens; beta2 follows the
             batch in force (``workloads.scaling.beta2_from_half_life``).
-        eps: Adam epsilon.
-        weight_decay: decoupled weight decay.
-        grad_clip_norm: global gradient-norm clip, or None.
-        divergence_loss_factor: a step whose loss exceeds this times ``ln(vocab)`` is not applied
-            and ends the trial as diverged.
 
     Raises:
-        ValueError: an unknown ``name``.
+        pydantic.ValidationError: an unknown ``name``, a setting out of its bounds (a ``ValueError``).
     """
 
-    name: str = "adamw"
     lr: float
     lr_rule: str = "sqrt"
-    beta1: float = 0.9
     beta2: float = 0.99
     beta2_half_life_tokens: float
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip_norm: float | None = 1.0
-    divergence_loss_factor: float = 1.5
 
-    def __post_init__(self) -> None:
-        if self.name not in OPTIMIZER_NAMES:
-            raise ValueError(f"unknown optimizer {self.name!r}; known: {list(OPTIMIZER_NAMES)}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScheduleConfig:
-    """LR warmup and how a milestone's model is evaluated (methodology section 11.2).
-
-    Attributes:
-        kind: ``"constant_ema"`` (constant LR, a bias-corrected weight EMA is evaluated) or
-            ``"wsd"`` (each milestone is evaluated after a short linear-decay branch).
-        warmup_tokens: linear LR warmup in tokens (the same for every batch size).
-        warmup_min_steps: the warmup lasts at least this many optimizer steps of the first batch
-            (``workloads.scaling.warmup_length_tokens``).
-        ema_half_life_tokens: the weight EMA's half-life in tokens (``constant_ema``).
-        decay_fraction: a WSD decay branch lasts this fraction of the tokens seen.
-    """
-
-    kind: str = "constant_ema"
-    warmup_tokens: int = 32768  # the spec's default (sweeps.spec.sections.ScheduleSpec; tests/test_section_parity.py)
-    warmup_min_steps: int = 4
-    ema_half_life_tokens: float = 32768.0
-    decay_fraction: float = 0.1
+    _fields_order = ("name", "lr", "lr_rule", "beta1", "beta2", "beta2_half_life_tokens", "eps", "weight_decay",
+                     "grad_clip_norm", "divergence_loss_factor")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -308,60 +243,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class NoiseScaleConfig:
-    """The gradient-noise-scale estimator (McCandlish et al. 2018, Eq. A.2).
-
-    Attributes:
-        enabled: estimate ``B_simple`` (needs at least two micro-batches per step).
-        ema_decay: decay of its bias-corrected EMAs, per optimizer step.
-    """
-
-    enabled: bool = True
-    ema_decay: float = 0.95
-
-
-@dataclass(frozen=True, kw_only=True)
-class SyncConfig:
-    """How the data-parallel workers synchronise (``workloads.sync``).
-
-    Attributes:
-        mode: ``"ddp"`` (the step's gradient is all-reduced every step), ``"local_sgd"`` (each
-            worker is a replica that steps its own optimizer on its own slice of the global batch;
-            the parameters are averaged every ``every_steps`` optimizer steps; Stich 2019,
-            arXiv:1805.09767; Lin et al. 2020, arXiv:1808.07217) or ``"diloco"`` (the same inner
-            steps; every ``every_steps`` steps an outer SGD step with Nesterov momentum on the
-            anchor weights, whose gradient is ``anchor - mean of the replicas``; Douillard et al.
-            2023, arXiv:2311.08105, Algorithm 1).
-        every_steps: ``H``, optimizer steps between synchronisations (not read under ddp).
-        outer_lr: DiLoCo's outer learning rate (0.7 in Douillard et al. 2023, section 3).
-        outer_momentum: DiLoCo's outer Nesterov momentum (0.9 in Douillard et al. 2023, section 3).
-
-    Raises:
-        ValueError: an unknown mode, ``every_steps < 1``, ``outer_lr <= 0``, a momentum outside [0, 1).
-    """
-
-    mode: str = "ddp"
-    every_steps: int = 16
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-
-    def __post_init__(self) -> None:
-        if self.mode not in SYNC_MODES:
-            raise ValueError(f"training.sync.mode must be one of {list(SYNC_MODES)}, got {self.mode!r}")
-        if isinstance(self.every_steps, bool) or not isinstance(self.every_steps, int) or self.every_steps < 1:
-            raise ValueError(f"training.sync.every_steps must be an integer >= 1, got {self.every_steps!r}")
-        if not self.outer_lr > 0:
-            raise ValueError(f"training.sync.outer_lr must be > 0, got {self.outer_lr!r}")
-        if not 0 <= self.outer_momentum < 1:
-            raise ValueError(f"training.sync.outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
-
-    @property
-    def local(self) -> bool:
-        """Whether the workers are replicas that train apart between synchronisations."""
-        return self.mode != "ddp"
-
-
-@dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
     """How the model is run (``workloads.parallel``); none of it changes the step's mathematics.
 
@@ -397,9 +278,9 @@ class TrainingConfig:
         for name in ("compile", "activation_checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"training.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.sync.local and self.parallelism != "ddp":
-            raise ValueError(f"training.sync.mode {self.sync.mode!r} needs parallelism 'ddp' (every replica holds "
-                             f"the whole model), got {self.parallelism!r}")
+        local_error = local_sync_error(self.sync.mode, self.parallelism, where="training")
+        if local_error:
+            raise ValueError(local_error)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -460,7 +341,7 @@ class TrialConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A nested dict of plain values (sections as dicts); :meth:`from_dict` inverts it exactly."""
-        return dataclasses.asdict(self)
+        return _plain(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrialConfig":
@@ -473,13 +354,32 @@ class TrialConfig:
         return _build(cls, d, "")
 
 
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict``'s walk, which also turns the pydantic sections into dicts (in field order)."""
+    if isinstance(value, ConfigSection):
+        return {k: _plain(v) for k, v in value.fields().items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((_plain(k), _plain(v)) for k, v in value.items())
+    return copy.deepcopy(value)
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, ConfigSection)
+
+
 def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     """``cls(**d)`` with nested sections built from dicts and sequences made tuples."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = set(cls.model_fields) if _is_section(cls) else {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - names
     if unknown:
         raise ValueError(f"unknown trial config keys: {sorted(where + k for k in unknown)}")
+    if _is_section(cls):  # validated by pydantic, which makes its sequences tuples itself
+        return cls(**d)
+    hints = typing.get_type_hints(cls)
     return cls(**{k: _coerce(hints[k], v, f"{where}{k}.") for k, v in d.items()})
 
 
@@ -490,7 +390,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _coerce(inner[0], value, where) if len(inner) == 1 else value
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+    if (dataclasses.is_dataclass(tp) or _is_section(tp)) and isinstance(value, dict):
         return _build(tp, value, where)
     if origin is tuple:
         args = typing.get_args(tp)

@@ -37,6 +37,7 @@ import torch
 from packaging.version import Version
 
 from workloads.config import OptimizerConfig
+from workloads.sections import reads_beta2  # re-exported: the one definition is beside the optimizer names
 
 __all__ = ["build_optimizer", "state_bytes_per_param", "reads_beta2", "BITSANDBYTES_HINT"]
 
@@ -48,10 +49,6 @@ BITSANDBYTES_HINT = "pip install 'bitsandbytes>=0.50' (a dependency of critbatch
 #: (``bitsandbytes::optimizer_update_8bit_blockwise`` registered for ``cpu``; 0.49 has none)
 BITSANDBYTES_CPU_MIN = "0.50"
 
-
-def reads_beta2(name: str) -> bool:
-    """Whether optimizer ``name`` has a constant beta2 (the Adam family: ``adamw``, ``adamw_8bit``)."""
-    return name in ("adamw", "adamw_8bit")
 
 
 def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:

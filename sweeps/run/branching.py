@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from sweeps.tracking.schema import (
     TAG_ROLE,
     TAG_STATUS,
 )
-from workloads.api import beta2_from_half_life, get_workload, warmup_length_tokens
+from workloads.api import beta2_from_half_life, get_workload, replace, warmup_length_tokens
 
 __all__ = ["local_cbs_multiplier", "run_branching"]
 

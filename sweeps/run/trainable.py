@@ -30,6 +30,7 @@ from workloads.api import (
     FaultPlan,
     NoiseScaleConfig,
     OptimizerConfig,
+    OptimizerSettings,
     RungGateConfig,
     ScheduleConfig,
     TrainingConfig,
@@ -139,23 +140,20 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         faults: test-only fault injection (:func:`faults_from_env`).
     """
     gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
-    sch, opt = spec.schedule, spec.optimizer
     return TrialConfig(
         trial_id=trial_id,
         workload=workload_config(spec, data_path=data_path, shards=shards),
         budget_tokens=spec.budget_tokens,
-        optimizer=OptimizerConfig(
-            name=opt.name, lr=float(config["lr"]), lr_rule=str(config["lr_rule"]), beta1=opt.beta1, beta2=float(config["beta2"]),
-            beta2_half_life_tokens=float(config["beta2_half_life_tokens"]), eps=opt.eps, weight_decay=opt.weight_decay,
-            grad_clip_norm=opt.grad_clip_norm, divergence_loss_factor=opt.divergence_loss_factor),
-        schedule=ScheduleConfig(kind=sch.kind, warmup_tokens=sch.warmup_tokens, warmup_min_steps=sch.warmup_min_steps,
-                                ema_half_life_tokens=sch.ema_half_life_tokens, decay_fraction=sch.decay_fraction),
+        optimizer=OptimizerConfig(  # the spec's settings (OptimizerSettings), the LR and beta2 sampled for the batch
+            **OptimizerSettings.of(spec.optimizer).fields(), lr=float(config["lr"]), lr_rule=str(config["lr_rule"]),
+            beta2=float(config["beta2"]), beta2_half_life_tokens=float(config["beta2_half_life_tokens"])),
+        schedule=ScheduleConfig.of(spec.schedule),
         batch=BatchConfig(
             batch_size_sequences=int(config["batch_size_sequences"]),
             micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
             warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
         eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens()), eval_tokens=spec.eval.eval_tokens),
-        noise_scale=NoiseScaleConfig(enabled=spec.noise_scale.enabled, ema_decay=spec.noise_scale.ema_decay),
+        noise_scale=NoiseScaleConfig.of(spec.noise_scale),
         training=training_config(spec),
         seed=int(config["seed"]),
         rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
@@ -168,11 +166,8 @@ def training_config(spec: SweepSpec) -> TrainingConfig:
     """The spec's ``resources.parallelism``, ``compile``, ``activation_checkpointing``, ``mixed_precision``
     and ``sync``."""
     r = spec.resources
-    y = r.sync
     return TrainingConfig(parallelism=r.parallelism, compile=r.compile, activation_checkpointing=r.activation_checkpointing,
-                          mixed_precision=r.mixed_precision,
-                          sync=SyncConfig(mode=y.mode, every_steps=y.every_steps, outer_lr=y.outer_lr,
-                                          outer_momentum=y.outer_momentum))
+                          mixed_precision=r.mixed_precision, sync=SyncConfig.of(r.sync))
 
 
 def training_params(spec: SweepSpec) -> dict[str, Any]:

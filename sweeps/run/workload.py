@@ -112,10 +112,7 @@ def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:
     ft = spec.finetune
     if ft is None:
         return None
-    lora = None
-    if ft.lora is not None:
-        lora = LoraConfig(rank=ft.lora.rank, alpha=ft.lora.alpha, dropout=ft.lora.dropout,
-                          target_modules=tuple(ft.lora.target_modules))
+    lora = LoraConfig.of(ft.lora) if ft.lora is not None else None
     return FinetuneConfig(checkpoint_dir=ft.checkpoint_dir, prompt_field=ft.prompt_field,
                           response_field=ft.response_field, prompt_template=ft.prompt_template, packing=ft.packing,
                           truncate=ft.truncate, lora=lora)

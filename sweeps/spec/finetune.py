@@ -1,4 +1,5 @@
-"""The spec's ``finetune`` section: supervised fine-tuning of a local checkpoint, optionally with LoRA.
+"""The spec's ``finetune`` section: supervised fine-tuning of a local checkpoint, optionally with LoRA
+(``lora``: the trial config's :class:`workloads.api.LoraConfig`, whose fields it is).
 
 Plain data: imports neither torch nor Ray, so the REST service can use it.
 """
@@ -9,17 +10,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from sweeps.spec.sections import PositiveInt, _Strict
+from sweeps.spec.sections import _Strict
+from workloads.api import LoraConfig
 
 __all__ = ["FinetuneSpec", "LoraSpec"]
 
-class LoraSpec(_Strict):
-    """LoRA adapters through ``peft``."""
 
-    rank: PositiveInt = Field(default=8, le=4096)
-    alpha: float = Field(default=16.0, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+class LoraSpec(LoraConfig):
+    """LoRA adapters through ``peft``."""
 
 
 class FinetuneSpec(_Strict):

@@ -6,17 +6,39 @@ Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, 
 strict (unknown fields refused, integers refuse booleans) and frozen. The whole spec is
 :class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
 
-Plain data: imports neither torch nor Ray, so the REST service can use it.
+The sections a trial's config shares are defined once, in ``workloads.sections`` (through
+:mod:`workloads.api`): :class:`DataSpec`, :class:`ScheduleSpec`, :class:`OptimizerSpec`,
+:class:`NoiseScaleSpec` and :class:`SyncSpec` subclass them and add only their docstring and what the spec
+alone checks or drops from its dump. :class:`ModelSpec` is still a mirror of ``ModelConfig``
+(``tests/test_section_parity.py``).
+
+Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so the REST service can use it.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
+
+from workloads.api import (
+    MAX_BATCH_SEQUENCES,
+    MAX_TOKENS,
+    MAX_WIDTH,
+    OPTIMIZER_NAMES,
+    ConfigSection,
+    DataConfig,
+    MixedPrecision,
+    NoiseScaleConfig,
+    OptimizerName,
+    OptimizerSettings,
+    Parallelism,
+    PositiveInt,
+    ScheduleConfig,
+    SyncConfig,
+)
 
 __all__ = [
     "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec",
@@ -26,9 +48,6 @@ __all__ = [
 ]
 
 LrRule = Literal["linear", "sqrt", "none"]
-#: ``optimizer.name`` (the same names as ``workloads.config.OPTIMIZER_NAMES``)
-OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
-OPTIMIZER_NAMES = typing.get_args(OptimizerName)
 
 #: Names that moved to their own modules, still importable from here: the Tune state of a sweep started by
 #: an older critbatch pickles its spec by these paths, and ``critbatch resume`` must read it back.
@@ -44,16 +63,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-#: Integers refuse booleans, floats and strings (strict): ``true`` is not 1 and ``8.0`` is not 8.
-PositiveInt = Annotated[int, Field(gt=0, strict=True)]
-#: Upper bounds (issue 14): generous for any real sweep, small enough that no field can ask for absurd work.
-MAX_TOKENS = 10**13  # 10 T tokens: more than a frontier model's whole training run
-MAX_BATCH_SEQUENCES = 2**20  # ~1 M sequences per global batch
-MAX_WIDTH = 65536  # d_model (today's largest models use <= 16384)
+#: every spec section is as strict as the trial config's (unknown fields refused, frozen, defaults validated);
+#: the optimizer names, ``PositiveInt`` and the ``MAX_`` bounds are ``workloads.sections``', re-exported here
+_Strict = ConfigSection
 
 
 #: the shorthand's fields: the architecture in five numbers (and tied heads), when ``hf_config`` is not given
@@ -145,7 +157,7 @@ class ModelSpec(_Strict):
         return int(math.ceil(8 * self.d_model / 3 / 16) * 16)
 
 
-class DataSpec(_Strict):
+class DataSpec(DataConfig):
     """Training text and its tokenizer: a raw file (``path``) or prepared token shards (``shards``).
 
     Exactly one of the two. A raw text file is prepared into shards once per sweep by the driver
@@ -153,14 +165,6 @@ class DataSpec(_Strict):
     read or an fsspec URI (copied once per node into a local cache). A spec without ``shards``
     dumps without it, so its fingerprint is what it was before the field existed.
     """
-
-    path: str | None = Field(default=None, description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
-    shards: str | None = Field(default=None, description="pretrain: a folder of prepared token shards (its index.json) "
-                                                        "or an fsspec URI (s3://, gs://, ...); see critbatch prepare-data")
-    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory; "
-                                                       "with shards, the one that made them (its hash is checked)")
-    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5, description="held-out fraction of data.path's tokens "
-                                                                                 "(with shards the split is the index's)")
 
     @field_validator("path")
     @classmethod
@@ -216,7 +220,7 @@ class EvalSpec(_Strict):
         return {**out, "allow_folded_milestones": True}
 
 
-class ScheduleSpec(_Strict):
+class ScheduleSpec(ScheduleConfig):
     """Horizon-free learning-rate schedule (methodology section 11.2).
 
     ``constant_ema``: linear warmup over ``max(warmup_tokens, warmup_min_steps * B * T)`` tokens
@@ -228,19 +232,8 @@ class ScheduleSpec(_Strict):
     training continues from the stable branch.
     """
 
-    kind: Literal["constant_ema", "wsd"] = "constant_ema"
-    warmup_tokens: int = Field(default=32768, ge=0, le=MAX_TOKENS, strict=True,
-                               description="linear LR warmup, in tokens (the same for every batch size; at most 1e13)")
-    warmup_min_steps: int = Field(
-        default=4, ge=0, le=10000, strict=True,
-        description="the warmup lasts at least this many optimizer steps of the trial's batch: it ramps over "
-                    "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
-                    "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
-    ema_half_life_tokens: float = Field(default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)")
-    decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
 
-
-class OptimizerSpec(_Strict):
+class OptimizerSpec(OptimizerSettings):
     """The optimizer and its settings that are not searched (docs/design.md, "Optimizers").
 
     ``name``: ``adamw`` (``torch.optim.AdamW``, the default), ``adafactor`` (``torch.optim.Adafactor``:
@@ -248,17 +241,6 @@ class OptimizerSpec(_Strict):
     ``beta1``: no beta2, eps not read) or ``adamw_8bit`` (``bitsandbytes`` AdamW8bit, block-wise 8-bit
     moments; on CUDA, and on CPU from bitsandbytes 0.50). A spec at the default ``adamw`` dumps (and fingerprints) without ``name``.
     """
-
-    name: OptimizerName = Field(
-        default="adamw", description="adamw | adafactor | adamw_8bit (bitsandbytes, 8-bit moments) | sgd_momentum "
-                                     "(momentum = beta1); adafactor and sgd_momentum have no beta2")
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1; sgd_momentum's momentum; not read by adafactor")
-    eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0, le=10)
-    grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
-    divergence_loss_factor: float = Field(
-        default=1.5, gt=1.0, le=100, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
-    )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
@@ -268,17 +250,9 @@ class OptimizerSpec(_Strict):
             out.pop("name")
         return out
 
-    @property
-    def reads_beta2(self) -> bool:
-        """Whether this optimizer has a constant beta2 (the Adam family), which ``search.beta2`` sets."""
-        return self.name in ("adamw", "adamw_8bit")
 
-
-class NoiseScaleSpec(_Strict):
+class NoiseScaleSpec(NoiseScaleConfig):
     """Online gradient-noise-scale estimate (McCandlish et al. 2018, Appendix A.1)."""
-
-    enabled: bool = True
-    ema_decay: float = Field(default=0.95, gt=0, lt=1)
 
 
 class BatchWarmupSpec(_Strict):
@@ -310,7 +284,7 @@ _TRAINING_DEFAULTS = {"parallelism": "ddp", "compile": False, "activation_checkp
                       "mixed_precision": "auto"}
 
 
-class SyncSpec(_Strict):
+class SyncSpec(SyncConfig):
     """How a trial's workers synchronise (``resources.sync``; ``workloads.sync``).
 
     ``ddp``: the step's gradient is all-reduced every optimizer step. ``local_sgd`` and ``diloco``:
@@ -323,15 +297,6 @@ class SyncSpec(_Strict):
     values). The noise-scale estimator is off under local_sgd and diloco (no global gradient per
     step: no ``b_simple``). With ``mode: ddp`` the section is left out of the dump (and fingerprint).
     """
-
-    mode: Literal["ddp", "local_sgd", "diloco"] = Field(
-        default="ddp", description="ddp: gradient all-reduce every step; local_sgd: parameter averaging every "
-                                   "every_steps steps; diloco: an outer Nesterov step every every_steps steps")
-    every_steps: PositiveInt = Field(default=16, le=1_000_000,
-                                     description="H: optimizer steps between synchronisations (local_sgd, diloco)")
-    outer_lr: float = Field(default=0.7, gt=0, le=100, description="DiLoCo's outer learning rate (Douillard et al. 2023: 0.7)")
-    outer_momentum: float = Field(default=0.9, ge=0, lt=1,
-                                  description="DiLoCo's outer Nesterov momentum (Douillard et al. 2023: 0.9)")
 
 
 class ResourcesSpec(_Strict):
@@ -350,12 +315,12 @@ class ResourcesSpec(_Strict):
         default=None,
         description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
     )
-    parallelism: Literal["ddp", "fsdp"] = Field(
+    parallelism: Parallelism = Field(
         default="ddp", description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
                                    "of each decoder layer and the root (pretrain, at least 2 workers)")
     compile: bool = Field(default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)")
     activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
-    mixed_precision: Literal["auto", "bf16", "fp32"] = Field(
+    mixed_precision: MixedPrecision = Field(
         default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
     sync: SyncSpec = Field(default_factory=SyncSpec,
                            description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)")

@@ -20,6 +20,7 @@ from sweeps.spec.search import SearchSpec
 from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
+from workloads.api import local_sync_error
 
 __all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
 
@@ -301,9 +302,9 @@ class SweepSpec(_Strict):
         errs = []
         if r.workers_per_trial < 2:
             errs.append(f"resources.sync: {mode} needs workers_per_trial >= 2 replicas (got {r.workers_per_trial})")
-        if r.parallelism != "ddp":
-            errs.append(f"resources.sync: {mode} needs resources.parallelism ddp (every replica holds the whole "
-                        f"model), got {r.parallelism}")
+        local_error = local_sync_error(mode, r.parallelism, where="resources")  # the rule TrainingConfig keeps too
+        if local_error:
+            errs.append(local_error)
         if self.workload != "pretrain":
             errs.append(f"resources.sync: {mode} is for the pretrain workload; finetune runs ddp")
         if self.branch is not None:

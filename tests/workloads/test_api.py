@@ -46,7 +46,10 @@ _CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "TRIAL_STARTED_KEY": "worklo
               "TORCH_THREADS_KEY": "workloads.config", "CHECKPOINT_DIR_KEY": "workloads.config",
               "DETERMINISTIC_WARN_ONLY": "workloads.determinism",
               "FLOPS_CONVENTION": "workloads.flops", "FLOPS_MODEL_TYPES": "workloads.flops",
-              "GIVEN_FLOPS_CONVENTION": "workloads.flops"}
+              "GIVEN_FLOPS_CONVENTION": "workloads.flops",
+              **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "SYNC_MODES", "SyncMode",
+                                                   "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
+                                                   "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH")}}
 
 
 def test_every_public_name_resolves():

@@ -51,6 +51,8 @@ def test_to_dict_and_from_dict_round_trip_exactly_also_through_json():
 def test_sections_are_frozen():
     c = full()
     with pytest.raises(dataclasses.FrozenInstanceError):
+        c.batch.batch_size_sequences = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="frozen"):  # a section the spec embeds: a frozen pydantic model
         c.optimizer.lr = 1.0  # type: ignore[misc]
 
 

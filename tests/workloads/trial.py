@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from workloads.config import TrialConfig, WorkloadConfig
+from workloads.config import TrialConfig, WorkloadConfig, replace  # replace: also for the pydantic sections
 
 __all__ = ["with_sections"]
 
