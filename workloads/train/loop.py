@@ -89,6 +89,13 @@ class LoopCounters:
         return {"step": d.pop("step"), "tokens_seen": d.pop("tokens_seen"), "milestone_idx": d.pop("milestone_idx"),
                 "ema_weight": ema_weight, **d}
 
+    def pass_milestones(self, milestones: list[int]) -> bool:
+        """Count the milestones (tokens, ascending) that ``tokens_seen`` has reached; whether any was new."""
+        before = self.milestone_idx
+        while self.milestone_idx < len(milestones) and self.tokens_seen >= milestones[self.milestone_idx]:
+            self.milestone_idx += 1
+        return self.milestone_idx > before
+
     @classmethod
     def from_state(cls, loop: dict[str, Any]) -> "LoopCounters":
         """Inverse of :meth:`state` (``ema_weight`` is left for the weight EMA)."""
@@ -131,36 +138,24 @@ def run_loop(
     run = _Training(cfg, work, device)
     c = LoopCounters() if resume_state is None else run.restore(resume_state)
     milestones = list(cfg.eval.milestones_tokens)
-    o = cfg.optimizer
     last_report_wall, last_report_tokens = time.perf_counter(), c.tokens_seen
-    last = StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr,
-                       beta2=o.beta2 if reads_beta2(o.name) else math.nan, grad_norm=math.nan)
+    last = _no_step(cfg)
     status = "running"
-    first_step_unix: float | None = None  # when this attempt's first step ended (Unix s): for its start-up time
-    state_bpp: float | None = None  # optimizer state bytes per parameter, measured after that step
+    first: _FirstStep | None = None  # this attempt's first step, until its report
     while c.tokens_seen < cfg.budget_tokens:
         phase = run.schedule.phase_at(c.tokens_seen)
         last = run.train_step(c, phase)
-        if first_step_unix is None:
-            first_step_unix = time.time()
-            state_bpp = run.state_bytes_per_param()  # under fsdp a collective: every rank is here
+        if first is None:  # under fsdp state_bytes_per_param is a collective: every rank is here
+            first = _FirstStep(unix_s=time.time(), state_bytes_per_param=run.state_bytes_per_param())
         if last.diverged(run.diverge_at):
             status = "diverged"
-        crossed = c.milestone_idx < len(milestones) and c.tokens_seen >= milestones[c.milestone_idx]
-        if not crossed and status != "diverged":
+        if not c.pass_milestones(milestones) and status != "diverged":
             continue
-        while c.milestone_idx < len(milestones) and c.tokens_seen >= milestones[c.milestone_idx]:
-            c.milestone_idx += 1
         done = c.tokens_seen >= cfg.budget_tokens or status == "diverged"
         val, raw = math.nan, None
         if status != "diverged":
-            t_eval = time.perf_counter()
-            ev = run.evaluator(step=c.step, tokens_seen=c.tokens_seen, phase=phase)
-            for flops in ev.flops:
-                c.flops_measurement += flops
-            last = ev.last_step if ev.last_step is not None else last
-            last_report_wall += time.perf_counter() - t_eval  # evaluation time is not training time
-            val, raw = ev.val_loss, ev.val_loss_raw
+            val, raw, last, eval_s = run.evaluate(c, phase, last)
+            last_report_wall += eval_s  # evaluation time is not training time
             if not math.isfinite(val) or val > run.diverge_at:
                 status, done = "diverged", True
         if done and status == "running":
@@ -172,13 +167,9 @@ def run_loop(
                            tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done)
         metrics.update(run.comm.metrics())
         if done and cfg.batch.warmup:
-            first_b = run.schedule.phases[0].batch_size_sequences
-            metrics["steps_saved_vs_initial_batch"] = -(-c.tokens_seen // (first_b * cfg.context_length_tokens)) - c.step
-        if first_step_unix:  # the attempt's first report; 0.0 after it
-            metrics["first_step_unix_s"], first_step_unix = first_step_unix, 0.0
-            if state_bpp is not None:
-                metrics["optimizer_state_bytes_per_param"] = state_bpp
-            metrics["trainable_params"] = run.n_params
+            metrics["steps_saved_vs_initial_batch"] = run.steps_saved_vs_initial_batch(c)
+        if first.unix_s:  # the attempt's first report; 0.0 after it
+            metrics.update(first.take_metrics(run.n_params))
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)
@@ -189,6 +180,37 @@ def run_loop(
             cfg.faults.after_report(c.milestone_idx - 1, attempt)
     # budget already reached (resumed after the final report)
     return TrainingOutcome(status="completed", final_metrics={})
+
+
+def _no_step(cfg: TrialConfig) -> StepOutcome:
+    """The outcome reported before any step of this call (NaN loss, the configured LR and beta2)."""
+    o = cfg.optimizer
+    return StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr,
+                       beta2=o.beta2 if reads_beta2(o.name) else math.nan, grad_norm=math.nan)
+
+
+@dataclass
+class _FirstStep:
+    """When an attempt's first optimizer step ended and the optimizer state it left: its first report's extras.
+
+    Attributes:
+        unix_s: when the step ended (Unix seconds; the Ray adapter turns it into the start-up time);
+            0.0 once reported.
+        state_bytes_per_param: :meth:`_Training.state_bytes_per_param` after the step (None: empty state).
+    """
+
+    unix_s: float
+    state_bytes_per_param: float | None
+
+    def take_metrics(self, trainable_params: int) -> dict[str, Any]:
+        """``first_step_unix_s``, ``trainable_params`` and (with a state) ``optimizer_state_bytes_per_param``;
+        ``unix_s`` is 0.0 after."""
+        out: dict[str, Any] = {"first_step_unix_s": self.unix_s}
+        self.unix_s = 0.0
+        if self.state_bytes_per_param is not None:
+            out["optimizer_state_bytes_per_param"] = self.state_bytes_per_param
+        out["trainable_params"] = trainable_params
+        return out
 
 
 class _Training:
@@ -239,6 +261,24 @@ class _Training:
             if self.ema is not None:
                 self.ema.update(out.real_tokens)
         return out
+
+    def evaluate(self, c: LoopCounters, phase: BatchPhase, last: StepOutcome
+                 ) -> tuple[float, float | None, StepOutcome, float]:
+        """The milestone's evaluation (:class:`workloads.train.evaluation.MilestoneEvaluator`), its FLOPs added
+        to ``c``: ``(val_loss, val_loss_raw, the last step, seconds it took)``; the last step is the
+        decay branch's when one ran, else ``last``."""
+        t_eval = time.perf_counter()
+        ev = self.evaluator(step=c.step, tokens_seen=c.tokens_seen, phase=phase)
+        for flops in ev.flops:
+            c.flops_measurement += flops
+        return (ev.val_loss, ev.val_loss_raw, ev.last_step if ev.last_step is not None else last,
+                time.perf_counter() - t_eval)
+
+    def steps_saved_vs_initial_batch(self, c: LoopCounters) -> int:
+        """Optimizer steps a batch-size warmup saved: the steps ``c.tokens_seen`` takes at the first
+        phase's batch size, less the steps taken."""
+        first_b = self.schedule.phases[0].batch_size_sequences
+        return -(-c.tokens_seen // (first_b * self.cfg.context_length_tokens)) - c.step
 
     @property
     def n_params(self) -> int:

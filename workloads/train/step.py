@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -78,6 +78,79 @@ class StepGradient:
     comm_time_s: float = 0.0
 
 
+def _loss_tokens(micro_batches: list[tuple[Any, torch.Tensor]], real_tokens: Callable[[Any, torch.Tensor], int]
+                 ) -> tuple[list[int], int]:
+    """Per micro-batch, its loss tokens (targets other than -100); and the real tokens of all of them."""
+    return ([int((y != IGNORE_INDEX).sum()) for _, y in micro_batches],
+            sum(int(real_tokens(x, y)) for x, y in micro_batches))
+
+
+def _accumulate(
+    model: torch.nn.Module,
+    micro_batches: list[tuple[Any, torch.Tensor]],
+    loss_tokens: list[int],
+    *,
+    n_global: int,
+    grads_of: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+    first: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+    local: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    noise_scale: bool,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The micro-batch loop both data-parallel layouts share: ``(summed gradients, sums)``.
+
+    Micro-batch ``j`` contributes the gradient of ``CE_sum_j / N`` (``N = n_global``, the step's
+    loss tokens, known before any backward pass): ``grads_of(CE_sum_j / N)`` takes it (ddp:
+    ``autograd.grad``; fsdp: a backward that FSDP reduce-scatters), ``first`` starts the sum from the
+    first one's, the others are added in place. ``sums`` (float32 ``[small-batch squares, token-loss
+    sum]``, this rank's, not reduced): with ``noise_scale``, each micro-batch's squared
+    *mean*-gradient norm, ``|grad_j|^2 (N / n_j)^2`` (``n_j = loss_tokens[j]``; one without loss
+    tokens left out), read from ``local(g)`` of each gradient (fsdp: this rank's shard).
+
+    Raises:
+        ValueError: no micro-batch.
+    """
+    scale = 1.0 / max(n_global, 1)
+    acc: list[torch.Tensor] | None = None
+    sums = torch.zeros(2, dtype=torch.float32, device=device)
+    for (x, y), n_j in zip(micro_batches, loss_tokens):
+        y = y.to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = forward_logits(model, x, device)
+        token_sum = _token_loss_sum(logits, y)
+        grads = grads_of(token_sum * scale)
+        if noise_scale and n_j:
+            parts = [local(g) for g in grads]
+            sums[0] += torch.stack(torch._foreach_norm(parts)).float().pow(2).sum() * (n_global / n_j) ** 2
+        if acc is None:
+            acc = first(grads)
+        else:
+            torch._foreach_add_(acc, grads)
+        sums[1] += token_sum.detach().float()
+    if acc is None:
+        raise ValueError("a step needs at least one micro-batch")
+    return acc, sums
+
+
+def _step_result(acc: list[torch.Tensor], sums: torch.Tensor, *, n_global: int, real_global: int, k_global: int,
+                 sq_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None, comm_bytes: int, comm_time_s: float
+                 ) -> StepGradient:
+    """The :class:`StepGradient` of reduced ``sums`` (:func:`_accumulate`); ``sq_norm`` (None: the
+    estimator is off) gives the squared norm of the summed gradient."""
+    small_mean = big_sq = None
+    if sq_norm is not None:
+        small_mean = float(sums[0]) / k_global if k_global else float("nan")
+        big_sq = float(sq_norm(acc))
+    return StepGradient(grads=acc, loss=float(sums[1]) / n_global if n_global else float("nan"), loss_tokens=n_global,
+                        real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
+                        micro_batches=k_global, comm_bytes=comm_bytes, comm_time_s=comm_time_s)
+
+
+def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(torch._foreach_norm(tensors)).float().pow(2).sum()
+
+
 def step_gradient(
     model: torch.nn.Module,
     params: list[torch.Tensor],
@@ -102,39 +175,26 @@ def step_gradient(
 
     With ``reduce=False`` (a local_sgd or diloco replica) nothing is communicated: the result is
     this rank's own gradient of (its token-loss sum) / (its loss tokens), and the counts are its own.
+
+    Raises:
+        ValueError: no micro-batch.
     """
     _, world = dist_info()
     if not reduce:
         world = 1
-    n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
-    n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
+    n_loss, n_real = _loss_tokens(micro_batches, real_tokens)
     counts = torch.tensor([sum(n_loss), n_real, sum(1 for n in n_loss if n)], dtype=torch.float64, device=device)
     comm_bytes, comm_s = 0, 0.0
     if world > 1:
         comm_s += timed_all_reduce(counts)
         comm_bytes += payload_bytes(counts)
     n_global, real_global, k_global = (int(v) for v in counts.tolist())
-    scale = 1.0 / max(n_global, 1)
-    acc: list[torch.Tensor] | None = None
-    small_sq = torch.zeros((), dtype=torch.float32, device=device)
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    for (x, y), n_j in zip(micro_batches, n_loss):
-        y = y.to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = forward_logits(model, x, device)
-        token_sum = _token_loss_sum(logits, y)
-        grads = torch.autograd.grad(token_sum * scale, params)
-        if noise_scale and n_j:
-            small_sq += torch.stack(torch._foreach_norm(grads)).float().pow(2).sum() * (n_global / n_j) ** 2
-        if acc is None:
-            acc = [g.float() for g in grads]
-        else:
-            torch._foreach_add_(acc, grads)
-        loss_sum += token_sum.detach().float()
-    if acc is None:
-        raise ValueError("a step needs at least one micro-batch")
-    if world > 1:
-        flat = torch.cat([g.reshape(-1) for g in acc] + [small_sq.reshape(1), loss_sum.reshape(1)])
+    acc, sums = _accumulate(model, micro_batches, n_loss, n_global=n_global,
+                            grads_of=lambda loss: torch.autograd.grad(loss, params),
+                            first=lambda grads: [g.float() for g in grads], local=lambda g: g,
+                            device=device, autocast_dtype=autocast_dtype, noise_scale=noise_scale)
+    if world > 1:  # one all-reduce: the gradients, then the sums
+        flat = torch.cat([g.reshape(-1) for g in acc] + [sums])
         comm_s += timed_all_reduce(flat)
         comm_bytes += payload_bytes(flat)
         offset = 0
@@ -142,16 +202,9 @@ def step_gradient(
             n = g.numel()
             g.copy_(flat[offset:offset + n].view_as(g))
             offset += n
-        small_sq, loss_sum = flat[-2], flat[-1]
-    small_mean = big_sq = None
-    if noise_scale:
-        small_mean = float(small_sq) / k_global if k_global else float("nan")
-        big_sq = float(torch.stack(torch._foreach_norm(acc)).float().pow(2).sum())
-    return StepGradient(grads=acc, loss=float(loss_sum) / n_global if n_global else float("nan"), loss_tokens=n_global,
-                        real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
-                        micro_batches=k_global, comm_bytes=comm_bytes, comm_time_s=comm_s)
-
-
+        sums = flat[-2:]
+    return _step_result(acc, sums, n_global=n_global, real_global=real_global, k_global=k_global,
+                        sq_norm=_sq_norm if noise_scale else None, comm_bytes=comm_bytes, comm_time_s=comm_s)
 
 
 def sharded_step_gradient(
@@ -181,48 +234,30 @@ def sharded_step_gradient(
     Raises:
         ValueError: no micro-batch.
     """
-    n_loss = [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches]
-    n_real = sum(int(real_tokens(x, y)) for x, y in micro_batches)
+    n_loss, n_real = _loss_tokens(micro_batches, real_tokens)
     counts = torch.tensor([sum(n_loss), n_real, *n_loss], dtype=torch.float64, device=device)
     comm_s = timed_all_reduce(counts)
     n_global, real_global = int(counts[0]), int(counts[1])
     n_group = [int(v) for v in counts[2:].tolist()]
-    scale = 1.0 / max(n_global, 1)
-    acc: list[torch.Tensor] | None = None
-    local = torch.zeros(2, dtype=torch.float32, device=device)  # [small-batch squares, loss sum]
     for p in params:
         p.grad = None
-    for (x, y), n_j in zip(micro_batches, n_group):
-        y = y.to(device)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = forward_logits(model, x, device)
-        token_sum = _token_loss_sum(logits, y)
-        (token_sum * scale).backward()
+
+    def reduce_scattered(loss: torch.Tensor) -> list[torch.Tensor]:
+        loss.backward()  # FSDP reduce-scatters this micro-batch's gradient as its backward ends
         grads = [p.grad for p in params]
         for p in params:
             p.grad = None
-        if noise_scale and n_j:
-            shards = [g.to_local() for g in grads]
-            local[0] += torch.stack(torch._foreach_norm(shards)).float().pow(2).sum() * (n_global / n_j) ** 2
-        if acc is None:
-            acc = grads
-        else:
-            torch._foreach_add_(acc, grads)
-        local[1] += token_sum.detach().float()
-    if acc is None:
-        raise ValueError("a step needs at least one micro-batch")
-    comm_s += timed_all_reduce(local)
-    k_global = sum(1 for n in n_group if n)
-    small_mean = big_sq = None
-    if noise_scale:
-        from workloads.train.parallel import global_sq_norm
+        return grads
 
-        small_mean = float(local[0]) / k_global if k_global else float("nan")
-        big_sq = float(global_sq_norm(acc))
-    return StepGradient(grads=acc, loss=float(local[1]) / n_global if n_global else float("nan"),
-                        loss_tokens=n_global, real_tokens=real_global, small_sq_norm_mean=small_mean,
-                        big_sq_norm=big_sq, micro_batches=k_global,
-                        comm_bytes=payload_bytes(counts) + payload_bytes(local), comm_time_s=comm_s)
+    acc, sums = _accumulate(model, micro_batches, n_group, n_global=n_global, grads_of=reduce_scattered,
+                            first=list, local=lambda g: g.to_local(), device=device,
+                            autocast_dtype=autocast_dtype, noise_scale=noise_scale)
+    comm_s += timed_all_reduce(sums)
+    sq_norm = None
+    if noise_scale:
+        from workloads.train.parallel import global_sq_norm as sq_norm
+    return _step_result(acc, sums, n_global=n_global, real_global=real_global, k_global=sum(1 for n in n_group if n),
+                        sq_norm=sq_norm, comm_bytes=payload_bytes(counts) + payload_bytes(sums), comm_time_s=comm_s)
 
 
 class TrainBatches(Protocol):
