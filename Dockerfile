@@ -45,11 +45,12 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /app
 # constraints.txt: the exact versions the test suite passed with (as `make install` uses them)
 COPY pyproject.toml constraints.txt README.md* ./
+COPY critbatch ./critbatch
 COPY sweeps ./sweeps
 COPY workloads ./workloads
 COPY service ./service
 RUN pip install -c constraints.txt . \
- && python -c "import torch, ray, mlflow, optuna, transformers, sweeps.cli; assert torch.__version__.startswith('${TORCH_VERSION}')"
+ && python -c "import torch, ray, mlflow, optuna, transformers, critbatch; assert torch.__version__.startswith('${TORCH_VERSION}')"
 # The bundled data sets: specs name them relative to the working directory (/app).
 COPY data ./data
 ENV HOME=/home/ray \

@@ -125,7 +125,7 @@ def trial_first_report(shards: Path, work: Path) -> float:
     work.mkdir(parents=True)
     (work / "spec.yaml").write_text(yaml.safe_dump(d))
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(work / "spec.yaml"), "--output", str(work / "out"),
+    subprocess.run([sys.executable, "-m", "critbatch", "run", str(work / "spec.yaml"), "--output", str(work / "out"),
                     "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--sweep-id", "ds", "--no-progress"],
                    cwd=ROOT, env=env, capture_output=True, text=True)
     rows = [json.loads(x) for f in (work / "out" / "tune").rglob("result.json") for x in f.read_text().splitlines()[:1]]

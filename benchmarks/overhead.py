@@ -151,7 +151,7 @@ def _run_sweep(spec_path: Path, tmp: str) -> float:
     """
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(spec_path), "--output", f"{tmp}/out",
+    r = subprocess.run([sys.executable, "-m", "critbatch", "run", str(spec_path), "--output", f"{tmp}/out",
                         "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0

@@ -76,7 +76,7 @@ def main() -> None:
                 path.write_text(yaml.safe_dump(spec))
                 out = work / f"out-{rep}-{conc}"
                 t0 = time.monotonic()
-                r = subprocess.run([sys.executable, "-m", "sweeps.cli", "run", str(path), "--output", str(out),
+                r = subprocess.run([sys.executable, "-m", "critbatch", "run", str(path), "--output", str(out),
                                     "--tracking-uri", f"sqlite:///{work / f'ml-{rep}-{conc}.db'}", "--no-progress",
                                     "--address", address], cwd=ROOT, env=env, capture_output=True, text=True)
                 wall = time.monotonic() - t0

@@ -49,7 +49,7 @@ def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, 
         for pid in mine & rows.keys():
             _, rss, args = rows[pid]
             kind = (args.split()[0].split(".")[0] if args.startswith("ray::")
-                    else "driver (critbatch run)" if "sweeps.cli" in args else None)
+                    else "driver (critbatch run)" if "-m critbatch " in args else None)
             if kind:
                 peak[kind] = max(peak[kind], rss // 1024)
         stop.wait(interval_s)
@@ -69,7 +69,7 @@ def main() -> None:
         peak: dict[str, int] = collections.defaultdict(int)
         stop = threading.Event()
         t0 = time.perf_counter()
-        cli = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "run", str(work / "spec.yaml"), "--output",
+        cli = subprocess.Popen([sys.executable, "-m", "critbatch", "run", str(work / "spec.yaml"), "--output",
                                 str(work / "out"), "--tracking-uri", uri, "--address", head.gcs_address, "--no-progress"],
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))

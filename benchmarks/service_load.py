@@ -197,7 +197,7 @@ def main() -> None:
         wait_http(f"{ray_url}/api/jobs/", 240, ray, tmp / "ray.log")
         wait_http(f"{ml_url}/health", 300, ml, tmp / "mlflow.log")
         e_cluster = dict(e, RAY_ADDRESS=ray_url, MLFLOW_TRACKING_URI=ml_url)
-        svc_proc = start([sys.executable, "-m", "sweeps.cli", "serve", "--host", "127.0.0.1", "--port", str(svc),
+        svc_proc = start([sys.executable, "-m", "critbatch", "serve", "--host", "127.0.0.1", "--port", str(svc),
                           "--log-level", "warning"], tmp / "service.log",
                          dict(e_cluster, CRITBATCH_API_TOKEN=TOKEN, CRITBATCH_DATA_DIR=str(REPO)))
         procs.append(svc_proc)
@@ -208,7 +208,7 @@ def main() -> None:
         spec_file = tmp / "spec.yaml"
         spec_file.write_text(yaml.safe_dump(spec))
         for i in range(args.sweeps):
-            subprocess.run([sys.executable, "-m", "sweeps.cli", "submit", str(spec_file), "--sweep-id", f"load-{i}",
+            subprocess.run([sys.executable, "-m", "critbatch", "submit", str(spec_file), "--sweep-id", f"load-{i}",
                             "--no-ship-data"], env=e_cluster, cwd=REPO, capture_output=True, timeout=180, check=True)
         listed = httpx.get(f"{url}/v1/sweeps", headers=AUTH, timeout=60).json()
         results["listed_sweeps"] = listed["total"]

@@ -23,10 +23,11 @@ d["eval"] = {"milestones": 8, "eval_tokens": 1024}; d["search"]["batch_sizes_seq
 d["resources"] = {"max_concurrent_trials": 1}
 (W / "spec.yaml").write_text(yaml.safe_dump(d))
 hold = W / "hold"; hold.touch()
+OLD_CLI = "critbatch" if Path(OLD, "critbatch", "__main__.py").is_file() else "sweeps.cli"  # before issue 32: sweeps.cli
 env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=OLD,
            CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
 log = open(W / "old.log", "w")
-p = subprocess.Popen([PY, "-m", "sweeps.cli", "run", str(W / "spec.yaml"), "--output", str(out), "--tracking-uri",
+p = subprocess.Popen([PY, "-m", OLD_CLI, "run", str(W / "spec.yaml"), "--output", str(out), "--tracking-uri",
                       f"sqlite:///{W}/ml.db", "--no-progress"], cwd=OLD, env=env, stdout=log, stderr=subprocess.STDOUT,
                      start_new_session=True)
 def rows():
@@ -42,7 +43,7 @@ os.killpg(p.pid, signal.SIGINT)
 rc = p.wait(timeout=300); hold.unlink()
 print("old run exit", rc, json.loads((out / "sweep.json").read_text())["status"])
 env2 = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-r = subprocess.run([PY, "-m", "sweeps.cli", "resume", str(out), "--no-progress"], cwd=NEW, env=env2,
+r = subprocess.run([PY, "-m", "critbatch", "resume", str(out), "--no-progress"], cwd=NEW, env=env2,
                    capture_output=True, text=True, timeout=600)
 print("new resume exit", r.returncode, r.stderr[-1500:] if r.returncode else "")
 trials = json.loads((out / "trials.json").read_text())

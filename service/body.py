@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 import yaml
 
+from sweeps.errors import InvalidInput
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 
 __all__ = ["BodyLimitMiddleware", "BodyError", "parse_body", "C_YAML_MAX_BYTES", "JSON_TYPES", "YAML_TYPES"]
@@ -103,7 +104,7 @@ def _load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - safe constructor
 
 
-class BodyError(ValueError):
+class BodyError(InvalidInput):
     """A body the service does not read at all; ``status`` is the HTTP status to answer (415)."""
 
     def __init__(self, status: int, message: str):

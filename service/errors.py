@@ -11,6 +11,7 @@ handlers installed by :func:`install_error_handlers` answer each with :func:`err
 | ``TooManySweeps`` | 429 with ``Retry-After: RETRY_AFTER_S`` |
 | ``BackendTimeout`` | 504 |
 | ``ClusterUnavailable`` | 503 |
+| ``SpecError`` | 422 with ``errors`` (every invalid field of the spec by its path) |
 | ``StagingError`` / other ``InvalidInput`` | 422 with ``errors`` (every field by its path) |
 
 Any other exception is a bug and answers 500.
@@ -38,6 +39,7 @@ from sweeps.remote import (
     SweepNotFound,
     TooManySweeps,
 )
+from sweeps.spec import SpecError
 
 __all__ = [
     "BACKEND_ERRORS", "RETRY_AFTER_S", "ERROR_RESPONSES", "NOT_FOUND_RESPONSE", "INVALID_RESPONSE", "error_response",
@@ -90,6 +92,8 @@ def error_response(exc: Exception) -> JSONResponse:
             status_code=409,
             content={"detail": str(exc), "id": exc.sweep_id, "status": exc.status, "same_spec": exc.same_spec},
         )
+    if isinstance(exc, SpecError):
+        return invalid_response(exc.errors)
     if isinstance(exc, StagingError):
         return invalid_response([(exc.path, str(exc))], "the submission is too big")
     if isinstance(exc, InvalidInput):

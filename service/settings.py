@@ -25,13 +25,15 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from sweeps.errors import InvalidInput
+
 __all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS"]
 
 MIN_TOKEN_CHARS = 16
 
 
-class SettingsError(ValueError):
-    """The service cannot start with these settings."""
+class SettingsError(InvalidInput):
+    """The service cannot start with these settings (invalid input: ``critbatch serve`` exits 2)."""
 
 
 def _float_env(env: Mapping[str, str], key: str) -> float | None:

@@ -1,16 +1,13 @@
-"""The sweeps package's exceptions: one base, and one for invalid input (exit code 2)."""
+"""The sweeps package's exceptions. The base, :class:`CritbatchError`, and :class:`InvalidInput` (exit
+code 2) are the project's one error base, defined at its lowest layer (``workloads.errors``) and
+re-exported here, so that ``from sweeps.errors import CritbatchError`` names the same class everywhere.
+"""
 
 from __future__ import annotations
 
+from workloads.api import CritbatchError, InvalidInput
+
 __all__ = ["CritbatchError", "InvalidInput", "SweepFailed", "WriteFailed"]
-
-
-class CritbatchError(Exception):
-    """Base class of every error the sweep engine raises on purpose."""
-
-
-class InvalidInput(CritbatchError, ValueError):
-    """The user's input is wrong (a file, a folder, a flag): nothing was started."""
 
 
 class SweepFailed(CritbatchError):

@@ -60,7 +60,7 @@ def assert_steps_are_minimum_over_trials(out: Path) -> int:
 
 def assert_analyze_trials_reproduces_cbs_json(out: Path) -> None:
     """``critbatch analyze --trials OUT/trials.json`` prints exactly ``OUT/cbs.json``."""
-    r = subprocess.run([sys.executable, "-m", "sweeps.cli", "analyze", "--trials", str(out / "trials.json")],
+    r = subprocess.run([sys.executable, "-m", "critbatch", "analyze", "--trials", str(out / "trials.json")],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads((out / "cbs.json").read_text())

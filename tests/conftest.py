@@ -36,7 +36,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def run_cli(args: list[str], *, timeout_s: float, cwd: Path = ROOT, env: dict | None = None):
-    """Run ``python -m sweeps.cli ARGS`` in its own process group; returns the CompletedProcess.
+    """Run ``python -m critbatch ARGS`` in its own process group; returns the CompletedProcess.
 
     On timeout the whole group (the CLI and the Ray processes it started) is killed and the test
     fails with the tail of what the CLI printed, so a hang in CI says where it hung.
@@ -46,7 +46,7 @@ def run_cli(args: list[str], *, timeout_s: float, cwd: Path = ROOT, env: dict | 
     import sys
 
     env = dict(os.environ if env is None else env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", *args], cwd=cwd, env=env, text=True,
+    proc = subprocess.Popen([sys.executable, "-m", "critbatch", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -113,7 +113,7 @@ def invoke_cli(args: list[str], env: dict | None = None):
 
     from typer.testing import CliRunner
 
-    from sweeps.cli.main import app
+    from critbatch.main import app
 
     r = CliRunner().invoke(app, args, env=env, catch_exceptions=False)
     return subprocess.CompletedProcess(["critbatch", *args], r.exit_code, r.stdout, r.stderr)

@@ -1,8 +1,10 @@
 """The import arrows between packages (docs/design.md, "Layout"), checked on every import statement,
 including the ones inside functions. A new import across an arrow that is not allowed fails here.
 
+    critbatch -> sweeps, workloads, service    (the CLI, the composition root: nothing imports it)
     service  ->  sweeps.spec, sweeps.remote, sweeps.errors
-    sweeps   ->  workloads.api                 (and sweeps.cli -> service.server: the composition root)
+    sweeps   ->  workloads.api
+                 (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
       within:  ray/ -> registry -> pretrain/, finetune/ -> train/, data/, model/ -> config, errors
                (train/ never imports data/ or model/: a workload hands the loop its model and batches)
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the product's top-level packages, the composition root (the CLI) first
+PACKAGES = ("critbatch", "sweeps", "workloads", "service")
 
 
 def imports_of(package: str) -> list[tuple[str, str]]:
@@ -30,7 +34,7 @@ def imports_of(package: str) -> list[tuple[str, str]]:
                 out += [(str(path.relative_to(ROOT)), node.module)]
                 # ``from sweeps import remote`` imports sweeps.remote
                 out += [(str(path.relative_to(ROOT)), f"{node.module}.{a.name}") for a in node.names
-                        if node.module in ("sweeps", "workloads", "service")]
+                        if node.module in PACKAGES]
     return out
 
 
@@ -41,7 +45,9 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 def test_the_import_scan_sees_lazy_imports():
     found = imports_of("sweeps")
     assert ("sweeps/run/execute.py", "ray") in found or any(m == "ray" for f, m in found if f == "sweeps/run/execute.py")
-    assert any(f == "sweeps/cli/main.py" and m.startswith("sweeps.run") for f, m in found)  # imported inside commands
+    cli = imports_of("critbatch")
+    assert any(f == "critbatch/main.py" and m.startswith("sweeps.run") for f, m in cli)  # imported inside commands
+    assert ("critbatch/cluster.py", "service.server") in cli  # `critbatch serve`, inside its command
 
 
 def test_workloads_import_neither_the_sweep_nor_the_service_nor_tune():
@@ -91,10 +97,17 @@ def test_sweeps_reach_workloads_only_through_its_interface():
     assert not bad, f"sweeps may import only workloads.api: {bad}"
 
 
-def test_only_the_cli_imports_the_service():
-    bad = [(f, m) for f, m in imports_of("sweeps") if _under(m, ("service",))
-           and not (f.startswith("sweeps/cli/") and m == "service.server")]
-    assert not bad, f"sweeps may not import the service (the CLI may import service.server): {bad}"
+def test_sweeps_import_no_service():
+    bad = [(f, m) for f, m in imports_of("sweeps") if _under(m, ("service",))]
+    assert not bad, f"sweeps may not import the service (the CLI, critbatch/, wires them together): {bad}"
+
+
+@pytest.mark.parametrize("package", ["sweeps", "workloads", "service"])
+def test_nothing_below_the_cli_imports_it(package):
+    """The CLI (``critbatch/``) is the composition root: it may import sweeps, workloads and service, and
+    none of them imports it back."""
+    bad = [(f, m) for f, m in imports_of(package) if _under(m, ("critbatch",))]
+    assert not bad, f"{package} must not import the CLI (critbatch): {bad}"
 
 
 def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
@@ -105,26 +118,53 @@ def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
     assert not [(f, m) for f, m in imports_of("service") if _under(m, ("workloads",))]
 
 
-@pytest.mark.parametrize("package, forbidden", [
-    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads")),  # the service parses specs
-    ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna")),  # pure: cbs.json from trials.json anywhere
-    ("sweeps/pruning/halving.py", ("ray",)),
-    ("sweeps/pruning/rungs.py", ("ray",)),
+@pytest.mark.parametrize("package, forbidden, allowed", [
+    # the service parses specs: of workloads only its torch-free interface (the error base, the config types)
+    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads"), ("workloads.api",)),
+    ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna"), ()),  # pure: cbs.json from trials.json anywhere
+    ("sweeps/pruning/halving.py", ("ray",), ()),
+    ("sweeps/pruning/rungs.py", ("ray",), ()),
 ])
-def test_pure_modules_stay_pure(package, forbidden):
+def test_pure_modules_stay_pure(package, forbidden, allowed):
     paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).rglob("*.py"))
     bad = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            bad += [(path.name, n) for n in names if _under(n, forbidden)]
-    assert not bad, f"{package} must not import {forbidden}: {bad}"
+            bad += [(path.name, n) for n in names if _under(n, forbidden) and n not in allowed]
+    assert not bad, f"{package} must not import {forbidden} (but {allowed}): {bad}"
+
+
+def test_one_error_base_for_every_layer():
+    """Every exception class of the product derives from the one base at the lowest layer
+    (``workloads.errors.CritbatchError``, re-exported by ``workloads.api`` and ``sweeps.errors``): a class
+    whose bases include a built-in exception has a base of ours beside it (``InvalidInput, ValueError``),
+    CritbatchError itself aside."""
+    import builtins
+
+    import sweeps.errors
+    import workloads.api
+    from workloads.errors import CritbatchError
+
+    assert sweeps.errors.CritbatchError is workloads.api.CritbatchError is CritbatchError
+    assert sweeps.errors.InvalidInput is workloads.api.InvalidInput
+    builtin_errors = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    bare = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ClassDef) or node.name == "CritbatchError":
+                    continue
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                if bases and all(b in builtin_errors for b in bases):
+                    bare.append(f"{path.relative_to(ROOT)}:{node.name}({', '.join(bases)})")
+    assert not bare, f"derive these from sweeps.errors / workloads.errors (CritbatchError, InvalidInput): {bare}"
 
 
 def test_every_third_party_package_the_product_imports_is_declared():
     """A package imported only because another one brings it breaks when that one stops bringing it:
-    every top-level import of sweeps, workloads and service is the standard library, ours, or a
+    every top-level import of critbatch, sweeps, workloads and service is the standard library, ours, or a
     distribution named in pyproject.toml's dependencies."""
     import importlib.metadata as md
     import re
@@ -136,10 +176,10 @@ def test_every_third_party_package_the_product_imports_is_declared():
                 for r in project["dependencies"]}
     dists = md.packages_distributions()
     missing = set()
-    for package in ("sweeps", "workloads", "service"):
+    for package in PACKAGES:
         for path, module in imports_of(package):
             top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top in ("sweeps", "workloads", "service", "__future__"):
+            if top in sys.stdlib_module_names or top in (*PACKAGES, "__future__"):
                 continue
             names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
             if not names & declared:
@@ -157,11 +197,11 @@ def _module_file(module: str) -> str | None:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """``file -> files it imports`` within sweeps, workloads and service: every import statement, lazy and
-    ``TYPE_CHECKING`` ones included; ``from P import m`` of a module ``m`` is an arrow to ``P/m.py``. A
-    package's ``__init__.py`` is no node: it only hands its modules' names on."""
+    """``file -> files it imports`` within critbatch, sweeps, workloads and service: every import statement,
+    lazy and ``TYPE_CHECKING`` ones included; ``from P import m`` of a module ``m`` is an arrow to ``P/m.py``.
+    A package's ``__init__.py`` is no node: it only hands its modules' names on."""
     graph: dict[str, set[str]] = {}
-    for package in ("sweeps", "workloads", "service"):
+    for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             here = str(path.relative_to(ROOT))
             if path.name == "__init__.py":

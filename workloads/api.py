@@ -7,7 +7,9 @@ the scaling rules, the FLOP convention, the tokenizer checks, the worker functio
 (``train_fn_per_worker``), the
 Ray session plumbing of the Tune trainable (``drain_report_queue``), the checkpoint builder
 (``init_checkpoint``) and the data preparation (``prepare_data`` for ``critbatch prepare-data``,
-``prepare_text_file`` for the driver's ``data.path``; ``workloads.data.prepare``).
+``prepare_text_file`` for the driver's ``data.path``; ``workloads.data.prepare``). And the project's one
+error base (:class:`CritbatchError`, :class:`InvalidInput`, :class:`DataError`; ``workloads.errors``),
+which ``sweeps.errors`` re-exports.
 
 Importing this module is light (no torch): the entries are built on first use and the
 torch-backed functions load on first access (module ``__getattr__``), so ``critbatch validate``
@@ -42,7 +44,7 @@ from workloads.config import (
     WorkloadConfig,
 )
 from workloads.train.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
-from workloads.errors import DataError
+from workloads.errors import CritbatchError, DataError, InvalidInput
 from workloads.model.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
 from workloads.train.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 from workloads.registry import Workload, get_workload
@@ -82,6 +84,8 @@ __all__ = [
     "SyncConfig",
     "RungGateConfig",
     "FaultPlan",
+    "CritbatchError",
+    "InvalidInput",
     "DataError",
     "BatchPlan",
     "plan_batch",

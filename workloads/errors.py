@@ -1,10 +1,28 @@
-"""The one base exception of ``workloads``: inputs a trial cannot use."""
+"""The one error base of the whole project, at its lowest layer: every error ``critbatch`` raises on
+purpose, in every package, derives from :class:`CritbatchError` (``workloads`` here, ``sweeps`` through
+``sweeps.errors``, the REST service through ``service.errors``).
+
+:class:`InvalidInput` is the user's input being wrong: the command line exits 2 on it and the REST
+service answers 422. It is also a ``ValueError``, so that callers that catch ``ValueError`` keep doing
+so. ``workloads`` raises :class:`DataError`, one kind of invalid input.
+
+Imported by ``workloads.api`` (which ``sweeps`` and ``service`` read it through): plain Python, no torch.
+"""
 
 from __future__ import annotations
 
-__all__ = ["DataError"]
+__all__ = ["CritbatchError", "InvalidInput", "DataError"]
 
 
-class DataError(ValueError):
+class CritbatchError(Exception):
+    """Base class of every error critbatch raises on purpose, whatever the layer."""
+
+
+class InvalidInput(CritbatchError, ValueError):
+    """The user's input is wrong (a spec, a file, a folder, a flag): nothing was started. The command
+    line prints ``error: <message>`` and exits 2; the REST service answers 422."""
+
+
+class DataError(InvalidInput):
     """The inputs cannot be used: a missing, empty or too short corpus, malformed fine-tuning data
     (line and field named), a missing checkpoint, an invalid ``finetune`` section."""

@@ -35,7 +35,7 @@ from service.schemas import (
 from service.settings import Settings
 from sweeps.errors import InvalidInput
 from sweeps.remote import StagingLimits, SweepJobs, SweepStatus, default_job_python, staged_sweep
-from sweeps.spec import SpecError, SweepSpec
+from sweeps.spec import SweepSpec
 from sweeps.spec.identity import check_sweep_id
 
 __all__ = ["router", "LOG_MAX_BYTES"]
@@ -102,16 +102,16 @@ async def submit_sweep(
     429 (with ``Retry-After``) when ``CRITBATCH_MAX_RUNNING`` sweeps are pending or running."""
     body = await request.body()
     try:
-        # parsing and validating a large body takes CPU seconds: never on the event loop
+        # parsing and validating a large body takes CPU seconds: never on the event loop (a SpecError
+        # is answered by service.errors: 422 with every invalid field)
         spec = await backend.parse(parse_body, request.headers.get("content-type"), body)
-        if sweep_id is not None:
-            check_sweep_id(sweep_id)
     except BodyError as exc:
         raise HTTPException(status_code=exc.status, detail=str(exc)) from None
-    except SpecError as exc:
-        return invalid_response(exc.errors)
-    except InvalidInput as exc:
-        return invalid_response([("sweep_id", str(exc))], "invalid request")
+    if sweep_id is not None:
+        try:
+            check_sweep_id(sweep_id)
+        except InvalidInput as exc:
+            return invalid_response([("sweep_id", str(exc))], "invalid request")
     refused = policy_errors(spec, settings)
     if refused:
         return invalid_response(refused, "the spec names a location the service does not allow")

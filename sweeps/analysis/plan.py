@@ -32,6 +32,8 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sweeps.errors import InvalidInput
+
 __all__ = ["ClusterSpec", "ring_allreduce_s", "steps_to_target", "plan_target", "plan_rows", "knee_devices",
            "knee_label", "extrapolation", "default_batch_grid", "device_grid", "KNEE_THRESHOLD"]
 
@@ -134,14 +136,15 @@ def plan_rows(*, s_min: float, e_min: float, tokens_per_sequence: float, flops_p
     whether ``B`` extrapolates the fit (the formulas: this module's docstring).
 
     Raises:
-        ValueError: non-positive ``s_min``/``e_min`` sums, sizes or ``sync_every_steps < 1``.
+        InvalidInput: non-positive ``s_min``/``e_min`` sums, sizes or ``sync_every_steps < 1`` (the user's
+            files and flags).
     """
     if sync_every_steps < 1:
-        raise ValueError(f"sync_every_steps must be >= 1, got {sync_every_steps}")
+        raise InvalidInput(f"sync_every_steps must be >= 1, got {sync_every_steps}")
     if s_min < 0 or e_min < 0 or s_min + e_min <= 0:
-        raise ValueError(f"the fit needs s_min >= 0, e_min >= 0, not both 0 (got {s_min}, {e_min})")
+        raise InvalidInput(f"the fit needs s_min >= 0, e_min >= 0, not both 0 (got {s_min}, {e_min})")
     if tokens_per_sequence <= 0 or flops_per_token <= 0 or gradient_bytes < 0:
-        raise ValueError("tokens_per_sequence and flops_per_token must be positive, gradient_bytes >= 0")
+        raise InvalidInput("tokens_per_sequence and flops_per_token must be positive, gradient_bytes >= 0")
     c = cluster
     rows = []
     for b in sorted(set(int(x) for x in batch_sizes_sequences)):
@@ -214,10 +217,10 @@ def plan_target(fit: dict[str, Any], *, tokens_per_sequence: float, flops_per_to
     within the cap) and ``knee_by_batch`` (per batch size, its own knee over device counts).
 
     Raises:
-        ValueError: a fit without ``s_min``/``e_min`` (its ``status`` says why), or bad sizes.
+        InvalidInput: a fit without ``s_min``/``e_min`` (its ``status`` says why), or bad sizes.
     """
     if fit.get("s_min") is None or fit.get("e_min") is None:
-        raise ValueError(f"no fit for target {fit.get('target_loss')} (status {fit.get('status')})")
+        raise InvalidInput(f"no fit for target {fit.get('target_loss')} (status {fit.get('status')})")
     s_min, e_min = float(fit["s_min"]), float(fit["e_min"])
     grid = list(batch_sizes_sequences) if batch_sizes_sequences else default_batch_grid(swept, cluster.devices,
                                                                                          fit.get("b_crit"))

@@ -79,28 +79,16 @@ def analyze_trials(
     """
     T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
     at_budget = best_at_budget(trials)
-    counts = {s: sum(1 for t in trials if t.status == s) for s in ("COMPLETED", "DIVERGED", "FAILED", "PRUNED", "STOPPED")}
-    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
-                              "context_length_tokens": context_length_tokens, "tokens_per_sequence": T,
-                              "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}
-    state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
-    if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
-        result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
-    n_params = [t.trainable_params for t in trials if t.trainable_params is not None]
-    if n_params:  # what a data-parallel step all-reduces the gradients of (critbatch plan reads it)
-        result["n_params"] = max(n_params)
+    result = _sweep_facts(trials, reference_batch=reference_batch, context_length_tokens=context_length_tokens,
+                          tokens_per_sequence=T)
     if not at_budget:
-        result.update(status="no_completed_trials", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
-                      s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
-                      censored_points=[], message="no trial completed: there is nothing to analyse")
-        return _with_headline(result)
+        return _with_headline(_no_fit(result, status="no_completed_trials",
+                                      message="no trial completed: there is nothing to analyse"))
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
     if not tlist:
-        result.update(status="no_targets", b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
-                      s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
-                      censored_points=[], message="no target loss could be chosen from the curves (too few batch sizes or "
-                              "milestones completed): give `targets` or run more trials")
-        return _with_headline(result)
+        return _with_headline(_no_fit(result, status="no_targets", message="no target loss could be chosen from the "
+                                      "curves (too few batch sizes or milestones completed): give `targets` or run "
+                                      "more trials"))
     per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
     primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
                    next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
@@ -117,6 +105,32 @@ def analyze_trials(
     # the LR scaling rule the data say (methodology section 7.4), beside what random picks give
     result |= lr_scaling(trials, primary["target_loss"], level)
     return _with_headline(result)
+
+
+def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_length_tokens: int,
+                 tokens_per_sequence: float) -> dict[str, Any]:
+    """The head of :func:`analyze_trials`' result, whatever the fit: the trials by status, the inputs, the
+    rules, and when the records hold them the median optimizer state (bytes per trainable parameter) and
+    the trainable parameters."""
+    counts = {s: sum(1 for t in trials if t.status == s) for s in ("COMPLETED", "DIVERGED", "FAILED", "PRUNED", "STOPPED")}
+    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
+                              "context_length_tokens": context_length_tokens, "tokens_per_sequence": tokens_per_sequence,
+                              "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}
+    state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
+    if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
+        result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
+    n_params = [t.trainable_params for t in trials if t.trainable_params is not None]
+    if n_params:  # what a data-parallel step all-reduces the gradients of (critbatch plan reads it)
+        result["n_params"] = max(n_params)
+    return result
+
+
+def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, Any]:
+    """``result`` of a sweep with nothing to fit (``status``, ``message``): every fitted field None or empty."""
+    result.update(status=status, b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
+                  s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
+                  censored_points=[], message=message)
+    return result
 
 
 def _with_headline(result: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The command a submitted sweep's Ray job runs, and the Python that runs it on the cluster.
 
-The entrypoint is ``python -m sweeps.cli run spec.yaml --output ... --sweep-id ... --address auto
+The entrypoint is ``python -m critbatch run spec.yaml --output ... --sweep-id ... --address auto
 --no-progress``, every argument quoted by :func:`shlex.join`: the spec travels as a file in the job's
 working directory (:mod:`sweeps.remote.staging`), never inside the command.
 """
@@ -45,7 +45,7 @@ def build_entrypoint(
     """
     check_sweep_id(sweep_id)
     args = [
-        python, "-m", "sweeps.cli", "run", SPEC_FILE,
+        python, "-m", "critbatch", "run", SPEC_FILE,
         "--output", f"{output_root.rstrip('/') or '.'}/{sweep_id}",
         "--sweep-id", sweep_id,
         "--address", "auto",

@@ -21,7 +21,8 @@ Sizing (one pod per concurrently running trial):
   actor and Ray Train controller take no CPU and run on the head.
 
 The ``RayJob`` is allowed ``budget.wall_clock_s`` (24 h when the spec sets none) plus 30 minutes
-for the cluster to start and the report to be written.
+for the cluster to start and the report to be written. What the image carries (its working directory,
+the inputs it leaves out): :mod:`sweeps.remote.k8s_image`.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sweeps.errors import InvalidInput
+from sweeps.remote.k8s_image import WORKDIR, image_data_warnings
 from sweeps.spec import SweepSpec
 
 __all__ = [
@@ -77,7 +78,6 @@ INT32_MAX = 2**31 - 1
 
 SPEC_MOUNT_DIR = "/critbatch/spec"
 OUTPUT_DIR = "/tmp/critbatch-out"
-WORKDIR = "/app"  # the image's working directory: relative data paths in specs resolve here
 HEAD_CPUS = "2"
 #: the head's memory without trial runners: the GCS, the dashboard, the sweep's driver and Tune
 HEAD_BASE_MEMORY_GIB = 6
@@ -409,47 +409,3 @@ _BlockDumper.add_representer(str, _represent_str)
 def dump_manifests(objects: list[dict]) -> str:
     """Write manifests as one multi-document YAML stream (``---`` between objects)."""
     return yaml.dump_all(objects, Dumper=_BlockDumper, sort_keys=False, default_flow_style=False, width=120)
-
-
-#: The build context's ignore file: what it excludes is not in the image (``Dockerfile`` copies the repo).
-DOCKERIGNORE = Path(__file__).resolve().parents[2] / ".dockerignore"
-
-
-def _ignore_patterns(path: Path = DOCKERIGNORE) -> list[str]:
-    if not path.is_file():
-        return []
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith(("#", "!"))]
-
-
-def image_data_warnings(spec: SweepSpec, patterns: list[str] | None = None) -> list[str]:
-    """One sentence per local input of ``spec`` that the pod will not find: a relative path (resolved
-    in the image's ``/app``) whose file or a folder above it matches a ``.dockerignore`` pattern
-    (``out*`` excludes ``out/wikitext-2-bpe``), or an absolute path outside ``/app``. URIs
-    (``s3://``...) are fetched in the pod and never warned about.
-    """
-    import fnmatch
-
-    patterns = _ignore_patterns() if patterns is None else patterns
-    inputs = {"data.path": spec.data.path, "data.shards": spec.data.shards,
-              "data.tokenizer": None if spec.data.tokenizer == "byte" else spec.data.tokenizer,
-              "finetune.checkpoint_dir": spec.finetune.checkpoint_dir if spec.finetune is not None else None}
-    fix = ("use an fsspec URI (s3://...), mount a volume at that path in the RayJob's pods, or build an image "
-           "that carries it")
-    out = []
-    for field, value in inputs.items():
-        if not value or "://" in value:
-            continue
-        p = Path(value)
-        if p.is_absolute():
-            if not str(p).startswith(WORKDIR + "/"):
-                out.append(f"{field}: {value} is an absolute path outside the image's {WORKDIR}: the job will not "
-                           f"find it in the pod; {fix}")
-            continue
-        parts = Path(*[x for x in p.parts if x != "."]).parts
-        hit = next(((pat, "/".join(parts[:i + 1])) for i in range(len(parts)) for pat in patterns
-                    if fnmatch.fnmatch("/".join(parts[:i + 1]), pat.rstrip("/")) or fnmatch.fnmatch(parts[i], pat.rstrip("/"))),
-                   None)
-        if hit is not None:
-            out.append(f"{field}: {value} is excluded from the image by .dockerignore ({hit[0]!r} matches {hit[1]}): "
-                       f"the job will not find it in the pod; {fix}")
-    return out

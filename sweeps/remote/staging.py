@@ -1,9 +1,9 @@
 """Staging a sweep for Ray Jobs: the job's working directory, its entrypoint and its arguments.
 
 A submitted sweep's spec travels as a file (``spec.yaml``) in the job's working directory, never
-inside the command (:mod:`sweeps.remote.entrypoint`). The working directory is a
-fresh folder holding only the packages (``sweeps``, ``workloads``, ``service``),
-``pyproject.toml``, ``spec.yaml`` and, when small, the data (the spec's paths are rewritten to the
+inside the command (:mod:`sweeps.remote.entrypoint`). The working directory is a fresh folder holding
+only the packages (``sweeps``, ``workloads``, ``service`` and ``critbatch``, the program the entrypoint
+runs), ``pyproject.toml``, ``spec.yaml`` and, when small, the data (the spec's paths are rewritten to the
 shipped copies). Its size is checked before upload (:class:`StagingLimits`).
 
 Imports neither torch, Ray nor MLflow: the REST service uses it.
@@ -47,8 +47,9 @@ __all__ = [
 
 MiB = 1024 * 1024
 
-#: The packages a job needs; copied from wherever they are imported from.
-PACKAGES = ("sweeps", "workloads", "service")
+#: The packages a job needs, the entrypoint's program (``python -m critbatch``) last; copied from wherever
+#: they are imported from (found, never imported: the CLI sits above this package).
+PACKAGES = ("sweeps", "workloads", "service", "critbatch")
 #: Shipped inputs go under this folder of the job's working directory.
 INPUTS_DIR = "inputs"
 _COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", ".*", "*.egg-info", "node_modules")
@@ -255,6 +256,47 @@ def _ship_input(fld: str, path: str, dest: Path, *, base: Path, root: Path | Non
     return True
 
 
+def _submittable_id(spec: SweepSpec, sweep_id: str | None, into: Path) -> str:
+    """The checks of :func:`stage_sweep` before anything is written; returns the sweep id to submit under
+    (``sweep_id``, or :func:`sweeps.spec.identity.default_sweep_id`).
+
+    Raises:
+        InvalidInput: a comparison spec, folded milestones, a bad sweep id.
+        CritbatchError: ``into`` is not empty.
+    """
+    if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
+        raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
+                           "it with `critbatch run --address` against the cluster")
+    from sweeps.run.preflight import check_milestones
+
+    check_milestones(spec)  # refused here, not minutes later in the job (the service answers 422)
+    sweep_id = check_sweep_id(sweep_id or default_sweep_id(spec))
+    if any(into.iterdir()):
+        raise CritbatchError(f"staging folder {into} is not empty")
+    return sweep_id
+
+
+def _ship_inputs(spec: SweepSpec, into: Path, *, base: Path, root: Path | None, ship_data: bool,
+                 limits: StagingLimits, warnings: list[str]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Ship the spec's small local inputs into ``into`` (:func:`_ship_input`, which appends to ``warnings``).
+
+    Returns:
+        the spec's data (``model_dump``) with each shipped input's path rewritten to its copy, and
+        ``(field, original path)`` of each shipped input.
+
+    Raises:
+        StagingError: a hidden or cache path, or an input too big to ship.
+    """
+    data = spec.model_dump(mode="json")
+    shipped: list[tuple[str, str]] = []
+    for fld, path, staged_name in _inputs_of(spec):
+        if _ship_input(fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits,
+                       warnings=warnings):
+            _set_field(data, fld, staged_name)
+            shipped.append((fld, path))
+    return data, shipped
+
+
 def _write_spec(into: Path, data: dict[str, Any]) -> SweepSpec:
     """Write ``spec.yaml`` (the spec with shipped paths rewritten) and return it parsed."""
     try:
@@ -349,29 +391,14 @@ def stage_sweep(
             ``limits.upload_max_bytes`` (the last two as :class:`StagingError`).
         CritbatchError: ``into`` is not empty.
     """
-    if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
-        raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
-                           "it with `critbatch run --address` against the cluster")
-    from sweeps.run.preflight import check_milestones
-
-    check_milestones(spec)  # refused here, not minutes later in the job (the service answers 422)
-    sweep_id = check_sweep_id(sweep_id or default_sweep_id(spec))
     into = Path(into)
-    if any(into.iterdir()):
-        raise CritbatchError(f"staging folder {into} is not empty")
+    sweep_id = _submittable_id(spec, sweep_id, into)
     root = Path(data_root).resolve() if data_root is not None else None
     base = root if root is not None else Path(base_dir).resolve()
     tracking_uri = job_tracking_uri(spec, tracking_uri, default_tracking_uri)
     warnings: list[str] = []
-
-    # Inputs: ship the small local ones, rewrite the spec's paths to the shipped copies.
-    data = spec.model_dump(mode="json")
-    shipped: list[tuple[str, str]] = []
-    for fld, path, staged_name in _inputs_of(spec):
-        if _ship_input(fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits,
-                       warnings=warnings):
-            _set_field(data, fld, staged_name)
-            shipped.append((fld, path))
+    data, shipped = _ship_inputs(spec, into, base=base, root=root, ship_data=ship_data, limits=limits,
+                                 warnings=warnings)
     staged_spec = _write_spec(into, data)
     _copy_code(into)
     size = _checked_size(into, limits)

@@ -14,6 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeps.errors import CritbatchError
+
 __all__ = ["TrialExchange", "TrialRunnerError", "exchange_name", "relay", "STALE_AFTER_S", "RELAY_POLL_S",
            "HEARTBEAT_S"]
 
@@ -30,7 +32,7 @@ def exchange_name(sweep_id: str) -> str:
     return f"critbatch-trial-exchange-{sweep_id}"
 
 
-class TrialRunnerError(RuntimeError):
+class TrialRunnerError(CritbatchError, RuntimeError):
     """A trial ended with an error in its trial runner (the text is the worker's traceback or the reason)."""
 
 

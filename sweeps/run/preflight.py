@@ -70,7 +70,7 @@ def check_data_files(spec: SweepSpec) -> dict | None:
             model (``model.hf_config...``, ``sweeps.run.workload.check_model``).
     """
     from sweeps.run.workload import check_model, workload_config
-    from workloads.api import DataError, get_workload
+    from workloads.api import get_workload
 
     check_model(spec)  # model.hf_config...: before the data, whatever the data's form
     if spec.data.shards is not None:
@@ -85,10 +85,7 @@ def check_data_files(spec: SweepSpec) -> dict | None:
         raise InvalidInput(f"data.path: {spec.data.path} is empty")
     if spec.data.tokenizer != "byte":
         _check_tokenizer(spec.data.tokenizer)
-    try:
-        facts = get_workload(spec.workload).check_inputs(workload_config(spec, data_path=path))
-    except DataError as exc:
-        raise InvalidInput(str(exc)) from None
+    facts = get_workload(spec.workload).check_inputs(workload_config(spec, data_path=path))  # DataError: an InvalidInput
     val_tokens = facts.get("validation_tokens")
     if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
         log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
@@ -133,17 +130,14 @@ def _check_shards(spec: SweepSpec) -> dict:
             another tokenizer, a vocabulary larger than the model's, a split shorter than a window).
     """
     from sweeps.run.workload import workload_config
-    from workloads.api import DataError, get_workload
+    from workloads.api import get_workload
 
     if spec.workload != "pretrain":
         raise InvalidInput("data.shards: only pretraining reads prepared shards; fine-tuning reads data.path (JSON Lines)")
     if spec.data.tokenizer != "byte":
         _check_tokenizer(spec.data.tokenizer)
     shards = resolve_data_path(spec)
-    try:
-        return get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))
-    except DataError as exc:
-        raise InvalidInput(str(exc)) from None
+    return get_workload(spec.workload).check_inputs(workload_config(spec, shards=shards))  # DataError: an InvalidInput
 
 
 def _check_tokenizer(tokenizer: str) -> None:

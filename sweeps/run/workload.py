@@ -19,7 +19,6 @@ from sweeps.spec import SweepSpec
 from workloads.api import (
     FLOPS_CONVENTION,
     DataConfig,
-    DataError,
     FinetuneConfig,
     LoraConfig,
     ModelConfig,
@@ -101,10 +100,7 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
         vocab = tokenizer_vocab_size(spec.data.tokenizer)
     except Exception:  # noqa: BLE001 - an unusable tokenizer is data.tokenizer's error (check_data_files)
         return {}
-    try:
-        return check_model_config(cfg, vocab)
-    except DataError as exc:
-        raise InvalidInput(str(exc)) from None
+    return check_model_config(cfg, vocab)  # DataError: an InvalidInput
 
 
 def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from sweeps.errors import InvalidInput
 from sweeps.spec._errors import describe_errors, describe_yaml_error
 from sweeps.spec.sweep import SweepSpec, deep_merge, with_stored_defaults
 
@@ -19,8 +20,9 @@ __all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_sp
            "parse_stored_spec", "load_stored_spec"]
 
 
-class SpecError(ValueError):
-    """A sweep spec is invalid.
+class SpecError(InvalidInput):
+    """A sweep spec is invalid: invalid input (the command line exits 2, the REST service answers 422
+    with :attr:`errors`); a ``ValueError`` too, through :class:`~sweeps.errors.InvalidInput`.
 
     Its text is what the command line prints after ``error:``: one problem in one line (the message
     alone for a file-level one, ``invalid sweep spec: PATH: MESSAGE`` for a field), several as a

@@ -73,7 +73,7 @@ def test_everything_copied_exists_and_is_not_docker_ignored():
             continue  # optional (README.md*)
         assert (ROOT / path).exists(), path
         assert path not in DOCKERIGNORE, path
-    for needed in ("sweeps", "workloads", "service", "data", "pyproject.toml"):
+    for needed in ("critbatch", "sweeps", "workloads", "service", "data", "pyproject.toml"):
         assert needed in copied and needed not in DOCKERIGNORE
     assert ".venv" in DOCKERIGNORE and ".git" in DOCKERIGNORE
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.remote.k8s import image_data_warnings
 from sweeps.spec import parse_spec
 from tests.conftest import write_spec
@@ -34,6 +34,6 @@ def test_bundled_data_uris_and_paths_under_app_pass_and_others_are_named(tiny_sp
 
 
 def test_the_repos_dockerignore_is_the_one_read():
-    from sweeps.remote.k8s import DOCKERIGNORE, _ignore_patterns
+    from sweeps.remote.k8s_image import DOCKERIGNORE, ignore_patterns
 
-    assert DOCKERIGNORE.is_file() and "out*" in _ignore_patterns()
+    assert DOCKERIGNORE.is_file() and "out*" in ignore_patterns()

@@ -258,7 +258,7 @@ def test_bad_image_or_namespace_is_invalid_input(image, namespace):
 
 @pytest.fixture(scope="module")
 def cli():
-    from sweeps.cli.main import app
+    from critbatch.main import app
 
     runner = CliRunner()
     return lambda *args: runner.invoke(app, ["k8s", "render", *map(str, args)])

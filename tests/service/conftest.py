@@ -149,7 +149,7 @@ def service_url(cluster_env: dict[str, str]) -> Iterator[str]:
     log = tmp / "service.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sweeps.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "critbatch", "serve", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
     url = f"http://127.0.0.1:{port}"

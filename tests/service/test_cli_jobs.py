@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 from svc_fakes import tiny_spec
 
-from sweeps.cli.main import app
+from critbatch.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = tiny_spec()

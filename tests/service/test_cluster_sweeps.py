@@ -39,7 +39,7 @@ def tiny(name: str, **over) -> dict:
 
 
 def critbatch(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sweeps.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "critbatch", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -93,7 +93,7 @@ def two_sweeps(cluster_env, ray_gcs_address, mlflow_server, service_url, tmp_pat
         out = tmp / name
         log = open(tmp / f"{name}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sweeps.cli", "run", str(path), "--output", str(out), "--sweep-id", name,
+            [sys.executable, "-m", "critbatch", "run", str(path), "--output", str(out), "--sweep-id", name,
              "--address", ray_gcs_address, "--tracking-uri", mlflow_server, "--no-progress"],
             cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         local[name] = (proc, out, tmp / f"{name}.log", failing)

@@ -33,7 +33,7 @@ def test_entrypoint_is_a_quoted_command_that_never_carries_the_spec():
     uri = "http://mlflow:5000/a b;rm -rf /'\""
     cmd = build_entrypoint(sweep_id="s-1", python="/opt/py thon/bin/python", tracking_uri=uri)
     assert shlex.split(cmd) == [
-        "/opt/py thon/bin/python", "-m", "sweeps.cli", "run", "spec.yaml", "--output", "outputs/s-1",
+        "/opt/py thon/bin/python", "-m", "critbatch", "run", "spec.yaml", "--output", "outputs/s-1",
         "--sweep-id", "s-1", "--address", "auto", "--no-progress", "--tracking-uri", uri,
     ]
 
@@ -57,7 +57,8 @@ def test_working_dir_holds_only_code_spec_and_small_data(tmp_path):
     st = stage_sweep(spec, tmp_path, base_dir=REPO, tracking_uri="http://mlflow:5000")
     files = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
     tops = {f.split("/")[0] for f in files}
-    assert tops == {"sweeps", "workloads", "service", "pyproject.toml", "spec.yaml", "inputs"}
+    assert tops == {"critbatch", "sweeps", "workloads", "service", "pyproject.toml", "spec.yaml", "inputs"}
+    assert "critbatch/__main__.py" in files  # the entrypoint's `python -m critbatch`
     assert not any("__pycache__" in f or f.endswith(".pyc") or "/." in f or f.startswith(".") for f in files)
     assert "sweeps/remote/staging.py" in files and "sweeps/spec/sweep.py" in files and "workloads/__init__.py" in files
     # the data travelled, and the spec points at the shipped copy (relative to the job's working dir)

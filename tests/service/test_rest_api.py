@@ -104,7 +104,7 @@ def test_invalid_specs_get_422_with_each_fields_path(client, fake_ray):
     bad["model"]["d_model"] = 30
     bad["surprise"] = 1
     r = post_yaml(client, bad)
-    assert r.status_code == 422
+    assert r.status_code == 422 and r.json()["detail"] == "invalid sweep spec"  # answered by service.errors
     paths = {e["path"] for e in r.json()["errors"]}
     assert {"search.batch_sizes_sequences.1", "model", "surprise"} <= paths
     assert fake_ray.submitted == []
@@ -125,7 +125,7 @@ def test_invalid_specs_get_422_with_each_fields_path(client, fake_ray):
 def test_unparseable_bodies_are_422_not_500(client, content, ctype, path):
     r = client.post("/v1/sweeps", content=content, headers={**AUTH, "Content-Type": ctype})
     assert r.status_code == 422, r.text
-    assert r.json()["errors"][0]["path"] == path
+    assert r.json()["errors"][0]["path"] == path and r.json()["detail"] == "invalid sweep spec"
 
 
 def test_wrong_media_type_is_415(client):

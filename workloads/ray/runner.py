@@ -45,6 +45,7 @@ import ray.train.torch
 from workloads.ray.adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.config import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.train.determinism import make_deterministic
+from workloads.errors import CritbatchError
 
 __all__ = ["runner_fn_per_worker", "SHUTDOWN", "IDLE", "TrialCancelled", "latest_checkpoint", "load_checkpoint",
            "checkpoint_candidates", "save_checkpoint"]
@@ -61,7 +62,7 @@ IDLE = "idle"
 _IDLE_SLICE_S = 5.0
 
 
-class TrialCancelled(Exception):
+class TrialCancelled(CritbatchError):
     """The exchange no longer wants this trial (its Tune trial ended, or the sweep did): stop it at once."""
 
 

@@ -21,7 +21,7 @@ from sweeps.analysis import (
     steps_to_target_points,
     tokens_to_target,
 )
-from sweeps.cli.main import app
+from critbatch.main import app
 
 B = np.array([4, 8, 16, 32, 64, 128, 256], dtype=float)
 

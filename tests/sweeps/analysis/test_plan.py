@@ -26,7 +26,7 @@ from sweeps.analysis.plan import (
 )
 from sweeps.analysis.plan_files import load_plan_inputs, make_plan, spec_sync_every_steps
 from sweeps.analysis.report import _plan_section
-from sweeps.cli.main import app
+from critbatch.main import app
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wikitext_cbs.json"
 FIT = {"s_min": 100.0, "e_min": 1600.0, "target_loss": 3.0, "status": "ok", "b_crit": 16.0}

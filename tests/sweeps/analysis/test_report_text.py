@@ -88,7 +88,7 @@ def test_the_b_crit_plot_clips_its_bars_to_the_swept_range():
 def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
     from typer.testing import CliRunner
 
-    from sweeps.cli.main import app
+    from critbatch.main import app
 
     sweep = tmp_path / "sweep"
     sweep.mkdir()

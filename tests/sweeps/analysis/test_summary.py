@@ -214,7 +214,7 @@ def test_the_run_summary_shows_the_interval_as_the_report_does(capsys, monkeypat
     newcomer read [1.5, 75.6] on stdout and [< 4, > 64] in the report as two answers."""
     from rich.console import Console
 
-    from sweeps.cli import main
+    from critbatch import main
 
     cbs = json.loads(FIXTURE.read_text())
     cbs.setdefault("b_crit_tokens", cbs["b_crit"] * 64)

@@ -5,7 +5,7 @@ Two levels:
 * ``test_tune_*``: the scheduler, its annotator, the ``BatchSizeSearcher`` (Optuna studies in SQLite),
   the MLflow callback and the budget stopper inside a real ``Tuner``, with a function trainable that
   reports synthetic loss curves (seconds, no Ray Train).
-* ``test_cli_*``: a tiny pruned sweep through ``python -m sweeps.cli run`` (real training).
+* ``test_cli_*``: a tiny pruned sweep through ``python -m critbatch run`` (real training).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(TUNE_TIMEOUT_S)]
 #: the CLI tests: whichever runs first pays for the module's sweep (``cli_sweep``)
 cli_timeout = pytest.mark.timeout(CLI_TIMEOUT_S)
 
-CLI = [sys.executable, "-m", "sweeps.cli"]
+CLI = [sys.executable, "-m", "critbatch"]
 
 
 # ---- Tune level: synthetic curves ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from sweeps.run.branching import local_cbs_multiplier
-from sweeps.cli.main import app
+from critbatch.main import app
 from tests.conftest import write_spec
 
 

@@ -39,7 +39,7 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
     out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps.cli", "run", str(spec), "-o", str(out), "--tracking-uri", uri,
+    proc = subprocess.Popen([sys.executable, "-m", "critbatch", "run", str(spec), "-o", str(out), "--tracking-uri", uri,
                              "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -24,7 +24,7 @@ from tests.conftest import ROOT, write_spec
 from tests.harness import copy_mlflow_store, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # each 1-4 min idle
-CLI = [sys.executable, "-m", "sweeps.cli"]
+CLI = [sys.executable, "-m", "critbatch"]
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from tests.conftest import ROOT, invoke_cli, write_spec
 
 NO_RAY = ["--address", "127.0.0.1:9"]

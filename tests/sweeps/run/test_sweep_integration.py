@@ -14,7 +14,7 @@ from tests.harness import copy_mlflow_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # each ~10-60 s idle; the module fixture's sweep is in the first
 
-CLI = [sys.executable, "-m", "sweeps.cli"]
+CLI = [sys.executable, "-m", "critbatch"]
 
 
 def _run(args, cwd=ROOT, timeout=600):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from tests.conftest import ROOT, write_spec
 from workloads.data.prepare import prepare_data, tokenizer_identity
 from workloads.data.shards import file_sha256

@@ -5,7 +5,7 @@ import copy
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.spec import SpecError, parse_spec
 from tests.conftest import write_spec
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.spec import SpecError, load_spec, parse_spec
 from tests.conftest import ROOT, write_spec
 

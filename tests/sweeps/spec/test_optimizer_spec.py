@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from sweeps.analysis import TrialRecord, analyze_trials
 from sweeps.analysis.sweep import finite_json
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.run.records import _record
 from sweeps.run.trainable import trial_config
 from sweeps.spec import SpecError, parse_spec

@@ -5,7 +5,7 @@ import copy
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.run.trainable import batch_plan_params, trial_config, training_params
 from sweeps.spec import SpecError, parse_spec
 from sweeps.tracking import schema

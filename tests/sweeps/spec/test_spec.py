@@ -4,7 +4,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.spec import SpecError, load_spec, parse_spec
 from tests.conftest import ROOT, write_spec
 

@@ -10,7 +10,7 @@ import pickle
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.spec import SearchSpec, SpecError, parse_spec_text
 from tests.conftest import write_spec
 

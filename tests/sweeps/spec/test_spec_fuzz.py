@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from sweeps.cli.main import app
+from critbatch.main import app
 from sweeps.spec import SpecError, SweepSpec, parse_spec, parse_spec_text
 from tests.conftest import TINY
 

@@ -82,7 +82,7 @@ def _report(out_dir: Path) -> Optional[Path]:
         records = [TrialRecord.from_dict(r) for r in rows]
         return write_report(out_dir, analysis, records, spec)
     except Exception as exc:  # an older or partial folder: the plan stands without the report
-        from sweeps.cli.common import console
+        from critbatch.common import console
 
         console.print(f"warning: report.html not updated ({type(exc).__name__}: {exc})", markup=False, highlight=False)
         return None
@@ -135,8 +135,8 @@ def register(app: typer.Typer) -> None:
         """
         from sweeps.analysis.plan_files import load_plan_inputs, make_plan, plan_summary, write_plan
         from sweeps.analysis.sweep import finite_json
-        from sweeps.cli.common import console
-        from sweeps.cli.common import fail_invalid as _fail_invalid
+        from critbatch.common import console
+        from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
 
         try:

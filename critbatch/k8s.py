@@ -1,4 +1,4 @@
-"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``sweeps.cli.main._register_commands``)."""
+"""``critbatch k8s``: Kubernetes manifests for a sweep (attached by ``critbatch.main._register_commands``)."""
 
 from __future__ import annotations
 
@@ -59,16 +59,16 @@ def register(app: typer.Typer) -> None:
 
         The ConfigMap holds the spec, the RayJob runs the sweep; pipe it to `kubectl apply -f -`.
         """
-        from sweeps.cli.common import fail_invalid as _fail_invalid
+        from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
         from sweeps.remote.k8s import dump_manifests, image_data_warnings, render_rayjob
-        from sweeps.spec import SpecError, parse_spec_text
+        from sweeps.spec import parse_spec_text
 
         try:
             text = _spec_text(spec)
             parsed = parse_spec_text(text)
             objects = render_rayjob(parsed, text, image, namespace or None)
-        except (SpecError, InvalidInput) as exc:
+        except InvalidInput as exc:  # a SpecError is an InvalidInput
             _fail_invalid(exc)
         for warning in image_data_warnings(parsed):  # stderr: stdout stays the manifests, for kubectl apply
             typer.echo(f"warning: {warning}", err=True)

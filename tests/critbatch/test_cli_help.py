@@ -13,8 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sweeps.cli import main as cli_main
-from sweeps.cli.main import app
+from critbatch import common as cli_common
+from critbatch.main import app
 
 WIDTH = 80
 ENV = {"COLUMNS": str(WIDTH), "TERMINAL_WIDTH": str(WIDTH)}
@@ -89,7 +89,7 @@ def test_help_at_80_columns_cuts_nothing(words, cmd):
 def test_the_main_help_lists_the_exit_codes():
     out = _help(())
     epilog = out[out.index("Exit codes:"):]
-    assert cli_main.EXIT_FAILED == 1 and cli_main.EXIT_INVALID == 2
+    assert cli_common.EXIT_FAILED == 1 and cli_common.EXIT_INVALID == 2  # every command module exits with these
     for code, text in [
         (0, "success"),
         (1, "the sweep ran but failed"),

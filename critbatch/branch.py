@@ -25,14 +25,14 @@ def register(app: typer.Typer) -> None:
         Branches off a base run at batch k*B0 with LR sqrt(k)*lr (Merrill et al. 2025).
         """
         from sweeps.run.branching import run_branching
-        from sweeps.cli.common import fail_invalid as _fail_invalid, out
+        from critbatch.common import fail_invalid as _fail_invalid, out
         from sweeps.errors import InvalidInput
-        from sweeps.spec import SpecError, load_spec
+        from sweeps.spec import load_spec
 
         try:
             s = load_spec(spec)
             res = run_branching(s, output, tracking_uri=tracking_uri, from_run_id=from_run, ray_address=address)
-        except (SpecError, InvalidInput) as exc:
+        except InvalidInput as exc:  # a SpecError is an InvalidInput
             _fail_invalid(exc)
         for p in res["local_cbs"]:
             out.print(f"tokens {p['tokens_seen']:>9}: k* = {p['k_star']}, local CBS = {p['local_cbs_sequences']} sequences",

@@ -1,4 +1,6 @@
-"""The ``critbatch`` command line.
+"""The ``critbatch`` command line: the typer app, its local-sweep commands (validate, run, resume, analyze,
+init-checkpoint) and the other command modules attached by name (:func:`_register_commands`). The top of the
+layers: it may import sweeps, workloads and service; none of them imports it.
 
 Exit codes: 0 success; 1 the sweep ran but failed (every trial failed, analysis impossible, or a
 remote job failed); 2 invalid input (a bad spec, a missing file, a refused output folder, a sweep id
@@ -18,10 +20,10 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from sweeps.cli.common import EXIT_FAILED, EXIT_INVALID, console, out  # noqa: F401 - EXIT_INVALID: the codes are read here too
-from sweeps.cli.common import fail_invalid as _fail_invalid
+from critbatch.common import EXIT_FAILED, console, out
+from critbatch.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import load_spec
 
 #: the exit codes, as the main ``--help`` lists them (``\b`` keeps click from rewrapping the block)
 EXIT_CODES_HELP = """\b
@@ -82,7 +84,7 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
             check_milestones(one)
         facts = check_data_files(s)
-    except (SpecError, InvalidInput) as exc:
+    except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     if s.arms:
         arms = s.arm_specs()
@@ -148,7 +150,7 @@ def _sweep_and_report(call) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         result = call()
-    except (SpecError, InvalidInput) as exc:
+    except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     except CritbatchError as exc:
         console.print(Text.assemble(("sweep failed:", "bold red"), f" {exc}"), highlight=False)
@@ -309,7 +311,7 @@ def _register_commands() -> None:
     """Attach the command groups that live in modules of their own: submission and the service (cluster),
     Kubernetes, branching, data preparation, cluster planning. Each is imported here by name: a module that
     fails to import fails the program, never drops its commands quietly."""
-    from sweeps.cli import branch, cluster, data, k8s, plan
+    from critbatch import branch, cluster, data, k8s, plan
 
     for module in (cluster, k8s, branch, data, plan):
         module.register(app)

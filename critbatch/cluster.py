@@ -20,6 +20,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from critbatch.common import EXIT_FAILED, EXIT_INVALID
 from sweeps.errors import InvalidInput
 from sweeps.remote import (
     ClusterUnavailable,
@@ -35,9 +36,6 @@ from sweeps.remote import (
 from sweeps.spec import SpecError, load_spec
 
 __all__ = ["register"]
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _out = Console(highlight=False, soft_wrap=True)

@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
         """
         from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-        from sweeps.cli.common import console, out
-        from sweeps.cli.common import fail_invalid as _fail_invalid
+        from critbatch.common import console, out
+        from critbatch.common import fail_invalid as _fail_invalid
         from workloads.api import DataError
         from workloads.api import prepare_data as prepare
 
