@@ -73,7 +73,7 @@ WORKLOADS_LAYERS = {
     "workloads/model": ("workloads.config", "workloads.errors", "workloads._moved"),
     "workloads/pretrain": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
     "workloads/finetune": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
-    "workloads/ray": ("workloads.config", "workloads.train", "workloads.registry"),
+    "workloads/ray": ("workloads.config", "workloads.errors", "workloads.train", "workloads.registry"),
 }
 
 
