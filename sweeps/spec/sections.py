@@ -311,7 +311,7 @@ _TRAINING_DEFAULTS = {"parallelism": "ddp", "compile": False, "activation_checkp
 
 
 class SyncSpec(_Strict):
-    """How a trial's workers synchronise (``resources.sync``; ``workloads.train.sync``).
+    """How a trial's workers synchronise (``resources.sync``; ``workloads.sync``).
 
     ``ddp``: the step's gradient is all-reduced every optimizer step. ``local_sgd`` and ``diloco``:
     each of the ``resources.workers_per_trial`` workers is a replica that trains on its slice of the
