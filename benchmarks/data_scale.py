@@ -3,7 +3,7 @@
     python benchmarks/data_scale.py [--tokens 2e7,2e8,2e9] [--dir /tmp/critbatch-data-scale] [--steps 30]
                                     [--raw-baseline] [--trials]
 
-For each size, synthetic prepared shards (``workloads.shards`` format, byte vocabulary so ``uint16``,
+For each size, synthetic prepared shards (``workloads.data.shards`` format, byte vocabulary so ``uint16``,
 uniform random ids, 2^28-token shards, a 1 M-token validation split) are written once (kept in
 ``--dir`` for the next run), then one fresh process plays a training worker: it builds the trial's
 workload from a tiny spec exactly as a Ray Train worker does (``sweeps.run.trainable.trial_config``
@@ -43,9 +43,9 @@ def make_shards(folder: Path, n_tokens: int) -> None:
     """Synthetic uint16 shards of ``n_tokens`` training tokens plus :data:`VAL_TOKENS` held out."""
     import numpy as np
 
-    from workloads._prepare_io import _ShardWriter
-    from workloads.prepare import tokenizer_identity
-    from workloads.shards import FORMAT, INDEX_FILE
+    from workloads.data._prepare_io import _ShardWriter
+    from workloads.data.prepare import tokenizer_identity
+    from workloads.data.shards import FORMAT, INDEX_FILE
 
     if (folder / INDEX_FILE).is_file():
         return

@@ -85,7 +85,7 @@ def _plain_trial(args: tuple[dict, int]) -> tuple[float, float, float]:
 
 def steps_time_s(reports: list[dict]) -> float:
     """A trial's seconds in training steps and reports, evaluations excluded: the sum over its reports of the
-    tokens since the previous one over that interval's ``tokens_per_s`` (``workloads/loop.py``: each interval
+    tokens since the previous one over that interval's ``tokens_per_s`` (``workloads/train/loop.py``: each interval
     runs from the previous report's start, so it holds that report and its checkpoint, not the evaluation)."""
     total, prev = 0.0, 0.0
     for r in reports:

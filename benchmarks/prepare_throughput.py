@@ -10,7 +10,7 @@ the same machine and cores:
 * **baseline**: the tokenizer's own batch encode, ``tokenizers.Tokenizer.encode_batch_fast`` over
   every document already in memory, with its Rust thread pool on every core this process may use
   (``TOKENIZERS_PARALLELISM=true``, ``RAYON_NUM_THREADS`` = cores) and no file I/O at all;
-* **prepare-data**: ``workloads.prepare.prepare_data`` end to end (hashing the inputs, reading them
+* **prepare-data**: ``workloads.data.prepare.prepare_data`` end to end (hashing the inputs, reading them
   with pyarrow, choosing the held-out documents, tokenizing in ``--num-proc`` processes, writing
   and hashing the shards, the index), timed from the call to its return.
 
@@ -75,7 +75,7 @@ def baseline(files: list[str], tokenizer: Path | None) -> tuple[int, float]:
 
     docs = [t for f in files for t in pj.read_json(f).column("text").to_pylist()]
     if tokenizer is None:
-        from workloads.tokenizer import byte_tokenizer
+        from workloads.data.tokenizer import byte_tokenizer
 
         tok = byte_tokenizer().backend_tokenizer
     else:
@@ -98,7 +98,7 @@ def main() -> None:
     a = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     os.environ.update(TOKENIZERS_PARALLELISM="true", RAYON_NUM_THREADS=str(cores))
-    from workloads.prepare import prepare_data
+    from workloads.data.prepare import prepare_data
 
     base = Path(a.dir)
     files = make_corpus(base / f"corpus-{a.mb}mb-{a.files}", a.mb, a.files)

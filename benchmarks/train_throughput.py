@@ -7,7 +7,7 @@ Two processes (one CPU thread each, a gloo group, as two Ray Train workers of on
 Hugging Face Llama (the spec shorthand), the same Tiny Shakespeare batches, the same global batch
 (``--batch`` sequences of ``--context`` tokens, one micro-batch per worker), AdamW, clip 1.0:
 
-* trial: ``workloads.loop.run_loop`` as a trial runs it (``workloads.pretrain.build_pretrain``), with
+* trial: ``workloads.train.loop.run_loop`` as a trial runs it (``workloads.pretrain.build_pretrain``), with
   ``resources.parallelism`` ddp or fsdp; its tokens/s is the loop's own ``tokens_per_s`` metric of
   its last report (training time only: evaluation excluded), over ``--steps`` steps after
   ``--warmup-steps``. The weight EMA is on (the default schedule); the noise-scale estimator and
@@ -65,7 +65,7 @@ def trial_tps(args, parallelism: str) -> float:
     """The trial loop's tokens/s over its measured steps (its last report's ``tokens_per_s``)."""
     import torch
 
-    from workloads.loop import run_loop
+    from workloads.train.loop import run_loop
     from workloads.pretrain import build_pretrain
 
     cfg = trial_config(args, parallelism)

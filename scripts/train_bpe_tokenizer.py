@@ -53,7 +53,7 @@ def train(paths: list[str], vocab_size: int, output: Path) -> None:
 
 
 def folder_sha256(folder: Path) -> str:
-    """The folder hash the shard index records (``workloads.prepare.tokenizer_identity``): names and bytes, sorted."""
+    """The folder hash the shard index records (``workloads.data.prepare.tokenizer_identity``): names and bytes, sorted."""
     h = hashlib.sha256()
     for f in sorted(p for p in folder.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")

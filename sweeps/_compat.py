@@ -4,7 +4,7 @@ the installed version changes it. Pinned against Ray 2.60 and Optuna 4.x.
 
 Used by the driver (Tune, Optuna), the pruning scheduler (Ray's KV store), the reaper (placement
 groups) and the Ray Jobs client of :mod:`sweeps.remote` (``JobSubmissionClient``). The worker side
-(Ray Train sessions) has its own module, :mod:`workloads._ray_compat`, because
+(Ray Train sessions) has its own module, :mod:`workloads.ray.compat`, because
 ``workloads`` never imports ``sweeps``.
 """
 

@@ -6,6 +6,8 @@ including the ones inside functions. A new import across an arrow that is not al
     sweeps   ->  workloads.api
                  (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
+      within:  ray/ -> registry -> pretrain/, finetune/ -> train/, data/, model/ -> config, errors
+               (train/ never imports data/ or model/: a workload hands the loop its model and batches)
 """
 
 from __future__ import annotations
@@ -52,6 +54,41 @@ def test_workloads_import_neither_the_sweep_nor_the_service_nor_tune():
     bad = [(f, m) for f, m in imports_of("workloads")
            if _under(m, ("sweeps", "service", "ray.tune", "optuna", "mlflow"))]
     assert not bad, f"workloads must not import these: {bad}"
+
+
+def test_the_training_loop_never_imports_the_data_or_the_model():
+    """``workloads/train/`` is handed its model and batches by a workload (``loop.Workload``): it imports
+    neither ``workloads.data`` nor ``workloads.model``, not even inside a function (issue 32)."""
+    found = imports_of("workloads/train")
+    assert ("workloads/train/loop.py", "workloads.train.step") in found
+    bad = [(f, m) for f, m in found if _under(m, ("workloads.data", "workloads.model"))]
+    assert not bad, f"workloads/train must not import the data or the model: {bad}"
+
+
+#: what each subpackage of ``workloads`` may import of ``workloads`` (its own modules always): the
+#: layers of docs/design.md, "Layout". ``_moved`` keeps the module paths from before the subpackages.
+WORKLOADS_LAYERS = {
+    "workloads/train": ("workloads.config", "workloads.errors"),
+    "workloads/data": ("workloads.errors", "workloads._moved"),
+    "workloads/model": ("workloads.config", "workloads.errors", "workloads._moved"),
+    "workloads/pretrain": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
+    "workloads/finetune": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
+    "workloads/ray": ("workloads.config", "workloads.errors", "workloads.train", "workloads.registry"),
+}
+
+
+@pytest.mark.parametrize("package, allowed", WORKLOADS_LAYERS.items(), ids=list(WORKLOADS_LAYERS))
+def test_each_workloads_subpackage_imports_only_the_layers_below_it(package, allowed):
+    own = package.replace("/", ".")
+    bad = [(f, m) for f, m in imports_of(package)
+           if _under(m, ("workloads",)) and m != "workloads" and not _under(m, (own, *allowed))]
+    assert not bad, f"{package} may import only {allowed} of workloads: {bad}"
+
+
+def test_every_workloads_module_is_in_a_layer():
+    """A new subpackage of ``workloads`` gets its row in ``WORKLOADS_LAYERS``."""
+    subpackages = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "workloads").glob("*/__init__.py")}
+    assert subpackages == set(WORKLOADS_LAYERS)
 
 
 def test_sweeps_reach_workloads_only_through_its_interface():

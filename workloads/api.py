@@ -7,7 +7,7 @@ the scaling rules, the FLOP convention, the tokenizer checks, the worker functio
 (``train_fn_per_worker``), the
 Ray session plumbing of the Tune trainable (``drain_report_queue``), the checkpoint builder
 (``init_checkpoint``) and the data preparation (``prepare_data`` for ``critbatch prepare-data``,
-``prepare_text_file`` for the driver's ``data.path``; ``workloads.prepare``). And the project's one
+``prepare_text_file`` for the driver's ``data.path``; ``workloads.data.prepare``). And the project's one
 error base (:class:`CritbatchError`, :class:`InvalidInput`, :class:`DataError`; ``workloads.errors``),
 which ``sweeps.errors`` re-exports.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from workloads.batching import BatchPlan, min_micro_batches_total, plan_batch
+from workloads.train.batching import BatchPlan, min_micro_batches_total, plan_batch
 from workloads.config import (
     WORKLOAD_NAMES,
     BatchConfig,
@@ -43,10 +43,10 @@ from workloads.config import (
     TrialConfig,
     WorkloadConfig,
 )
-from workloads.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
+from workloads.train.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
 from workloads.errors import CritbatchError, DataError, InvalidInput
-from workloads.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
-from workloads.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
+from workloads.model.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
+from workloads.train.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 from workloads.registry import Workload, get_workload
 from workloads.sections import (
     MAX_BATCH_SEQUENCES,
@@ -67,16 +67,16 @@ from workloads.sections import (
     reads_beta2,
     replace,
 )
-from workloads.tokenizer import has_tokenizer_files
+from workloads.data.tokenizer import has_tokenizer_files
 
 if TYPE_CHECKING:  # loaded on first access, see _LAZY
-    from workloads._ray_adapter import train_fn_per_worker
-    from workloads._ray_runner import runner_fn_per_worker
-    from workloads._ray_compat import drain_report_queue
-    from workloads.data import tokenizer_vocab_size
+    from workloads.ray.adapter import train_fn_per_worker
+    from workloads.ray.runner import runner_fn_per_worker
+    from workloads.ray.compat import drain_report_queue
+    from workloads.data.corpus import tokenizer_vocab_size
     from workloads.finetune import init_checkpoint
-    from workloads.model import check_model_config, model_vocab_size
-    from workloads.prepare import PrepareResult, prepare_data, prepare_text_file
+    from workloads.model.hf import check_model_config, model_vocab_size
+    from workloads.data.prepare import PrepareResult, prepare_data, prepare_text_file
 
 __all__ = [
     "file_sha256",
@@ -151,17 +151,17 @@ __all__ = [
 
 #: public names whose modules import torch (or Ray Train): loaded on first access
 _LAZY = {
-    "tokenizer_vocab_size": "workloads.data",
-    "train_fn_per_worker": "workloads._ray_adapter",
-    "runner_fn_per_worker": "workloads._ray_runner",  # a trial runner's worker loop (sweeps/run/runners.py)
-    "drain_report_queue": "workloads._ray_compat",
+    "tokenizer_vocab_size": "workloads.data.corpus",
+    "train_fn_per_worker": "workloads.ray.adapter",
+    "runner_fn_per_worker": "workloads.ray.runner",  # a trial runner's worker loop (sweeps/run/runners.py)
+    "drain_report_queue": "workloads.ray.compat",
     "init_checkpoint": "workloads.finetune",
-    "check_model_config": "workloads.model",  # the model's config built before launch: model_type, vocab, FLOPs
-    "model_vocab_size": "workloads.model",
-    "prepare_data": "workloads.prepare",  # token shards (critbatch prepare-data; the driver's data.path)
-    "prepare_text_file": "workloads.prepare",
-    "PrepareResult": "workloads.prepare",
-    "file_sha256": "workloads.shards",  # the content hash the shard index records (the driver pins inputs with it)
+    "check_model_config": "workloads.model.hf",  # the model's config built before launch: model_type, vocab, FLOPs
+    "model_vocab_size": "workloads.model.hf",
+    "prepare_data": "workloads.data.prepare",  # token shards (critbatch prepare-data; the driver's data.path)
+    "prepare_text_file": "workloads.data.prepare",
+    "PrepareResult": "workloads.data.prepare",
+    "file_sha256": "workloads.data.shards",  # the content hash the shard index records (the driver pins inputs with it)
 }
 
 

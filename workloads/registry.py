@@ -1,7 +1,7 @@
 """The workload registry: one :class:`Workload` entry per name (``pretrain``, ``finetune``), built on first use.
 
 Re-exported by ``workloads.api`` (the package's public face); the Ray Train worker functions
-(``workloads._ray_adapter``) read their entries here, so the face imports them and never the reverse.
+(``workloads.ray.adapter``) read their entries here, so the face imports them and never the reverse.
 """
 
 from __future__ import annotations

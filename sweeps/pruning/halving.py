@@ -171,7 +171,7 @@ class SuccessiveHalving(ResumeReplay):
         self.pruned_while_paused: dict[str, dict[str, Any]] = dict(pruned_while_paused or {})  # trial id -> its annotation
         self.state_path = state_path  # if set: pruned_while_paused is written there (JSON) on each change
         # if set: after each CONTINUE, the Ray KV value under rung_gate_key(gate_prefix, trial) becomes the
-        # reported tokens; a worker waits at a rung for it (workloads._ray_adapter), so that a trial to be
+        # reported tokens; a worker waits at a rung for it (workloads.ray.adapter), so that a trial to be
         # paused or pruned never trains on while Tune stops it
         self.gate_prefix = gate_prefix
         self._limiter_checked = False

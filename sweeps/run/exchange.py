@@ -2,7 +2,7 @@
 
 One Ray actor per sweep (:class:`TrialExchange`, named by :func:`exchange_name`), created by
 :class:`sweeps.run.runners.TrialRunners`; Tune's relay trainables (:func:`relay`) submit and poll
-tickets, the runners' rank 0 (``workloads._ray_runner``) takes them and reports. The exchange is plain
+tickets, the runners' rank 0 (``workloads.ray.runner``) takes them and reports. The exchange is plain
 Python: its rules are unit-tested without Ray (``tests/sweeps/run/test_runners.py``).
 """
 
@@ -45,7 +45,7 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
 
     Args:
         exchange: the sweep's :class:`TrialExchange` actor name (in this job's namespace).
-        loop_config: what ``workloads._ray_adapter.train_fn_per_worker`` would take.
+        loop_config: what ``workloads.ray.adapter.train_fn_per_worker`` would take.
         checkpoint_dir: the trial's own checkpoint folder on the sweep's storage.
 
     Raises:

@@ -285,7 +285,7 @@ def budget_warnings(spec: SweepSpec) -> list[str]:
 def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[int]:
     """The tokens seen at each report of a trial whose optimizer steps are ``step_tokens`` long.
 
-    The loop (``workloads.loop.train``) evaluates once after the step that passes a milestone; a
+    The loop (``workloads.train.loop.run_loop``) evaluates once after the step that passes a milestone; a
     step that passes several milestones gives one report for all of them, at the tokens actually
     seen. Returns the distinct report points, increasing (as many as ``milestones_tokens`` only when
     no step is longer than the spacing between two milestones).

@@ -3,7 +3,7 @@
 
 Package versions come from the driver's environment (``importlib.metadata``; the workers of a cluster run
 the same image). The worker settings are the ones every Ray Train worker applies before it builds its
-model (``workloads.determinism.make_deterministic``): intra-op threads from ``resources.cpus_per_worker``
+model (``workloads.train.determinism.make_deterministic``): intra-op threads from ``resources.cpus_per_worker``
 and, on CPU, torch's deterministic algorithms; each trial's first report echoes what its worker set
 (``torch_num_threads`` and ``deterministic_algorithms``, metrics of its MLflow run).
 """

@@ -5,7 +5,7 @@ Train's controller, its workers, ...), three of them importing torch, before its
 12 s a trial on the 2-core machine (docs/benchmarks.md, "Per-trial start-up"). Here the driver starts
 one Ray Train run per concurrent trial slot at the sweep's start (:class:`TrialRunners`, each in a
 :class:`RunnerHost` actor, with the real
-``ScalingConfig`` and ``FailureConfig``), each running ``workloads._ray_runner.runner_fn_per_worker``;
+``ScalingConfig`` and ``FailureConfig``), each running ``workloads.ray.runner.runner_fn_per_worker``;
 Tune's trainable becomes a relay that imports no torch (:func:`sweeps.run.trainable.make_trainable`):
 it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports that come back to
 ``tune.report`` and returns when its trial ends. Tune, Optuna, the MLflow callback and the records see
@@ -16,7 +16,7 @@ back to one Ray Train run per trial). A trial that Tune pauses or stops (pruning
 cancelled at the exchange by :class:`RunnerCancels`, which frees its runner at the trial's next report
 (at once while it waits at a rung). Everything is owned by the driver: a driver that dies takes the
 exchange and every runner with it, and a resumed sweep starts new ones (each trial continues from the
-checkpoint in its own folder, ``workloads._ray_runner.latest_checkpoint``).
+checkpoint in its own folder, ``workloads.ray.runner.latest_checkpoint``).
 """
 
 from __future__ import annotations

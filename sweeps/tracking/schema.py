@@ -180,9 +180,9 @@ METRIC_KEYS = (
     "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
     "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
     "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
-    # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.optim)
+    # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.train.optim)
     "optimizer_state_bytes_per_param", "trainable_params",
-    # the first report of each attempt: the worker's intra-op threads and deterministic flag (workloads.determinism)
+    # the first report of each attempt: the worker's intra-op threads and deterministic flag (workloads.train.determinism)
     "torch_num_threads", "deterministic_algorithms",
 )
 METRIC_VAL_LOSS = "val_loss"

@@ -20,7 +20,7 @@ def test_service_imports_no_training_stack():
         "create_app(Settings(api_token='x' * 16, ray_address='http://127.0.0.1:9')).openapi()\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r} or m.startswith(('ray.tune', 'ray.train')))\n"
         "import workloads.api\n"
-        "bad += sorted(m for m in sys.modules if m in set(workloads.api._LAZY.values()) or m.startswith('workloads._ray'))\n"
+        "bad += sorted(m for m in sys.modules if m in set(workloads.api._LAZY.values()) or m.startswith('workloads.ray.'))\n"
         "print(bad)\n"
         "assert not bad, bad\n"
     )

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import ROOT
 from workloads import api
 from workloads.config import DataConfig, FinetuneConfig, ModelConfig, WorkloadConfig
-from workloads.flops import FLOPS_CONVENTION
+from workloads.model.flops import FLOPS_CONVENTION
 
 
 def test_every_name_has_an_entry_and_unknown_names_are_refused():
@@ -44,9 +44,9 @@ def test_importing_the_api_loads_no_training_stack():
 #: the modules the public constants come from (they carry no ``__module__``)
 _CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "TRIAL_STARTED_KEY": "workloads.config",
               "TORCH_THREADS_KEY": "workloads.config", "CHECKPOINT_DIR_KEY": "workloads.config",
-              "DETERMINISTIC_WARN_ONLY": "workloads.determinism",
-              "FLOPS_CONVENTION": "workloads.flops", "FLOPS_MODEL_TYPES": "workloads.flops",
-              "GIVEN_FLOPS_CONVENTION": "workloads.flops",
+              "DETERMINISTIC_WARN_ONLY": "workloads.train.determinism",
+              "FLOPS_CONVENTION": "workloads.model.flops", "FLOPS_MODEL_TYPES": "workloads.model.flops",
+              "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",
               **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "SYNC_MODES", "SyncMode",
                                                    "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
                                                    "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH")}}

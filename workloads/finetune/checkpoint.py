@@ -13,7 +13,7 @@ import torch
 
 from workloads.config import ModelConfig
 from workloads.errors import DataError
-from workloads.model import build_model
+from workloads.model.hf import build_model
 
 __all__ = ["resolve_checkpoint", "load_checkpoint_config", "resolve_tokenizer", "check_context_length",
            "load_checkpoint_model", "load_finetuned", "init_checkpoint"]
@@ -75,7 +75,7 @@ def resolve_tokenizer(checkpoint_dir: str, data_tokenizer: str, vocab_size: int)
     Raises:
         DataError: no tokenizer found for a model that is not byte-level.
     """
-    from workloads.tokenizer import BYTE_VOCAB_SIZE, has_tokenizer_files
+    from workloads.data.tokenizer import BYTE_VOCAB_SIZE, has_tokenizer_files
 
     if data_tokenizer != "byte":
         if not has_tokenizer_files(data_tokenizer):
@@ -185,7 +185,7 @@ def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, c
         FileExistsError: ``directory`` already holds a checkpoint and not ``overwrite``.
         ValueError: ``d_model`` not divisible by ``n_heads``, non-positive sizes, unknown family.
     """
-    from workloads.tokenizer import BYTE_VOCAB_SIZE, save_tokenizer
+    from workloads.data.tokenizer import BYTE_VOCAB_SIZE, save_tokenizer
 
     if min(d_model, n_layers, n_heads, context_length_tokens) <= 0:
         raise ValueError("d_model, n_layers, n_heads and context_length_tokens must be positive")

@@ -164,7 +164,7 @@ def tokenize_examples(
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str, mtime_ns: int, tokenizer_source: str, data_fields: tuple, T: int,
                  validation_fraction: float, vocab_size: int, pad_id: int) -> FinetuneData:
-    from workloads.tokenizer import load_tokenizer
+    from workloads.data.tokenizer import load_tokenizer
 
     opts = FinetuneConfig(checkpoint_dir="", **dict(data_fields))
 

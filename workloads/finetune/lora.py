@@ -9,8 +9,8 @@ import torch
 from workloads.config import LoraConfig
 from workloads.errors import DataError
 from workloads.finetune.checkpoint import load_checkpoint_config
-from workloads.flops import FLOPS_CONVENTION, flops_per_token, lora_flops_per_token
-from workloads.model import shape_of
+from workloads.model.flops import FLOPS_CONVENTION, flops_per_token, lora_flops_per_token
+from workloads.model.hf import shape_of
 
 __all__ = ["lora_config", "count_adapter_params", "finetune_flops_per_token", "finetune_flops_convention",
            "LORA_FLOPS_CONVENTION"]
@@ -52,7 +52,7 @@ def count_adapter_params(hf_config, lora: LoraConfig) -> int:
     return sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
 
-#: The LoRA counterpart of ``workloads.flops.FLOPS_CONVENTION`` (methodology section 9.4).
+#: The LoRA counterpart of ``workloads.model.flops.FLOPS_CONVENTION`` (methodology section 9.4).
 LORA_FLOPS_CONVENTION = ("4*N_matmul + 6*N_adapter + 12*n_layer*n_ctx*d_attn + 4*d_model*vocab "
                          "(frozen weights: fwd + activation grad; adapters: fwd + both grads; dense attention, no norms)")
 
@@ -63,7 +63,7 @@ def finetune_flops_convention(lora: LoraConfig | None) -> str:
 
 
 def finetune_flops_per_token(checkpoint_dir: str, context_length_tokens: int, lora: LoraConfig | None) -> float:
-    """Training FLOPs per real token of fine-tuning a checkpoint (``workloads.flops`` convention).
+    """Training FLOPs per real token of fine-tuning a checkpoint (``workloads.model.flops`` convention).
 
     Full fine-tuning: ``flops_per_token`` (6 N_matmul + 12 n_layer n_ctx d_attn + 6 d V).
     LoRA: ``lora_flops_per_token`` (methodology section 9.4): frozen weights cost forward plus the

@@ -4,7 +4,7 @@ The model and its tokenizer load from a checkpoint directory with ``from_pretrai
 access); LoRA adapters come from ``peft`` and are then the only trainable parameters. Data,
 masking and packing are in :mod:`workloads.finetune.examples` and :mod:`workloads.finetune.packing`,
 the checkpoint in :mod:`workloads.finetune.checkpoint`, LoRA in :mod:`workloads.finetune.lora`; the training loop is the shared
-:func:`workloads.loop.run_loop`, so the search, tracking and analysis are those of pretraining.
+:func:`workloads.train.loop.run_loop`, so the search, tracking and analysis are those of pretraining.
 Tokens seen and FLOPs count real (non-padding) input tokens, prompt tokens included: they are
 computed even though they carry no loss.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from workloads.config import FinetuneConfig, TrialConfig, WorkloadConfig
-from workloads.data import step_generator
+from workloads.data.corpus import step_generator
 from workloads.errors import DataError
 from workloads.finetune.checkpoint import (
     check_context_length,
@@ -37,9 +37,9 @@ from workloads.finetune.lora import (
     lora_config,
 )
 from workloads.finetune.packing import ModelInputs, rows_batch
-from workloads.flops import flops_per_token, lora_flops_per_token
-from workloads.loop import Reporter, TrainingOutcome, run_loop
-from workloads.model import peak_flops_per_s, shape_of
+from workloads.model.flops import flops_per_token, lora_flops_per_token
+from workloads.train.loop import Reporter, TrainingOutcome, run_loop
+from workloads.model.hf import peak_flops_per_s, shape_of
 
 __all__ = ["FinetuneWorkload", "build_finetune", "run_finetune", "save_finetuned", "check_finetune_inputs",
            "finetune_flops", "finetune_tokens_per_sequence", "FINETUNE_META_FILE"]
@@ -87,7 +87,7 @@ class FinetuneWorkload:
         """Rows ``start .. start+count`` of step ``step``'s global batch.
 
         The global batch is ``global_batch_size_sequences`` rows drawn uniformly with replacement
-        by a generator seeded by ``(seed, stream, step)`` (as ``workloads.data.window_batch``), so it
+        by a generator seeded by ``(seed, stream, step)`` (as ``workloads.data.corpus.window_batch``), so it
         is the same whatever the number of workers, and a resumed run continues exactly.
 
         Returns:
@@ -203,7 +203,7 @@ def save_finetuned(work: FinetuneWorkload, save_dir: str) -> None:
     ``finetune.checkpoint_dir`` may point at it to fine-tune further. The weights saved are the
     trained (raw) weights, whose loss the last report gives as ``val_loss_raw``.
     """
-    from workloads.tokenizer import save_tokenizer
+    from workloads.data.tokenizer import save_tokenizer
 
     out = Path(save_dir)
     out.mkdir(parents=True, exist_ok=True)

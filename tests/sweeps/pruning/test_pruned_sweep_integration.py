@@ -417,7 +417,7 @@ def test_cli_pruned_sweep_succeeds_with_every_batch_size(cli_sweep):
 
 def _restarts(out, trial_id: str) -> int:
     """How often a trial started again from a checkpoint: a restarted trial first sends the reports
-    of its checkpoint again (workloads/_ray_adapter.py), so its report log goes back in tokens."""
+    of its checkpoint again (workloads/ray/adapter.py), so its report log goes back in tokens."""
     rows = [json.loads(line) for line in (out / "reports" / f"{trial_id}.jsonl").read_text().splitlines() if line.strip()]
     return sum(1 for a, b in zip(rows, rows[1:]) if b["tokens_seen"] <= a["tokens_seen"])
 

@@ -7,7 +7,7 @@ import pytest
 
 from sweeps.pruning.rungs import rung_gate_key
 from sweeps.pruning.scheduler import EqualComputeScheduler
-from workloads._ray_adapter import reaches_rung, wait_for_rung_decision
+from workloads.ray.adapter import reaches_rung, wait_for_rung_decision
 from workloads.config import (
     BatchConfig,
     DataConfig,

@@ -110,11 +110,11 @@ def test_shards_too_short_for_a_window_and_finetune_with_shards_are_refused(tiny
 
 
 def test_the_driver_prepares_a_raw_file_once_and_a_second_call_writes_nothing(tiny_spec_dict, tmp_path, monkeypatch):
-    import workloads.data
+    import workloads.data.corpus
 
     calls = []
-    real = workloads.data.encode_text
-    monkeypatch.setattr(workloads.data, "encode_text", lambda text, tok: calls.append(tok) or real(text, tok))
+    real = workloads.data.corpus.encode_text
+    monkeypatch.setattr(workloads.data.corpus, "encode_text", lambda text, tok: calls.append(tok) or real(text, tok))
     spec = resolve_paths(parse_spec(tiny_spec_dict))
     first = prepared_shards(spec, tmp_path, str(tmp_path))
     assert first == str(tmp_path / PREPARED_DIR) and len(calls) == 1
@@ -163,7 +163,7 @@ def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_sh
 
 def test_with_a_uri_storage_root_the_shards_are_copied_there_and_read_back(tiny_spec_dict, tmp_path, monkeypatch):
     """resources.storage_path as a URI: ROOT/data is uploaded with fsspec; workers fetch it once per node."""
-    from workloads.data import load_shard_corpus
+    from workloads.data.corpus import load_shard_corpus
 
     monkeypatch.setenv("CRITBATCH_DATA_CACHE", str(tmp_path / "cache"))
     spec = resolve_paths(parse_spec(tiny_spec_dict))

@@ -134,7 +134,7 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlfl
     out = tmp_path / "out"
     before = set(pids_named("RayTrainWorker"))
     # the worker waits after its second milestone (index 1) while this file exists: the kill lands
-    # mid-trial however fast the machine is (workloads/loop.py, fault-injection hook)
+    # mid-trial however fast the machine is (workloads/train/loop.py, fault-injection hook)
     hold = tmp_path / "hold"
     hold.touch()
     env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))

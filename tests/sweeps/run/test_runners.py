@@ -1,4 +1,4 @@
-"""Trial runners (sweeps/run/runners.py, workloads/_ray_runner.py): the exchange's rules, the per-trial
+"""Trial runners (sweeps/run/runners.py, workloads/ray/runner.py): the exchange's rules, the per-trial
 checkpoints, and real runners on the suite's Ray head (no state carried from one trial to the next,
 memory that does not grow)."""
 
@@ -149,8 +149,8 @@ def test_a_runner_pool_keeps_one_shape_and_a_new_shape_stops_the_kept_runners():
 
 def test_runner_checkpoints_keep_only_the_last_and_a_one_trial_groups_checkpoint_is_read(tmp_path: Path):
     torch = pytest.importorskip("torch")
-    from workloads._ray_adapter import STATE_FILE
-    from workloads._ray_runner import latest_checkpoint, save_checkpoint
+    from workloads.ray.adapter import STATE_FILE
+    from workloads.ray.runner import latest_checkpoint, save_checkpoint
 
     d = tmp_path / "train-abc"
     assert latest_checkpoint(str(d)) == (None, None)  # nothing yet (the folder does not exist)

@@ -205,7 +205,7 @@ def _differences(a, b, path="cbs.json") -> list[str]:
 
 def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, mlflow_template):
     # the suite's tiny sweep once more, same spec and sweep id, into a fresh folder and MLflow store: only the
-    # RUN_TO_RUN_KEYS may differ (CPU training is deterministic: workloads/determinism.py)
+    # RUN_TO_RUN_KEYS may differ (CPU training is deterministic: workloads/train/determinism.py)
     assert tiny_sweep["result"].returncode == 0
     tmp = tiny_sweep["tmp"] / "again"
     tmp.mkdir()

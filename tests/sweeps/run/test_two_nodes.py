@@ -26,7 +26,7 @@ import pytest
 
 from tests.conftest import ROOT, write_spec
 from tests.sweeps.run.test_faults import CLI, ENV, RAY, children, free_port, pids_named, spec_dict, stop_group, wait_for
-from workloads.prepare import prepare_data
+from workloads.data.prepare import prepare_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # ~4 min idle (two nodes up, a sweep, a kill)
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from critbatch.main import app
 from tests.conftest import ROOT, write_spec
-from workloads.prepare import prepare_data, tokenizer_identity
-from workloads.shards import file_sha256
+from workloads.data.prepare import prepare_data, tokenizer_identity
+from workloads.data.shards import file_sha256
 
 EXAMPLE = ROOT / "sweeps" / "examples" / "wikitext-bpe.yaml"
 WIKI = ROOT / "data" / "wikitext-2-raw"

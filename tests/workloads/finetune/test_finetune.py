@@ -11,12 +11,12 @@ import torch
 from workloads.api import get_workload
 from workloads.config import LoraConfig
 from workloads.errors import DataError
-from workloads.evaluation import evaluate
+from workloads.train.evaluation import evaluate
 from workloads.finetune import FINETUNE_META_FILE, build_finetune, load_finetuned, run_finetune, save_finetuned
 from workloads.finetune.lora import finetune_flops_per_token
-from workloads.flops import flops_per_token, lora_flops_per_token, matmul_params
-from workloads.loop import run_loop
-from workloads.model import shape_of
+from workloads.model.flops import flops_per_token, lora_flops_per_token, matmul_params
+from workloads.train.loop import run_loop
+from workloads.model.hf import shape_of
 
 from .conftest import CONTEXT, ft_cfg
 

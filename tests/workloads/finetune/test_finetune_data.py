@@ -11,7 +11,7 @@ from workloads.config import FinetuneConfig, LoraConfig
 from workloads.errors import DataError
 from workloads.finetune.examples import load_finetune_data, read_records, tokenize_examples
 from workloads.finetune.packing import Example, pack_examples, rows_batch
-from workloads.tokenizer import byte_tokenizer
+from workloads.data.tokenizer import byte_tokenizer
 
 from .conftest import CONTEXT, TEMPLATE, qa_records, write_jsonl
 
@@ -71,7 +71,7 @@ def test_packing_fills_rows_and_counts_real_tokens():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_packed_example_logits_equal_the_example_alone(family):
     from workloads.config import ModelConfig
-    from workloads.model import build_model
+    from workloads.model.hf import build_model
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(family=family, d_model=32, n_layers=2, n_heads=2, d_ff=64,
@@ -104,7 +104,7 @@ def test_eager_float_mask_gives_the_same_logits():
     from transformers import AutoModelForCausalLM
 
     from workloads.config import ModelConfig
-    from workloads.model import hf_config
+    from workloads.model.hf import hf_config
 
     torch.manual_seed(0)
     mc = ModelConfig(family="llama", d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=CONTEXT)

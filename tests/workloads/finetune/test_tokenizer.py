@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workloads.data import encode_text
-from workloads.tokenizer import byte_tokenizer, load_tokenizer, save_tokenizer
+from workloads.data.corpus import encode_text
+from workloads.data.tokenizer import byte_tokenizer, load_tokenizer, save_tokenizer
 
 TEXTS = ["Hello, world!", "héllo wörld’s\r\n\ttabs  and  spaces", "Ā and \x00 NUL", "emoji 🙂 #### 42", "<pad> <s> </s>", ""]
 

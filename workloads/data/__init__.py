@@ -1,0 +1,22 @@
+"""Corpora and token shards: what a workload trains on.
+
+``corpus`` loads a corpus (prepared shards or one text file) and draws the deterministic batch
+stream; ``shards`` reads and writes the token-shard format; ``prepare`` (with ``_prepare_io``)
+tokenizes raw inputs into shards; ``tokenizer`` holds the byte-level tokenizer and the checks on a
+tokenizer folder.
+
+Where it stands: imports ``workloads.errors`` only (no model, no training loop); checked by
+``tests/test_layering.py``. Kept light: nothing is imported here (``workloads.api`` imports
+``tokenizer`` without torch).
+"""
+
+from workloads import _moved
+
+#: what the flat ``workloads/data.py`` defined before issue 32 (now ``corpus``): still loads from here,
+#: for a pickle that names it (``workloads/_moved.py``)
+_OLD_NAMES = ("Corpus", "load_corpus", "load_shard_corpus", "tokenizer_vocab_size", "encode_text", "step_generator",
+              "window_batch", "validation_batches")
+
+
+def __getattr__(name: str):
+    return _moved.old_name("workloads.data.corpus", _OLD_NAMES, name)
