@@ -68,12 +68,12 @@ def test_the_training_loop_never_imports_the_data_or_the_model():
 #: what each subpackage of ``workloads`` may import of ``workloads`` (its own modules always): the
 #: layers of docs/design.md, "Layout". ``_moved`` keeps the module paths from before the subpackages.
 WORKLOADS_LAYERS = {
-    "workloads/train": ("workloads.config", "workloads.errors"),
+    "workloads/train": ("workloads.config", "workloads.sections", "workloads.errors"),
     "workloads/data": ("workloads.errors", "workloads._moved"),
-    "workloads/model": ("workloads.config", "workloads.errors", "workloads._moved"),
-    "workloads/pretrain": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
-    "workloads/finetune": ("workloads.config", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
-    "workloads/ray": ("workloads.config", "workloads.errors", "workloads.train", "workloads.registry"),
+    "workloads/model": ("workloads.config", "workloads.sections", "workloads.errors", "workloads._moved"),
+    "workloads/pretrain": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
+    "workloads/finetune": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
+    "workloads/ray": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.registry"),
 }
 
 
