@@ -53,6 +53,7 @@ from workloads.sections import (
     MAX_TOKENS,
     MAX_WIDTH,
     MIXED_PRECISIONS,
+    MODEL_SHORTHAND_FIELDS,
     OPTIMIZER_NAMES,
     PARALLELISMS,
     SYNC_MODES,
@@ -146,6 +147,7 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_BATCH_SEQUENCES",
     "MAX_WIDTH",
+    "MODEL_SHORTHAND_FIELDS",
 ]
 
 

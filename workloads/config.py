@@ -41,7 +41,9 @@ from workloads.sections import (
     SYNC_MODES,
     ConfigSection,
     DataConfig,
+    FinetuneConfig,
     LoraConfig,
+    ModelConfig,
     NoiseScaleConfig,
     OptimizerSettings,
     ScheduleConfig,
@@ -79,78 +81,6 @@ __all__ = [
 
 #: the workloads a config may name (their entries are in :mod:`workloads.api`)
 WORKLOAD_NAMES = ("pretrain", "finetune")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """A Hugging Face causal LM's architecture (pretraining) and the trained sequence length.
-
-    Fine-tuning reads its architecture from the checkpoint and uses only ``context_length_tokens``.
-
-    Attributes:
-        family: ``"llama"`` or ``"gpt2"``.
-        d_model: residual width; ``n_heads`` must divide it.
-        n_layers: transformer blocks.
-        n_heads: attention heads (as many key/value heads).
-        d_ff: MLP hidden width.
-        context_length_tokens: ``T``, tokens per sequence (input positions of a row).
-        tie_word_embeddings: share the input embedding and the LM head.
-        hf_config: a whole ``transformers`` config as keyword arguments of
-            ``AutoConfig.for_model`` (``model_type`` included); when set it defines the
-            architecture and the six fields above are not read. None: the shorthand above.
-        flops_per_token: training FLOPs per token given by the spec (forward + backward), used
-            instead of ``workloads.flops``' formula; None: counted from the config.
-    """
-
-    family: str = "llama"
-    d_model: int = 64
-    n_layers: int = 2
-    n_heads: int = 4
-    d_ff: int = 176
-    context_length_tokens: int = 64
-    tie_word_embeddings: bool = False
-    hf_config: dict[str, Any] | None = dataclasses.field(default=None, hash=False)
-    flops_per_token: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinetuneConfig:
-    """Supervised fine-tuning of a local checkpoint on instruction JSON Lines.
-
-    Attributes:
-        checkpoint_dir: a local Hugging Face checkpoint (``config.json`` + weights), or a LoRA
-            adapter directory saved by this workload.
-        prompt_field, response_field: JSON keys of each line.
-        prompt_template: text around the prompt; must contain ``{prompt}`` (replaced literally, so
-            other braces are kept as they are).
-        packing: ``"packed"`` or ``"padded"``.
-        truncate: cut over-long examples to the context length (counted; an example whose prompt
-            alone fills the context is skipped, also counted) instead of refusing the data.
-        lora: None (full fine-tuning) or the adapters.
-
-    Raises:
-        DataError: a template without ``{prompt}``, an unknown packing, an empty field name.
-    """
-
-    checkpoint_dir: str
-    prompt_field: str = "question"
-    response_field: str = "answer"
-    prompt_template: str = "Question: {prompt}\nAnswer: "
-    packing: str = "packed"
-    truncate: bool = False
-    lora: LoraConfig | None = None
-
-    def __post_init__(self) -> None:
-        if "{prompt}" not in self.prompt_template:
-            raise DataError(f"finetune.prompt_template must contain '{{prompt}}': {self.prompt_template!r}")
-        if self.packing not in ("packed", "padded"):
-            raise DataError(f"finetune.packing must be 'packed' or 'padded', got {self.packing!r}")
-        if not self.prompt_field or not self.response_field:
-            raise DataError("finetune.prompt_field and finetune.response_field must not be empty")
-
-    def template(self, prompt: str) -> str:
-        """The prompt text the model sees."""
-        return self.prompt_template.replace("{prompt}", prompt)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,8 +307,9 @@ def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     unknown = set(d) - names
     if unknown:
         raise ValueError(f"unknown trial config keys: {sorted(where + k for k in unknown)}")
-    if _is_section(cls):  # validated by pydantic, which makes its sequences tuples itself
-        return cls(**d)
+    if _is_section(cls):  # validated by pydantic, which makes its sequences tuples itself; nested sections first
+        return cls(**{k: _coerce(cls.model_fields[k].annotation, v, f"{where}{k}.") if isinstance(v, dict) else v
+                      for k, v in d.items()})
     hints = typing.get_type_hints(cls)
     return cls(**{k: _coerce(hints[k], v, f"{where}{k}.") for k, v in d.items()})
 

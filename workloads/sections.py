@@ -12,16 +12,18 @@ Plain data: imports neither torch nor Ray (the REST service parses specs through
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import typing
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
 __all__ = [
     "ConfigSection", "replace", "SyncConfig", "NoiseScaleConfig", "LoraConfig", "ScheduleConfig", "DataConfig",
     "OptimizerSettings", "OptimizerName", "OPTIMIZER_NAMES", "reads_beta2", "SyncMode", "SYNC_MODES", "Parallelism",
     "PARALLELISMS", "MixedPrecision", "MIXED_PRECISIONS", "local_sync_error", "PositiveInt", "MAX_TOKENS",
-    "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+    "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "ModelConfig", "MODEL_SHORTHAND_FIELDS", "FinetuneConfig",
 ]
 
 #: ``optimizer.name``: built by ``workloads.optim.build_optimizer``
@@ -159,6 +161,47 @@ class LoraConfig(ConfigSection):
                 "target_modules": list(self.target_modules)}
 
 
+class FinetuneConfig(ConfigSection):
+    """Supervised fine-tuning of a local checkpoint on instruction JSON Lines.
+
+    ``checkpoint_dir``: a local Hugging Face checkpoint (``config.json`` + weights), or a LoRA adapter
+    directory saved by this workload. ``prompt_field``, ``response_field``: JSON keys of each line.
+    ``prompt_template``: text around the prompt; must contain ``{prompt}`` (replaced literally, so other
+    braces are kept as they are). ``packing``: ``"packed"`` or ``"padded"``. ``truncate``: cut over-long
+    examples to the context length (counted; an example whose prompt alone fills the context is skipped,
+    also counted) instead of refusing the data. ``lora``: None (full fine-tuning) or the adapters.
+
+    Raises:
+        pydantic.ValidationError: a template without ``{prompt}``, an unknown packing, an empty field name.
+    """
+
+    checkpoint_dir: str
+    prompt_field: str = "question"
+    response_field: str = "answer"
+    prompt_template: str = "Question: {prompt}\nAnswer: "
+    packing: Literal["packed", "padded"] = "packed"
+    truncate: bool = Field(default=False, description="truncate over-long examples (counted and reported) instead of refusing")
+    lora: LoraConfig | None = None
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_prompt(cls, v: str) -> str:
+        if "{prompt}" not in v:
+            raise ValueError(f"must contain '{{prompt}}': {v!r}")
+        return v
+
+    @field_validator("prompt_field", "response_field")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must not be empty (a JSON key of each line)")
+        return v
+
+    def template(self, prompt: str) -> str:
+        """The prompt text the model sees."""
+        return self.prompt_template.replace("{prompt}", prompt)
+
+
 class ScheduleConfig(ConfigSection):
     """LR warmup and how a milestone's model is evaluated (methodology section 11.2).
 
@@ -180,6 +223,76 @@ class ScheduleConfig(ConfigSection):
                     "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
     ema_half_life_tokens: float = Field(default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)")
     decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
+
+
+#: the shorthand's fields: the architecture in five numbers (and tied heads), when ``hf_config`` is not given
+MODEL_SHORTHAND_FIELDS = ("family", "d_model", "n_layers", "n_heads", "d_ff", "tie_word_embeddings")
+
+
+class ModelConfig(ConfigSection):
+    """A Hugging Face causal LM's architecture (pretraining) and the trained sequence length.
+
+    Either the shorthand (``family`` with ``d_model``, ``n_layers``, ``n_heads`` (as many key/value heads),
+    ``d_ff``, ``tie_word_embeddings``) or ``hf_config``: a whole ``transformers`` config as keyword
+    arguments of ``AutoConfig.for_model`` (``model_type`` included), which then defines the architecture;
+    a spec may give the path of a ``config.json`` instead, which the sweep reads before a trial starts.
+    ``context_length_tokens`` is ``T``, the tokens per sequence; fine-tuning reads its architecture from
+    the checkpoint and uses only it. ``flops_per_token``: training FLOPs per token (forward + backward)
+    used instead of ``workloads.model.flops``' formula (None: counted from the config).
+
+    Raises:
+        pydantic.ValidationError: a field out of its bounds, ``n_heads`` not dividing ``d_model`` (shorthand),
+            an ``hf_config`` that is neither a mapping with ``model_type`` nor a local path.
+    """
+
+    family: Literal["llama", "gpt2"] = "llama"
+    d_model: PositiveInt = Field(default=96, le=MAX_WIDTH, description="hidden width (at most 65536)")
+    n_layers: PositiveInt = Field(default=3, le=1024, description="transformer blocks (at most 1024)")
+    n_heads: PositiveInt = Field(default=4, le=1024, description="attention heads (at most 1024)")
+    d_ff: PositiveInt | None = Field(
+        default=None, le=4 * MAX_WIDTH,
+        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
+    )
+    context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
+    tie_word_embeddings: bool = False
+    hf_config: dict[str, Any] | str | None = Field(
+        default=None,
+        description="a transformers config instead of the shorthand: a mapping with model_type (AutoConfig.for_model), "
+                    "or the path of a config.json (relative paths resolve from the working directory)")
+    flops_per_token: float | None = Field(
+        default=None, gt=0, le=1e18,
+        description="training FLOPs per token (forward + backward) instead of the formula's; required for an "
+                    "architecture the formula does not know (mixture of experts, other model types)")
+
+    @field_validator("hf_config", mode="before")
+    @classmethod
+    def _hf_config(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (str, dict)):
+            raise ValueError(f"give a mapping with model_type or the path of a config.json, not {type(v).__name__}")
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("must not be empty: the path of a config.json")
+            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
+                raise ValueError(f"{v!r} is a URI; give a local config.json path or the config inline")
+        elif isinstance(v, dict):
+            model_type = v.get("model_type")
+            if not isinstance(model_type, str) or not model_type.strip():
+                raise ValueError("an inline config needs model_type (a transformers model type, e.g. 'llama')")
+        return v
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.hf_config is None and self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+    @property
+    def d_ff_resolved(self) -> int:
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.family == "gpt2":
+            return 4 * self.d_model
+        return int(math.ceil(8 * self.d_model / 3 / 16) * 16)
 
 
 class DataConfig(ConfigSection):

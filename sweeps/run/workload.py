@@ -104,11 +104,8 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
 
 
 def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:
-    """The spec's ``finetune`` section (None when it has none).
-
-    Raises:
-        workloads.api.DataError: a template without ``{prompt}`` (the spec does not check it).
-    """
+    """The spec's ``finetune`` section as the trial config's (None when it has none; the spec's section
+    already passed the same checks, ``workloads.api.FinetuneConfig``)."""
     ft = spec.finetune
     if ft is None:
         return None

@@ -17,7 +17,6 @@ Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so 
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -27,7 +26,9 @@ from workloads.api import (
     MAX_BATCH_SEQUENCES,
     MAX_TOKENS,
     MAX_WIDTH,
+    MODEL_SHORTHAND_FIELDS,
     OPTIMIZER_NAMES,
+    ModelConfig,
     ConfigSection,
     DataConfig,
     MixedPrecision,
@@ -68,11 +69,9 @@ def __getattr__(name: str) -> Any:
 _Strict = ConfigSection
 
 
-#: the shorthand's fields: the architecture in five numbers (and tied heads), when ``hf_config`` is not given
-MODEL_SHORTHAND_FIELDS = ("family", "d_model", "n_layers", "n_heads", "d_ff", "tie_word_embeddings")
 
 
-class ModelSpec(_Strict):
+class ModelSpec(ModelConfig):
     """A Hugging Face causal LM built from a config (pretraining).
 
     Either the shorthand (``family`` ``llama`` or ``gpt2`` with ``d_model``, ``n_layers``,
@@ -85,25 +84,6 @@ class ModelSpec(_Strict):
     ``config.json`` that reads, an architecture the FLOPs formula knows unless ``flops_per_token``
     is given) is checked before launch (``sweeps.run.workload.check_model``).
     """
-
-    family: Literal["llama", "gpt2"] = "llama"
-    d_model: PositiveInt = Field(default=96, le=MAX_WIDTH, description="hidden width (at most 65536)")
-    n_layers: PositiveInt = Field(default=3, le=1024, description="transformer blocks (at most 1024)")
-    n_heads: PositiveInt = Field(default=4, le=1024, description="attention heads (at most 1024)")
-    d_ff: PositiveInt | None = Field(
-        default=None, le=4 * MAX_WIDTH,
-        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
-    )
-    context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
-    tie_word_embeddings: bool = False
-    hf_config: dict[str, Any] | str | None = Field(
-        default=None,
-        description="a transformers config instead of the shorthand: a mapping with model_type (AutoConfig.for_model), "
-                    "or the path of a config.json (relative paths resolve from the working directory)")
-    flops_per_token: float | None = Field(
-        default=None, gt=0, le=1e18,
-        description="training FLOPs per token (forward + backward) instead of the formula's; required for an "
-                    "architecture the formula does not know (mixture of experts, other model types)")
 
     @model_validator(mode="before")
     @classmethod
@@ -118,28 +98,6 @@ class ModelSpec(_Strict):
                                  "(in a spec derived with base:, set them to null)")
         return data
 
-    @field_validator("hf_config", mode="before")
-    @classmethod
-    def _hf_config(cls, v: Any) -> Any:
-        if v is not None and not isinstance(v, (str, dict)):
-            raise ValueError(f"give a mapping with model_type or the path of a config.json, not {type(v).__name__}")
-        if isinstance(v, str):
-            if not v.strip():
-                raise ValueError("must not be empty: the path of a config.json")
-            if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
-                raise ValueError(f"{v!r} is a URI; give a local config.json path or the config inline")
-        elif isinstance(v, dict):
-            model_type = v.get("model_type")
-            if not isinstance(model_type, str) or not model_type.strip():
-                raise ValueError("an inline config needs model_type (a transformers model type, e.g. 'llama')")
-        return v
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelSpec":
-        if self.hf_config is None and self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        return self
-
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         # one form in a dump (spec.yaml, the fingerprint); a shorthand spec dumps as it did before hf_config
@@ -147,14 +105,6 @@ class ModelSpec(_Strict):
         drop = MODEL_SHORTHAND_FIELDS if self.hf_config is not None else ("hf_config",)
         drop += ("flops_per_token",) if self.flops_per_token is None else ()
         return {k: v for k, v in out.items() if k not in drop}
-
-    @property
-    def d_ff_resolved(self) -> int:
-        if self.d_ff is not None:
-            return self.d_ff
-        if self.family == "gpt2":
-            return 4 * self.d_model
-        return int(math.ceil(8 * self.d_model / 3 / 16) * 16)
 
 
 class DataSpec(DataConfig):

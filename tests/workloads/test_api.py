@@ -49,7 +49,8 @@ _CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "TRIAL_STARTED_KEY": "worklo
               "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",
               **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "SYNC_MODES", "SyncMode",
                                                    "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
-                                                   "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH")}}
+                                                   "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+                                                   "MODEL_SHORTHAND_FIELDS")}}
 
 
 def test_every_public_name_resolves():

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from workloads.config import (
     BatchConfig,
@@ -72,9 +73,9 @@ def test_workload_names_and_the_finetune_section_are_checked_at_construction():
         WorkloadConfig(name="distill", data=DataConfig(path="x"))
     with pytest.raises(DataError, match="needs a 'finetune' section"):
         WorkloadConfig(name="finetune", data=DataConfig(path="x"))
-    with pytest.raises(DataError, match=r"prompt_template must contain '\{prompt\}'"):
+    with pytest.raises(ValidationError, match=r"prompt_template\n.*must contain '\{prompt\}'"):
         FinetuneConfig(checkpoint_dir="x", prompt_template="Question: ")
-    with pytest.raises(DataError, match="packing must be 'packed' or 'padded'"):
+    with pytest.raises(ValidationError, match=r"packing\n.*'packed' or 'padded'"):
         FinetuneConfig(checkpoint_dir="x", packing="zipped")
 
 

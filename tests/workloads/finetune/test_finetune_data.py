@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 import torch
 import torch.nn.functional as F
 
@@ -164,7 +165,7 @@ def test_over_long_example_is_refused_or_truncated_and_counted(tmp_path):
 
 
 def test_template_without_placeholder_is_refused():
-    with pytest.raises(DataError, match=r"prompt_template must contain '\{prompt\}'"):
+    with pytest.raises(ValidationError, match=r"prompt_template\n.*must contain '\{prompt\}'"):
         FinetuneConfig(checkpoint_dir="x", prompt_template="Question: ")
 
 
