@@ -236,11 +236,15 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
         return
 
     c_tok, _ = run.prepared.facts.flops()
+    try:
+        tps = run.prepared.facts.tokens_per_sequence()  # counted once, for every wave and cbs.json
+    except Exception:  # noqa: BLE001 - the analysis counts it again, and fails as an analysis does
+        tps = None
     progress = parts.progress  # the closures below are pickled with the Tuner's searcher: nothing live beyond it
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
         records = records_from_reports(output)
-        return sweep_analysis(spec, records, c_tok, targets=targets), records
+        return sweep_analysis(spec, records, c_tok, targets=targets, tokens_per_seq=tps), records
 
     def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
                targets: list[float] | None) -> None:
