@@ -149,7 +149,7 @@ def _sweep_and_report(call) -> None:
     # one "A new study created in RDB" line per batch size said nothing the progress does not
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        result = call()
+        result = call().to_dict()  # a sweeps.run.context.SweepResult
     except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     except CritbatchError as exc:

@@ -3,27 +3,31 @@
 The CLI (``critbatch run`` / ``resume``, which the service's Ray jobs run too) and library users call
 :func:`run_sweep` and :func:`resume_sweep`. A spec with ``arms``, or an output folder that holds a
 comparison, goes to :mod:`sweeps.run.compare`, which runs each arm through :mod:`sweeps.run.driver`;
-anything else goes to the driver directly. The arrows run ``api -> compare -> driver`` and never back.
+anything else goes to the driver directly. The arrows run ``api -> compare -> driver`` and never back;
+both prepare each sweep once with :func:`prepare_sweep` (:mod:`sweeps.run.prepare`), and both return a
+:class:`SweepResult` (:mod:`sweeps.run.context`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from sweeps.run.context import PreparedSweep, SweepResult
+from sweeps.run.prepare import prepare_sweep
 from sweeps.spec import SweepSpec
 
-__all__ = ["run_sweep", "resume_sweep"]
+__all__ = ["run_sweep", "resume_sweep", "prepare_sweep", "PreparedSweep", "SweepResult"]
 
 
 def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-              ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+              ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
     """Run the sweep of ``spec`` into ``output`` (:func:`sweeps.run.driver.run_single_sweep`), or the
     comparison of its ``arms`` (:func:`sweeps.run.compare.run_comparison`).
 
     Returns:
-        ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}``: ``ok`` is False when the
-        sweep FAILED or was STOPPED; ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
+        the :class:`SweepResult` (``ok``, ``status``, ``sweep_id``, ``cbs``, ``output``, ``message``,
+        ``exit_code``; :meth:`SweepResult.to_dict` for JSON): ``ok`` is False when the sweep FAILED or was
+        STOPPED; ``exit_code`` is ``128 + signal`` when a signal stopped it, else None.
 
     Raises:
         InvalidInput: bad input of any kind (see the two functions above); nothing was created.
@@ -40,7 +44,7 @@ def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None,
                             show_progress=show_progress)
 
 
-def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
     """Continue the sweep (:func:`sweeps.run.driver.resume_single_sweep`) or the comparison
     (:func:`sweeps.run.compare.resume_comparison`) in ``output``; returns what :func:`run_sweep` returns.
 

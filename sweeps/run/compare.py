@@ -19,6 +19,7 @@ in the comparison's MLflow experiment with the tags ``critbatch.comparison`` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ import yaml
 
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
+from sweeps.run.context import SweepResult
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
 from sweeps.spec.statuses import FINISHED_STATUSES
@@ -53,11 +55,11 @@ def _arm_dir(output: Path, arm: str) -> Path:
 
 
 def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-                   ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+                   ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
     """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them.
 
     Returns:
-        :func:`sweeps.run.api.run_sweep`'s dict for the comparison: ``sweep_id`` is the comparison id,
+        :func:`sweeps.run.api.run_sweep`'s result for the comparison: ``sweep_id`` is the comparison id,
         ``cbs`` the comparison (``kind: comparison``), ``ok`` True when every arm succeeded; a stopped arm
         ends the comparison with its ``exit_code``.
 
@@ -66,8 +68,8 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
             was created.
     """
     from sweeps.run.cluster import cluster_shape, plan_resources, ray_session
-    from sweeps.run.driver import prepare_sweep  # the one-sweep preflight, per arm
     from sweeps.run.preflight import check_output_folder, resolve_paths
+    from sweeps.run.prepare import prepare_sweep  # the one-sweep preflight, per arm
 
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
@@ -80,7 +82,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
                            "'.ARM')")
     arms = spec.arm_specs()
     for name, arm in arms:
-        prepare_sweep(arm, _arm_dir(output, name), tracking_uri, f"{cid}.{name}", arm.fingerprint())
+        prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}")
     with ray_session(ray_address, _sizing(arms)):
         total, largest = cluster_shape()
         for _, arm in arms:
@@ -99,7 +101,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         return _run_arms(spec, output, state, show_progress)
 
 
-def resume_comparison(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> dict[str, Any]:
+def resume_comparison(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
     """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
 
     Raises:
@@ -159,7 +161,7 @@ def _arm_error(arm_out: Path) -> str | None:
         return None
 
 
-def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any]:
+def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> SweepResult:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
     from sweeps.run.runners import shared_runners
 
@@ -168,7 +170,7 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
     return result if result is not None else _finish(spec, output, state)
 
 
-def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> dict[str, Any] | None:
+def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> SweepResult | None:
     """Each arm in order (skipped when finished); the stopped arm's result, or None when every arm ran."""
     from sweeps.run.driver import resume_single_sweep, run_single_sweep
 
@@ -186,11 +188,11 @@ def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show
                                ray_address=state.get("ray_address"), show_progress=show_progress)
         else:
             result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
-        if result.get("exit_code"):  # stopped by a signal: the comparison stops with it, resumable
+        if result.exit_code:  # stopped by a signal: the comparison stops with it, resumable
             state["status"] = "STOPPED"
             _save(output, state)
-            return {**result, "sweep_id": cid, "output": str(output),
-                    "message": f"arm {name} stopped: `critbatch resume {output}` continues the comparison"}
+            return dataclasses.replace(result, sweep_id=cid, output=str(output),
+                                       message=f"arm {name} stopped: `critbatch resume {output}` continues the comparison")
     return None
 
 
@@ -268,7 +270,7 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
     return comparison, failed, bool(ref_targets)
 
 
-def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, Any]:
+def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> SweepResult:
     """Re-analyse every arm at the reference arm's targets, write ``OUT/cbs.json`` and ``OUT/report.html``."""
     cid = state["comparison_id"]
     comparison, failed, ref_targets = _write_comparison(spec, output, cid)
@@ -277,5 +279,5 @@ def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> dict[str, A
     message = "; ".join(comparison["summary"])
     if failed:
         message = f"arm(s) {failed} did not succeed; " + message
-    return {"ok": not failed and bool(ref_targets), "status": state["status"], "sweep_id": cid, "cbs": comparison,
-            "output": str(output), "message": message, "exit_code": None}
+    return SweepResult(ok=not failed and bool(ref_targets), status=state["status"], sweep_id=cid, cbs=comparison,
+                       output=str(output), message=message, exit_code=None)

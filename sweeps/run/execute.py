@@ -19,11 +19,11 @@ from sweeps._compat import (
     whole_tune_snapshots_on_local_storage,
 )
 from sweeps.errors import InvalidInput
+from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.finish import finish_sweep
 from sweeps.run.records import collect_records, records_from_grid
-from sweeps.run.signals import StopSignals
-from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, SweepState, optuna_storage_url, tune_dir_of, write_json
-from sweeps.run.workload import flops_accounting
+from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, optuna_storage_url, tune_dir_of, write_json
+from sweeps.run.workload import with_inputs
 from sweeps.spec import SweepSpec
 
 __all__ = ["execute_sweep"]
@@ -46,25 +46,18 @@ class _Parts:
     runners_shared: bool = False  # a RunnerPool's (a comparison's): left running for the next arm
 
 
-def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
-                  *, resume: bool, stop: StopSignals) -> dict[str, Any]:
-    """Run (or continue) the sweep's Tune run to its end, then finish the sweep.
-
-    Args:
-        tracker: the sweep's :class:`sweeps.tracking.writer.Tracker` (parent run started or attached).
-        concurrency: trials running at once (:func:`sweeps.run.cluster.plan_resources`).
-        resume: continue the Tune run in the sweep's storage (``Tuner.restore``) if there is one.
-        stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
+def execute_sweep(run: SweepRun) -> SweepResult:
+    """Run (or continue, ``run.resume``) the sweep's Tune run to its end, then finish the sweep.
 
     Returns:
         :func:`sweeps.run.finish.finish_sweep`'s result.
     """
     from ray import tune
 
-    local = state.storage_root == str(output)  # Tune's state is in OUT (else on shared storage)
-    parts = _build_parts(spec, output, tracker, state, concurrency, show_progress, resume=resume)
-    if resume and local:
-        _replay_past_trials(spec, output, state, parts)
+    spec, output, state, stop = run.spec, run.output, run.state, run.stop
+    parts = _build_parts(run)
+    if run.resume and run.local:  # Tune's state is in OUT (else on shared storage)
+        _replay_past_trials(run, parts)
     t0 = time.monotonic()
     # StopSignals turns SIGINT into Tune's interrupt itself; Tune's SIGINT handler would hide it (fit() returns)
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
@@ -75,10 +68,10 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
     try:
         if parts.runners is not None:
             parts.runners.start()  # their workers start (imports, corpus) while Tune sets up
-        if resume and tune.Tuner.can_restore(tune_dir):
-            tuner = _restored_tuner(tune_dir, spec, output, parts)
+        if run.resume and tune.Tuner.can_restore(tune_dir):
+            tuner = _restored_tuner(tune_dir, run, parts)
         else:
-            tuner = _new_tuner(spec, output, state, parts, concurrency)
+            tuner = _new_tuner(run, parts)
         stop.tune_running = True
         grid = tuner.fit()
     except Exception as exc:
@@ -92,26 +85,24 @@ def execute_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, con
         if parts.runners is not None and (stop.forced or not parts.runners_shared):
             parts.runners.stop(forced=stop.forced)  # a force-quit does not wait for trials to reach a report
 
-    records = collect_records(output, spec, sweep_id=state.sweep_id) if local else records_from_grid(grid)
+    records = collect_records(output, spec, sweep_id=state.sweep_id) if run.local else records_from_grid(grid)
     note = ""
     if parts.stopper is not None and parts.stopper.exhausted:
         note = f"the sweep's FLOP budget ({spec.budget.sweep_flops:.3g}) ran out"
     elif spec.budget.wall_clock_s is not None and time.monotonic() - t0 >= spec.budget.wall_clock_s:
         note = f"the sweep's wall-clock budget ({spec.budget.wall_clock_s:g} s) ran out"
-    return finish_sweep(spec, output, tracker, state, records, stopped=stop.signum is not None, budget_note=note,
-                        exit_code=stop.exit_code)
+    return finish_sweep(run, records, stopped=stop.signum is not None, budget_note=note)
 
 
-def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, concurrency: int, show_progress: bool,
-                 *, resume: bool) -> _Parts:
+def _build_parts(run: SweepRun) -> _Parts:
     from sweeps.run.progress import ProgressCallback
     from sweeps.run.reaper import PlacementGroupReaper
     from sweeps.run.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
     from sweeps.run.reportlog import ReportLog
     from sweeps.tracking.writer import MlflowTrialCallback
 
-    root = state.storage_root
-    local = root == str(output)
+    spec, output, state, concurrency = run.spec, run.output, run.state, run.concurrency
+    root, local = state.storage_root, run.local
     keep_checkpoints = spec.tracking.checkpoint_artifact_max_mb > 0
     save_root = (str(output / "checkpoints") if local else root + "/checkpoints") if keep_checkpoints else None
     pause_mode = spec.pruning.enabled and spec.pruning.mode == "pause"
@@ -131,15 +122,16 @@ def _build_parts(spec: SweepSpec, output: Path, tracker, state: SweepState, conc
         shared = pool is not None  # a comparison's arms share runners while their shape stays the same
         runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if shared else
                    TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train"))
-    trainable = make_trainable(spec, data_path=state.data_path, storage_path=root + "/train", save_dir_root=save_root,
-                               rung_gate_prefix=gate_prefix, shards=prepared_shards(spec, output, root),
-                               exchange=runners.name if runners is not None else None)
-    progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=show_progress)
-    c_tok, convention = flops_accounting(spec)
-    mlflow_cb = MlflowTrialCallback(tracker, lambda cfg: {
+    workload = with_inputs(run.prepared.workload, data_path=state.data_path, shards=prepared_shards(spec, output, root))
+    trainable = make_trainable(spec, workload=workload, storage_path=root + "/train", save_dir_root=save_root,
+                               rung_gate_prefix=gate_prefix, exchange=runners.name if runners is not None else None)
+    progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency,
+                                enabled=run.show_progress)
+    c_tok, convention = run.prepared.facts.flops()
+    mlflow_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
         **batch_plan_params(spec, int(cfg["batch_size_sequences"])), **training_params(spec), "flops_per_token": c_tok,
         "flops_convention": convention})
-    scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=resume)
+    scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=run.resume)
     callbacks = [mlflow_cb, progress]
     if scheduler is not None:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
@@ -172,9 +164,9 @@ def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local:
                                            pruned_while_paused=pruned)
 
 
-def _replay_past_trials(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts) -> None:
+def _replay_past_trials(run: SweepRun, parts: _Parts) -> None:
     """Give the scheduler and the budget stopper the trials so far: neither is in Tune's experiment checkpoint."""
-    past = collect_records(output, spec, sweep_id=state.sweep_id)
+    past = collect_records(run.output, run.spec, sweep_id=run.state.sweep_id)
     scheduler = parts.scheduler
     if scheduler is not None:
         for r in past:
@@ -215,7 +207,7 @@ def check_tune_state_readable(tune_dir: str) -> None:
             "Nothing was changed") from None
 
 
-def _restored_tuner(tune_dir: str, spec: SweepSpec, output: Path, parts: _Parts):
+def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
     from ray import tune
 
     tuner = tune.Tuner.restore(tune_dir, trainable=parts.trainable, resume_unfinished=True, resume_errored=True)
@@ -223,11 +215,11 @@ def _restored_tuner(tune_dir: str, spec: SweepSpec, output: Path, parts: _Parts)
     search_alg = reattach_restored_tuner(tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler)
     if parts.scheduler is not None and parts.scheduler.mode == "pause":
         searcher_inside(search_alg).attach_scheduler(parts.scheduler)
-    _attach_precision(searcher_inside(search_alg), spec, output, parts)
+    _attach_precision(searcher_inside(search_alg), run, parts)
     return tuner
 
 
-def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Parts) -> None:
+def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
     """Give the searcher what it reads from the sweep's records (the driver's report log, ``OUT/reports/``):
     under ``transfer`` the trials of a batch size, so its best LR is the one fastest to a common target
     loss; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
@@ -236,18 +228,23 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
     from sweeps.run.finish import PRECISION_FILE, sweep_analysis
     from sweeps.run.records import records_from_reports
 
+    spec, output = run.spec, run.output  # the closures below must not hold the run (live clients): plain values
     if spec.search.strategy == "transfer":  # a batch size's best LR by tokens to a target, as the fit reads it
         searcher.attach_records(lambda: records_from_reports(output))
     precision = spec.search.precision
     if precision is None:
         return
 
-    c_tok, _ = flops_accounting(spec)
+    c_tok, _ = run.prepared.facts.flops()
+    try:
+        tps = run.prepared.facts.tokens_per_sequence()  # counted once, for every wave and cbs.json
+    except Exception:  # noqa: BLE001 - the analysis counts it again, and fails as an analysis does
+        tps = None
     progress = parts.progress  # the closures below are pickled with the Tuner's searcher: nothing live beyond it
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
         records = records_from_reports(output)
-        return sweep_analysis(spec, records, c_tok, targets=targets), records
+        return sweep_analysis(spec, records, c_tok, targets=targets, tokens_per_seq=tps), records
 
     def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
                targets: list[float] | None) -> None:
@@ -258,25 +255,26 @@ def _attach_precision(searcher: Any, spec: SweepSpec, output: Path, parts: _Part
     searcher.attach_precision(analyse, report)
 
 
-def _new_tuner(spec: SweepSpec, output: Path, state: SweepState, parts: _Parts, concurrency: int):
+def _new_tuner(run: SweepRun, parts: _Parts):
     from ray import tune
 
     from sweeps.run.trainable import reuse_trial_actors
     from sweeps.search.searcher import BatchSizeSearcher
 
+    spec, output, state = run.spec, run.output, run.state
     pause = parts.scheduler is not None and parts.scheduler.mode == "pause"
     # in mode pause the scheduler gates new trials: Tune's limiter would count the paused ones and deadlock
     searcher = BatchSizeSearcher(spec, storage_url=state.optuna_storage or optuna_storage_url(output),
                                  study_prefix=state.sweep_id, fingerprint=state.fingerprint,
                                  scheduler=parts.scheduler if pause else None)
-    _attach_precision(searcher, spec, output, parts)
+    _attach_precision(searcher, run, parts)
     return tune.Tuner(
         parts.trainable,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=parts.scheduler,
             num_samples=spec.max_trials,  # search.precision may add trials after the planned ones
-            max_concurrent_trials=None if pause else concurrency,
+            max_concurrent_trials=None if pause else run.concurrency,
             reuse_actors=reuse_trial_actors(spec),
             time_budget_s=spec.budget.wall_clock_s,
         ),

@@ -14,9 +14,10 @@ from sweeps.analysis import analyze_trials, finite_json
 from sweeps.analysis.report import write_report
 from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
+from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.provenance import sweep_provenance
 from sweeps.search.precision import precise_enough, wave_summary
-from sweeps.run.state import SweepState, write_json
+from sweeps.run.state import write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
@@ -29,23 +30,20 @@ PRECISION_FILE = "precision.json"
 log = logging.getLogger(__name__)
 
 
-
-def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, records: list, *, stopped: bool,
-                 budget_note: str = "", exit_code: int | None = None) -> dict[str, Any]:
+def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: str = "") -> SweepResult:
     """Analyse ``records``, write the sweep's files, close its MLflow runs and ``sweep.json``.
 
     Args:
-        tracker: the sweep's :class:`sweeps.tracking.writer.Tracker`.
+        run: the sweep (its tracker, state and signals: a stopped sweep returns ``run.stop.exit_code``).
         records: every trial's :class:`sweeps.analysis.TrialRecord`.
         stopped: a signal stopped the sweep (its status is then ``STOPPED``, resumable).
         budget_note: why a sweep budget ended it early ("" if none did).
-        exit_code: the exit code a signal asks for (returned when ``stopped``).
 
     Returns:
-        ``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}`` (see
-        :func:`sweeps.run.api.run_sweep`).
+        the :class:`~sweeps.run.context.SweepResult` (see :func:`sweeps.run.api.run_sweep`).
     """
-    analysis, analysis_error = _analyse(spec, records, state, tracker, output)
+    spec, output, tracker, state = run.spec, run.output, run.tracker, run.state
+    analysis, analysis_error = _analyse(run, records)
     precision = _precision_section(spec, output, records, analysis, stopped=stopped, budget_note=budget_note)
     if precision is not None:
         analysis["precision"] = precision
@@ -60,7 +58,7 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
     except Exception:  # noqa: BLE001
         log.exception("report failed")
     counts = analysis.get("trials", {})
-    status, message = _final_status(spec, output, records, counts, stopped=stopped, budget_note=budget_note,
+    status, message = _final_status(run, records, counts, stopped=stopped, budget_note=budget_note,
                                     analysis_error=analysis_error, analysis=analysis)
     if budget_note and not stopped:
         for r in records:
@@ -80,21 +78,23 @@ def finish_sweep(spec: SweepSpec, output: Path, tracker, state: SweepState, reco
         log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
     state.save(output)
     SpaceReserve(output).release()  # kept for a crash; a resume makes it again
-    return {"ok": status == "SUCCEEDED", "status": status, "sweep_id": state.sweep_id, "cbs": analysis,
-            "output": str(output), "message": message, "exit_code": exit_code if stopped else None}
+    return SweepResult(ok=status == "SUCCEEDED", status=status, sweep_id=state.sweep_id, cbs=analysis,
+                       output=str(output), message=message, exit_code=run.stop.exit_code if stopped else None)
 
 
 def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None,
-                   targets: list[float] | None = None) -> dict[str, Any]:
+                   targets: list[float] | None = None, tokens_per_seq: float | None = None) -> dict[str, Any]:
     """:func:`sweeps.analysis.analyze_trials` with the spec's context length, reference batch
     (``base_batch_size_sequences``), targets and tokens per sequence: ``cbs.json``'s analysis, also what
     ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
     on the meta device). ``targets``: target losses to use where the spec gives none (``search.precision``'s,
-    declared by its first wave); else chosen from the trials."""
+    declared by its first wave); else chosen from the trials. ``tokens_per_seq``: default the spec's
+    (:func:`sweeps.run.workload.tokens_per_sequence`)."""
     c_tok = flops_per_token if flops_per_token is not None else flops_accounting(spec)[0]
+    tps = tokens_per_seq if tokens_per_seq is not None else tokens_per_sequence(spec)
     return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
                           reference_batch=float(spec.search.base_batch_size_sequences), flops_per_token=c_tok,
-                          targets=spec.targets or targets, tokens_per_sequence=tokens_per_sequence(spec))
+                          targets=spec.targets or targets, tokens_per_sequence=tps)
 
 
 def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
@@ -134,11 +134,13 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
             "trials_per_wave": p.trials_per_wave, "waves": waves, **outcome}
 
 
-def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker, output: Path) -> tuple[dict[str, Any], str | None]:
+def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:
     """``(cbs.json's content, the analysis error or None)``: an analysis bug must not lose the trials."""
-    c_tok, _ = flops_accounting(spec)
+    spec, state, facts = run.spec, run.state, run.prepared.facts
+    c_tok, _ = facts.flops()
     try:
-        analysis = sweep_analysis(spec, records, c_tok, targets=_declared_targets(spec, output))
+        analysis = sweep_analysis(spec, records, c_tok, targets=_declared_targets(spec, run.output),
+                                  tokens_per_seq=facts.tokens_per_sequence())
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")
@@ -151,13 +153,14 @@ def _analyse(spec: SweepSpec, records: list, state: SweepState, tracker, output:
     analysis["provenance"] = sweep_provenance(spec)
     analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
                           "parent_run_id": state.parent_run_id,
-                          "child_runs": {tid: rid for tid, rid in tracker.child_runs.items() if isinstance(rid, str)}}
+                          "child_runs": {tid: rid for tid, rid in run.tracker.child_runs.items() if isinstance(rid, str)}}
     return analysis, analysis_error
 
 
-def _final_status(spec: SweepSpec, output: Path, records: list, counts: dict[str, int], *, stopped: bool,
+def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopped: bool,
                   budget_note: str, analysis_error: str | None, analysis: dict[str, Any]) -> tuple[str, str]:
     """The sweep's ``(status, message)``: ``STOPPED`` (resumable), ``FAILED`` or ``SUCCEEDED``."""
+    spec, output = run.spec, run.output
     unfinished = sum(1 for r in records if r.status == "STOPPED") + max(0, spec.n_trials - len(records))
     if stopped:
         status, message = "STOPPED", ("the sweep was stopped before all trials finished: `critbatch resume "

@@ -37,6 +37,7 @@ from workloads.api import (
     TORCH_THREADS_KEY,
     TRIAL_STARTED_KEY,
     TrialConfig,
+    WorkloadConfig,
     min_micro_batches_total,
     plan_batch,
     torch_threads_per_worker,
@@ -126,8 +127,9 @@ def train_run_name(trial_id: str) -> str:
     return f"train-{trial_id}"
 
 
-def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str, shards: str | None = None,
-                 rung_gate_key: str | None = None, faults: FaultPlan | None = None) -> TrialConfig:
+def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str | None = None,
+                 shards: str | None = None, workload: WorkloadConfig | None = None, rung_gate_key: str | None = None,
+                 faults: FaultPlan | None = None) -> TrialConfig:
     """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search/searcher.py``).
 
     Args:
@@ -135,6 +137,9 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
             ``beta2``, ``beta2_half_life_tokens`` (the LR and beta2 already scaled for the batch).
         data_path: the data path the workers read.
         shards: the prepared shards the workers memory-map instead (``sweeps.run.dataprep``).
+        workload: the trial's workload config with its inputs, as the sweep prepared it
+            (``sweeps.run.prepare``, :func:`sweeps.run.workload.with_inputs`); default built from the spec
+            with ``data_path`` and ``shards``.
         rung_gate_key: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this
             trial go on past a rung (the worker waits there; ``sweeps.pruning.rungs.rung_gate_key``).
         faults: test-only fault injection (:func:`faults_from_env`).
@@ -142,7 +147,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
     gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
     return TrialConfig(
         trial_id=trial_id,
-        workload=workload_config(spec, data_path=data_path, shards=shards),
+        workload=workload if workload is not None else workload_config(spec, data_path=data_path, shards=shards),
         budget_tokens=spec.budget_tokens,
         optimizer=OptimizerConfig(  # the spec's settings (OptimizerSettings), the LR and beta2 sampled for the batch
             **OptimizerSettings.of(spec.optimizer).fields(), lr=float(config["lr"]), lr_rule=str(config["lr_rule"]),
@@ -206,14 +211,15 @@ def faults_from_env() -> FaultPlan | None:
                      hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1")
 
 
-def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_dir_root: str | None = None,
-                   rung_gate_prefix: str | None = None, shards: str | None = None, exchange: str | None = None):
+def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: str, save_dir_root: str | None = None,
+                   rung_gate_prefix: str | None = None, exchange: str | None = None):
     """A Tune function trainable for this sweep, with its per-trial resource request.
 
     Args:
         spec: the sweep.
-        data_path: absolute data path readable by the workers.
-        shards: prepared shards the workers memory-map (``sweeps.run.dataprep.prepared_shards``).
+        workload: the workload config every trial gets (the sweep's, built once: ``sweeps.run.prepare``),
+            with the inputs its workers read (absolute data path, or the shards that
+            ``sweeps.run.dataprep.prepared_shards`` made: :func:`sweeps.run.workload.with_inputs`).
         storage_path: where each trial's checkpoints are kept (shared by all nodes): Ray Train's run
             folder ``<storage_path>/train-<trial id>``, which a trial runner uses too.
         save_dir_root: if set, rank 0 saves each completed trial's Hugging Face checkpoint in
@@ -233,7 +239,7 @@ def make_trainable(spec: SweepSpec, *, data_path: str, storage_path: str, save_d
 
         s = _S.model_validate_json(spec_json)
         trial_id = ray.tune.get_context().get_trial_id()
-        cfg = trial_config(s, config, trial_id, data_path=data_path, shards=shards,
+        cfg = trial_config(s, config, trial_id, workload=workload,
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
                            faults=faults_from_env())
         loop_config = cfg.to_dict()

@@ -9,6 +9,7 @@ of ``sweeps``, this module asks ``workloads`` only through :mod:`workloads.api`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -26,8 +27,8 @@ from workloads.api import (
     get_workload,
 )
 
-__all__ = ["workload_config", "model_config", "read_hf_config", "check_model", "finetune_config", "flops_accounting",
-           "tokens_per_sequence"]
+__all__ = ["workload_config", "with_inputs", "model_config", "read_hf_config", "check_model", "finetune_config",
+           "flops_accounting", "tokens_per_sequence", "WorkloadFacts"]
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +139,65 @@ def workload_config(spec: SweepSpec, *, data_path: str | None = None, shards: st
     )
 
 
-def flops_accounting(spec: SweepSpec) -> tuple[float | None, str]:
+def with_inputs(workload: WorkloadConfig, *, data_path: str | None, shards: str | None) -> WorkloadConfig:
+    """``workload`` (:func:`workload_config` of a spec, no overrides) with the inputs its workers read: what
+    ``workload_config(spec, data_path=data_path, shards=shards)`` gives, without building it again.
+
+    A spec that names ``data.shards`` keeps them (and no path) unless ``shards`` is given.
+    """
+    d = workload.data
+    if d.shards is not None:
+        return dataclasses.replace(workload, data=dataclasses.replace(d, shards=shards if shards is not None else d.shards))
+    return dataclasses.replace(workload, data=dataclasses.replace(d, path=data_path, shards=shards))
+
+
+def flops_accounting(spec: SweepSpec, workload: WorkloadConfig | None = None) -> tuple[float | None, str]:
     """FLOPs per trained token of the sweep's model and the convention they follow
-    (``(None, FLOPS_CONVENTION)`` when they cannot be counted; logged)."""
+    (``(None, FLOPS_CONVENTION)`` when they cannot be counted; logged).
+
+    Args:
+        workload: the spec's :func:`workload_config`, if already built.
+    """
     try:
-        return get_workload(spec.workload).flops_per_token(workload_config(spec))
+        return get_workload(spec.workload).flops_per_token(workload if workload is not None else workload_config(spec))
     except Exception:  # noqa: BLE001 - reporting only
         log.exception("could not count FLOPs per token")
         return None, FLOPS_CONVENTION
 
 
-def tokens_per_sequence(spec: SweepSpec) -> float:
+def tokens_per_sequence(spec: SweepSpec, workload: WorkloadConfig | None = None) -> float:
     """Real tokens one sequence of a batch holds: the context length when pretraining (packed), the
-    training rows' mean non-padding tokens when fine-tuning (``Workload.tokens_per_sequence``)."""
-    return float(get_workload(spec.workload).tokens_per_sequence(workload_config(spec)))
+    training rows' mean non-padding tokens when fine-tuning (``Workload.tokens_per_sequence``).
+
+    Args:
+        workload: the spec's :func:`workload_config`, if already built.
+    """
+    return float(get_workload(spec.workload).tokens_per_sequence(workload if workload is not None else workload_config(spec)))
+
+
+class WorkloadFacts:
+    """:func:`flops_accounting` and :func:`tokens_per_sequence` of one sweep's workload, each counted on
+    first use and kept (the first builds the model on the meta device; the second reads a fine-tuning set).
+
+    Args:
+        spec: the sweep's resolved spec.
+        workload: its :func:`workload_config`.
+    """
+
+    def __init__(self, spec: SweepSpec, workload: WorkloadConfig):
+        self._spec = spec
+        self._workload = workload
+        self._flops: tuple[float | None, str] | None = None
+        self._tokens_per_sequence: float | None = None
+
+    def flops(self) -> tuple[float | None, str]:
+        """``(FLOPs per trained token or None, their convention)`` (:func:`flops_accounting`)."""
+        if self._flops is None:
+            self._flops = flops_accounting(self._spec, self._workload)
+        return self._flops
+
+    def tokens_per_sequence(self) -> float:
+        """Real tokens per sequence (:func:`tokens_per_sequence`; its errors are raised, not kept)."""
+        if self._tokens_per_sequence is None:
+            self._tokens_per_sequence = tokens_per_sequence(self._spec, self._workload)
+        return self._tokens_per_sequence

@@ -156,7 +156,7 @@ def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_sh
     assert len(calls) == 1
     trials = json.loads((tmp_path / "out" / "trials.json").read_text())
     statuses = [t["status"] for t in (trials["trials"] if isinstance(trials, dict) else trials)]
-    assert result["ok"] and statuses == ["COMPLETED", "COMPLETED"], (result, statuses)
+    assert result.ok and statuses == ["COMPLETED", "COMPLETED"], (result, statuses)
     index = json.loads((tmp_path / "out" / PREPARED_DIR / "index.json").read_text())
     assert index["split"]["method"] == "tail" and index["dtype"] == "uint16"
 
