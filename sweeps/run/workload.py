@@ -9,7 +9,6 @@ of ``sweeps``, this module asks ``workloads`` only through :mod:`workloads.api`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -25,6 +24,7 @@ from workloads.api import (
     ModelConfig,
     WorkloadConfig,
     get_workload,
+    replace,
 )
 
 __all__ = ["workload_config", "with_inputs", "model_config", "read_hf_config", "check_model", "finetune_config",
@@ -147,8 +147,8 @@ def with_inputs(workload: WorkloadConfig, *, data_path: str | None, shards: str 
     """
     d = workload.data
     if d.shards is not None:
-        return dataclasses.replace(workload, data=dataclasses.replace(d, shards=shards if shards is not None else d.shards))
-    return dataclasses.replace(workload, data=dataclasses.replace(d, path=data_path, shards=shards))
+        return replace(workload, data=replace(d, shards=shards if shards is not None else d.shards))
+    return replace(workload, data=replace(d, path=data_path, shards=shards))
 
 
 def flops_accounting(spec: SweepSpec, workload: WorkloadConfig | None = None) -> tuple[float | None, str]:
