@@ -271,3 +271,18 @@ def test_no_module_imports_itself_through_others():
     graph = import_graph()
     assert graph["sweeps/run/api.py"] >= {"sweeps/run/compare.py", "sweeps/run/driver.py"}  # lazy imports are seen
     assert import_circles(graph) == []
+
+
+def test_no_module_over_450_lines_and_no_function_over_80():
+    """Issue 32's size rule, on every module of the four packages (a function's lines include its docstring)."""
+    long_modules, long_functions = [], []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            where = str(path.relative_to(ROOT))
+            if len(source.splitlines()) > 450:
+                long_modules.append(f"{where} ({len(source.splitlines())})")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                    long_functions.append(f"{where}::{node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long_modules and not long_functions, (long_modules, long_functions)
