@@ -4,5 +4,6 @@
 Routes in ``service.routes``, their dependencies in ``service.deps``, error answers in
 ``service.errors``. It depends on ``sweeps.spec`` (plain data, ``sweeps.spec.identity`` included),
 ``sweeps.remote`` (Ray Jobs and, through it, the MLflow reader) and ``sweeps.errors`` only: never torch,
-transformers, Ray Tune or ``workloads``.
+transformers or Ray Tune; of ``workloads`` only the torch-free ``workloads.api`` the spec embeds its
+sections from (through ``sweeps.spec``).
 """

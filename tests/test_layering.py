@@ -23,9 +23,11 @@ PACKAGES = ("critbatch", "sweeps", "workloads", "service")
 
 
 def imports_of(package: str) -> list[tuple[str, str]]:
-    """``(module file relative to the repo, imported module)`` for every import in ``package``."""
+    """``(module file relative to the repo, imported module)`` for every import in ``package`` (a folder, or
+    one ``.py`` file)."""
     out = []
-    for path in sorted((ROOT / package).rglob("*.py")):
+    paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).rglob("*.py"))
+    for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -83,6 +85,39 @@ def test_each_workloads_subpackage_imports_only_the_layers_below_it(package, all
     bad = [(f, m) for f, m in imports_of(package)
            if _under(m, ("workloads",)) and m != "workloads" and not _under(m, (own, *allowed))]
     assert not bad, f"{package} may import only {allowed} of workloads: {bad}"
+
+
+#: what each top-level module of ``workloads`` may import of ``workloads`` (``api.py`` re-exports everything and
+#: ``_moved.py`` maps the old module paths: neither is a layer); the bottom three import nothing of it
+WORKLOADS_TOP = {
+    "workloads/errors.py": (),
+    "workloads/sections.py": (),
+    "workloads/faults.py": (),
+    "workloads/config.py": ("workloads.errors", "workloads.faults", "workloads.sections"),
+    "workloads/registry.py": ("workloads.config", "workloads.pretrain", "workloads.finetune"),
+}
+
+
+@pytest.mark.parametrize("module, allowed", WORKLOADS_TOP.items(), ids=list(WORKLOADS_TOP))
+def test_each_top_level_workloads_module_imports_only_what_is_below_it(module, allowed):
+    bad = [(f, m) for f, m in imports_of(module) if _under(m, ("workloads",)) and m != "workloads"
+           and not _under(m, allowed)]
+    assert not bad, f"{module} may import only {allowed} of workloads: {bad}"
+
+
+def test_every_top_level_workloads_module_has_a_rule():
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "workloads").glob("*.py")}
+    assert modules - {"workloads/__init__.py", "workloads/api.py", "workloads/_moved.py"} == set(WORKLOADS_TOP)
+
+
+def test_no_relative_imports():
+    """The scans above read absolute imports only; a relative one would pass them unseen."""
+    relative = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                         if isinstance(n, ast.ImportFrom) and n.level > 0]
+    assert not relative, relative
 
 
 def test_every_workloads_module_is_in_a_layer():

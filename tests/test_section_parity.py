@@ -56,7 +56,8 @@ def test_of_takes_the_config_part_of_a_spec_section(spec_cls, cfg_cls):
     required = {DataSpec: {"path": "x.txt"}, FinetuneSpec: {"checkpoint_dir": "ck", "lora": {}}}
     spec = spec_cls(**required.get(spec_cls, {}))
     cfg = cfg_cls.of(spec)
-    assert type(cfg) is cfg_cls and cfg.fields() == spec.fields()
+    plain = lambda v: {k: plain(x) if hasattr(x, "fields") else x for k, x in v.fields().items()}  # noqa: E731
+    assert type(cfg) is cfg_cls and plain(cfg) == plain(spec)
 
 
 def test_the_finetune_section_embeds_the_merged_lora_section():
@@ -89,5 +90,23 @@ def test_local_sync_needs_ddp_in_one_place():
     assert local_sync_error("ddp", "fsdp", where="x") is None and local_sync_error("diloco", "ddp", where="x") is None
     assert local_sync_error("local_sgd", "fsdp", where="resources") == (
         "resources.sync: local_sgd needs resources.parallelism ddp (every replica holds the whole model), got fsdp")
-    with pytest.raises(ValueError, match=r"^training\.sync: diloco needs training\.parallelism ddp"):
+    with pytest.raises(ValueError, match=r"training\.sync: diloco needs training\.parallelism ddp"):
         TrainingConfig(parallelism="fsdp", sync=SyncConfig(mode="diloco"))
+
+
+def test_the_spec_resources_declare_the_training_flags_with_the_trial_config_fields():
+    """``resources.parallelism``, ``compile``, ``activation_checkpointing`` and ``mixed_precision`` are the
+    trial's ``TrainingConfig`` fields (one definition); ``TrainingConfig.of(resources)`` takes them and the sync."""
+    from sweeps.spec.sections import ResourcesSpec
+    from workloads.sections import TRAINING_FIELDS, TrainingConfig
+
+    for name, field in TRAINING_FIELDS.items():
+        assert repr(ResourcesSpec.model_fields[name]) == repr(field), name
+    r = ResourcesSpec(parallelism="fsdp", compile=True, sync={"mode": "ddp", "every_steps": 4})
+    t = TrainingConfig.of(r)
+    assert (t.parallelism, t.compile, type(t.sync), t.sync.every_steps) == ("fsdp", True, SyncConfig, 4)
+
+
+def test_of_converts_a_nested_spec_section_to_the_config_type():
+    f = FinetuneConfig.of(FinetuneSpec(checkpoint_dir="ck", lora={"rank": 4}))
+    assert type(f.lora) is LoraConfig and f == FinetuneConfig(checkpoint_dir="ck", lora=LoraConfig(rank=4))

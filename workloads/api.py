@@ -57,6 +57,7 @@ from workloads.sections import (
     OPTIMIZER_NAMES,
     PARALLELISMS,
     SYNC_MODES,
+    TRAINING_FIELDS,
     ConfigSection,
     MixedPrecision,
     OptimizerName,
@@ -148,6 +149,7 @@ __all__ = [
     "MAX_BATCH_SEQUENCES",
     "MAX_WIDTH",
     "MODEL_SHORTHAND_FIELDS",
+    "TRAINING_FIELDS",
 ]
 
 

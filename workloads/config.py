@@ -48,7 +48,7 @@ from workloads.sections import (
     OptimizerSettings,
     ScheduleConfig,
     SyncConfig,
-    local_sync_error,
+    TrainingConfig,
     replace,
 )
 
@@ -119,10 +119,10 @@ class OptimizerConfig(OptimizerSettings):
     Attributes:
         lr: peak learning rate at the trial's batch (after warmup).
         lr_rule: ``"linear"``, ``"sqrt"`` or ``"none"``: how the LR follows the batch during
-            batch-size warmup (``workloads.scaling.scaled_lr``).
+            batch-size warmup (``workloads.train.scaling.scaled_lr``).
         beta2: Adam beta2 at the trial's batch (reported until the first step).
         beta2_half_life_tokens: the second-moment EMA's half-life in tokens; beta2 follows the
-            batch in force (``workloads.scaling.beta2_from_half_life``).
+            batch in force (``workloads.train.scaling.beta2_from_half_life``).
 
     Raises:
         pydantic.ValidationError: an unknown ``name``, a setting out of its bounds (a ``ValueError``).
@@ -173,47 +173,6 @@ class EvalConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingConfig:
-    """How the model is run (``workloads.parallel``); none of it changes the step's mathematics.
-
-    Attributes:
-        parallelism: ``"ddp"`` (every rank holds the model; one all-reduce of the step's gradient)
-            or ``"fsdp"`` (FSDP2 ``fully_shard`` of every decoder layer and the root; needs a
-            process group of at least 2 ranks).
-        compile: ``torch.compile`` the model (the whole model under ddp, each decoder layer under fsdp).
-        activation_checkpointing: recompute each decoder layer's activations in the backward pass
-            (Hugging Face ``activation_checkpointing_enable``, non-reentrant).
-        mixed_precision: ``"auto"`` (bf16 autocast on CUDA, float32 elsewhere), ``"bf16"`` (bf16
-            autocast on any device, CPU autocast included) or ``"fp32"``; weights, gradients and
-            optimizer state stay float32.
-        sync: how the workers synchronise (:class:`SyncConfig`; local_sgd and diloco only under ddp).
-
-    Raises:
-        ValueError: an unknown ``parallelism`` or ``mixed_precision``, a non-boolean flag, a
-            local_sgd or diloco ``sync`` under fsdp.
-    """
-
-    parallelism: str = "ddp"
-    compile: bool = False
-    activation_checkpointing: bool = False
-    mixed_precision: str = "auto"
-    sync: SyncConfig = SyncConfig()
-
-    def __post_init__(self) -> None:
-        if self.parallelism not in PARALLELISMS:
-            raise ValueError(f"training.parallelism must be one of {list(PARALLELISMS)}, got {self.parallelism!r}")
-        if self.mixed_precision not in MIXED_PRECISIONS:
-            raise ValueError(f"training.mixed_precision must be one of {list(MIXED_PRECISIONS)}, "
-                             f"got {self.mixed_precision!r}")
-        for name in ("compile", "activation_checkpointing"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"training.{name} must be true or false, got {getattr(self, name)!r}")
-        local_error = local_sync_error(self.sync.mode, self.parallelism, where="training")
-        if local_error:
-            raise ValueError(local_error)
-
-
-@dataclass(frozen=True, kw_only=True)
 class RungGateConfig:
     """Pruning mode ``pause`` (``sweeps/pruning``): after the report that reaches one of these token
     positions (the rungs), wait until the value under the Ray KV key ``key`` reaches the reported
@@ -229,12 +188,12 @@ class RungGateConfig:
 
 
 #: Key of the Ray Train loop config (beside :meth:`TrialConfig.to_dict`'s) holding when the trial
-#: started, Unix seconds: set by the Tune trainable, read by ``workloads._ray_adapter`` (``startup_s``).
+#: started, Unix seconds: set by the Tune trainable, read by ``workloads.ray.adapter`` (``startup_s``).
 TRIAL_STARTED_KEY = "_trial_started_unix"
 #: Key of the Ray Train loop config holding the intra-op threads every worker of the trial uses
-#: (:func:`workloads.determinism.torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.determinism``.
+#: (:func:`workloads.train.determinism.torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.train.determinism``.
 TORCH_THREADS_KEY = "_torch_threads"
-CHECKPOINT_DIR_KEY = "_checkpoint_dir"  #: a trial runner's trial: its own checkpoint folder (workloads/_ray_runner.py)
+CHECKPOINT_DIR_KEY = "_checkpoint_dir"  #: a trial runner's trial: its own checkpoint folder (workloads/ray/runner.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,7 +238,8 @@ class TrialConfig:
 
         Raises:
             ValueError: an unknown key, named by its dotted path (``optimizer.lrr``).
-            DataError: see :class:`WorkloadConfig` and :class:`FinetuneConfig`.
+            DataError: see :class:`WorkloadConfig`.
+            pydantic.ValidationError: a section's value out of its bounds (``workloads.sections``).
         """
         return _build(cls, d, "")
 

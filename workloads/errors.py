@@ -25,4 +25,5 @@ class InvalidInput(CritbatchError, ValueError):
 
 class DataError(InvalidInput):
     """The inputs cannot be used: a missing, empty or too short corpus, malformed fine-tuning data
-    (line and field named), a missing checkpoint, an invalid ``finetune`` section."""
+    (line and field named), a missing checkpoint, the finetune workload without its ``finetune`` section
+    (a section's own bounds and checks raise ``pydantic.ValidationError``, also a ``ValueError``)."""

@@ -23,10 +23,10 @@ __all__ = [
     "ConfigSection", "replace", "SyncConfig", "NoiseScaleConfig", "LoraConfig", "ScheduleConfig", "DataConfig",
     "OptimizerSettings", "OptimizerName", "OPTIMIZER_NAMES", "reads_beta2", "SyncMode", "SYNC_MODES", "Parallelism",
     "PARALLELISMS", "MixedPrecision", "MIXED_PRECISIONS", "local_sync_error", "PositiveInt", "MAX_TOKENS",
-    "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "ModelConfig", "MODEL_SHORTHAND_FIELDS", "FinetuneConfig",
+    "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "ModelConfig", "MODEL_SHORTHAND_FIELDS", "FinetuneConfig", "TrainingConfig", "TRAINING_FIELDS",
 ]
 
-#: ``optimizer.name``: built by ``workloads.optim.build_optimizer``
+#: ``optimizer.name``: built by ``workloads.train.optim.build_optimizer``
 OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
 OPTIMIZER_NAMES = typing.get_args(OptimizerName)
 #: ``TrainingConfig.parallelism``: hand-made data parallelism (one all-reduce) or FSDP2 ``fully_shard``
@@ -75,8 +75,16 @@ class ConfigSection(BaseModel):
 
     @classmethod
     def of(cls: type[S], section: "ConfigSection") -> S:
-        """This class's part of ``section`` (a spec section that embeds it): the same field values, this type."""
-        return cls(**{name: getattr(section, name) for name in cls.model_fields})
+        """This class's part of ``section`` (a spec section that embeds it): the same field values, this type,
+        and a nested section as the type this class's field names (``FinetuneSpec.lora``, a ``LoraSpec``,
+        becomes a ``LoraConfig``)."""
+        values = {}
+        for name, field in cls.model_fields.items():
+            value = getattr(section, name)
+            target = next((t for t in (typing.get_args(field.annotation) or (field.annotation,))
+                           if isinstance(t, type) and issubclass(t, ConfigSection)), None)
+            values[name] = target.of(value) if target is not None and isinstance(value, ConfigSection) else value
+        return cls(**values)
 
     def fields(self) -> dict[str, Any]:
         """``{field: value}`` in field order (nested values as they are)."""
@@ -95,7 +103,7 @@ def replace(obj: Any, **changes: Any) -> Any:
 
 
 class SyncConfig(ConfigSection):
-    """How the data-parallel workers synchronise (``workloads.sync``).
+    """How the data-parallel workers synchronise (``workloads.train.sync``).
 
     ``ddp``: the step's gradient is all-reduced every step. ``local_sgd``: each worker is a replica
     that steps its own optimizer on its own slice of the global batch; the parameters are averaged
@@ -121,6 +129,47 @@ class SyncConfig(ConfigSection):
     def local(self) -> bool:
         """Whether the workers are replicas that train apart between synchronisations."""
         return self.mode != "ddp"
+
+
+class TrainingConfig(ConfigSection):
+    """How the model is run (``workloads.train.parallel``); none of it changes the step's mathematics.
+
+    ``parallelism``: ``"ddp"`` (every rank holds the model; one all-reduce of the step's gradient) or
+    ``"fsdp"`` (FSDP2 ``fully_shard`` of every decoder layer and the root; needs a process group of at
+    least 2 ranks). ``compile``: ``torch.compile`` the model (the whole model under ddp, each decoder layer
+    under fsdp). ``activation_checkpointing``: recompute each decoder layer's activations in the backward
+    pass (Hugging Face ``gradient_checkpointing_enable``, non-reentrant). ``mixed_precision``: ``"auto"``
+    (bf16 autocast on CUDA, float32 elsewhere), ``"bf16"`` (bf16 autocast on any device, CPU autocast
+    included) or ``"fp32"``; weights, gradients and optimizer state stay float32. ``sync``: how the workers
+    synchronise (:class:`SyncConfig`; local_sgd and diloco only under ddp, :func:`local_sync_error`).
+    The spec's ``resources`` section declares its four flags with these very fields (``TRAINING_FIELDS``).
+
+    Raises:
+        pydantic.ValidationError: an unknown ``parallelism`` or ``mixed_precision``, a non-boolean flag, a
+            local_sgd or diloco ``sync`` under fsdp.
+    """
+
+    parallelism: Parallelism = Field(
+        default="ddp", description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
+                                   "of each decoder layer and the root (pretrain, at least 2 workers)")
+    compile: bool = Field(default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)")
+    activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
+    mixed_precision: MixedPrecision = Field(
+        default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
+    sync: SyncConfig = SyncConfig()
+
+    @model_validator(mode="after")
+    def _local_sync_needs_ddp(self) -> "TrainingConfig":
+        error = local_sync_error(self.sync.mode, self.parallelism, where="training")
+        if error:
+            raise ValueError(error)
+        return self
+
+
+#: the flags of :class:`TrainingConfig` that the spec's ``resources`` section declares with the same field
+#: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]``
+TRAINING_FIELDS = {name: TrainingConfig.model_fields[name]
+                   for name in ("parallelism", "compile", "activation_checkpointing", "mixed_precision")}
 
 
 class NoiseScaleConfig(ConfigSection):
@@ -210,7 +259,7 @@ class ScheduleConfig(ConfigSection):
             ``"wsd"`` (each milestone is evaluated after a short linear-decay branch).
         decay_fraction: a WSD decay branch lasts this fraction of the tokens seen, in (0, 0.5].
         warmup_tokens, warmup_min_steps, ema_half_life_tokens: their field descriptions
-            (``workloads.scaling.warmup_length_tokens``).
+            (``workloads.train.scaling.warmup_length_tokens``).
     """
 
     kind: Literal["constant_ema", "wsd"] = "constant_ema"
@@ -299,7 +348,7 @@ class DataConfig(ConfigSection):
     """The training text and its tokenizer (a trial's: ``path`` absolute on the workers).
 
     Pretraining reads ``shards`` when set (a prepared token-shard folder or fsspec URI the workers
-    memory-map, ``workloads.shards``; ``path`` is then not read) and ``path`` (a text file) otherwise;
+    memory-map, ``workloads.data.shards``; ``path`` is then not read) and ``path`` (a text file) otherwise;
     fine-tuning reads ``path`` (JSON Lines). ``validation_fraction`` is the held-out tail (of tokens, or
     of examples when fine-tuning); with ``shards`` the split is the index's.
     """
@@ -319,7 +368,7 @@ class OptimizerSettings(ConfigSection):
     """The optimizer's settings that do not depend on the batch (the spec's ``optimizer`` section; the
     trial's :class:`workloads.config.OptimizerConfig` adds the LR and beta2 scaled for its batch).
 
-    ``name`` is one of :data:`OPTIMIZER_NAMES` (``workloads.optim.build_optimizer`` says which
+    ``name`` is one of :data:`OPTIMIZER_NAMES` (``workloads.train.optim.build_optimizer`` says which
     hyperparameters each one reads); ``eps`` is Adam's epsilon, ``weight_decay`` decoupled weight decay,
     ``grad_clip_norm`` the global gradient-norm clip (None: no clip).
     """

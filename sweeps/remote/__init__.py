@@ -28,11 +28,11 @@ from sweeps.remote.errors import (
 )
 from sweeps.remote.jobs import SweepJobs
 from sweeps.remote.staging import StagedSweep, StagingLimits, shippable_files, stage_sweep, staged_summary, staged_sweep
-from sweeps.remote.status import SWEEP_STATUSES, TERMINAL_STATUSES, SweepStatus, TrialCounts
+from sweeps.remote.status import SERVED_STATUSES, TERMINAL_STATUSES, SweepStatus, TrialCounts
 from sweeps.tracking.reader import check_existing_store, mlflow_ui_links
 
 __all__ = [
-    "SWEEP_STATUSES", "TERMINAL_STATUSES",
+    "SERVED_STATUSES", "TERMINAL_STATUSES",
     "BackendTimeout", "ClusterUnavailable", "ReportNotReady", "StagingError", "StoreRefused", "SweepExists",
     "SweepNotFound", "TooManySweeps",
     "StagedSweep", "StagingLimits", "SweepJobs", "SweepStatus", "TrialCounts",

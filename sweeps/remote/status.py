@@ -44,12 +44,9 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "SWEEP_STATUSES", "TERMINAL_STATUSES", "TrialCounts", "SweepStatus", "SweepRuns", "from_job", "planned_trials",
+    "SERVED_STATUSES", "TERMINAL_STATUSES", "TrialCounts", "SweepStatus", "SweepRuns", "from_job", "planned_trials",
     "with_runs", "trial_counts", "final_counts", "best_trial", "failure_reason",
 ]
-
-#: What a reader reports, in order of a sweep's life (``sweeps.spec.statuses``).
-SWEEP_STATUSES = SERVED_STATUSES
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: Params of the best trial, with the type each is served as.
@@ -84,7 +81,7 @@ class SweepStatus:
 
     Attributes:
         id: the sweep id (the Ray submission id).
-        status: one of :data:`SWEEP_STATUSES` (Ray's, corrected by MLflow).
+        status: one of :data:`SERVED_STATUSES` (Ray's, corrected by MLflow).
         ray_status: the Ray job's own status.
         reason: why it FAILED or was STOPPED.
         submitted_at, ended_at: ISO 8601 UTC times (``...Z``).
@@ -155,11 +152,11 @@ def failure_reason(job: Any) -> str | None:
 
 
 def from_job(job: Any, tracking_uri: str | None) -> SweepStatus:
-    """Ray's view of a sweep: its status (another Ray status than :data:`SWEEP_STATUSES` reads FAILED),
+    """Ray's view of a sweep: its status (another Ray status than :data:`SERVED_STATUSES` reads FAILED),
     the reason it failed or stopped, its name and times; ``tracking_uri`` as given."""
     md = job.metadata or {}
     ray_status = str(getattr(job.status, "value", job.status))
-    status = ray_status if ray_status in SWEEP_STATUSES else "FAILED"
+    status = ray_status if ray_status in SERVED_STATUSES else "FAILED"
     reason = None
     if status == "FAILED":
         reason = failure_reason(job)

@@ -24,14 +24,13 @@ from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.preflight import check_optuna_storage, check_output_folder, resolve_data_path
 from sweeps.run.prepare import prepare_sweep, resumed_sweep
-from sweeps.run.records import collect_records
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, tune_dir_of
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.statuses import FINISHED_STATUSES
 from sweeps.tracking import schema
 
-__all__ = ["run_single_sweep", "resume_single_sweep", "prepare_sweep", "collect_records"]
+__all__ = ["run_single_sweep", "resume_single_sweep"]
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from sweeps.run.workload import WorkloadFacts, workload_config
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, run_sweep_id, tracking_uri_source
 from sweeps.tracking import schema
-from workloads.api import DataError, WorkloadConfig
 
 __all__ = ["prepare_sweep", "resumed_sweep"]
 
@@ -64,7 +63,7 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
     for warning in spec_warnings(spec) + window_warnings(spec, facts):  # validate prints them too; a run should not hide them
         log.warning(warning)
     spec = resolve_paths(spec)
-    workload = _workload_of(spec)  # the budget plan changes no section the workload reads
+    workload = workload_config(spec)  # the budget plan changes no section the workload reads
     accounting = WorkloadFacts(spec, workload)
     spec = _plan_budget(spec, accounting)
     output = Path(output).expanduser().resolve()
@@ -89,25 +88,12 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedS
     and its saved state (``OUT/sweep.json``); nothing is checked here.
 
     Raises:
-        InvalidInput: see :func:`_workload_of`.
+        InvalidInput: see :func:`sweeps.run.workload.workload_config`.
     """
-    workload = _workload_of(spec)
+    workload = workload_config(spec)
     return PreparedSweep(spec=spec, output=Path(output), sweep_id=state.sweep_id, fingerprint=state.fingerprint,
                          tracking_uri=state.tracking_uri, storage_root=state.storage_root, workload=workload,
                          facts=WorkloadFacts(spec, workload))
-
-
-def _workload_of(spec: SweepSpec) -> WorkloadConfig:
-    """:func:`sweeps.run.workload.workload_config` of the resolved spec.
-
-    Raises:
-        InvalidInput: the workload refuses a section (``finetune.prompt_template`` without ``{prompt}``; the
-            preflight says so first unless the data is read by the workers only).
-    """
-    try:
-        return workload_config(spec)
-    except DataError as exc:
-        raise InvalidInput(str(exc)) from None
 
 
 def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:

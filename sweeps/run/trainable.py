@@ -26,7 +26,6 @@ from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
     EvalConfig,
-    SyncConfig,
     FaultPlan,
     NoiseScaleConfig,
     OptimizerConfig,
@@ -170,9 +169,7 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
 def training_config(spec: SweepSpec) -> TrainingConfig:
     """The spec's ``resources.parallelism``, ``compile``, ``activation_checkpointing``, ``mixed_precision``
     and ``sync``."""
-    r = spec.resources
-    return TrainingConfig(parallelism=r.parallelism, compile=r.compile, activation_checkpointing=r.activation_checkpointing,
-                          mixed_precision=r.mixed_precision, sync=SyncConfig.of(r.sync))
+    return TrainingConfig.of(spec.resources)  # the fields resources declares with TrainingConfig's definitions
 
 
 def training_params(spec: SweepSpec) -> dict[str, Any]:

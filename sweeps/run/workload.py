@@ -14,13 +14,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 from workloads.api import (
     FLOPS_CONVENTION,
     DataConfig,
     FinetuneConfig,
-    LoraConfig,
     ModelConfig,
     WorkloadConfig,
     get_workload,
@@ -34,19 +35,20 @@ log = logging.getLogger(__name__)
 
 
 def model_config(spec: SweepSpec) -> ModelConfig:
-    """The spec's ``model`` section, with ``d_ff`` resolved (``ModelSpec.d_ff_resolved``) and a
+    """The spec's ``model`` section as the trial's: ``d_ff`` resolved (``ModelConfig.d_ff_resolved``) and a
     ``hf_config`` path read into its mapping (:func:`read_hf_config`).
 
     Raises:
-        InvalidInput: ``model.hf_config``: see :func:`read_hf_config`.
+        InvalidInput: ``model.hf_config``: see :func:`read_hf_config`, or a mapping the section refuses.
     """
     m = spec.model
-    if m.hf_config is not None:
-        return ModelConfig(context_length_tokens=m.context_length_tokens, hf_config=read_hf_config(m.hf_config),
-                           flops_per_token=m.flops_per_token)
-    return ModelConfig(family=m.family, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads, d_ff=m.d_ff_resolved,
-                       context_length_tokens=m.context_length_tokens, tie_word_embeddings=m.tie_word_embeddings,
-                       flops_per_token=m.flops_per_token)
+    try:
+        if m.hf_config is not None:
+            return replace(ModelConfig.of(m), hf_config=read_hf_config(m.hf_config))
+        return replace(ModelConfig.of(m), d_ff=m.d_ff_resolved)
+    except ValidationError as exc:
+        errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'model'}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"model: {errors}") from None
 
 
 def read_hf_config(hf_config: dict[str, Any] | str) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def read_hf_config(hf_config: dict[str, Any] | str) -> dict[str, Any]:
         raise InvalidInput(f"model.hf_config: cannot read {p}: {exc}") from None
     except ValueError as exc:
         raise InvalidInput(f"model.hf_config: {p} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str) or not data["model_type"].strip():
         raise InvalidInput(f"model.hf_config: {p} is not a transformers config (a JSON object with model_type)")
     return data
 
@@ -107,13 +109,7 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
 def finetune_config(spec: SweepSpec) -> FinetuneConfig | None:
     """The spec's ``finetune`` section as the trial config's (None when it has none; the spec's section
     already passed the same checks, ``workloads.api.FinetuneConfig``)."""
-    ft = spec.finetune
-    if ft is None:
-        return None
-    lora = LoraConfig.of(ft.lora) if ft.lora is not None else None
-    return FinetuneConfig(checkpoint_dir=ft.checkpoint_dir, prompt_field=ft.prompt_field,
-                          response_field=ft.response_field, prompt_template=ft.prompt_template, packing=ft.packing,
-                          truncate=ft.truncate, lora=lora)
+    return None if spec.finetune is None else FinetuneConfig.of(spec.finetune)
 
 
 def workload_config(spec: SweepSpec, *, data_path: str | None = None, shards: str | None = None) -> WorkloadConfig:
@@ -126,15 +122,14 @@ def workload_config(spec: SweepSpec, *, data_path: str | None = None, shards: st
             ``data.shards`` resolved); default the spec's ``data.shards``.
 
     Raises:
-        workloads.api.DataError: see :func:`finetune_config`.
+        InvalidInput: see :func:`model_config`.
     """
     d = spec.data
     path = None if d.shards is not None else (d.path if data_path is None else data_path)
     return WorkloadConfig(
         name=spec.workload,
         model=model_config(spec),
-        data=DataConfig(path=path, tokenizer=d.tokenizer, validation_fraction=d.validation_fraction,
-                        shards=shards if shards is not None else d.shards),
+        data=replace(DataConfig.of(d), path=path, shards=shards if shards is not None else d.shards),
         finetune=finetune_config(spec),
     )
 

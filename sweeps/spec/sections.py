@@ -7,10 +7,10 @@ strict (unknown fields refused, integers refuse booleans) and frozen. The whole 
 :class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
 
 The sections a trial's config shares are defined once, in ``workloads.sections`` (through
-:mod:`workloads.api`): :class:`DataSpec`, :class:`ScheduleSpec`, :class:`OptimizerSpec`,
+:mod:`workloads.api`): :class:`ModelSpec`, :class:`DataSpec`, :class:`ScheduleSpec`, :class:`OptimizerSpec`,
 :class:`NoiseScaleSpec` and :class:`SyncSpec` subclass them and add only their docstring and what the spec
-alone checks or drops from its dump. :class:`ModelSpec` is still a mirror of ``ModelConfig``
-(``tests/test_section_parity.py``).
+alone checks or drops from its dump; :class:`ResourcesSpec` declares its training flags with the trial's
+``TrainingConfig`` fields (``tests/test_section_parity.py``).
 
 Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so the REST service can use it.
 """
@@ -39,6 +39,7 @@ from workloads.api import (
     PositiveInt,
     ScheduleConfig,
     SyncConfig,
+    TRAINING_FIELDS,
 )
 
 __all__ = [
@@ -229,9 +230,8 @@ class BatchWarmupSpec(_Strict):
         return self
 
 
-#: ``resources`` fields dropped from a dump at these values (``ResourcesSpec._dump``)
-_TRAINING_DEFAULTS = {"parallelism": "ddp", "compile": False, "activation_checkpointing": False,
-                      "mixed_precision": "auto"}
+#: ``resources`` fields dropped from a dump at these values (``ResourcesSpec._dump``): the training flags' defaults
+_TRAINING_DEFAULTS = {name: field.default for name, field in TRAINING_FIELDS.items()}
 
 
 class SyncSpec(SyncConfig):
@@ -265,13 +265,10 @@ class ResourcesSpec(_Strict):
         default=None,
         description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
     )
-    parallelism: Parallelism = Field(
-        default="ddp", description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
-                                   "of each decoder layer and the root (pretrain, at least 2 workers)")
-    compile: bool = Field(default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)")
-    activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
-    mixed_precision: MixedPrecision = Field(
-        default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
+    parallelism: Parallelism = TRAINING_FIELDS["parallelism"]  # defined once, with the trial's TrainingConfig
+    compile: bool = TRAINING_FIELDS["compile"]
+    activation_checkpointing: bool = TRAINING_FIELDS["activation_checkpointing"]
+    mixed_precision: MixedPrecision = TRAINING_FIELDS["mixed_precision"]
     sync: SyncSpec = Field(default_factory=SyncSpec,
                            description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)")
 

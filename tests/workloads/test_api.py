@@ -50,7 +50,7 @@ _CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "TRIAL_STARTED_KEY": "worklo
               **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "SYNC_MODES", "SyncMode",
                                                    "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
                                                    "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
-                                                   "MODEL_SHORTHAND_FIELDS")}}
+                                                   "MODEL_SHORTHAND_FIELDS", "TRAINING_FIELDS")}}
 
 
 def test_every_public_name_resolves():

@@ -36,6 +36,7 @@ def test_a_config_json_is_read_once_and_inlined_for_the_workers(tmp_path, tiny_s
 @pytest.mark.parametrize("text, message", [
     ("[1, 2]", "is not a transformers config"),
     ('{"hidden_size": 3}', "is not a transformers config"),
+    ('{"model_type": " "}', "is not a transformers config"),  # blank: refused here, not by the section later
     ("not json", "is not JSON"),
 ])
 def test_read_hf_config_refusals(tmp_path, text, message):

@@ -151,11 +151,11 @@ def test_compile_gives_the_same_losses():
     assert _losses(compiled, "val_loss") == pytest.approx(_losses(plain, "val_loss"), rel=1e-4)
 
 
-@pytest.mark.parametrize("kw,field", [({"parallelism": "zero"}, "training.parallelism"),
-                                      ({"mixed_precision": "fp16"}, "training.mixed_precision"),
-                                      ({"compile": "yes"}, "training.compile")])
+@pytest.mark.parametrize("kw,field", [({"parallelism": "zero"}, "parallelism"),
+                                      ({"mixed_precision": "fp16"}, "mixed_precision"),
+                                      ({"compile": "yes"}, "compile")])
 def test_training_config_refuses_bad_values(kw, field):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=rf"for TrainingConfig\n{field}\n"):  # pydantic names the field
         TrainingConfig(**kw)
 
 
