@@ -2,13 +2,14 @@
 started before a restructuring must still resume after it).
 
     git worktree add /tmp/wt-old <old revision>
-    .venv/bin/python scripts/resume_across_revisions.py /tmp/wt-old [/tmp/xrev]
+    .venv/bin/python scripts/resume_across_revisions.py /tmp/wt-old [/tmp/xrev [KEEP]]
 
 The old revision runs from its worktree (``PYTHONPATH``), with this checkout's ``.venv``: a tiny sweep of
 2 batch sizes x 1 trial, 8 milestones, one trial at a time, held after its second milestone
 (``CRITBATCH_TEST_HOLD_*``) and stopped with SIGINT; then ``critbatch resume`` on this checkout. Prints
 the old run's exit code and status, the resume's exit code, each trial's status and milestones, and the
-final status (expected: 130 STOPPED, 0, two COMPLETED trials of 8 milestones, SUCCEEDED).
+final status (expected: 130 STOPPED, 0, two COMPLETED trials of 8 milestones, SUCCEEDED). With KEEP, the
+stopped sweep's ``tuner.pkl`` and ``searcher-state.pkl`` are copied there before the resume.
 """
 import json, os, signal, subprocess, sys, time, glob, shutil, yaml
 from pathlib import Path
@@ -42,6 +43,10 @@ while not any(x.get("tokens_seen", 0) >= 2048 for x in rows()):
 os.killpg(p.pid, signal.SIGINT)
 rc = p.wait(timeout=300); hold.unlink()
 print("old run exit", rc, json.loads((out / "sweep.json").read_text())["status"])
+if len(sys.argv) > 3:  # keep the old revision's Tune state (tests/sweeps/run/data/ holds one) before the resume rewrites it
+    keep = Path(sys.argv[3]); keep.mkdir(parents=True, exist_ok=True)
+    for f in [*glob.glob(f"{out}/tune/*/tuner.pkl"), *glob.glob(f"{out}/tune/*/searcher-state-*.pkl")]:
+        shutil.copy(f, keep / ("tuner.pkl" if f.endswith("tuner.pkl") else "searcher-state.pkl"))
 env2 = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 r = subprocess.run([PY, "-m", "critbatch", "resume", str(out), "--no-progress"], cwd=NEW, env=env2,
                    capture_output=True, text=True, timeout=600)

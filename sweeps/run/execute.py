@@ -183,28 +183,29 @@ def _replay_past_trials(run: SweepRun, parts: _Parts) -> None:
 
 
 def check_tune_state_readable(tune_dir: str) -> None:
-    """Refuse a resume whose Tune state (``tuner.pkl``) this critbatch cannot unpickle, before anything changes.
+    """Refuse a resume whose Tune state (``tuner.pkl``, and the searcher's ``searcher-state-*.pkl``) this
+    critbatch cannot unpickle, before anything changes.
 
     Tune pickles the run's searcher, callbacks and scheduler by their class paths; a sweep started by a
     critbatch whose classes moved would otherwise crash inside ``Tuner.restore`` after its status and
     MLflow runs were already set to running. A state on remote storage is not checked here.
 
     Raises:
-        InvalidInput: the file exists and does not unpickle (the exception's text is in the message).
+        InvalidInput: a file exists and does not unpickle (the exception's text is in the message).
     """
     import pickle
 
-    path = Path(tune_dir) / "tuner.pkl"
-    if not path.is_file():
-        return
-    try:
-        with open(path, "rb") as f:
-            pickle.load(f)
-    except Exception as exc:  # noqa: BLE001 - any unpickling error means the same thing here
-        raise InvalidInput(
-            f"the Tune state {path} cannot be read by this critbatch ({type(exc).__name__}: {exc}); it was "
-            "probably written by another version: resume with the version that started the sweep. "
-            "Nothing was changed") from None
+    for path in [Path(tune_dir) / "tuner.pkl", *sorted(Path(tune_dir).glob("searcher-state-*.pkl"))]:
+        if not path.is_file():
+            continue
+        try:
+            with open(path, "rb") as f:
+                pickle.load(f)
+        except Exception as exc:  # noqa: BLE001 - any unpickling error means the same thing here
+            raise InvalidInput(
+                f"the Tune state {path} cannot be read by this critbatch ({type(exc).__name__}: {exc}); it was "
+                "probably written by another version: resume with the version that started the sweep. "
+                "Nothing was changed") from None
 
 
 def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
