@@ -228,9 +228,15 @@ def main() -> None:
     ap.add_argument("--sd-trial", type=float, default=0.04, help="log-token noise per trial")
     ap.add_argument("--precision-ratio", type=float, default=3.0,
                     help="transfer+precision: the interval's upper/lower ratio asked for (at most 28 trials)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES),
+                    help=f"comma-separated placements to score (default: all of {', '.join(STRATEGIES)})")
     a = ap.parse_args()
+    names = [n.strip() for n in a.strategies.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(STRATEGIES))
+    if unknown:
+        ap.error(f"--strategies: unknown placement(s) {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
     STRATEGIES["transfer+precision"] = lambda sweep: transfer_until_precise(sweep, ratio=a.precision_ratio)
-    for name in STRATEGIES:  # the same seed: the same truths, starting LRs and shared errors for both
+    for name in names:  # the same seed: the same truths, starting LRs and shared errors for both
         s = score(name, a.sweeps, a.seed, a.level, a.sd_batch, a.sd_trial)
         print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "
               f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} "

@@ -34,13 +34,16 @@ import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
+from sweeps.analysis.censored import CENSORED_INTERVAL_METHOD, CensoredPoints, censored_fit
+
 __all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "cbs_20_interval",
            "analyze_points", "INTERVAL_METHOD", "STATUSES"]
 
 #: how ``b_crit_ci`` is computed; stated in ``cbs.json``
 INTERVAL_METHOD = (
     "profile-likelihood interval of log b_crit on one point per batch size (mean log steps over its seeds), "
-    "F(1, n-2) calibrated (Bates and Watts 1988, section 6.1; Seber and Wild 1989, Eq. 5.35)"
+    "F(1, n-2) calibrated (Bates and Watts 1988, section 6.1; Seber and Wild 1989, Eq. 5.35); "
+    + CENSORED_INTERVAL_METHOD
 )
 
 
@@ -312,8 +315,41 @@ def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
             [None if x is None else 0.2 * x for x in (lo, hi)])
 
 
+def _reduce_censored(B: list[float], steps: Sequence[float],
+                     censored: Sequence[tuple[float, float]]) -> CensoredPoints:
+    """One point per batch size for :func:`sweeps.analysis.censored.censored_fit`: the mean ``log S`` over a batch
+    size's seeds where every seed reached the target, else a censored point at the mean over its seeds of each
+    one's ``log`` steps or ``log`` lower bound (a lower bound of that mean)."""
+    logs: dict[float, tuple[list[float], list[float]]] = {}
+    for b, s in zip(B, steps):
+        logs.setdefault(float(b), ([], []))[0].append(math.log(s))
+    for b, bound in censored:
+        logs.setdefault(float(b), ([], []))[1].append(math.log(bound))
+    obs = sorted((b, float(np.mean(o))) for b, (o, c) in logs.items() if not c)
+    cens = sorted((b, float(np.mean(o + c))) for b, (o, c) in logs.items() if c)
+    arr = lambda rows, k: np.array([r[k] for r in rows], dtype=float)  # noqa: E731
+    return CensoredPoints(arr(obs, 0), arr(obs, 1), arr(cens, 0), arr(cens, 1))
+
+
+def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
+                       level: float) -> tuple[dict[str, Any], list[float]]:
+    """The fit and its three intervals (:func:`interval_b_crit`, :func:`interval_s_min_e_min`), or with censored
+    points the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`); and the batch sizes that
+    entered it as observed points."""
+    pts = _reduce_censored(B, steps, censored) if censored else None
+    if pts is not None and len(pts.b_cens) and len(pts.b_obs) >= 3:
+        return censored_fit(pts, level), [float(b) for b in pts.b_obs]
+    ub, us = _per_batch_means(B, steps)
+    fit = fit_hyperbola(ub, us)
+    lo, hi = interval_b_crit(B, steps, level=level)
+    s_ci, e_ci = interval_s_min_e_min(B, steps, level=level)
+    return ({"s_min": fit.s_min, "e_min": fit.e_min, "b_crit": fit.b_crit, "rms_log_residual": fit.rms_log_residual,
+             "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}, sorted(set(B)))
+
+
 def analyze_points(
-    batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *, level: float = 0.95
+    batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *, level: float = 0.95,
+    censored: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """Fit one set of (batch size, steps to target) points and describe the knee.
 
@@ -334,20 +370,27 @@ def analyze_points(
     refers to), ``rms_log_residual``, ``reference_batch``.
     """
     B = [float(b) for b in batch_sizes]
+    censored = [(float(b), float(c)) for b, c in censored if c is not None and c > 0 and math.isfinite(c)]
+    reached = {b for b in B}
+    if censored and len(reached) >= 3:  # a batch size with a censored seed is censored as a whole (its mean)
+        cens_b = {b for b, _ in censored}
+        keep = [i for i, b in enumerate(B) if b not in cens_b]
+        censored = censored + [(B[i], float(steps[i])) for i in range(len(B)) if B[i] in cens_b]
+        B, steps = [B[i] for i in keep], [steps[i] for i in keep]
     distinct = sorted(set(B))
     out: dict[str, Any] = {"n_points": len(B), "n_batch_sizes": len(distinct), "fitted_batch_sizes": distinct,
-                           "reference_batch": reference_batch, "b_crit_bound": None}
+                           "reference_batch": reference_batch, "b_crit_bound": None,
+                           "censored_in_fit": sorted({b for b, _ in censored}) if len(reached) >= 3 else []}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
                    cbs_20_ci=None, b_compute_overhead_20_ci=None, b_crit_ci=None, s_min_ci=None, e_min_ci=None,
                    rms_log_residual=None,
                    message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
         return out
-    ub, us = _per_batch_means(B, steps)
-    fit = fit_hyperbola(ub, us)
-    lo, hi = interval_b_crit(B, steps, level=level)
-    (s_lo, s_hi), (e_lo, e_hi) = interval_s_min_e_min(B, steps, level=level)
-    out.update(s_min=fit.s_min, e_min=fit.e_min, rms_log_residual=fit.rms_log_residual,
+    fit, _ = _fit_and_intervals(B, steps, censored, level)
+    lo, hi = fit["b_crit_ci"]
+    (s_lo, s_hi), (e_lo, e_hi) = fit["s_min_ci"], fit["e_min_ci"]
+    out.update(s_min=fit["s_min"], e_min=fit["e_min"], rms_log_residual=fit["rms_log_residual"],
                b_crit_ci=[lo, hi if math.isfinite(hi) else None], b_crit_ci_level=level,
                s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
                e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None])
@@ -356,17 +399,17 @@ def analyze_points(
     if lo <= 0.0 and not math.isfinite(hi):
         out.update(status="no_knee", **none,
                    message="the points do not bound b_crit on either side: no knee is identified")
-    elif fit.b_crit < lo_b:
+    elif fit["b_crit"] < lo_b:
         out.update(status="below_range", b_crit_bound=f"< {lo_b:g}", **none,
                    message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
                            f"those that reached this target): every one of them is past the critical batch size")
-    elif fit.b_crit > hi_b:
+    elif fit["b_crit"] > hi_b:
         out.update(status="above_range", b_crit_bound=f"> {hi_b:g}", **none,
                    message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
                            f"those that reached this target): steps still scale almost perfectly there")
     else:
-        below = sum(1 for b in distinct if b <= fit.b_crit)
-        above = sum(1 for b in distinct if b >= fit.b_crit)
+        below = sum(1 for b in distinct if b <= fit["b_crit"])
+        above = sum(1 for b in distinct if b >= fit["b_crit"])
         outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
         status = "ok" if below >= 2 and above >= 2 and not outside else "edge"
         message = ""
@@ -377,7 +420,7 @@ def analyze_points(
             message = (f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the "
                        "knee down")
         c20_ci, o20_ci = cbs_20_interval(out["b_crit_ci"], reference_batch)
-        out.update(status=status, b_crit=fit.b_crit, cbs_20=cbs_20(fit.b_crit, reference_batch),
-                   b_compute_overhead_20=0.2 * fit.b_crit, cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci,
+        out.update(status=status, b_crit=fit["b_crit"], cbs_20=cbs_20(fit["b_crit"], reference_batch),
+                   b_compute_overhead_20=0.2 * fit["b_crit"], cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci,
                    message=message)
     return out

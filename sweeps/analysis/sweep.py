@@ -142,17 +142,18 @@ def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
 #: the keys of each entry of ``cbs.json``'s ``targets``
 _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
-                "n_batch_sizes", "fitted_batch_sizes", "rms_log_residual", "message", "points", "excluded_batch_sizes",
-                "censored_points")
+                "n_batch_sizes", "fitted_batch_sizes", "censored_in_fit", "rms_log_residual", "message", "points",
+                "excluded_batch_sizes", "censored_points")
 
 
 def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
                     level: float) -> dict[str, Any]:
     """One target loss: its points (:func:`steps_to_target_points`) and their fit (:func:`analyze_points`)."""
     points, excluded = steps_to_target_points(trials, target, T)
-    fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
-                         reference_batch, level=level)
     censored = censored_points(trials, target, T)
+    fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
+                         reference_batch, level=level,
+                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"]) for c in censored])
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
     for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None

@@ -20,10 +20,12 @@ __all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "step
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
     "steps to target at a batch size = the minimum over all its trials (completed, pruned or stopped: "
-    "the curve each reported) of the first crossing, interpolated in log tokens; a batch size enters the "
-    "fit at a target only if a trial crosses it at a milestone before that batch size's last one (the "
-    "budget); automatic targets are chosen among the losses that at least max(3, 70 %) of the batch sizes "
-    "reach that way"
+    "the curve each reported) of the first crossing, interpolated in log tokens; a batch size that no trial "
+    "brings to the target within its budget enters the fit as a censored point (it needs more steps than the "
+    "fewest tokens at which one of its trials was last seen above the target); the lowest automatic target lies "
+    "where max(3, 70 %) of the batch sizes reach it before their last milestone, halfway in loss between the "
+    "last of them's lowest loss there and its milestone before, so that no point sits on a milestone; the "
+    "others are spaced evenly above it"
 )
 
 
@@ -122,40 +124,35 @@ def last_tokens_by_batch(trials: list[TrialRecord]) -> dict[int, float]:
     return out
 
 
-def _crossing_before_last(t: TrialRecord, target: float, last_tokens: float) -> float | None:
-    """Tokens to target of one trial, if it crosses at a milestone before its batch size's last one."""
+def _crossing(t: TrialRecord, target: float) -> float | None:
+    """Tokens to target of one trial (its first crossing within what it trained), or None."""
     hit = _first_crossing(t.tokens, t.val_loss, target)
-    if hit is None or t.tokens[hit[1]] >= last_tokens:
-        return None
-    return hit[0]
+    return hit[0] if hit is not None else None
 
 
 def tokens_to_target_by_trial(trials: list[TrialRecord], target: float) -> dict[str, float | None]:
-    """``{trial id: tokens to target}`` under :data:`TARGET_RULE` (a crossing at the batch size's last
-    milestone does not count: None), for every trial with a curve."""
-    last = last_tokens_by_batch(trials)
-    return {t.trial_id: _crossing_before_last(t, target, last[t.batch_size_sequences]) for t in trials if t.tokens}
+    """``{trial id: tokens to target}`` under :data:`TARGET_RULE` (None: not reached), for every trial with a curve."""
+    return {t.trial_id: _crossing(t, target) for t in trials if t.tokens}
 
 
 def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float
                            ) -> tuple[list[dict[str, Any]], list[int]]:
     """The methodology's points at one target: per (batch size, seed), the minimum over its trials.
 
-    For each trial the tokens to target are its first crossing (:func:`tokens_to_target`); a crossing
-    at the batch size's last milestone does not count (see :data:`TARGET_RULE`). Steps to target =
-    tokens / (B * tokens_per_sequence).
+    For each trial the tokens to target are its first crossing (:func:`tokens_to_target`), at any of its
+    milestones (see :data:`TARGET_RULE`). Steps to target = tokens / (B * tokens_per_sequence).
 
     Returns:
         ``(points, excluded)``: points sorted by batch size then seed, each ``{batch_size_sequences,
         seed, tokens_to_target, steps_to_target, trial_id, group_id}``; ``excluded``: batch sizes with
-        a trial but no counted crossing.
+        a trial but no crossing (they enter the fit as censored points, :func:`censored_points`).
     """
     last = last_tokens_by_batch(trials)
     best: dict[tuple[int, int], tuple[float, TrialRecord]] = {}
     for t in trials:
         if not t.tokens:
             continue
-        tok = _crossing_before_last(t, target, last[t.batch_size_sequences])
+        tok = _crossing(t, target)
         key = (t.batch_size_sequences, t.seed)
         if tok is not None and (key not in best or tok < best[key][0]):
             best[key] = (tok, t)
@@ -166,43 +163,37 @@ def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_
     return points, sorted(set(last) - reached)
 
 
-def _tokens_still_above(t: TrialRecord, target: float, last_tokens: float) -> float:
-    """The most tokens at which one trial is known not to have reached ``target`` under :data:`TARGET_RULE`:
-    its last milestone before the batch size's last (a crossing at the last one does not count), or ``inf``
-    when its curve turned non-finite first (a diverged trial never reaches it)."""
-    seen = 0.0
-    for tok, loss in zip(t.tokens, t.val_loss):
-        if loss is None or not math.isfinite(loss):
-            return math.inf
-        if tok >= last_tokens:
-            return float(last_tokens) if loss > target else seen
-        seen = float(tok)
-    return seen
+def _tokens_still_above(t: TrialRecord, target: float) -> float:
+    """The most tokens at which one trial that never reached ``target`` is known to have been above it: its last
+    milestone (the budget for a completed trial, less for a pruned or stopped one), or ``inf`` when its curve
+    turned non-finite (a diverged trial never reaches it)."""
+    if any(loss is None or not math.isfinite(loss) for loss in t.val_loss):
+        return math.inf
+    return float(max(t.tokens))
 
 
 def censored_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float) -> list[dict[str, Any]]:
-    """The (batch size, seed) cells with trials but no counted crossing of ``target``: right-censored points.
+    """The (batch size, seed) cells with trials but no crossing of ``target``: right-censored points.
 
     Their steps to target are not known, only that they exceed a bound: the minimum over the cell's trials of
-    the tokens each was still above the target (:func:`_tokens_still_above`: its last counted milestone; the
-    budget for a trial that ended above it; a pruned or stopped trial's last milestone, which weakens the
-    bound; a diverged trial gives none). Steps = tokens / (B * tokens_per_sequence), as for the points.
+    the tokens each was still above the target (:func:`_tokens_still_above`: the budget for a trial that ended
+    above it; a pruned or stopped trial's last milestone, which weakens the bound; a diverged trial gives none).
+    Steps = tokens / (B * tokens_per_sequence), as for the points.
 
     Returns:
         One dict per censored cell, sorted by batch size then seed: ``{batch_size_sequences, seed,
         tokens_lower_bound, steps_lower_bound, trial_id}`` (the trial that sets the bound; ``tokens_lower_bound``
         None when every trial of the cell diverged).
     """
-    last = last_tokens_by_batch(trials)
     cells: dict[tuple[int, int], list[TrialRecord]] = {}
     for t in trials:
         if t.tokens:
             cells.setdefault((t.batch_size_sequences, t.seed), []).append(t)
     out = []
     for (b, seed), ts in sorted(cells.items()):
-        if any(_crossing_before_last(t, target, last[b]) is not None for t in ts):
+        if any(_crossing(t, target) is not None for t in ts):
             continue
-        bound, t_min = min(((_tokens_still_above(t, target, last[b]), t) for t in ts), key=lambda x: x[0])
+        bound, t_min = min(((_tokens_still_above(t, target), t) for t in ts), key=lambda x: x[0])
         finite = math.isfinite(bound)
         out.append({"batch_size_sequences": b, "seed": seed, "tokens_lower_bound": bound if finite else None,
                     "steps_lower_bound": bound / (b * tokens_per_sequence) if finite else None,
@@ -227,32 +218,42 @@ def best_at_budget(trials: list[TrialRecord]) -> dict[int, list[TrialRecord]]:
 
 
 def choose_targets(trials: list[TrialRecord], n_targets: int = 4) -> list[float]:
-    """Target losses that most batch sizes reach before their last milestone.
+    """Target losses that most batch sizes reach, none of them at a milestone's own loss.
 
-    Per batch size, ``reach`` is the lowest loss any of its trials shows at a milestone before the
-    batch size's last one, and ``first`` the lowest loss at a first milestone. The lowest target lies
-    just above the ``max(3, ceil(0.7 n))``-th smallest ``reach``, so that many batch sizes cross it
-    strictly before their last milestone (:data:`TARGET_RULE`); the others are spaced evenly up to
-    halfway to the lowest ``first``. Returned in decreasing order; empty if no trial has a curve.
+    Per batch size, ``reach`` is the lowest loss any of its trials shows at a milestone before the batch size's
+    last one (its curve up to where it turned non-finite) and ``before`` that trial's loss at the milestone
+    before it; ``first`` is the lowest loss at a first milestone. With ``n_min = max(3, ceil(0.7 n))`` of the
+    ``n`` batch sizes, the lowest target lies halfway between the ``n_min``-th smallest ``reach`` and its
+    ``before``: that many batch sizes reach it before their last milestone, the last of them between two
+    milestones rather than on one (a target at a milestone's own loss put that batch size's point exactly on
+    the milestone, in or out of the fit by 1e-4; issue 27, finding 4). Batch sizes that do not reach it enter
+    the fit censored (:func:`censored_points`). Leaving the last milestone out of ``reach`` keeps the targets
+    where they were before censored points entered the fit: counting it lowered them by about a milestone, and
+    on ``benchmarks/search_placement.py`` that widened the median interval from 2.1x to 3.7x and cut coverage
+    to 0.91 (docs/benchmarks.md). The others are spaced evenly up to halfway to the lowest ``first``.
+    Returned in decreasing order; empty if no trial has a curve.
     """
     last = last_tokens_by_batch(trials)
-    reach: dict[int, float] = {}
+    reach: dict[int, tuple[float, float]] = {}
     firsts: dict[int, float] = {}
     for t in trials:
         b = t.batch_size_sequences
+        prev = math.inf
         for tok, loss in zip(t.tokens, t.val_loss):
-            if loss is None or not math.isfinite(loss):
+            if loss is None or not math.isfinite(loss) or tok >= last[b]:
                 break
-            if tok < last[b]:
-                reach[b] = min(reach.get(b, math.inf), loss)
+            if loss < reach.get(b, (math.inf, math.inf))[0]:
+                reach[b] = (loss, prev)
+            prev = loss
         if t.val_loss and t.val_loss[0] is not None and math.isfinite(t.val_loss[0]):
             firsts[b] = min(firsts.get(b, math.inf), t.val_loss[0])
     if not reach:
         return []
-    mins = sorted(reach.values())
-    n_min = min(len(mins), max(3, math.ceil(0.7 * len(last))))
-    lo = mins[n_min - 1] + 1e-4
+    ordered = sorted(reach.values())
+    n_min = min(len(ordered), max(3, math.ceil(0.7 * len(reach))))
+    low, before = ordered[n_min - 1]
     hi = min(firsts.values()) - 1e-4
+    lo = 0.5 * (low + before) if math.isfinite(before) and before > low else low + 1e-4
     if hi <= lo:
         return [lo]
     top = lo + 0.5 * (hi - lo)
