@@ -222,16 +222,15 @@ def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
 
 def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
     """Give the searcher what it reads from the sweep's records (the driver's report log, ``OUT/reports/``):
-    under ``transfer`` the trials of a batch size, so its best LR is the one fastest to a common target
-    loss; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
+    the trials of a batch size, so its study is told tokens to a target loss and, under ``transfer``, its best
+    LR is the one fastest to a common target loss; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
     targets the first wave declared) and a report that writes ``OUT/precision.json`` (waves, outcome,
     targets) and prints the wave's interval."""
     from sweeps.run.finish import PRECISION_FILE, sweep_analysis
     from sweeps.run.records import records_from_reports
 
     spec, output = run.spec, run.output  # the closures below must not hold the run (live clients): plain values
-    if spec.search.strategy == "transfer":  # a batch size's best LR by tokens to a target, as the fit reads it
-        searcher.attach_records(lambda: records_from_reports(output))
+    searcher.attach_records(lambda: records_from_reports(output))  # tokens to a target, as the fit reads it
     precision = spec.search.precision
     if precision is None:
         return

@@ -6,7 +6,8 @@ LR multiplier and beta2 (or its token half-life), each suggestion run once per s
 each batch size gets its own tuned hyperparameters: a fair comparison across batch sizes needs
 that (methodology note sections 2.4 and 11.1). A suggestion is repeated for every seed; the Optuna
 trial is told the mean objective over seeds, ``FAIL`` when every seed failed, ``PRUNED`` when a
-seed was stopped early.
+seed was stopped early. The value told is tokens to a target loss, what the fit uses, with the final loss breaking
+ties (:mod:`sweeps.search.objective`), or the mean final loss where the trials' records cannot be read.
 
 ``search.initial_points`` are enqueued in every batch size's study when it is created (Optuna
 ``enqueue_trial``, user attribute ``critbatch.initial_point``), so they are its first suggestions.
@@ -34,6 +35,7 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
+from sweeps.search.objective import OBJECTIVE, TokensToTarget
 from sweeps.search.waves import PrecisionWaves
 from sweeps.search.transfer import (
     MAX_PROBE_OFFSET_OCTAVES,
@@ -50,11 +52,6 @@ __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer
            "LR_OFFSET"]
 
 log = logging.getLogger(__name__)
-
-#: the metric each Optuna study minimises: validation loss at the end of the trial's budget
-#: (a diverged trial counts as ``ln(vocab)``, the loss of a uniform prediction).
-OBJECTIVE = "objective"
-
 
 #: Optuna user attribute of an enqueued ``search.initial_points`` trial: the point's index
 INITIAL_POINT_ATTR = "critbatch.initial_point"
@@ -86,7 +83,7 @@ class _Group:
         return len(self.results) >= self.n_seeds
 
 
-class BatchSizeSearcher(PrecisionWaves, Searcher):
+class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
     # defaults for a searcher unpickled from a sweep started before these existed (restore() sets them too)
     precision = None
     precision_outcome = None
@@ -148,6 +145,9 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         self._analyse = None  # attached by the driver (attach_precision), never pickled
         self._report = None
         self._records = None  # attached by the driver (attach_records), never pickled
+        #: per batch size, what its study is told (:mod:`sweeps.search.objective`): ``{"objective":
+        #: "tokens_to_target" | "final_loss", "target_loss": nats | None}``, fixed when its first group ends
+        self.objectives: dict[int, dict[str, Any]] = {}
         self.assigned: dict[int, int] = {b: 0 for b in self.batches}
         self.open_group: dict[int, _Group | None] = {b: None for b in self.batches}
         self.groups: dict[str, _Group] = {}  # tune trial id -> group
@@ -280,16 +280,17 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         if not group.finished():
             return
         states = [s for s, _ in group.results.values()]
-        values = [v for s, v in group.results.values() if s == "COMPLETE"]
+        finals = {t: v for t, (s, v) in group.results.items() if s == "COMPLETE"}
         if self.transfer:
-            self._record_transfer(group, sum(values) / len(values) if values and "PRUNED" not in states else None)
+            self._record_transfer(group, sum(finals.values()) / len(finals) if finals and "PRUNED" not in states
+                                  else None)
         sub = self._sub(group.batch)
         if sub is None:
             return
         if "PRUNED" in states:
             sub.on_trial_complete(group.primary, None, error=False)  # -> Optuna PRUNED
-        elif values:
-            sub.on_trial_complete(group.primary, {OBJECTIVE: sum(values) / len(values)})
+        elif finals:
+            self._tell(sub, group, finals)  # tokens to the batch size's target loss (or the final loss)
         else:
             sub.on_trial_complete(group.primary, None, error=True)  # -> Optuna FAIL
 
@@ -366,18 +367,19 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
             state["best_lr"] = state.get("best_group_lr", state["centre_lr"])
 
     def attach_records(self, records: Any) -> None:
-        """Transfer: attach ``records() -> list[TrialRecord]`` (the trials so far, from the driver's report log),
-        so a batch size's best LR is its fastest group's to a common target loss
-        (:func:`sweeps.search.transfer.fastest_to_common_target`); without it, the lowest final loss."""
+        """Attach ``records() -> list[TrialRecord]`` (the trials so far, from the driver's report log), so each
+        study is told tokens to a target loss (:mod:`sweeps.search.objective`) and, under transfer, a batch
+        size's best LR is its fastest group's to a common target loss
+        (:func:`sweeps.search.transfer.fastest_to_common_target`); without it, the final loss decides both."""
         self._records = records
 
     def _fastest_group(self, groups: list[_Group]) -> _Group | None:
         if getattr(self, "_records", None) is None:
             return None
         try:
-            by_id = {r.trial_id: r for r in self._records()}
-            curves = [[(by_id[t].tokens, by_id[t].val_loss) for t in g.trial_ids
-                       if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"] for g in groups]
+            by_id = self._curves([t for g in groups for t in g.trial_ids])
+            curves = [[by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
+                      for g in groups]
             i = fastest_to_common_target(curves)
         except Exception:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
             log.exception("transfer: the trials' records could not be read; the lowest final loss picks the best LR")
@@ -412,6 +414,7 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
         state.setdefault("fingerprint", None)
         state.setdefault("transfer", False)  # saved before search.strategy existed
         state.setdefault("transfer_state", {})
+        state.setdefault("objectives", {})  # saved before the tokens-to-target objective (issue 27)
         state.update({k: v for k, v in self._precision_defaults().items() if k not in state})  # saved before search.precision
         state["_analyse"], state["_report"] = getattr(self, "_analyse", None), getattr(self, "_report", None)
         state["_records"] = getattr(self, "_records", None)
@@ -429,6 +432,7 @@ class BatchSizeSearcher(PrecisionWaves, Searcher):
 
     def set_state(self, state: dict) -> None:
         self.__dict__.update({"_sampler_blobs": {}, "fingerprint": None, "transfer": False, "transfer_state": {},
+                              "objectives": {},
                               **self._precision_defaults(), **state, "scheduler": getattr(self, "scheduler", None),
                               "_analyse": getattr(self, "_analyse", None), "_report": getattr(self, "_report", None),
                               "_records": getattr(self, "_records", None)})

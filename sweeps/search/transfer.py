@@ -28,6 +28,7 @@ import math
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
+from sweeps.search.objective import common_target
 
 __all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "transfer_order", "anchor_of",
            "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target"]
@@ -88,8 +89,8 @@ def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) ->
 def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]) -> int | None:
     """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best by what the fit
     uses, tokens to a target loss: the group whose trials reach the batch size's *common target* first,
-    the lowest loss every curve reaches before its last milestone (the highest of the curves' minima over
-    their earlier milestones, as the fit's target rule counts a crossing: :data:`sweeps.analysis.targets.TARGET_RULE`),
+    the lowest loss every curve reaches before its last milestone (:func:`sweeps.search.objective.common_target`,
+    as the fit's target rule counts a crossing: :data:`sweeps.analysis.targets.TARGET_RULE`),
     so that every group has a crossing (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in
     log tokens); a group's tokens are the geometric mean over its trials. Ties go to the lower mean final
     loss. With one milestone per curve the whole curve counts.
@@ -101,10 +102,9 @@ def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]
         The index of the best group, or None when no group has a finite curve (then the caller falls back
         to the final loss).
     """
-    curves = [c for g in groups for c in g if c[1] and all(math.isfinite(x) for x in c[1])]
-    if not curves:
+    common = common_target([c for g in groups for c in g])
+    if common is None:
         return None
-    common = max(min(losses[:-1] or losses) for _, losses in curves)
     best, key = None, None
     for i, g in enumerate(groups):
         finite = [c for c in g if c[1] and all(math.isfinite(x) for x in c[1])]
