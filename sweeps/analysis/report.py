@@ -318,7 +318,7 @@ def _answer(analysis: dict[str, Any], T: float) -> str:
     primary = next((t for t in analysis.get("targets") or [] if t.get("target_loss") == analysis.get("target_loss")), {})
     late = primary.get("excluded_batch_sizes") or []
     sw = (f"; fitted batch sizes {swept[0]:g} to {swept[1]:g} sequences (those that reached the target: the range the status refers to"
-          + (f"; {', '.join(str(x) for x in late)} did not reach this target before the last milestone" if late else "")
+          + (f"; {', '.join(str(x) for x in late)} did not reach this target within its budget: in the fit as censored points" if late else "")
           + ")") if swept else ""
     message = analysis.get("message")
     return (f'<p class="headline" style="font-size:1.15em"><b>{html.escape(headline(analysis))}</b></p>\n'
@@ -431,7 +431,7 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
-(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached before the last milestone (censored: needs more than N steps; the fit's steps)</th></tr>{trows}</table>
+(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached within the budget (censored, in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
 <table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [bracket]</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th><th>trials</th><th>token budget</th><th>tokens trained</th></tr>{rows}</table>

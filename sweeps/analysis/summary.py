@@ -235,7 +235,7 @@ def _headline_fitted(at: str, status: str, b: float, ci: Optional[list], swept: 
 
 
 def _excluded(fit: dict[str, Any]) -> list[float]:
-    """The swept batch sizes that did not reach the fit's target before their last milestone."""
+    """The swept batch sizes that did not reach the fit's target within their budget (censored in the fit)."""
     ex = fit.get("excluded_batch_sizes")
     if ex is None:
         ex = (_primary_target(fit) or {}).get("excluded_batch_sizes")
@@ -243,8 +243,9 @@ def _excluded(fit: dict[str, Any]) -> list[float]:
 
 
 def censored_text(target: dict[str, Any]) -> str:
-    """A target's batch sizes short of it: each censored point with the steps it needs more than and the fit's
-    steps there, marked when the fit contradicts it (``cbs.json``'s ``censored_points``; older ones: the sizes)."""
+    """A target's batch sizes short of it: each censored point (in the fit as a lower bound) with the steps it needs
+    more than and the fit's steps there, marked when the fit still gives it fewer (``cbs.json``'s ``censored_points``;
+    older ones: the sizes)."""
     cens = target.get("censored_points")
     if cens is None:
         return ", ".join(str(x) for x in target.get("excluded_batch_sizes") or [])
@@ -262,7 +263,7 @@ def censored_text(target: dict[str, Any]) -> str:
 def _late_text(late: list[float]) -> str:
     one = len(late) == 1
     return (f"raise budget_tokens so that batch size{'' if one else 's'} {_sizes(late)}, swept but short of this "
-            f"target at {'its' if one else 'their'} last milestone, reach{'es' if one else ''} it")
+            f"target within {'its' if one else 'their'} budget (in the fit only as a lower bound), reach{'es' if one else ''} it")
 
 
 def definitions_text(*, tokens_per_sequence: Optional[float] = None, reference_batch: Optional[float] = None,

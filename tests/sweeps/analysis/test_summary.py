@@ -63,7 +63,7 @@ def test_headline_of_the_wikitext_sweep_says_where_how_wide_and_what_to_add():
         "most likely near 11; this sweep cannot pin it closer "
         "than a factor of 16 (the interval's width within the fitted batch sizes; it is wider beyond); to narrow it, "
         "add batch sizes 2 and 1 (below 4) and raise budget_tokens so that batch size 128, swept but short "
-        "of this target at its last milestone, reaches it.")
+        "of this target within its budget (in the fit only as a lower bound), reaches it.")
     assert swept_range(cbs) == (4.0, 64.0)  # the primary target's points, not per_batch's 128
 
 
