@@ -18,11 +18,16 @@ def repo_root(monkeypatch) -> Path:
     return ROOT
 
 
-@pytest.fixture
-def tiny_spec_dict() -> dict:
+def tiny_spec() -> dict:
+    """``tests/specs/tiny.yaml`` as a dict, its data path absolute (for fixtures wider than a test)."""
     d = yaml.safe_load(TINY.read_text())
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
     return d
+
+
+@pytest.fixture
+def tiny_spec_dict() -> dict:
+    return tiny_spec()
 
 
 def write_spec(tmp_path: Path, d: dict, name: str = "spec.yaml") -> Path:

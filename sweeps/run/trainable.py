@@ -191,18 +191,23 @@ def training_params(spec: SweepSpec) -> dict[str, Any]:
     return out
 
 
-def faults_from_env() -> FaultPlan | None:
+def faults_from_env(batch_size_sequences: int | None = None) -> FaultPlan | None:
     """The fault-injection plan of ``tests/sweeps/run/test_faults.py`` and ``test_interrupts.py``, or None.
 
     Those tests run real sweeps in subprocesses (and Ray heads), so the trial processes are reached
     only through their environment: ``CRITBATCH_TEST_HOLD_AT_MILESTONE`` (a milestone index) and
-    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report), and
-    ``CRITBATCH_TEST_HOLD_EVERY_ATTEMPT=1`` (hold a trial resumed from its checkpoint too). This is the one
-    place the variables are read; unset in normal use.
+    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report),
+    ``CRITBATCH_TEST_HOLD_EVERY_ATTEMPT=1`` (hold a trial resumed from its checkpoint too), and
+    ``CRITBATCH_TEST_HOLD_BATCH_SIZES`` (comma-separated: only trials of these batch sizes, in sequences,
+    get the plan; ``batch_size_sequences`` is the trial's). This is the one place the variables are read;
+    unset in normal use.
     """
     hold_at = os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE")
     hold_file = os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None
     if not hold_at and not hold_file:
+        return None
+    only = os.environ.get("CRITBATCH_TEST_HOLD_BATCH_SIZES")
+    if only and batch_size_sequences not in {int(b) for b in only.split(",")}:
         return None
     return FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file,
                      hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1")
@@ -238,7 +243,7 @@ def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: s
         trial_id = ray.tune.get_context().get_trial_id()
         cfg = trial_config(s, config, trial_id, workload=workload,
                            rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
-                           faults=faults_from_env())
+                           faults=faults_from_env(int(config["batch_size_sequences"])))
         loop_config = cfg.to_dict()
         loop_config[TRIAL_STARTED_KEY] = started
         loop_config[TORCH_THREADS_KEY] = torch_threads_per_worker(res.cpus_per_worker)  # sweeps/run/provenance.py

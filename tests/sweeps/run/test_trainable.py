@@ -42,10 +42,14 @@ def test_the_finetune_section_and_its_lora_convert(tiny_spec_dict):
 def test_the_fault_plan_comes_from_the_environment_only_when_a_test_sets_it(monkeypatch):
     monkeypatch.delenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", raising=False)
     monkeypatch.delenv("CRITBATCH_TEST_HOLD_FILE", raising=False)
+    monkeypatch.delenv("CRITBATCH_TEST_HOLD_BATCH_SIZES", raising=False)
     assert faults_from_env() is None
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", "1")
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_FILE", "/tmp/hold")
     assert faults_from_env() == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
+    monkeypatch.setenv("CRITBATCH_TEST_HOLD_BATCH_SIZES", "16,32")  # only trials of these batch sizes are held
+    assert faults_from_env(32) == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
+    assert faults_from_env(8) is None
 
 
 def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_trial_ends_early(tiny_spec_dict,

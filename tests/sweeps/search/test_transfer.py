@@ -192,30 +192,19 @@ def test_transfer_is_the_default_and_a_stored_spec_without_a_strategy_reads_as_i
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)  # ~1-2 min idle: two waves of two trials on the suite's Ray head
-def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_on_its_best_lr(
-        tiny_spec_dict, tmp_path, ray_head, mlflow_template):
+@pytest.mark.timeout(420)  # ~40 s idle (the session's precision sweep, if no test ran it before)
+def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_on_its_best_lr(precision_sweep):
     """The real path (Tune, Optuna, MLflow, the analysis): 2 batch sizes x 2 trials from base 8. Tune asks
     the searcher while batch size 16 waits for 8 (``suggest`` returns None) and the sweep goes on when 8's
     trials end; 16's two LRs sit half an octave either side of 8's best LR times sqrt(2).
 
     With ``search.precision`` (an interval no wider than 1.5x, at most 6 trials): two batch sizes give no
     fit, so after the first wave the searcher widens the range upwards: batch size 32 with 2 trials,
-    transferred from 16, and the sweep stops at its cap, saying so in ``cbs.json`` and its output."""
+    transferred from 16, and the sweep stops at its cap, saying so in ``cbs.json`` and its output.
+    (The sweep is ``tests/sweeps/conftest.py``'s, which ``test_precision_resume.py`` interrupts and resumes.)"""
     import json
 
-    from tests.conftest import run_cli, write_spec
-    from tests.harness import copy_mlflow_store
-
-    d = copy.deepcopy(tiny_spec_dict)
-    d["name"] = "transfer"
-    d["search"].update(strategy="transfer", batch_sizes_sequences=[8, 16], trials_per_batch_size=2,
-                       precision={"b_crit_ratio": 1.5, "max_trials": 6})
-    uri = copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")
-    out = tmp_path / "out"
-    r = run_cli(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                 "--address", ray_head.gcs_address], timeout_s=400)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out, uri, stdout = precision_sweep.out, precision_sweep.tracking_uri, precision_sweep.stdout
     trials = json.loads((out / "trials.json").read_text())
     trials = trials["trials"] if isinstance(trials, dict) else trials
     by_b = {b: [t for t in trials if t["batch_size_sequences"] == b] for b in (8, 16, 32)}
@@ -238,7 +227,7 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     precision = cbs["precision"]
     assert precision["waves"][0]["trials"] == 4 and precision["waves"][-1]["trials"] == 6
     assert [a["batch_size_sequences"] for a in precision["waves"][0]["added"]] == [32]
-    assert precision["max_trials"] == 6 and "precision: upper/lower" in r.stdout
+    assert precision["max_trials"] == 6 and "precision: upper/lower" in stdout
     from mlflow.tracking import MlflowClient
 
     parent = MlflowClient(uri).get_run(cbs["mlflow"]["parent_run_id"])
@@ -248,7 +237,7 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     if precision["stopped_because"] == "met":  # 3 batch sizes: an interval this narrow is all but impossible
         assert precision["status"] == "ok" and precision["b_crit_ratio"] <= 1.5
     else:
-        assert precision["stopped_because"] == "max_trials" and "max_trials (6) reached first" in r.stdout
+        assert precision["stopped_because"] == "max_trials" and "max_trials (6) reached first" in stdout
 
 
 def _record(tid, b, lr, losses):
