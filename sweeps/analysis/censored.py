@@ -220,7 +220,8 @@ def censored_fit(pts: CensoredPoints, level: float = 0.95) -> dict[str, Any]:
 
 
 def _s_min_at(pts: CensoredPoints, u: float) -> float:
-    """The maximum-likelihood ``S_min`` at ``log b_crit = u`` (a bisection on the score in ``log S_min``)."""
+    """The maximum-likelihood ``S_min`` at ``log b_crit = u``: a golden-section search over ``log S_min``, sigma
+    re-optimised at each (:func:`_nll_theta`)."""
     g_o, g_c = _shape(np.array([u]), pts.b_obs)[0], _shape(np.array([u]), pts.b_cens)[0]
     best = lambda m: float(_nll_theta(m + g_o[None, :], m + g_c[None, :], pts)[0])  # noqa: E731
     lo, hi = float((pts.y_obs - g_o).min()) - 5.0, float(max((pts.y_obs - g_o).max(), (pts.c_cens - g_c).max(initial=-np.inf))) + 5.0
