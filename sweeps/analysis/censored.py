@@ -91,7 +91,14 @@ def _nll_shift(delta: np.ndarray, theta: np.ndarray, w: np.ndarray, v: np.ndarra
 
 def _profile_shift(w: np.ndarray, v: np.ndarray) -> np.ndarray:
     """``min over (log S_min, sigma)`` of the negative log-likelihood at each of G shapes (rows of ``w``, ``v``):
-    damped Newton on the convex problem in ``(delta, theta)``, started from the observed points' least squares."""
+    damped Newton on the convex problem in ``(delta, theta)``, started from the observed points' least squares.
+    (Observed points exactly on the curve make the Hessian singular; such rows keep their last finite value.)"""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return _newton_shift(w, v)
+
+
+def _newton_shift(w: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The body of :func:`_profile_shift`."""
     n_o = w.shape[1]
     m0 = w.mean(axis=1)
     theta = np.sqrt(n_o / np.maximum(((w - m0[:, None]) ** 2).sum(axis=1), 1e-300))
