@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def first_crossing_tokens(tokens: list[float], losses: list, target: float, last_tokens: float) -> float | None:
@@ -59,8 +55,10 @@ def assert_steps_are_minimum_over_trials(out: Path) -> int:
 
 
 def assert_analyze_trials_reproduces_cbs_json(out: Path) -> None:
-    """``critbatch analyze --trials OUT/trials.json`` prints exactly ``OUT/cbs.json``."""
-    r = subprocess.run([sys.executable, "-m", "critbatch", "analyze", "--trials", str(out / "trials.json")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """``critbatch analyze --trials OUT/trials.json`` prints exactly ``OUT/cbs.json`` (in this process:
+    it starts no Ray, and a second interpreter cost a CLI start-up for nothing)."""
+    from tests.conftest import invoke_cli
+
+    r = invoke_cli(["analyze", "--trials", str(out / "trials.json")])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads((out / "cbs.json").read_text())

@@ -13,7 +13,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, invoke_cli, run_cli, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~2-3 min idle
 
@@ -85,12 +85,12 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
     assert {x.data.tags.get("critbatch.comparison") for x in runs} == {"tiny-cmp"}
     assert {x.data.params.get("lr_rule") for x in runs if x.data.tags.get("critbatch.role") == "trial"} == {"sqrt", "linear"}
 
-    again = run_cli(["resume", str(out), "--no-progress"], timeout_s=120)
+    again = invoke_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
     assert again.returncode == 2 and "already finished" in again.stdout + again.stderr
 
     # re-analysed by `critbatch analyze --comparison`: the same comparison, the states untouched
     states = [(out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")]
-    r = run_cli(["analyze", "--comparison", str(out)], timeout_s=300)
+    r = invoke_cli(["analyze", "--comparison", str(out)])  # no Ray: in this process
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout) == json.loads((out / "cbs.json").read_text()) == cbs
     assert [(out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")] == states

@@ -14,7 +14,7 @@ from sweeps.run.dataprep import PREPARED_DIR, prepared_shards
 from sweeps.run.preflight import check_data_files, resolve_paths
 from sweeps.run.workload import workload_config
 from sweeps.spec import SpecError, parse_spec
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, invoke_cli, run_cli, write_spec
 
 SHAKESPEARE = ROOT / "data" / "tinyshakespeare" / "input.txt"
 
@@ -59,7 +59,7 @@ def test_shards_spec_validates_and_the_workers_get_the_shards(tiny_spec_dict, sh
 
 
 def _refused(spec: dict, tmp_path: Path, field: str, text: str) -> None:
-    r = run_cli(["validate", str(write_spec(tmp_path, spec))], timeout_s=120)
+    r = invoke_cli(["validate", str(write_spec(tmp_path, spec))])  # no Ray, no sweep: in this process
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"{field}: " in r.stderr and text in r.stderr, r.stderr
 
@@ -178,11 +178,10 @@ def test_with_a_uri_storage_root_the_shards_are_copied_there_and_read_back(tiny_
 
 
 def test_prepare_data_cli_exits_2_on_bad_input_and_writes_nothing(tmp_path):
-    r = run_cli(["prepare-data", str(tmp_path / "nothing*.txt"), "--output", str(tmp_path / "out"), "--no-progress"],
-                timeout_s=120)
+    # refused before any work: in this process (a second interpreter cost a CLI start-up per call)
+    r = invoke_cli(["prepare-data", str(tmp_path / "nothing*.txt"), "--output", str(tmp_path / "out"), "--no-progress"])
     assert r.returncode == 2 and "matches no file" in r.stderr, r.stderr
     (tmp_path / "a.jsonl").write_text('{"body": "x"}\n{"body": "y"}\n')
-    r = run_cli(["prepare-data", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "out"), "--no-progress"],
-                timeout_s=120)
+    r = invoke_cli(["prepare-data", str(tmp_path / "a.jsonl"), "--output", str(tmp_path / "out"), "--no-progress"])
     assert r.returncode == 2 and "has no column 'text'" in r.stderr and "--text-column" in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl"]

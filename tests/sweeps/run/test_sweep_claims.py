@@ -50,7 +50,7 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
         assert json.loads((out / "sweep.json").read_text())["sweep_id"] == winner
         wait_for(lambda: json.loads((out / "sweep.json").read_text()).get("status") == "RUNNING", 600,
                  "the winner's sweep to start", diagnose=lambda: tail(tmp_path / f"{winner}.log"))
-        r = run_cli(["resume", str(out), "--no-progress"], timeout_s=300)
+        r = invoke_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
         assert r.returncode == 2 and f"sweep '{winner}'" in r.stderr and "is running there" in r.stderr, r.stderr
         os.killpg(procs[winner].pid, signal.SIGINT)
         assert procs[winner].wait(timeout=600) == 130, tail(tmp_path / f"{winner}.log")
@@ -67,7 +67,7 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     assert pinned == {"path": str(corpus), "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}
     with open(corpus, "a") as f:
         f.write("ROMEO:\nA line the first trials never saw.\n")
-    r = run_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"], timeout_s=120)
+    r = invoke_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"data.path {corpus} changed since the sweep" in r.stderr and pinned["sha256"] in r.stderr, r.stderr
     assert hashlib.sha256(corpus.read_bytes()).hexdigest() in r.stderr

@@ -9,7 +9,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import ROOT, run_cli, write_spec
+from tests.conftest import ROOT, invoke_cli, run_cli, write_spec
 from tests.harness import copy_mlflow_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # each ~10-60 s idle; the module fixture's sweep is in the first
@@ -134,7 +134,8 @@ def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):
 
 
 def test_output_folder_of_another_sweep_is_refused(tiny_sweep):
-    r = _run(["run", str(tiny_sweep["spec"]), "--output", str(tiny_sweep["out"]), "--tracking-uri", tiny_sweep["uri"]])
+    r = invoke_cli(["run", str(tiny_sweep["spec"]), "--output", str(tiny_sweep["out"]), "--tracking-uri",
+                    tiny_sweep["uri"], "--address", "127.0.0.1:9"])  # refused before Ray: in this process
     assert r.returncode == 2
     assert "already holds sweep 'tiny-it'" in r.stderr and "critbatch resume" in r.stderr
     c = MlflowClient(tiny_sweep["uri"])
