@@ -317,9 +317,9 @@ def _answer(analysis: dict[str, Any], T: float) -> str:
     target = f" at target loss {_fmt(analysis.get('target_loss'))}" if analysis.get("target_loss") is not None else ""
     primary = next((t for t in analysis.get("targets") or [] if t.get("target_loss") == analysis.get("target_loss")), {})
     late = primary.get("excluded_batch_sizes") or []
-    sw = (f"; fitted batch sizes {swept[0]:g} to {swept[1]:g} sequences (those that reached the target: the range the status refers to"
-          + (f"; {', '.join(str(x) for x in late)} did not reach this target within its budget: in the fit as censored points" if late else "")
-          + ")") if swept else ""
+    sw = (f"; batch sizes {swept[0]:g} to {swept[1]:g} sequences reached the target (the range the status refers to)"
+          + (f"; {', '.join(str(x) for x in late)} did not reach it within its budget and enter the fit only as censored "
+             "points (needing more steps than their budget's)" if late else "")) if swept else ""
     message = analysis.get("message")
     return (f'<p class="headline" style="font-size:1.15em"><b>{html.escape(headline(analysis))}</b></p>\n'
             f"<p>{value}{target}{sw}.</p>\n"
@@ -332,12 +332,12 @@ def _lr_scaling_text(analysis: dict[str, Any]) -> str:
     fit, ci = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_ci")
     if fit is None:
         return ""
-    text = f"Learning-rate scaling, measured: best LR ~ B^alpha with alpha = {_fmt(fit)}"
+    text = f"Learning-rate scaling, measured: best LR ~ B^alpha with alpha = {fit:.2f}"
     if ci:
         rules = analysis.get("lr_scaling_rules_in_interval") or []
         named = {"linear": "linear (1)", "sqrt": "square root (0.5)", "none": "none (0)"}
         inside = ", ".join(named.get(r, r) for r in rules) or "none of linear, square root or none"
-        text += f" [{_fmt(ci[0])}, {_fmt(ci[1])}] (95 %); rules inside the interval: {inside}."
+        text += f" [{ci[0]:.2f}, {ci[1]:.2f}] (95 %); rules inside the interval: {inside}."
     null = analysis.get("lr_scaling_exponent_by_chance")
     if null:
         text += (f" One trial per batch size picked at random gives {_fmt(null['mean'])} &plusmn; {_fmt(null['sd'])}: "
@@ -431,9 +431,9 @@ Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
-(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes</th><th>not reached within the budget (censored, in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table>
+(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes that reached it</th><th>batch sizes short of it within their budget (in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
-<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [bracket]</th>
+<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [the tried LRs either side; ? where none was tried]</th>
 <th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th><th>trials</th><th>token budget</th><th>tokens trained</th></tr>{rows}</table>
 <h2>Plots</h2>{imgs}{_plan_section(output)}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},

@@ -50,7 +50,7 @@ def test_interval_ends_past_the_swept_range_are_shown_as_bounds(report):
     text = _text(page)
     # the headline target: raw [0.675, 70.3] over the batch sizes 4..64 that reached it
     assert "b_crit = 11.1 sequences (708 tokens), 95 % interval [< 4, > 64] sequences at target loss 6.371" in text
-    assert "128 did not reach this target within its budget: in the fit as censored points" in text
+    assert "128 did not reach it within its budget and enter the fit only as censored points" in text
     assert "0.6751" not in text and "70.34" not in text  # the raw ends stay in cbs.json only
     rows = re.findall(r"<tr>(<td>.*?)</tr>", page.split("<h2>Per target loss</h2>", 1)[1].split("</table>", 1)[0])
     cells = [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r)] for r in rows]
@@ -146,7 +146,7 @@ def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(
     records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
     page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
-    assert ("best LR ~ B^alpha with alpha = 0.42 [0.1, 0.74] (95 %); rules inside the interval: square root (0.5)."
+    assert ("best LR ~ B^alpha with alpha = 0.42 [0.10, 0.74] (95 %); rules inside the interval: square root (0.5)."
             in text)
     assert "picked at random gives 0.5 ± 0.2" in text
     assert "0.004 (quadratic) [0.002, ?]" in text
