@@ -332,19 +332,18 @@ def _reduce_censored(B: list[float], steps: Sequence[float],
 
 
 def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
-                       level: float) -> tuple[dict[str, Any], list[float]]:
+                       level: float) -> dict[str, Any]:
     """The fit and its three intervals (:func:`interval_b_crit`, :func:`interval_s_min_e_min`), or with censored
-    points the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`); and the batch sizes that
-    entered it as observed points."""
-    pts = _reduce_censored(B, steps, censored) if censored else None
-    if pts is not None and len(pts.b_cens) and len(pts.b_obs) >= 3:
-        return censored_fit(pts, level), [float(b) for b in pts.b_obs]
+    points the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`, on :func:`_reduce_censored`'s
+    points: a batch size with a censored seed is censored as a whole)."""
+    if censored:
+        return censored_fit(_reduce_censored(B, steps, censored), level)
     ub, us = _per_batch_means(B, steps)
     fit = fit_hyperbola(ub, us)
     lo, hi = interval_b_crit(B, steps, level=level)
     s_ci, e_ci = interval_s_min_e_min(B, steps, level=level)
-    return ({"s_min": fit.s_min, "e_min": fit.e_min, "b_crit": fit.b_crit, "rms_log_residual": fit.rms_log_residual,
-             "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}, sorted(set(B)))
+    return {"s_min": fit.s_min, "e_min": fit.e_min, "b_crit": fit.b_crit, "rms_log_residual": fit.rms_log_residual,
+            "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}
 
 
 def analyze_points(
@@ -371,23 +370,18 @@ def analyze_points(
     """
     B = [float(b) for b in batch_sizes]
     censored = [(float(b), float(c)) for b, c in censored if c is not None and c > 0 and math.isfinite(c)]
-    reached = {b for b in B}
-    if censored and len(reached) >= 3:  # a batch size with a censored seed is censored as a whole (its mean)
-        cens_b = {b for b, _ in censored}
-        keep = [i for i, b in enumerate(B) if b not in cens_b]
-        censored = censored + [(B[i], float(steps[i])) for i in range(len(B)) if B[i] in cens_b]
-        B, steps = [B[i] for i in keep], [steps[i] for i in keep]
-    distinct = sorted(set(B))
-    out: dict[str, Any] = {"n_points": len(B), "n_batch_sizes": len(distinct), "fitted_batch_sizes": distinct,
-                           "reference_batch": reference_batch, "b_crit_bound": None,
-                           "censored_in_fit": sorted({b for b, _ in censored}) if len(reached) >= 3 else []}
+    cens_b = {b for b, _ in censored}  # a batch size with a censored seed is censored as a whole (its mean)
+    distinct = sorted(set(B) - cens_b)
+    out: dict[str, Any] = {"n_points": sum(1 for b in B if b not in cens_b), "n_batch_sizes": len(distinct),
+                           "fitted_batch_sizes": distinct, "reference_batch": reference_batch, "b_crit_bound": None,
+                           "censored_in_fit": sorted(cens_b) if len(distinct) >= 3 else []}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
                    cbs_20_ci=None, b_compute_overhead_20_ci=None, b_crit_ci=None, s_min_ci=None, e_min_ci=None,
                    rms_log_residual=None,
                    message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
         return out
-    fit, _ = _fit_and_intervals(B, steps, censored, level)
+    fit = _fit_and_intervals(B, steps, censored, level)
     lo, hi = fit["b_crit_ci"]
     (s_lo, s_hi), (e_lo, e_hi) = fit["s_min_ci"], fit["e_min_ci"]
     out.update(s_min=fit["s_min"], e_min=fit["e_min"], rms_log_residual=fit["rms_log_residual"],
