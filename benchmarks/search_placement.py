@@ -98,23 +98,34 @@ class Sweep:
         """Tokens to the middle loss (2.0 on the curve below) at batch size ``b`` with a log-token penalty."""
         return S_MIN * (1 + self.b_crit / b) * b * T * math.exp(penalty)
 
-    def trial(self, tid: str, b: int, lr: float) -> tuple[TrialRecord, float]:
-        """A trial at ``(b, lr)``: its record and its tokens to the middle loss (inf if it diverged)."""
+    def trial(self, tid: str, b: int, lr: float, *, budget_multiple: int = 1, stop_at_loss: float | None = None,
+              penalty: float | None = None) -> tuple[TrialRecord, float]:
+        """A trial at ``(b, lr)``: its record and its tokens to the middle loss (inf if it diverged).
+
+        ``budget_multiple``: its token budget in sweep budgets (milestones at the same spacing past the first
+        budget); ``stop_at_loss``: it ends at its first milestone at or below this loss (token reallocation);
+        ``penalty``: its log-token penalty, given for a re-run of a trial (same seed and LR: the same curve)."""
         x = math.log2(lr / (self.lr16 * (b / BASE) ** self.alpha))
         grow = (b / BASE) ** K_GROWTH
-        tok = self.milestones
+        spacing = self.budget / 16
+        tok = np.arange(1, 16 * budget_multiple + 1) * spacing
         if x > DIVERGE_OCTAVES:
             return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="DIVERGED",
                                hyperparameters={"lr": lr}, tokens=list(tok[:2]), val_loss=[9.0, 9.0],
                                flops=list(tok[:2] * 10.0)), math.inf
         if b not in self.e_batch:  # a batch size search.precision added beyond the grid
             self.e_batch[b] = self.rng.normal(0, self.sd_batch)
-        penalty = (K_ABOVE if x > 0 else K_BELOW) * grow * x * x + self.e_batch[b] + self.rng.normal(0, self.sd_trial)
+        if penalty is None:
+            penalty = (K_ABOVE if x > 0 else K_BELOW) * grow * x * x + self.e_batch[b] + self.rng.normal(0, self.sd_trial)
         mid = self.tokens_mid(b, penalty)
         loss = 1.0 + 1.0 * (tok / mid) ** -0.5  # loss 2.0 at tokens_mid; the hyperbola holds at every target
-        return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
-                           hyperparameters={"lr": lr}, tokens=list(tok), val_loss=list(loss),
-                           flops=list(tok * 10.0)), mid
+        if stop_at_loss is not None and (loss <= stop_at_loss).any():
+            end = int(np.argmax(loss <= stop_at_loss)) + 1
+            tok, loss = tok[:end], loss[:end]
+        rec = TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
+                          hyperparameters={"lr": lr, "penalty": penalty}, tokens=list(tok), val_loss=list(loss),
+                          flops=list(tok * 10.0))
+        return rec, mid
 
 
 def independent(sweep: Sweep) -> list[TrialRecord]:
@@ -184,19 +195,90 @@ def transfer_until_precise(sweep: Sweep, ratio: float = 3.0, max_trials: int = 2
     return out
 
 
-STRATEGIES = {"independent": independent, "transfer": transfer, "transfer+precision": transfer_until_precise}
+def _compute(records: list[TrialRecord], budget: float) -> float:
+    """Tokens trained by the records, in full trials (sweep budgets)."""
+    return sum(max(r.tokens) / budget for r in records)
+
+
+def transfer_until_precise_reallocated(sweep: Sweep, ratio: float = 3.0, max_trials: int = 28, per_wave: int = 2,
+                                       max_multiple: int = 4) -> list[TrialRecord]:
+    """``transfer_until_precise`` with token reallocation: after the first wave (which declares the targets),
+    every added trial ends at its first milestone at or below the lowest declared target (it can inform no
+    lower one), and a batch size the fit holds as censored at that target is re-run first, at its trial with
+    the lowest last loss (same LR and seed: the same curve, the model of a deterministic re-run), with twice
+    the budget it had (at most ``max_multiple`` budgets). Compute is counted in tokens: a wave may spend
+    ``per_wave`` budgets plus what the previous waves' early stops saved, and the sweep at most ``max_trials``
+    budgets."""
+    out = transfer(sweep)
+    first, allowed = len(out), 0.0  # budgets the later waves were allowed so far
+    while _compute(out, sweep.budget) < max_trials - 1e-9:
+        res = analyze_trials(out, context_length_tokens=T, reference_batch=BASE, targets=sweep.targets)
+        if sweep.targets is None:
+            sweep.targets = [t["target_loss"] for t in res.get("targets") or []] or None
+        if precise_enough(res, ratio) or not sweep.targets:
+            break
+        lowest = min(sweep.targets)
+        low = min(res.get("targets") or [], key=lambda t: t["target_loss"], default={})
+        extend = []
+        for c in low.get("censored_points") or []:
+            b = c["batch_size_sequences"]
+            ts = [r for r in out if r.batch_size_sequences == b and r.status == "COMPLETED"]
+            if not ts:
+                continue
+            best = min(ts, key=lambda r: r.val_loss[-1])
+            had = int(round(max(max(r.tokens) for r in ts) / sweep.budget))
+            if 2 * had <= max_multiple:
+                extend.append((b, best, 2 * had))
+        spacing = sweep.budget / 16
+        props = propose(res, out, 100, allowed_batch_size=lambda b: b * T <= spacing)
+        if not extend and not props:
+            break
+        left = max_trials - _compute(out, sweep.budget)
+        first_cost = extend[0][2] if extend else (1 if props[0].lr is not None else 2)
+        saved = max(0.0, allowed - _compute(out[first:], sweep.budget))  # what the early stops left unspent
+        room = min(left, max(per_wave, first_cost) + saved)
+        allowed += max(per_wave, first_cost)
+        before = len(out)
+        for b, best, m in extend:
+            if m <= room:
+                room -= m
+                out.append(sweep.trial(f"B{b}-{len(out)}", b, best.hyperparameters["lr"], budget_multiple=m,
+                                       stop_at_loss=lowest, penalty=best.hyperparameters["penalty"])[0])
+        for p in props:
+            b, n = p.batch_size_sequences, len(out)
+            cost = 1 if p.lr is not None else 2
+            if cost > room:
+                continue
+            room -= cost
+            if p.lr is not None:
+                out.append(sweep.trial(f"B{b}-{n}", b, p.lr, stop_at_loss=lowest)[0])
+                continue
+            done = [r for r in out if r.status == "COMPLETED"]
+            near = min({r.batch_size_sequences for r in done}, key=lambda f: (abs(math.log(b / f)), f))
+            fastest = min((r for r in done if r.batch_size_sequences == near), key=lambda r: r.val_loss[-1])
+            centre = fastest.hyperparameters["lr"] * (b / near) ** 0.5
+            out += [sweep.trial(f"B{b}-{n + k}", b, centre * 2 ** s, stop_at_loss=lowest)[0]
+                    for k, s in enumerate((-0.5, 0.5))]
+        if len(out) == before:
+            break
+    return out
+
+
+STRATEGIES = {"independent": independent, "transfer": transfer, "transfer+precision": transfer_until_precise,
+              "transfer+precision+reallocation": transfer_until_precise_reallocated}
 
 
 def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, sd_trial: float) -> dict[str, float]:
     """``coverage``, ``median_width_ratio``, ``median_log2_bias`` and ``ok`` (sweeps with status ok) of
     ``sweeps`` simulated sweeps placed by ``strategy``."""
     rng = np.random.default_rng(seed)
-    hits, ratios, biases, ok, trials = 0, [], [], 0, []
+    hits, ratios, biases, ok, trials, compute = 0, [], [], 0, [], []
     flagged: list[tuple[bool, bool, float | None]] = []  # (a censored point contradicts the fit, covered, log2 bias)
     for _ in range(sweeps):
         sweep = Sweep(rng, sd_batch, sd_trial)
         records = STRATEGIES[strategy](sweep)
         trials.append(len(records))
+        compute.append(_compute(records, sweep.budget))
         res = analyze_trials(records, context_length_tokens=T, reference_batch=BASE, level=level, targets=sweep.targets)
         ci = res.get("b_crit_ci")
         lo, hi = (ci[0] or 0.0, ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
@@ -211,7 +293,8 @@ def score(strategy: str, sweeps: int, seed: int, level: float, sd_batch: float, 
         ok += res.get("status") == "ok"
     out = {"coverage": hits / sweeps, "median_width_ratio": float(np.median(ratios)),
            "median_log2_bias": float(np.median(biases)) if biases else math.nan, "ok": ok / sweeps,
-           "mean_trials": float(np.mean(trials)), "contradicted": sum(f[0] for f in flagged) / sweeps}
+           "mean_trials": float(np.mean(trials)),
+           "mean_compute": float(np.mean(compute)), "contradicted": sum(f[0] for f in flagged) / sweeps}
     for name, group in (("contradicted", [f for f in flagged if f[0]]), ("consistent", [f for f in flagged if not f[0]])):
         b = [f[2] for f in group if f[2] is not None]
         out[f"coverage_{name}"] = sum(f[1] for f in group) / len(group) if group else math.nan
@@ -236,11 +319,13 @@ def main() -> None:
     if unknown:
         ap.error(f"--strategies: unknown placement(s) {', '.join(unknown)}; choose from {', '.join(STRATEGIES)}")
     STRATEGIES["transfer+precision"] = lambda sweep: transfer_until_precise(sweep, ratio=a.precision_ratio)
+    STRATEGIES["transfer+precision+reallocation"] = lambda sweep: transfer_until_precise_reallocated(
+        sweep, ratio=a.precision_ratio)
     for name in names:  # the same seed: the same truths, starting LRs and shared errors for both
         s = score(name, a.sweeps, a.seed, a.level, a.sd_batch, a.sd_trial)
         print(f"{name}: coverage={s['coverage']:.3f} median_width_ratio={s['median_width_ratio']:.2f} "
               f"median_log2_bias={s['median_log2_bias']:+.3f} status_ok={s['ok']:.2f} "
-              f"mean_trials={s['mean_trials']:.1f} ({a.sweeps} sweeps)", flush=True)
+              f"mean_trials={s['mean_trials']:.1f} mean_compute_trials={s['mean_compute']:.1f} ({a.sweeps} sweeps)", flush=True)
         print(f"  a censored point contradicts the headline fit in {s['contradicted']:.2f} of the sweeps: coverage "
               f"{s['coverage_contradicted']:.3f}, median log2 bias {s['median_log2_bias_contradicted']:+.3f} there; "
               f"{s['coverage_consistent']:.3f} and {s['median_log2_bias_consistent']:+.3f} in the others", flush=True)
