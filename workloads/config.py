@@ -164,12 +164,17 @@ class EvalConfig:
         raw_every_milestone: also evaluate the raw (non-EMA) weights at every milestone, not only
             at the last.
         checkpoint_every_milestones: rank 0 saves the loop state with every n-th report (0: never).
+        stop_at_loss: end the trial at its first milestone whose validation loss is at or below this
+            (nats; its last report is then ``done``, status ``completed``, ``stopped_at_loss`` true); None:
+            train the whole budget. Token reallocation (``search.precision.reallocate_tokens``) sets it to
+            the lowest target loss the sweep declared: past it a trial informs no target.
     """
 
     milestones_tokens: tuple[int, ...]
     eval_tokens: int = 16384
     raw_every_milestone: bool = False
     checkpoint_every_milestones: int = 1
+    stop_at_loss: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -133,7 +133,10 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
 
     Args:
         config: the sampled trial: ``batch_size_sequences``, ``seed``, ``lr``, ``lr_rule``,
-            ``beta2``, ``beta2_half_life_tokens`` (the LR and beta2 already scaled for the batch).
+            ``beta2``, ``beta2_half_life_tokens`` (the LR and beta2 already scaled for the batch); token
+            reallocation (``search.precision``) may add ``budget_tokens`` (the trial's own budget, a multiple
+            of the spec's, with milestones at the spec's spacing) and ``stop_at_loss`` (it ends at its first
+            milestone at or below this loss).
         data_path: the data path the workers read.
         shards: the prepared shards the workers memory-map instead (``sweeps.run.dataprep``).
         workload: the trial's workload config with its inputs, as the sweep prepared it
@@ -144,10 +147,12 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         faults: test-only fault injection (:func:`faults_from_env`).
     """
     gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
+    budget = int(config.get("budget_tokens") or spec.budget_tokens)  # token reallocation: a re-run's own budget
+    stop = config.get("stop_at_loss")
     return TrialConfig(
         trial_id=trial_id,
         workload=workload if workload is not None else workload_config(spec, data_path=data_path, shards=shards),
-        budget_tokens=spec.budget_tokens,
+        budget_tokens=budget,
         optimizer=OptimizerConfig(  # the spec's settings (OptimizerSettings), the LR and beta2 sampled for the batch
             **OptimizerSettings.of(spec.optimizer).fields(), lr=float(config["lr"]), lr_rule=str(config["lr_rule"]),
             beta2=float(config["beta2"]), beta2_half_life_tokens=float(config["beta2_half_life_tokens"])),
@@ -156,7 +161,8 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
             batch_size_sequences=int(config["batch_size_sequences"]),
             micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
             warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
-        eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens()), eval_tokens=spec.eval.eval_tokens),
+        eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens(budget)), eval_tokens=spec.eval.eval_tokens,
+                        stop_at_loss=float(stop) if stop is not None else None),
         noise_scale=NoiseScaleConfig.of(spec.noise_scale),
         training=training_config(spec),
         seed=int(config["seed"]),

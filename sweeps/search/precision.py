@@ -13,7 +13,17 @@ A *wave* ends when every trial handed out so far has ended. Its analysis is the 
 
 (The sweep's FLOP or wall-clock budget, or a stop signal, can also end it first: the driver says so.)
 
-What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
+**Token reallocation** (``reallocate_tokens``, the default; measured in ``docs/benchmarks.md``, "Token
+reallocation"). The first wave declares the target losses; every trial a later wave adds ends at its first
+milestone at or below the lowest of them (past it, it informs no target), and the tokens it did not train stay
+in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what earlier waves saved, and
+``max_trials`` counts budgets. Those tokens go first to rule 0 below.
+
+What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all.
+
+0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
+   censored at the lowest target runs again at its best trial's LR with twice the tokens it had (at most
+   ``max_budget_multiple`` budgets), so that it enters the fit as a point, not a bound. These are rules of thumb
 aimed at what sets the interval's width on this project's own sweeps (``docs/results.md``): too few batch
 sizes on one side of the knee, and a batch size whose best learning rate lies outside the LRs it tried
 (so its steps to target are an overestimate). They are not an optimal experimental design.
@@ -44,7 +54,7 @@ from typing import Any, Callable
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["Proposal", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+__all__ = ["Proposal", "Reallocation", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
 
 #: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
 MIN_PROBE_SPACING_OCTAVES = 0.25
@@ -64,9 +74,52 @@ class Proposal:
     batch_size_sequences: int
     lr: float | None
     reason: str
+    budget_multiple: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch_size_sequences": self.batch_size_sequences, "lr": self.lr, "reason": self.reason}
+        return {"batch_size_sequences": self.batch_size_sequences, "lr": self.lr, "reason": self.reason,
+                "budget_multiple": self.budget_multiple}
+
+
+@dataclass(frozen=True)
+class Reallocation:
+    """Token reallocation's side of :func:`propose` (``search.precision.reallocate_tokens``).
+
+    Attributes:
+        lowest_target: the lowest target loss the first wave declared (nats): every later trial ends there.
+        budget_tokens: the spec's token budget per trial (a re-run's is a multiple of it).
+        max_budget_multiple: the longest re-run, in budgets.
+    """
+
+    lowest_target: float
+    budget_tokens: int
+    max_budget_multiple: int
+
+
+def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation) -> list[Proposal]:
+    """Rule 0: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
+    at ``realloc.lowest_target``) is re-run at its trial with the lowest last loss (its LR; the same seed, so
+    the same curve as far as that trial went, :mod:`workloads.train.determinism`) with twice the most tokens
+    any of its trials trained, rounded to budgets (at most ``max_budget_multiple``), largest batch size first.
+    Its early part repeats the trial: a re-run from scratch, not a continuation from its checkpoint."""
+    entry = min((t for t in analysis.get("targets") or [] if t.get("target_loss") is not None),
+                key=lambda t: abs(float(t["target_loss"]) - realloc.lowest_target), default=None)
+    if entry is None:
+        return []
+    out = []
+    for c in sorted(entry.get("censored_points") or [], key=lambda c: -int(c["batch_size_sequences"])):
+        b = int(c["batch_size_sequences"])
+        ts = [t for t in trials if t.batch_size_sequences == b and t.tokens and t.hyperparameters.get("lr")
+              and t.val_loss and math.isfinite(t.val_loss[-1])]
+        if not ts:
+            continue  # every trial diverged: a longer run would not reach it
+        best = min(ts, key=lambda t: (t.val_loss[-1], t.trial_id))
+        had = max(1, round(max(max(t.tokens) for t in ts) / realloc.budget_tokens))
+        if 2 * had <= realloc.max_budget_multiple:
+            out.append(Proposal(b, float(best.hyperparameters["lr"]),
+                                f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
+                                f"again, with {2 * had}x the budget", budget_multiple=2 * had))
+    return out
 
 
 def interval_ratio(ci: list[float | None] | None) -> float:
@@ -168,7 +221,8 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
 
 
 def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
-            allowed_batch_size: Callable[[int], bool], lr_probes: bool = True) -> list[Proposal]:
+            allowed_batch_size: Callable[[int], bool], lr_probes: bool = True,
+            reallocation: Reallocation | None = None) -> list[Proposal]:
     """The next wave's trials (at most ``n``), by the rules of the module docstring.
 
     Args:
@@ -179,14 +233,16 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
         allowed_batch_size: whether a new batch size may be swept (the spec's limits and its token budget).
         lr_probes: whether rules 2 and 4 apply (``search.strategy: transfer``, where a probe runs at its LR;
             under ``independent`` a batch size's LRs are its study's to sample, so only batch sizes are added).
+        reallocation: token reallocation (with ``lr_probes``): rule 0, re-runs of censored batch sizes, first.
 
     Returns:
-        up to ``n`` proposals, range extensions first; empty if nothing is left to try.
+        up to ``n`` proposals, re-runs first, then range extensions; empty if nothing is left to try.
     """
     batch_sizes = sorted({t.batch_size_sequences for t in trials})
     if not batch_sizes or n <= 0:
         return []
-    out = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
+    out = _rerun_proposals(analysis, trials, reallocation) if reallocation is not None and lr_probes else []
+    out += _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
                            fitted=[int(b) for b in analysis.get("fitted_batch_sizes") or []])
     target, fitted = analysis.get("target_loss"), analysis.get("fitted_batch_sizes") or []
     if target is not None and fitted:

@@ -73,6 +73,7 @@ class _Group:
         self.params = params
         self.n_seeds = n_seeds
         self.initial_point = initial_point
+        self.budget_multiple = 1  # token reallocation: a re-run trains this many budgets
         self.trial_ids: list[str] = []
         self.results: dict[str, tuple[str, float | None]] = {}  # trial id -> (state, objective)
 
@@ -136,6 +137,11 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         self.precision = spec.search.precision
         self.extra_groups: dict[int, int] = {}
         self.extra_lrs: dict[int, list[float]] = {}
+        #: token reallocation: each extra group's budget multiple (1, or a re-run's), in the order handed out
+        self.extra_budget_multiples: dict[int, list[int]] = {}
+        #: token reallocation: budgets (per seed) the first wave trained, and the allowances of the later waves
+        self.budgets_first_wave = 0.0
+        self.budgets_allowed = 0.0
         #: one entry per ended wave (:func:`sweeps.search.precision.wave_summary` plus ``added``)
         self.waves: list[dict[str, Any]] = []
         #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add", ...}`` once the searcher stopped adding
@@ -247,7 +253,9 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
             if params is None:
                 return None
             point = optuna_search_trials(sub)[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
+            multiple = self._next_budget_multiple(b)
             group = _Group(trial_id, b, dict(params), len(self.spec.seeds), initial_point=point)
+            group.budget_multiple = multiple
             self.open_group[b] = group
         seed = self.spec.seeds[len(group.trial_ids)]
         group.trial_ids.append(trial_id)
@@ -256,8 +264,17 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
               if self.transfer else hyperparameters_for(self.spec, b, group.params))
         point = getattr(group, "initial_point", None)
+        stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
         return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,
-                **({"initial_point": point} if point is not None else {})}
+                **({"initial_point": point} if point is not None else {}),
+                **({"stop_at_loss": stop} if stop is not None else {}),
+                **({"budget_tokens": multiple * self.spec.budget_tokens} if multiple > 1 else {})}
+
+    def _next_budget_multiple(self, b: int) -> int:
+        """The budget multiple of ``b``'s next group: a re-run's (token reallocation), else 1."""
+        i = len(self._groups_of(b)) - self.spec.search.trials_per_batch_size  # its index among b's extra groups
+        multiples = getattr(self, "extra_budget_multiples", {}).get(b, [])
+        return multiples[i] if 0 <= i < len(multiples) else 1
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         # Intermediate results go to the equal-compute scheduler, not to Optuna's step-indexed pruners.
@@ -439,4 +456,5 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
 
     def _precision_defaults(self) -> dict[str, Any]:
         return {"precision": None, "extra_groups": {}, "extra_lrs": {}, "waves": [], "precision_outcome": None,
-                "precision_targets": None}
+                "precision_targets": None, "extra_budget_multiples": {}, "budgets_first_wave": 0.0,
+                "budgets_allowed": 0.0}

@@ -10,7 +10,7 @@ import logging
 import math
 from typing import Any
 
-from sweeps.search.precision import Proposal, precise_enough, propose, wave_summary
+from sweeps.search.precision import Proposal, Reallocation, precise_enough, propose, wave_summary
 from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 
 __all__ = ["PrecisionWaves"]
@@ -49,21 +49,29 @@ class PrecisionWaves:
                 self._report(list(self.waves), self.precision_outcome, sum(self._quota(b) for b in self.batches),
                              self.precision_targets)
             return False
+        spent = self._budgets_spent(records)
         if self.precision_targets is None:
             self.precision_targets = [float(t["target_loss"]) for t in analysis.get("targets") or []] or None
+            self.budgets_first_wave = spent
         handed = sum(self.assigned.values())
         summary = wave_summary(analysis, handed)
-        room = (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
+        realloc = self._reallocation()
+        if realloc is not None:  # the cap and the waves count tokens, in budgets per seed
+            saved = max(0.0, self.budgets_allowed - (spent - self.budgets_first_wave))
+            room: float = self.spec.max_trials / len(self.spec.seeds) - spent
+            summary.update(budgets_spent=round(spent, 4), budgets_saved=round(saved, 4))
+        else:
+            saved, room = 0.0, (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
         outcome = None
         added: list[Proposal] = []
         if precise_enough(analysis, self.precision.b_crit_ratio):
             outcome = "met"
-        elif room <= 0:
+        elif room <= 1e-9:
             outcome = "max_trials"
         else:
             proposals = [p for p in propose(analysis, records, 100, allowed_batch_size=self.spec.sweepable_batch_size,
-                                            lr_probes=self.transfer) if self._runs_as_proposed(p)]
-            added = self._fit_to_room(proposals, room)
+                                            lr_probes=self.transfer, reallocation=realloc) if self._runs_as_proposed(p)]
+            added = self._fit_to_room(proposals, room, saved)
             if not added:
                 outcome = "max_trials" if proposals else "nothing_to_add"
         for p in added:
@@ -78,6 +86,25 @@ class PrecisionWaves:
                          self.precision_targets)
         return outcome is None
 
+    def _reallocation(self) -> Reallocation | None:
+        """Token reallocation's settings once the first wave has declared the targets, else None (off, or no
+        target declared)."""
+        p = self.precision
+        if p is None or not getattr(p, "reallocate_tokens", False) or not self.precision_targets:
+            return None
+        return Reallocation(lowest_target=min(self.precision_targets), budget_tokens=self.spec.budget_tokens,
+                            max_budget_multiple=p.max_budget_multiple)
+
+    def stop_at_loss(self) -> float | None:
+        """The loss at which a trial handed out now ends (token reallocation, after the first wave), or None."""
+        r = self._reallocation()
+        return r.lowest_target if r is not None else None
+
+    def _budgets_spent(self, records: list[Any]) -> float:
+        """Tokens the trials trained (their last milestones), in budgets per seed."""
+        tokens = sum(max(r.tokens) for r in records if r.tokens)
+        return tokens / self.spec.budget_tokens / len(self.spec.seeds)
+
     def _runs_as_proposed(self, p: Proposal) -> bool:
         """An LR probe runs at its LR only within the study's offset range around its batch size's centre."""
         if p.lr is None:
@@ -85,17 +112,22 @@ class PrecisionWaves:
         centre = self.transfer_state.get(p.batch_size_sequences, {}).get("centre_lr")
         return bool(centre) and abs(math.log2(p.lr / centre)) <= MAX_PROBE_OFFSET_OCTAVES
 
-    def _fit_to_room(self, proposals: list[Proposal], room: int) -> list[Proposal]:
+    def _fit_to_room(self, proposals: list[Proposal], room: float, saved: float = 0.0) -> list[Proposal]:
         """The proposals, in order, that fit one wave: ``trials_per_wave`` groups (or the first proposal's
-        cost, if larger: a new batch size takes ``trials_per_batch_size``), and never more than ``room``
-        (the groups ``max_trials`` leaves)."""
-        cost = lambda p: self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned else 1  # noqa: E731
-        wave = min(room, max(self.precision.trials_per_wave, cost(proposals[0]) if proposals else 0))
+        cost, if larger: a new batch size takes ``trials_per_batch_size``, a re-run its budget multiple) plus
+        ``saved`` (token reallocation: budgets earlier waves left unspent), and never more than ``room`` (what
+        ``max_trials`` leaves). Under token reallocation each wave's allowance is added to ``budgets_allowed``."""
+        cost = lambda p: (self.spec.search.trials_per_batch_size if p.batch_size_sequences not in self.assigned  # noqa: E731
+                          else p.budget_multiple)
+        allowance = max(self.precision.trials_per_wave, cost(proposals[0]) if proposals else 0)
+        wave = min(room, allowance + saved)
         out, used = [], 0
         for p in proposals:
-            if used + cost(p) <= wave:
+            if used + cost(p) <= wave + 1e-9:
                 out.append(p)
                 used += cost(p)
+        if out and self._reallocation() is not None:
+            self.budgets_allowed += allowance
         return out
 
     def _add(self, p: Proposal) -> None:
@@ -107,5 +139,6 @@ class PrecisionWaves:
             self.open_group[b] = None
             return
         self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
+        self.extra_budget_multiples.setdefault(b, []).append(int(p.budget_multiple))
         if p.lr is not None:
             self.extra_lrs.setdefault(b, []).append(float(p.lr))

@@ -20,14 +20,24 @@ class PrecisionSpec(_Strict):
     """Sweep until precise (issue 27): after each wave the sweep refits and, while the headline ``b_crit``'s
     95 % interval has an upper/lower ratio above ``b_crit_ratio`` (or its status is not ``ok``), adds up to
     ``trials_per_wave`` trials where they should narrow it most (:mod:`sweeps.search.precision`), until
-    ``max_trials`` trials in all or the sweep's ``budget``.
+    ``max_trials`` trials in all or the sweep's ``budget``. With ``reallocate_tokens`` (the default) the waves
+    and ``max_trials`` count tokens, in full trials (``budget_tokens`` each, per seed): a trial that ended at
+    the lowest target counts its share, a re-run its multiple, and a wave may spend what earlier waves saved.
     """
 
     b_crit_ratio: float = Field(gt=1, le=1e6, description="the widest 95 % interval asked for, as upper / lower (e.g. 3)")
     max_trials: PositiveInt | None = Field(
         default=None, le=100_000,
-        description="trials in all, the planned ones included (default: twice the planned trials)")
+        description="trials in all, the planned ones included (default: twice the planned trials); with "
+                    "reallocate_tokens, full trials' worth of tokens")
     trials_per_wave: PositiveInt = Field(default=2, le=1000, description="trials each extra wave adds (per seed)")
+    reallocate_tokens: bool = Field(
+        default=True,
+        description="token reallocation: every trial a later wave adds ends once it reaches the lowest target "
+                    "the first wave declared, and a batch size censored at that target is re-run at its best "
+                    "trial's LR with twice the budget it had, paid from what those early stops saved")
+    max_budget_multiple: PositiveInt = Field(
+        default=4, le=64, description="token reallocation: the longest re-run, in budget_tokens")
 
 
 class Beta2Spec(_Strict):

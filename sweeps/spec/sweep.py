@@ -366,10 +366,17 @@ class SweepSpec(_Strict):
         return 1 <= b <= MAX_BATCH_SEQUENCES and b % self.resources.workers_per_trial == 0 and synced \
             and b * self.model.context_length_tokens <= spacing and steps >= 2
 
-    def milestones_tokens(self) -> list[int]:
-        """Token counts at which every trial evaluates, evenly spaced, the last one the budget."""
+    def milestones_tokens(self, budget_tokens: int | None = None) -> list[int]:
+        """Token counts at which a trial evaluates, evenly spaced, the last one the budget.
+
+        Args:
+            budget_tokens: the trial's own budget (token reallocation gives a re-run a multiple of the spec's):
+                the spec's spacing (``budget_tokens / eval.milestones``) goes on up to it; default the spec's.
+        """
         n = self.eval.milestones
-        return [int(round(self.budget_tokens * (i + 1) / n)) for i in range(n)]
+        budget = self.budget_tokens if budget_tokens is None else int(budget_tokens)
+        out = [int(round(self.budget_tokens * (i + 1) / n)) for i in range(n * -(-budget // self.budget_tokens))]
+        return [m for m in out if m < budget] + [budget]
 
     def fingerprint(self) -> str:
         """A short hash of the spec's content (used as part of the sweep id). ``search.strategy: independent``

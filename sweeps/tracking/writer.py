@@ -181,12 +181,14 @@ class Tracker:
             schema.PARAM_BETA2: config["beta2"],
             "beta2_half_life_tokens": config["beta2_half_life_tokens"],
             "seed": config["seed"],
-            "budget_tokens": self.spec.budget_tokens,
+            "budget_tokens": int(config.get("budget_tokens") or self.spec.budget_tokens),
             "context_length_tokens": self.spec.model.context_length_tokens,
             "flops_convention": FLOPS_CONVENTION,
             schema.PARAM_OPTIMIZER: self.spec.optimizer.name,
             **extra_params,  # may override flops_convention (fine-tuning, LoRA)
         }
+        if config.get("stop_at_loss") is not None:  # token reallocation: it ends at the lowest declared target
+            params["stop_at_loss"] = config["stop_at_loss"]
         holder: dict[str, str] = {}
 
         def create() -> None:

@@ -14,7 +14,7 @@ from ray.tune.search import Searcher
 from sweeps.analysis import analyze_trials
 from sweeps.analysis.targets import TrialRecord
 from sweeps.errors import InvalidInput
-from sweeps.search.precision import Proposal, interval_ratio, precise_enough, propose
+from sweeps.search.precision import Proposal, Reallocation, interval_ratio, precise_enough, propose
 from sweeps.search.searcher import OBJECTIVE, BatchSizeSearcher
 from sweeps.spec import parse_spec
 
@@ -33,14 +33,21 @@ def _spec(tiny_spec_dict, *, precision=None, strategy="transfer", batch_sizes=(4
     return parse_spec(d)
 
 
-def _curve(spec, b: int, lr: float, noise: float) -> tuple[list[float], list[float]]:
+def _curve(spec, b: int, lr: float, noise: float, *, budget_tokens: int | None = None,
+           stop_at_loss: float | None = None) -> tuple[list[float], list[float]]:
     """Loss at the spec's milestones of a trial whose data inefficiency is ``(1 + B / B_TRUE)`` times an LR
     penalty (quadratic in octaves from ``lr_opt(B) = 2e-3 sqrt(B / 16)``) times ``noise``: its steps to any
-    target are then ``c (1 / B + 1 / B_TRUE)``, i.e. ``b_crit = B_TRUE`` (McCandlish et al. 2018, Eq. 2.11)."""
+    target are then ``c (1 / B + 1 / B_TRUE)``, i.e. ``b_crit = B_TRUE`` (McCandlish et al. 2018, Eq. 2.11).
+    ``budget_tokens`` and ``stop_at_loss`` as the trial config's (token reallocation): the milestones go on at
+    the spec's spacing to the trial's budget, and the curve ends at its first loss at or below the stop."""
     lr_opt = 2e-3 * math.sqrt(b / 16)
     f = (1 + b / B_TRUE) * math.exp(0.3 * math.log2(lr / lr_opt) ** 2) * noise
-    tokens = [float(t) for t in spec.milestones_tokens()]
-    return tokens, [2.0 + 3.0 * (t / (f * spec.budget_tokens / 400)) ** -0.3 for t in tokens]
+    tokens = [float(t) for t in spec.milestones_tokens(budget_tokens)]
+    losses = [2.0 + 3.0 * (t / (f * spec.budget_tokens / 400)) ** -0.3 for t in tokens]
+    if stop_at_loss is not None:
+        end = next((i + 1 for i, x in enumerate(losses) if x <= stop_at_loss), len(losses))
+        tokens, losses = tokens[:end], losses[:end]
+    return tokens, losses
 
 
 class _SimulatedSweep:
@@ -50,6 +57,7 @@ class _SimulatedSweep:
     def __init__(self, spec, searcher: BatchSizeSearcher):
         self.spec, self.searcher = spec, searcher
         self.records: dict[str, TrialRecord] = {}
+        self.configs: dict[str, dict] = {}
         self.asked: list[tuple[str, int, float]] = []
         self.reports: list[tuple[list, dict | None, int]] = []
         self.attach(searcher)
@@ -83,11 +91,18 @@ class _SimulatedSweep:
     def _run(self, batch) -> None:
         for tid, cfg in batch:
             b, lr = int(cfg["batch_size_sequences"]), float(cfg["lr"])
-            noise = math.exp(0.05 * np.random.default_rng(len(self.asked)).standard_normal())
-            tokens, losses = _curve(self.spec, b, lr, noise)
+            # the trial's own noise, from its seed: the same batch size, LR and seed give the same curve, as a
+            # deterministic re-run does (token reallocation re-runs a trial with a longer budget)
+            seen = {(bb, round(ll, 12)) for _, bb, ll in self.asked}
+            key = len(self.asked) if (b, round(lr, 12)) not in seen else next(
+                i for i, (_, bb, ll) in enumerate(self.asked) if (bb, round(ll, 12)) == (b, round(lr, 12)))
+            noise = math.exp(0.05 * np.random.default_rng(key).standard_normal())
+            tokens, losses = _curve(self.spec, b, lr, noise, budget_tokens=cfg.get("budget_tokens"),
+                                    stop_at_loss=cfg.get("stop_at_loss"))
             self.records[tid] = TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
                                             hyperparameters={"lr": lr}, tokens=tokens, val_loss=losses)
             self.asked.append((tid, b, lr))
+            self.configs[tid] = cfg
             self.searcher.on_trial_complete(tid, {OBJECTIVE: losses[-1]})
 
     def run(self, rounds: int = 100) -> None:
@@ -226,10 +241,17 @@ def test_a_precise_enough_first_wave_adds_nothing_and_a_cap_stops_the_sweep(tiny
     sim.run()
     assert len(sim.asked) == 10 and sim.reports[-1][1]["stopped_because"] == "met"
     assert sim.reports[-1][0][-1]["added"] == []
-    tight = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 12})
+    tight = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 12, "reallocate_tokens": False})
     sim = _SimulatedSweep(tight, BatchSizeSearcher(tight, f"sqlite:///{tmp_path / 'b.db'}", "b"))
     sim.run()
     assert len(sim.asked) == 12 and sim.reports[-1][1]["stopped_because"] in ("max_trials", "nothing_to_add")
+    # with token reallocation (the default) the cap counts tokens, in budgets: no trial fits what is left
+    tight = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 12})
+    sim = _SimulatedSweep(tight, BatchSizeSearcher(tight, f"sqlite:///{tmp_path / 'c.db'}", "c"))
+    sim.run()
+    spent = sum(max(r.tokens) for r in sim.records.values()) / tight.budget_tokens
+    assert 11 <= spent <= 12 and sim.reports[-1][1]["stopped_because"] == "max_trials"
+    assert sim.reports[-1][0][-1]["budgets_spent"] == pytest.approx(spent)
 
 
 def test_a_sweep_restored_mid_way_asks_and_answers_as_the_uninterrupted_one(tiny_spec_dict, tmp_path):
@@ -273,3 +295,67 @@ def test_a_failing_analysis_ends_the_waves_not_the_sweep(tiny_spec_dict, tmp_pat
     sim.run()
     assert len(sim.asked) == 10 and sim.searcher.precision_outcome["stopped_because"] == "analysis_failed"
     assert sim.reports[-1][1]["stopped_because"] == "analysis_failed"
+
+
+def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_censored_batch_size(tiny_spec_dict,
+                                                                                                    tmp_path):
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 16})
+    sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'r.db'}", "r"))
+    sim.run()
+    waves, outcome, _, targets = sim.reports[-1]
+    lowest, ids = min(targets), [t for t, _, _ in sim.asked]
+    first, later = ids[:10], ids[10:]
+    assert later and all("stop_at_loss" not in sim.configs[t] and "budget_tokens" not in sim.configs[t] for t in first)
+    assert all(sim.configs[t]["stop_at_loss"] == lowest for t in later)
+    for t in later:  # each ended at its first milestone at or below the lowest target, or at its budget
+        r = sim.records[t]
+        assert all(x > lowest for x in r.val_loss[:-1])
+        assert r.val_loss[-1] <= lowest or max(r.tokens) == sim.configs[t].get("budget_tokens", spec.budget_tokens)
+    reruns = [t for t in later if "budget_tokens" in sim.configs[t]]
+    assert reruns, "the largest batch size, censored at the lowest target, was not re-run"
+    t = reruns[0]
+    b = sim.records[t].batch_size_sequences
+    assert sim.configs[t]["budget_tokens"] == 2 * spec.budget_tokens
+    before = analyze_trials([sim.records[i] for i in first], context_length_tokens=spec.model.context_length_tokens,
+                            reference_batch=16.0, targets=[lowest])
+    assert b in {c["batch_size_sequences"] for c in before["censored_points"]}
+    best = min((sim.records[i] for i in first if sim.records[i].batch_size_sequences == b), key=lambda r: r.val_loss[-1])
+    assert sim.configs[t]["lr"] == pytest.approx(best.hyperparameters["lr"])  # its best trial's LR, the same curve
+    assert sim.records[t].val_loss[:16] == pytest.approx(best.val_loss)
+    final = analyze_trials(list(sim.records.values()), context_length_tokens=spec.model.context_length_tokens,
+                           reference_batch=16.0, targets=[lowest])
+    assert b in final["fitted_batch_sizes"] and b not in {c["batch_size_sequences"] for c in final["censored_points"]}
+    spent = sum(max(r.tokens) for r in sim.records.values()) / spec.budget_tokens
+    assert spent <= 16 + 1e-9 and waves[-1]["budgets_spent"] == pytest.approx(spent)
+    assert any(a["budget_multiple"] == 2 for w in waves for a in w["added"])
+
+
+def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_tokens(tiny_spec_dict):
+    spec = _spec(tiny_spec_dict)
+    rows = [(8, 1.4e-3, 1.0), (16, 2e-3, 1.0), (32, 2.8e-3, 1.0), (64, 4e-3, 1.0), (64, 2e-3, 1.3), (128, 5.6e-3, 1.0)]
+    trials = _records(rows, spec)
+    analysis = {"targets": [{"target_loss": 3.0, "censored_points": [
+        {"batch_size_sequences": 64}, {"batch_size_sequences": 128}]}]}
+    r = Reallocation(lowest_target=3.0, budget_tokens=spec.budget_tokens, max_budget_multiple=4)
+    out = propose(analysis, trials, 10, allowed_batch_size=lambda b: False, reallocation=r)
+    assert [(p.batch_size_sequences, p.budget_multiple) for p in out[:2]] == [(128, 2), (64, 2)]
+    assert out[1].lr == pytest.approx(4e-3)  # the trial with the lower last loss
+    # under independent studies a batch size's LRs are its study's to sample: no re-run at a chosen LR
+    assert all(p.budget_multiple == 1 for p in propose(analysis, trials, 10, allowed_batch_size=lambda b: False,
+                                                        reallocation=r, lr_probes=False))
+    # a batch size that already ran twice the budget gets four; one that ran four gets no more (max 4)
+    long = trials[:-1] + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
+                                      hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 2],
+                                      val_loss=[3.5])]
+    assert [(p.batch_size_sequences, p.budget_multiple) for p in propose(
+        analysis, long, 10, allowed_batch_size=lambda b: False, reallocation=r)[:2]] == [(128, 4), (64, 2)]
+    longer = trials[:-1] + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
+                                        hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 4],
+                                        val_loss=[3.5])]
+    assert [p.batch_size_sequences for p in propose(analysis, longer, 10, allowed_batch_size=lambda b: False,
+                                                    reallocation=r) if p.budget_multiple > 1] == [64]
+    diverged = [t for t in trials if t.batch_size_sequences != 128] + [TrialRecord(
+        trial_id="d", batch_size_sequences=128, seed=0, group_id="d", status="DIVERGED", hyperparameters={"lr": 1.0},
+        tokens=[1024.0], val_loss=[math.nan])]
+    assert [p.batch_size_sequences for p in propose(analysis, diverged, 10, allowed_batch_size=lambda b: False,
+                                                    reallocation=r) if p.budget_multiple > 1] == [64]

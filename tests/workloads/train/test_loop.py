@@ -160,6 +160,22 @@ def test_resume_from_checkpoint_is_exact():
         assert b["b_simple"] == pytest.approx(a["b_simple"], rel=1e-5)
 
 
+def test_a_longer_budget_repeats_the_curve_and_stop_at_loss_ends_it_at_the_first_milestone_below():
+    """Token reallocation: a re-run with twice the budget is the same trajectory as far as the first went
+    (the schedule does not depend on the horizon), and ``stop_at_loss`` ends a trial at its first milestone
+    at or below the loss, as a completed trial."""
+    _, short = run(cfg())
+    _, long = run(cfg(budget_tokens=8192, eval={"milestones_tokens": (1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192)}))
+    assert [m["val_loss"] for m, _ in long[:4]] == pytest.approx([m["val_loss"] for m, _ in short], rel=1e-6)
+    assert long[-1][0]["tokens_seen"] == 8192 and long[-1][0]["val_loss"] < short[-1][0]["val_loss"]
+    stop = 0.5 * (short[1][0]["val_loss"] + short[2][0]["val_loss"])  # crossed between the 2nd and 3rd milestone
+    out, stopped = run(cfg(eval={"stop_at_loss": stop}))
+    assert [m["tokens_seen"] for m, _ in stopped] == [1024, 2048, 3072]
+    last = stopped[-1][0]
+    assert out.status == "completed" and last["done"] and last["status"] == "completed" and last["stopped_at_loss"]
+    assert last["val_loss"] <= stop < stopped[1][0]["val_loss"] and not any("stopped_at_loss" in m for m, _ in stopped[:-1])
+
+
 def test_divergence_is_a_named_outcome():
     out, reports = run(cfg(optimizer={"lr": 50.0, "grad_clip_norm": None}, schedule={"warmup_tokens": 0}))
     assert out.status == "diverged"
