@@ -358,14 +358,21 @@ def _precision_text(analysis: dict[str, Any]) -> str:
     if isinstance(p, dict):
         def added(w: dict) -> str:
             adds = [f"B={a['batch_size_sequences']}" + (f" at LR {_fmt(a['lr'])}" if a.get("lr") else " (new)")
+                    + (f" with {a['budget_multiple']}x the tokens" if (a.get("budget_multiple") or 1) > 1 else "")
                     for a in w.get("added") or []]
             return f", added {', '.join(adds)}" if adds else ""
 
         waves = "; ".join(f"after {w.get('trials')} trials {_fmt(w.get('b_crit'))} {_fmt_ci(w.get('b_crit_ci'))} "
                           f"at {_fmt(w.get('target_loss'))}{added(w)}" for w in p.get("waves") or [])
         out += (f"<p>Sweep until precise (search.precision): asked for an interval within "
-                f"{_fmt(p.get('b_crit_ratio_requested'))}x, at most {p.get('max_trials')} trials; stopped because "
-                f"<code>{html.escape(str(p.get('stopped_because')))}</code>. Waves: {html.escape(waves)}.</p>")
+                f"{_fmt(p.get('b_crit_ratio_requested'))}x, at most {p.get('max_trials')} "
+                + ("full trials' worth of tokens" if p.get("reallocate_tokens") else "trials")
+                + f"; stopped because <code>{html.escape(str(p.get('stopped_because')))}</code>. Waves: "
+                f"{html.escape(waves)}.</p>"
+                + (f"<p>Token reallocation: after the first wave every trial ended at its first milestone at or below "
+                   f"the lowest target ({_fmt(p.get('stop_at_loss'))}), and batch sizes censored there ran again with "
+                   f"more tokens; the trials trained {_fmt(p.get('budgets_spent'))} budgets in all.</p>"
+                   if p.get("stop_at_loss") is not None else ""))
     return out
 
 

@@ -273,7 +273,7 @@ def _new_tuner(run: SweepRun, parts: _Parts):
         tune_config=tune.TuneConfig(
             search_alg=searcher,
             scheduler=parts.scheduler,
-            num_samples=spec.max_trials,  # search.precision may add trials after the planned ones
+            num_samples=spec.max_tune_trials,  # search.precision may add trials after the planned ones
             max_concurrent_trials=None if pause else run.concurrency,
             reuse_actors=reuse_trial_actors(spec),
             time_budget_s=spec.budget.wall_clock_s,

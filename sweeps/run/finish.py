@@ -131,7 +131,15 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
     else:  # the searcher's reason, with the interval cbs.json reports
         outcome = {**outcome, "b_crit_ratio": final["ratio"], "status": final["status"]}
     return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
-            "trials_per_wave": p.trials_per_wave, "waves": waves, **outcome}
+            "trials_per_wave": p.trials_per_wave, "reallocate_tokens": p.reallocate_tokens,
+            **({"stop_at_loss": min(saved["targets"]), "budgets_spent": round(_budgets(records, spec), 4)}
+               if p.reallocate_tokens and saved.get("targets") else {}),
+            "waves": waves, **outcome}
+
+
+def _budgets(records: list, spec: SweepSpec) -> float:
+    """Tokens the trials trained (their last milestones), in budgets per seed (token reallocation's count)."""
+    return sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens / len(spec.seeds)
 
 
 def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:

@@ -197,5 +197,6 @@ def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ra
         return f"{head}: {why}"
     added = ", ".join(f"B={a['batch_size_sequences']}" + (f" at LR {a['lr']:.3g}" if a.get("lr") else " (new batch size)"
                                                          if a.get("lr") is None else "")
+                      + (f" with {a['budget_multiple']}x the tokens" if (a.get("budget_multiple") or 1) > 1 else "")
                       for a in wave.get("added", []))
     return f"{head}: adding {len(wave.get('added', []))} trial(s): {added}"

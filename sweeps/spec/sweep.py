@@ -355,6 +355,16 @@ class SweepSpec(_Strict):
             return self.n_trials
         return p.max_trials if p.max_trials is not None else 2 * self.n_trials
 
+    @property
+    def max_tune_trials(self) -> int:
+        """Tune's cap on the trials it starts (``num_samples``): :attr:`max_trials`, or with token reallocation,
+        where ``max_trials`` counts budgets and a trial may end at its first milestone, that many milestones'
+        worth of trials (the searcher's own count stops the sweep first)."""
+        p = self.search.precision
+        if p is not None and p.reallocate_tokens:
+            return self.max_trials * self.eval.milestones
+        return self.max_trials
+
     def sweepable_batch_size(self, batch_size_sequences: int) -> bool:
         """Whether ``search.precision`` may add this batch size (sequences): within the spec's limit, divisible
         by the workers per trial, and one whose step is no longer than the milestone spacing (each milestone

@@ -230,6 +230,26 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     assert precision["max_trials"] == 6 and "precision: upper/lower" in stdout
     from mlflow.tracking import MlflowClient
 
+    # token reallocation: the second wave's trials end at their first milestone at or below the lowest target
+    # the first wave declared (past it they inform no target); the first wave's train their whole budget
+    stop = min(json.loads((out / "precision.json").read_text())["targets"])
+    assert precision["reallocate_tokens"] and precision["stop_at_loss"] == pytest.approx(stop)
+    budget = max(len(t["tokens"]) for t in trials)
+    for t in by_b[8] + by_b[16]:
+        assert len(t["tokens"]) == budget
+    for t in by_b[32]:
+        assert all(x > stop for x in t["val_loss"][:-1]) and (t["val_loss"][-1] <= stop or len(t["tokens"]) == budget)
+    # on this revision (deterministic training) one of them crosses it at its third milestone, 0.05 nats below
+    assert sorted(len(t["tokens"]) for t in by_b[32]) == [budget - 1, budget]
+    spent = sum(t["tokens"][-1] for t in trials) / by_b[8][0]["tokens"][-1]
+    assert precision["budgets_spent"] == pytest.approx(spent) and spent <= 6
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("transfer").experiment_id],
+                              "tags.`critbatch.role` = 'trial'")
+    params = {r.data.tags["critbatch.trial_id"]: r.data.params for r in runs}
+    assert all(float(params[t["trial_id"]]["stop_at_loss"]) == pytest.approx(stop) for t in by_b[32])
+    assert all("stop_at_loss" not in params[t["trial_id"]] for t in by_b[8] + by_b[16])
+
     parent = MlflowClient(uri).get_run(cbs["mlflow"]["parent_run_id"])
     assert parent.data.tags["critbatch.precision.stopped_because"] == precision["stopped_because"]
     declared = json.loads((out / "precision.json").read_text())["targets"]
