@@ -5,6 +5,7 @@ sweeps with a known critical batch size and an error structure read off this pro
     python benchmarks/search_placement.py                # 300 sweeps per strategy, about 1-2 min on 2 cores
     python benchmarks/search_placement.py --sweeps 1000
     python benchmarks/search_placement.py --sd-batch 0.1 --sd-trial 0.1 --precision-ratio 2
+    python benchmarks/search_placement.py --strategies transfer+precision,transfer+precision+reallocation
 
 **The model** (one simulated sweep; numbers read off the 42 curves of ``benchmarks/cache/search_efficiency``,
 7 batch sizes x LR multipliers 0.7-4 of the square-root rule, tokens to loss 2.6 and 2.45):
@@ -46,10 +47,18 @@ within 3x, judged (and finally analysed) at the targets its first wave declared:
 trials where the first wave is too wide, and its stopping rule (stop once the interval is narrow enough)
 is what its coverage measures.
 
+and a fourth, ``transfer+precision+reallocation``: the third with token reallocation (a model of
+``search.precision.reallocate_tokens``, sweeps/search/precision.py, not that code): after the first wave every
+added trial ends at its first milestone at or below the lowest declared target, a batch size the fit holds as
+censored there is first re-run at its trial with the lowest last loss, with twice the budget it had (at most
+4; the same curve, as a deterministic re-run with the same seed and LR gives), and compute is counted in
+budgets: a wave spends 2 budgets plus what earlier waves saved, the sweep at most 28.
+
 Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
 ``median_width_ratio=`` (upper / lower end; inf when open), ``median_log2_bias=`` (log2 of the
-estimate over the truth, over sweeps with an estimate), how many sweeps gave status ok, and the mean
-number of trials; then how often a censored point contradicts the headline fit (``cbs.json``'s
+estimate over the truth, over sweeps with an estimate), how many sweeps gave status ok, the mean
+number of trials and the mean tokens trained in budgets (``mean_compute_trials``: below the trials when some ended
+early); then how often a censored point contradicts the headline fit (``cbs.json``'s
 ``fit_consistent: false``) and the coverage and bias among those sweeps and the others.
 What this does not show: that real searches have this error structure beyond the grid it was read off
 (one model, one seed per configuration); the independent strategy's real sampler is Optuna's TPE per
