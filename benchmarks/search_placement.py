@@ -50,9 +50,8 @@ is what its coverage measures.
 and a fourth, ``transfer+precision+reallocation``: the third with token reallocation (a model of
 ``search.precision.reallocate_tokens``, sweeps/search/precision.py, not that code): after the first wave every
 added trial ends at its first milestone at or below the lowest declared target, a batch size the fit holds as
-censored there is first re-run at its trial with the lowest last loss, with the tokens the product's
-:func:`sweeps.search.precision.rerun_budget_multiple` gives it (the fit's, plus a quarter; at most 4 budgets;
-the same curve, as a deterministic re-run with the same seed and LR gives), and compute is counted in
+censored there is first re-run at its trial with the lowest last loss, with twice the budget it had (at most
+4; the same curve, as a deterministic re-run with the same seed and LR gives), and compute is counted in
 budgets: a wave spends 2 budgets plus what earlier waves saved, the sweep at most 28.
 
 Printed per strategy: ``coverage=`` (the 95 % interval holds the truth; an open end counts as open),
@@ -79,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
 from sweeps.analysis.lr_scaling import LR_RULE_EXPONENTS, lr_exponent_fit  # noqa: E402
-from sweeps.search.precision import precise_enough, propose, rerun_budget_multiple  # noqa: E402
+from sweeps.search.precision import precise_enough, propose  # noqa: E402
 
 T = 64  # tokens per sequence
 BATCH_SIZES = [4, 8, 16, 32, 64, 128, 256]
@@ -215,8 +214,8 @@ def transfer_until_precise_reallocated(sweep: Sweep, ratio: float = 3.0, max_tri
     """``transfer_until_precise`` with token reallocation: after the first wave (which declares the targets),
     every added trial ends at its first milestone at or below the lowest declared target (it can inform no
     lower one), and a batch size the fit holds as censored at that target is re-run first, at its trial with
-    the lowest last loss (same LR and seed: the same curve, the model of a deterministic re-run), with the
-    product's :func:`rerun_budget_multiple` (at most ``max_multiple`` budgets). Compute is counted in tokens: a wave may spend
+    the lowest last loss (same LR and seed: the same curve, the model of a deterministic re-run), with twice
+    the budget it had (at most ``max_multiple`` budgets). Compute is counted in tokens: a wave may spend
     ``per_wave`` budgets plus what the previous waves' early stops saved, and the sweep at most ``max_trials``
     budgets."""
     out = transfer(sweep)
@@ -237,9 +236,8 @@ def transfer_until_precise_reallocated(sweep: Sweep, ratio: float = 3.0, max_tri
                 continue
             best = min(ts, key=lambda r: r.val_loss[-1])
             had = int(round(max(max(r.tokens) for r in ts) / sweep.budget))
-            m = rerun_budget_multiple(c, had, sweep.budget)  # the product's rule
-            if m <= max_multiple:
-                extend.append((b, best, m))
+            if 2 * had <= max_multiple:
+                extend.append((b, best, 2 * had))
         spacing = sweep.budget / 16
         props = propose(res, out, 100, allowed_batch_size=lambda b: b * T <= spacing)
         if not extend and not props:

@@ -22,9 +22,8 @@ in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what ear
 What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all.
 
 0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
-   censored at the lowest target runs again at its best trial's LR with the tokens the fit says it needs
-   there, plus a quarter (:func:`rerun_budget_multiple`; at most ``max_budget_multiple`` budgets), so that it
-   enters the fit as a point, not a bound. These are rules of thumb
+   censored at the lowest target runs again at its best trial's LR with twice the tokens it had (at most
+   ``max_budget_multiple`` budgets), so that it enters the fit as a point, not a bound. These are rules of thumb
 aimed at what sets the interval's width on this project's own sweeps (``docs/results.md``): too few batch
 sizes on one side of the knee, and a batch size whose best learning rate lies outside the LRs it tried
 (so its steps to target are an overestimate). They are not an optimal experimental design.
@@ -55,7 +54,7 @@ from typing import Any, Callable
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["Proposal", "Reallocation", "rerun_budget_multiple", "RERUN_MARGIN", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+__all__ = ["Proposal", "Reallocation", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
 
 #: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
 MIN_PROBE_SPACING_OCTAVES = 0.25
@@ -97,30 +96,12 @@ class Reallocation:
     max_budget_multiple: int
 
 
-#: a re-run gets this many times the tokens the fit says its batch size needs to reach the lowest target
-RERUN_MARGIN = 1.25
-
-
-def rerun_budget_multiple(censored: dict[str, Any], had: int, budget_tokens: int) -> int:
-    """The budget multiple of a re-run of a censored batch size (rule 0): the tokens the fit gives it at the
-    target (``fit_steps`` over the censored point's ``steps_lower_bound``, times its ``tokens_lower_bound``)
-    times :data:`RERUN_MARGIN`, in budgets rounded up, and at least one budget more than ``had`` (the most any
-    of its trials trained); twice ``had`` where the point has no fit steps. The margin is a rule of thumb, not
-    tuned: the fit's steps at the edge of the range are the least certain."""
-    fit, steps, tokens = censored.get("fit_steps"), censored.get("steps_lower_bound"), censored.get("tokens_lower_bound")
-    if not (fit and steps and tokens) or not all(math.isfinite(float(x)) and float(x) > 0 for x in (fit, steps, tokens)):
-        return 2 * had
-    need = RERUN_MARGIN * float(fit) * float(tokens) / float(steps)
-    return max(had + 1, math.ceil(need / budget_tokens - 1e-9))
-
-
 def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation) -> list[Proposal]:
     """Rule 0: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
     at ``realloc.lowest_target``) is re-run at its trial with the lowest last loss (its LR; the same seed, so
-    the same curve as far as that trial went, :mod:`workloads.train.determinism`) with the tokens
-    :func:`rerun_budget_multiple` gives it, largest batch size first; not when that passes
-    ``max_budget_multiple`` (the fit says it would not reach the target within it). Its early part repeats the
-    trial: a re-run from scratch, not a continuation from its checkpoint."""
+    the same curve as far as that trial went, :mod:`workloads.train.determinism`) with twice the most tokens
+    any of its trials trained, rounded to budgets (at most ``max_budget_multiple``), largest batch size first.
+    Its early part repeats the trial: a re-run from scratch, not a continuation from its checkpoint."""
     entry = min((t for t in analysis.get("targets") or [] if t.get("target_loss") is not None),
                 key=lambda t: abs(float(t["target_loss"]) - realloc.lowest_target), default=None)
     if entry is None:
@@ -134,11 +115,10 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
             continue  # every trial diverged: a longer run would not reach it
         best = min(ts, key=lambda t: (t.val_loss[-1], t.trial_id))
         had = max(1, round(max(max(t.tokens) for t in ts) / realloc.budget_tokens))
-        m = rerun_budget_multiple(c, had, realloc.budget_tokens)
-        if m <= realloc.max_budget_multiple:
+        if 2 * had <= realloc.max_budget_multiple:
             out.append(Proposal(b, float(best.hyperparameters["lr"]),
                                 f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
-                                f"again, with {m}x the budget", budget_multiple=m))
+                                f"again, with {2 * had}x the budget", budget_multiple=2 * had))
     return out
 
 

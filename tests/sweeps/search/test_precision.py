@@ -14,8 +14,7 @@ from ray.tune.search import Searcher
 from sweeps.analysis import analyze_trials
 from sweeps.analysis.targets import TrialRecord
 from sweeps.errors import InvalidInput
-from sweeps.search.precision import (Proposal, Reallocation, interval_ratio, precise_enough, propose,
-                                     rerun_budget_multiple)
+from sweeps.search.precision import Proposal, Reallocation, interval_ratio, precise_enough, propose
 from sweeps.search.searcher import OBJECTIVE, BatchSizeSearcher
 from sweeps.spec import parse_spec
 
@@ -316,7 +315,7 @@ def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_
     assert reruns, "the largest batch size, censored at the lowest target, was not re-run"
     t = reruns[0]
     b = sim.records[t].batch_size_sequences
-    assert sim.configs[t]["budget_tokens"] in (2 * spec.budget_tokens, 3 * spec.budget_tokens, 4 * spec.budget_tokens)
+    assert sim.configs[t]["budget_tokens"] == 2 * spec.budget_tokens
     before = analyze_trials([sim.records[i] for i in first], context_length_tokens=spec.model.context_length_tokens,
                             reference_batch=16.0, targets=[lowest])
     assert b in {c["batch_size_sequences"] for c in before["censored_points"]}
@@ -331,7 +330,7 @@ def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_
     assert any(a["budget_multiple"] == 2 for w in waves for a in w["added"])
 
 
-def test_rule_0_reruns_censored_batch_sizes_largest_first_with_the_tokens_the_fit_gives_them(tiny_spec_dict):
+def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_tokens(tiny_spec_dict):
     spec = _spec(tiny_spec_dict)
     rows = [(8, 1.4e-3, 1.0), (16, 2e-3, 1.0), (32, 2.8e-3, 1.0), (64, 4e-3, 1.0), (64, 2e-3, 1.3), (128, 5.6e-3, 1.0)]
     trials = _records(rows, spec)
@@ -355,17 +354,6 @@ def test_rule_0_reruns_censored_batch_sizes_largest_first_with_the_tokens_the_fi
                                         val_loss=[3.5])]
     assert [p.batch_size_sequences for p in propose(analysis, longer, 10, allowed_batch_size=lambda b: False,
                                                     reallocation=r) if p.budget_multiple > 1] == [64]
-    # with the fit's steps: what it says the batch size needs, plus a quarter, in budgets rounded up; none past
-    # the cap (the fit says it would not get there), at least one budget more than it had
-    budget_steps = spec.budget_tokens / (128 * spec.model.context_length_tokens)
-    bound = {"batch_size_sequences": 128, "steps_lower_bound": budget_steps, "tokens_lower_bound": spec.budget_tokens}
-    assert rerun_budget_multiple({**bound, "fit_steps": 2.0 * budget_steps}, 1, spec.budget_tokens) == 3
-    assert rerun_budget_multiple({**bound, "fit_steps": 0.9 * budget_steps}, 1, spec.budget_tokens) == 2
-    assert rerun_budget_multiple({**bound, "fit_steps": 0.9 * budget_steps}, 3, spec.budget_tokens) == 4
-    assert rerun_budget_multiple({**bound, "fit_steps": None}, 1, spec.budget_tokens) == 2
-    far = {"targets": [{"target_loss": 3.0, "censored_points": [{**bound, "fit_steps": 3.5 * budget_steps}]}]}
-    assert not any(p.budget_multiple > 1 for p in propose(far, trials, 10, allowed_batch_size=lambda b: False,
-                                                          reallocation=r))
     diverged = [t for t in trials if t.batch_size_sequences != 128] + [TrialRecord(
         trial_id="d", batch_size_sequences=128, seed=0, group_id="d", status="DIVERGED", hyperparameters={"lr": 1.0},
         tokens=[1024.0], val_loss=[math.nan])]
