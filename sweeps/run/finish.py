@@ -133,7 +133,7 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
     return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
             "trials_per_wave": p.trials_per_wave, "reallocate_tokens": p.reallocate_tokens,
             **({"stop_at_loss": min(saved["targets"]), "budgets_spent": round(_budgets(records, spec), 4)}
-               if p.reallocate_tokens and saved.get("targets") else {}),
+               if p.reallocate_tokens and saved.get("targets") and any(w.get("added") for w in waves) else {}),
             "waves": waves, **outcome}
 
 
