@@ -42,7 +42,8 @@ def test_both_placements_spend_the_same_trials_and_the_scores_repeat_with_the_se
         assert len(trials) == 14 and sorted({t.batch_size_sequences for t in trials}) == bench.BATCH_SIZES
     first = bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
     assert first == bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
-    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials", "contradicted",
+    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials", "mean_compute",
+                          "contradicted",
                           "coverage_contradicted", "coverage_consistent", "median_log2_bias_contradicted",
                           "median_log2_bias_consistent"}
     assert 0.0 <= first["contradicted"] <= 1.0
@@ -56,3 +57,22 @@ def test_the_precision_placement_starts_as_transfer_and_stops_at_its_cap(bench):
     assert 14 < len(trials) <= 20
     loose = bench.transfer_until_precise(bench.Sweep(np.random.default_rng(5), 0.1, 0.1), ratio=1e6)
     assert len(loose) == 14
+
+
+def test_the_reallocation_placement_stops_later_trials_at_the_lowest_target_and_reruns_the_censored(bench):
+    sweep = bench.Sweep(np.random.default_rng(5), 0.1, 0.1)
+    trials = bench.transfer_until_precise_reallocated(sweep, ratio=1.0001, max_trials=20)
+    planned = bench.transfer(bench.Sweep(np.random.default_rng(5), 0.1, 0.1))
+    assert [t.val_loss for t in trials[:14]] == [t.val_loss for t in planned]  # the first wave is untouched
+    lowest, later = min(sweep.targets), trials[14:]
+    assert later and bench._compute(trials, sweep.budget) <= 20 + 1e-9
+    for t in later:  # each ends at its first milestone at or below the lowest target, or at its budget
+        assert all(x > lowest for x in t.val_loss[:-1])
+    reruns = [t for t in later if max(t.tokens) > sweep.budget * 1.001 or t.val_loss[-1] <= lowest
+              and t.batch_size_sequences in (128, 256) and t.hyperparameters["lr"] in
+              [p.hyperparameters["lr"] for p in planned if p.batch_size_sequences == t.batch_size_sequences]]
+    assert reruns
+    for t in reruns:  # the same curve as the trial it repeats, as far as that one went
+        first = next(p for p in planned if p.hyperparameters["lr"] == t.hyperparameters["lr"])
+        n = min(len(first.val_loss), len(t.val_loss))
+        assert t.val_loss[:n] == pytest.approx(first.val_loss[:n])
