@@ -102,6 +102,22 @@ def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
     assert (c.schedule.warmup_tokens, c.schedule.warmup_min_steps) == (1024, 7)
 
 
+def test_a_re_run_trial_config_carries_its_own_budget_and_stop_loss(tiny_spec_dict):
+    """Token reallocation: the searcher's ``budget_tokens`` and ``stop_at_loss`` reach the workload's config,
+    the milestones going on at the spec's spacing; without them a trial is the spec's."""
+    from sweeps.run.trainable import trial_config
+
+    spec = parse_spec(copy.deepcopy(tiny_spec_dict))  # 8192 tokens, 4 milestones
+    hp = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
+          "beta2_half_life_tokens": 4096.0}
+    plain = trial_config(spec, hp, "t0", data_path="x")
+    assert plain.budget_tokens == 8192 and plain.eval.milestones_tokens == (2048, 4096, 6144, 8192)
+    assert plain.eval.stop_at_loss is None
+    rerun = trial_config(spec, {**hp, "budget_tokens": 3 * 8192, "stop_at_loss": 2.5}, "t1", data_path="x")
+    assert rerun.budget_tokens == 24576 and rerun.eval.stop_at_loss == 2.5
+    assert rerun.eval.milestones_tokens == tuple(2048 * i for i in range(1, 13))
+
+
 def test_cli_validate_warns_about_a_warmup_shorter_than_4_steps_and_exits_0(tmp_path, tiny_spec_dict):
     d = copy.deepcopy(tiny_spec_dict)
     # largest batch 16 x 32 = 512 tokens per step; warmup_tokens 1024 = 2 steps once the step floor is lowered
