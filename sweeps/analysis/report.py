@@ -367,8 +367,7 @@ def _precision_text(analysis: dict[str, Any]) -> str:
         out += (f"<p>Sweep until precise (search.precision): asked for an interval within "
                 f"{_fmt(p.get('b_crit_ratio_requested'))}x, at most {p.get('max_trials')} "
                 + ("full trials' worth of tokens" if p.get("reallocate_tokens") else "trials")
-                + f"; stopped because <code>{html.escape(str(p.get('stopped_because')))}</code>. Waves: "
-                f"{html.escape(waves)}.</p>"
+                + f"; stopped because <code>{html.escape(str(p.get('stopped_because')))}</code>. Waves: {html.escape(waves)}.</p>"
                 + (f"<p>Token reallocation: after the first wave every trial ended at its first milestone at or below "
                    f"the lowest target ({_fmt(p.get('stop_at_loss'))}), and batch sizes censored there ran again with "
                    f"more tokens; the trials trained {_fmt(p.get('budgets_spent'))} budgets in all.</p>"

@@ -137,11 +137,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         self.precision = spec.search.precision
         self.extra_groups: dict[int, int] = {}
         self.extra_lrs: dict[int, list[float]] = {}
-        #: token reallocation: each extra group's budget multiple (1, or a re-run's), in the order handed out
-        self.extra_budget_multiples: dict[int, list[int]] = {}
-        #: token reallocation: budgets (per seed) the first wave trained, and the allowances of the later waves
-        self.budgets_first_wave = 0.0
-        self.budgets_allowed = 0.0
+        #: token reallocation (waves.py): extra groups' budget multiples, first wave's budgets, later waves' allowances
+        self.extra_budget_multiples, self.budgets_first_wave, self.budgets_allowed = {}, 0.0, 0.0
         #: one entry per ended wave (:func:`sweeps.search.precision.wave_summary` plus ``added``)
         self.waves: list[dict[str, Any]] = []
         #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add", ...}`` once the searcher stopped adding
@@ -253,9 +250,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
             if params is None:
                 return None
             point = optuna_search_trials(sub)[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
-            multiple = self._next_budget_multiple(b)
             group = _Group(trial_id, b, dict(params), len(self.spec.seeds), initial_point=point)
-            group.budget_multiple = multiple
+            group.budget_multiple = self._next_budget_multiple(b)  # before the group counts among b's
             self.open_group[b] = group
         seed = self.spec.seeds[len(group.trial_ids)]
         group.trial_ids.append(trial_id)
@@ -265,16 +261,10 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
               if self.transfer else hyperparameters_for(self.spec, b, group.params))
         point = getattr(group, "initial_point", None)
         stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
+        extra = {"initial_point": point, "stop_at_loss": stop,  # token reallocation: the stop, a re-run's budget
+                 "budget_tokens": multiple * self.spec.budget_tokens if multiple > 1 else None}
         return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,
-                **({"initial_point": point} if point is not None else {}),
-                **({"stop_at_loss": stop} if stop is not None else {}),
-                **({"budget_tokens": multiple * self.spec.budget_tokens} if multiple > 1 else {})}
-
-    def _next_budget_multiple(self, b: int) -> int:
-        """The budget multiple of ``b``'s next group: a re-run's (token reallocation), else 1."""
-        i = len(self._groups_of(b)) - self.spec.search.trials_per_batch_size  # its index among b's extra groups
-        multiples = getattr(self, "extra_budget_multiples", {}).get(b, [])
-        return multiples[i] if 0 <= i < len(multiples) else 1
+                **{k: v for k, v in extra.items() if v is not None}}
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         # Intermediate results go to the equal-compute scheduler, not to Optuna's step-indexed pruners.

@@ -100,6 +100,12 @@ class PrecisionWaves:
         r = self._reallocation()
         return r.lowest_target if r is not None else None
 
+    def _next_budget_multiple(self, b: int) -> int:
+        """The budget multiple of ``b``'s next group: a re-run's (token reallocation), else 1."""
+        i = len(self._groups_of(b)) - self.spec.search.trials_per_batch_size  # its index among b's extra groups
+        multiples = getattr(self, "extra_budget_multiples", {}).get(b, [])
+        return multiples[i] if 0 <= i < len(multiples) else 1
+
     def _budgets_spent(self, records: list[Any]) -> float:
         """Tokens the trials trained (their last milestones), in budgets per seed."""
         tokens = sum(max(r.tokens) for r in records if r.tokens)

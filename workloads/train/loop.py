@@ -112,7 +112,7 @@ def run_loop(
     peak_flops_per_s: float | None = None,
     attempt: int = 0,
 ) -> TrainingOutcome:
-    """Train ``work.model`` for ``cfg.budget_tokens`` tokens, reporting at ``cfg.eval.milestones_tokens``.
+    """Train ``work.model`` for ``cfg.budget_tokens`` (or to ``cfg.eval.stop_at_loss``), reporting at its milestones.
 
     Each report's metrics carry ``tokens_seen`` (global, all workers), ``step``, ``val_loss``
     (EMA weights for ``constant_ema``, the decayed branch for ``wsd``), ``val_loss_raw``,
@@ -123,8 +123,7 @@ def run_loop(
     ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``comm_bytes_per_step``,
     ``comm_bytes_total``, ``comm_time_s`` and ``syncs`` (this worker's communication in training,
     :class:`workloads.train.sync.CommCounters`), ``status`` (``running``,
-    ``completed`` or ``diverged``), ``done`` and ``objective`` (``stopped_at_loss`` true on the report that ends
-    the trial at ``cfg.eval.stop_at_loss``, before its budget); the last report of a batch-size
+    ``completed`` or ``diverged``), ``done``, ``objective`` (``stopped_at_loss`` on a stop); the last report of a batch-size
     warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
     ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
     it into the trial's start-up time), ``trainable_params`` (the parameters the optimizer updates and a
@@ -159,18 +158,15 @@ def run_loop(
             last_report_wall += eval_s  # evaluation time is not training time
             if not math.isfinite(val) or val > run.diverge_at:
                 status, done = "diverged", True
-        stopped_at_loss = status == "running" and cfg.eval.stop_at_loss is not None and val <= cfg.eval.stop_at_loss
-        done = done or stopped_at_loss
-        if done and status == "running":
-            status = "completed"
+        stopped = status == "running" and cfg.eval.stop_at_loss is not None and val <= cfg.eval.stop_at_loss
+        done = done or stopped  # token reallocation: it reached the lowest target the sweep declared
+        status = "completed" if done and status == "running" else status
         now = time.perf_counter()
         tps = (c.tokens_seen - last_report_tokens) / max(now - last_report_wall, 1e-9)
         last_report_wall, last_report_tokens = now, c.tokens_seen
         metrics = _metrics(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
                            tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done)
-        metrics.update(run.comm.metrics())
-        if stopped_at_loss:  # token reallocation: it reached the lowest target the sweep declared
-            metrics["stopped_at_loss"] = True
+        metrics.update(run.comm.metrics(), **({"stopped_at_loss": True} if stopped else {}))
         if done and cfg.batch.warmup:
             metrics["steps_saved_vs_initial_batch"] = run.steps_saved_vs_initial_batch(c)
         if first.unix_s:  # the attempt's first report; 0.0 after it
