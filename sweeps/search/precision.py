@@ -19,15 +19,14 @@ milestone at or below the lowest of them (past it, it informs no target), and th
 in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what earlier waves saved, and
 ``max_trials`` counts budgets. Those tokens go first to rule 0 below.
 
-What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all.
-
-0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
-   censored at the lowest target runs again at its best trial's LR with twice the tokens it had (at most
-   ``max_budget_multiple`` budgets), so that it enters the fit as a point, not a bound. These are rules of thumb
+What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
 aimed at what sets the interval's width on this project's own sweeps (``docs/results.md``): too few batch
 sizes on one side of the knee, and a batch size whose best learning rate lies outside the LRs it tried
 (so its steps to target are an overestimate). They are not an optimal experimental design.
 
+0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
+   censored at the lowest target runs again at its best trial's LR with twice the tokens it had (at most
+   ``max_budget_multiple`` budgets), so that it enters the fit as a point, not a bound.
 1. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
    interval reaches past, or where the status is ``above_range`` / ``below_range``; with no fit at all
    (too few batch sizes reached a target), both sides.
