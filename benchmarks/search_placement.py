@@ -78,7 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
 from sweeps.analysis.lr_scaling import LR_RULE_EXPONENTS, lr_exponent_fit  # noqa: E402
-from sweeps.search.precision import precise_enough, propose  # noqa: E402
+from sweeps.search.precision import budgets_trained, precise_enough, propose  # noqa: E402
 
 T = 64  # tokens per sequence
 BATCH_SIZES = [4, 8, 16, 32, 64, 128, 256]
@@ -205,8 +205,8 @@ def transfer_until_precise(sweep: Sweep, ratio: float = 3.0, max_trials: int = 2
 
 
 def _compute(records: list[TrialRecord], budget: float) -> float:
-    """Tokens trained by the records, in full trials (sweep budgets)."""
-    return sum(max(r.tokens) / budget for r in records)
+    """Tokens trained by the records, in full trials (sweep budgets), as the product counts them."""
+    return budgets_trained(records, budget, 1)
 
 
 def transfer_until_precise_reallocated(sweep: Sweep, ratio: float = 3.0, max_trials: int = 28, per_wave: int = 2,

@@ -16,7 +16,7 @@ from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
 from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.provenance import sweep_provenance
-from sweeps.search.precision import precise_enough, wave_summary
+from sweeps.search.precision import budgets_trained, precise_enough, wave_summary
 from sweeps.run.state import write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
@@ -132,14 +132,10 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
         outcome = {**outcome, "b_crit_ratio": final["ratio"], "status": final["status"]}
     return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
             "trials_per_wave": p.trials_per_wave, "reallocate_tokens": p.reallocate_tokens,
-            **({"stop_at_loss": min(saved["targets"]), "budgets_spent": round(_budgets(records, spec), 4)}
+            **({"stop_at_loss": min(saved["targets"]),
+                "budgets_spent": round(budgets_trained(records, spec.budget_tokens, len(spec.seeds)), 4)}
                if p.reallocate_tokens and saved.get("targets") and any(w.get("added") for w in waves) else {}),
             "waves": waves, **outcome}
-
-
-def _budgets(records: list, spec: SweepSpec) -> float:
-    """Tokens the trials trained (their last milestones), in budgets per seed (token reallocation's count)."""
-    return sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens / len(spec.seeds)
 
 
 def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:

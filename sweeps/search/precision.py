@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["Proposal", "Reallocation", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+__all__ = ["Proposal", "Reallocation", "budgets_trained", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
 
 #: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
 MIN_PROBE_SPACING_OCTAVES = 0.25
@@ -119,6 +119,12 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
                                 f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
                                 f"again, with {2 * had}x the budget", budget_multiple=2 * had))
     return out
+
+
+def budgets_trained(trials: list[TrialRecord], budget_tokens: int, n_seeds: int) -> float:
+    """Tokens the trials trained (each its last milestone), in budgets (``budget_tokens``) per seed: token
+    reallocation's count of compute (``max_trials``, each wave's ``budgets_spent``)."""
+    return sum(max(t.tokens) for t in trials if t.tokens) / budget_tokens / n_seeds
 
 
 def interval_ratio(ci: list[float | None] | None) -> float:

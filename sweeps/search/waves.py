@@ -10,7 +10,7 @@ import logging
 import math
 from typing import Any
 
-from sweeps.search.precision import Proposal, Reallocation, precise_enough, propose, wave_summary
+from sweeps.search.precision import Proposal, Reallocation, budgets_trained, precise_enough, propose, wave_summary
 from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 
 __all__ = ["PrecisionWaves"]
@@ -107,9 +107,7 @@ class PrecisionWaves:
         return multiples[i] if 0 <= i < len(multiples) else 1
 
     def _budgets_spent(self, records: list[Any]) -> float:
-        """Tokens the trials trained (their last milestones), in budgets per seed."""
-        tokens = sum(max(r.tokens) for r in records if r.tokens)
-        return tokens / self.spec.budget_tokens / len(self.spec.seeds)
+        return budgets_trained(records, self.spec.budget_tokens, len(self.spec.seeds))
 
     def _runs_as_proposed(self, p: Proposal) -> bool:
         """An LR probe runs at its LR only within the study's offset range around its batch size's centre."""
