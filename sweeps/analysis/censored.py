@@ -57,13 +57,21 @@ class CensoredPoints:
         y_obs: their mean ``log`` steps over seeds, shape (n_o,).
         b_cens: batch sizes that did not (for some seed), shape (n_c,).
         c_cens: the ``log`` of the steps each is known to need more than (mean over its seeds of each seed's
-            ``log`` steps or ``log`` bound), shape (n_c,).
+            ``log`` steps or ``log`` bound), shape (n_c,); or, where ``s_cens`` is -1, at most (a batch size
+            already below the target at its first milestone: interval-censored in ``(0, c]``).
     """
 
     b_obs: np.ndarray
     y_obs: np.ndarray
     b_cens: np.ndarray
     c_cens: np.ndarray
+    #: +1 for a lower bound (needs more than ``c``), -1 for an upper bound (needs at most ``c``), shape (n_c,);
+    #: None: every censored point is a lower bound
+    s_cens: np.ndarray | None = None
+
+    @property
+    def signs(self) -> np.ndarray:
+        return np.ones(len(self.b_cens)) if self.s_cens is None else np.asarray(self.s_cens, dtype=float)
 
     @property
     def n(self) -> int:
@@ -79,38 +87,40 @@ def _mills(x: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * x * x - 0.5 * _LOG_2PI - log_ndtr(x))
 
 
-def _nll_shift(delta: np.ndarray, theta: np.ndarray, w: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _nll_shift(delta: np.ndarray, theta: np.ndarray, w: np.ndarray, v: np.ndarray, sg: np.ndarray) -> np.ndarray:
     """Negative log-likelihood (constant dropped) in Olsen's parameters; ``w = y - g`` (G, n_o), ``v = c - g``
-    (G, n_c), with ``g`` the hyperbola's shape at each grid point; ``delta``, ``theta`` shape (G,)."""
+    (G, n_c), with ``g`` the hyperbola's shape at each grid point; ``delta``, ``theta`` shape (G,); ``sg`` the
+    censored points' signs (n_c,): a lower bound adds ``-log Phi(delta - theta v)``, an upper bound
+    ``-log Phi(theta v - delta)``."""
     r = theta[:, None] * w - delta[:, None]
     out = -w.shape[1] * np.log(theta) + 0.5 * (r * r).sum(axis=1)
     if v.shape[1]:
-        out = out - log_ndtr(delta[:, None] - theta[:, None] * v).sum(axis=1)
+        out = out - log_ndtr(sg[None, :] * (delta[:, None] - theta[:, None] * v)).sum(axis=1)
     return out
 
 
-def _profile_shift(w: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _profile_shift(w: np.ndarray, v: np.ndarray, sg: np.ndarray) -> np.ndarray:
     """``min over (log S_min, sigma)`` of the negative log-likelihood at each of G shapes (rows of ``w``, ``v``):
     damped Newton on the convex problem in ``(delta, theta)``, started from the observed points' least squares.
     (Observed points exactly on the curve make the Hessian singular; such rows keep their last finite value.)"""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        return _newton_shift(w, v)
+        return _newton_shift(w, v, sg)
 
 
-def _newton_shift(w: np.ndarray, v: np.ndarray) -> np.ndarray:
+def _newton_shift(w: np.ndarray, v: np.ndarray, sg: np.ndarray) -> np.ndarray:
     """The body of :func:`_profile_shift`."""
     n_o = w.shape[1]
     m0 = w.mean(axis=1)
     theta = np.sqrt(n_o / np.maximum(((w - m0[:, None]) ** 2).sum(axis=1), 1e-300))
     delta = theta * m0
-    f = _nll_shift(delta, theta, w, v)
+    f = _nll_shift(delta, theta, w, v, sg)
     for _ in range(_NEWTON_ITERS):
         r = theta[:, None] * w - delta[:, None]
-        x = delta[:, None] - theta[:, None] * v
+        x = sg[None, :] * (delta[:, None] - theta[:, None] * v)
         lam = _mills(x)
         h = lam * (lam + x)
-        g_d = -r.sum(axis=1) - lam.sum(axis=1)
-        g_t = -n_o / theta + (r * w).sum(axis=1) + (lam * v).sum(axis=1)
+        g_d = -r.sum(axis=1) - (lam * sg[None, :]).sum(axis=1)
+        g_t = -n_o / theta + (r * w).sum(axis=1) + (lam * sg[None, :] * v).sum(axis=1)
         h_dd = n_o + h.sum(axis=1)
         h_tt = n_o / theta ** 2 + (w * w).sum(axis=1) + (h * v * v).sum(axis=1)
         h_dt = -w.sum(axis=1) - (h * v).sum(axis=1)
@@ -121,7 +131,7 @@ def _newton_shift(w: np.ndarray, v: np.ndarray) -> np.ndarray:
         for _ in range(30):  # halve where the step leaves theta > 0 or raises the objective
             nt = theta + step * s_t
             ok = nt > 0
-            nf = np.where(ok, _nll_shift(delta + step * s_d, np.where(ok, nt, 1.0), w, v), np.inf)
+            nf = np.where(ok, _nll_shift(delta + step * s_d, np.where(ok, nt, 1.0), w, v, sg), np.inf)
             bad = ~(nf <= f + 1e-12)
             if not bad.any():
                 break
@@ -145,7 +155,8 @@ def _shape(u: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _profile_u(pts: CensoredPoints, u: np.ndarray) -> np.ndarray:
     """The profile negative log-likelihood of ``log b_crit`` at each ``u`` (``log S_min``, sigma re-optimised)."""
     u = np.atleast_1d(np.asarray(u, dtype=float))
-    return _profile_shift(pts.y_obs[None, :] - _shape(u, pts.b_obs), pts.c_cens[None, :] - _shape(u, pts.b_cens))
+    return _profile_shift(pts.y_obs[None, :] - _shape(u, pts.b_obs), pts.c_cens[None, :] - _shape(u, pts.b_cens),
+                          pts.signs)
 
 
 def _threshold(n: int, level: float) -> float:
@@ -242,7 +253,7 @@ def _nll_theta(mu_o: np.ndarray, mu_c: np.ndarray, pts: CensoredPoints) -> np.nd
     """``min over sigma`` of the negative log-likelihood (the shift's form, constant dropped) at given means
     ``mu_o`` (G, n_o), ``mu_c`` (G, n_c): Newton on ``theta = 1/sigma``, convex for fixed means."""
     w = pts.y_obs[None, :] - mu_o
-    d = mu_c - pts.c_cens[None, :]
+    d = pts.signs[None, :] * (mu_c - pts.c_cens[None, :])
     n_o, rss = w.shape[1], (w * w).sum(axis=1)
     theta = np.sqrt(n_o / np.maximum(rss, 1e-300))
 

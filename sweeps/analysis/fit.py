@@ -35,6 +35,8 @@ from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
 from sweeps.analysis.censored import CENSORED_INTERVAL_METHOD, CensoredPoints, censored_fit
+from sweeps.analysis.model_check import misfit_reason, scaling_gap
+from sweeps.analysis.seed_effects import RANDOM_EFFECTS_METHOD, combine_seed_fits
 
 __all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "cbs_20_interval",
            "analyze_points", "INTERVAL_METHOD", "STATUSES"]
@@ -43,12 +45,12 @@ __all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e
 INTERVAL_METHOD = (
     "profile-likelihood interval of log b_crit on one point per batch size (mean log steps over its seeds), "
     "F(1, n-2) calibrated (Bates and Watts 1988, section 6.1; Seber and Wild 1989, Eq. 5.35); "
-    + CENSORED_INTERVAL_METHOD
+    + CENSORED_INTERVAL_METHOD + "; " + RANDOM_EFFECTS_METHOD
 )
 
 
 #: every status a fit can have
-STATUSES = ("ok", "edge", "above_range", "below_range", "no_knee")
+STATUSES = ("ok", "edge", "above_range", "below_range", "no_knee", "misfit")
 
 
 @dataclass(frozen=True)
@@ -315,29 +317,34 @@ def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
             [None if x is None else 0.2 * x for x in (lo, hi)])
 
 
-def _reduce_censored(B: list[float], steps: Sequence[float],
-                     censored: Sequence[tuple[float, float]]) -> CensoredPoints:
+def _reduce_censored(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
+                     upper: Sequence[tuple[float, float]] = ()) -> CensoredPoints:
     """One point per batch size for :func:`sweeps.analysis.censored.censored_fit`: the mean ``log S`` over a batch
-    size's seeds where every seed reached the target, else a censored point at the mean over its seeds of each
-    one's ``log`` steps or ``log`` lower bound (a lower bound of that mean)."""
-    logs: dict[float, tuple[list[float], list[float]]] = {}
+    size's seeds where every seed reached the target exactly; else a lower-censored point at the mean over its
+    seeds of each one's ``log`` steps or ``log`` lower bound (a lower bound of that mean) when a seed did not reach
+    it; else an upper-censored point at the mean of ``log`` steps and ``log`` upper bounds (a seed already below
+    the target at its first milestone: an upper bound of that mean)."""
+    logs: dict[float, tuple[list[float], list[float], list[float]]] = {}
     for b, s in zip(B, steps):
-        logs.setdefault(float(b), ([], []))[0].append(math.log(s))
+        logs.setdefault(float(b), ([], [], []))[0].append(math.log(s))
     for b, bound in censored:
-        logs.setdefault(float(b), ([], []))[1].append(math.log(bound))
-    obs = sorted((b, float(np.mean(o))) for b, (o, c) in logs.items() if not c)
-    cens = sorted((b, float(np.mean(o + c))) for b, (o, c) in logs.items() if c)
+        logs.setdefault(float(b), ([], [], []))[1].append(math.log(bound))
+    for b, bound in upper:
+        logs.setdefault(float(b), ([], [], []))[2].append(math.log(bound))
+    obs = sorted((b, float(np.mean(o))) for b, (o, c, u) in logs.items() if not c and not u)
+    cens = sorted((b, float(np.mean(o + c)), 1.0) for b, (o, c, u) in logs.items() if c)
+    cens += sorted((b, float(np.mean(o + u)), -1.0) for b, (o, c, u) in logs.items() if u and not c)
     arr = lambda rows, k: np.array([r[k] for r in rows], dtype=float)  # noqa: E731
-    return CensoredPoints(arr(obs, 0), arr(obs, 1), arr(cens, 0), arr(cens, 1))
+    return CensoredPoints(arr(obs, 0), arr(obs, 1), arr(cens, 0), arr(cens, 1), arr(cens, 2))
 
 
 def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
-                       level: float) -> dict[str, Any]:
+                       level: float, upper: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
     """The fit and its three intervals (:func:`interval_b_crit`, :func:`interval_s_min_e_min`), or with censored
-    points the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`, on :func:`_reduce_censored`'s
-    points: a batch size with a censored seed is censored as a whole)."""
-    if censored:
-        return censored_fit(_reduce_censored(B, steps, censored), level)
+    points (lower or upper bounds) the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`, on
+    :func:`_reduce_censored`'s points: a batch size with a censored seed is censored as a whole)."""
+    if censored or upper:
+        return censored_fit(_reduce_censored(B, steps, censored, upper), level)
     ub, us = _per_batch_means(B, steps)
     fit = fit_hyperbola(ub, us)
     lo, hi = interval_b_crit(B, steps, level=level)
@@ -346,9 +353,34 @@ def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequenc
             "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}
 
 
+def _seed_combined(B: list[float], steps: Sequence[float], seed_of: list[int], censored: list[tuple],
+                   upper: list[tuple], level: float, out: dict[str, Any]) -> dict[str, Any]:
+    """``{b_crit, b_crit_ci}`` from each seed's own fit combined with the between-seed variance
+    (:func:`sweeps.analysis.seed_effects.combine_seed_fits`), and ``out`` given ``seed_fits`` and
+    ``between_seed_sd_log``; {} when fewer than two seeds bound a fit (the pooled fit stands)."""
+    per = []
+    for seed in sorted(set(seed_of)):
+        idx = [i for i, x in enumerate(seed_of) if x == seed]
+        b_s, s_s = [B[i] for i in idx], [steps[i] for i in idx]
+        c_s = [c[:2] for c in censored if c[2] in (seed, None)]
+        u_s = [c[:2] for c in upper if c[2] in (seed, None)]
+        if len(set(b_s) - {c[0] for c in c_s} - {c[0] for c in u_s}) < 3:
+            continue
+        f = _fit_and_intervals(b_s, s_s, c_s, level, u_s)
+        per.append({"seed": seed, "b_crit": f["b_crit"], "b_crit_ci": list(f["b_crit_ci"])})
+    combined = combine_seed_fits([(p["b_crit"], *p["b_crit_ci"]) for p in per], level)
+    out["seed_fits"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in p.items()}
+                        for p in per]
+    if combined is None:
+        return {}
+    out["between_seed_sd_log"] = combined["tau_log"]
+    return {"b_crit": combined["b_crit"], "b_crit_ci": combined["b_crit_ci"]}
+
+
 def analyze_points(
     batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *, level: float = 0.95,
-    censored: Sequence[tuple[float, float]] = (),
+    censored: Sequence[tuple[float, ...]] = (), upper_bounds: Sequence[tuple[float, ...]] = (),
+    seeds: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Fit one set of (batch size, steps to target) points and describe the knee.
 
@@ -367,21 +399,38 @@ def analyze_points(
     ``b_compute_overhead_20_ci`` (``b_crit_ci`` mapped through them, :func:`cbs_20_interval`), ``n_points``,
     ``n_batch_sizes``, ``fitted_batch_sizes`` (the distinct batch sizes, sorted: the swept range the status
     refers to), ``rms_log_residual``, ``reference_batch``.
+
+    ``censored``: ``(batch size, steps[, seed])`` lower bounds (a seed that did not reach the target needs more);
+    ``upper_bounds``: ``(batch size, steps[, seed])`` upper bounds (a seed already below the target at its first
+    milestone needs at most that). Either makes its batch size a censored point of the censored-normal fit
+    (:mod:`sweeps.analysis.censored`), never an exact one; ``censored_in_fit`` and ``upper_bounded_in_fit`` list them.
+    ``seeds``: each point's training seed; with two or more seeds that each bound a fit, ``b_crit`` and its
+    interval combine the seeds' own fits with the between-seed variance
+    (:func:`sweeps.analysis.seed_effects.combine_seed_fits`; ``seed_fits`` and ``between_seed_sd_log`` say how).
     """
     B = [float(b) for b in batch_sizes]
-    censored = [(float(b), float(c)) for b, c in censored if c is not None and c > 0 and math.isfinite(c)]
+    seed_of = list(seeds) if seeds is not None else [0] * len(B)
+    censored_s = [(float(c[0]), float(c[1]), c[2] if len(c) > 2 else None) for c in censored
+                  if c[1] is not None and c[1] > 0 and math.isfinite(c[1])]
+    upper_s = [(float(c[0]), float(c[1]), c[2] if len(c) > 2 else None) for c in upper_bounds
+               if c[1] is not None and c[1] > 0 and math.isfinite(c[1])]
+    censored, upper = [c[:2] for c in censored_s], [c[:2] for c in upper_s]
     cens_b = {b for b, _ in censored}  # a batch size with a censored seed is censored as a whole (its mean)
-    distinct = sorted(set(B) - cens_b)
-    out: dict[str, Any] = {"n_points": sum(1 for b in B if b not in cens_b), "n_batch_sizes": len(distinct),
+    upper_b = {b for b, _ in upper} - cens_b
+    distinct = sorted(set(B) - cens_b - upper_b)
+    out: dict[str, Any] = {"n_points": sum(1 for b in B if b not in cens_b | upper_b), "n_batch_sizes": len(distinct),
                            "fitted_batch_sizes": distinct, "reference_batch": reference_batch, "b_crit_bound": None,
-                           "censored_in_fit": sorted(cens_b) if len(distinct) >= 3 else []}
+                           "censored_in_fit": sorted(cens_b) if len(distinct) >= 3 else [],
+                           "upper_bounded_in_fit": sorted(upper_b) if len(distinct) >= 3 else []}
     if len(distinct) < 3:
         out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
                    cbs_20_ci=None, b_compute_overhead_20_ci=None, b_crit_ci=None, s_min_ci=None, e_min_ci=None,
                    rms_log_residual=None,
                    message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
         return out
-    fit = _fit_and_intervals(B, steps, censored, level)
+    fit = _fit_and_intervals(B, steps, censored, level, upper)
+    if len(set(seed_of)) >= 2:
+        fit = {**fit, **_seed_combined(B, steps, seed_of, censored_s, upper_s, level, out)}
     lo, hi = fit["b_crit_ci"]
     (s_lo, s_hi), (e_lo, e_hi) = fit["s_min_ci"], fit["e_min_ci"]
     out.update(s_min=fit["s_min"], e_min=fit["e_min"], rms_log_residual=fit["rms_log_residual"],
@@ -400,7 +449,7 @@ def analyze_points(
     elif fit["b_crit"] > hi_b:
         out.update(status="above_range", b_crit_bound=f"> {hi_b:g}", **none,
                    message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
-                           f"those that reached this target): steps still scale almost perfectly there")
+                           f"those that reached this target): {_gap_text(B, steps, distinct)}")
     else:
         below = sum(1 for b in distinct if b <= fit["b_crit"])
         above = sum(1 for b in distinct if b >= fit["b_crit"])
@@ -417,4 +466,20 @@ def analyze_points(
         out.update(status=status, b_crit=fit["b_crit"], cbs_20=cbs_20(fit["b_crit"], reference_batch),
                    b_compute_overhead_20=0.2 * fit["b_crit"], cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci,
                    message=message)
+    exact = [(b, x) for b, x in zip(B, steps) if b in distinct]
+    why = misfit_reason([b for b, _ in exact], [x for _, x in exact], fit["rms_log_residual"])
+    if why is not None and out["status"] != "no_knee":
+        out.update(status="misfit", b_crit_bound=None, **none, message=why)
     return out
+
+
+def _gap_text(B: list[float], steps: Sequence[float], distinct: list[float]) -> str:
+    """How far the fitted batch sizes' steps are from perfect scaling, in words (an ``above_range`` message)."""
+    gap = scaling_gap([b for b in B if b in distinct], [x for b, x in zip(B, steps) if b in distinct])
+    if gap is None:
+        return "steps still fall with the batch there"
+    b0, b1, ratio = gap
+    if ratio <= 1.2:
+        return f"steps still scale almost perfectly there (B={b1:g} needs {ratio:.2f}x the steps perfect scaling from B={b0:g} gives)"
+    return (f"steps still fall with the batch there, though B={b1:g} already needs {ratio:.2f}x the steps perfect "
+            f"scaling from B={b0:g} gives")

@@ -36,7 +36,7 @@ from scipy import stats
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
 __all__ = ["LR_RULE_EXPONENTS", "best_lr_per_batch", "lr_exponent_fit", "lr_exponent_by_chance", "lr_scaling",
-           "lr_optimum_beyond_tried", "lr_search_too_narrow"]
+           "lr_optimum_beyond_tried", "open_lr_brackets"]
 
 #: the exponent of each LR scaling rule critbatch searches over (``lr = base_lr * (B / B_base)^alpha``)
 LR_RULE_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -162,29 +162,54 @@ def lr_optimum_beyond_tried(per_batch: list[dict[str, Any]]) -> dict[str, list[i
     return {"above": above, "below": below}
 
 
-def lr_search_too_narrow(beyond: dict[str, list[int]], n_batch_sizes: int) -> str | None:
-    """``"above"`` or ``"below"`` when most batch sizes (at least 3 and 70 %) were fastest at the same end of
-    their tried LRs: the search is centred off the optimum (e.g. ``search.base_lr`` too low), not scattered
-    around it; else None. With two LRs per batch size one end always wins, so a single side is the signal."""
-    for side in ("above", "below"):
-        if len(beyond[side]) >= max(3, math.ceil(0.7 * n_batch_sizes)):
-            return side
-    return None
+def open_lr_brackets(trials: list[TrialRecord], targets: list[float]) -> list[dict[str, Any]]:
+    """The batch sizes whose fastest trial at some target ran at an end of the LRs they tried: there the optimum
+    may lie beyond, and the batch size's point at that target overstates its tuned steps (the fit's points are
+    the fastest trial at each target, :data:`sweeps.analysis.targets.TARGET_RULE`). At each target only batch
+    sizes with a trial that reached it count; trials that did not reach it (or diverged) count as slower, so a
+    probe beyond that diverged closes the bracket. One tried LR is open on both sides.
+
+    Returns:
+        one entry per (batch size, side), sorted: ``{batch_size_sequences, side ("above" | "below"),
+        fastest_lr (at the lowest such target), targets (the target losses where it is open, decreasing)}``.
+    """
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for target in sorted(targets, reverse=True):
+        for p in best_lr_per_batch(trials, target):
+            bracket = p.get("best_lr_bracket")
+            sides = ["below", "above"] if bracket is None else (
+                (["below"] if bracket[0] is None else []) + (["above"] if bracket[1] is None else []))
+            if not sides:
+                continue
+            fastest = _fastest_lr(trials, p["batch_size_sequences"], target)
+            for side in sides:
+                e = out.setdefault((p["batch_size_sequences"], side), {
+                    "batch_size_sequences": p["batch_size_sequences"], "side": side, "targets": []})
+                e["targets"].append(float(target))
+                e["fastest_lr"] = fastest
+    return [out[k] for k in sorted(out)]
+
+
+def _fastest_lr(trials: list[TrialRecord], batch_size: int, target: float) -> float | None:
+    """The LR of ``batch_size``'s trial first to ``target`` (ties: the lower LR)."""
+    tokens = tokens_to_target_by_trial([t for t in trials if t.batch_size_sequences == batch_size], target)
+    rows = [(tok, float(t.hyperparameters["lr"])) for t in trials if t.batch_size_sequences == batch_size
+            and t.hyperparameters.get("lr") and tokens.get(t.trial_id) is not None for tok in [tokens[t.trial_id]]]
+    return min(rows)[1] if rows else None
 
 
 def lr_scaling(trials: list[TrialRecord], target: float, level: float = 0.95) -> dict[str, Any]:
     """``cbs.json``'s LR-scaling keys at the headline ``target``.
 
     Returns:
-        ``{lr_per_batch: best_lr_per_batch(...), lr_optimum_beyond_tried, lr_search_too_narrow}``
-        (:func:`lr_optimum_beyond_tried`, :func:`lr_search_too_narrow`) and, with 3 or more batch sizes,
+        ``{lr_per_batch: best_lr_per_batch(...), lr_optimum_beyond_tried}`` (:func:`lr_optimum_beyond_tried`)
+        and, with 3 or more batch sizes,
         ``lr_scaling_exponent_fit`` (alpha), ``lr_scaling_exponent_ci``, ``lr_scaling_rules_in_interval``
         and ``lr_scaling_exponent_by_chance``.
     """
     per_batch = best_lr_per_batch(trials, target)
     beyond = lr_optimum_beyond_tried(per_batch)
-    out: dict[str, Any] = {"lr_per_batch": per_batch, "lr_optimum_beyond_tried": beyond,
-                           "lr_search_too_narrow": lr_search_too_narrow(beyond, len(per_batch))}
+    out: dict[str, Any] = {"lr_per_batch": per_batch, "lr_optimum_beyond_tried": beyond}
     fit = lr_exponent_fit([p["batch_size_sequences"] for p in per_batch], [p["best_lr"] for p in per_batch], level)
     if fit is not None:
         out |= {"lr_scaling_exponent_fit": fit["alpha"], "lr_scaling_exponent_ci": fit["alpha_ci"],

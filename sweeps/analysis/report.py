@@ -348,12 +348,11 @@ def _lr_scaling_text(analysis: dict[str, Any]) -> str:
 def _precision_text(analysis: dict[str, Any]) -> str:
     """``search.precision`` and the off-centre LR warning, one paragraph each (empty when neither applies)."""
     out = ""
-    side = analysis.get("lr_search_too_narrow")
-    if side:
-        beyond = ", ".join(str(b) for b in (analysis.get("lr_optimum_beyond_tried") or {}).get(side, []))
-        out += (f"<p><b>Warning:</b> at batch sizes {beyond} the fastest trial ran at the "
-                f"{'highest' if side == 'above' else 'lowest'} LR it tried: the optimum lies {side} the searched LRs, "
-                "so these batch sizes are under-tuned and their steps to target overestimated.</p>")
+    opened = analysis.get("lr_brackets_open")
+    if opened:
+        which = ", ".join(f"B={e['batch_size_sequences']} {e['side']} its tried LRs" for e in opened)
+        out += (f"<p><b>Open LR brackets:</b> {which}: at those batch sizes the fastest trial at some target ran at "
+                "an end of the LRs tried, so the optimum may lie beyond and their steps to target are overstated.</p>")
     p = analysis.get("precision")
     if isinstance(p, dict):
         def added(w: dict) -> str:

@@ -36,6 +36,9 @@ STATUS_TEXT = {
                    "as no number",
     "below_range": "the fitted knee lies below the smallest swept batch size: every swept batch is already past it, "
                    "so b_crit is only bounded from above (b_crit_bound) and reported as no number",
+    "misfit": "the points break the model S = S_min + E_min/B (tokens to the target rising towards small batch sizes, "
+              "or a scatter far beyond the seed-to-seed noise): no knee is reported, since a fit through them would "
+              "give one whatever the truth",
     "no_knee": "no knee is identified: fewer than 3 batch sizes reached the target, or the points bound b_crit on "
                "neither side",
     "no_completed_trials": "no trial completed, so there is nothing to fit",
@@ -150,10 +153,13 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
         low = f" (95 % interval from {_num(float(lo))} up)" if _positive(lo) else ""
         late = [x for x in _excluded(cbs) if x > swept[1]]
         todo = _late_text(late) if late else f"add batch sizes {_sizes([swept[1] * 2, swept[1] * 4])}"
+        gap = _gap(cbs)
+        how = ("steps still fall almost in proportion to the batch, so a larger batch is still nearly free in compute"
+               if gap is None or gap <= 1.2 else
+               f"steps still fall with the batch, though the largest needs {gap:.1f}x the steps perfect scaling from the "
+               "smallest gives")
         return (f"{at}the knee lies above the largest batch size that reached the target, {_num(swept[1])} {unit}{low}: "
-                "up to there "
-                "steps still fall almost in proportion to the batch, so a larger batch is still nearly free in "
-                f"compute; to find the knee, {todo}.")
+                f"up to there {how}; to find the knee, {todo}.")
     if status == "below_range" and swept is not None:
         hi = ci[1] if ci else None
         up = f" (95 % interval up to {_num(float(hi))})" if _positive(hi) else ""
@@ -170,8 +176,25 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
         wider = (f" (e.g. {_sizes(_below(swept[0]) + [swept[1] * 2, swept[1] * 4])})" if swept else "")
         return (f"{at}no knee can be identified: the points{' over ' + sw_text if sw_text else ''} bound b_crit on "
                 f"neither side; widen the swept batch sizes on both sides{wider}.")
+    if status == "misfit":
+        return (f"{at}no critical batch size is reported: {cbs.get('message') or describe_status(status)}. Check the "
+                "small batch sizes' learning rates (an LR probe) and that the schedule does not depend on the run's "
+                "length.")
     msg = cbs.get("message")
     return f"{at}status {status}: {describe_status(status)}" + (f" ({msg})." if msg else ".")
+
+
+def _gap(cbs: dict[str, Any]) -> Optional[float]:
+    """Steps at the largest fitted batch size over perfect scaling from the smallest, from the primary target's
+    (or a fit's own) points; None without 2 batch sizes."""
+    pts = cbs.get("points") or (_primary_target(cbs) or {}).get("points") or []
+    rows = [(float(p["batch_size_sequences"]), float(p["steps_to_target"])) for p in pts
+            if isinstance(p, dict) and p.get("steps_to_target") and not p.get("upper_bound")]
+    if len({b for b, _ in rows}) < 2:
+        return None
+    lo_b, hi_b = min(b for b, _ in rows), max(b for b, _ in rows)
+    mean = lambda b: math.exp(sum(math.log(s) for x, s in rows if x == b) / sum(1 for x, _ in rows if x == b))  # noqa: E731
+    return mean(hi_b) * hi_b / (mean(lo_b) * lo_b)
 
 
 def _headline_fitted(at: str, status: str, b: float, ci: Optional[list], swept: tuple[float, float],

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
-from sweeps.analysis.lr_scaling import lr_scaling
+from sweeps.analysis.lr_scaling import lr_scaling, open_lr_brackets
 from sweeps.analysis.summary import headline
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
@@ -104,6 +104,8 @@ def analyze_trials(
     ]
     # the LR scaling rule the data say (methodology section 7.4), beside what random picks give
     result |= lr_scaling(trials, primary["target_loss"], level)
+    # where the fastest trial at a target ran at an end of its batch size's tried LRs (search.precision probes them)
+    result["lr_brackets_open"] = open_lr_brackets(trials, tlist)
     return _with_headline(result)
 
 
@@ -142,7 +144,8 @@ def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
 #: the keys of each entry of ``cbs.json``'s ``targets``
 _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
-                "n_batch_sizes", "fitted_batch_sizes", "censored_in_fit", "rms_log_residual", "message", "points",
+                "n_batch_sizes", "fitted_batch_sizes", "censored_in_fit", "upper_bounded_in_fit", "seed_fits",
+                "between_seed_sd_log", "rms_log_residual", "message", "points",
                 "excluded_batch_sizes", "censored_points")
 
 
@@ -151,9 +154,12 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
     """One target loss: its points (:func:`steps_to_target_points`) and their fit (:func:`analyze_points`)."""
     points, excluded = steps_to_target_points(trials, target, T)
     censored = censored_points(trials, target, T)
-    fit = analyze_points([p["batch_size_sequences"] for p in points], [p["steps_to_target"] for p in points],
-                         reference_batch, level=level,
-                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"]) for c in censored])
+    exact = [p for p in points if not p.get("upper_bound")]
+    fit = analyze_points([p["batch_size_sequences"] for p in exact], [p["steps_to_target"] for p in exact],
+                         reference_batch, level=level, seeds=[p["seed"] for p in exact],
+                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
+                         upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
+                                       if p.get("upper_bound")])
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
     for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None

@@ -144,21 +144,24 @@ def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_
 
     Returns:
         ``(points, excluded)``: points sorted by batch size then seed, each ``{batch_size_sequences,
-        seed, tokens_to_target, steps_to_target, trial_id, group_id}``; ``excluded``: batch sizes with
-        a trial but no crossing (they enter the fit as censored points, :func:`censored_points`).
+        seed, tokens_to_target, steps_to_target, trial_id, group_id}``, with ``upper_bound: True`` where the
+        fastest trial was already at or below the target at its first milestone (its steps are at most these:
+        the fit takes it as an upper bound, never as an exact point); ``excluded``: batch sizes with a trial but
+        no crossing (they enter the fit as censored points, :func:`censored_points`).
     """
     last = last_tokens_by_batch(trials)
-    best: dict[tuple[int, int], tuple[float, TrialRecord]] = {}
+    best: dict[tuple[int, int], tuple[float, TrialRecord, bool]] = {}
     for t in trials:
         if not t.tokens:
             continue
-        tok = _crossing(t, target)
+        hit = _first_crossing(t.tokens, t.val_loss, target)
         key = (t.batch_size_sequences, t.seed)
-        if tok is not None and (key not in best or tok < best[key][0]):
-            best[key] = (tok, t)
+        if hit is not None and (key not in best or hit[0] < best[key][0]):
+            best[key] = (hit[0], t, hit[1] == 0)
     points = [{"batch_size_sequences": b, "seed": s, "tokens_to_target": tok,
-               "steps_to_target": tok / (b * tokens_per_sequence), "trial_id": t.trial_id, "group_id": t.group_id}
-              for (b, s), (tok, t) in sorted(best.items())]
+               "steps_to_target": tok / (b * tokens_per_sequence), "trial_id": t.trial_id, "group_id": t.group_id,
+               **({"upper_bound": True} if bound else {})}
+              for (b, s), (tok, t, bound) in sorted(best.items())]
     reached = {p["batch_size_sequences"] for p in points}
     return points, sorted(set(last) - reached)
 

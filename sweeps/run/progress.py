@@ -189,8 +189,7 @@ def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ra
     ratio = wave.get("ratio")
     head = (f"[precision] after {wave.get('trials')} trials: {found} (upper/lower "
             f"{'unbounded' if ratio is None else f'{ratio:.3g}'}, asked <= {requested_ratio:g}), status {wave.get('status')}"
-            + (f", the LR optimum lies {wave['lr_search_too_narrow']} the tried LRs at most batch sizes"
-               if wave.get("lr_search_too_narrow") else ""))
+            + (f", {wave['lr_brackets_open']} open LR bracket(s)" if wave.get("lr_brackets_open") else ""))
     if outcome is not None:
         why = {"met": "precise enough, no more trials", "max_trials": "search.precision.max_trials reached",
                "nothing_to_add": "no trial left to add"}.get(outcome["stopped_because"], outcome["stopped_because"])

@@ -5,9 +5,10 @@ A *wave* ends when every trial handed out so far has ended. Its analysis is the 
 (:func:`sweeps.analysis.analyze_trials` on the sweep's records). The sweep stops adding trials when
 
 - ``met``: the headline status is ``ok``, the interval's upper/lower ratio is at most ``b_crit_ratio``, and
-  the LR search is not off-centre (``lr_search_too_narrow``: most batch sizes fastest at the same end of
-  their tried LRs, :func:`sweeps.analysis.lr_scaling.lr_search_too_narrow`; a narrow interval on
-  under-tuned LRs is not the tuned answer);
+  no LR bracket is open (``lr_brackets_open``, :func:`sweeps.analysis.lr_scaling.open_lr_brackets`: at no
+  declared target does a batch size's fastest trial sit at an end of the LRs it tried; a narrow interval on
+  under-tuned LRs is not the tuned answer, and on real training it did not cover: docs/benchmarks.md,
+  "Real-training coverage");
 - ``max_trials``: the next wave would pass ``precision.max_trials``;
 - ``nothing_to_add``: no rule below proposes a trial it has not run.
 
@@ -20,18 +21,21 @@ in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what ear
 ``max_trials`` counts budgets. Those tokens go first to rule 0 below.
 
 What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
-aimed at what sets the interval's width on this project's own sweeps (``docs/results.md``): too few batch
-sizes on one side of the knee, and a batch size whose best learning rate lies outside the LRs it tried
-(so its steps to target are an overestimate). They are not an optimal experimental design.
+aimed at what sets the interval's width and its bias on this project's own sweeps (``docs/results.md``): a
+batch size whose best learning rate lies outside the LRs it tried (so its steps to target are an
+overestimate), and too few batch sizes on one side of the knee. They are not an optimal experimental design.
 
+1. **Open LR brackets** (under ``search.strategy: transfer``): a batch size whose fastest trial at some declared
+   target ran at its lowest (highest) tried LR (``lr_brackets_open``) gets a probe one octave below (above)
+   that LR: the optimum may lie beyond. Until every bracket is closed the sweep is not ``met``.
 0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
-   censored at the lowest target runs again at its best trial's LR with twice the tokens it had (at most
-   ``max_budget_multiple`` budgets), so that it enters the fit as a point, not a bound.
-1. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
+   censored at the lowest target first gets an LR probe an octave beyond its best trial's LR when that trial
+   ran at an end of its tried LRs (a poor LR, not too few tokens, may be what kept it short); otherwise it
+   runs again at its best trial's LR with twice the tokens it had (at most ``max_budget_multiple`` budgets),
+   so that it enters the fit as a point, not a bound.
+2. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
    interval reaches past, or where the status is ``above_range`` / ``below_range``; with no fit at all
    (too few batch sizes reached a target), both sides.
-2. **Open LR brackets**: a batch size of the fit whose fastest trial ran at its lowest (highest) tried LR
-   gets a probe one octave below (above) it: the optimum may lie beyond.
 3. **A batch size between two fitted ones** (their geometric middle, rounded): one more point on the
    hyperbola, with its own errors. LR probes at a batch size already swept cannot average away an error
    its trials share (the curve's own noise, which more LRs do not change); a new batch size can.
@@ -97,10 +101,13 @@ class Reallocation:
 
 def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation) -> list[Proposal]:
     """Rule 0: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
-    at ``realloc.lowest_target``) is re-run at its trial with the lowest last loss (its LR; the same seed, so
-    the same curve as far as that trial went, :mod:`workloads.train.determinism`) with twice the most tokens
-    any of its trials trained, rounded to budgets (at most ``max_budget_multiple``), largest batch size first.
-    Its early part repeats the trial: a re-run from scratch, not a continuation from its checkpoint."""
+    at ``realloc.lowest_target``), largest first. Its best trial is the one with the lowest loss at the most
+    tokens all its trials reached. When that trial ran at the highest (lowest) LR the batch size tried and the LR
+    an octave above (below) it is untried, that LR is probed first, with as many budgets as its longest trial;
+    otherwise the best trial is re-run (its LR; the same seed, so the same curve as far as that trial went,
+    :mod:`workloads.train.determinism`) with twice the most tokens any of its trials trained, rounded to budgets
+    (at most ``max_budget_multiple``). Its early part repeats the trial: a re-run from scratch, not a
+    continuation from its checkpoint."""
     entry = min((t for t in analysis.get("targets") or [] if t.get("target_loss") is not None),
                 key=lambda t: abs(float(t["target_loss"]) - realloc.lowest_target), default=None)
     if entry is None:
@@ -112,13 +119,29 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
               and t.val_loss and math.isfinite(t.val_loss[-1])]
         if not ts:
             continue  # every trial diverged: a longer run would not reach it
-        best = min(ts, key=lambda t: (t.val_loss[-1], t.trial_id))
+        common = min(max(t.tokens) for t in ts)
+        best = min(ts, key=lambda t: (_loss_at(t, common), t.trial_id))
         had = max(1, round(max(max(t.tokens) for t in ts) / realloc.budget_tokens))
-        if 2 * had <= realloc.max_budget_multiple:
+        lr, lrs = float(best.hyperparameters["lr"]), sorted({float(t.hyperparameters["lr"]) for t in trials
+                                                             if t.batch_size_sequences == b and t.hyperparameters.get("lr")})
+        far = lambda x: all(abs(math.log2(x / y)) >= MIN_PROBE_SPACING_OCTAVES for y in lrs)  # noqa: E731
+        side = "highest" if lr >= lrs[-1] and far(2 * lr) else "lowest" if lr <= lrs[0] and far(lr / 2) else None
+        if side is not None:
+            out.append(Proposal(b, 2 * lr if side == "highest" else lr / 2,
+                                f"censored at the lowest target ({realloc.lowest_target:.4f}), its best trial at its "
+                                f"{side} LR: probe an octave {'above' if side == 'highest' else 'below'} before more "
+                                "tokens", budget_multiple=had))
+        elif 2 * had <= realloc.max_budget_multiple:
             out.append(Proposal(b, float(best.hyperparameters["lr"]),
                                 f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
                                 f"again, with {2 * had}x the budget", budget_multiple=2 * had))
     return out
+
+
+def _loss_at(t: TrialRecord, tokens: float) -> float:
+    """A trial's loss at its last milestone at or before ``tokens`` (``inf`` if non-finite)."""
+    loss = [l for tok, l in zip(t.tokens, t.val_loss) if tok <= tokens + 0.5][-1]
+    return loss if math.isfinite(loss) else math.inf
 
 
 def budgets_trained(trials: list[TrialRecord], budget_tokens: int, n_seeds: int) -> float:
@@ -136,18 +159,19 @@ def interval_ratio(ci: list[float | None] | None) -> float:
 
 def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:
     """Whether the headline ``b_crit`` is ``ok`` with a 95 % interval no wider than ``b_crit_ratio`` (upper/lower),
-    measured on an LR search that is not off-centre (no ``lr_search_too_narrow``)."""
+    measured with every LR bracket closed (no ``lr_brackets_open``)."""
     return (analysis.get("status") == "ok" and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
-            and not analysis.get("lr_search_too_narrow"))
+            and not analysis.get("lr_brackets_open"))
 
 
 def wave_summary(analysis: dict[str, Any], n_trials: int) -> dict[str, Any]:
     """One line of ``cbs.json``'s ``precision.waves``: ``{trials, b_crit, b_crit_ci, ratio, status, target_loss,
-    lr_search_too_narrow}`` (``ratio`` None where unbounded)."""
+    lr_brackets_open}`` (``ratio`` None where unbounded; ``lr_brackets_open``: how many (batch size, side) brackets
+    were open)."""
     ratio = interval_ratio(analysis.get("b_crit_ci"))
     return {"trials": n_trials, "b_crit": analysis.get("b_crit"), "b_crit_ci": analysis.get("b_crit_ci"),
             "ratio": ratio if math.isfinite(ratio) else None, "status": analysis.get("status"),
-            "target_loss": analysis.get("target_loss"), "lr_search_too_narrow": analysis.get("lr_search_too_narrow")}
+            "target_loss": analysis.get("target_loss"), "lr_brackets_open": len(analysis.get("lr_brackets_open") or [])}
 
 
 def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
@@ -191,8 +215,27 @@ def _midpoint_proposals(batch_sizes: list[int], fitted: list[int], centre_b: flo
     return sorted(out, key=lambda p: (abs(math.log(p.batch_size_sequences / centre_b)), p.batch_size_sequences))
 
 
+def _bracket_proposals(analysis: dict[str, Any], trials: list[TrialRecord], centre_b: float) -> list[Proposal]:
+    """Rule 1 of the module docstring: a probe an octave beyond each open bracket (``analysis['lr_brackets_open']``),
+    nearest the knee first; none within :data:`MIN_PROBE_SPACING_OCTAVES` of an LR already tried."""
+    tried = _tried_lrs(trials)
+    out = []
+    for e in sorted(analysis.get("lr_brackets_open") or [],
+                    key=lambda e: (abs(math.log(e["batch_size_sequences"] / centre_b)), e["batch_size_sequences"], e["side"])):
+        b, lr = int(e["batch_size_sequences"]), e.get("fastest_lr")
+        if not lr:
+            continue
+        probe = lr * 2 if e["side"] == "above" else lr / 2
+        if all(abs(math.log2(probe / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, [])):
+            out.append(Proposal(b, probe, f"its fastest trial at target(s) {', '.join(f'{t:.4g}' for t in e['targets'])} "
+                                          f"ran at its {'highest' if e['side'] == 'above' else 'lowest'} LR: probe an "
+                                          f"octave {e['side']}"))
+    return out
+
+
 def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> tuple[list[Proposal], list[Proposal]]:
-    """Rules 2 and 4 of the module docstring, nearest the knee first: ``(open brackets, closed ones)``."""
+    """Rule 4 of the module docstring (and, for an analysis without ``lr_brackets_open``, rule 1 at the headline
+    target), nearest the knee first: ``(open brackets, closed ones)``."""
     tokens = tokens_to_target_by_trial(trials, target)
     by_b: dict[int, list[tuple[float, float]]] = {}
     for t in trials:
@@ -241,18 +284,30 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
         reallocation: token reallocation (with ``lr_probes``): rule 0, re-runs of censored batch sizes, first.
 
     Returns:
-        up to ``n`` proposals, re-runs first, then range extensions; empty if nothing is left to try.
+        up to ``n`` proposals: open-bracket probes first, then re-runs, range extensions, batch sizes between
+        fitted ones and probes inside closed brackets; empty if nothing is left to try.
     """
     batch_sizes = sorted({t.batch_size_sequences for t in trials})
     if not batch_sizes or n <= 0:
         return []
-    out = _rerun_proposals(analysis, trials, reallocation) if reallocation is not None and lr_probes else []
-    out += _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
-                           fitted=[int(b) for b in analysis.get("fitted_batch_sizes") or []])
     target, fitted = analysis.get("target_loss"), analysis.get("fitted_batch_sizes") or []
+    b_crit = analysis.get("b_crit")
+    centre_b = (b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted)) if fitted
+                else math.sqrt(batch_sizes[0] * batch_sizes[-1]))
+    out = _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
+    out += _rerun_proposals(analysis, trials, reallocation) if reallocation is not None and lr_probes else []
+    out += _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
+                            fitted=[int(b) for b in fitted])
     if target is not None and fitted:
-        b_crit = analysis.get("b_crit")
-        centre_b = b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted))
         open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b) if lr_probes else ([], [])
+        if "lr_brackets_open" in analysis:
+            open_ = []  # rule 1 above, at every declared target
         out += open_ + _midpoint_proposals(batch_sizes, list(fitted), centre_b, allowed_batch_size) + closed
-    return out[:n]
+    seen: set[tuple[int, float | None]] = set()
+    unique = []
+    for p in out:  # one probe per (batch size, LR), the first reason kept
+        key = (p.batch_size_sequences, None if p.lr is None else round(math.log2(p.lr), 6))
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique[:n]

@@ -40,11 +40,13 @@ from sweeps.search.waves import PrecisionWaves
 from sweeps.search.transfer import (
     MAX_PROBE_OFFSET_OCTAVES,
     anchor_of,
+    fastest_to_targets,
     lr_offsets_octaves,
+    provisional_targets,
     transfer_centre,
-    fastest_to_common_target,
     transfer_order,
 )
+from sweeps.search.lattice import snap_lr
 from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, transfer_hyperparameters
 from workloads.api import scaled_lr
 
@@ -321,11 +323,16 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         if anchor is None:
             lo, hi = s.lr_multiplier
             centre = scaled_lr(s.base_lr, s.base_batch_size_sequences, b, s.lr_rules[0], math.sqrt(lo * hi))
+            if getattr(s, "lr_lattice_octaves", None):
+                centre = snap_lr(centre, s.base_lr, s.lr_lattice_octaves)
             self.transfer_state[b] = {"centre_lr": centre, "alpha": None, "anchor": None,
                                       "carried": self._first_beta2()}
             return
         best = {a: st["best_lr"] for a, st in self.transfer_state.items() if "best_lr" in st}
         centre, alpha = transfer_centre(b, anchor, best)
+        step = getattr(s, "lr_lattice_octaves", None)
+        if step:  # the centre on the lattice, so that its trials' offsets land on lattice points
+            centre = snap_lr(centre, s.base_lr, step)
         self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor,
                                   "carried": dict(self.transfer_state[anchor]["carried"])}
 
@@ -366,8 +373,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         groups = self._groups_of(b)
         if self.assigned[b] >= self._quota(b) and all(g.finished() for g in groups):
             fastest = self._fastest_group(groups)
-            if fastest is not None:  # what the fit uses: tokens to a loss every trial of b reached
-                state.update(best_params=dict(fastest.params), best_by="tokens_to_common_target",
+            if fastest is not None:  # what the fit uses: tokens to its target losses
+                state.update(best_params=dict(fastest.params), best_by="tokens_to_targets",
                              best_group_lr=state["centre_lr"] * 2.0 ** float(fastest.params.get(LR_OFFSET, 0.0)))
             else:
                 state["best_by"] = "final_loss"
@@ -380,6 +387,12 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         (:func:`sweeps.search.transfer.fastest_to_common_target`); without it, the final loss decides both."""
         self._records = records
 
+    def selection_targets(self, curves: list[tuple[list[float], list[float]]]) -> list[float]:
+        """The target losses a batch size's fastest LR is chosen at: the spec's ``targets``, else those
+        ``search.precision``'s first wave declared, else (during the first wave) :func:`provisional_targets`
+        of that batch size's ``curves``."""
+        return list(self.spec.targets or getattr(self, "precision_targets", None) or provisional_targets(curves))
+
     def _fastest_group(self, groups: list[_Group]) -> _Group | None:
         if getattr(self, "_records", None) is None:
             return None
@@ -387,7 +400,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
             by_id = self._curves([t for g in groups for t in g.trial_ids])
             curves = [[by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
                       for g in groups]
-            i = fastest_to_common_target(curves)
+            i = fastest_to_targets(curves, self.selection_targets([c for g in curves for c in g]))
         except Exception:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
             log.exception("transfer: the trials' records could not be read; the lowest final loss picks the best LR")
             return None

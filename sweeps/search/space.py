@@ -13,6 +13,7 @@ from typing import Any
 
 import optuna
 
+from sweeps.search.lattice import snap_lr
 from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 from sweeps.spec import SweepSpec
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
@@ -72,11 +73,16 @@ def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dic
 def transfer_hyperparameters(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any],
                              centre_lr: float) -> dict[str, Any]:
     """:func:`hyperparameters_for` under ``search.strategy: transfer``: ``lr = centre_lr 2^offset``
-    (``offset``: ``sampled[LR_OFFSET]``, octaves), ``lr_rule`` the spec's first (it scales the LR only
-    under batch-size warmup) and ``lr_multiplier`` the one that rule would need for this LR."""
+    (``offset``: ``sampled[LR_OFFSET]``, octaves), moved to the nearest point of the LR lattice
+    (``search.lr_lattice_octaves``, :func:`sweeps.search.lattice.snap_lr`; not with null), ``lr_rule`` the spec's
+    first (it scales the LR only under batch-size warmup) and ``lr_multiplier`` the one that rule would need for
+    this LR."""
     s = spec.search
     hp = hyperparameters_for(spec, batch_size_sequences, {k: v for k, v in sampled.items() if k != LR_OFFSET})
     lr = centre_lr * 2.0 ** float(sampled.get(LR_OFFSET, 0.0))
+    step = getattr(s, "lr_lattice_octaves", None)
+    if step:
+        lr = snap_lr(lr, s.base_lr, step)
     rule = s.lr_rules[0]
     return {**hp, "lr_rule": rule, "lr": lr,
             "lr_multiplier": lr / scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, 1.0)}

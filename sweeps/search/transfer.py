@@ -30,8 +30,12 @@ from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
 from sweeps.search.objective import common_target
 
-__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "transfer_order", "anchor_of",
-           "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target"]
+__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "MAX_EXTRAPOLATION_OCTAVES", "transfer_order",
+           "anchor_of", "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target", "fastest_to_targets",
+           "provisional_targets"]
+
+#: the farthest a transferred centre may lie outside the range of the best LRs measured so far (octaves)
+MAX_EXTRAPOLATION_OCTAVES = 1.0
 
 #: the farthest a ``search.precision`` LR probe may sit from its batch size's centre (octaves, either side)
 MAX_PROBE_OFFSET_OCTAVES = 6.0
@@ -79,11 +83,15 @@ def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) ->
 
     Returns:
         ``(centre, alpha)``: alpha is fitted over ``best_lrs`` with 3 or more batch sizes (clipped to
-        [0, 1]), else :data:`PRIOR_ALPHA`.
+        [0, 1]), else :data:`PRIOR_ALPHA`. The centre never lies more than :data:`MAX_EXTRAPOLATION_OCTAVES`
+        outside the range of ``best_lrs`` (an exponent fitted on a few noisy points, carried across several
+        doublings, must not walk the search off the measured LRs; it is clamped there).
     """
     fit = lr_exponent_fit(list(best_lrs), list(best_lrs.values())) if len(best_lrs) >= 3 else None
     alpha = min(max(fit["alpha"], 0.0), 1.0) if fit else PRIOR_ALPHA
-    return best_lrs[anchor] * (batch_size / anchor) ** alpha, alpha
+    centre = best_lrs[anchor] * (batch_size / anchor) ** alpha
+    room = 2.0 ** MAX_EXTRAPOLATION_OCTAVES
+    return min(max(centre, min(best_lrs.values()) / room), max(best_lrs.values()) * room), alpha
 
 
 def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]) -> int | None:
@@ -114,6 +122,63 @@ def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]
         if any(x is None for x in toks):
             continue
         k = (sum(math.log(x) for x in toks) / len(toks), sum(l[-1] for _, l in finite) / len(finite))
+        if key is None or k < key:
+            best, key = i, k
+    return best
+
+
+def provisional_targets(curves: list[tuple[list[float], list[float]]], n_targets: int = 4) -> list[float]:
+    """Target losses to rank a batch size's LRs by before the sweep's targets are declared (its first wave),
+    from that batch size's own curves: a band like the one the fit's target rule declares (several targets
+    that most trials reach, spaced up towards the start of training), here from the highest loss every finite
+    curve shows at its middle milestone (a loss every trial reaches early) up to halfway to the lowest first
+    milestone's loss, ``n_targets`` evenly spaced, decreasing. The fit's targets lie well above the lowest loss
+    a small batch size reaches, and the fastest LR moves with the target (higher losses favour higher LRs), so
+    ranking by the lowest common loss carried LRs too low outward (docs/benchmarks.md, "Real-training
+    coverage"). Empty when no curve is finite."""
+    finite = [c for c in curves if c[1] and all(math.isfinite(x) for x in c[1])]
+    if not finite:
+        return []
+    low = max(losses[(len(losses) - 1) // 2] for _, losses in finite)
+    first = min(losses[0] for _, losses in finite)
+    high = low + 0.5 * (first - low)
+    if n_targets <= 1 or high <= low:
+        return [low]
+    return [high - i * (high - low) / (n_targets - 1) for i in range(n_targets)]
+
+
+def fastest_to_targets(groups: list[list[tuple[list[float], list[float]]]], targets: list[float]) -> int | None:
+    """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best at the target losses
+    the fit uses: the lowest mean over ``targets`` of the group's mean log tokens to each target
+    (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in log tokens); a trial that does not reach
+    a target counts ``log`` of its last milestone's tokens plus 1 there (slower than any that does, ordered by how
+    long it trained), a diverged one (a non-finite loss) likewise at its last finite milestone. Ties go to the
+    lower mean final loss.
+
+    Args:
+        groups: per group, its trials' ``(tokens, val_loss)`` milestone curves (completed trials only).
+        targets: the target losses (nats): the sweep's declared ones, or :func:`provisional_targets`.
+
+    Returns:
+        The index of the best group, or None without targets or when no group has a trial with a curve.
+    """
+    if not targets:
+        return None
+    best, key = None, None
+    for i, g in enumerate(groups):
+        curves = [c for c in g if c[0] and c[1]]
+        if not curves or len(curves) != len(g):
+            continue
+        scores = []
+        for tokens, losses in curves:
+            for target in targets:
+                tok = tokens_to_target(tokens, losses, target)
+                if tok is None:
+                    seen = [t for t, l in zip(tokens, losses) if math.isfinite(l)]
+                    tok = math.e * (seen[-1] if seen else tokens[0])
+                scores.append(math.log(tok))
+        finals = [c[1][-1] if math.isfinite(c[1][-1]) else math.inf for c in curves]
+        k = (sum(scores) / len(scores), sum(finals) / len(finals))
         if key is None or k < key:
             best, key = i, k
     return best

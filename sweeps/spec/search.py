@@ -112,6 +112,11 @@ class SearchSpec(_Strict):
                     "the measured exponent, beta2 not searched (sweeps/search/transfer.py); independent: each "
                     "batch size's study samples the LR rule and multiplier on its own (the default where "
                     "transfer cannot run: with initial_points or pruning.mode pause)")
+    lr_lattice_octaves: float | None = Field(
+        default=0.5, gt=0, le=2,
+        description="search.strategy transfer: every LR a trial runs at is base_lr * 2^(k * lr_lattice_octaves) for "
+                    "an integer k (sweeps/search/lattice.py), so a batch size's tried LRs sit exact lattice steps "
+                    "apart and a sweep replays against a grid of real curves; null: LRs as placed, unsnapped")
     precision: PrecisionSpec | None = Field(
         default=None,
         description="sweep until precise: after each wave of trials, refit, and add trials while b_crit's 95 % "
@@ -129,6 +134,8 @@ class SearchSpec(_Strict):
         out = handler(self)
         if out.get("precision") is None:
             out.pop("precision", None)
+        if out.get("lr_lattice_octaves") is None:  # a sweep stored before the lattice keeps its dump (and id)
+            out.pop("lr_lattice_octaves", None)
         return out
 
     @field_validator("batch_sizes_sequences")

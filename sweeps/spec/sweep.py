@@ -409,10 +409,16 @@ def _strategy_default(data: dict[str, Any]) -> str:
 def with_stored_defaults(data: Any) -> Any:
     """A spec a sweep stored (``OUT/spec.yaml``, a pickled dump) with the defaults of when it was written:
     one without ``search.strategy`` was written when ``independent`` was the default (before 2026-12-05),
-    since when the strategy is always written. Anything else is returned unchanged."""
-    if isinstance(data, dict) and isinstance(data.get("search"), dict) and "strategy" not in data["search"]:
-        return {**data, "search": {**data["search"], "strategy": "independent"}}
-    return data
+    since when the strategy is always written; one without ``search.lr_lattice_octaves`` was written before
+    the LR lattice existed, and runs on unsnapped LRs (null), as it started. Anything else is returned unchanged."""
+    if not (isinstance(data, dict) and isinstance(data.get("search"), dict)):
+        return data
+    search = dict(data["search"])
+    if "strategy" not in search:
+        search["strategy"] = "independent"
+    if "lr_lattice_octaves" not in search:
+        search["lr_lattice_octaves"] = None
+    return {**data, "search": search}
 
 
 def _spec_from_dump(data: dict[str, Any]) -> SweepSpec:
