@@ -166,8 +166,10 @@ def _sweep_and_report(call) -> None:
 def analyze(
     csv: Optional[Path] = typer.Option(None, "--csv", help="CSV with columns batch_size,steps_to_target[,seed][,group]; "
                                        "a batch size may repeat (one row per seed or trial)"),
-    trials: Optional[Path] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse it "
-                                          "(same output as OUT/cbs.json; cbs.json must lie beside it)"),
+    trials: Optional[list[Path]] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse "
+                                                "it (same output as OUT/cbs.json; cbs.json must lie beside it); "
+                                                "repeat it to compare sweeps at the same targets (--target, else the "
+                                                "first sweep's)"),
     comparison: Optional[Path] = typer.Option(None, "--comparison", help="OUT of a comparison (a spec with arms): "
                                               "re-analyse every arm at the first arm's targets, rewrite OUT/cbs.json "
                                               "and OUT/report.html (the runs' states are left as they are)"),
@@ -186,7 +188,7 @@ def analyze(
     from sweeps.analysis import analyze_csv, analyze_trials_file, finite_json
 
     try:
-        if sum(x is not None for x in (csv, trials, comparison)) != 1:
+        if sum(bool(x) for x in (csv, trials, comparison)) != 1:
             raise InvalidInput("give exactly one of --csv, --trials or --comparison")
         if not 0.0 < level < 1.0:
             raise InvalidInput(f"--level must lie in (0, 1), got {level}")
@@ -206,14 +208,22 @@ def analyze(
         else:
             if target and any(not math.isfinite(t) or t <= 0 for t in target):
                 raise InvalidInput("--target must be a positive, finite loss")
-            result = analyze_trials_file(trials, reference_batch=reference_batch, targets=list(target) if target else None,
-                                         level=level)
+            if len(trials) == 1:
+                result = analyze_trials_file(trials[0], reference_batch=reference_batch,
+                                             targets=list(target) if target else None, level=level)
+            else:
+                from sweeps.analysis import analyze_trials_files
+
+                result = analyze_trials_files(trials, reference_batch=reference_batch,
+                                              targets=list(target) if target else None, level=level)
     except InvalidInput as exc:
         _fail_invalid(exc)
     print(json.dumps(finite_json(result), indent=2))
     from sweeps.analysis.summary import analyze_note
 
-    console.print(analyze_note(result), markup=False, highlight=False)  # stderr: stdout stays JSON
+    for one in result["sweeps"] if trials and len(trials) > 1 else [result]:
+        console.print((f"{one['path']}: " if "path" in one else "") + analyze_note(one), markup=False,
+                      highlight=False)  # stderr: stdout stays JSON
 
 
 @app.command("init-checkpoint")

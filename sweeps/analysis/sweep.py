@@ -23,7 +23,7 @@ from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, c
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
 
-__all__ = ["analyze_trials", "analyze_trials_file", "analyze_csv", "finite_json"]
+__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv", "finite_json"]
 
 def finite_json(o: Any) -> Any:
     """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
@@ -315,6 +315,30 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
         if k in prev and k not in out:
             out[k] = prev[k]
     return out
+
+
+def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | None = None,
+                         targets: list[float] | None = None, level: float = 0.95) -> dict[str, Any]:
+    """``critbatch analyze --trials A --trials B ...``: several finished sweeps re-analysed at the same target losses,
+    so that their ``b_crit`` compare at one loss.
+
+    Args:
+        targets: the target losses (nats); default the first sweep's (its ``cbs.json``'s ``targets``).
+
+    Returns:
+        ``{"targets": [...], "sweeps": [{"path", **analyze_trials_file(...)}, ...]}`` in the order given.
+
+    Raises:
+        InvalidInput: as :func:`analyze_trials_file`; the first sweep has no targets to share.
+    """
+    if not targets:
+        first = _read_json(Path(paths[0]).parent / "cbs.json", missing=f"--trials: no cbs.json beside {paths[0]}")
+        targets = [float(t["target_loss"]) for t in first.get("targets") or [] if t.get("target_loss") is not None]
+        if not targets:
+            raise InvalidInput(f"--trials: {paths[0]}'s cbs.json declares no targets: give --target")
+    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets, level=level)}
+           for p in paths]
+    return {"targets": sorted(targets, reverse=True), "sweeps": out}
 
 
 def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95) -> dict[str, Any]:

@@ -18,7 +18,7 @@ A *wave* ends when every trial handed out so far has ended. Its analysis is the 
 reallocation"). The first wave declares the target losses; every trial a later wave adds ends at its first
 milestone at or below the lowest of them (past it, it informs no target), and the tokens it did not train stay
 in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what earlier waves saved, and
-``max_trials`` counts budgets. Those tokens go first to rule 0 below.
+``max_trials`` counts budgets. Those tokens go first to rules 1 and 2 below.
 
 What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
 aimed at what sets the interval's width and its bias on this project's own sweeps (``docs/results.md``): a
@@ -27,22 +27,23 @@ overestimate), and too few batch sizes on one side of the knee. They are not an 
 
 1. **Open LR brackets** (under ``search.strategy: transfer``): a batch size whose fastest trial at some declared
    target ran at its lowest (highest) tried LR (``lr_brackets_open``) gets a probe one octave below (above)
-   that LR: the optimum may lie beyond. Until every bracket is closed the sweep is not ``met``.
-0. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
+   that LR: the optimum may lie beyond. Until every bracket is closed the sweep is not ``met``. (With no fit
+   yet, rule 3's wider range comes first.)
+2. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
    censored at the lowest target first gets an LR probe an octave beyond its best trial's LR when that trial
    ran at an end of its tried LRs (a poor LR, not too few tokens, may be what kept it short); otherwise it
    runs again at its best trial's LR with twice the tokens it had (at most ``max_budget_multiple`` budgets),
    so that it enters the fit as a point, not a bound.
-2. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
+3. **The range**: a batch size beyond the swept range (twice the largest, half the smallest) on a side the
    interval reaches past, or where the status is ``above_range`` / ``below_range``; with no fit at all
    (too few batch sizes reached a target), both sides.
-3. **A batch size between two fitted ones** (their geometric middle, rounded): one more point on the
+4. **A batch size between two fitted ones** (their geometric middle, rounded): one more point on the
    hyperbola, with its own errors. LR probes at a batch size already swept cannot average away an error
    its trials share (the curve's own noise, which more LRs do not change); a new batch size can.
-4. **Closed brackets** (tried LRs on both sides of the fastest): a probe halfway (in log LR) between the
+5. **Closed brackets** (tried LRs on both sides of the fastest): a probe halfway (in log LR) between the
    fastest LR and its faster neighbour.
 
-Within 2, 3 and 4, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first:
+Within 1, 4 and 5, batch sizes nearer the current estimate of ``b_crit`` (in log distance) come first:
 they set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed
 again.
 
@@ -100,7 +101,7 @@ class Reallocation:
 
 
 def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation) -> list[Proposal]:
-    """Rule 0: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
+    """Rule 2: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
     at ``realloc.lowest_target``), largest first. Its best trial is the one with the lowest loss at the most
     tokens all its trials reached. When that trial ran at the highest (lowest) LR the batch size tried and the LR
     an octave above (below) it is untried, that LR is probed first, with as many budgets as its longest trial;
@@ -139,9 +140,10 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
 
 
 def _loss_at(t: TrialRecord, tokens: float) -> float:
-    """A trial's loss at its last milestone at or before ``tokens`` (``inf`` if non-finite)."""
-    loss = [l for tok, l in zip(t.tokens, t.val_loss) if tok <= tokens + 0.5][-1]
-    return loss if math.isfinite(loss) else math.inf
+    """A trial's loss at its last milestone at or before ``tokens`` (its first milestone's if none is; ``inf`` if
+    non-finite)."""
+    seen = [l for tok, l in zip(t.tokens, t.val_loss) if tok <= tokens + 0.5] or t.val_loss[:1]
+    return seen[-1] if math.isfinite(seen[-1]) else math.inf
 
 
 def budgets_trained(trials: list[TrialRecord], budget_tokens: int, n_seeds: int) -> float:
@@ -185,7 +187,7 @@ def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
 
 def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool], *,
                      fitted: list[int]) -> list[Proposal]:
-    """Rule 1. Upwards only while the largest swept batch size is in the fit (one that already misses the
+    """Rule 3. Upwards only while the largest swept batch size is in the fit (one that already misses the
     target would not be joined by a larger one), downwards likewise."""
     lo_b, hi_b = min(batch_sizes), max(batch_sizes)
     ci, status = analysis.get("b_crit_ci"), analysis.get("status")
@@ -204,7 +206,7 @@ def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: 
 
 def _midpoint_proposals(batch_sizes: list[int], fitted: list[int], centre_b: float,
                         allowed: Callable[[int], bool]) -> list[Proposal]:
-    """Rule 3 of the module docstring: the geometric middle of each two neighbouring fitted batch sizes
+    """Rule 4 of the module docstring: the geometric middle of each two neighbouring fitted batch sizes
     (rounded; only where it differs from both and is allowed), nearest the knee first."""
     fit = sorted(int(b) for b in fitted)
     out = []
@@ -234,7 +236,7 @@ def _bracket_proposals(analysis: dict[str, Any], trials: list[TrialRecord], cent
 
 
 def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> tuple[list[Proposal], list[Proposal]]:
-    """Rule 4 of the module docstring (and, for an analysis without ``lr_brackets_open``, rule 1 at the headline
+    """Rule 5 of the module docstring (and, for an analysis without ``lr_brackets_open``, rule 1 at the headline
     target), nearest the knee first: ``(open brackets, closed ones)``."""
     tokens = tokens_to_target_by_trial(trials, target)
     by_b: dict[int, list[tuple[float, float]]] = {}
@@ -281,7 +283,7 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
         allowed_batch_size: whether a new batch size may be swept (the spec's limits and its token budget).
         lr_probes: whether rules 2 and 4 apply (``search.strategy: transfer``, where a probe runs at its LR;
             under ``independent`` a batch size's LRs are its study's to sample, so only batch sizes are added).
-        reallocation: token reallocation (with ``lr_probes``): rule 0, re-runs of censored batch sizes, first.
+        reallocation: token reallocation (with ``lr_probes``): rule 2, re-runs of censored batch sizes.
 
     Returns:
         up to ``n`` proposals: open-bracket probes first, then re-runs, range extensions, batch sizes between
@@ -294,10 +296,13 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
     b_crit = analysis.get("b_crit")
     centre_b = (b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted)) if fitted
                 else math.sqrt(batch_sizes[0] * batch_sizes[-1]))
-    out = _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
+    range_ = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
+                              fitted=[int(b) for b in fitted])
+    no_fit = b_crit is None and analysis.get("status") not in ("above_range", "below_range")
+    out = range_ if no_fit else []  # without a fit, more batch sizes first: no bracket is judged at a fit's targets
+    out += _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
     out += _rerun_proposals(analysis, trials, reallocation) if reallocation is not None and lr_probes else []
-    out += _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
-                            fitted=[int(b) for b in fitted])
+    out += [] if no_fit else range_
     if target is not None and fitted:
         open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b) if lr_probes else ([], [])
         if "lr_brackets_open" in analysis:

@@ -107,19 +107,32 @@ def test_analyze_trials_reports_the_lr_scaling_keys():
     assert lr_scaling(trials, res["target_loss"])["lr_per_batch"] == res["lr_per_batch"]
 
 
-def test_a_search_fastest_at_the_same_end_everywhere_is_flagged_and_blocks_precision():
-    from sweeps.analysis.lr_scaling import lr_optimum_beyond_tried, lr_search_too_narrow
+def test_open_brackets_on_either_side_block_precision_at_every_declared_target():
+    """Two LRs per batch size, the faster one at the top end for some batch sizes and at the bottom for others:
+    the old rule (70 % at the same end) let such a sweep stop; every open bracket now blocks it, at every target
+    where the batch size reached it, and a probe beyond that is slower (or diverges) closes it."""
+    from sweeps.analysis.lr_scaling import lr_optimum_beyond_tried, open_lr_brackets
     from sweeps.search.precision import precise_enough
 
-    def entry(b, bracket):
-        return {"batch_size_sequences": b, "best_lr_bracket": bracket}
-
-    top = [entry(b, [0.001, None]) for b in (4, 8, 16, 32)] + [entry(64, [None, 0.01]), entry(128, None)]
-    beyond = lr_optimum_beyond_tried(top)
-    assert beyond == {"above": [4, 8, 16, 32], "below": [64]}
-    assert lr_search_too_narrow(beyond, 5) == "above"  # 4 of 5 with a bracket (>= 3 and 70 %)
-    mixed = lr_optimum_beyond_tried([entry(4, [0.001, None]), entry(8, [0.001, None]), entry(16, [None, 0.01]),
-                                     entry(32, [None, 0.01]), entry(64, [0.001, None])])
-    assert lr_search_too_narrow(mixed, 5) is None  # two LRs per batch size: one end always wins, on both sides here
+    trials = []
+    for b, fast_high in ((4, True), (8, True), (16, False), (32, False), (64, True)):
+        lo, hi = 1e-3, 2e-3
+        trials += [_trial(f"lo{b}", b, lo, 1.0 if not fast_high else 1.3), _trial(f"hi{b}", b, hi, 1.0 if fast_high else 1.3)]
+    res = analyze_trials(trials, context_length_tokens=64, reference_batch=16)
+    targets = [t["target_loss"] for t in res["targets"]]
+    opened = open_lr_brackets(trials, targets)
+    assert [(e["batch_size_sequences"], e["side"]) for e in opened] == [
+        (4, "above"), (8, "above"), (16, "below"), (32, "below"), (64, "above")]
+    assert all(e["targets"] == sorted(targets, reverse=True) for e in opened)
+    assert opened[0]["fastest_lr"] == pytest.approx(2e-3) and opened[2]["fastest_lr"] == pytest.approx(1e-3)
+    assert res["lr_brackets_open"] == opened
+    beyond = lr_optimum_beyond_tried(res["lr_per_batch"])
+    assert beyond == {"above": [4, 8, 64], "below": [16, 32]}  # split ends: the 70 % rule would not have fired
     narrow = {"status": "ok", "b_crit_ci": [10.0, 20.0]}
-    assert precise_enough(narrow, 3.0) and not precise_enough({**narrow, "lr_search_too_narrow": "above"}, 3.0)
+    assert precise_enough(narrow, 3.0) and not precise_enough({**narrow, "lr_brackets_open": opened}, 3.0)
+    # a probe an octave above B=4's fastest LR that is slower closes its bracket; one that diverged does too
+    closed = trials + [_trial("p4", 4, 4e-3, 1.6)]
+    diverged = trials + [TrialRecord(trial_id="d4", batch_size_sequences=4, seed=0, group_id="d4", status="DIVERGED",
+                                     hyperparameters={"lr": 4e-3}, tokens=[1024.0, 2048.0], val_loss=[9.0, math.nan])]
+    for more in (closed, diverged):
+        assert (4, "above") not in [(e["batch_size_sequences"], e["side"]) for e in open_lr_brackets(more, targets)]

@@ -152,18 +152,18 @@ def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(
     assert "0.004 (quadratic) [0.002, ?]" in text
 
 
-def test_the_report_says_what_search_precision_did_and_warns_of_an_off_centre_lr_search(tmp_path):
+def test_the_report_says_what_search_precision_did_and_names_open_lr_brackets(tmp_path):
     cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
     records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
-    cbs["lr_search_too_narrow"] = "above"
-    cbs["lr_optimum_beyond_tried"] = {"above": [4, 8, 16], "below": []}
+    cbs["lr_brackets_open"] = [{"batch_size_sequences": 4, "side": "above", "fastest_lr": 0.01, "targets": [6.4]},
+                               {"batch_size_sequences": 64, "side": "below", "fastest_lr": 0.01, "targets": [6.4]}]
     cbs["precision"] = {"b_crit_ratio_requested": 4.0, "max_trials": 24, "stopped_because": "max_trials", "waves": [
         {"trials": 12, "b_crit": 13.2, "b_crit_ci": [4.9, 33.4], "target_loss": 6.363,
          "added": [{"batch_size_sequences": 16, "lr": 0.0085, "reason": "r"}, {"batch_size_sequences": 24, "lr": None, "reason": "r"}]},
         {"trials": 15, "b_crit": 20.0, "b_crit_ci": [10.0, 40.0], "target_loss": 6.363, "added": []}]}
     page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
-    assert "Warning: at batch sizes 4, 8, 16 the fastest trial ran at the highest LR it tried" in text
+    assert "Open LR brackets: B=4 above its tried LRs, B=64 below its tried LRs" in text
     assert "asked for an interval within 4x, at most 24 trials; stopped because max_trials" in text
     assert "after 12 trials 13.2" in text and "added B=16 at LR 0.0085, B=24 (new)" in text
 

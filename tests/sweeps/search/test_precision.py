@@ -5,6 +5,7 @@ through the real searcher (real Optuna RDB) and the real analysis, uninterrupted
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -235,12 +236,18 @@ def test_a_sweep_adds_waves_until_the_interval_is_as_narrow_as_asked(tiny_spec_d
     assert waves[-1]["ratio"] is None or waves[0]["ratio"] is None or waves[-1]["ratio"] <= waves[0]["ratio"]
 
 
-def test_a_precise_enough_first_wave_adds_nothing_and_a_cap_stops_the_sweep(tiny_spec_dict, tmp_path):
-    loose = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1e5})
+def test_a_loose_request_still_closes_every_lr_bracket_and_a_cap_stops_the_sweep(tiny_spec_dict, tmp_path):
+    """An interval wide enough after the first wave is not ``met`` while a batch size's fastest trial sits at an end
+    of its tried LRs (two LRs an octave apart: one end always wins): the waves probe an octave beyond until every
+    bracket is closed, then stop. The old rule (70 % of batch sizes at the same end) stopped after 10 trials."""
+    loose = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1e5, "max_trials": 40})
     sim = _SimulatedSweep(loose, BatchSizeSearcher(loose, f"sqlite:///{tmp_path / 'a.db'}", "a"))
     sim.run()
-    assert len(sim.asked) == 10 and sim.reports[-1][1]["stopped_because"] == "met"
-    assert sim.reports[-1][0][-1]["added"] == []
+    waves, outcome = sim.reports[-1][0], sim.reports[-1][1]
+    assert len(sim.asked) > 10 and outcome["stopped_because"] == "met"
+    assert waves[0]["lr_brackets_open"] > 0 and waves[-1]["lr_brackets_open"] == 0 and waves[-1]["added"] == []
+    added = [a for w in waves for a in w["added"]]
+    assert added and all(a["lr"] is not None for a in added) and "probe an octave" in added[0]["reason"]
     tight = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 12, "reallocate_tokens": False})
     sim = _SimulatedSweep(tight, BatchSizeSearcher(tight, f"sqlite:///{tmp_path / 'b.db'}", "b"))
     sim.run()
@@ -299,7 +306,7 @@ def test_a_failing_analysis_ends_the_waves_not_the_sweep(tiny_spec_dict, tmp_pat
 
 def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_censored_batch_size(tiny_spec_dict,
                                                                                                     tmp_path):
-    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 16})
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 24})
     sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'r.db'}", "r"))
     sim.run()
     waves, outcome, _, targets = sim.reports[-1]
@@ -326,8 +333,13 @@ def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_
                            reference_batch=16.0, targets=[lowest])
     assert b in final["fitted_batch_sizes"] and b not in {c["batch_size_sequences"] for c in final["censored_points"]}
     spent = sum(max(r.tokens) for r in sim.records.values()) / spec.budget_tokens
-    assert spent <= 16 + 1e-9 and waves[-1]["budgets_spent"] == pytest.approx(spent)
+    assert spent <= 24 + 1e-9 and waves[-1]["budgets_spent"] == pytest.approx(spent)
     assert any(a["budget_multiple"] == 2 for w in waves for a in w["added"])
+    # before its tokens were doubled, the censored batch size's best LR had tried LRs on both sides (a probe
+    # beyond an end of its tried LRs comes first: a poor LR may be what kept it short)
+    before_rerun = [sim.records[i] for i in ids[:ids.index(t)] if sim.records[i].batch_size_sequences == b]
+    lrs = sorted({r.hyperparameters["lr"] for r in before_rerun})
+    assert lrs[0] < sim.configs[t]["lr"] < lrs[-1]
 
 
 def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_tokens(tiny_spec_dict):
@@ -337,6 +349,13 @@ def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_token
     analysis = {"targets": [{"target_loss": 3.0, "censored_points": [
         {"batch_size_sequences": 64}, {"batch_size_sequences": 128}]}]}
     r = Reallocation(lowest_target=3.0, budget_tokens=spec.budget_tokens, max_budget_multiple=4)
+    # first an LR probe where the best trial ran at an end of its batch size's tried LRs: an octave beyond it
+    probes = propose(analysis, trials, 10, allowed_batch_size=lambda b: False, reallocation=r)
+    assert [(p.batch_size_sequences, p.budget_multiple) for p in probes[:2]] == [(128, 1), (64, 1)]
+    assert [p.lr for p in probes[:2]] == pytest.approx([11.2e-3, 8e-3]) and "before more tokens" in probes[1].reason
+    # with slower LRs tried on both sides of the best, the best trial is re-run with twice the tokens
+    trials = trials + [dataclasses.replace(t, trial_id=f"c{i}", group_id=f"c{i}") for i, t in enumerate(
+        _records([(64, 8e-3, 1.2), (128, 11.2e-3, 1.2), (128, 2.8e-3, 1.2)], spec))]
     out = propose(analysis, trials, 10, allowed_batch_size=lambda b: False, reallocation=r)
     assert [(p.batch_size_sequences, p.budget_multiple) for p in out[:2]] == [(128, 2), (64, 2)]
     assert out[1].lr == pytest.approx(4e-3)  # the trial with the lower last loss
@@ -344,14 +363,15 @@ def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_token
     assert all(p.budget_multiple == 1 for p in propose(analysis, trials, 10, allowed_batch_size=lambda b: False,
                                                         reallocation=r, lr_probes=False))
     # a batch size that already ran twice the budget gets four; one that ran four gets no more (max 4)
-    long = trials[:-1] + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
-                                      hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 2],
-                                      val_loss=[3.5])]
+    others = [t for t in trials if t.trial_id != "r5"]  # B = 128's trial at 5.6e-3 ran again, longer:
+    long = others + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
+                                 hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 2],
+                                 val_loss=[2.5])]
     assert [(p.batch_size_sequences, p.budget_multiple) for p in propose(
         analysis, long, 10, allowed_batch_size=lambda b: False, reallocation=r)[:2]] == [(128, 4), (64, 2)]
-    longer = trials[:-1] + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
-                                        hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 4],
-                                        val_loss=[3.5])]
+    longer = others + [TrialRecord(trial_id="x", batch_size_sequences=128, seed=0, group_id="x", status="COMPLETED",
+                                   hyperparameters={"lr": 5.6e-3}, tokens=[float(spec.budget_tokens) * 4],
+                                   val_loss=[2.5])]
     assert [p.batch_size_sequences for p in propose(analysis, longer, 10, allowed_batch_size=lambda b: False,
                                                     reallocation=r) if p.budget_multiple > 1] == [64]
     diverged = [t for t in trials if t.batch_size_sequences != 128] + [TrialRecord(

@@ -268,24 +268,45 @@ def _record(tid, b, lr, losses):
                        val_loss=list(losses))
 
 
-def test_the_best_lr_is_the_fastest_to_a_loss_every_trial_reached_not_the_lowest_final_loss(tiny_spec_dict, tmp_path):
-    from sweeps.search.transfer import fastest_to_common_target
+def test_the_best_lr_is_the_fastest_at_the_fits_targets_not_at_the_lowest_loss_every_trial_reached(tiny_spec_dict,
+                                                                                                   tmp_path):
+    """The fastest LR moves with the target loss: a higher LR is faster early (the targets the fit uses), a lower
+    one catches up late (the lowest loss every trial reached). The old rule ranked at that low common loss and
+    carried the lower LR outward; the searcher ranks at the spec's targets (else the declared ones, else a
+    provisional band of early losses)."""
+    from sweeps.search.objective import common_target
+    from sweeps.search.transfer import fastest_to_common_target, fastest_to_targets, provisional_targets
 
-    fast_then_flat = ([1.0, 2.0, 3.0, 4.0], [3.0, 2.2, 2.1, 2.05])  # reaches 2.2 at 2 Ki tokens, ends at 2.05
-    slow_then_low = ([1.0, 2.0, 3.0, 4.0], [3.5, 2.9, 2.4, 2.0])  # reaches 2.2 only after 3 Ki, ends lower
-    assert fastest_to_common_target([[slow_then_low], [fast_then_flat]]) == 1
-    assert fastest_to_common_target([[fast_then_flat], [slow_then_low, ([1.0], [math.nan])]]) == 0  # a diverged seed
-    assert fastest_to_common_target([]) is None
+    tokens = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    high_lr = (tokens, [3.0, 2.5, 2.3, 2.2, 2.15, 2.12])  # fast early, then flat
+    low_lr = (tokens, [3.4, 2.8, 2.45, 2.2, 2.08, 2.0])  # slow early, lowest late
+    assert common_target([high_lr, low_lr]) == pytest.approx(2.15)
+    assert fastest_to_common_target([[high_lr], [low_lr]]) == 1  # the old rule: the low LR
+    assert fastest_to_targets([[high_lr], [low_lr]], [2.8, 2.6, 2.4]) == 0  # at the fit's targets: the high LR
+    band = provisional_targets([high_lr, low_lr])
+    assert band[-1] == pytest.approx(2.45) and band[0] == pytest.approx(2.45 + 0.5 * (3.0 - 2.45)) and len(band) == 4
+    assert fastest_to_targets([[high_lr], [low_lr]], band) == 0
+    # a trial that never reaches a target counts as slower than any that does; no targets: no choice
+    assert fastest_to_targets([[(tokens, [3.0] * 6)], [low_lr]], [2.4]) == 1
+    assert fastest_to_targets([[high_lr]], []) is None
 
-    s = _spec(tiny_spec_dict)
+    d = copy.deepcopy(tiny_spec_dict)
+    d["targets"] = [2.8, 2.6, 2.4]
+    s = parse_spec({**d, "search": {**d["search"], "strategy": "transfer", "batch_sizes_sequences": [8, 16, 32],
+                                    "base_batch_size_sequences": 8, "trials_per_batch_size": 2}})
     searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "tr")
     a, b = searcher.suggest("a"), searcher.suggest("b")
-    records = [_record("a", 8, a["lr"], fast_then_flat[1]), _record("b", 8, b["lr"], slow_then_low[1])]
+    assert a["lr"] > b["lr"] or a["lr"] < b["lr"]
+    hi, lo = (a, b) if a["lr"] > b["lr"] else (b, a)
+    records = [_record("h", 8, hi["lr"], high_lr[1]), _record("l", 8, lo["lr"], low_lr[1])]
+    ids = {"h": "a" if hi is a else "b", "l": "a" if lo is a else "b"}
+    for r in records:
+        r.trial_id = ids[r.trial_id]
     searcher.attach_records(lambda: records)
-    _finish(searcher, "a", 2.05)
-    _finish(searcher, "b", 2.0)  # the lower final loss, but slower to the loss both reached (2.2)
+    _finish(searcher, ids["h"], high_lr[1][-1])
+    _finish(searcher, ids["l"], low_lr[1][-1])  # the lower final loss, and first to the common loss
     state = searcher.transfer_state[8]
-    assert state["best_by"] == "tokens_to_common_target" and state["best_lr"] == pytest.approx(a["lr"])
+    assert state["best_by"] == "tokens_to_targets" and state["best_lr"] == pytest.approx(hi["lr"])
     c = searcher.suggest("c")
     centre = math.sqrt(c["lr"] * searcher.suggest("d")["lr"])
-    assert centre == pytest.approx(a["lr"] * math.sqrt(c["batch_size_sequences"] / 8))
+    assert centre == pytest.approx(hi["lr"] * math.sqrt(c["batch_size_sequences"] / 8))
