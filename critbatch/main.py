@@ -289,21 +289,13 @@ def _print_summary(result: dict) -> None:
     elif cbs.get("status") and cbs.get("target_loss") is not None:
         out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
                   + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
-    opened = cbs.get("lr_brackets_open")
-    if opened:
-        out.print(f"warning: open LR brackets ({open_brackets_text(opened)}): there the fastest trial ran at an end "
-                  "of the LRs tried, so the optimum may lie beyond and those points overstate the tuned steps; "
-                  "search.precision probes them before it stops", highlight=False)
+    for note in cbs.get("caveats") or []:
+        out.print(f"not covered: {note}", highlight=False)
     precision = cbs.get("precision")
     if precision:
         out.print(_precision_text(precision), highlight=False)
     if result.get("output"):
         out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
-
-
-def open_brackets_text(opened: list[dict]) -> str:
-    """``cbs.json``'s ``lr_brackets_open`` in words: ``B=4 above, B=64 below``."""
-    return ", ".join(f"B={e['batch_size_sequences']} {e['side']}" for e in opened)
 
 
 def _precision_text(precision: dict) -> str:

@@ -35,8 +35,9 @@ from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
 from sweeps.analysis.censored import CENSORED_INTERVAL_METHOD, CensoredPoints, censored_fit
-from sweeps.analysis.model_check import misfit_reason, scaling_gap
-from sweeps.analysis.seed_effects import RANDOM_EFFECTS_METHOD, combine_seed_fits
+from sweeps.analysis.cbs20 import cbs_20, cbs_20_interval
+from sweeps.analysis.model_check import gap_text, misfit_reason
+from sweeps.analysis.seed_effects import RANDOM_EFFECTS_METHOD, seed_combined_fit
 
 __all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "cbs_20_interval",
            "analyze_points", "INTERVAL_METHOD", "STATUSES"]
@@ -288,35 +289,6 @@ def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
             _walk_region(sse_at_e_min, e0, threshold, limit_low=o_zero, limit_high=math.inf))
 
 
-def cbs_20(b_crit: float, reference_batch: float) -> float:
-    """Zhang et al. (2024) critical batch size: steps 20 % above linear scaling from ``B0``.
-
-    Under ``S = S_min + E_min/B``: ``B* = 0.2 * b_crit + 1.2 * B0`` (methodology note section 4.1).
-    """
-    return 0.2 * b_crit + 1.2 * reference_batch
-
-
-def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
-                    ) -> tuple[list[float | None], list[float | None]]:
-    """The intervals of ``cbs_20`` and ``b_compute_overhead_20`` that ``b_crit_ci`` implies.
-
-    Both are increasing affine maps of ``b_crit`` under the same fit (``cbs_20 = 0.2 b_crit + 1.2 B0``,
-    ``b_compute_overhead_20 = 0.2 b_crit``), so the profile-likelihood interval of ``b_crit`` maps end to
-    end onto theirs at the same level: no new fit, no new assumption.
-
-    Args:
-        b_crit_ci: ``[lo, hi]`` in sequences (``hi`` None: unbounded above).
-        reference_batch: ``B0``, sequences.
-
-    Returns:
-        ``([cbs_20 lo, hi], [b_compute_overhead_20 lo, hi])``, sequences; an end is None where
-        ``b_crit_ci``'s is.
-    """
-    lo, hi = b_crit_ci[0], b_crit_ci[1]
-    return ([None if x is None else cbs_20(x, reference_batch) for x in (lo, hi)],
-            [None if x is None else 0.2 * x for x in (lo, hi)])
-
-
 def _reduce_censored(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
                      upper: Sequence[tuple[float, float]] = ()) -> CensoredPoints:
     """One point per batch size for :func:`sweeps.analysis.censored.censored_fit`: the mean ``log S`` over a batch
@@ -351,30 +323,6 @@ def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequenc
     s_ci, e_ci = interval_s_min_e_min(B, steps, level=level)
     return {"s_min": fit.s_min, "e_min": fit.e_min, "b_crit": fit.b_crit, "rms_log_residual": fit.rms_log_residual,
             "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}
-
-
-def _seed_combined(B: list[float], steps: Sequence[float], seed_of: list[int], censored: list[tuple],
-                   upper: list[tuple], level: float, out: dict[str, Any]) -> dict[str, Any]:
-    """``{b_crit, b_crit_ci}`` from each seed's own fit combined with the between-seed variance
-    (:func:`sweeps.analysis.seed_effects.combine_seed_fits`), and ``out`` given ``seed_fits`` and
-    ``between_seed_sd_log``; {} when fewer than two seeds bound a fit (the pooled fit stands)."""
-    per = []
-    for seed in sorted(set(seed_of)):
-        idx = [i for i, x in enumerate(seed_of) if x == seed]
-        b_s, s_s = [B[i] for i in idx], [steps[i] for i in idx]
-        c_s = [c[:2] for c in censored if c[2] in (seed, None)]
-        u_s = [c[:2] for c in upper if c[2] in (seed, None)]
-        if len(set(b_s) - {c[0] for c in c_s} - {c[0] for c in u_s}) < 3:
-            continue
-        f = _fit_and_intervals(b_s, s_s, c_s, level, u_s)
-        per.append({"seed": seed, "b_crit": f["b_crit"], "b_crit_ci": list(f["b_crit_ci"])})
-    combined = combine_seed_fits([(p["b_crit"], *p["b_crit_ci"]) for p in per], level)
-    out["seed_fits"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in p.items()}
-                        for p in per]
-    if combined is None:
-        return {}
-    out["between_seed_sd_log"] = combined["tau_log"]
-    return {"b_crit": combined["b_crit"], "b_crit_ci": combined["b_crit_ci"]}
 
 
 def analyze_points(
@@ -430,56 +378,51 @@ def analyze_points(
         return out
     fit = _fit_and_intervals(B, steps, censored, level, upper)
     if len(set(seed_of)) >= 2:
-        fit = {**fit, **_seed_combined(B, steps, seed_of, censored_s, upper_s, level, out)}
+        fit = {**fit, **seed_combined_fit(B, steps, seed_of, censored_s, upper_s, level, out, _fit_and_intervals)}
     lo, hi = fit["b_crit_ci"]
     (s_lo, s_hi), (e_lo, e_hi) = fit["s_min_ci"], fit["e_min_ci"]
     out.update(s_min=fit["s_min"], e_min=fit["e_min"], rms_log_residual=fit["rms_log_residual"],
                b_crit_ci=[lo, hi if math.isfinite(hi) else None], b_crit_ci_level=level,
                s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
                e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None])
-    lo_b, hi_b = distinct[0], distinct[-1]
-    none = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None, cbs_20_ci=None, b_compute_overhead_20_ci=None)
-    if lo <= 0.0 and not math.isfinite(hi):
-        out.update(status="no_knee", **none,
-                   message="the points do not bound b_crit on either side: no knee is identified")
-    elif fit["b_crit"] < lo_b:
-        out.update(status="below_range", b_crit_bound=f"< {lo_b:g}", **none,
-                   message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
-                           f"those that reached this target): every one of them is past the critical batch size")
-    elif fit["b_crit"] > hi_b:
-        out.update(status="above_range", b_crit_bound=f"> {hi_b:g}", **none,
-                   message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
-                           f"those that reached this target): {_gap_text(B, steps, distinct)}")
-    else:
-        below = sum(1 for b in distinct if b <= fit["b_crit"])
-        above = sum(1 for b in distinct if b >= fit["b_crit"])
-        outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
-        status = "ok" if below >= 2 and above >= 2 and not outside else "edge"
-        message = ""
-        fitted = f"the fitted batch sizes ({lo_b:g} to {hi_b:g}, those that reached this target)"
-        if below < 2 or above < 2:
-            message = f"the knee is near the edge of {fitted}: fewer than 2 of them on one side"
-        elif outside:
-            message = (f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the "
-                       "knee down")
-        c20_ci, o20_ci = cbs_20_interval(out["b_crit_ci"], reference_batch)
-        out.update(status=status, b_crit=fit["b_crit"], cbs_20=cbs_20(fit["b_crit"], reference_batch),
-                   b_compute_overhead_20=0.2 * fit["b_crit"], cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci,
-                   message=message)
+    out.update(_knee(fit, distinct, reference_batch, out["b_crit_ci"], gap=lambda: gap_text(B, steps, distinct)))
     exact = [(b, x) for b, x in zip(B, steps) if b in distinct]
     why = misfit_reason([b for b, _ in exact], [x for _, x in exact], fit["rms_log_residual"])
     if why is not None and out["status"] != "no_knee":
-        out.update(status="misfit", b_crit_bound=None, **none, message=why)
+        out.update(status="misfit", b_crit_bound=None, **_NO_KNEE, message=why)
     return out
 
 
-def _gap_text(B: list[float], steps: Sequence[float], distinct: list[float]) -> str:
-    """How far the fitted batch sizes' steps are from perfect scaling, in words (an ``above_range`` message)."""
-    gap = scaling_gap([b for b in B if b in distinct], [x for b, x in zip(B, steps) if b in distinct])
-    if gap is None:
-        return "steps still fall with the batch there"
-    b0, b1, ratio = gap
-    if ratio <= 1.2:
-        return f"steps still scale almost perfectly there (B={b1:g} needs {ratio:.2f}x the steps perfect scaling from B={b0:g} gives)"
-    return (f"steps still fall with the batch there, though B={b1:g} already needs {ratio:.2f}x the steps perfect "
-            f"scaling from B={b0:g} gives")
+_NO_KNEE = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None, cbs_20_ci=None, b_compute_overhead_20_ci=None)
+
+
+def _knee(fit: dict[str, Any], distinct: list[float], reference_batch: float, ci: list[float | None],
+          gap: Any) -> dict[str, Any]:
+    """:func:`analyze_points`' status, message and knee from a fit on the ``distinct`` fitted batch sizes (``gap()``:
+    the distance from perfect scaling in words, for ``above_range``)."""
+    lo, hi = fit["b_crit_ci"]
+    lo_b, hi_b = distinct[0], distinct[-1]
+    fitted = f"the fitted batch sizes ({lo_b:g} to {hi_b:g}, those that reached this target)"
+    if lo <= 0.0 and not math.isfinite(hi):
+        return dict(status="no_knee", **_NO_KNEE, message="the points do not bound b_crit on either side: no knee is "
+                                                          "identified")
+    if fit["b_crit"] < lo_b:
+        return dict(status="below_range", b_crit_bound=f"< {lo_b:g}", **_NO_KNEE,
+                    message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
+                            f"those that reached this target): every one of them is past the critical batch size")
+    if fit["b_crit"] > hi_b:
+        return dict(status="above_range", b_crit_bound=f"> {hi_b:g}", **_NO_KNEE,
+                    message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
+                            f"those that reached this target): {gap()}")
+    below = sum(1 for b in distinct if b <= fit["b_crit"])
+    above = sum(1 for b in distinct if b >= fit["b_crit"])
+    outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
+    message = ""
+    if below < 2 or above < 2:
+        message = f"the knee is near the edge of {fitted}: fewer than 2 of them on one side"
+    elif outside:
+        message = f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the knee down"
+    c20_ci, o20_ci = cbs_20_interval(ci, reference_batch)
+    return dict(status="ok" if below >= 2 and above >= 2 and not outside else "edge", b_crit=fit["b_crit"],
+                cbs_20=cbs_20(fit["b_crit"], reference_batch), b_compute_overhead_20=0.2 * fit["b_crit"],
+                cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci, message=message)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-__all__ = ["TOKENS_RISE", "MISFIT_RMS_LOG", "misfit_reason", "scaling_gap"]
+__all__ = ["TOKENS_RISE", "MISFIT_RMS_LOG", "misfit_reason", "scaling_gap", "gap_text"]
 
 #: tokens at the smallest fitted batch size over the fewest at a larger one, above which the fit is a misfit
 TOKENS_RISE = 1.5
@@ -71,3 +71,17 @@ def scaling_gap(batch_sizes: Sequence[float], steps: Sequence[float]) -> tuple[f
         return None
     (b0, s0), (b1, s1) = pts[0], pts[-1]
     return b0, b1, (s1 * b1) / (s0 * b0)
+
+
+def gap_text(batch_sizes: Sequence[float], steps: Sequence[float], fitted: Sequence[float]) -> str:
+    """How far the ``fitted`` batch sizes' steps are from perfect scaling, in words (an ``above_range`` message):
+    "almost perfectly" only within 20 %."""
+    gap = scaling_gap([b for b in batch_sizes if b in fitted], [x for b, x in zip(batch_sizes, steps) if b in fitted])
+    if gap is None:
+        return "steps still fall with the batch there"
+    b0, b1, ratio = gap
+    if ratio <= 1.2:
+        return (f"steps still scale almost perfectly there (B={b1:g} needs {ratio:.2f}x the steps perfect scaling "
+                f"from B={b0:g} gives)")
+    return (f"steps still fall with the batch there, though B={b1:g} already needs {ratio:.2f}x the steps perfect "
+            f"scaling from B={b0:g} gives")

@@ -348,11 +348,11 @@ def _lr_scaling_text(analysis: dict[str, Any]) -> str:
 def _precision_text(analysis: dict[str, Any]) -> str:
     """``search.precision`` and the off-centre LR warning, one paragraph each (empty when neither applies)."""
     out = ""
-    opened = analysis.get("lr_brackets_open")
-    if opened:
-        which = ", ".join(f"B={e['batch_size_sequences']} {e['side']} its tried LRs" for e in opened)
-        out += (f"<p><b>Open LR brackets:</b> {which}: at those batch sizes the fastest trial at some target ran at "
-                "an end of the LRs tried, so the optimum may lie beyond and their steps to target are overstated.</p>")
+    which = ", ".join(f"B={e['batch_size_sequences']} {e['side']} its tried LRs" for e in analysis.get("lr_brackets_open") or [])
+    out += (f"<p><b>Open LR brackets:</b> {which}: at those batch sizes the fastest trial at some target ran at an end of "
+            "the LRs tried, so the optimum may lie beyond and their steps to target are overstated.</p>") if which else ""
+    notes = "".join(f"<li>{html.escape(c)}</li>" for c in analysis.get("caveats") or [])
+    out += f"<p><b>What the interval does not cover</b></p><ul>{notes}</ul>" if notes else ""
     p = analysis.get("precision")
     if isinstance(p, dict):
         def added(w: dict) -> str:

@@ -20,11 +20,11 @@ Pure functions.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from scipy.stats import norm
 
-__all__ = ["combine_seed_fits", "RANDOM_EFFECTS_METHOD"]
+__all__ = ["combine_seed_fits", "seed_combined_fit", "RANDOM_EFFECTS_METHOD"]
 
 #: how ``b_crit_ci`` is made with two or more seeds; stated in ``cbs.json``
 RANDOM_EFFECTS_METHOD = (
@@ -68,3 +68,35 @@ def combine_seed_fits(fits: Sequence[tuple[float, float, float]], level: float =
     half = z * se_star
     return {"b_crit": math.exp(u_star), "b_crit_ci": (math.exp(u_star - half), math.exp(u_star + half)),
             "tau_log": math.sqrt(tau2), "n_seeds": k}
+
+
+def seed_combined_fit(B: list[float], steps: Sequence[float], seed_of: list[int], censored: list[tuple],
+                      upper: list[tuple], level: float, out: dict[str, Any],
+                      fit: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """``{b_crit, b_crit_ci}`` from each seed's own fit combined with the between-seed variance
+    (:func:`combine_seed_fits`), and ``out`` given ``seed_fits`` and ``between_seed_sd_log``; {} when fewer than
+    two seeds bound a fit (the pooled fit stands).
+
+    Args:
+        B, steps, seed_of: the exact points (batch size, steps to target, seed).
+        censored, upper: ``(batch size, bound, seed)`` lower and upper bounds (seed None: every seed's).
+        fit: the fit of one set of points, ``fit(B, steps, censored, level, upper) -> {b_crit, b_crit_ci, ...}``
+            (:func:`sweeps.analysis.fit.analyze_points`'s).
+    """
+    per = []
+    for seed in sorted(set(seed_of)):
+        idx = [i for i, x in enumerate(seed_of) if x == seed]
+        b_s, s_s = [B[i] for i in idx], [steps[i] for i in idx]
+        c_s = [c[:2] for c in censored if c[2] in (seed, None)]
+        u_s = [c[:2] for c in upper if c[2] in (seed, None)]
+        if len(set(b_s) - {c[0] for c in c_s} - {c[0] for c in u_s}) < 3:
+            continue
+        f = fit(b_s, s_s, c_s, level, u_s)
+        per.append({"seed": seed, "b_crit": f["b_crit"], "b_crit_ci": list(f["b_crit_ci"])})
+    combined = combine_seed_fits([(p["b_crit"], *p["b_crit_ci"]) for p in per], level)
+    out["seed_fits"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in p.items()}
+                        for p in per]
+    if combined is None:
+        return {}
+    out["between_seed_sd_log"] = combined["tau_log"]
+    return {"b_crit": combined["b_crit"], "b_crit_ci": combined["b_crit_ci"]}

@@ -17,7 +17,7 @@ import math
 from typing import Any, Optional
 
 __all__ = ["STATUS_TEXT", "SWEEP_STATUSES", "describe_status", "headline", "fitted_batch_sizes", "swept_range",
-           "interval_ends_text", "definitions_text", "analyze_note", "censored_text"]
+           "interval_ends_text", "definitions_text", "analyze_note", "censored_text", "caveats"]
 
 #: the statuses ``cbs.json`` can have besides a fit's (``sweeps.analysis.fit.STATUSES``): set by
 #: :func:`sweeps.analysis.sweep.analyze_trials` (no completed trial, no target) and by the sweep's end when
@@ -328,3 +328,35 @@ def analyze_note(result: dict[str, Any]) -> str:
     first = fits[0][1]
     return "\n".join(lines + ["", definitions_text(tokens_per_sequence=first.get("tokens_per_sequence"),
                                                    reference_batch=first.get("reference_batch"))])
+
+
+def caveats(cbs: dict[str, Any]) -> list[str]:
+    """What the headline interval does not cover, in words, each with the one action that would narrow it
+    (``cbs.json``'s ``caveats``; the report, the CLI and the MLflow parent run's description show them)."""
+    out = []
+    entry = _primary_target(cbs) or {}
+    seeds = {p.get("seed") for p in entry.get("points") or [] if isinstance(p, dict)}
+    if len(seeds) <= 1 and cbs.get("b_crit") is not None:
+        out.append("One training seed: the interval carries this seed's scatter around the fit, not the spread "
+                   "between seeds (on the main job's model one seed moves every large batch size's steps together by "
+                   "12-17 %); run a second seed (seeds: [0, 1]) to have it in the interval.")
+    opened = cbs.get("lr_brackets_open") or []
+    if opened:
+        which = ", ".join(f"B={e['batch_size_sequences']} ({e['side']})" for e in opened)
+        out.append(f"Open LR brackets at {which}: the fastest trial ran at an end of the LRs tried, so those points "
+                   "may overstate the tuned steps and the interval does not cover that; search.precision probes an "
+                   "octave beyond before it stops (raise its max_trials if it stopped first).")
+    bounds = list(entry.get("censored_in_fit") or []) + list(entry.get("upper_bounded_in_fit") or [])
+    if bounds:
+        out.append(f"Batch sizes {', '.join(f'{b:g}' for b in sorted(bounds))} enter the fit as bounds (short of the "
+                   "target within their budget, or already past it at their first milestone), not as points.")
+    if cbs.get("status") == "edge":
+        out.append("The interval reaches past the fitted batch sizes: its end there is an extrapolation of the "
+                   "hyperbola; sweep a batch size beyond that end.")
+    if cbs.get("status") == "misfit":
+        out.append("The points break the hyperbola: no interval is given; probe the small batch sizes' LRs.")
+    if cbs.get("b_crit") is not None:
+        out.append("This b_crit is for this model, data, budget and target loss: it grows as the target loss falls "
+                   "and with the training tokens, so a production run's critical batch size needs a study across "
+                   "budgets, not this number.")
+    return out

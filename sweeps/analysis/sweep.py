@@ -18,7 +18,7 @@ import numpy as np
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
 from sweeps.analysis.lr_scaling import lr_scaling, open_lr_brackets
-from sweeps.analysis.summary import headline
+from sweeps.analysis.summary import caveats, headline
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
@@ -136,8 +136,10 @@ def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, A
 
 
 def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` with its ``headline``: the answer in one sentence (:func:`sweeps.analysis.summary.headline`)."""
+    """``result`` with its ``headline`` (the answer in one sentence, :func:`sweeps.analysis.summary.headline`) and
+    its ``caveats`` (what the interval does not cover, :func:`sweeps.analysis.summary.caveats`)."""
     result["headline"] = headline(result)
+    result["caveats"] = caveats(result)
     return result
 
 

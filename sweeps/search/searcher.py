@@ -43,12 +43,10 @@ from sweeps.search.transfer import (
     fastest_to_targets,
     lr_offsets_octaves,
     provisional_targets,
-    transfer_centre,
+    start_centre,
     transfer_order,
 )
-from sweeps.search.lattice import snap_lr
 from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, transfer_hyperparameters
-from workloads.api import scaled_lr
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
            "LR_OFFSET"]
@@ -316,25 +314,13 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         return anchor is None or "best_lr" in self.transfer_state.get(anchor, {})
 
     def _start_transfer(self, b: int) -> None:
-        """Fix ``b``'s centre LR (the spec's starting LR for the first batch size, else transferred) and
-        the beta2 its trials carry (the first batch size's: see :mod:`sweeps.search.transfer`)."""
-        s = self.spec.search
+        """Fix ``b``'s centre LR (:func:`sweeps.search.transfer.start_centre`) and the beta2 its trials carry (the
+        first batch size's: see :mod:`sweeps.search.transfer`)."""
         anchor = anchor_of(b, self.batches)
-        if anchor is None:
-            lo, hi = s.lr_multiplier
-            centre = scaled_lr(s.base_lr, s.base_batch_size_sequences, b, s.lr_rules[0], math.sqrt(lo * hi))
-            if getattr(s, "lr_lattice_octaves", None):
-                centre = snap_lr(centre, s.base_lr, s.lr_lattice_octaves)
-            self.transfer_state[b] = {"centre_lr": centre, "alpha": None, "anchor": None,
-                                      "carried": self._first_beta2()}
-            return
         best = {a: st["best_lr"] for a, st in self.transfer_state.items() if "best_lr" in st}
-        centre, alpha = transfer_centre(b, anchor, best)
-        step = getattr(s, "lr_lattice_octaves", None)
-        if step:  # the centre on the lattice, so that its trials' offsets land on lattice points
-            centre = snap_lr(centre, s.base_lr, step)
-        self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor,
-                                  "carried": dict(self.transfer_state[anchor]["carried"])}
+        centre, alpha = start_centre(self.spec.search, b, anchor, best)
+        carried = self._first_beta2() if anchor is None else dict(self.transfer_state[anchor]["carried"])
+        self.transfer_state[b] = {"centre_lr": centre, "alpha": alpha, "anchor": anchor, "carried": carried}
 
     def _first_beta2(self) -> dict[str, Any]:
         """The searched beta2 dimension's value under transfer: the geometric middle of the half-life
@@ -388,9 +374,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         self._records = records
 
     def selection_targets(self, curves: list[tuple[list[float], list[float]]]) -> list[float]:
-        """The target losses a batch size's fastest LR is chosen at: the spec's ``targets``, else those
-        ``search.precision``'s first wave declared, else (during the first wave) :func:`provisional_targets`
-        of that batch size's ``curves``."""
+        """Where a batch size's fastest LR is chosen: the spec's ``targets``, else the declared ones, else (in the
+        first wave) :func:`provisional_targets` of its ``curves``."""
         return list(self.spec.targets or getattr(self, "precision_targets", None) or provisional_targets(curves))
 
     def _fastest_group(self, groups: list[_Group]) -> _Group | None:

@@ -28,11 +28,14 @@ import math
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
+from sweeps.search.lattice import snap_lr
 from sweeps.search.objective import common_target
+from sweeps.spec import SearchSpec
+from workloads.api import scaled_lr
 
 __all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "MAX_EXTRAPOLATION_OCTAVES", "transfer_order",
            "anchor_of", "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target", "fastest_to_targets",
-           "provisional_targets"]
+           "provisional_targets", "start_centre"]
 
 #: the farthest a transferred centre may lie outside the range of the best LRs measured so far (octaves)
 MAX_EXTRAPOLATION_OCTAVES = 1.0
@@ -92,6 +95,27 @@ def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) ->
     centre = best_lrs[anchor] * (batch_size / anchor) ** alpha
     room = 2.0 ** MAX_EXTRAPOLATION_OCTAVES
     return min(max(centre, min(best_lrs.values()) / room), max(best_lrs.values()) * room), alpha
+
+
+def start_centre(search: SearchSpec, batch_size: int, anchor: int | None, best_lrs: dict[int, float]
+                 ) -> tuple[float, float | None]:
+    """Where a batch size's trials are centred when it starts: the first batch size (no ``anchor``) at the spec's
+    starting LR (``base_lr`` scaled by the first LR rule at the geometric middle of ``lr_multiplier``), any other
+    at :func:`transfer_centre`; on the LR lattice (``search.lr_lattice_octaves``, so that its trials' offsets land
+    on lattice points) unless that is null.
+
+    Returns:
+        ``(centre, alpha)``; alpha None for the first batch size.
+    """
+    if anchor is None:
+        lo, hi = search.lr_multiplier
+        centre = scaled_lr(search.base_lr, search.base_batch_size_sequences, batch_size, search.lr_rules[0],
+                           math.sqrt(lo * hi))
+        alpha = None
+    else:
+        centre, alpha = transfer_centre(batch_size, anchor, best_lrs)
+    step = getattr(search, "lr_lattice_octaves", None)
+    return (snap_lr(centre, search.base_lr, step) if step else centre), alpha
 
 
 def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]) -> int | None:

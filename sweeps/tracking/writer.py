@@ -396,7 +396,7 @@ def _parent_fields(status: str, summary: dict[str, Any], message: str,
         if analysis.get("status"):
             tags[TAG_FIT_STATUS] = str(analysis["status"])
             try:
-                note = headline(analysis)
+                note = headline(analysis) + "".join(f"\n\n- {c}" for c in analysis.get("caveats") or [])
             except Exception:  # noqa: BLE001 - a cbs.json of another shape must not keep the run open
                 log.exception("no headline for the parent run's description")
     if status != "SUCCEEDED" and message:
