@@ -143,17 +143,18 @@ def cut(tokens: list[float], losses: list[float | None], budget_tokens: float, s
     return out_t, out_l
 
 
-def replay(spec: Any, grid: Grid, seed: int, workdir: Path) -> dict[str, Any]:
-    """One sweep of ``spec`` with ``seeds: [seed]``, replayed on ``grid``: its analysis (``cbs.json``'s content)
-    and ``compute_budgets`` (tokens trained over the token budget)."""
+def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, Any]:
+    """One sweep of ``spec`` with ``seeds``, replayed on ``grid``: its analysis (``cbs.json``'s content) and
+    ``compute_budgets`` (tokens trained over the token budget, per seed)."""
     from sweeps.analysis import TrialRecord
     from sweeps.run.finish import sweep_analysis
     from sweeps.search.objective import OBJECTIVE
     from sweeps.search.searcher import BatchSizeSearcher
 
-    spec = spec.model_copy(update={"seeds": [seed]})
-    storage = f"sqlite:///{workdir / f'optuna-{seed}.db'}"
-    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix=f"replay-{seed}")
+    spec = spec.model_copy(update={"seeds": list(seeds)})
+    name = "-".join(map(str, seeds))
+    storage = f"sqlite:///{workdir / f'optuna-{name}.db'}"
+    searcher = BatchSizeSearcher(spec, storage_url=storage, study_prefix=f"replay-{name}")
     records: list[Any] = []
     tps = float(spec.model.context_length_tokens)
     searcher.attach_records(lambda: list(records))
@@ -187,6 +188,7 @@ def replay(spec: Any, grid: Grid, seed: int, workdir: Path) -> dict[str, Any]:
         b, lr = int(cfg["batch_size_sequences"]), float(cfg["lr"])
         budget = float(cfg.get("budget_tokens") or spec.budget_tokens)
         m = int(round(budget / spec.budget_tokens))
+        seed = int(cfg["seed"])
         tokens, losses, status = grid.curve(seed, b, lr, m)
         tok, loss = cut(tokens, losses, budget, cfg.get("stop_at_loss"))
         diverged = not loss or not math.isfinite(loss[-1])
@@ -200,7 +202,7 @@ def replay(spec: Any, grid: Grid, seed: int, workdir: Path) -> dict[str, Any]:
         searcher.on_trial_complete(tid, {OBJECTIVE: objective, "val_loss": None if diverged else loss[-1]})
     targets = state["targets"]
     analysis = sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps)
-    analysis["compute_budgets"] = sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens
+    analysis["compute_budgets"] = sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens / len(seeds)
     analysis["n_trials"] = len(records)
     analysis["replay_outcome"] = state.get("outcome")
     analysis["replay_trials"] = [r.to_dict() for r in records]
@@ -257,8 +259,8 @@ def _score(rows: list[tuple[float, list[float | None] | None, float | None]]) ->
             "median_log2_bias": float(np.median(biases)) if biases else math.nan}
 
 
-def run_code(spec_path: Path, seeds: list[int], train_missing: bool, jobs: int) -> dict[str, Any]:
-    """Replay every seed with the code under ``CODE_ROOT``; the scores and each replay's summary."""
+def run_code(spec_path: Path, sweeps: list[list[int]], train_missing: bool, jobs: int) -> dict[str, Any]:
+    """Replay every sweep (its seeds) with the code under ``CODE_ROOT``; each replay's analysis, by its seeds."""
     from sweeps.spec import load_spec
 
     spec = load_spec(spec_path)
@@ -268,9 +270,9 @@ def run_code(spec_path: Path, seeds: list[int], train_missing: bool, jobs: int) 
         grid = Grid(cells, spec.search.base_lr)
         results, missing = {}, set()
         with tempfile.TemporaryDirectory() as tmp:
-            for s in seeds:
+            for seeds in sweeps:
                 try:
-                    results[s] = replay(spec, grid, s, Path(tmp))
+                    results[tuple(seeds)] = replay(spec, grid, seeds, Path(tmp))
                 except CellMissing as exc:
                     missing |= exc.cells
         if not missing:
@@ -325,13 +327,14 @@ def summarise(label: str, out: dict[str, Any], cells: dict, seeds: list[int]) ->
           f"median_log2_bias={overall['median_log2_bias']:+.3f} compute_trials={compute:.2f}")
     for s, res in sorted(results.items()):
         ci = res.get("b_crit_ci")
-        print(f"    seed {s:2d}: b_crit {res.get('b_crit')} {ci} at {res.get('target_loss')} {res.get('status')}, "
+        print(f"    seeds {','.join(map(str, s)):>5}: b_crit {res.get('b_crit')} {ci} at {res.get('target_loss')} {res.get('status')}, "
               f"{res['n_trials']} trials, {res['compute_budgets']:.2f} budgets, "
               f"{(res.get('replay_outcome') or {}).get('stopped_because')}")
     return {"label": label, "overall": overall, "headline": hs, "compute_trials": compute,
             "per_target": {str(t): _score(r) for t, r in per_target.items()},
-            "seeds": {s: {k: res.get(k) for k in ("b_crit", "b_crit_ci", "target_loss", "status", "n_trials",
-                                                   "compute_budgets")} for s, res in results.items()}}
+            "sweeps": {",".join(map(str, s)): {k: res.get(k) for k in ("b_crit", "b_crit_ci", "target_loss", "status",
+                                                                      "n_trials", "compute_budgets")}
+                       for s, res in results.items()}}
 
 
 def main() -> None:
@@ -341,6 +344,8 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default=None, help="also replay the code at this git revision")
     ap.add_argument("--code-root", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--label", default="this checkout")
+    ap.add_argument("--seeds-per-sweep", type=int, default=1,
+                    help="seeds in each replayed sweep (2: pairs 0+1, 2+3, ...: the seeds' random effect)")
     ap.add_argument("--train-missing", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the scores here")
@@ -348,7 +353,9 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     cells = real_grid.read_grid()
     seeds = real_grid.parse_range(args.seeds) if args.seeds else sorted({s for s, _, _ in cells})
-    out = run_code(Path(args.spec), seeds, args.train_missing, args.jobs)
+    k = args.seeds_per_sweep
+    sweeps = [seeds[i:i + k] for i in range(0, len(seeds) - k + 1, k)]
+    out = run_code(Path(args.spec), sweeps, args.train_missing, args.jobs)
     cells = real_grid.read_grid()
     scores = [summarise(args.label, out, cells, seeds)]
     if args.baseline_rev:
@@ -359,7 +366,8 @@ def main() -> None:
             try:
                 spec = wt / Path(args.spec).resolve().relative_to(ROOT)
                 cmd = [sys.executable, __file__, "--code-root", str(wt), "--spec", str(spec), "--label",
-                       f"revision {args.baseline_rev}", "--seeds", ",".join(map(str, seeds)), "--jobs", str(args.jobs)]
+                       f"revision {args.baseline_rev}", "--seeds", ",".join(map(str, seeds)), "--jobs", str(args.jobs),
+                       "--seeds-per-sweep", str(k)]
                 if args.train_missing:
                     cmd.append("--train-missing")
                 subprocess.run(cmd, check=True)

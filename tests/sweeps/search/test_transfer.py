@@ -211,10 +211,11 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     assert [len(v) for v in by_b.values()] == [2, 2, 2] and all(t["status"] == "COMPLETED" for t in trials)
     lrs8 = sorted(t["hyperparameters"]["lr"] for t in by_b[8])
     assert lrs8 == pytest.approx([3e-3 * 2 ** -0.5, 3e-3 * 2 ** 0.5])  # base_lr at the start batch size
-    from sweeps.search.transfer import fastest_to_common_target
+    from sweeps.search.transfer import fastest_to_targets, provisional_targets
 
-    def best_lr(ts):  # the searcher's rule: fastest to the loss every trial reached before its last milestone
-        return ts[fastest_to_common_target([[(t["tokens"], t["val_loss"])] for t in ts])]["hyperparameters"]["lr"]
+    def best_lr(ts):  # the searcher's rule in the first wave: fastest over a band of early losses (no spec targets)
+        curves = [(t["tokens"], t["val_loss"]) for t in ts]
+        return ts[fastest_to_targets([[c] for c in curves], provisional_targets(curves))]["hyperparameters"]["lr"]
 
     best8 = best_lr(by_b[8])
     lrs16 = sorted(t["hyperparameters"]["lr"] for t in by_b[16])
