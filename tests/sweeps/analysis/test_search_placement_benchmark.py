@@ -1,12 +1,14 @@
-"""``benchmarks/search_placement.py`` places trials as its docstring says (the numbers it prints are in
-docs/benchmarks.md; this checks the placements, not the figures)."""
+"""``benchmarks/search_placement.py``'s synthetic grids have the structure its docstring states (the numbers it prints
+are in docs/benchmarks.md; this checks the model, not the figures): the hyperbola at the optimum LR, an optimum LR
+that moves with the target loss, a seed's effect shared by every batch size, and one simulated sweep through the
+product's own replay."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import sys
 
-import numpy as np
 import pytest
 
 from tests.conftest import ROOT
@@ -14,65 +16,61 @@ from tests.conftest import ROOT
 
 @pytest.fixture(scope="module")
 def bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("search_placement", ROOT / "benchmarks" / "search_placement.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_transfer_starts_at_the_base_batch_size_and_centres_each_next_one_on_its_neighbours_best_lr(bench):
-    sweep = bench.Sweep(np.random.default_rng(3), sd_batch=0.05, sd_trial=0.04)
-    trials = bench.transfer(sweep)
-    lrs = {}
-    for t in trials:
-        lrs.setdefault(t.batch_size_sequences, []).append(t.hyperparameters["lr"])
-    assert [t.batch_size_sequences for t in trials[::2]] == bench.TRANSFER_ORDER
-    assert lrs[16] == pytest.approx([sweep.start_lr * 2 ** -0.5, sweep.start_lr * 2 ** 0.5])
-    for b, lo_hi in lrs.items():  # two trials an octave apart, around the centre
-        assert lo_hi[1] / lo_hi[0] == pytest.approx(2.0)
-    # B = 8 is centred on B = 16's faster trial, scaled by the square-root rule (fewer than 3 finished)
-    # (the curves of one batch size never cross: the faster trial has the lower final loss)
-    fast16 = min((t for t in trials if t.batch_size_sequences == 16), key=lambda t: t.val_loss[-1])
-    assert math.sqrt(lrs[8][0] * lrs[8][1]) == pytest.approx(fast16.hyperparameters["lr"] * (8 / 16) ** 0.5, rel=1e-9)
+def _cal(**over):
+    """A hand-made calibration: b_crit 12 and S_min 40 steps at every loss... scaled so that lower losses need
+    more steps (S_min doubles per 0.5 nat)."""
+    losses = [2.2 + 0.1 * i for i in range(15)]
+    cal = {"table": {"loss": losses, "b_crit": [12.0] * len(losses), "s_min": [40.0 * 2 ** ((2.6 - L) / 0.5) for L in losses]},
+           "x0": math.log2(0.006), "a": 0.0, "m": 1.0, "k_above": 0.3, "k_below": 0.2, "sd_seed": 0.0, "sd_cell": 0.0,
+           "diverge_octaves": 3.0, "seeds": 12, "lattice_octaves": 0.5, "base_lr": 0.003}
+    cal.update(over)
+    return cal
 
 
-def test_both_placements_spend_the_same_trials_and_the_scores_repeat_with_the_seed(bench):
-    for name in ("independent", "transfer"):
-        trials = bench.STRATEGIES[name](bench.Sweep(np.random.default_rng(0), 0.05, 0.04))
-        assert len(trials) == 14 and sorted({t.batch_size_sequences for t in trials}) == bench.BATCH_SIZES
-    first = bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
-    assert first == bench.score("transfer", 8, 1, 0.95, 0.05, 0.04)
-    assert set(first) == {"coverage", "median_width_ratio", "median_log2_bias", "ok", "mean_trials", "mean_compute",
-                          "contradicted",
-                          "coverage_contradicted", "coverage_consistent", "median_log2_bias_contradicted",
-                          "median_log2_bias_consistent"}
-    assert 0.0 <= first["contradicted"] <= 1.0
+def _steps(grid, seed, b, lr, target):
+    from sweeps.analysis.targets import tokens_to_target
+
+    tokens, losses, _ = grid.curve(seed, b, lr, 4)
+    tok = tokens_to_target(tokens, [x if x is not None else math.nan for x in losses], target)
+    return None if tok is None else tok / (b * 64)
 
 
-def test_the_precision_placement_starts_as_transfer_and_stops_at_its_cap(bench):
-    planned = bench.transfer(bench.Sweep(np.random.default_rng(5), 0.1, 0.1))
-    trials = bench.transfer_until_precise(bench.Sweep(np.random.default_rng(5), 0.1, 0.1), ratio=1.0001, max_trials=20)
-    assert [(t.batch_size_sequences, t.hyperparameters["lr"]) for t in trials[:14]] == [
-        (t.batch_size_sequences, t.hyperparameters["lr"]) for t in planned]
-    assert 14 < len(trials) <= 20
-    loose = bench.transfer_until_precise(bench.Sweep(np.random.default_rng(5), 0.1, 0.1), ratio=1e6)
-    assert len(loose) == 14
+def test_at_the_optimum_lr_steps_follow_the_hyperbola(bench):
+    grid = bench.SyntheticGrid(_cal(m=0.0), 0)
+    steps = {b: _steps(grid, 0, b, 0.006, 2.6) for b in (4, 16, 64)}
+    for b, s in steps.items():
+        assert s == pytest.approx(40.0 * (1 + 12.0 / b), rel=0.02)
 
 
-def test_the_reallocation_placement_stops_later_trials_at_the_lowest_target_and_reruns_the_censored(bench):
-    sweep = bench.Sweep(np.random.default_rng(5), 0.1, 0.1)
-    trials = bench.transfer_until_precise_reallocated(sweep, ratio=1.0001, max_trials=20)
-    planned = bench.transfer(bench.Sweep(np.random.default_rng(5), 0.1, 0.1))
-    assert [t.val_loss for t in trials[:14]] == [t.val_loss for t in planned]  # the first wave is untouched
-    lowest, later = min(sweep.targets), trials[14:]
-    assert later and bench._compute(trials, sweep.budget) <= 20 + 1e-9
-    for t in later:  # each ends at its first milestone at or below the lowest target, or at its budget
-        assert all(x > lowest for x in t.val_loss[:-1])
-    reruns = [t for t in later if max(t.tokens) > sweep.budget * 1.001 or t.val_loss[-1] <= lowest
-              and t.batch_size_sequences in (128, 256) and t.hyperparameters["lr"] in
-              [p.hyperparameters["lr"] for p in planned if p.batch_size_sequences == t.batch_size_sequences]]
-    assert reruns
-    for t in reruns:  # the same curve as the trial it repeats, as far as that one went
-        first = next(p for p in planned if p.hyperparameters["lr"] == t.hyperparameters["lr"])
-        n = min(len(first.val_loss), len(t.val_loss))
-        assert t.val_loss[:n] == pytest.approx(first.val_loss[:n])
+def test_the_optimum_lr_moves_with_the_target_loss(bench):
+    """With m = 1 octave per nat, the fastest lattice LR to loss 3.0 lies about 0.8 octave above the one to 2.2."""
+    grid = bench.SyntheticGrid(_cal(), 0)
+    lrs = [0.003 * 2 ** (k / 2) for k in range(-2, 8)]
+
+    def fastest(target):
+        got = {lr: _steps(grid, 0, 16, lr, target) for lr in lrs}
+        return min((lr for lr in got if got[lr] is not None), key=lambda lr: got[lr])
+
+    assert math.log2(fastest(3.0) / fastest(2.2)) == pytest.approx(0.8, abs=0.3)
+
+
+def test_a_seed_moves_every_batch_size_the_same_way(bench):
+    grid = bench.SyntheticGrid(_cal(sd_seed=0.2, m=0.0), 7)
+    diffs = [math.log(_steps(grid, 1, b, 0.006, 2.6) / _steps(grid, 0, b, 0.006, 2.6)) for b in (4, 16, 64, 256)]
+    assert all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+    assert abs(diffs[-1]) > abs(diffs[0])  # weighted by B / (B + b_crit): the large batch sizes most
+
+
+def test_one_simulated_sweep_runs_through_the_products_replay(bench):
+    out = bench.simulate(_cal(sd_seed=0.05, sd_cell=0.05), ROOT / "sweeps" / "examples" / "shakespeare-char.yaml", 1,
+                         False, 0)
+    assert sorted(out["rows"]) == [2.4, 2.5, 2.6, 2.7, 2.8]  # the main job's fixed targets
+    assert all(rows[0][0] == pytest.approx(12.0) for rows in out["rows"].values())  # the truth
+    assert 14 <= out["compute"] <= 21 + 1e-9
