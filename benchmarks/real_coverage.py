@@ -205,6 +205,7 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
     analysis["compute_budgets"] = sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens / len(seeds)
     analysis["n_trials"] = len(records)
     analysis["replay_outcome"] = state.get("outcome")
+    analysis["replay_waves"] = list(getattr(searcher, "waves", []) or [])
     analysis["replay_trials"] = [r.to_dict() for r in records]
     return analysis
 
@@ -267,7 +268,7 @@ def run_code(spec_path: Path, sweeps: list[list[int]], train_missing: bool, jobs
     spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": str(ROOT / spec.data.path)})})
     while True:
         cells = real_grid.read_grid()
-        grid = Grid(cells, spec.search.base_lr)
+        grid = Grid(cells, real_grid.BASE_LR)
         results, missing = {}, set()
         with tempfile.TemporaryDirectory() as tmp:
             for seeds in sweeps:

@@ -38,6 +38,8 @@ sys.path.insert(0, str(ROOT))
 GRID = ROOT / "benchmarks" / "cache" / "real_coverage" / "grid.jsonl"
 SPEC = ROOT / "sweeps" / "examples" / "shakespeare-char.yaml"
 LATTICE_OCTAVES = 0.5
+#: the lattice's origin: cell ``k`` trains at ``BASE_LR * 2^(k / 2)`` (the main job's ``search.base_lr``)
+BASE_LR = 0.003
 #: the target losses the grid must bracket the fastest LR at (nats)
 REFERENCE_TARGETS = (2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0)
 #: lattice points the fastest LR must lie inside the tried range, on each side

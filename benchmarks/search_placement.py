@@ -191,7 +191,9 @@ def simulate(cal: dict[str, Any], spec_path: Path, sweeps: int, vary_truth: bool
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(sweeps):
             grid = SyntheticGrid(cal, seed * 100003 + i, float(np.exp(rng.uniform(-0.7, 0.7))) if vary_truth else 1.0)
-            res = real_coverage.replay(spec, grid, [0], Path(tmp) / f"s{i}")  # type: ignore[arg-type]
+            work = Path(tmp) / f"s{i}"  # its own Optuna storage
+            work.mkdir()
+            res = real_coverage.replay(spec, grid, [0], work)  # type: ignore[arg-type]
             compute.append(res["compute_budgets"])
             for e in res.get("targets") or []:
                 t = float(e["target_loss"])

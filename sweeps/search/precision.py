@@ -52,6 +52,7 @@ Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the wave
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -79,10 +80,13 @@ class Proposal:
     lr: float | None
     reason: str
     budget_multiple: int = 1
+    #: token reallocation: the loss this trial ends at, where higher than the sweep's lowest target (a probe of a
+    #: bracket open only at higher targets informs none below them); None: the sweep's
+    stop_at_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_size_sequences": self.batch_size_sequences, "lr": self.lr, "reason": self.reason,
-                "budget_multiple": self.budget_multiple}
+                "budget_multiple": self.budget_multiple, "stop_at_loss": self.stop_at_loss}
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,8 @@ class Reallocation:
     max_budget_multiple: int
 
 
-def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation) -> list[Proposal]:
+def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation,
+                     centre_b: float) -> list[Proposal]:
     """Rule 2: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
     at ``realloc.lowest_target``), largest first. Its best trial is the one with the lowest loss at the most
     tokens all its trials reached. When that trial ran at the highest (lowest) LR the batch size tried and the LR
@@ -114,7 +119,8 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
     if entry is None:
         return []
     out = []
-    for c in sorted(entry.get("censored_points") or [], key=lambda c: -int(c["batch_size_sequences"])):
+    for c in sorted(entry.get("censored_points") or [],
+                    key=lambda c: (abs(math.log(int(c["batch_size_sequences"]) / centre_b)), -int(c["batch_size_sequences"]))):
         b = int(c["batch_size_sequences"])
         ts = [t for t in trials if t.batch_size_sequences == b and t.tokens and t.hyperparameters.get("lr")
               and t.val_loss and math.isfinite(t.val_loss[-1])]
@@ -231,7 +237,7 @@ def _bracket_proposals(analysis: dict[str, Any], trials: list[TrialRecord], cent
         if all(abs(math.log2(probe / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, [])):
             out.append(Proposal(b, probe, f"its fastest trial at target(s) {', '.join(f'{t:.4g}' for t in e['targets'])} "
                                           f"ran at its {'highest' if e['side'] == 'above' else 'lowest'} LR: probe an "
-                                          f"octave {e['side']}"))
+                                          f"octave {e['side']}", stop_at_loss=min(e["targets"])))
     return out
 
 
@@ -300,8 +306,9 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
                               fitted=[int(b) for b in fitted])
     no_fit = b_crit is None and analysis.get("status") not in ("above_range", "below_range")
     out = range_ if no_fit else []  # without a fit, more batch sizes first: no bracket is judged at a fit's targets
-    out += _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
-    out += _rerun_proposals(analysis, trials, reallocation) if reallocation is not None and lr_probes else []
+    reruns = _rerun_proposals(analysis, trials, reallocation, centre_b) if reallocation is not None and lr_probes else []
+    brackets = _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
+    out += [p for pair in itertools.zip_longest(brackets, reruns) for p in pair if p is not None]
     out += [] if no_fit else range_
     if target is not None and fitted:
         open_, closed = _lr_proposals(trials, float(target), list(fitted), centre_b) if lr_probes else ([], [])

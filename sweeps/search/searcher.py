@@ -252,6 +252,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
             point = optuna_search_trials(sub)[trial_id].user_attrs.get(INITIAL_POINT_ATTR) if sub is not None else None
             group = _Group(trial_id, b, dict(params), len(self.spec.seeds), initial_point=point)
             group.budget_multiple = self._next_budget_multiple(b)  # before the group counts among b's
+            group.stop_at_loss = self._next_stop_at_loss(b)
             self.open_group[b] = group
         seed = self.spec.seeds[len(group.trial_ids)]
         group.trial_ids.append(trial_id)
@@ -261,6 +262,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
               if self.transfer else hyperparameters_for(self.spec, b, group.params))
         point = getattr(group, "initial_point", None)
         stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
+        stop = (getattr(group, "stop_at_loss", None) or stop) if stop is not None else None  # a probe's own, if higher
         extra = {"initial_point": point, "stop_at_loss": stop,  # token reallocation: the stop, a re-run's budget
                  "budget_tokens": multiple * self.spec.budget_tokens if multiple > 1 else None}
         return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,

@@ -100,6 +100,13 @@ class PrecisionWaves:
         r = self._reallocation()
         return r.lowest_target if r is not None else None
 
+    def _next_stop_at_loss(self, b: int) -> float | None:
+        """The stop loss of ``b``'s next group where its proposal set one (an LR probe of a bracket open only at
+        higher targets ends at the lowest of those), else None (the sweep's, :meth:`stop_at_loss`)."""
+        i = len(self._groups_of(b)) - self.spec.search.trials_per_batch_size
+        stops = self.__dict__.get("extra_stops", {}).get(b, [])
+        return stops[i] if 0 <= i < len(stops) else None
+
     def _next_budget_multiple(self, b: int) -> int:
         """The budget multiple of ``b``'s next group: a re-run's (token reallocation), else 1."""
         i = len(self._groups_of(b)) - self.spec.search.trials_per_batch_size  # its index among b's extra groups
@@ -144,5 +151,6 @@ class PrecisionWaves:
             return
         self.extra_groups[b] = self.extra_groups.get(b, 0) + 1
         self.extra_budget_multiples.setdefault(b, []).append(int(p.budget_multiple))
+        self.__dict__.setdefault("extra_stops", {}).setdefault(b, []).append(p.stop_at_loss)
         if p.lr is not None:
             self.extra_lrs.setdefault(b, []).append(float(p.lr))
