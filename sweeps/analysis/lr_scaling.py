@@ -36,7 +36,11 @@ from scipy import stats
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
 __all__ = ["LR_RULE_EXPONENTS", "best_lr_per_batch", "lr_exponent_fit", "lr_exponent_by_chance", "lr_scaling",
-           "lr_optimum_beyond_tried", "open_lr_brackets"]
+           "lr_optimum_beyond_tried", "open_lr_brackets", "open_bracket_gains", "MAX_OPEN_BRACKET_GAIN"]
+
+#: the most an open bracket's optimum may gain in log tokens over its fastest trial (a neighbour that never reached
+#: the target gives no slope to extrapolate): a factor of 1.2
+MAX_OPEN_BRACKET_GAIN = 0.2
 
 #: the exponent of each LR scaling rule critbatch searches over (``lr = base_lr * (B / B_base)^alpha``)
 LR_RULE_EXPONENTS = {"linear": 1.0, "sqrt": 0.5, "none": 0.0}
@@ -188,6 +192,40 @@ def open_lr_brackets(trials: list[TrialRecord], targets: list[float]) -> list[di
                 e["targets"].append(float(target))
                 e["fastest_lr"] = fastest
     return [out[k] for k in sorted(out)]
+
+
+def open_bracket_gains(trials: list[TrialRecord], target: float) -> dict[int, float]:
+    """How much faster (in log tokens to ``target``) each batch size with an open bracket there could be with its
+    optimum LR up to an octave beyond its fastest tried one: a third of the log-tokens slope per octave ``s`` between
+    its fastest trial and the next tried LR inward. (On a quadratic response ``k (x - x*)^2`` in octaves, an
+    optimum ``d`` octaves beyond the fastest tried LR gives ``s = k (2 d + 1)`` and a gain ``k d^2 = s d^2 / (2 d +
+    1)``, at most ``s / 3`` for ``d <= 1``.) Capped at :data:`MAX_OPEN_BRACKET_GAIN`, the cap also where that
+    neighbour never reached the target, or with one tried LR.
+
+    Returns:
+        ``{batch size: gain >= 0}`` for the batch sizes that reached ``target`` with an open bracket.
+    """
+    tokens = tokens_to_target_by_trial(trials, target)
+    rows: dict[int, dict[float, float]] = {}
+    for t in trials:
+        lr = t.hyperparameters.get("lr")
+        if lr and t.trial_id in tokens:
+            tok = tokens[t.trial_id]
+            d = rows.setdefault(t.batch_size_sequences, {})
+            d[float(lr)] = min(d.get(float(lr), math.inf), math.inf if tok is None else float(tok))
+    out = {}
+    for b, speed in rows.items():
+        lrs = sorted(speed)
+        best = min(lrs, key=lambda lr: (speed[lr], lr))
+        if not math.isfinite(speed[best]) or 0 < lrs.index(best) < len(lrs) - 1:
+            continue
+        if len(lrs) == 1:
+            out[b] = MAX_OPEN_BRACKET_GAIN
+            continue
+        inner = lrs[1] if best == lrs[0] else lrs[-2]
+        slope = (math.log(speed[inner]) - math.log(speed[best])) / abs(math.log2(inner / best))
+        out[b] = min(max(slope / 3, 0.0), MAX_OPEN_BRACKET_GAIN) if math.isfinite(slope) else MAX_OPEN_BRACKET_GAIN
+    return out
 
 
 def _fastest_lr(trials: list[TrialRecord], batch_size: int, target: float) -> float | None:

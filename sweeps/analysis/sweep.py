@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
-from sweeps.analysis.lr_scaling import lr_scaling, open_lr_brackets
+from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points, cbs_20_interval
+from sweeps.analysis.lr_scaling import lr_scaling, open_bracket_gains, open_lr_brackets
 from sweeps.analysis.summary import caveats, headline
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
@@ -147,7 +147,7 @@ def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
 _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
                 "status", "n_points",
                 "n_batch_sizes", "fitted_batch_sizes", "censored_in_fit", "upper_bounded_in_fit", "seed_fits",
-                "between_seed_sd_log", "rms_log_residual", "message", "points",
+                "between_seed_sd_log", "b_crit_ci_unwidened", "open_bracket_gains", "rms_log_residual", "message", "points",
                 "excluded_batch_sizes", "censored_points")
 
 
@@ -162,6 +162,7 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
                          censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
                          upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
                                        if p.get("upper_bound")])
+    fit = _with_open_brackets(fit, trials, target, exact, censored, points, reference_batch, level)
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
     for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None
@@ -173,6 +174,36 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
         fit["message"] = f"{fit['message']}; {note}" if fit.get("message") else note
     return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded,
             "censored_points": censored}
+
+
+def _with_open_brackets(fit: dict[str, Any], trials: list[TrialRecord], target: float, exact: list[dict[str, Any]],
+                        censored: list[dict[str, Any]], points: list[dict[str, Any]], reference_batch: float,
+                        level: float) -> dict[str, Any]:
+    """``fit`` with its interval widened by the batch sizes whose LR bracket is open at ``target``: the same fit
+    with each such point as fast as an optimum up to an octave beyond could make it (:func:`open_bracket_gains`)
+    moves the estimate by a factor; the interval's end on that side moves by the same factor
+    (``b_crit_ci_unwidened`` keeps the first). An open bracket's point overstates the tuned
+    steps by an amount the scatter of the points does not show; the search closes brackets when it can, and this
+    says what is left when it could not. Unchanged without open brackets or without an interval."""
+    gains = open_bracket_gains(trials, target)
+    if not gains or not fit.get("b_crit_ci") or fit.get("status") in ("no_knee", "misfit"):
+        return fit
+    alt = analyze_points([p["batch_size_sequences"] for p in exact],
+                         [p["steps_to_target"] * math.exp(-gains.get(p["batch_size_sequences"], 0.0)) for p in exact],
+                         reference_batch, level=level, seeds=[p["seed"] for p in exact],
+                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
+                         upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
+                                       if p.get("upper_bound")])
+    if not alt.get("b_crit") or not fit.get("b_crit"):
+        return fit
+    lo, hi = fit["b_crit_ci"]
+    shift = alt["b_crit"] / fit["b_crit"]  # how far the open brackets could move the estimate: each end moves as far
+    wide = [lo * min(1.0, shift), None if hi is None else hi * max(1.0, shift)]
+    out = {**fit, "b_crit_ci_unwidened": fit["b_crit_ci"], "b_crit_ci": wide,
+           "open_bracket_gains": {str(b): g for b, g in sorted(gains.items())}}
+    if out.get("b_crit") is not None:  # the mapped intervals follow the widened one
+        out["cbs_20_ci"], out["b_compute_overhead_20_ci"] = cbs_20_interval(wide, reference_batch)
+    return out
 
 
 def _contradiction_note(censored: list[dict[str, Any]], b_crit: float | None) -> str:
