@@ -135,3 +135,30 @@ def test_analyze_compares_several_sweeps_at_the_first_ones_targets(tmp_path):
     shutil.rmtree(outs[1])
     bad = invoke_cli(["analyze", "--trials", str(outs[0] / "trials.json"), "--trials", str(outs[1] / "trials.json")])
     assert bad.returncode == 2 and "not found" in bad.stderr
+
+
+def test_an_open_bracket_left_at_the_end_widens_the_interval_by_how_far_it_could_move_the_estimate():
+    """B = 4's fastest trial ran at the highest LR it tried (3x slower an octave lower): its optimum may lie beyond,
+    its point overstate the tuned steps, so ``b_crit`` may be lower. The interval's lower end moves down by the
+    factor that point, as fast as an optimum up to an octave beyond could make it, moves the estimate; with the
+    bracket closed it stays as fitted."""
+    rng = np.random.default_rng(2)
+
+    def trials_for(closed: bool):
+        out = []
+        for b in (4, 8, 16, 32, 64, 128):
+            base = 40.0 * (1 + 12.0 / b) * math.exp(rng.normal(0, 0.04))
+            lrs = {1e-3: 1.25, 2e-3: 1.0, 4e-3: 1.25} if b != 4 or closed else {1e-3: 3.0, 2e-3: 1.0}
+            for lr, slow in lrs.items():
+                t = _trial(f"b{b}-{lr}", b, base * slow)
+                t.hyperparameters = {"lr": lr}
+                out.append(t)
+        return out
+
+    open_ = analyze_trials(trials_for(False), context_length_tokens=T, reference_batch=16, targets=[3.0])["targets"][0]
+    assert open_["open_bracket_gains"] == {"4": pytest.approx(min(math.log(3.0) / 3, 0.2))}
+    lo, hi = open_["b_crit_ci"]
+    u_lo, u_hi = open_["b_crit_ci_unwidened"]
+    assert lo < u_lo and hi == pytest.approx(u_hi)  # lower: B = 4 faster means a smaller E_min, a smaller b_crit
+    closed = analyze_trials(trials_for(True), context_length_tokens=T, reference_batch=16, targets=[3.0])["targets"][0]
+    assert closed.get("b_crit_ci_unwidened") is None

@@ -342,11 +342,12 @@ def test_token_reallocation_ends_later_trials_at_the_lowest_target_and_reruns_a_
     assert lrs[0] < sim.configs[t]["lr"] < lrs[-1]
 
 
-def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_tokens(tiny_spec_dict):
+def test_rule_2_reruns_censored_batch_sizes_nearest_the_knee_first_with_twice_their_tokens(tiny_spec_dict):
     spec = _spec(tiny_spec_dict)
     rows = [(8, 1.4e-3, 1.0), (16, 2e-3, 1.0), (32, 2.8e-3, 1.0), (64, 4e-3, 1.0), (64, 2e-3, 1.3), (128, 5.6e-3, 1.0)]
     trials = _records(rows, spec)
-    analysis = {"targets": [{"target_loss": 3.0, "censored_points": [
+    # the knee near 96: B = 128 nearer than 64 (a censored batch size far past the knee informs the fit least)
+    analysis = {"b_crit": 96.0, "targets": [{"target_loss": 3.0, "censored_points": [
         {"batch_size_sequences": 64}, {"batch_size_sequences": 128}]}]}
     r = Reallocation(lowest_target=3.0, budget_tokens=spec.budget_tokens, max_budget_multiple=4)
     # first an LR probe where the best trial ran at an end of its batch size's tried LRs: an octave beyond it
@@ -379,3 +380,26 @@ def test_rule_0_reruns_censored_batch_sizes_largest_first_with_twice_their_token
         tokens=[1024.0], val_loss=[math.nan])]
     assert [p.batch_size_sequences for p in propose(analysis, diverged, 10, allowed_batch_size=lambda b: False,
                                                     reallocation=r) if p.budget_multiple > 1] == [64]
+
+
+def test_bracket_probes_and_reruns_alternate_and_a_probe_stops_where_its_bracket_is_open(tiny_spec_dict):
+    """A wave interleaves the two things that matter on real training: an LR probe beyond an open bracket (bias) and
+    a longer run of the censored batch size nearest the knee (a point instead of a bound). A probe of a bracket open
+    only at the higher targets ends at the lowest of those, not at the sweep's lowest target."""
+    spec = _spec(tiny_spec_dict)
+    rows = [(8, 1e-3, 1.3), (8, 2e-3, 1.0), (16, 1e-3, 1.3), (16, 2e-3, 1.0), (64, 2e-3, 1.2), (64, 4e-3, 1.0),
+            (64, 8e-3, 1.2)]
+    trials = _records(rows, spec)
+    analysis = {"b_crit": 24.0, "status": "ok", "b_crit_ci": [10.0, 60.0], "fitted_batch_sizes": [8.0, 16.0],
+                "target_loss": 3.0,
+                "lr_brackets_open": [{"batch_size_sequences": 16, "side": "above", "fastest_lr": 2e-3, "targets": [3.2, 3.1]},
+                                     {"batch_size_sequences": 8, "side": "above", "fastest_lr": 2e-3, "targets": [3.2]}],
+                "targets": [{"target_loss": 3.0, "censored_points": [{"batch_size_sequences": 64}]}]}
+    r = Reallocation(lowest_target=3.0, budget_tokens=spec.budget_tokens, max_budget_multiple=4)
+    out = propose(analysis, trials, 10, allowed_batch_size=lambda b: False, reallocation=r)
+    kinds = [("probe" if "probe an octave above" in p.reason and p.budget_multiple == 1 and p.batch_size_sequences != 64
+              else "rerun") for p in out[:3]]
+    assert kinds == ["probe", "rerun", "probe"]
+    assert (out[0].batch_size_sequences, out[0].stop_at_loss) == (16, 3.1)  # nearest the knee, ends at 3.1
+    assert (out[2].batch_size_sequences, out[2].stop_at_loss) == (8, 3.2)
+    assert out[1].batch_size_sequences == 64 and out[1].budget_multiple == 2 and out[1].stop_at_loss is None
