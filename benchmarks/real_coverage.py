@@ -17,10 +17,11 @@ trial's curve is the one the sweep would get (``tests/benchmarks/test_real_grid.
 lattice (code that does not snap LRs to it) gets a curve interpolated linearly in log LR between its two
 lattice neighbours, milestone by milestone; the output counts those trials (``interpolated_trials=``).
 
-**The reference** at a target loss: per batch size, the fastest lattice LR by the mean over every cached seed
-of log steps to the target (only LRs that every seed's curve brings there), its steps the geometric mean over
-the seeds; those points fitted by :func:`sweeps.analysis.fit.analyze_points`. Batch sizes whose best LR does
-not reach the target in every seed are left out of the reference (the output says which).
+**The reference** at a target loss: per batch size of the grid (:data:`real_grid.REFERENCE_BATCH_SIZES`), the
+fastest lattice LR by the mean over every cached seed of log steps to the target (only LRs that every seed's
+curve brings there), its steps the geometric mean over the seeds; those points fitted by
+:func:`sweeps.analysis.fit.analyze_points`. Batch sizes whose best LR does not reach the target in every seed
+are left out of the reference (the output says which).
 
 **Scored** at each target of each replay's ``cbs.json`` (its declared targets): ``coverage=`` (the 95 %
 interval holds the reference; an open end counts as open; a target with no interval counts as covered and is
@@ -67,6 +68,13 @@ sys.path.insert(1, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 
 import real_grid  # noqa: E402
+
+
+def _code_of_sweeps() -> Path:
+    """The checkout whose ``sweeps`` package this process replays (it must be ``CODE_ROOT``'s)."""
+    import sweeps
+
+    return Path(sweeps.__file__).resolve().parents[1]
 
 FIXED_TARGETS_NOTE = "the spec's targets"
 
@@ -217,7 +225,7 @@ def reference(grid_cells: dict[tuple[int, int, int], dict[str, Any]], target: fl
 
     by_b: dict[int, dict[int, dict[int, float | None]]] = {}
     for (s, b, k), c in grid_cells.items():
-        if s in seeds:
+        if s in seeds and b in real_grid.REFERENCE_BATCH_SIZES:
             tok = real_grid.crossing(c["tokens"], c["val_loss"], target)
             by_b.setdefault(b, {}).setdefault(k, {})[s] = tok
     points, left_out = [], []
@@ -264,6 +272,8 @@ def run_code(spec_path: Path, sweeps: list[list[int]], train_missing: bool, jobs
     """Replay every sweep (its seeds) with the code under ``CODE_ROOT``; each replay's analysis, by its seeds."""
     from sweeps.spec import load_spec
 
+    if _code_of_sweeps() != CODE_ROOT:
+        raise SystemExit(f"replaying {_code_of_sweeps()}'s sweeps, not {CODE_ROOT}'s: the import path is wrong")
     spec = load_spec(spec_path)
     spec = spec.model_copy(update={"data": spec.data.model_copy(update={"path": str(ROOT / spec.data.path)})})
     while True:
@@ -313,7 +323,8 @@ def summarise(label: str, out: dict[str, Any], cells: dict, seeds: list[int]) ->
                 headline_rows.append(row)
     overall = _score(all_rows)
     compute = float(np.mean([r["compute_budgets"] for r in results.values()]))
-    print(f"\n== {label}: {len(results)} replays, {out['interpolated_trials']} interpolated trial(s)")
+    print(f"\n== {label} (the code in {_code_of_sweeps()}): {len(results)} replays, {out['interpolated_trials']} "
+          "interpolated trial(s)")
     for t, rows in sorted(per_target.items()):
         sc = _score(rows)
         ref = ref_cache[t]

@@ -14,7 +14,9 @@ the first ``m`` budgets of a longer curve are the curve of an ``m``-budget trial
 ``build`` brackets the fastest LR at every reference target (:data:`REFERENCE_TARGETS`): per (seed, batch size)
 it starts with five LRs around a guess and adds lattice points on a side until the fastest LR at every target
 that some LR reaches lies at least :data:`ROOM` points inside the tried range (room for the search's probes), an
-LR diverges above, or :data:`MAX_INDEX_SPAN` points were tried. Resumable: a cell is appended to the cache
+LR diverges above, or :data:`MAX_INDEX_SPAN` points were tried; then it completes the band the reference compares
+(:func:`band_cells`: every LR within one step of any seed's fastest, for every seed). A replay asks for more cells
+(other LRs, batch sizes a sweep adds) and trains them with ``--train-missing``. Resumable: a cell is appended to the cache
 (``benchmarks/cache/real_coverage/grid.jsonl``, one JSON object a line) as soon as it ends, and cells already
 there are not trained again. On the 2-core machine a seed of the seven main batch sizes takes about 12 minutes
 with two jobs.
@@ -33,7 +35,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # last: a replay of other code (real_coverage.py --code-root) keeps its own first
+    sys.path.append(str(ROOT))
 
 GRID = ROOT / "benchmarks" / "cache" / "real_coverage" / "grid.jsonl"
 SPEC = ROOT / "sweeps" / "examples" / "shakespeare-char.yaml"
@@ -45,6 +48,8 @@ REFERENCE_TARGETS = (2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0)
 #: lattice points the fastest LR must lie inside the tried range, on each side
 ROOM = 2
 MAX_INDEX_SPAN = 12
+#: the batch sizes ``build`` trains for every seed: the reference is measured on these
+REFERENCE_BATCH_SIZES = (4, 8, 16, 32, 64, 128, 256)
 #: the budget multiple each batch size is trained to (enough to reach the lowest reference target at its best LR)
 BUDGET_MULTIPLE = {2: 1, 4: 1, 6: 1, 8: 1, 11: 1, 16: 1, 23: 1, 32: 1, 45: 2, 64: 2, 91: 4, 128: 4, 181: 4, 256: 4}
 
@@ -174,9 +179,11 @@ def build(seeds: Iterable[int], batch_sizes: Iterable[int], jobs: int, path: Pat
             grid = read_grid(path)
             todo = [(s, b, k, budget_multiple(b)) for s in seeds for b in batch_sizes for k in needed(grid, s, b)]
             todo = [c for c in todo if (c[0], c[1], c[2]) not in grid or grid[c[:3]]["budget_multiple"] < c[3]]
+            if not todo:  # each seed bracketed: complete the band the reference's seed means compare
+                todo = sorted(band_cells(grid, seeds, batch_sizes))
+            print(f"[grid] {len(todo)} cells to train", flush=True)
             if not todo:
                 break
-            print(f"[grid] {len(todo)} cells to train", flush=True)
             futures = {pool.submit(train_cell, *c): c for c in todo}
             for f in as_completed(futures):
                 cell = f.result()
@@ -184,6 +191,26 @@ def build(seeds: Iterable[int], batch_sizes: Iterable[int], jobs: int, path: Pat
                     fh.write(json.dumps(cell) + "\n")
                 print(f"[grid] seed {cell['seed']} B={cell['batch_size_sequences']} k={cell['lr_index']} "
                       f"x{cell['budget_multiple']} {cell['status']} {cell['wall_s']} s", flush=True)
+
+
+def band_cells(grid: dict[tuple[int, int, int], dict[str, Any]], seeds: list[int],
+               batch_sizes: Iterable[int]) -> set[tuple[int, int, int, int]]:
+    """The cells that complete the reference's band: for each batch size, every lattice LR within one step of any
+    seed's fastest LR at any reference target, for every seed (the reference compares LRs by their seed mean, so an
+    LR counts only where every seed has it)."""
+    need = set()
+    for b in batch_sizes:
+        want: set[int] = set()
+        for s in seeds:
+            ks = [k for (ss, bb, k) in grid if ss == s and bb == b]
+            for target in REFERENCE_TARGETS:
+                tok = {k: crossing(grid[(s, b, k)]["tokens"], grid[(s, b, k)]["val_loss"], target) for k in ks}
+                reached = {k: v for k, v in tok.items() if v is not None}
+                if reached:
+                    best = min(reached, key=lambda k: (reached[k], k))
+                    want |= {best - 1, best, best + 1}
+        need |= {(s, b, k, budget_multiple(b)) for k in want for s in seeds if (s, b, k) not in grid}
+    return need
 
 
 def ensure(cells: Iterable[tuple[int, int, int, int]], jobs: int, path: Path = GRID) -> int:
@@ -219,7 +246,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build")
     b.add_argument("--seeds", default="0-11")
-    b.add_argument("--batch-sizes", default="4,8,16,32,64,128,256")
+    b.add_argument("--batch-sizes", default=",".join(map(str, REFERENCE_BATCH_SIZES)))
     b.add_argument("--jobs", type=int, default=2)
     sub.add_parser("summary")
     e = sub.add_parser("ensure", help="train the cells given as a JSON list of [seed, B, k, budget multiple]")
