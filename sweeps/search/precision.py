@@ -20,7 +20,8 @@ milestone at or below the lowest of them (past it, it informs no target), and th
 in the sweep's purse: a wave may spend ``trials_per_wave`` budgets plus what earlier waves saved, and
 ``max_trials`` counts budgets. Those tokens go first to rules 1 and 2 below.
 
-What a wave adds (:func:`propose`), in this order, ``trials_per_wave`` in all. These are rules of thumb
+What a wave adds (:func:`propose`), in this order (1 and 2 alternating: the first of each, then the second of
+each, ...), ``trials_per_wave`` budgets in all. These are rules of thumb
 aimed at what sets the interval's width and its bias on this project's own sweeps (``docs/results.md``): a
 batch size whose best learning rate lies outside the LRs it tried (so its steps to target are an
 overestimate), and too few batch sizes on one side of the knee. They are not an optimal experimental design.
@@ -30,7 +31,7 @@ overestimate), and too few batch sizes on one side of the knee. They are not an 
    that LR: the optimum may lie beyond. Until every bracket is closed the sweep is not ``met``. (With no fit
    yet, rule 3's wider range comes first.)
 2. **Re-runs** (token reallocation, under ``search.strategy: transfer``): a batch size the fit holds as
-   censored at the lowest target first gets an LR probe an octave beyond its best trial's LR when that trial
+   censored at the lowest target, nearest the knee first (one far past it informs the fit least), first gets an LR probe an octave beyond its best trial's LR when that trial
    ran at an end of its tried LRs (a poor LR, not too few tokens, may be what kept it short); otherwise it
    runs again at its best trial's LR with twice the tokens it had (at most ``max_budget_multiple`` budgets),
    so that it enters the fit as a point, not a bound.
@@ -107,7 +108,7 @@ class Reallocation:
 def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation,
                      centre_b: float) -> list[Proposal]:
     """Rule 2: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
-    at ``realloc.lowest_target``), largest first. Its best trial is the one with the lowest loss at the most
+    at ``realloc.lowest_target``), nearest ``centre_b`` (the knee) first. Its best trial is the one with the lowest loss at the most
     tokens all its trials reached. When that trial ran at the highest (lowest) LR the batch size tried and the LR
     an octave above (below) it is untried, that LR is probed first, with as many budgets as its longest trial;
     otherwise the best trial is re-run (its LR; the same seed, so the same curve as far as that trial went,
