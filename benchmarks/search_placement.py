@@ -15,9 +15,10 @@ by ``calibrate`` from ``benchmarks/cache/real_coverage/grid.jsonl``): the tokens
             + k_(above|below) (x - x*(B, L))^2                  the cost of a wrong LR, x = log2 lr
             + e_seed w(B) + e_cell                              a seed's effect on every batch size; the rest
 
-with ``b_crit(L)`` and ``S_min(L)`` the real grid's reference fits (interpolated in L), the optimum
-``x*(B, L) = x0 + a log2(B / 16) + m (L - 2.6)`` (**the optimum LR moves with the target loss**: ``m`` octaves
-per nat, fitted on the grid's fastest LRs), ``w(B) = B / (B + b_crit(2.6))`` (**a seed's effect shared across
+with ``b_crit(L)`` and ``S_min(L)`` the real grid's reference fits (interpolated in L; ``b_crit`` held and
+``log S_min`` extended linearly past the table), the optimum ``x*(B, L) = x0 + a log2(B / 16) + m (L - 2.6)``
+(**the optimum LR moves with the target loss**: ``m`` octaves per nat, fitted on the grid's fastest LRs at losses
+2.5-2.8 and held outside them), ``w(B) = B / (B + b_crit(2.6))`` (**a seed's effect shared across
 batch sizes**, larger where steps, not tokens, set the pace), ``e_seed ~ N(0, sd_seed)`` per seed and
 ``e_cell ~ N(0, sd_cell)`` per (seed, batch size, LR); past ``x - x* > diverge_octaves`` a trial diverges. Each
 milestone's loss is the ``L`` at which ``T`` equals its tokens. The search, the waves and the analysis are the
@@ -51,6 +52,8 @@ import numpy as np  # noqa: E402
 
 CALIBRATION = ROOT / "benchmarks" / "cache" / "real_coverage" / "calibration.json"
 L_REF = 2.6
+#: the losses over which the optimum LR's drift ``m`` was measured (the calibration's targets); held constant outside
+DRIFT_RANGE = (2.5, 2.8)
 LOSS_GRID = np.linspace(1.9, 6.0, 821)
 
 
@@ -160,9 +163,10 @@ class SyntheticGrid:
         c = self.cal
         x = math.log2(lr)
         L = LOSS_GRID
-        lb, ls = self._interp(self._lb, L), self._interp(self._ls, L)
+        lb, ls = np.interp(L, self._L, self._lb), self._interp(self._ls, L)  # b_crit held past the table's ends
         log_t = ls + np.log1p(np.exp(lb) / b) + math.log(b * 64)
-        xs = c["x0"] + c["a"] * math.log2(b / 16) + c["m"] * (L - L_REF)
+        # the optimum's drift with the loss, measured over the reference targets, held outside them
+        xs = c["x0"] + c["a"] * math.log2(b / 16) + c["m"] * (np.clip(L, *DRIFT_RANGE) - L_REF)
         d = x - xs
         log_t = log_t + np.where(d > 0, c["k_above"], c["k_below"]) * d * d
         w = b / (b + math.exp(float(self._interp(self._lb, np.array([L_REF]))[0])))
