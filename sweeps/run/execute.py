@@ -223,7 +223,7 @@ def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
 def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
     """Give the searcher what it reads from the sweep's records (the driver's report log, ``OUT/reports/``):
     the trials of a batch size, so its study is told tokens to a target loss and, under ``transfer``, its best
-    LR is the one fastest to a common target loss; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
+    LR is the one fastest at the fit's target losses; with ``search.precision`` the sweep's analysis after each wave (as ``cbs.json`` has it, at the
     targets the first wave declared) and a report that writes ``OUT/precision.json`` (waves, outcome,
     targets) and prints the wave's interval."""
     from sweeps.run.finish import PRECISION_FILE, sweep_analysis

@@ -371,8 +371,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
     def attach_records(self, records: Any) -> None:
         """Attach ``records() -> list[TrialRecord]`` (the trials so far, from the driver's report log), so each
         study is told tokens to a target loss (:mod:`sweeps.search.objective`) and, under transfer, a batch
-        size's best LR is its fastest group's to a common target loss
-        (:func:`sweeps.search.transfer.fastest_to_common_target`); without it, the final loss decides both."""
+        size's best LR is its fastest group's at the fit's target losses
+        (:func:`sweeps.search.transfer.fastest_to_targets`); without it, the final loss decides both."""
         self._records = records
 
     def selection_targets(self, curves: list[tuple[list[float], list[float]]]) -> list[float]:

@@ -14,10 +14,16 @@ size nothing is searched (the square-root rule from the starting LR). beta2 is n
 one's (the geometric middle of ``beta2.half_life_tokens``, or the first of ``beta2.values``), as a token
 half-life where the spec gives one.
 
+The centre lies on the LR lattice (:mod:`sweeps.search.lattice`) and never more than an octave outside the best LRs
+measured so far (:data:`MAX_EXTRAPOLATION_OCTAVES`). A batch size's best LR, the one carried outward, is its
+fastest at the target losses the fit uses (:func:`fastest_to_targets`; before they are declared, a band of that
+batch size's early losses, :func:`provisional_targets`).
+
 The centre (and alpha) is fixed when a batch size is first handed out, from the batch sizes finished
 by then: with as many concurrent trials as trials per batch size (the examples) that set does not
-depend on timing; with more slots it can. Simulated on this project's cached LR grid (``benchmarks/search_placement.py``), this
-placement halves the interval's width of today's independent draws at the same compute.
+depend on timing; with more slots it can. On real training (``benchmarks/real_coverage.py``, docs/benchmarks.md,
+"Real-training coverage") this placement with ``search.precision``'s bracket rule covers the reference where the
+earlier one did not.
 
 Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the state and asks Optuna.
 """
@@ -29,12 +35,11 @@ import math
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
 from sweeps.search.lattice import snap_lr
-from sweeps.search.objective import common_target
 from sweeps.spec import SearchSpec
 from workloads.api import scaled_lr
 
 __all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "MAX_EXTRAPOLATION_OCTAVES", "transfer_order",
-           "anchor_of", "lr_offsets_octaves", "transfer_centre", "fastest_to_common_target", "fastest_to_targets",
+           "anchor_of", "lr_offsets_octaves", "transfer_centre", "fastest_to_targets",
            "provisional_targets", "start_centre"]
 
 #: the farthest a transferred centre may lie outside the range of the best LRs measured so far (octaves)
@@ -116,39 +121,6 @@ def start_centre(search: SearchSpec, batch_size: int, anchor: int | None, best_l
         centre, alpha = transfer_centre(batch_size, anchor, best_lrs)
     step = getattr(search, "lr_lattice_octaves", None)
     return (snap_lr(centre, search.base_lr, step) if step else centre), alpha
-
-
-def fastest_to_common_target(groups: list[list[tuple[list[float], list[float]]]]) -> int | None:
-    """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best by what the fit
-    uses, tokens to a target loss: the group whose trials reach the batch size's *common target* first,
-    the lowest loss every curve reaches before its last milestone (:func:`sweeps.search.objective.common_target`,
-    as the fit's target rule counts a crossing: :data:`sweeps.analysis.targets.TARGET_RULE`),
-    so that every group has a crossing (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in
-    log tokens); a group's tokens are the geometric mean over its trials. Ties go to the lower mean final
-    loss. With one milestone per curve the whole curve counts.
-
-    Args:
-        groups: per group, its trials' ``(tokens, val_loss)`` milestone curves (completed trials only).
-
-    Returns:
-        The index of the best group, or None when no group has a finite curve (then the caller falls back
-        to the final loss).
-    """
-    common = common_target([c for g in groups for c in g])
-    if common is None:
-        return None
-    best, key = None, None
-    for i, g in enumerate(groups):
-        finite = [c for c in g if c[1] and all(math.isfinite(x) for x in c[1])]
-        if not finite or len(finite) != len(g):
-            continue
-        toks = [tokens_to_target(t, l, common) for t, l in finite]
-        if any(x is None for x in toks):
-            continue
-        k = (sum(math.log(x) for x in toks) / len(toks), sum(l[-1] for _, l in finite) / len(finite))
-        if key is None or k < key:
-            best, key = i, k
-    return best
 
 
 def provisional_targets(curves: list[tuple[list[float], list[float]]], n_targets: int = 4) -> list[float]:

@@ -276,13 +276,13 @@ def test_the_best_lr_is_the_fastest_at_the_fits_targets_not_at_the_lowest_loss_e
     carried the lower LR outward; the searcher ranks at the spec's targets (else the declared ones, else a
     provisional band of early losses)."""
     from sweeps.search.objective import common_target
-    from sweeps.search.transfer import fastest_to_common_target, fastest_to_targets, provisional_targets
+    from sweeps.search.transfer import fastest_to_targets, provisional_targets
 
     tokens = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     high_lr = (tokens, [3.0, 2.5, 2.3, 2.2, 2.15, 2.12])  # fast early, then flat
     low_lr = (tokens, [3.4, 2.8, 2.45, 2.2, 2.08, 2.0])  # slow early, lowest late
     assert common_target([high_lr, low_lr]) == pytest.approx(2.15)
-    assert fastest_to_common_target([[high_lr], [low_lr]]) == 1  # the old rule: the low LR
+    assert fastest_to_targets([[high_lr], [low_lr]], [common_target([high_lr, low_lr])]) == 1  # the old rule
     assert fastest_to_targets([[high_lr], [low_lr]], [2.8, 2.6, 2.4]) == 0  # at the fit's targets: the high LR
     band = provisional_targets([high_lr, low_lr])
     assert band[-1] == pytest.approx(2.45) and band[0] == pytest.approx(2.45 + 0.5 * (3.0 - 2.45)) and len(band) == 4
