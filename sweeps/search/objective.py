@@ -3,7 +3,7 @@ trials the seeds; issue 27): what the fit uses, tokens to a target loss, not the
 
 Optuna is told a group's value once, so the target cannot move with later groups: per batch size it is fixed
 when its first group with a value ends, at that group's *common target* (:func:`common_target`, the rule
-:func:`sweeps.search.transfer.fastest_to_common_target` uses). A group's value is the mean over its seeds of
+the searcher ranked LRs by before ranking at the fit's targets). A group's value is the mean over its seeds of
 :func:`seed_value`: ``ln(tokens to the target)`` (interpolated in log tokens,
 :func:`sweeps.analysis.targets.tokens_to_target`) plus ``TIE_BREAK x final loss``, or, for a seed that never
 reaches it, ``ln(budget tokens) + 1 + final loss``: worse than any seed that does, and ordered by its final loss.
