@@ -40,9 +40,11 @@ def test_examples_validate(path, repo_root, tiny_checkpoint, wikitext_shards):
     assert "warmup" not in r.output  # every example ramps the LR over at least 4 steps of its largest batch
 
 
-def test_main_example_sweeps_4_to_256():
+def test_main_example_sweeps_4_to_128():
+    # the reference grid puts b_crit near 11 (docs/benchmarks.md, "Real-training coverage"): 128 is
+    # over ten times past it, and 256 only cost trials (the 4-256 variant covers less, same width)
     s = load_spec(ROOT / "sweeps" / "examples" / "shakespeare-char.yaml")
-    assert s.search.batch_sizes_sequences[0] == 4 and s.search.batch_sizes_sequences[-1] == 256
+    assert s.search.batch_sizes_sequences[0] == 4 and s.search.batch_sizes_sequences[-1] == 128
     assert set(s.search.lr_rules) == {"linear", "sqrt", "none"}
 
 
