@@ -198,4 +198,7 @@ def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ra
                                                          if a.get("lr") is None else "")
                       + (f" with {a['budget_multiple']}x the tokens" if (a.get("budget_multiple") or 1) > 1 else "")
                       for a in wave.get("added", []))
-    return f"{head}: adding {len(wave.get('added', []))} trial(s): {added}"
+    # the trials the wave handed out (seeds and a new batch size's groups included); a wave recorded before
+    # ``trials_added`` existed has only its proposals, one group each
+    n = wave.get("trials_added", len(wave.get("added", [])))
+    return f"{head}: adding {n} trial(s): {added}"

@@ -74,9 +74,12 @@ class PrecisionWaves:
             added = self._fit_to_room(proposals, room, saved)
             if not added:
                 outcome = "max_trials" if proposals else "nothing_to_add"
+        before = sum(self._quota(b) for b in self.batches)
         for p in added:
             self._add(p)
         summary["added"] = [p.to_dict() for p in added]
+        # trials, not proposals: a new batch size is trials_per_batch_size groups, every group one trial per seed
+        summary["trials_added"] = sum(self._quota(b) for b in self.batches) - before
         self.waves.append(summary)
         if outcome is not None:
             self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,

@@ -236,6 +236,25 @@ def test_a_sweep_adds_waves_until_the_interval_is_as_narrow_as_asked(tiny_spec_d
     assert waves[-1]["ratio"] is None or waves[0]["ratio"] is None or waves[-1]["ratio"] <= waves[0]["ratio"]
 
 
+def test_a_wave_counts_the_trials_it_adds_not_its_proposals(tiny_spec_dict, tmp_path):
+    """A new batch size is one proposal but ``trials_per_batch_size`` trials: the wave's ``trials_added`` and its
+    progress line count what the next wave then finds handed out (the line once said "adding 1 trial(s): B=4"
+    before two trials at B=4 ran)."""
+    from sweeps.run.progress import wave_line
+
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.0001, "max_trials": 30, "trials_per_wave": 2,
+                                            "reallocate_tokens": False})
+    sim = _SimulatedSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'n.db'}", "n"))
+    sim.run()
+    waves = sim.reports[-1][0]
+    assert any(a["lr"] is None for w in waves for a in w["added"])  # some wave added a new batch size
+    for w, nxt in zip(waves, waves[1:]):
+        assert w["trials_added"] == nxt["trials"] - w["trials"] > 0
+        assert f": adding {w['trials_added']} trial(s): " in wave_line(w, None, 1.0001)
+    new_b = next(w for w in waves if any(a["lr"] is None for a in w["added"]))
+    assert new_b["trials_added"] > len(new_b["added"])
+
+
 def test_a_loose_request_still_closes_every_lr_bracket_and_a_cap_stops_the_sweep(tiny_spec_dict, tmp_path):
     """An interval wide enough after the first wave is not ``met`` while a batch size's fastest trial sits at an end
     of its tried LRs (two LRs an octave apart: one end always wins): the waves probe an octave beyond until every
