@@ -280,12 +280,13 @@ def _print_summary(result: dict) -> None:
         ci_text = (f"95 % interval [{lo_t}, {hi_t}]" + (" (cbs.json: the raw ends)" if clipped else "")
                    if ci[0] is not None else "no interval")
         out.print(
-            f"critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
+            f"size data parallelism with: critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
             f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
-            f"{cbs['target_loss']:.4g}; 20% CBS (Zhang, B0={cbs.get('reference_batch')}) = {cbs['cbs_20']:.1f} sequences"
-            f"{_ci_text(cbs.get('cbs_20_ci'))}",
+            f"{cbs['target_loss']:.4g} (a global batch of b_crit takes 2x the fewest steps and 2x the fewest tokens; "
+            f"past it, doubling the batch saves at most a quarter of the steps)",
             highlight=False,
         )
+        out.print(_beside_b_crit(cbs), highlight=False)
     elif cbs.get("status") and cbs.get("target_loss") is not None:
         out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
                   + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
@@ -296,6 +297,23 @@ def _print_summary(result: dict) -> None:
         out.print(_precision_text(precision), highlight=False)
     if result.get("output"):
         out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
+
+
+def _beside_b_crit(cbs: dict) -> str:
+    """The two other numbers of ``cbs.json`` in one line, each with what it is and where its interval's width
+    comes from: ``b_compute_overhead_20 = 0.2 b_crit`` (McCandlish et al. 2018, Eq. 2.11: the largest global batch
+    within 20 % of the fewest tokens) and Zhang et al. 2024's 20 % CBS, ``0.2 b_crit + 1.2 B0`` under the same fit
+    (its interval is ``b_crit``'s mapped through that line, so it looks narrower only by the constant ``1.2 B0``)."""
+    over = cbs.get("b_compute_overhead_20")
+    parts = []
+    if over is not None:
+        parts.append(f"for the fewest tokens: global batches up to 0.2 b_crit = {over:.1f} sequences"
+                     f"{_ci_text(cbs.get('b_compute_overhead_20_ci'))} cost at most 20 % more compute than the least")
+    if cbs.get("cbs_20") is not None:
+        parts.append(f"another definition, Zhang et al.'s 20% CBS from B0={cbs.get('reference_batch')}: "
+                     f"{cbs['cbs_20']:.1f} sequences{_ci_text(cbs.get('cbs_20_ci'))} (b_crit's interval mapped through "
+                     "0.2 b_crit + 1.2 B0: narrower by the constant, not better known)")
+    return "beside it: " + "; ".join(parts) if parts else ""
 
 
 def _precision_text(precision: dict) -> str:

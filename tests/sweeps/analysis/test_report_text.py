@@ -134,6 +134,9 @@ def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
     # b_crit 11.06 [0.675, 70.34], B0 = 16: cbs_20 = 0.2 b + 19.2 -> 21.41 [19.34, 33.27]; 0.2 b -> 2.212 [0.135, 14.07]
     assert "21.41 [19.34, 33.27] sequences" in text
     assert "2.212 [0.135, 14.07] sequences (below the smallest fitted batch size, 4: an extrapolation of the fit)" in text
+    # one number is named for sizing; the other two are explained as following from it
+    assert "Size data parallelism with b_crit" in text
+    assert "looks narrower only by its constant 1.2 B0" in text
 
 
 def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(tmp_path):
