@@ -383,6 +383,20 @@ def _best_lr_text(row: dict[str, Any] | None) -> str:
     return f"{_fmt(row['best_lr'])}{' (quadratic)' if row.get('method') == 'quadratic' else ''}{ends}"
 
 
+def _budget_text(budget_tokens: int, per_batch: list[dict[str, Any]]) -> str:
+    """The report's sentence on the token budget: the spec's ``budget_tokens`` per trial, equal for every batch
+    size, unless ``per_batch``'s ``budget_tokens`` (the most tokens one of a batch size's trials trained) say
+    otherwise (token reallocation re-runs some trials longer and ends later ones at a loss; pruning ends some
+    early): then what each batch size's trials trained, at most per trial and in all (``tokens_trained``)."""
+    spent = [(p["batch_size_sequences"], p.get("budget_tokens"), p.get("tokens_trained")) for p in per_batch]
+    if all(most is None or round(most) == budget_tokens for _, most, _ in spent):
+        return f"Budget {budget_tokens:,} tokens per trial (equal for every batch size)"
+    each = "; ".join(f"B = {b}: {'-' if most is None else f'{round(most):,}'} tokens"
+                     + ("" if total is None else f" ({round(total):,} in all)") for b, most, total in spent)
+    return (f"Budget {budget_tokens:,} tokens per trial in the spec; the batch sizes' trials trained different "
+            f"amounts, at most per trial: {each}")
+
+
 def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
     """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded; a cluster-plan
     section when ``OUT/plan.json`` exists)."""
@@ -420,7 +434,7 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
 <style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
 figure{{display:inline-block;margin:0.5em;max-width:480px;vertical-align:top}}img{{max-width:480px}}
-pre.definitions{{white-space:pre-wrap}}</style></head><body>
+pre.definitions{{white-space:pre-wrap}}div.table-scroll{{overflow-x:auto;max-width:100%}}</style></head><body>
 <h1>critbatch report: {html.escape(spec.name)}</h1>
 {answer}
 <p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
@@ -436,14 +450,14 @@ S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))},
 {_precision_text(analysis)}
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
-Budget {spec.budget_tokens} tokens per trial (equal for every batch size); FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
+{_budget_text(spec.budget_tokens, analysis.get('per_batch') or [])}; FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
-(cbs.json keeps the raw values).</p><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes that reached it</th><th>batch sizes short of it within their budget (in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table>
+(cbs.json keeps the raw values).</p><div class="table-scroll"><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes that reached it</th><th>batch sizes short of it within their budget (in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table></div>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>
-<table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [the tried LRs either side; ? where none was tried]</th>
-<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th><th>trials</th><th>token budget</th><th>tokens trained</th></tr>{rows}</table>
+<div class="table-scroll"><table><tr><th>B (seq)</th><th>tokens to target</th><th>steps to target</th><th>FLOPs to target</th><th>trial(s) to target</th><th>its LR</th><th>its beta2 half-life (tok)</th><th>best LR [the tried LRs either side; ? where none was tried]</th>
+<th>best at budget: LR rule</th><th>LR</th><th>loss at budget</th><th>seeds</th><th>trials</th><th>token budget</th><th>tokens trained</th></tr>{rows}</table></div>
 <h2>Plots</h2>{imgs}{_plan_section(output)}
 <p>MLflow: tracking URI <code>{html.escape(str(ml.get('tracking_uri')))}</code>, experiment {html.escape(str(ml.get('experiment_id')))},
 parent run <code>{html.escape(str(ml.get('parent_run_id')))}</code>. Open with <code>mlflow ui --backend-store-uri {html.escape(str(ml.get('tracking_uri')))}</code>.</p>

@@ -180,3 +180,35 @@ def test_the_targets_table_says_what_each_censored_point_needs_more_than_and_whe
         {"batch_size_sequences": 512, "steps_lower_bound": None, "fit_steps": None, "fit_consistent": None}]}
     assert censored_text(t) == "128 (> 32 steps; fit 45.2), 256 (> 16 steps; fit 12.5, contradicts), 512 (diverged)"
     assert censored_text({"excluded_batch_sizes": [128]}) == "128"  # a cbs.json from before censored points
+
+
+def test_the_budget_sentence_says_what_each_batch_size_trained_when_budgets_differ(tmp_path):
+    """Token reallocation gave B = 4 32,768 tokens while the spec's budget is 196,608: the report once still
+    said "(equal for every batch size)"."""
+    from sweeps.analysis.report import _budget_text
+
+    same = [{"batch_size_sequences": 8, "budget_tokens": 196608.0, "tokens_trained": 393216.0}]
+    assert _budget_text(196608, same) == "Budget 196,608 tokens per trial (equal for every batch size)"
+    assert _budget_text(196608, []) == "Budget 196,608 tokens per trial (equal for every batch size)"
+    cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
+    for p in cbs["per_batch"]:
+        p["budget_tokens"], p["tokens_trained"] = 196608.0, 2 * 196608.0
+    cbs["per_batch"][0].update(budget_tokens=32768.0, tokens_trained=65536.0)  # B = 4
+    cbs["per_batch"][1].update(budget_tokens=393216.0, tokens_trained=589824.0)  # B = 8, one re-run at 2x
+    records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
+    page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
+    text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
+    assert "equal for every batch size" not in text
+    assert ("Budget 196,608 tokens per trial in the spec; the batch sizes' trials trained different amounts, at most "
+            "per trial: B = 4: 32,768 tokens (65,536 in all); B = 8: 393,216 tokens (589,824 in all); "
+            "B = 16: 196,608 tokens (393,216 in all)") in text
+
+
+def test_the_wide_tables_scroll_inside_their_own_box(report):
+    """The per-batch table (15 columns) overflowed a 1400-px page: it sits in a wrapper that scrolls sideways."""
+    _, page = report
+    css = re.search(r"div\.table-scroll\{([^}]*)\}", page)
+    assert css and "overflow-x:auto" in css.group(1)
+    per_batch = page.split("<h2>Per batch size</h2>", 1)[1]
+    assert re.match(r'<p>[^<]*</p>\s*<div class="table-scroll"><table><tr><th>B \(seq\)</th>', per_batch)
+    assert per_batch.split("</table>", 1)[1].startswith("</div>")
