@@ -18,7 +18,7 @@ __all__ = [
     "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
     "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
-    "whole_tune_snapshots_on_local_storage", "without_idle_train_helpers",
+    "whole_tune_snapshots_on_local_storage", "without_idle_train_helpers", "quiet_slow_result_processing",
 ]
 
 
@@ -52,6 +52,41 @@ def quiet_metrics_of_trials_without_results() -> None:
     log = logging.getLogger(_ANALYSIS_LOGGER)
     if not any(isinstance(f, _TrialsWithoutResults) for f in log.filters):
         log.addFilter(_TrialsWithoutResults())
+
+
+#: the logger of Tune's ``warn_if_slow`` (``ray.tune.utils.util``), which times every step of the controller
+_SLOW_LOGGER = "ray.tune.utils.util"
+
+
+class _SlowResultProcessing:
+    """Drops Tune's ``warn_if_slow`` warnings about processing a trial's results: "The `process_trial_result`
+    operation took ... s, which may be a performance bottleneck." and "Processing trial results took ... s".
+    Every other ``warn_if_slow`` warning (a slow scheduler, searcher or callback step) passes."""
+
+    def filter(self, record) -> bool:
+        msg = str(record.getMessage())
+        return not (msg.startswith("The `process_trial_result` operation took")
+                    or msg.startswith("The `process_trial_results` operation took")
+                    or msg.startswith("Processing trial results took"))
+
+
+def quiet_slow_result_processing() -> None:
+    """Silence Tune's "process_trial_result ... may be a performance bottleneck" warnings (idempotent; only
+    this process, the driver, where Tune's controller runs).
+
+    Why: ``critbatch run`` printed them in the terminal between its progress lines. The time they measure is
+    the whole handling of one result (the scheduler's, the searcher's and the callbacks' work on it, and the
+    trial's checkpoint bookkeeping); each of those steps still warns under its own name
+    (``callbacks.on_trial_result``, ...) when it alone is slow. Reporting less often, which the warning
+    suggests, would cost milestones. Ray 2.60 has no setting for this one warning: ``TUNE_WARN_THRESHOLD_S``
+    (read once, when ``ray.tune.utils.util`` is imported) is the threshold of every ``warn_if_slow``
+    operation and would hide the others too. So a filter on ``warn_if_slow``'s logger drops just these.
+    """
+    import logging
+
+    log = logging.getLogger(_SLOW_LOGGER)
+    if not any(isinstance(f, _SlowResultProcessing) for f in log.filters):
+        log.addFilter(_SlowResultProcessing())
 
 
 def whole_tune_snapshots_on_local_storage() -> None:

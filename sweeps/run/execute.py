@@ -14,6 +14,7 @@ from typing import Any
 
 from sweeps._compat import (
     quiet_metrics_of_trials_without_results,
+    quiet_slow_result_processing,
     reattach_restored_tuner,
     searcher_inside,
     whole_tune_snapshots_on_local_storage,
@@ -64,6 +65,7 @@ def execute_sweep(run: SweepRun) -> SweepResult:
     grid = None
     tune_dir = tune_dir_of(state.storage_root, state.sweep_id)
     quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
+    quiet_slow_result_processing()  # Tune's "process_trial_result ... bottleneck" warnings, not the others
     whole_tune_snapshots_on_local_storage()  # a full disk must not cut Tune's snapshot in OUT short
     try:
         if parts.runners is not None:

@@ -168,3 +168,39 @@ def test_the_trial_trainer_starts_no_dataset_manager_or_placement_group_cleaner(
 
     with_data = kinds(TrialTorchTrainer(lambda: None, datasets={"train": lambda: None}, **args))
     assert DatasetsCallback in with_data and PlacementGroupCleanerCallback not in with_data
+
+
+def test_tunes_slow_result_processing_warnings_are_dropped_and_every_other_slow_warning_kept(monkeypatch):
+    """``critbatch run`` printed "The `process_trial_result` operation took 0.6 s, which may be a performance
+    bottleneck." in the terminal: dropped; the same warning for any other step still reaches the log."""
+    import inspect
+    import logging
+    import time
+
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.utils import util
+
+    # the controller still times these two under these names and this message (else the filter is stale)
+    src = inspect.getsource(TuneController._on_training_result) + inspect.getsource(TuneController._process_trial_results)
+    assert 'warn_if_slow("process_trial_result")' in src and '"Processing trial results took {duration:.3f} s, "' in src
+    monkeypatch.setattr(util, "START_OF_TIME", time.time() - 120)  # Tune is quiet in a process's first minute
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    log = logging.getLogger(_compat._SLOW_LOGGER)
+    assert util.logger is log
+    log.addHandler(handler)
+    try:
+        _compat.quiet_slow_result_processing()
+        _compat.quiet_slow_result_processing()  # idempotent
+        assert sum(isinstance(f, _compat._SlowResultProcessing) for f in log.filters) == 1
+        for name, message in (("process_trial_result", None),
+                              ("process_trial_results", "Processing trial results took {duration:.3f} s, which may be a "
+                                                        "performance bottleneck. Please consider reporting results "
+                                                        "less frequently to Ray Tune."),
+                              ("callbacks.on_trial_result", None), ("on_step_begin", None)):
+            with util.warn_if_slow(name, threshold=1e-6, message=message):
+                time.sleep(0.01)
+    finally:
+        log.removeHandler(handler)
+    assert [m.split(" operation")[0] for m in seen] == ["The `callbacks.on_trial_result`", "The `on_step_begin`"]
