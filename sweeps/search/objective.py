@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from typing import Any, Sequence
 
 import optuna
@@ -25,8 +26,8 @@ import optuna
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
 
-__all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "common_target", "seed_value",
-           "TokensToTarget"]
+__all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
+           "name_metric", "TokensToTarget"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,21 @@ TARGET_ATTR = "critbatch.target_loss"
 TOKENS_ATTR = "critbatch.tokens_to_target"
 FINAL_ATTR = "critbatch.final_loss"
 
+#: the name each objective's value goes by in its Optuna study (``study.metric_names``: optuna-dashboard's
+#: axis, instead of "Objective 0"): what the study is told, not the trials' reported ``objective``
+METRIC_NAMES = {TOKENS_TO_TARGET: "ln_tokens_to_target_loss", FINAL_LOSS: "final_val_loss"}
+
 Curve = tuple[Sequence[float], Sequence[float]]  # (tokens, val_loss) at the milestones
+
+
+def name_metric(study: optuna.Study, objective: str) -> None:
+    """Name ``study``'s one objective after ``objective`` (a key of :data:`METRIC_NAMES`), unless already so
+    named. ``Study.set_metric_names`` is experimental in Optuna 4-5: its warning is not the user's concern."""
+    name = METRIC_NAMES[objective]
+    if study.metric_names != [name]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([name])
 
 
 def _finite(curve: Curve | None) -> bool:
@@ -148,6 +163,7 @@ class TokensToTarget:
         for k in (OBJECTIVE_ATTR, TARGET_ATTR):
             if k in attrs and study.user_attrs.get(k) != attrs[k]:
                 study.set_user_attr(k, attrs[k])
+        name_metric(study, state["objective"])
         try:
             for k, v in attrs.items():
                 optuna_search_trials(sub)[group.primary].set_user_attr(k, v)

@@ -116,6 +116,30 @@ def test_under_transfer_the_study_is_told_tokens_too(tiny_spec_dict, tmp_path):
     assert searcher.transfer_state[8]["best_lr"] == pytest.approx(b["lr"])  # the best LR agrees
 
 
+def test_optuna_dashboard_shows_the_objective_by_name_and_each_trials_lr_and_batch_size(tiny_spec_dict, tmp_path):
+    """optuna-dashboard showed "Objective 0" and only ``lr_offset_octaves`` (under transfer the study samples an
+    offset from the batch size's centre LR): the study names its metric, and each group's Optuna trial carries
+    the LR it trained at and its batch size as user attributes."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    searcher = BatchSizeSearcher(_spec(tiny_spec_dict, strategy="transfer", batches=(8, 16), trials=2, seeds=(0, 1)),
+                                 url, "dash")
+    records = _Records()
+    searcher.attach_records(records)
+    cfgs = {t: searcher.suggest(t) for t in ("a0", "a1", "b0", "b1")}  # two groups of two seeds at B = 8
+    assert [c["group_id"] for c in cfgs.values()] == ["a0", "a0", "b0", "b0"]
+    study = optuna.load_study(study_name="dash-B8", storage=url)
+    assert study.metric_names == ["ln_tokens_to_target_loss"]  # from its first trial on
+    asked = sorted(study.get_trials(), key=lambda t: t.number)
+    assert [t.user_attrs["critbatch.lr"] for t in asked] == [pytest.approx(cfgs["a0"]["lr"]), pytest.approx(cfgs["b0"]["lr"])]
+    assert [t.user_attrs["critbatch.batch_size_sequences"] for t in asked] == [8, 8]
+    assert cfgs["a0"]["lr"] != cfgs["b0"]["lr"] and "critbatch.lr" not in asked[0].params
+    for tid, losses in (("a0", FIRST), ("a1", FIRST), ("b0", FASTER), ("b1", FASTER)):
+        _run(searcher, records, tid, cfgs[tid], losses)
+    study, trials = _told(url, "dash-B8")
+    assert len(trials) == 2 and study.metric_names == ["ln_tokens_to_target_loss"]
+    assert sorted(t.user_attrs["critbatch.lr"] for t in trials) == pytest.approx(sorted([cfgs["a0"]["lr"], cfgs["b0"]["lr"]]))
+
+
 def test_without_records_the_study_is_told_the_final_loss_for_good(tiny_spec_dict, tmp_path, caplog):
     url = f"sqlite:///{tmp_path / 'o.db'}"
     searcher = BatchSizeSearcher(_spec(tiny_spec_dict, batches=(8, 16), trials=2), url, "fb")
@@ -139,6 +163,7 @@ def test_without_records_the_study_is_told_the_final_loss_for_good(tiny_spec_dic
                                    16: {"objective": FINAL_LOSS, "target_loss": None}}
     study, trials = _told(url, "fb-B8")
     assert sorted(t.value for t in trials) == [2.2, 2.28] and study.user_attrs["critbatch.objective"] == FINAL_LOSS
+    assert study.metric_names == ["final_val_loss"]  # what optuna-dashboard calls its values
     assert [t.value for t in _told(url, "fb-B16")[1]] == [2.4]
 
 
