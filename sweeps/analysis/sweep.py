@@ -136,11 +136,12 @@ def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, A
 
 
 def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
-    """``result`` with its ``headline`` (the answer in one sentence, :func:`sweeps.analysis.summary.headline`) and
-    its ``caveats`` (what the interval does not cover, :func:`sweeps.analysis.summary.caveats`)."""
-    result["headline"] = headline(result)
-    result["caveats"] = caveats(result)
-    return result
+    """``result`` with its ``headline`` (the answer in one sentence, :func:`sweeps.analysis.summary.headline`)
+    as its first key, so ``cbs.json`` opens with the answer, and its ``caveats`` (what the interval does not
+    cover, :func:`sweeps.analysis.summary.caveats`)."""
+    out = {"headline": headline(result), **result}
+    out["caveats"] = caveats(out)
+    return out
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``

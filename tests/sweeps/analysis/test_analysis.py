@@ -224,6 +224,17 @@ def test_analyze_trials_finds_the_planted_b_crit():
     assert res["target_rule"] == TARGET_RULE and res["interval_method"] == INTERVAL_METHOD
 
 
+def test_cbs_json_opens_with_the_headline_and_keeps_every_key():
+    """``cbs.json`` put ``trials`` first and ``headline`` near the end: the answer comes first now, with every
+    other key still there (as written: finite_json, then JSON, keep the order)."""
+    for trials in (_synthetic_trials(), []):  # a fit, and nothing to fit
+        res = analyze_trials(trials, context_length_tokens=64, reference_batch=16, flops_per_token=10.0)
+        keys = list(json.loads(json.dumps(finite_json(res))))
+        assert keys[0] == "headline" and keys.count("headline") == 1
+        assert {"trials", "b_crit", "b_crit_ci", "status", "per_batch", "targets", "caveats"} <= set(keys)
+    assert res["headline"] and keys[1] == "trials"  # the rest in the order the analysis made them
+
+
 def test_padded_rows_count_their_real_tokens_per_sequence():
     """Fine-tuning: a row of a 64-token context holding 40 real tokens is a 40-token sequence: the
     same token curves give 64/40 times more steps, the same knee in sequences, and b_crit in tokens
