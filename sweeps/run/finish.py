@@ -118,7 +118,8 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
     waves = list(saved.get("waves", []))
     final = {**wave_summary(analysis, len(records)), "added": []}
     if waves and waves[-1].get("trials") == final["trials"]:  # the last decision's wave, as cbs.json reads it
-        waves[-1] = {**final, "added": waves[-1].get("added", [])}  # (the same unless Tune's state is remote)
+        waves[-1] = {**final, "added": waves[-1].get("added", []),  # (the same unless Tune's state is remote)
+                     **{k: waves[-1][k] for k in ("trials_added",) if k in waves[-1]}}
     else:
         waves.append(final)
     outcome = saved.get("outcome")

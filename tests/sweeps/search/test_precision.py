@@ -422,3 +422,20 @@ def test_bracket_probes_and_reruns_alternate_and_a_probe_stops_where_its_bracket
     assert (out[0].batch_size_sequences, out[0].stop_at_loss) == (16, 3.1)  # nearest the knee, ends at 3.1
     assert (out[2].batch_size_sequences, out[2].stop_at_loss) == (8, 3.2)
     assert out[1].batch_size_sequences == 64 and out[1].budget_multiple == 2 and out[1].stop_at_loss is None
+
+
+def test_cbs_json_keeps_the_last_waves_trials_added(tiny_spec_dict, tmp_path):
+    """``cbs.json``'s last wave is refitted from the final analysis; the trials its decision added stay with it."""
+    import json
+
+    from sweeps.run.finish import PRECISION_FILE, _precision_section
+
+    spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.6, "max_trials": 30, "reallocate_tokens": False})
+    wave = {"trials": 3, "b_crit": None, "b_crit_ci": None, "ratio": None, "status": "edge", "added": [
+        {"batch_size_sequences": 128, "lr": None, "reason": "r", "budget_multiple": 1, "stop_at_loss": None}],
+        "trials_added": 2}
+    (tmp_path / PRECISION_FILE).write_text(json.dumps({"waves": [wave], "outcome": None, "targets": None}))
+    analysis = {"status": "no_targets", "b_crit": None, "b_crit_ci": None, "targets": []}
+    section = _precision_section(spec, tmp_path, [object()] * 3, analysis, stopped=True, budget_note="")
+    assert section["waves"][-1]["trials_added"] == 2 and section["waves"][-1]["added"] == wave["added"]
+    assert section["stopped_because"] == "interrupted"
