@@ -90,7 +90,9 @@ def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, SweepExists):
         return JSONResponse(
             status_code=409,
-            content={"detail": str(exc), "id": exc.sweep_id, "status": exc.status, "same_spec": exc.same_spec},
+            # a REST client picks the id with the query parameter, not the CLI's --sweep-id
+            content={"detail": exc.describe("id with ?sweep_id="), "id": exc.sweep_id, "status": exc.status,
+                     "same_spec": exc.same_spec},
         )
     if isinstance(exc, SpecError):
         return invalid_response(exc.errors)

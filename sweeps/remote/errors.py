@@ -58,11 +58,14 @@ class SweepExists(CritbatchError):
         self.sweep_id = sweep_id
         self.status = status
         self.same_spec = same_spec
-        what = "the same spec" if same_spec else "a different spec"
-        super().__init__(
-            f"sweep {sweep_id!r} was already submitted ({what}; status {status}); "
-            "no second job started (choose another --sweep-id to run it again)"
-        )
+        super().__init__(self.describe())
+
+    def describe(self, another: str = "--sweep-id") -> str:
+        """The message, naming how its reader picks another id: ``another`` is the CLI's ``--sweep-id``
+        (``str(exc)``) or, from the REST service, its query parameter (``id with ?sweep_id=``)."""
+        what = "the same spec" if self.same_spec else "a different spec"
+        return (f"sweep {self.sweep_id!r} was already submitted ({what}; status {self.status}); "
+                f"no second job started (choose another {another} to run it again)")
 
 
 class StagingError(InvalidInput):

@@ -53,6 +53,7 @@ def test_submit_passes_the_staged_arguments_and_refuses_a_second_job(fake_jobs, 
         with pytest.raises(SweepExists) as e:
             fake_jobs.submit(st)
     assert e.value.same_spec and e.value.sweep_id == st.sweep_id
+    assert str(e.value).endswith("(choose another --sweep-id to run it again)")  # the CLI's option (REST: ?sweep_id=)
     assert len(fake_ray.submitted) == 1
     # the same id with a different spec is a conflict, not an idempotent resubmission
     other = parse_spec({**spec().model_dump(mode="json"), "seeds": [7]})

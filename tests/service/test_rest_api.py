@@ -88,6 +88,9 @@ def test_submit_yaml_then_duplicate_is_409(client, fake_ray):
     assert "inputs/data/input.txt" in sub["files"]  # inside CRITBATCH_DATA_DIR: shipped
     r2 = post_yaml(client, SPEC)
     assert r2.status_code == 409 and r2.json()["same_spec"] is True and r2.json()["id"] == body["id"]
+    # the REST client's parameter, not the CLI's option
+    assert r2.json()["detail"] == (f"sweep {body['id']!r} was already submitted (the same spec; status PENDING); no "
+                                   "second job started (choose another id with ?sweep_id= to run it again)")
     assert len(fake_ray.submitted) == 1
 
 
