@@ -11,7 +11,8 @@ reaches it, ``ln(budget tokens) + 1 + final loss``: worse than any seed that doe
 Where the records (the driver's report log) are not attached or cannot be read when a batch size's first group
 ends, that batch size is told the mean final loss, as before, for good (one study, one scale).
 :class:`TokensToTarget` is the searcher's side (a mixin of :class:`sweeps.search.searcher.BatchSizeSearcher`,
-which owns ``spec``, ``_records`` and ``objectives``).
+which owns ``spec``, ``_records``, ``objectives``, ``transfer``, ``transfer_state`` and ``_sub``); it also names
+each study's metric and records each group's LR and batch size on its Optuna trial (optuna-dashboard).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import optuna
 
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
+from sweeps.search.space import hyperparameters_for, transfer_hyperparameters
 
 __all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
            "name_metric", "TokensToTarget"]
@@ -49,6 +51,10 @@ OBJECTIVE_ATTR = "critbatch.objective"
 TARGET_ATTR = "critbatch.target_loss"
 TOKENS_ATTR = "critbatch.tokens_to_target"
 FINAL_ATTR = "critbatch.final_loss"
+#: on each group's trial from when it is asked: the LR it trains at (under ``transfer`` the study samples
+#: ``lr_offset_octaves`` around the batch size's centre LR, not the LR) and its batch size (sequences)
+LR_ATTR = "critbatch.lr"
+BATCH_SIZE_ATTR = "critbatch.batch_size_sequences"
 
 #: the name each objective's value goes by in its Optuna study (``study.metric_names``: optuna-dashboard's
 #: axis, instead of "Objective 0"): what the study is told, not the trials' reported ``objective``
@@ -117,6 +123,23 @@ class TokensToTarget:
         """The milestone curves of ``trial_ids`` that the attached records hold; raises what they raise."""
         by_id = {r.trial_id: r for r in self._records()}
         return {t: (by_id[t].tokens, by_id[t].val_loss) for t in trial_ids if t in by_id}
+
+    def _group_hyperparameters(self, b: int, group: Any) -> dict[str, Any]:
+        """``group``'s hyperparameters at batch size ``b``, resolved
+        (:func:`sweeps.search.space.transfer_hyperparameters` under ``transfer``, else
+        :func:`~sweeps.search.space.hyperparameters_for`). A group just opened (one seed handed out) also labels its Optuna trial for optuna-dashboard: its LR and batch size as user attributes
+        (:data:`LR_ATTR`, :data:`BATCH_SIZE_ATTR`), and the study's metric by name where it has none yet."""
+        hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
+              if self.transfer else hyperparameters_for(self.spec, b, group.params))
+        sub = self._sub(b) if len(group.trial_ids) == 1 else None
+        if sub is not None:
+            study = optuna_search_study(sub)
+            if study.metric_names is None:  # what it is told until a group's records say otherwise (_tell)
+                name_metric(study, TOKENS_TO_TARGET)
+            trial = optuna_search_trials(sub)[group.primary]
+            trial.set_user_attr(LR_ATTR, float(hp["lr"]))
+            trial.set_user_attr(BATCH_SIZE_ATTR, b)
+        return hp
 
     def _tell(self, sub: Any, group: Any, finals: dict[str, float]) -> None:
         """Tell ``group``'s Optuna trial its value and say in its user attributes (and its study's) what it is.

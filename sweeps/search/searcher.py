@@ -35,7 +35,7 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
-from sweeps.search.objective import OBJECTIVE, TOKENS_TO_TARGET, TokensToTarget, name_metric
+from sweeps.search.objective import OBJECTIVE, TokensToTarget
 from sweeps.search.waves import PrecisionWaves
 from sweeps.search.transfer import (
     MAX_PROBE_OFFSET_OCTAVES,
@@ -57,10 +57,6 @@ log = logging.getLogger(__name__)
 INITIAL_POINT_ATTR = "critbatch.initial_point"
 #: Optuna study user attribute: the fingerprint of the spec the sweep id is bound to
 FINGERPRINT_ATTR = "critbatch.fingerprint"
-#: Optuna user attributes of each group's trial: the learning rate it trains at (under ``transfer`` the study
-#: samples ``lr_offset_octaves`` around the batch size's centre LR, not the LR) and its batch size (sequences)
-LR_ATTR = "critbatch.lr"
-BATCH_SIZE_ATTR = "critbatch.batch_size_sequences"
 #: Optuna user attribute of a trial enqueued by ``search.strategy: transfer``: its index among its batch size's
 TRANSFER_POINT_ATTR = "critbatch.transfer_point"
 #: study user attribute: how many initial points were enqueued (so a restored study does not enqueue them again)
@@ -209,8 +205,6 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         attrs = study.user_attrs
         if self.fingerprint and attrs.get(FINGERPRINT_ATTR) != self.fingerprint:
             study.set_user_attr(FINGERPRINT_ATTR, self.fingerprint)
-        if study.metric_names is None:  # what it is told until a group's records say otherwise (TokensToTarget._tell)
-            name_metric(study, TOKENS_TO_TARGET)
         if self.transfer:  # each group's point is enqueued just before it is asked (suggest)
             return
         points = self.spec.search.initial_points
@@ -264,12 +258,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         group.trial_ids.append(trial_id)
         self.groups[trial_id] = group
         self.assigned[b] += 1
-        hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
-              if self.transfer else hyperparameters_for(self.spec, b, group.params))
-        if len(group.trial_ids) == 1 and self._sub(b) is not None:  # the group's Optuna trial, asked just now
-            otrial = optuna_search_trials(self._sub(b))[group.primary]
-            otrial.set_user_attr(LR_ATTR, float(hp["lr"]))
-            otrial.set_user_attr(BATCH_SIZE_ATTR, b)
+        hp = self._group_hyperparameters(b, group)  # a new group's Optuna trial also records its LR (objective.py)
         point = getattr(group, "initial_point", None)
         stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
         stop = (getattr(group, "stop_at_loss", None) or stop) if stop is not None else None  # a probe's own, if higher
