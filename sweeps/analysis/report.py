@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 from sweeps.files import write_atomic  # noqa: E402
 
 from sweeps.analysis.summary import (  # noqa: E402
-    censored_text, definitions_text, describe_status, headline, interval_ends_text, swept_range)
+    budget_text, censored_text, definitions_text, describe_status, headline, interval_ends_text, swept_range)
 
 __all__ = ["write_report", "make_plots", "PLOT_CAPTIONS"]
 
@@ -383,20 +383,6 @@ def _best_lr_text(row: dict[str, Any] | None) -> str:
     return f"{_fmt(row['best_lr'])}{' (quadratic)' if row.get('method') == 'quadratic' else ''}{ends}"
 
 
-def _budget_text(budget_tokens: int, per_batch: list[dict[str, Any]]) -> str:
-    """The report's sentence on the token budget: the spec's ``budget_tokens`` per trial, equal for every batch
-    size, unless ``per_batch``'s ``budget_tokens`` (the most tokens one of a batch size's trials trained) say
-    otherwise (token reallocation re-runs some trials longer and ends later ones at a loss; pruning ends some
-    early): then what each batch size's trials trained, at most per trial and in all (``tokens_trained``)."""
-    spent = [(p["batch_size_sequences"], p.get("budget_tokens"), p.get("tokens_trained")) for p in per_batch]
-    if all(most is None or round(most) == budget_tokens for _, most, _ in spent):
-        return f"Budget {budget_tokens:,} tokens per trial (equal for every batch size)"
-    each = "; ".join(f"B = {b}: {'-' if most is None else f'{round(most):,}'} tokens"
-                     + ("" if total is None else f" ({round(total):,} in all)") for b, most, total in spent)
-    return (f"Budget {budget_tokens:,} tokens per trial in the spec; the batch sizes' trials trained different "
-            f"amounts, at most per trial: {each}")
-
-
 def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
     """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded; a cluster-plan
     section when ``OUT/plan.json`` exists)."""
@@ -450,7 +436,7 @@ S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))},
 {_precision_text(analysis)}
 <p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
 <p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
-{_budget_text(spec.budget_tokens, analysis.get('per_batch') or [])}; FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
+{budget_text(spec.budget_tokens, analysis.get('per_batch') or [])}; FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
     tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest

@@ -17,7 +17,7 @@ import math
 from typing import Any, Optional
 
 __all__ = ["STATUS_TEXT", "SWEEP_STATUSES", "describe_status", "headline", "fitted_batch_sizes", "swept_range",
-           "interval_ends_text", "definitions_text", "analyze_note", "censored_text", "caveats"]
+           "interval_ends_text", "definitions_text", "analyze_note", "censored_text", "caveats", "budget_text"]
 
 #: the statuses ``cbs.json`` can have besides a fit's (``sweeps.analysis.fit.STATUSES``): set by
 #: :func:`sweeps.analysis.sweep.analyze_trials` (no completed trial, no target) and by the sweep's end when
@@ -263,6 +263,20 @@ def _excluded(fit: dict[str, Any]) -> list[float]:
     if ex is None:
         ex = (_primary_target(fit) or {}).get("excluded_batch_sizes")
     return sorted(float(x) for x in ex or [])
+
+
+def budget_text(budget_tokens: int, per_batch: list[dict[str, Any]]) -> str:
+    """The sentence on the token budget (report.html): the spec's ``budget_tokens`` per trial, equal for every batch
+    size, unless ``per_batch``'s ``budget_tokens`` (the most tokens one of a batch size's trials trained) say
+    otherwise (token reallocation re-runs some trials longer and ends later ones at a loss; pruning ends some
+    early): then what each batch size's trials trained, at most per trial and in all (``tokens_trained``)."""
+    spent = [(p["batch_size_sequences"], p.get("budget_tokens"), p.get("tokens_trained")) for p in per_batch]
+    if all(most is None or round(most) == budget_tokens for _, most, _ in spent):
+        return f"Budget {budget_tokens:,} tokens per trial (equal for every batch size)"
+    each = "; ".join(f"B = {b}: {'-' if most is None else f'{round(most):,}'} tokens"
+                     + ("" if total is None else f" ({round(total):,} in all)") for b, most, total in spent)
+    return (f"Budget {budget_tokens:,} tokens per trial in the spec; the batch sizes' trials trained different "
+            f"amounts, at most per trial: {each}")
 
 
 def censored_text(target: dict[str, Any]) -> str:

@@ -185,11 +185,11 @@ def test_the_targets_table_says_what_each_censored_point_needs_more_than_and_whe
 def test_the_budget_sentence_says_what_each_batch_size_trained_when_budgets_differ(tmp_path):
     """Token reallocation gave B = 4 32,768 tokens while the spec's budget is 196,608: the report once still
     said "(equal for every batch size)"."""
-    from sweeps.analysis.report import _budget_text
+    from sweeps.analysis.summary import budget_text
 
     same = [{"batch_size_sequences": 8, "budget_tokens": 196608.0, "tokens_trained": 393216.0}]
-    assert _budget_text(196608, same) == "Budget 196,608 tokens per trial (equal for every batch size)"
-    assert _budget_text(196608, []) == "Budget 196,608 tokens per trial (equal for every batch size)"
+    assert budget_text(196608, same) == "Budget 196,608 tokens per trial (equal for every batch size)"
+    assert budget_text(196608, []) == "Budget 196,608 tokens per trial (equal for every batch size)"
     cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
     for p in cbs["per_batch"]:
         p["budget_tokens"], p["tokens_trained"] = 196608.0, 2 * 196608.0
