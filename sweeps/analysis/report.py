@@ -424,12 +424,9 @@ pre.definitions{{white-space:pre-wrap}}div.table-scroll{{overflow-x:auto;max-wid
 <h1>critbatch report: {html.escape(spec.name)}</h1>
 {answer}
 <p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
-<strong>Size data parallelism with b_crit</strong> (above): a global batch of b_crit takes twice the fewest steps and
-twice the fewest tokens; past it, doubling the batch saves at most a quarter of the steps. Beside it, two numbers
-that follow from the same fit: the batch with 20% compute overhead (0.2 b_crit), for the fewest tokens:
-{_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences{_extrapolated(analysis.get('b_compute_overhead_20'), swept_range(analysis))};
-another definition, Zhang et al. 2024's 20% CBS (reference batch {_fmt(analysis.get('reference_batch'))}):
-{_with_ci(analysis.get('cbs_20'), analysis.get('cbs_20_ci'))} sequences
+<strong>Size data parallelism with b_crit</strong> (above): a global batch of b_crit takes twice the fewest steps and tokens; past it, doubling the batch saves at most a quarter of the steps.
+From the same fit: the batch with 20% compute overhead (0.2 b_crit), for the fewest tokens: {_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences{_extrapolated(analysis.get('b_compute_overhead_20'), swept_range(analysis))};
+another definition, Zhang et al. 2024's 20% CBS (reference batch {_fmt(analysis.get('reference_batch'))}): {_with_ci(analysis.get('cbs_20'), analysis.get('cbs_20_ci'))} sequences
 (95 % intervals: b_crit's mapped through each, so the 20% CBS's looks narrower only by its constant 1.2 B0);
 S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
 {lr_text}</p>

@@ -221,5 +221,5 @@ def test_the_run_summary_shows_the_interval_as_the_report_does(capsys, monkeypat
     monkeypatch.setattr(main, "out", Console(soft_wrap=True, width=400))
     main._print_summary({"cbs": cbs, "output": "OUT"})
     text = capsys.readouterr().out
-    assert "95 % interval [< 4, > 64] (cbs.json: the raw ends), status edge, at target loss 6.371;" in text
+    assert "95 % interval [< 4, > 64] (cbs.json: the raw ends), status edge, at target loss 6.371 (a global batch" in text
     assert "[0.7" not in text and "70.3" not in text
