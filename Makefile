@@ -8,8 +8,12 @@ OUT ?= out/shakespeare-$(shell date +%Y%m%d-%H%M%S)
 # them); `make install` says which it used. Set TORCH_INDEX=URL to choose one.
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
+# ADDRESS=host:port: the Ray cluster `make run` sweeps on (`critbatch run --address`); unset, Ray starts in-process.
+ADDRESS ?=
+# UI_PORT: the port of `make ui` (`critbatch ui --port`); unset, critbatch's default, 5000.
+UI_PORT ?=
 
-.PHONY: install run test lock
+.PHONY: install run ui test lock
 
 # torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
 # PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
@@ -37,7 +41,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 run: install
-	$(VENV)/bin/critbatch run sweeps/examples/shakespeare-char.yaml --output $(OUT)
+	$(VENV)/bin/critbatch run sweeps/examples/shakespeare-char.yaml --output $(OUT)$(if $(ADDRESS), --address $(ADDRESS))
+
+# The MLflow UI over the runs `make run` wrote (./mlflow.db): it prints the address of the sweep's runs table.
+ui: install
+	$(VENV)/bin/critbatch ui$(if $(UI_PORT), --port $(UI_PORT))
 
 test: install
 	$(PY) -m pytest -q

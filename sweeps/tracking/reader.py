@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from sweeps.errors import CritbatchError
 from sweeps.spec.identity import redact_uri
@@ -24,6 +24,7 @@ from sweeps.tracking.schema import (
     PARAM_BATCH_SIZE_SEQUENCES,
     ROLE_SWEEP,
     ROLE_TRIAL,
+    SAVED_VIEW_ID,
     TAG_CLOSED_BY,
     TAG_MESSAGE,
     TAG_ROLE,
@@ -37,7 +38,7 @@ from sweeps.tracking.schema import (
 
 __all__ = [
     "StoreRefused", "MlflowReader", "check_existing_store", "ping_store", "readable_here",
-    "mlflow_ui_links", "trial_rows",
+    "mlflow_ui_links", "runs_table_url", "trial_rows",
 ]
 
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -157,14 +158,28 @@ def ping_store(uri: str | None, timeout_s: float = 2.0) -> str:
     return "ok"
 
 
+def runs_table_url(ui_url: str, experiment_id: str, *, view: bool) -> str:
+    """The address that opens experiment ``experiment_id``'s runs table in the MLflow UI at ``ui_url``, on the
+    "Model training" side (``workflowType=machine_learning``), with critbatch's saved view where ``view``.
+
+    Only give ``view=True`` for an experiment that holds the view's tag: MLflow answers a missing view with
+    an error and the experiment's default page (the GenAI overview).
+    """
+    query = {"workflowType": "machine_learning"}  # MLflow's name for its "Model training" side
+    if view:
+        query["viewStateShareKey"] = SAVED_VIEW_ID
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
+
+
 def mlflow_ui_links(ui_url: str | None, experiment_id: str | None, parent_run_id: str | None,
                     trial_run_ids: list[str]) -> dict[str, Any]:
-    """Links into the MLflow UI at ``ui_url``: ``experiment``, ``parent_run`` and ``compare_trials``
-    (each present when its ids are); ``{}`` without a UI URL or an experiment."""
+    """Links into the MLflow UI at ``ui_url``: ``experiment`` (its runs table, on MLflow 3's "Model training"
+    side: :func:`runs_table_url`), ``parent_run`` and ``compare_trials`` (each present when
+    its ids are); ``{}`` without a UI URL or an experiment."""
     if not ui_url or not experiment_id:
         return {}
     base = ui_url.rstrip("/")
-    links: dict[str, Any] = {"experiment": f"{base}/#/experiments/{experiment_id}"}
+    links: dict[str, Any] = {"experiment": runs_table_url(base, experiment_id, view=False)}
     if parent_run_id:
         links["parent_run"] = f"{base}/#/experiments/{experiment_id}/runs/{parent_run_id}"
     if trial_run_ids:

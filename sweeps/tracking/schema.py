@@ -26,6 +26,7 @@ __all__ = [
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
     "ARTIFACT_CBS",
+    "TAG_EXPERIMENT_KIND", "EXPERIMENT_KIND_MODEL_TRAINING", "TAG_SAVED_VIEW_PREFIX", "SAVED_VIEW_ID",
     "META_SWEEP_ID", "META_NAME", "META_FINGERPRINT", "META_EXPERIMENT", "META_TRACKING_URI", "META_TRIALS_PLANNED",
 ]
 
@@ -57,6 +58,18 @@ TAG_GROUP_ID = "critbatch.group_id"
 TAG_INITIAL_POINT = "critbatch.initial_point"
 #: MLflow's own parent-run tag.
 TAG_PARENT_RUN_ID = "mlflow.parentRunId"
+
+# ---- MLflow experiment tags (read by MLflow's UI: sweeps.tracking.ui) -------------------------------
+
+#: MLflow 3's experiment kind, as its UI's experiment-type selector writes it.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+#: The kind MLflow's experiment-type selector calls "Machine learning" (the other, ``genai_development``, is
+#: "GenAI apps & agents"); its sidebar's toggle names the same side "Model training".
+EXPERIMENT_KIND_MODEL_TRAINING = "custom_model_development"
+#: MLflow's saved views of an experiment's runs table: one tag ``mlflow.sharedViewState.<view id>`` each.
+TAG_SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+#: The view id of the runs-table view critbatch saves on its experiments (``?viewStateShareKey=critbatch``).
+SAVED_VIEW_ID = "critbatch"
 
 #: The equal-compute scheduler's decisions, tagged on a trial run as ``critbatch.<key>``.
 SCHEDULER_TAG_KEYS = ("pruned_at_flops", "pruned_rung", "rung_decisions")

@@ -25,6 +25,7 @@ from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
 from sweeps.tracking.outbox import Outbox  # also a name a pickled Tracker from before the move needs
+from sweeps.tracking.ui import experiment_tags
 from workloads.api import FLOPS_CONVENTION
 
 __all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "configure_mlflow_env"]
@@ -64,10 +65,10 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def create_experiment(client: MlflowClient, name: str) -> str:
-    """Create experiment ``name`` with :func:`~sweeps.spec.identity.experiment_artifact_location`'s
-    artifact location for the client's tracking URI (beside a SQLite store; else MLflow's default); its id."""
+    """Create experiment ``name`` with :func:`~sweeps.spec.identity.experiment_artifact_location`'s artifact
+    location (beside a SQLite store; else MLflow's default) and :func:`sweeps.tracking.ui.experiment_tags`; its id."""
     location = experiment_artifact_location(getattr(client, "tracking_uri", None))
-    return client.create_experiment(name, artifact_location=location)
+    return client.create_experiment(name, artifact_location=location, tags=experiment_tags())
 
 
 class Tracker:

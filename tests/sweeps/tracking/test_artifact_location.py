@@ -45,7 +45,7 @@ def test_the_tracker_passes_no_location_to_a_server(tiny_spec_dict):
     class Client:
         tracking_uri = "http://127.0.0.1:5000"
 
-        def create_experiment(self, name, artifact_location=None):
+        def create_experiment(self, name, artifact_location=None, tags=None):
             self.got = (name, artifact_location)
             return "7"
 
