@@ -43,14 +43,16 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # multi-GB default (CUDA) build.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /app
-# constraints.txt: the exact versions the test suite passed with (as `make install` uses them)
+# constraints.txt: the exact versions the test suite passed with (as `make install` uses them).
+# psycopg2: the PostgreSQL driver of the sweeps' Optuna study storage on Kubernetes
+# (CRITBATCH_OPTUNA_STORAGE=postgresql+psycopg2://..., k8s/base/optuna.yaml); the MLflow image has it too.
 COPY pyproject.toml constraints.txt README.md* ./
 COPY critbatch ./critbatch
 COPY sweeps ./sweeps
 COPY workloads ./workloads
 COPY service ./service
-RUN pip install -c constraints.txt . \
- && python -c "import torch, ray, mlflow, optuna, transformers, critbatch; assert torch.__version__.startswith('${TORCH_VERSION}')"
+RUN pip install -c constraints.txt . "psycopg2-binary>=2.9,<3" \
+ && python -c "import torch, ray, mlflow, optuna, psycopg2, transformers, critbatch; assert torch.__version__.startswith('${TORCH_VERSION}')"
 # The bundled data sets: specs name them relative to the working directory (/app).
 COPY data ./data
 ENV HOME=/home/ray \

@@ -54,6 +54,16 @@ def register(app: typer.Typer) -> None:
         namespace: Optional[str] = typer.Option(
             "critbatch", "--namespace", "-n", help="namespace of the critbatch platform (k8s/base); '' leaves it out"
         ),
+        optuna_storage_secret: str = typer.Option(
+            "critbatch-optuna:url", "--optuna-storage-secret", metavar="SECRET[:KEY]",
+            help="Secret key holding the Optuna study storage URL (an RDB that outlives the cluster), set as "
+                 "CRITBATCH_OPTUNA_STORAGE on the Ray head; '' keeps the studies on the head's disk, which a "
+                 "retried job does not find",
+        ),
+        queue_name: Optional[str] = typer.Option(
+            None, "--queue-name",
+            help="Kueue LocalQueue to wait in: the RayJob gets the label kueue.x-k8s.io/queue-name=NAME",
+        ),
     ) -> None:
         """Print a sweep's ConfigMap and KubeRay RayJob as YAML.
 
@@ -61,13 +71,15 @@ def register(app: typer.Typer) -> None:
         """
         from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
-        from sweeps.remote.k8s import dump_manifests, image_data_warnings, render_rayjob
+        from sweeps.remote.k8s import dump_manifests, image_data_warnings, parse_secret_key_ref, render_rayjob
         from sweeps.spec import parse_spec_text
 
         try:
             text = _spec_text(spec)
             parsed = parse_spec_text(text)
-            objects = render_rayjob(parsed, text, image, namespace or None)
+            optuna_storage = parse_secret_key_ref(optuna_storage_secret, option="--optuna-storage-secret")
+            objects = render_rayjob(parsed, text, image, namespace or None, optuna_storage=optuna_storage,
+                                    queue_name=queue_name or None)
         except InvalidInput as exc:  # a SpecError is an InvalidInput
             _fail_invalid(exc)
         for warning in image_data_warnings(parsed):  # stderr: stdout stays the manifests, for kubectl apply

@@ -1,11 +1,14 @@
 """Kubernetes manifests for one sweep: a KubeRay ``RayJob`` and a ``ConfigMap`` holding the spec.
 
-:func:`render_rayjob` is a pure function of the validated spec, its YAML text, the image and the
-namespace. The ``RayJob`` brings up a ``RayCluster`` of its own (``K8sJobMode``), submits
-``critbatch run`` to it, and deletes the cluster shortly after the sweep ends. It assumes the
-platform from ``k8s/base`` runs in the same namespace: the MLflow server (``critbatch-mlflow``),
-the S3-compatible object store (``critbatch-minio``, holding Tune storage so that a retried job
-finds the trials already done) and the ``critbatch-s3`` Secret with the store's access keys.
+:func:`render_rayjob` is a pure function of the validated spec, its YAML text, the image, the
+namespace and two options (the Optuna storage Secret, a Kueue queue). The ``RayJob`` brings up a
+``RayCluster`` of its own (``K8sJobMode``), submits ``critbatch run`` to it, and deletes the cluster
+shortly after the sweep ends, however it ends. It
+assumes the platform from ``k8s/base`` runs in the same namespace (:mod:`sweeps.remote.k8s_platform`):
+the MLflow server (``critbatch-mlflow``), the S3-compatible object store (``critbatch-minio``, holding
+Tune storage so that a retried job finds the trials already done), the ``critbatch-s3`` Secret with
+the store's access keys, and the ``critbatch-optuna`` Secret with the URL of the PostgreSQL database
+that keeps the Optuna studies (so that the retried job finds them too).
 
 Sizing (one pod per concurrently running trial):
 
@@ -21,8 +24,9 @@ Sizing (one pod per concurrently running trial):
   actor and Ray Train controller take no CPU and run on the head.
 
 The ``RayJob`` is allowed ``budget.wall_clock_s`` (24 h when the spec sets none) plus 30 minutes
-for the cluster to start and the report to be written. What the image carries (its working directory,
-the inputs it leaves out): :mod:`sweeps.remote.k8s_image`.
+for the cluster to start and the report to be written. With a Kueue queue the ``RayJob`` carries the
+label ``kueue.x-k8s.io/queue-name``; Kueue's webhook suspends it on creation until it is admitted.
+What the image carries (its working directory, the inputs it leaves out): :mod:`sweeps.remote.k8s_image`.
 """
 
 from __future__ import annotations
@@ -37,31 +41,36 @@ import yaml
 
 from sweeps.errors import InvalidInput
 from sweeps.remote.k8s_image import WORKDIR, image_data_warnings
+from sweeps.remote.k8s_platform import (
+    MLFLOW_TRACKING_URI,
+    OPTUNA_STORAGE_SECRET,
+    S3_SECRET,
+    SecretKeyRef,
+    optuna_storage_env,
+    parse_secret_key_ref,
+    ray_env,
+)
 from sweeps.spec import SweepSpec
 
 __all__ = [
     "image_data_warnings",
+    "KUEUE_QUEUE_LABEL",
     "MAX_RAYJOB_NAME_LENGTH",
     "MLFLOW_TRACKING_URI",
+    "OPTUNA_STORAGE_SECRET",
     "RAY_VERSION",
     "S3_SECRET",
+    "SecretKeyRef",
     "TrialPodResources",
     "active_deadline_s",
     "dump_manifests",
+    "parse_secret_key_ref",
     "ray_env",
     "rayjob_name",
     "render_rayjob",
     "trial_pod_resources",
     "head_memory_gib",
 ]
-
-# ---- what the platform (k8s/base) provides, by name --------------------------------------------
-
-MLFLOW_TRACKING_URI = "http://critbatch-mlflow:5000"
-S3_ENDPOINT_URL = "http://critbatch-minio:9000"
-S3_SECRET = "critbatch-s3"  # keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY
-TUNE_STORAGE_URI = "s3://critbatch-tune"  # the driver keeps Tune state under <this>/<sweep id>
-S3_REGION = "us-east-1"
 
 # ---- KubeRay and Ray ----------------------------------------------------------------------------
 
@@ -70,9 +79,11 @@ MAX_RAYJOB_NAME_LENGTH = 47  # KubeRay: RayCluster names <= 53, and it appends 6
 TTL_AFTER_FINISHED_S = 300  # keep the finished cluster 5 minutes for `kubectl logs`
 DEADLINE_GRACE_S = 1800  # cluster start, image pulls, analysis and report
 DEFAULT_DEADLINE_S = 86400  # when the spec sets no budget.wall_clock_s
-RAYJOB_BACKOFF_LIMIT = 1  # one retry on a new cluster; Tune storage in S3 lets it resume
+RAYJOB_BACKOFF_LIMIT = 1  # one retry on a new cluster; Tune storage in S3 and the studies in PostgreSQL let it resume
 SUBMITTER_BACKOFF_LIMIT = 2  # the submitter only submits (or follows) the Ray job: cheap to retry
 INT32_MAX = 2**31 - 1
+#: Kueue's label naming the LocalQueue a job waits in (kueue.sigs.k8s.io, "Run A RayJob")
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 # ---- pods ---------------------------------------------------------------------------------------
 
@@ -94,6 +105,7 @@ WORKER_GROUP = "trials"
 
 _DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _HASH_CHARS = 8
 _EPS = 1e-9
 
@@ -169,11 +181,15 @@ def active_deadline_s(spec: SweepSpec) -> int:
     return min(budget_s + DEADLINE_GRACE_S, INT32_MAX)
 
 
-def _check_args(image: str, namespace: str | None) -> None:
+def _check_args(image: str, namespace: str | None, queue_name: str | None) -> None:
     if not image or any(c.isspace() for c in image):
         raise InvalidInput(f"--image: not a container image reference: {image!r}")
     if namespace is not None and not (len(namespace) <= 63 and _DNS1123_LABEL.fullmatch(namespace)):
         raise InvalidInput(f"--namespace: not a valid namespace name (a DNS-1123 label): {namespace!r}")
+    # a LocalQueue's name (a DNS-1123 subdomain) that is also a label value (at most 63 characters)
+    if queue_name is not None and not (len(queue_name) <= 63 and _DNS1123_SUBDOMAIN.fullmatch(queue_name)):
+        raise InvalidInput(f"--queue-name: not a Kueue LocalQueue name (a DNS-1123 subdomain of at most 63 "
+                           f"characters): {queue_name!r}")
 
 
 def _metadata(name: str, namespace: str | None, labels: dict[str, str], annotations: dict[str, str]) -> dict:
@@ -184,26 +200,6 @@ def _metadata(name: str, namespace: str | None, labels: dict[str, str], annotati
     if annotations:
         meta["annotations"] = dict(annotations)
     return meta
-
-
-def ray_env() -> list[dict]:
-    """Environment of every Ray container: the MLflow server, and Tune storage in the object store.
-
-    ``k8s/base/raycluster.yaml`` gives the service's RayCluster the same list (a test holds them equal).
-    """
-
-    def secret(key: str) -> dict:
-        return {"secretKeyRef": {"name": S3_SECRET, "key": key}}
-
-    return [
-        {"name": "MLFLOW_TRACKING_URI", "value": MLFLOW_TRACKING_URI},
-        {"name": "CRITBATCH_STORAGE_PATH", "value": TUNE_STORAGE_URI},
-        {"name": "AWS_ENDPOINT_URL", "value": S3_ENDPOINT_URL},
-        {"name": "AWS_REGION", "value": S3_REGION},
-        {"name": "AWS_DEFAULT_REGION", "value": S3_REGION},
-        {"name": "AWS_ACCESS_KEY_ID", "valueFrom": secret("AWS_ACCESS_KEY_ID")},
-        {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": secret("AWS_SECRET_ACCESS_KEY")},
-    ]
 
 
 def _pod_security() -> dict:
@@ -232,13 +228,14 @@ def _ray_pod(
     resources: dict[str, str],
     spec_configmap: str,
     ports: list[dict] | None = None,
+    extra_env: list[dict] | None = None,
 ) -> dict:
     c: dict[str, Any] = {
         "name": container,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "workingDir": WORKDIR,
-        "env": ray_env(),
+        "env": ray_env() + list(extra_env or []),
     }
     if ports:
         c["ports"] = ports
@@ -263,7 +260,15 @@ def _ray_pod(
     }
 
 
-def render_rayjob(spec: SweepSpec, spec_yaml_text: str, image: str, namespace: str | None) -> list[dict]:
+def render_rayjob(
+    spec: SweepSpec,
+    spec_yaml_text: str,
+    image: str,
+    namespace: str | None,
+    *,
+    optuna_storage: SecretKeyRef | None = OPTUNA_STORAGE_SECRET,
+    queue_name: str | None = None,
+) -> list[dict]:
     """Render the manifests that run one sweep on Kubernetes: ``[ConfigMap, RayJob]``.
 
     Args:
@@ -274,15 +279,19 @@ def render_rayjob(spec: SweepSpec, spec_yaml_text: str, image: str, namespace: s
             and the submitter.
         namespace: the namespace of the platform (``k8s/base``); None leaves it out, so that
             ``kubectl`` or a kustomize overlay decides.
+        optuna_storage: the Secret key holding the Optuna study storage URL, set as
+            ``CRITBATCH_OPTUNA_STORAGE`` on the head (where the driver runs); None keeps the studies in
+            ``sqlite:///OUT/optuna.db`` on the head's disk, which a retried job does not find.
+        queue_name: a Kueue LocalQueue: the RayJob gets the label ``kueue.x-k8s.io/queue-name``.
 
     Returns:
         Two plain dicts, ready for ``yaml.safe_dump_all``: the ConfigMap ``<name>-spec`` and the
         RayJob ``<name>``, where ``<name>`` is :func:`rayjob_name` of the sweep name.
 
     Raises:
-        InvalidInput: the image or the namespace is not a valid reference/name.
+        InvalidInput: the image, the namespace or the queue is not a valid reference/name.
     """
-    _check_args(image, namespace)
+    _check_args(image, namespace, queue_name)
     name = rayjob_name(spec.name)
     configmap = f"{name}-spec"
     labels = {
@@ -299,20 +308,24 @@ def render_rayjob(spec: SweepSpec, spec_yaml_text: str, image: str, namespace: s
         f"critbatch run {SPEC_MOUNT_DIR}/spec.yaml --output {OUTPUT_DIR} "
         f"--tracking-uri $MLFLOW_TRACKING_URI --sweep-id {name} --no-progress"
     )
+    queue = {} if queue_name is None else {KUEUE_QUEUE_LABEL: queue_name}
     rayjob = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": _metadata(name, namespace, labels, annotations),
+        "metadata": _metadata(name, namespace, {**labels, **queue}, annotations),
         "spec": {
             "submissionMode": "K8sJobMode",
             "entrypoint": entrypoint,
+            # KubeRay deletes the cluster ttlSecondsAfterFinished after the deployment ends, Complete or Failed
+            # (activeDeadlineSeconds too), whatever the Ray job's status says. deletionStrategy.deletionRules
+            # cannot be set beside it, and Kueue requires it (docs/kubernetes.md, "Lifetime").
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "activeDeadlineSeconds": active_deadline_s(spec),
             "backoffLimit": RAYJOB_BACKOFF_LIMIT,
             "submitterConfig": {"backoffLimit": SUBMITTER_BACKOFF_LIMIT},
             "submitterPodTemplate": _submitter_pod(image, labels),
-            "rayClusterSpec": _ray_cluster_spec(spec, image, labels, configmap),
+            "rayClusterSpec": _ray_cluster_spec(spec, image, labels, configmap, optuna_storage_env(optuna_storage)),
         },
     }
     configmap_obj = {
@@ -348,9 +361,12 @@ def _submitter_pod(image: str, labels: dict[str, str]) -> dict:
     }
 
 
-def _ray_cluster_spec(spec: SweepSpec, image: str, labels: dict[str, str], configmap: str) -> dict:
+def _ray_cluster_spec(
+    spec: SweepSpec, image: str, labels: dict[str, str], configmap: str, head_env: list[dict]
+) -> dict:
     """The RayJob's ``rayClusterSpec``: a head that runs no trials, and one worker group sized for
-    the sweep's trials (:func:`trial_pod_resources`), token auth on."""
+    the sweep's trials (:func:`trial_pod_resources`), token auth on. ``head_env`` is added to the head's
+    environment only: the driver runs there, and the worker pods (trial code) need no database credentials."""
     pod = trial_pod_resources(spec)
     worker_resources = {"cpu": str(pod.cpus), "memory": f"{pod.memory_gib}Gi"}
     if pod.gpus:
@@ -361,6 +377,7 @@ def _ray_cluster_spec(spec: SweepSpec, image: str, labels: dict[str, str], confi
         labels={**labels, "app.kubernetes.io/component": "ray-head"},
         resources={"cpu": HEAD_CPUS, "memory": f"{head_memory_gib(spec)}Gi"},
         spec_configmap=configmap,
+        extra_env=head_env,
         ports=[
             {"name": "gcs-server", "containerPort": 6379},
             {"name": "dashboard", "containerPort": 8265},

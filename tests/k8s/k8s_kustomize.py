@@ -111,7 +111,11 @@ def build_with_binary(path: Path, command: list[str]) -> list[dict]:
     proc = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} {path} failed:\n{proc.stderr}")
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    for o in objs:  # kustomize wraps a long Secret value's base64 at 76 columns; the API server skips the newlines
+        if o.get("kind") == "Secret" and o.get("data"):
+            o["data"] = {key: "".join(value.split()) for key, value in o["data"].items()}
+    return objs
 
 
 def build(path: Path) -> tuple[list[dict], str]:

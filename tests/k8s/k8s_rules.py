@@ -15,7 +15,17 @@ import yaml
 
 from k8s_references import pod_specs
 
-__all__ = ["K8S_VERSION", "KUBERAY_VERSION", "CRD_DIR", "CRD_FILES", "api_server_rules", "kuberay_rules", "parse_quantity"]
+__all__ = [
+    "K8S_VERSION",
+    "KUBERAY_VERSION",
+    "CRD_DIR",
+    "CRD_FILES",
+    "ENDINGS",
+    "api_server_rules",
+    "cluster_deleted_when_ended",
+    "kuberay_rules",
+    "parse_quantity",
+]
 
 K8S_VERSION = "1.33.0"
 KUBERAY_VERSION = "1.7.0"
@@ -105,8 +115,7 @@ def kuberay_rules(obj: dict) -> list[str]:
         out.append("spec.ttlSecondsAfterFinished must be >= 0")
     if spec.get("ttlSecondsAfterFinished", 0) > 0 and not shutdown:
         out.append("spec.ttlSecondsAfterFinished needs shutdownAfterJobFinishes: true")
-    if spec.get("deletionStrategy") is not None:
-        out.append("spec.deletionStrategy needs the RayJobDeletionPolicy feature gate (not checked here)")
+    out.extend(_deletion_strategy_rules(spec))
     selector = spec.get("clusterSelector") or {}
     if spec.get("rayClusterSpec") is None and not selector:
         out.append("spec: one of rayClusterSpec and clusterSelector must be set")
@@ -134,6 +143,104 @@ def kuberay_rules(obj: dict) -> list[str]:
     if spec.get("rayClusterSpec") is not None:
         out.extend(_cluster_rules(spec["rayClusterSpec"], "spec.rayClusterSpec"))
     return out
+
+
+_POLICIES_ORDER = ("DeleteWorkers", "DeleteCluster", "DeleteSelf")  # TTLs must not decrease along this order
+
+
+def _deletion_strategy_rules(spec: dict) -> Iterator[str]:
+    """``validateDeletionConfiguration`` of v1.7.0, with the RayJobDeletionPolicy gate on (Beta, on by default)."""
+    strategy = spec.get("deletionStrategy")
+    if strategy is None:
+        return
+    where = "spec.deletionStrategy"
+    shutdown = spec.get("shutdownAfterJobFinishes", False)
+    selector = bool(spec.get("clusterSelector"))
+    autoscaling = bool((spec.get("rayClusterSpec") or {}).get("enableInTreeAutoscaling"))
+    legacy = strategy.get("onSuccess") is not None or strategy.get("onFailure") is not None
+    rules = strategy.get("deletionRules") or []
+    if rules and shutdown:
+        yield "spec.shutdownAfterJobFinishes and spec.deletionStrategy.deletionRules are mutually exclusive"
+        return
+    if rules and legacy:
+        yield f"{where}: legacy onSuccess/onFailure and deletionRules cannot be used together"
+        return
+    if legacy:
+        policies = [(strategy.get(k) or {}).get("policy") for k in ("onSuccess", "onFailure")]
+        if None in policies:
+            yield f"{where}: onSuccess and onFailure must both be set, each with a policy"
+            return
+        if selector and {"DeleteCluster", "DeleteWorkers"} & set(policies):
+            yield f"{where}: clusterSelector mode supports neither DeleteCluster nor DeleteWorkers"
+        if autoscaling and "DeleteWorkers" in policies:
+            yield f"{where}: DeleteWorkers is not supported with autoscaling"
+        if shutdown and "DeleteNone" in policies:
+            yield f"{where}: DeleteNone with shutdownAfterJobFinishes: true"
+        return
+    if not rules:
+        yield f"{where}: needs both onSuccess and onFailure, or deletionRules"
+        return
+    ttls: dict[tuple[str, str], dict[str, int]] = {}
+    for i, rule in enumerate(rules):
+        cond, policy = rule.get("condition") or {}, rule.get("policy")
+        keys = [k for k in ("jobStatus", "jobDeploymentStatus") if cond.get(k) is not None]
+        if len(keys) != 1:
+            yield f"{where}.deletionRules[{i}]: exactly one of jobStatus and jobDeploymentStatus must be set"
+            continue
+        if selector and policy in ("DeleteCluster", "DeleteWorkers"):
+            yield f"{where}.deletionRules[{i}]: {policy} is not supported with clusterSelector"
+            continue
+        if autoscaling and policy == "DeleteWorkers":
+            yield f"{where}.deletionRules[{i}]: DeleteWorkers is not supported with autoscaling"
+            continue
+        by_policy = ttls.setdefault((keys[0], cond[keys[0]]), {})
+        if policy in by_policy:
+            yield f"{where}.deletionRules[{i}]: duplicate rule for {policy} and {keys[0]} {cond[keys[0]]}"
+            continue
+        by_policy[policy] = cond.get("ttlSeconds", 0)
+    for (key, value), by_policy in ttls.items():
+        ordered = [(p, by_policy[p]) for p in _POLICIES_ORDER if p in by_policy]
+        for (p0, t0), (p1, t1) in zip(ordered, ordered[1:]):
+            if t1 < t0:
+                yield f"{where}: for {key} {value}: {p1} TTL ({t1}) must be >= {p0} TTL ({t0})"
+
+
+#: How a RayJob's deployment can end under KubeRay v1.7.0, as (JobDeploymentStatus, JobStatus), the states in which
+#: it applies the deletion settings. Complete: the Ray job SUCCEEDED or was STOPPED; Failed: the Ray job FAILED, or
+#: the deployment failed with the Ray job as last seen, RUNNING included, when activeDeadlineSeconds
+#: (DeadlineExceeded) or the submitter ends it while Ray runs on (rayjob_controller.go; kuberay#2314, #5184).
+ENDINGS = (("Complete", "SUCCEEDED"), ("Complete", "STOPPED")) + tuple(
+    ("Failed", job) for job in ("", "PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED")
+)
+
+
+def cluster_deleted_when_ended(obj: dict, deployment_status: str, job_status: str) -> bool:
+    """Whether KubeRay v1.7.0 deletes a RayJob's RayCluster (once the TTLs pass) when its deployment ended in
+    ``deployment_status`` with the Ray job last seen as ``job_status``; ``obj`` a defaulted RayJob.
+
+    ``rayjob_controller.go``, case ``JobDeploymentStatusComplete, JobDeploymentStatusFailed``: nothing with a
+    ``clusterSelector``; with a ``deletionStrategy`` (the RayJobDeletionPolicy gate on, its v1.7.0 default) its
+    ``deletionRules`` (``isDeletionRuleMatched``: a rule's ``jobStatus`` or ``jobDeploymentStatus`` equals the
+    RayJob's; ``DeleteCluster`` removes the cluster, ``DeleteSelf`` the RayJob that owns it) or the legacy
+    ``onSuccess``/``onFailure`` (by ``jobStatus`` SUCCEEDED/FAILED only); else ``shutdownAfterJobFinishes``.
+    """
+    assert (deployment_status, job_status) in ENDINGS
+    spec = obj["spec"]
+    if spec.get("clusterSelector"):
+        return False
+    strategy = spec.get("deletionStrategy")
+    removes = {"DeleteCluster", "DeleteSelf"}
+    if strategy is not None and strategy.get("deletionRules"):
+        status = {"jobStatus": job_status, "jobDeploymentStatus": deployment_status}
+        return any(
+            rule["policy"] in removes
+            and any(rule["condition"].get(k) is not None and rule["condition"][k] == v for k, v in status.items())
+            for rule in strategy["deletionRules"]
+        )
+    if strategy is not None:
+        side = {"SUCCEEDED": "onSuccess", "FAILED": "onFailure"}.get(job_status)
+        return side is not None and strategy[side]["policy"] in removes
+    return bool(spec.get("shutdownAfterJobFinishes"))
 
 
 # ---- what the API server checks beyond the OpenAPI schema ---------------------------------------------

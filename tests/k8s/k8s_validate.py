@@ -10,8 +10,9 @@ object and the field. It checks:
   an error unless ``x-kubernetes-preserve-unknown-fields`` allows it, ``x-kubernetes-list-type``
   ``map``/``set`` keys must be unique, int32/int64 formats must fit, and the object's own
   ``metadata`` is checked against the core ``ObjectMeta``. CEL rules
-  (``x-kubernetes-validations``) are not evaluated: a field that carries one is reported, so that
-  nothing is waved through unchecked;
+  (``x-kubernetes-validations``) are evaluated for the RayJob's ``deletionStrategy`` only
+  (:data:`_CEL_RULES`): a field that carries any other is reported, so that nothing is waved
+  through unchecked;
 * KubeRay's own rules that its schema does not hold (``ray-operator/controllers/ray/utils/
   validation.go`` and the webhook at v1.7.0): :func:`kuberay_rules` (in ``k8s_rules``);
 * what the API server checks beyond the schema for the fields used here (names, label keys and
@@ -173,9 +174,29 @@ def _list_type(validator, list_type, instance, schema):  # noqa: ANN001 - jsonsc
             seen_keys.add(key)
 
 
+#: The CEL rules of the vendored CRDs that this validator evaluates, by their exact text (the RayJob's
+#: ``deletionStrategy`` and its rules' ``condition``); any other rule is reported as not evaluated.
+_CEL_RULES = {
+    "!((has(self.onSuccess) || has(self.onFailure)) && has(self.deletionRules))":
+        lambda s: not (("onSuccess" in s or "onFailure" in s) and "deletionRules" in s),
+    "((has(self.onSuccess) && has(self.onFailure)) || has(self.deletionRules))":
+        lambda s: ("onSuccess" in s and "onFailure" in s) or "deletionRules" in s,
+    "!(has(self.jobStatus) && has(self.jobDeploymentStatus))":
+        lambda s: not ("jobStatus" in s and "jobDeploymentStatus" in s),
+    "has(self.jobStatus) || has(self.jobDeploymentStatus)":
+        lambda s: "jobStatus" in s or "jobDeploymentStatus" in s,
+}
+
+
 def _cel(validator, rules, instance, schema):  # noqa: ANN001
-    text = "; ".join(r.get("rule", "?") for r in rules)
-    yield jsonschema.ValidationError(f"field carries CEL rules that this validator does not evaluate: {text}")
+    unknown = [r.get("rule", "?") for r in rules if r.get("rule") not in _CEL_RULES]
+    if unknown:
+        text = "; ".join(unknown)
+        yield jsonschema.ValidationError(f"field carries CEL rules that this validator does not evaluate: {text}")
+    for r in rules:
+        check = _CEL_RULES.get(r.get("rule"))
+        if check is not None and isinstance(instance, dict) and not check(instance):
+            yield jsonschema.ValidationError(f"CEL rule failed: {r.get('message', r['rule'])}")
 
 
 _CrdValidator = jsonschema.validators.extend(

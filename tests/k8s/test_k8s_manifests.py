@@ -23,6 +23,7 @@ from k8s_validate import (
 )
 
 from sweeps.remote import k8s as render_mod
+from sweeps.remote import k8s_platform as platform
 
 ALL = kustomizations()
 PLATFORM = "overlays/example"
@@ -65,7 +66,8 @@ def test_references_resolve(renders, complete):
 
 def test_the_sweep_alone_lacks_the_platform():
     problems = reference_problems(render(SWEEP))
-    assert problems and all("critbatch-s3" in p for p in problems)
+    assert problems and all("critbatch-s3" in p or "critbatch-optuna" in p for p in problems)
+    assert any("critbatch-optuna" in p for p in problems)
 
 
 def test_vendored_crds_are_the_kuberay_release_files():
@@ -218,7 +220,7 @@ def test_mlflow_server_postgres_minio_and_schema_job():
     assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql+psycopg2://")
     assert "@critbatch-postgres:5432/" in env["MLFLOW_BACKEND_STORE_URI"]
     assert env["MLFLOW_ARTIFACTS_DESTINATION"] == "s3://mlflow-artifacts"
-    assert env["MLFLOW_S3_ENDPOINT_URL"] == render_mod.S3_ENDPOINT_URL
+    assert env["MLFLOW_S3_ENDPOINT_URL"] == platform.S3_ENDPOINT_URL
     assert "--serve-artifacts" in server["args"]
     (hosts,) = [a.split("=", 1)[1].split(",") for a in server["args"] if a.startswith("--allowed-hosts=")]
     host, port = render_mod.MLFLOW_TRACKING_URI.split("//")[1].split(":")
@@ -232,7 +234,7 @@ def test_mlflow_server_postgres_minio_and_schema_job():
     assert _by(objs, "StatefulSet", "critbatch-minio")["spec"]["volumeClaimTemplates"]
     setup = _by(objs, "Job", "critbatch-minio-setup")["spec"]["template"]["spec"]["containers"][0]
     script = setup["command"][-1]
-    assert "mlflow-artifacts" in script and render_mod.TUNE_STORAGE_URI.removeprefix("s3://") in script
+    assert "mlflow-artifacts" in script and platform.TUNE_STORAGE_URI.removeprefix("s3://") in script
 
 
 def test_images_are_pinned():
@@ -294,6 +296,51 @@ def test_validator_rejects(mutate, expected):
     mutate(obj)
     problems = validate_objects([obj], references=False)
     assert any(expected in p for p in problems), problems
+
+
+def _rules(*rules, **spec):
+    """The example RayJob with deletionRules (each ``(condition, policy)``) instead of shutdownAfterJobFinishes."""
+    obj = _rayjob()
+    del obj["spec"]["shutdownAfterJobFinishes"], obj["spec"]["ttlSecondsAfterFinished"]
+    obj["spec"]["deletionStrategy"] = {"deletionRules": [{"condition": c, "policy": p} for c, p in rules]}
+    obj["spec"].update(spec)
+    return obj
+
+
+_FAILED = {"jobDeploymentStatus": "Failed"}
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (lambda: _rules(({"jobStatus": "FAILED", **_FAILED}, "DeleteCluster")), "cannot be used together"),
+        (lambda: _rules(({"ttlSeconds": 5}, "DeleteCluster")), "either the JobStatus or the JobDeploymentStatus"),
+        (lambda: _rules((_FAILED, "DeleteCluster"), shutdownAfterJobFinishes=True), "mutually exclusive"),
+        (lambda: _rules((_FAILED, "DeleteCluster"), (_FAILED, "DeleteCluster")), "duplicate rule"),
+        (lambda: _rules(({**_FAILED, "ttlSeconds": 60}, "DeleteWorkers"),
+                        ({**_FAILED, "ttlSeconds": 30}, "DeleteCluster")),
+         "DeleteCluster TTL (30) must be >= DeleteWorkers TTL (60)"),
+        (lambda: _rules((_FAILED, "DeleteEverything")), "is not one of"),
+        (lambda: _rules(), "should be non-empty"),
+    ],
+)
+def test_validator_rejects_bad_deletion_rules(obj, expected):
+    problems = validate_objects([obj()], references=False)
+    assert any(expected in p for p in problems), problems
+
+
+def test_validator_accepts_good_deletion_rules_and_legacy_policies():
+    good = _rules(({"jobStatus": "SUCCEEDED"}, "DeleteCluster"), ({**_FAILED, "ttlSeconds": 300}, "DeleteCluster"),
+                  ({**_FAILED, "ttlSeconds": 600}, "DeleteSelf"))
+    assert validate_objects([good], references=False) == []
+    legacy = _rayjob()
+    legacy["spec"]["deletionStrategy"] = {"onSuccess": {"policy": "DeleteCluster"},
+                                          "onFailure": {"policy": "DeleteNone"}}
+    assert any("DeleteNone with shutdownAfterJobFinishes" in p for p in validate_objects([legacy], references=False))
+    legacy["spec"]["deletionStrategy"]["onFailure"]["policy"] = "DeleteCluster"
+    assert validate_objects([legacy], references=False) == []
+    del legacy["spec"]["deletionStrategy"]["onFailure"]
+    assert any("BOTH onSuccess and onFailure" in p for p in validate_objects([legacy], references=False))
 
 
 def test_validator_applies_crd_defaults():

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 
 import pytest
 import yaml
 from k8s_fixtures import EXAMPLE_SPEC, K8S, render
+from k8s_rules import ENDINGS, cluster_deleted_when_ended
 from k8s_validate import defaulted, reference_problems, validate_objects
 from typer.testing import CliRunner
 
 from sweeps.errors import InvalidInput
 from sweeps.spec import SpecError
 from sweeps.remote.k8s import (
+    KUEUE_QUEUE_LABEL,
     MLFLOW_TRACKING_URI,
+    OPTUNA_STORAGE_SECRET,
     S3_SECRET,
+    SecretKeyRef,
     TrialPodResources,
     active_deadline_s,
     dump_manifests,
+    parse_secret_key_ref,
     rayjob_name,
     render_rayjob,
     trial_pod_resources,
@@ -219,7 +225,7 @@ def test_fractional_gpus_round_up_and_exact_cpus_do_not():
 
 def test_worker_pods_never_outnumber_the_trials():
     spec = _spec(
-        search={"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 1},
+        search={"batch_sizes_sequences": [8, 16], "trials_per_batch_size": 1},  # 16: the example's base batch size
         resources={"max_concurrent_trials": 8},
     )
     assert spec.n_trials == 2
@@ -316,3 +322,180 @@ def test_the_head_has_room_for_each_trial_runners_host_and_controller():
                                                                           "trials_per_batch_size": 1,
                                                                           "precision": None})})
     assert head_memory_gib(few) == 6 + 2  # two trials in all: two runners
+
+
+# ---- what outlives the cluster: the Optuna studies -----------------------------------------------------
+
+
+def _pods(rj):
+    cluster = rj["spec"]["rayClusterSpec"]
+    return {
+        "head": cluster["headGroupSpec"]["template"]["spec"],
+        "worker": cluster["workerGroupSpecs"][0]["template"]["spec"],
+        "submitter": rj["spec"]["submitterPodTemplate"]["spec"],
+    }
+
+
+def _env(pod):
+    (c,) = pod["containers"]
+    return {e["name"]: e for e in c["env"]}
+
+
+def test_the_head_reads_the_optuna_storage_from_the_platforms_secret(monkeypatch):
+    """The driver (on the head) keeps its studies where a retried RayJob's new cluster finds them again: the URL
+    comes from a Secret key, never from the manifest, and the variable is the one the driver reads."""
+    objs = list(_render())
+    pods = _pods(objs[1])
+    entry = _env(pods["head"])["CRITBATCH_OPTUNA_STORAGE"]
+    assert entry == {"name": "CRITBATCH_OPTUNA_STORAGE",
+                     "valueFrom": {"secretKeyRef": {"name": "critbatch-optuna", "key": "url"}}}
+    assert OPTUNA_STORAGE_SECRET == SecretKeyRef(name="critbatch-optuna", key="url")
+    # trial code on the workers, and the submitter, get no database credentials
+    assert "CRITBATCH_OPTUNA_STORAGE" not in _env(pods["worker"]) | _env(pods["submitter"])
+    assert validate_objects(objs, references=False) == []
+    platform = render("overlays/example")  # it holds Secret critbatch-optuna with key url
+    assert reference_problems(platform + objs, complete=True) == []
+    without = [o for o in platform if o["metadata"]["name"] != "critbatch-optuna"]
+    assert any("'critbatch-optuna' is not in the render" in p for p in reference_problems(without + objs))
+    from sweeps.run.state import optuna_storage_url
+
+    monkeypatch.setenv("CRITBATCH_OPTUNA_STORAGE", "postgresql+psycopg2://u:p@critbatch-postgres:5432/optuna")
+    assert optuna_storage_url(K8S) == "postgresql+psycopg2://u:p@critbatch-postgres:5432/optuna"
+
+
+def test_the_optuna_secret_can_be_another_or_none():
+    other = SecretKeyRef(name="team-db.optuna", key="optuna_url")
+    _, rj = render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, None, optuna_storage=other)
+    ref = _env(_pods(rj)["head"])["CRITBATCH_OPTUNA_STORAGE"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "team-db.optuna", "key": "optuna_url"}
+    _, bare = render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, None, optuna_storage=None)
+    assert "CRITBATCH_OPTUNA_STORAGE" not in _env(_pods(bare)["head"])  # sqlite on the head's disk, as before
+    assert validate_objects([rj], references=False) == validate_objects([bare], references=False) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("critbatch-optuna", SecretKeyRef(name="critbatch-optuna", key="url")),
+        ("db:optuna.url", SecretKeyRef(name="db", key="optuna.url")),
+        ("", None),
+    ],
+)
+def test_secret_key_refs_parse(text, expected):
+    assert parse_secret_key_ref(text, option="--optuna-storage-secret") == expected
+
+
+@pytest.mark.parametrize("text", ["Critbatch_Optuna", "db:has space", "db:..", "x" * 254, ":url"])
+def test_bad_secret_key_refs_name_the_option(text):
+    with pytest.raises(InvalidInput, match="--optuna-storage-secret"):
+        parse_secret_key_ref(text, option="--optuna-storage-secret")
+
+
+# ---- the cluster is deleted however the deployment ends --------------------------------------------------
+
+
+def test_the_cluster_is_deleted_however_the_deployment_ends():
+    """KubeRay >= 1.5's deletionRules keyed on jobStatus leak the cluster when activeDeadlineSeconds fails the
+    deployment while the Ray job is still RUNNING (kuberay#5184). The rendered RayJob uses shutdownAfterJobFinishes,
+    which KubeRay applies to every Complete or Failed deployment, whatever the job status."""
+    for queue in (None, "team-a"):
+        _, rj = render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", queue_name=queue)
+        rj = defaulted(rj)
+        assert rj["spec"]["activeDeadlineSeconds"] > 0 and "deletionStrategy" not in rj["spec"]
+        for deployment, job in ENDINGS:
+            assert cluster_deleted_when_ended(rj, deployment, job), (queue, deployment, job)
+
+
+def _with_deletion_rules(rj, *conditions):
+    out = defaulted(rj)
+    del out["spec"]["shutdownAfterJobFinishes"], out["spec"]["ttlSecondsAfterFinished"]
+    out["spec"]["deletionStrategy"] = {
+        "deletionRules": [{"condition": {**c, "ttlSeconds": 300}, "policy": "DeleteCluster"} for c in conditions]
+    }
+    return out
+
+
+def test_deletion_rules_need_a_deployment_failed_rule_and_cannot_have_kueue():
+    """Why the renderer keeps shutdownAfterJobFinishes: the KubeRay v1.7.0 model of kuberay#5184, and its fix."""
+    _, rj = _render()
+    by_status = _with_deletion_rules(rj, {"jobStatus": "SUCCEEDED"}, {"jobStatus": "FAILED"})
+    assert validate_objects([by_status], references=False) == []  # KubeRay accepts it ...
+    assert not cluster_deleted_when_ended(by_status, "Failed", "RUNNING")  # ... and keeps the cluster forever
+    covered = _with_deletion_rules(rj, {"jobStatus": "SUCCEEDED"}, {"jobDeploymentStatus": "Failed"})
+    assert validate_objects([covered], references=False) == []
+    left = [(d, j) for d, j in ENDINGS if not cluster_deleted_when_ended(covered, d, j)]
+    assert left == [("Complete", "STOPPED")]  # a stopped Ray job: no rule can name it (jobStatus SUCCEEDED or FAILED)
+    stopped = _with_deletion_rules(rj, {"jobStatus": "STOPPED"})
+    assert any("'STOPPED' is not one of" in p for p in validate_objects([stopped], references=False))
+    # deletionRules exclude shutdownAfterJobFinishes, which a suspended (Kueue-admitted) RayJob needs
+    covered["spec"]["suspend"] = True
+    assert any("suspend needs shutdownAfterJobFinishes" in p for p in validate_objects([covered], references=False))
+    covered["spec"]["shutdownAfterJobFinishes"] = True
+    assert any("mutually exclusive" in p for p in validate_objects([covered], references=False))
+
+
+# ---- a Kueue queue ------------------------------------------------------------------------------------------
+
+
+def _kueue_rayjob_problems(rj: dict) -> list[str]:
+    """Kueue's admission checks of a queued RayJob (pkg/controller/jobs/rayjob/rayjob_webhook.go and
+    raycluster/raycluster_webhook.go, validateCreate): its own cluster, deleted at the end, no autoscaler,
+    at most 7 worker groups, none named "head"."""
+    spec, out = rj["spec"], []
+    if spec.get("clusterSelector") or not spec.get("rayClusterSpec"):
+        out.append("a Kueue-managed RayJob brings its own rayClusterSpec")
+    if not spec.get("shutdownAfterJobFinishes"):
+        out.append("a Kueue-managed RayJob deletes its cluster at the end")
+    cluster = spec.get("rayClusterSpec") or {}
+    if cluster.get("enableInTreeAutoscaling"):
+        out.append("a Kueue-managed RayJob has no autoscaler")
+    groups = cluster.get("workerGroupSpecs") or []
+    if len(groups) > 7 or any(g.get("groupName") == "head" for g in groups):
+        out.append("at most 7 worker groups, none named head")
+    return out
+
+
+def test_a_queue_name_labels_the_rayjob_for_kueue():
+    cm, rj = render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", queue_name="team-a.gpu")
+    assert rj["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a.gpu"
+    # only the RayJob is queued: not its ConfigMap, nor its pods (Kueue admits the RayJob as one workload)
+    assert KUEUE_QUEUE_LABEL not in cm["metadata"]["labels"]
+    assert all(KUEUE_QUEUE_LABEL not in pod_labels for pod_labels in (
+        rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"],
+        rj["spec"]["submitterPodTemplate"]["metadata"]["labels"],
+    ))
+    # Kueue's webhook suspends it on creation until admitted; the manifest does not, so that a namespace Kueue does
+    # not manage still runs it
+    assert "suspend" not in rj["spec"]
+    assert validate_objects([cm, rj], references=False) == [] and _kueue_rayjob_problems(rj) == []
+    suspended = copy.deepcopy(rj)
+    suspended["spec"]["suspend"] = True  # what Kueue's webhook stores
+    assert validate_objects([suspended], references=False) == []
+    _, plain = _render()
+    assert KUEUE_QUEUE_LABEL not in plain["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("queue", ["", "Team_A", "a" * 64, "-a", "a b"])
+def test_a_bad_queue_name_is_invalid_input(queue):
+    with pytest.raises(InvalidInput, match="--queue-name"):
+        render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, None, queue_name=queue)
+
+
+def test_cli_queue_name_and_optuna_secret(cli):
+    def docs(*args):
+        result = cli(EXAMPLE_SPEC, "--image", IMAGE, *args)
+        assert result.exit_code == 0, result.output
+        return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+    assert docs() == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch")  # the defaults are the renderer's
+    assert docs("--queue-name", "team-a") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch",
+                                                           queue_name="team-a")
+    assert docs("--queue-name", "") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch")
+    assert docs("--optuna-storage-secret", "db:u") == render_rayjob(
+        EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", optuna_storage=SecretKeyRef(name="db", key="u"))
+    assert docs("--optuna-storage-secret", "") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch",
+                                                                optuna_storage=None)
+    for args, option in ((["--queue-name", "Team_A"], "--queue-name"),
+                         (["--optuna-storage-secret", "Bad_Secret"], "--optuna-storage-secret")):
+        result = cli(EXAMPLE_SPEC, *args)
+        assert result.exit_code == 2 and option in result.stderr and result.stdout == ""
