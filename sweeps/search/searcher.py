@@ -46,7 +46,7 @@ from sweeps.search.transfer import (
     start_centre,
     transfer_order,
 )
-from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, transfer_hyperparameters
+from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, study_storage, transfer_hyperparameters
 
 __all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
            "LR_OFFSET"]
@@ -141,7 +141,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         self.extra_budget_multiples, self.budgets_first_wave, self.budgets_allowed = {}, 0.0, 0.0
         #: one entry per ended wave (:func:`sweeps.search.precision.wave_summary` plus ``added``)
         self.waves: list[dict[str, Any]] = []
-        #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add", ...}`` once the searcher stopped adding
+        #: ``{"stopped_because": "met" | "max_trials" | "nothing_to_add" | "no_trial_completed" | "analysis_failed",
+        #: ...}`` once the searcher stopped adding
         self.precision_outcome: dict[str, Any] | None = None
         #: the target losses the first wave declared (every later wave and cbs.json use them)
         self.precision_targets: list[float] | None = None
@@ -181,7 +182,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         if self._subs is None:
             self._subs = {}
         if b not in self._subs:
-            storage = optuna.storages.RDBStorage(self.storage_url, engine_kwargs={"connect_args": {"timeout": 30}})
+            storage = study_storage(self.storage_url)
             name = f"{self.study_prefix}-B{b}"
             blob = self._sampler_blobs.pop(b, None)
             if blob is not None:  # restored: the sampler goes on where the saved state left it

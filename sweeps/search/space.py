@@ -18,13 +18,26 @@ from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 from sweeps.spec import SweepSpec
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
-__all__ = ["search_space", "hyperparameters_for", "transfer_hyperparameters", "LR_OFFSET"]
+__all__ = ["search_space", "hyperparameters_for", "transfer_hyperparameters", "LR_OFFSET", "study_storage", "study_connect_args"]
 
 
 #: the Optuna parameter of ``search.strategy: transfer``: a trial's LR offset from its batch size's
 #: centre, in octaves (:mod:`sweeps.search.transfer`)
 LR_OFFSET = "lr_offset_octaves"
 
+
+def study_storage(url: str) -> optuna.storages.RDBStorage:
+    """The Optuna RDB storage at ``url`` (``sqlite:///...`` or a server database such as ``postgresql://...``).
+
+    SQLite gets a 30 s lock wait (``timeout``: trials of several batch sizes write at once); a server database
+    gets no driver option of SQLite's (psycopg2 refuses ``timeout`` with "invalid connection option").
+    """
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": study_connect_args(url)})
+
+
+def study_connect_args(url: str) -> dict[str, Any]:
+    """The database driver's connect options for :func:`study_storage`: SQLite's lock wait in seconds, or none."""
+    return {"timeout": 30} if url.startswith("sqlite") else {}
 
 
 def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:

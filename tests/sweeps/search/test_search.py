@@ -141,3 +141,13 @@ def test_a_restored_searcher_does_not_repeat_the_hyperparameters_already_asked(t
     # a fresh study is seeded as before: the same spec proposes the same first trial
     fresh = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'other.db'}", "again")
     assert key(fresh.suggest("a")) == key(first[0])
+
+
+def test_the_study_storage_gives_sqlite_alone_its_lock_wait(tmp_path):
+    """A server database (PostgreSQL through psycopg2) refuses SQLite's ``timeout`` connect option."""
+    from sweeps.search.space import study_connect_args, study_storage
+
+    assert study_storage(f"sqlite:///{tmp_path / 'optuna.db'}").engine.dialect.name == "sqlite"
+    assert study_connect_args(f"sqlite:///{tmp_path / 'optuna.db'}") == {"timeout": 30}
+    assert study_connect_args("postgresql://u:p@db:5432/optuna") == {}
+    assert study_connect_args("postgresql+psycopg2://u:p@db/optuna") == {}
