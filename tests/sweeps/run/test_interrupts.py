@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-3 min idle (
 MILESTONE_TOKENS = 1024
 MILESTONES = [MILESTONE_TOKENS * (i + 1) for i in range(8)]
 #: keys of cbs.json that name runs, not results (trial ids are random; MLflow ids and paths differ)
+#: keys that identify a run or the process that ran it, not its results: ``provenance`` records the driver's
+#: environment (its ``OMP_NUM_THREADS`` is what the launching process had: a test's subprocess inherits whatever
+#: earlier tests in the same pytest process left in ``os.environ``)
 IDENTITY_KEYS = {"sweep_id", "mlflow", "best_checkpoint", "trial_id", "group_id", "trial_ids_to_target",
-                 "trial_ids_at_budget"}
+                 "trial_ids_at_budget", "provenance"}
 
 
 def interrupt_spec(name: str) -> dict:
