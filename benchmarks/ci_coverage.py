@@ -32,12 +32,15 @@ import argparse
 import math
 import sys
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
+# numpy and the analysis are imported where they are used, so that --help answers at once
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sweeps.analysis import TrialRecord
 
 T = 64  # tokens per sequence
 
@@ -45,6 +48,10 @@ T = 64  # tokens per sequence
 def simulate(rng: np.random.Generator, batch_sizes: list[int], seeds: int, b_crit: float, *, trials: int = 2,
              sigma_batch: float = 0.12, sigma_seed: float = 0.05, penalty: float = 0.15) -> list[TrialRecord]:
     """One sweep's trial records with a known ``b_crit`` (sequences); see the module docstring."""
+    import numpy as np
+
+    from sweeps.analysis import TrialRecord
+
     s_min = 200.0
     milestones = np.geomspace(1.0, 40.0, 24)  # in units of the best batch size's tokens to the middle target
     records = []
@@ -74,6 +81,10 @@ def _covers(ci: list | None, truth: float) -> bool:
 
 def coverage(batch_sizes: list[int], seeds: int, sweeps: int, level: float, seed: int) -> tuple[float, float, int]:
     """``(coverage, median CI width in octaves, sweeps with a bounded CI)`` over ``sweeps`` simulated sweeps."""
+    import numpy as np
+
+    from sweeps.analysis import analyze_trials
+
     rng = np.random.default_rng(seed)
     hits, widths, bounded = 0, [], 0
     for _ in range(sweeps):
@@ -98,6 +109,10 @@ def coverage_s_min_e_min(batch_sizes: list[int], seeds: int, sweeps: int, level:
     ``E_min = S_min b_crit``. Picking the faster of two trials still biases ``log S`` down by about
     ``sigma_seed / sqrt(pi)`` (0.028 with one seed); that bias is counted against the intervals here.
     """
+    import numpy as np
+
+    from sweeps.analysis import analyze_trials
+
     rng = np.random.default_rng(seed)
     s_hits = e_hits = 0
     for _ in range(sweeps):
@@ -111,6 +126,7 @@ def coverage_s_min_e_min(batch_sizes: list[int], seeds: int, sweeps: int, level:
 
 
 def main() -> None:
+    """Parse the arguments, then print each case's coverage (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sweeps", type=int, default=250, help="simulated sweeps per case")
     ap.add_argument("--level", type=float, default=0.95)

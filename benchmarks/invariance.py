@@ -25,15 +25,20 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis import TrialRecord, analyze_trials, finite_json  # noqa: E402
+# the analysis is imported where it is used, so that --help answers at once
+if TYPE_CHECKING:
+    from sweeps.analysis import TrialRecord
 
 
 def load(out: Path) -> tuple[list[TrialRecord], dict[str, Any]]:
+    """A finished sweep's records (``OUT/trials.json``) and its ``OUT/cbs.json``."""
+    from sweeps.analysis import TrialRecord
+
     trials = [TrialRecord.from_dict(r) for r in json.loads((out / "trials.json").read_text())]
     return trials, json.loads((out / "cbs.json").read_text())
 
@@ -41,6 +46,8 @@ def load(out: Path) -> tuple[list[TrialRecord], dict[str, Any]]:
 def cut(trials: list[TrialRecord], tokens: float) -> list[TrialRecord]:
     """The trials as a run with a budget of ``tokens`` records them: curves cut there; a trial that
     trained past the cut completed that shorter run."""
+    from sweeps.analysis import TrialRecord
+
     out = []
     for t in trials:
         keep = [i for i, x in enumerate(t.tokens) if x <= tokens]
@@ -70,6 +77,9 @@ def best_at_budget_only(trials: list[TrialRecord]) -> list[TrialRecord]:
 
 
 def analyse(trials: list[TrialRecord], cbs: dict[str, Any], targets: list[float]) -> dict[str, Any]:
+    """``analyze_trials`` on ``trials`` at ``targets``, with the sweep's context length and reference batch."""
+    from sweeps.analysis import analyze_trials
+
     return analyze_trials(trials, context_length_tokens=int(cbs["context_length_tokens"]),
                           reference_batch=float(cbs["reference_batch"]), targets=targets,
                           tokens_per_sequence=cbs.get("tokens_per_sequence"))
@@ -141,6 +151,7 @@ def plot(path: Path, title: str, series: dict[str, dict[str, Any]]) -> None:
 
 
 def main() -> None:
+    """Parse the arguments, then re-analyse the given sweeps and compare (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--main", type=Path, required=True, help="the main job's output folder")
     ap.add_argument("--budget", type=Path, help="the main job at twice its budget (experiment a)")
@@ -150,6 +161,7 @@ def main() -> None:
     ap.add_argument("--plots", type=Path, help="folder for the PNG plots")
     ap.add_argument("--json", type=Path, help="write every fit here")
     a = ap.parse_args()
+    from sweeps.analysis import analyze_trials, finite_json
 
     main_trials, main_cbs = load(a.main)
     targets = [t["target_loss"] for t in main_cbs["targets"]]

@@ -16,6 +16,7 @@ and there the second runner halves the training span).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -63,7 +64,10 @@ def main() -> None:
     args = ap.parse_args()
     spec = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
     spec["data"]["path"] = str(ROOT / spec["data"]["path"])
-    spec["search"]["batch_sizes_sequences"] = [int(b) for b in args.batch_sizes.split(",")]
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    spec["search"]["batch_sizes_sequences"] = sizes
+    base = spec["search"]["base_batch_size_sequences"]  # search.strategy transfer starts there: one of the sizes
+    spec["search"]["base_batch_size_sequences"] = min(sizes, key=lambda b: (abs(math.log(b / base)), b))
     work = Path(tempfile.mkdtemp(prefix="cbconc"))
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # the head and the drivers alike
     head, address = _start_head(Path(tempfile.mkdtemp(prefix="cbr", dir="/tmp")), env)

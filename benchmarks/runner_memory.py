@@ -12,6 +12,7 @@ node's use. Used to size the KubeRay head for the runners' hosts and controllers
 
 from __future__ import annotations
 
+import argparse
 import collections
 import os
 import shutil
@@ -56,6 +57,10 @@ def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, 
 
 
 def main() -> None:
+    """Parse the (no) arguments first, so that ``--help`` answers without starting a Ray head; then measure."""
+    argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                            epilog="It takes no options: the spec, the head and the sampling are fixed "
+                                   "(module docstring).").parse_args()
     temp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths are length-limited
     head = start_ray_head(temp, num_cpus=3, env=dict(pinned_date_env(base_env()),
                                                       RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0"))

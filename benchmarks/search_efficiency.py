@@ -48,17 +48,17 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweeps.analysis import TrialRecord, analyze_trials  # noqa: E402
-from sweeps.pruning.scheduler import EqualComputeScheduler  # noqa: E402
-from sweeps.search.searcher import hyperparameters_for  # noqa: E402
-from sweeps.spec import SweepSpec, parse_spec  # noqa: E402
+# the product (Optuna, Ray Tune) is imported where it is used, so that --help answers at once
+if TYPE_CHECKING:
+    from sweeps.analysis import TrialRecord
+    from sweeps.spec import SweepSpec
 
 CACHE = ROOT / "benchmarks" / "cache" / "search_efficiency"
 HALF_LIFE_TOKENS = 32768.0  # beta2 token half-life of every trial (the example's range is 8 Ki - 128 Ki)
@@ -66,6 +66,10 @@ HALF_LIFE_TOKENS = 32768.0  # beta2 token half-life of every trial (the example'
 
 def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int, concurrency: int,
               pruning: dict[str, Any] | None = None) -> SweepSpec:
+    """The benchmark's spec: the Shakespeare example with the searched dimensions narrowed to the grid's LR
+    multipliers, pruning on (``pruning`` overrides its fields); ``quick``: a tiny model on 4 batch sizes."""
+    from sweeps.spec import parse_spec
+
     d = yaml.safe_load((ROOT / "sweeps" / "examples" / "shakespeare-char.yaml").read_text())
     d["name"] = "search-efficiency"
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
@@ -75,6 +79,11 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
     d["search"].update(lr_rules=["sqrt"], lr_multiplier=[min(multipliers), max(multipliers)],
                        beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
                        trials_per_batch_size=min(trials_per_batch_size, len(multipliers)))
+    # what this replays: per batch size an Optuna study of its own sampling LR multipliers (search.strategy
+    # independent), the planned trials only (no search.precision waves); the example's transfer and waves are
+    # measured in benchmarks/search_placement.py, and neither runs with pruning.mode pause (the default here)
+    d["search"]["strategy"] = "independent"
+    d["search"].pop("precision", None)
     d["resources"]["max_concurrent_trials"] = concurrency
     d["pruning"] = {"enabled": True, **(pruning or {})}
     if quick:
@@ -83,6 +92,7 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
         d["schedule"] = {"warmup_tokens": 1024, "ema_half_life_tokens": 2048}
         d["eval"] = {"milestones": 8, "eval_tokens": 2048}
         d["search"].update(batch_sizes_sequences=[4, 8, 16, 32], base_batch_size_sequences=8)
+        d.pop("targets", None)  # the example's fixed losses are out of this model's reach: chosen from the curves
     return parse_spec(d)
 
 
@@ -96,7 +106,10 @@ def _with_data_path(d: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
+    """The grid trial at batch size ``b`` and LR multiplier ``m`` as a ``TrialConfig`` dict (its data path
+    relative to the repo, so the cache key does not depend on the checkout)."""
     from sweeps.run.trainable import trial_config
+    from sweeps.search.space import hyperparameters_for
 
     cfg = {"batch_size_sequences": b, "seed": spec.seeds[0], **hyperparameters_for(spec, b, {"lr_multiplier": m})}
     d = trial_config(spec, cfg, f"grid-B{b}-m{m:g}", data_path=spec.data.path).to_dict()
@@ -144,6 +157,8 @@ def _train(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple[int, float], dict[str, Any]]:
+    """Every ``(batch size, multiplier)`` trial's output (config and curve), trained with ``jobs`` processes where
+    not cached yet."""
     CACHE.mkdir(parents=True, exist_ok=True)
     want = {(b, m): trial_dict(spec, b, m) for b in spec.search.batch_sizes_sequences for m in multipliers}
     missing = [(k, d) for k, d in want.items() if not (CACHE / f"{cache_key(d)}.json").is_file()]
@@ -163,6 +178,10 @@ def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple
 
 
 def record(tid: str, b: int, m: float, spec: SweepSpec, curve: list[dict[str, Any]], status: str) -> TrialRecord:
+    """A trial's curve (cached or replayed) as the analysis reads it."""
+    from sweeps.analysis import TrialRecord
+    from sweeps.search.space import hyperparameters_for
+
     hp = hyperparameters_for(spec, b, {"lr_multiplier": m})
     return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=spec.seeds[0], group_id=tid, status=status,
                        hyperparameters=hp, tokens=[r["tokens"] for r in curve],
@@ -171,10 +190,14 @@ def record(tid: str, b: int, m: float, spec: SweepSpec, curve: list[dict[str, An
 
 
 def status_of(curve: list[dict[str, Any]]) -> str:
+    """``DIVERGED`` if the curve's last report says so, else ``COMPLETED``."""
     return "DIVERGED" if curve and curve[-1]["status"] == "diverged" else "COMPLETED"
 
 
 def analyse(spec: SweepSpec, records: list[TrialRecord], targets: list[float] | None) -> dict[str, Any]:
+    """``sweeps.analysis.analyze_trials`` on ``records`` at ``targets``, as the sweep's ``cbs.json``."""
+    from sweeps.analysis import analyze_trials
+
     return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
                           reference_batch=float(spec.search.base_batch_size_sequences), targets=targets)
 
@@ -200,6 +223,8 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
 
     ``prune=False``: the same search without early stopping (every trial trains its budget)."""
     import optuna
+
+    from sweeps.pruning.scheduler import EqualComputeScheduler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     batches = list(spec.search.batch_sizes_sequences)
@@ -325,6 +350,7 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
 
 
 def main() -> None:
+    """Parse the arguments, then train (or read) the grid and replay the searches (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny model on 4 batch sizes (checks the script)")
     ap.add_argument("--searches", type=int, default=5, help="pruned searches (search seeds 0, 1, ...)")
@@ -343,6 +369,8 @@ def main() -> None:
     ap.add_argument("--no-pruning", action="store_true", help="the same searches without early stopping (a baseline)")
     ap.add_argument("--jobs", type=int, default=2, help="processes training the grid")
     a = ap.parse_args()
+    from sweeps.pruning.scheduler import EqualComputeScheduler
+
     warnings.filterwarnings("ignore", category=RuntimeWarning)  # bootstrap percentiles over unbounded resamples
     multipliers = sorted(float(x) for x in a.multipliers.split(","))
     if a.quick and a.multipliers == ap.get_default("multipliers"):

@@ -79,11 +79,17 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
     """
     try:
         s = load_spec(spec)
+        from sweeps.run.compare import naming_arm
         from sweeps.run.preflight import check_data_files, check_milestones, spec_warnings, window_warnings
 
-        for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
-            check_milestones(one)
-        facts = check_data_files(s)
+        facts = None
+        for i, (arm_name, arm) in enumerate(s.arm_specs()):  # a comparison: each arm as it will run, named
+            with naming_arm(i, arm_name):
+                check_milestones(arm)
+                check_data_files(arm)
+        if not s.arms:
+            check_milestones(s)
+            facts = check_data_files(s)
     except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
     if s.arms:

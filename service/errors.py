@@ -97,7 +97,7 @@ def error_response(exc: Exception) -> JSONResponse:
     if isinstance(exc, SpecError):
         return invalid_response(exc.errors)
     if isinstance(exc, StagingError):
-        return invalid_response([(exc.path, str(exc))], "the submission is too big")
+        return invalid_response([(exc.path, str(exc))], "an input of the submission is refused")
     if isinstance(exc, InvalidInput):
         return invalid_response([("<root>", str(exc))], "invalid request")
     for cls, status in _DETAIL_STATUS:

@@ -1,8 +1,9 @@
 """The trial config's sections that a sweep spec embeds, each defined once: fields, defaults, bounds, docs.
 
-Frozen, strict pydantic models (unknown fields refused, strict integers refuse booleans). A trial's
-config (:mod:`workloads.config`) holds them; the sweep spec's sections (``sweeps.spec``) are their
-subclasses, which add only a user-facing docstring and what the spec alone checks. Beside them, the
+Frozen, strict pydantic models (unknown fields refused, strict integers refuse booleans, strict booleans
+refuse ``"yes"``, ``"on"`` and ``1``). A trial's config (:mod:`workloads.config`) holds them; the sweep spec's
+sections (``sweeps.spec``) are their subclasses, which add only a user-facing docstring and what the spec
+alone checks. Beside them, the
 vocabularies both sides use: optimizer names, sync modes, parallelisms, mixed precisions, and the one
 rule that local_sgd and diloco need ddp.
 
@@ -180,7 +181,7 @@ class NoiseScaleConfig(ConfigSection):
         ema_decay: decay of its bias-corrected EMAs, per optimizer step, in (0, 1).
     """
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, strict=True)
     ema_decay: float = Field(default=0.95, gt=0, lt=1)
 
 
@@ -229,7 +230,7 @@ class FinetuneConfig(ConfigSection):
     response_field: str = "answer"
     prompt_template: str = "Question: {prompt}\nAnswer: "
     packing: Literal["packed", "padded"] = "packed"
-    truncate: bool = Field(default=False, description="truncate over-long examples (counted and reported) instead of refusing")
+    truncate: bool = Field(default=False, strict=True, description="truncate over-long examples (counted and reported) instead of refusing")
     lora: LoraConfig | None = None
 
     @field_validator("prompt_template")
@@ -303,7 +304,7 @@ class ModelConfig(ConfigSection):
         description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
     )
     context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
-    tie_word_embeddings: bool = False
+    tie_word_embeddings: bool = Field(default=False, strict=True)
     hf_config: dict[str, Any] | str | None = Field(
         default=None,
         description="a transformers config instead of the shorthand: a mapping with model_type (AutoConfig.for_model), "

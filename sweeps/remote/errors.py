@@ -69,7 +69,8 @@ class SweepExists(CritbatchError):
 
 
 class StagingError(InvalidInput):
-    """What a submission would upload is refused (too big); ``path`` names the spec field or ``<root>``."""
+    """What a submission would upload is refused (too big, hidden, or a ``model.hf_config`` that does not parse);
+    ``path`` names the spec field or ``<root>``."""
 
     def __init__(self, path: str, message: str):
         self.path = path

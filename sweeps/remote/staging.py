@@ -285,13 +285,19 @@ def _ship_inputs(spec: SweepSpec, into: Path, *, base: Path, root: Path | None, 
         ``(field, original path)`` of each shipped input.
 
     Raises:
-        StagingError: a hidden or cache path, or an input too big to ship.
+        StagingError: a hidden or cache path, an input too big to ship, or a ``model.hf_config`` that does not parse.
     """
     data = spec.model_dump(mode="json")
     shipped: list[tuple[str, str]] = []
     for fld, path, staged_name in _inputs_of(spec):
         if _ship_input(fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits,
                        warnings=warnings):
+            if fld == "model.hf_config":  # read as the job will (no torch): refused now (422), not in the job 30 s later
+                from sweeps.run.workload import read_hf_config
+                try:
+                    read_hf_config(str(into / staged_name), shown_as=path)
+                except InvalidInput as exc:
+                    raise StagingError(fld, str(exc)) from None
             _set_field(data, fld, staged_name)
             shipped.append((fld, path))
     return data, shipped
@@ -387,8 +393,8 @@ def stage_sweep(
 
     Raises:
         InvalidInput: a comparison spec (``arms``), a spec whose milestones a batch size folds
-            (:func:`sweeps.run.preflight.check_milestones`), a bad sweep id, an input too big to ship, or a working directory over
-            ``limits.upload_max_bytes`` (the last two as :class:`StagingError`).
+            (:func:`sweeps.run.preflight.check_milestones`), a bad sweep id, an input too big to ship or not parsing, or a
+            working directory over ``limits.upload_max_bytes`` (the last three as :class:`StagingError`).
         CritbatchError: ``into`` is not empty.
     """
     into = Path(into)

@@ -19,6 +19,7 @@ in the comparison's MLflow experiment with the tags ``critbatch.comparison`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -26,7 +27,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -37,7 +38,8 @@ from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
 from sweeps.spec.statuses import FINISHED_STATUSES
 
-__all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "COMPARISON_FILE", "ARMS_DIR"]
+__all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "naming_arm", "COMPARISON_FILE",
+           "ARMS_DIR"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,20 @@ def is_comparison(output: Path) -> bool:
 
 def _arm_dir(output: Path, arm: str) -> Path:
     return output / ARMS_DIR / arm
+
+
+@contextlib.contextmanager
+def naming_arm(index: int, name: str) -> Iterator[None]:
+    """Re-raise an :class:`~sweeps.errors.InvalidInput` from inside as one that names the arm it is about,
+    ``arms.INDEX (NAME): MESSAGE``, as the spec's own arm errors read (``sweeps.spec.sweep``): every check
+    of one arm (its milestones, data, output folder, resources) says which arm failed it."""
+    prefix = f"arms.{index} ({name}): "
+    try:
+        yield
+    except InvalidInput as exc:
+        if str(exc).startswith(prefix):
+            raise
+        raise InvalidInput(prefix + str(exc)) from exc
 
 
 def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
@@ -81,12 +97,14 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         raise InvalidInput(f"--sweep-id {cid!r}: use letters, digits, '.', '_' and '-' (at most 103, the arms add "
                            "'.ARM')")
     arms = spec.arm_specs()
-    for name, arm in arms:
-        prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}")
+    for i, (name, arm) in enumerate(arms):
+        with naming_arm(i, name):
+            prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}")
     with ray_session(ray_address, _sizing(arms)):
         total, largest = cluster_shape()
-        for _, arm in arms:
-            plan_resources(arm, total, largest)  # raises InvalidInput before anything is written
+        for i, (name, arm) in enumerate(arms):
+            with naming_arm(i, name):
+                plan_resources(arm, total, largest)  # raises InvalidInput before anything is written
         output.mkdir(parents=True, exist_ok=True)
         state = {"comparison_id": cid, "fingerprint": spec.fingerprint(), "status": "RUNNING", "created": time.time(),
                  "tracking_uri": tracking_uri, "ray_address": ray_address,
@@ -105,13 +123,15 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
     """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
 
     Raises:
-        InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates.
+        InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates, or it is not writable.
     """
     from sweeps.run.cluster import ray_session
+    from sweeps.run.preflight import check_output_writable
 
     output, state, spec = _load(output, "to resume")
     if state.get("status") in FINISHED_STATUSES:
         raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
+    check_output_writable(output)  # before Ray: comparison.json and the arms' folders are written there
     arms = spec.arm_specs()
     address = ray_address or state.get("ray_address")
     with ray_session(address, _sizing(arms)):
@@ -175,7 +195,7 @@ def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show
     from sweeps.run.driver import resume_single_sweep, run_single_sweep
 
     cid = state["comparison_id"]
-    for name, arm in spec.arm_specs():
+    for i, (name, arm) in enumerate(spec.arm_specs()):
         arm_out = _arm_dir(output, name)
         status = _arm_status(arm_out)
         crashed = status == "FAILED" and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
@@ -183,11 +203,12 @@ def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show
             log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
             continue
         log.warning("comparison %s: arm %s", cid, name)
-        if status is None or status == "STARTING":
-            result = run_single_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
-                               ray_address=state.get("ray_address"), show_progress=show_progress)
-        else:
-            result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
+        with naming_arm(i, name):
+            if status is None or status == "STARTING":
+                result = run_single_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
+                                          ray_address=state.get("ray_address"), show_progress=show_progress)
+            else:
+                result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
         if result.exit_code:  # stopped by a signal: the comparison stops with it, resumable
             state["status"] = "STOPPED"
             _save(output, state)

@@ -22,7 +22,7 @@ from sweeps.run.cluster import ResourcePlan, cluster_shape, plan_resources, ray_
 from sweeps.run.context import PreparedSweep, SweepResult, SweepRun
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
-from sweeps.run.preflight import check_optuna_storage, check_output_folder, resolve_data_path
+from sweeps.run.preflight import check_optuna_storage, check_output_folder, check_output_writable, resolve_data_path
 from sweeps.run.prepare import prepare_sweep, resumed_sweep
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, tune_dir_of
@@ -158,7 +158,7 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_pr
 
     Raises:
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
-            no longer validates, an input it started with changed or is gone
+            no longer validates, it is not writable, an input it started with changed or is gone
             (:func:`sweeps.run.inputs.check_inputs_unchanged`), or another driver is running there.
     """
     output = Path(output).expanduser().resolve()
@@ -167,6 +167,7 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_pr
     spec = parse_stored_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     if state.status in FINISHED_STATUSES and (output / "cbs.json").is_file() and not state.error:
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
+    check_output_writable(output)  # before Ray: its lock, state and records are written there
     check_inputs_unchanged(state.inputs, output)
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
     check_optuna_storage(state.optuna_storage or optuna_storage_url(output), source=f"resume of {output}")

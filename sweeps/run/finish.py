@@ -108,8 +108,9 @@ def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
 def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: dict[str, Any], *, stopped: bool,
                        budget_note: str) -> dict | None:
     """``cbs.json``'s ``precision``: what was asked, each wave's interval and additions (the last entry: the
-    final analysis), and why it stopped adding: ``met``, ``max_trials``, ``nothing_to_add`` (the searcher's
-    decision), else ``budget`` (the sweep's FLOP or wall-clock budget) or ``interrupted`` (a stop signal)."""
+    final analysis), and why it stopped adding: ``met``, ``max_trials``, ``nothing_to_add``, ``no_trial_completed``
+    (the searcher's decision), else ``budget`` (the sweep's FLOP or wall-clock budget) or ``interrupted`` (a stop
+    signal)."""
     p = spec.search.precision
     if p is None:
         return None

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
@@ -19,6 +20,7 @@ __all__ = [
     "resolve_paths",
     "check_data_files",
     "check_output_folder",
+    "check_output_writable",
     "check_tracking_uri",
     "check_optuna_storage",
     "resolve_data_path",
@@ -345,6 +347,26 @@ def check_milestones(spec: SweepSpec) -> None:
             "; ".join(folded) + f". Use eval.milestones <= {most_milestones(spec)} (every batch size then reports once "
             "at every milestone), a larger budget_tokens or smaller batch sizes; or set eval.allow_folded_milestones: "
             "true to accept fewer points for these batch sizes")
+
+
+def check_output_writable(output: Path, *, purpose: str = "resume") -> None:
+    """Refuse an output folder this process cannot write in (``chmod a-w``, another user's folder, a read-only
+    mount): ``critbatch resume`` writes the sweep's state, records and report there, and without this check
+    failed on its lock file with a traceback once Ray was up.
+
+    The test is an actual write (a temporary file, created and removed at once), not the permission bits,
+    which say nothing of a read-only filesystem and do not bind root.
+
+    Raises:
+        InvalidInput: one line naming the folder and the reason.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".critbatch-write-check-", dir=output)
+    except OSError as exc:
+        raise InvalidInput(f"cannot {purpose}: output folder {output} is not writable ({exc.strerror or exc}); "
+                           f"critbatch {purpose} writes the sweep's state there: make it writable") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def resolve_paths(spec: SweepSpec) -> SweepSpec:

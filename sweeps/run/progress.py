@@ -192,7 +192,9 @@ def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ra
             + (f", {wave['lr_brackets_open']} open LR bracket(s)" if wave.get("lr_brackets_open") else ""))
     if outcome is not None:
         why = {"met": "precise enough, no more trials", "max_trials": "search.precision.max_trials reached",
-               "nothing_to_add": "no trial left to add"}.get(outcome["stopped_because"], outcome["stopped_because"])
+               "nothing_to_add": "no trial left to add",
+               "no_trial_completed": "no trial completed, no more trials"}.get(outcome["stopped_because"],
+                                                                               outcome["stopped_because"])
         return f"{head}: {why}"
     added = ", ".join(f"B={a['batch_size_sequences']}" + (f" at LR {a['lr']:.3g}" if a.get("lr") else " (new batch size)"
                                                          if a.get("lr") is None else "")

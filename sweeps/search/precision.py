@@ -10,7 +10,11 @@ A *wave* ends when every trial handed out so far has ended. Its analysis is the 
   under-tuned LRs is not the tuned answer, and on real training it did not cover: docs/benchmarks.md,
   "Real-training coverage");
 - ``max_trials``: the next wave would pass ``precision.max_trials``;
-- ``nothing_to_add``: no rule below proposes a trial it has not run.
+- ``nothing_to_add``: no rule below proposes a trial it has not run;
+- ``no_trial_completed``: no trial of the sweep has completed (:func:`nothing_completed`: the first wave's all
+  failed, diverged or were pruned): with nothing measured no rule can place a trial where it helps, and "no fit
+  yet: widen the range" would spend ``max_trials`` on batch sizes that fail as the planned ones did. The sweep
+  then ends ``FAILED``, "no trial completed" (``sweeps.run.finish``).
 
 (The sweep's FLOP or wall-clock budget, or a stop signal, can also end it first: the driver says so.)
 
@@ -60,7 +64,8 @@ from typing import Any, Callable
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["Proposal", "Reallocation", "budgets_trained", "interval_ratio", "precise_enough", "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+__all__ = ["Proposal", "Reallocation", "budgets_trained", "interval_ratio", "precise_enough", "nothing_completed",
+           "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
 
 #: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
 MIN_PROBE_SPACING_OCTAVES = 0.25
@@ -164,6 +169,12 @@ def interval_ratio(ci: list[float | None] | None) -> float:
     if not ci or ci[0] is None or ci[1] is None or ci[0] <= 0:
         return math.inf
     return float(ci[1]) / float(ci[0])
+
+
+def nothing_completed(trials: list[TrialRecord]) -> bool:
+    """Whether no trial has completed (status ``COMPLETED``; failed, diverged, pruned and stopped ones do not
+    count): then no wave is added (``no_trial_completed``, the module docstring)."""
+    return not any(t.status == "COMPLETED" for t in trials)
 
 
 def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:

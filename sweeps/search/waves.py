@@ -10,7 +10,9 @@ import logging
 import math
 from typing import Any
 
-from sweeps.search.precision import Proposal, Reallocation, budgets_trained, precise_enough, propose, wave_summary
+from sweeps.search.precision import (
+    Proposal, Reallocation, budgets_trained, nothing_completed, precise_enough, propose, wave_summary,
+)
 from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 
 __all__ = ["PrecisionWaves"]
@@ -64,7 +66,9 @@ class PrecisionWaves:
             saved, room = 0.0, (self.spec.max_trials - handed) // len(self.spec.seeds)  # groups the cap leaves
         outcome = None
         added: list[Proposal] = []
-        if precise_enough(analysis, self.precision.b_crit_ratio):
+        if nothing_completed(records):  # every trial so far failed, diverged or was pruned: nothing to place by
+            outcome = "no_trial_completed"
+        elif precise_enough(analysis, self.precision.b_crit_ratio):
             outcome = "met"
         elif room <= 1e-9:
             outcome = "max_trials"

@@ -32,7 +32,7 @@ class PrecisionSpec(_Strict):
                     "reallocate_tokens, full trials' worth of tokens")
     trials_per_wave: PositiveInt = Field(default=2, le=1000, description="trials each extra wave adds (per seed)")
     reallocate_tokens: bool = Field(
-        default=True,
+        default=True, strict=True,
         description="token reallocation: every trial a later wave adds ends once it reaches the lowest target "
                     "the first wave declared, and a batch size censored at that target is re-run at its best "
                     "trial's LR with twice the budget it had, paid from what those early stops saved")
@@ -99,7 +99,10 @@ class SearchSpec(_Strict):
     batch_sizes_sequences: list[Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]] = Field(
         min_length=1, max_length=64, description="global batch sizes in sequences (1-64 of them, each at most 2^20)")
     base_lr: float = Field(gt=0, lt=10)
-    base_batch_size_sequences: PositiveInt = Field(le=MAX_BATCH_SEQUENCES, description="the batch the base LR is for (sequences)")
+    base_batch_size_sequences: PositiveInt = Field(
+        le=MAX_BATCH_SEQUENCES,
+        description="the batch the base LR is for (sequences); under search.strategy transfer one of "
+                    "batch_sizes_sequences, the one the search starts at")
     lr_rules: list[LrRule] = Field(default_factory=lambda: ["sqrt"], min_length=1)
     lr_multiplier: tuple[Annotated[float, Field(gt=0, le=1000)], Annotated[float, Field(gt=0, le=1000)]] = (1.0, 1.0)
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
@@ -160,6 +163,11 @@ class SearchSpec(_Strict):
         errs = [f"initial_points.{i}.{msg}" for i, p in enumerate(self.initial_points) for msg in self._outside(p)]
         if self.strategy == "transfer" and self.initial_points:
             errs.append("initial_points: search.strategy transfer places every trial itself; use independent")
+        if self.strategy == "transfer" and self.base_batch_size_sequences not in self.batch_sizes_sequences:
+            errs.append(f"base_batch_size_sequences: {self.base_batch_size_sequences} is not one of batch_sizes_sequences "
+                        f"{list(self.batch_sizes_sequences)}; search.strategy transfer starts at the base batch size, "
+                        "where base_lr holds, and carries its LR outward: sweep it too, or give one of the swept sizes "
+                        "(with base_lr for it), or use search.strategy independent")
         if len(self.initial_points) > self.trials_per_batch_size:
             errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
                         f"{self.trials_per_batch_size} (they count in it)")

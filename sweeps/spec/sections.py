@@ -3,8 +3,8 @@ optimizer, noise scale, batch warmup and resources parts of a spec (search: :mod
 tracking: :mod:`sweeps.spec.tracking`; fine-tuning: :mod:`sweeps.spec.finetune`).
 
 Every size names its unit: ``_tokens``, ``_sequences``, ``_steps``, ``_flops``, ``_s``. Every model is
-strict (unknown fields refused, integers refuse booleans) and frozen. The whole spec is
-:class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
+strict (unknown fields refused, integers refuse booleans, booleans refuse ``"yes"`` and ``1``) and frozen. The
+whole spec is :class:`sweeps.spec.sweep.SweepSpec`; load it with :func:`sweeps.spec.load_spec`.
 
 The sections a trial's config shares are defined once, in ``workloads.sections`` (through
 :mod:`workloads.api`): :class:`ModelSpec`, :class:`DataSpec`, :class:`ScheduleSpec`, :class:`OptimizerSpec`,

@@ -95,7 +95,7 @@ class BudgetSpec(_Strict):
 class PruningSpec(_Strict):
     """Equal-compute early stopping within each batch size (rungs in FLOPs)."""
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, strict=True)
     grace_fraction: float = Field(default=0.25, gt=0, lt=1, description="first rung, as a fraction of the trial budget")
     reduction_factor: float = Field(default=2.0, gt=1, le=100)
     min_trials_per_rung: PositiveInt = Field(default=2, le=1000)

@@ -46,7 +46,10 @@ def one_trial_example(tmp_path: Path) -> Path:
     """The README's example spec with one batch size and one trial per batch size."""
     d = yaml.safe_load((REPO / EXAMPLE).read_text())
     assert not Path(d["data"]["path"]).is_absolute()  # what makes CRITBATCH_DATA_DIR matter
-    d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=1)  # 1024 steps: still running when stopped
+    # 1024 steps: still running when stopped; the base batch size is the one swept (search.strategy transfer
+    # starts there), base_lr the example's 0.003 at 16 scaled by its sqrt rule, so the trial's LR is as before
+    d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=1, base_batch_size_sequences=4,
+                       base_lr=d["search"]["base_lr"] * (4 / d["search"]["base_batch_size_sequences"]) ** 0.5)
     p = tmp_path / "one-trial.yaml"
     p.write_text(yaml.safe_dump(d))
     return p

@@ -332,3 +332,45 @@ def test_a_comparison_is_refused_by_the_service_and_by_job_staging(fake_jobs, fa
     with pytest.raises(InvalidInput, match="comparison"):
         stage_sweep(parse_spec(ok), into, base_dir=REPO)
     assert not any(into.iterdir())
+
+
+def _data_root(root: Path) -> None:
+    """A service data root holding the tiny spec's corpus (``data.path``, relative), as the repo does."""
+    corpus = root / tiny_spec()["data"]["path"]
+    corpus.parent.mkdir(parents=True)
+    corpus.write_text("To be, or not to be, that is the question.\n" * 100)
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "is not JSON"),
+    ('["a list"]', "is not a transformers config"),
+    ('{"hidden_size": 32}', "is not a transformers config"),
+])
+def test_a_model_hf_config_file_that_does_not_parse_is_422_naming_it(fake_jobs, fake_ray, tmp_path, content, needle):
+    """The config.json is read at submission, as the job would read it: a broken one was accepted (201) and the job
+    failed half a minute later on the cluster."""
+    _data_root(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "broken.json").write_text(content)
+    with app_client(fake_jobs, data_dir=str(tmp_path)) as c:
+        r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": "models/broken.json"}))
+    assert r.status_code == 422, r.text
+    assert paths(r) == ["model.hf_config"] and r.json()["detail"] == "an input of the submission is refused", r.text
+    message = r.json()["errors"][0]["message"]
+    assert "models/broken.json" in message and needle in message, message
+    assert fake_ray.submitted == []
+
+
+def test_a_model_hf_config_folder_is_read_through_its_config_json(fake_jobs, fake_ray, tmp_path):
+    _data_root(tmp_path)
+    (tmp_path / "gqa").mkdir()
+    (tmp_path / "gqa" / "config.json").write_text("{")
+    with app_client(fake_jobs, data_dir=str(tmp_path)) as c:
+        r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": "gqa"}))
+    assert r.status_code == 422 and paths(r) == ["model.hf_config"], r.text
+    assert "gqa/config.json" in r.json()["errors"][0]["message"]
+    (tmp_path / "gqa" / "config.json").write_text('{"model_type": "llama", "num_key_value_heads": 2}')
+    with app_client(fake_jobs, data_dir=str(tmp_path)) as c:
+        r = post(c, spec(model={**_NO_SHORTHAND, "hf_config": "gqa"}))
+    assert r.status_code == 201, r.text
+    assert "inputs/model/gqa/config.json" in fake_ray.submitted[0]["files"]

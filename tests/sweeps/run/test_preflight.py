@@ -165,7 +165,7 @@ def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_p
     from tests.conftest import invoke_cli, write_spec
 
     d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024})
-    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256])
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256], base_batch_size_sequences=4)
     (w,) = milestone_warnings(parse_spec(d))
     assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones (at 8192, 16384 tokens)" in w
     assert "milestone spacing (4096 tokens)" in w
@@ -188,7 +188,7 @@ def test_folded_milestones_are_accepted_with_the_opt_in_and_still_named(tmp_path
 
     d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024,
                                                         "allow_folded_milestones": True})
-    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256])
+    d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256], base_batch_size_sequences=4)
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "warning: search.batch_sizes_sequences: batch size 256 (8192 tokens per optimizer step) reports at 2" in r.stdout + r.stderr

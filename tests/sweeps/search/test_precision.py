@@ -439,3 +439,50 @@ def test_cbs_json_keeps_the_last_waves_trials_added(tiny_spec_dict, tmp_path):
     section = _precision_section(spec, tmp_path, [object()] * 3, analysis, stopped=True, budget_note="")
     assert section["waves"][-1]["trials_added"] == 2 and section["waves"][-1]["added"] == wave["added"]
     assert section["stopped_because"] == "interrupted"
+
+
+class _FailingSweep(_SimulatedSweep):
+    """Every trial ends without completing: ``FAILED`` (an error before its first report) or ``DIVERGED`` (a
+    non-finite loss at its first milestone), as Tune tells the searcher of each."""
+
+    def __init__(self, spec, searcher: BatchSizeSearcher, status: str):
+        self.status = status
+        super().__init__(spec, searcher)
+
+    def _run(self, batch) -> None:
+        for tid, cfg in batch:
+            b, lr = int(cfg["batch_size_sequences"]), float(cfg["lr"])
+            diverged = self.status == "DIVERGED"
+            first = float(self.spec.milestones_tokens()[0])
+            self.records[tid] = TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid,
+                                            status=self.status, hyperparameters={"lr": lr},
+                                            tokens=[first] if diverged else [], val_loss=[math.nan] if diverged else [])
+            self.asked.append((tid, b, lr))
+            self.configs[tid] = cfg
+            if diverged:
+                self.searcher.on_trial_complete(tid, {OBJECTIVE: math.inf})
+            else:
+                self.searcher.on_trial_complete(tid, None, error=True)
+
+
+@pytest.mark.parametrize("strategy", ["transfer", "independent"])
+@pytest.mark.parametrize("status", ["FAILED", "DIVERGED"])
+def test_no_wave_is_added_after_a_first_wave_in_which_no_trial_completed(tiny_spec_dict, tmp_path, strategy, status):
+    """With nothing measured there is no fit, and "no fit yet: widen the range" added batch sizes, wave after wave,
+    that failed as the planned ones did, until max_trials. Now the waves stop after the first: no_trial_completed."""
+    spec = _spec(tiny_spec_dict, strategy=strategy, precision={"b_crit_ratio": 2, "max_trials": 40})
+    sim = _FailingSweep(spec, BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'x.db'}", "x"), status)
+    sim.run()
+    assert len(sim.asked) == spec.n_trials == 10
+    assert sim.searcher.precision_outcome["stopped_because"] == "no_trial_completed"
+    waves, outcome = sim.reports[-1][0], sim.reports[-1][1]
+    assert len(sim.reports) == 1 and outcome == sim.searcher.precision_outcome
+    assert len(waves) == 1 and waves[0]["added"] == [] and waves[0]["trials_added"] == 0
+
+
+def test_the_wave_line_says_no_trial_completed():
+    from sweeps.run.progress import wave_line
+
+    wave = {"trials": 10, "b_crit": None, "b_crit_ci": None, "ratio": None, "status": "no_data", "added": []}
+    line = wave_line(wave, {"stopped_because": "no_trial_completed"}, 2.0)
+    assert line.endswith(": no trial completed, no more trials"), line

@@ -83,3 +83,30 @@ def test_an_arm_without_a_strategy_gets_the_default_for_its_own_settings(tiny_sp
     explicit = copy.deepcopy(tiny_spec_dict)
     explicit["search"]["strategy"] = "independent"
     assert dict(parse_spec(_arms(explicit, {"name": "a"}, {"name": "b"})).arm_specs())["b"].search.strategy == "independent"
+
+
+def _dense_arm(tmp_path, tiny_spec_dict):
+    """A comparison whose second arm asks 32 milestones of 8192 tokens (256 apart): batch size 16 steps 512."""
+    return write_spec(tmp_path, _arms(tiny_spec_dict, {"name": "a"}, {"name": "dense", "eval": {"milestones": 32}}))
+
+
+def test_validate_names_the_arm_whose_milestones_are_closer_than_one_step(tmp_path, tiny_spec_dict):
+    r = CliRunner().invoke(app, ["validate", str(_dense_arm(tmp_path, tiny_spec_dict))])
+    assert r.exit_code == 2, r.output
+    assert "arms.1 (dense): search.batch_sizes_sequences: batch size 16" in r.output, r.output
+
+
+def test_validate_names_the_arm_whose_data_is_missing(tmp_path, tiny_spec_dict):
+    spec = write_spec(tmp_path, _arms(tiny_spec_dict, {"name": "a"},
+                                      {"name": "gone", "data": {"path": str(tmp_path / "nope.txt")}}))
+    r = CliRunner().invoke(app, ["validate", str(spec)])
+    assert r.exit_code == 2, r.output
+    assert "arms.1 (gone): data.path: file not found" in r.output, r.output
+
+
+def test_run_refuses_the_arm_by_name_before_anything_starts(tmp_path, tiny_spec_dict, repo_root):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["run", str(_dense_arm(tmp_path, tiny_spec_dict)), "-o", str(out), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert "arms.1 (dense): search.batch_sizes_sequences: batch size 16" in r.output, r.output
+    assert not out.exists()

@@ -231,3 +231,18 @@ def test_a_pickled_spec_outlives_a_move_of_its_sections():
     assert (sections.TrackingSpec, sections.FinetuneSpec, sections.LoraSpec) == (TrackingSpec, FinetuneSpec, LoraSpec)
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         sections.Nope
+
+
+def test_transfer_refuses_a_base_batch_size_that_is_not_swept(tmp_path, tiny_spec_dict):
+    """search.strategy transfer starts at the base batch size (base_lr holds there) and carries the LR outward:
+    a base outside batch_sizes_sequences was accepted and silently started at the nearest swept size."""
+    d = copy.deepcopy(tiny_spec_dict)
+    d["search"]["base_batch_size_sequences"] = 32  # swept: 4, 8, 16
+    errs = _errors(d)
+    assert list(errs) == ["search"], errs
+    assert "base_batch_size_sequences: 32 is not one of batch_sizes_sequences [4, 8, 16]" in errs["search"]
+    assert "search.strategy independent" in errs["search"]
+    r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
+    assert r.exit_code == 2 and "base_batch_size_sequences: 32 is not one of batch_sizes_sequences" in r.output, r.output
+    d["search"]["strategy"] = "independent"  # each study scales base_lr from 32 by its rule: nothing starts there
+    assert parse_spec(d).search.base_batch_size_sequences == 32
