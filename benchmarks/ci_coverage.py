@@ -1,4 +1,4 @@
-"""Coverage of ``b_crit_ci`` on simulated sweeps with a known critical batch size (issue 13).
+"""Coverage of ``b_crit_ci`` on simulated sweeps with a known critical batch size.
 
 Each simulated sweep has a true hyperbola ``S(B) = S_min (1 + b_crit / B)`` (McCandlish et al. 2018,
 Eq. 2.11) and is analysed exactly as a real one, through :func:`sweeps.analysis.analyze_trials` on

@@ -1,4 +1,4 @@
-"""Memory and start-up of one training worker against the corpus size (issue 17).
+"""Memory and start-up of one training worker against the corpus size.
 
     python benchmarks/data_scale.py [--tokens 2e7,2e8,2e9] [--dir /tmp/critbatch-data-scale] [--steps 30]
                                     [--raw-baseline] [--trials]

@@ -1,4 +1,4 @@
-"""Invariance experiments of docs/results.md: the answer must not move when it should not (issue 13).
+"""Invariance experiments of docs/results.md: the answer must not move when it should not.
 
     python benchmarks/invariance.py --main OUT_MAIN [--budget OUT_2X --cut-tokens 262144]
         [--pruned OUT_PRUNED] [--seed1 OUT_SEED1] [--plots docs/results] [--json results.json]

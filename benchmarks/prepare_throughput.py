@@ -1,4 +1,4 @@
-"""``critbatch prepare-data`` throughput against the tokenizer's own batch-encode speed (issue 17).
+"""``critbatch prepare-data`` throughput against the tokenizer's own batch-encode speed.
 
     python benchmarks/prepare_throughput.py [--mb 64] [--files 8] [--vocab 8192] [--num-proc N] [--dir DIR]
 

@@ -120,9 +120,9 @@ def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
 def cache_key(d: dict[str, Any]) -> str:
     """The cache file of a trial: a hash of its ``TrialConfig`` dict without its id.
 
-    The keys changed with every change of the trial config (``warmup_min_steps`` in issue 13, the
-    nested configs of issue 16): the cached curves under benchmarks/cache/ were trained by the code
-    before issue 13 and no longer match a key; a rerun trains the grid again.
+    The keys changed with every change of the trial config (``warmup_min_steps``, then the
+    nested configs): the cached curves under benchmarks/cache/ were trained by the code
+    before ``warmup_min_steps`` and no longer match a key; a rerun trains the grid again.
     """
     blob = json.dumps({k: v for k, v in d.items() if k != "trial_id"}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,4 +1,4 @@
-"""Load test of the REST service on loopback (issue 14): liveness under load and with frozen backends.
+"""Load test of the REST service on loopback: liveness under load and with frozen backends.
 
 Starts, in process groups of its own (and stops them at the end): a Ray head (2 CPUs, every port
 chosen by the OS, none in 10002-19999), an ``mlflow server`` (SQLite) and ``critbatch serve``,

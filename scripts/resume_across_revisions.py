@@ -1,4 +1,4 @@
-"""A sweep started and stopped (Ctrl-C) on an older revision, resumed on this checkout (issue 32: a sweep
+"""A sweep started and stopped (Ctrl-C) on an older revision, resumed on this checkout (a sweep
 started before a restructuring must still resume after it).
 
     git worktree add /tmp/wt-old <old revision>
@@ -24,7 +24,7 @@ d["eval"] = {"milestones": 8, "eval_tokens": 1024}; d["search"]["batch_sizes_seq
 d["resources"] = {"max_concurrent_trials": 1}
 (W / "spec.yaml").write_text(yaml.safe_dump(d))
 hold = W / "hold"; hold.touch()
-OLD_CLI = "critbatch" if Path(OLD, "critbatch", "__main__.py").is_file() else "sweeps.cli"  # before issue 32: sweeps.cli
+OLD_CLI = "critbatch" if Path(OLD, "critbatch", "__main__.py").is_file() else "sweeps.cli"  # before the critbatch package: sweeps.cli
 env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=OLD,
            CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
 log = open(W / "old.log", "w")

@@ -1,4 +1,4 @@
-"""Writes of a sweep's records that a full disk or a kill cannot leave half done (issue 30).
+"""Writes of a sweep's records that a full disk or a kill cannot leave half done.
 
 Every record the driver writes (``sweep.json``, ``trials.json``, ``cbs.json``, ``report.html``, the
 searcher's and the scheduler's state, the best checkpoint, ...) goes through one of these:

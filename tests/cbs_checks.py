@@ -1,4 +1,4 @@
-"""An independent check of ``cbs.json`` against ``trials.json`` (issue 13's done-when), shared by the
+"""An independent check of ``cbs.json`` against ``trials.json``, shared by the
 integration tests: written from the methodology's rule, not from ``sweeps.analysis``."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def test_workloads_import_neither_the_sweep_nor_the_service_nor_tune():
 
 def test_the_training_loop_never_imports_the_data_or_the_model():
     """``workloads/train/`` is handed its model and batches by a workload (``loop.Workload``): it imports
-    neither ``workloads.data`` nor ``workloads.model``, not even inside a function (issue 32)."""
+    neither ``workloads.data`` nor ``workloads.model``, not even inside a function."""
     found = imports_of("workloads/train")
     assert ("workloads/train/loop.py", "workloads.train.step") in found
     bad = [(f, m) for f, m in found if _under(m, ("workloads.data", "workloads.model"))]
@@ -198,7 +198,7 @@ def test_one_error_base_for_every_layer():
 
 
 def test_the_spec_imports_from_workloads_only_its_torch_free_interface():
-    """The spec embeds the trial config's sections (issue 32), through ``workloads.api`` only: importing it
+    """The spec embeds the trial config's sections, through ``workloads.api`` only: importing it
     stays free of torch (tests/service/test_service_imports.py)."""
     bad = [(f, m) for f, m in imports_of("sweeps/spec") if _under(m, ("workloads",)) and m != "workloads.api"]
     assert not bad, f"sweeps/spec may import only workloads.api from workloads: {bad}"
@@ -301,7 +301,7 @@ def test_the_circle_finder_finds_a_circle_through_three_files():
 
 
 def test_no_module_imports_itself_through_others():
-    """No import circles (issue 32): a circle makes a module's place in the layers undefined, and each
+    """No import circles: a circle makes a module's place in the layers undefined, and each
     one is dodged today only by importing inside a function."""
     graph = import_graph()
     assert graph["sweeps/run/api.py"] >= {"sweeps/run/compare.py", "sweeps/run/driver.py"}  # lazy imports are seen
@@ -309,7 +309,7 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_no_module_over_450_lines_and_no_function_over_80():
-    """Issue 32's size rule, on every module of the four packages (a function's lines include its docstring)."""
+    """The size rule, on every module of the four packages (a function's lines include its docstring)."""
     long_modules, long_functions = [], []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -1,4 +1,4 @@
-"""The spec's sections and the trial config's (issue 32): one definition each.
+"""The spec's sections and the trial config's: one definition each.
 
 The spec's ``SyncSpec``, ``NoiseScaleSpec``, ``LoraSpec``, ``ScheduleSpec``, ``DataSpec``, ``OptimizerSpec``,
 ``ModelSpec`` and ``FinetuneSpec`` are subclasses of the config's sections (``workloads/sections.py``) that add no

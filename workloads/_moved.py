@@ -1,4 +1,4 @@
-"""The module paths ``workloads`` had before its subpackages (issue 32), still importable.
+"""The module paths ``workloads`` had before its subpackages, still importable.
 
 Where it stands: installed by ``workloads/__init__.py`` (so by any import of ``workloads``); imports
 nothing of ``workloads`` until an old path is imported, then exactly the module it moved to.

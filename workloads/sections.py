@@ -42,7 +42,7 @@ SYNC_MODES = typing.get_args(SyncMode)
 
 #: Integers refuse booleans, floats and strings (strict): ``true`` is not 1 and ``8.0`` is not 8.
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
-#: Upper bounds (issue 14): generous for any real sweep, small enough that no field can ask for absurd work.
+#: Upper bounds: generous for any real sweep, small enough that no field can ask for absurd work.
 MAX_TOKENS = 10**13  # 10 T tokens: more than a frontier model's whole training run
 MAX_BATCH_SEQUENCES = 2**20  # ~1 M sequences per global batch
 MAX_WIDTH = 65536  # d_model (today's largest models use <= 16384)

@@ -1,5 +1,5 @@
 """The hyperbola fit with right-censored points: batch sizes that did not reach a target enter the fit as
-"more steps than this", not as dropped points (issue 27).
+"more steps than this", not as dropped points.
 
 A batch size whose trials all stopped above the target loss is known only to need more than ``c`` steps
 (``c``: the steps of its budget, :func:`sweeps.analysis.targets.censored_points`). Dropping it keeps a large

@@ -1,5 +1,5 @@
 """The learning-rate scaling rule as a measured answer: each batch size's best learning rate and the
-exponent ``alpha`` of ``lr*(B) ~ B^alpha`` fitted over them, with intervals (issue 27).
+exponent ``alpha`` of ``lr*(B) ~ B^alpha`` fitted over them, with intervals.
 
 The methodology (section 7.4) asks whether the per-batch-size optimum LR follows the linear
 (``alpha = 1``, Goyal et al. 2017), the square-root (``alpha = 0.5``, Malladi et al. 2022, the Adam SDE)

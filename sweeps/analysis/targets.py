@@ -229,7 +229,7 @@ def choose_targets(trials: list[TrialRecord], n_targets: int = 4) -> list[float]
     ``n`` batch sizes, the lowest target lies halfway between the ``n_min``-th smallest ``reach`` and its
     ``before``: that many batch sizes reach it before their last milestone, the last of them between two
     milestones rather than on one (a target at a milestone's own loss put that batch size's point exactly on
-    the milestone, in or out of the fit by 1e-4; issue 27, finding 4). Batch sizes that do not reach it enter
+    the milestone, in or out of the fit by 1e-4). Batch sizes that do not reach it enter
     the fit censored (:func:`censored_points`). Leaving the last milestone out of ``reach`` keeps the targets
     where they were before censored points entered the fit: counting it lowered them by about a milestone, and
     on ``benchmarks/search_placement.py`` that widened the median interval from 2.1x to 3.7x and cut coverage

@@ -92,7 +92,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         has_error = (d / "error.txt").is_file() or (d / "error.pkl").is_file()
         records.append(_trial_record(reports, trial_id, cfg, rows, has_error, pruned_while_paused))
     # a trial with no folder yet (Tune stages it until its first result): stopped before it reported,
-    # it is still one of the sweep's trials (issue 30: it was missing from trials.json while STOPPED)
+    # it is still one of the sweep's trials (it used to be missing from trials.json while STOPPED)
     seen = {r.trial_id for r in records}
     for trial_id in sorted(set(snapshot) - seen):
         cfg = _first_config(reports / f"{trial_id}{TRIAL_PARAMS_SUFFIX}", snapshot[trial_id])

@@ -1,5 +1,5 @@
 """The value each batch size's Optuna study is told for a group (one configuration at one batch size, its
-trials the seeds; issue 27): what the fit uses, tokens to a target loss, not the final loss alone.
+trials the seeds): what the fit uses, tokens to a target loss, not the final loss alone.
 
 Optuna is told a group's value once, so the target cannot move with later groups: per batch size it is fixed
 when its first group with a value ends, at that group's *common target* (:func:`common_target`, the rule
@@ -116,7 +116,7 @@ class TokensToTarget:
     and target once (``objectives``: per batch size ``{"objective": TOKENS_TO_TARGET | FINAL_LOSS,
     "target_loss": nats | None}``, saved with the searcher)."""
 
-    def _objectives(self) -> dict[int, dict[str, Any]]:  # setdefault: a searcher pickled before issue 27
+    def _objectives(self) -> dict[int, dict[str, Any]]:  # setdefault: a searcher pickled before the tokens-to-target objective existed
         return self.__dict__.setdefault("objectives", {})
 
     def _curves(self, trial_ids: Sequence[str]) -> dict[str, Curve]:

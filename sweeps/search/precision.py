@@ -1,4 +1,4 @@
-"""Sweep until precise (``search.precision``, issue 27): after each wave of trials, refit, and while the
+"""Sweep until precise (``search.precision``): after each wave of trials, refit, and while the
 critical batch size's 95 % interval is wider than asked, add the trials most likely to narrow it.
 
 A *wave* ends when every trial handed out so far has ended. Its analysis is the one ``cbs.json`` gets

@@ -421,7 +421,7 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         state.setdefault("fingerprint", None)
         state.setdefault("transfer", False)  # saved before search.strategy existed
         state.setdefault("transfer_state", {})
-        state.setdefault("objectives", {})  # saved before the tokens-to-target objective (issue 27)
+        state.setdefault("objectives", {})  # saved before the tokens-to-target objective
         state.update({k: v for k, v in self._precision_defaults().items() if k not in state})  # saved before search.precision
         state["_analyse"], state["_report"] = getattr(self, "_analyse", None), getattr(self, "_report", None)
         state["_records"] = getattr(self, "_records", None)

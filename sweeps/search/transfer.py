@@ -1,4 +1,4 @@
-"""Learning-rate transfer across batch sizes (``search.strategy: transfer``, issue 27): where each batch
+"""Learning-rate transfer across batch sizes (``search.strategy: transfer``): where each batch
 size's trials go.
 
 Batch sizes run outward from the swept batch size nearest ``base_batch_size_sequences``. The first one

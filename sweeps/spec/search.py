@@ -17,7 +17,7 @@ __all__ = ["SearchSpec", "InitialPointSpec", "Beta2Spec", "PrecisionSpec"]
 
 
 class PrecisionSpec(_Strict):
-    """Sweep until precise (issue 27): after each wave the sweep refits and, while the headline ``b_crit``'s
+    """Sweep until precise: after each wave the sweep refits and, while the headline ``b_crit``'s
     95 % interval has an upper/lower ratio above ``b_crit_ratio`` (or its status is not ``ok``), adds up to
     ``trials_per_wave`` trials where they should narrow it most (:mod:`sweeps.search.precision`), until
     ``max_trials`` trials in all or the sweep's ``budget``. With ``reallocate_tokens`` (the default) the waves

@@ -164,7 +164,7 @@ TRIAL_PARAMS_SUFFIX = ".params.json"
 #: ``OUT/reports/<trial id>.end.json``: ``{"failed": bool}``, how the trial's latest attempt ended (written by
 #: ``sweeps.run.reportlog.ReportLog``; ``false`` again when the trial starts again). Tune leaves a trial's ``error.txt``
 #: in place when a resume retries it, so that file alone cannot say whether a trial that later completed
-#: failed (issue 30: a resumed trial counted FAILED and its batch size left out of the fit).
+#: failed (a resumed trial once counted FAILED and its batch size was left out of the fit).
 TRIAL_END_SUFFIX = ".end.json"
 
 

@@ -1,4 +1,4 @@
-"""``critbatch --help`` of the app and of every command (issue 31), rendered at 80 columns as a new
+"""``critbatch --help`` of the app and of every command, rendered at 80 columns as a new
 user's terminal shows it: nothing cut (every option's full name, every help text whole, no
 ellipsis), ``-h`` the same as ``--help``, the exit codes listed, and ``critbatch --version``."""
 

@@ -1,4 +1,4 @@
-"""`critbatch k8s render` names the local inputs the image leaves out (issue 31): the job would fail in
+"""`critbatch k8s render` names the local inputs the image leaves out: the job would fail in
 the pod where the path does not exist."""
 
 from __future__ import annotations

@@ -306,7 +306,7 @@ def test_cli_missing_file_and_bad_namespace_exit_2(cli, tmp_path):
 
 
 def test_the_head_has_room_for_each_trial_runners_host_and_controller():
-    """Issue 29: each trial runner's host actor and Ray Train controller take no CPU, so they run on the head
+    """Each trial runner's host actor and Ray Train controller take no CPU, so they run on the head
     beside the driver: 6 GiB plus 1 GiB per runner (as many as trials run at once, never more than the trials)."""
     from sweeps.remote.k8s import head_memory_gib
 

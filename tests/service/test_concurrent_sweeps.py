@@ -1,4 +1,4 @@
-"""Sweeps that share a cluster keep to their own trials (issue 14, item 1).
+"""Sweeps that share a cluster keep to their own trials.
 
 Two one-trial sweeps start together on the test cluster, whose Ray Tune start second is pinned
 (``conftest.pinned_date_env``), so both "start in the same second": a local driver

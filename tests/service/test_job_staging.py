@@ -222,7 +222,7 @@ def test_a_model_hf_config_file_is_shipped_and_the_staged_spec_names_it(tmp_path
 
 
 def test_a_spec_whose_batch_size_folds_milestones_is_refused_at_staging(tmp_path):
-    """Issue 30: refused when staged (the service answers 422), not minutes later inside the Ray job."""
+    """Refused when staged (the service answers 422), not minutes later inside the Ray job."""
     d = tiny_spec()
     folded = tiny(budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024},
                   search={**d["search"], "batch_sizes_sequences": [4, 256]})

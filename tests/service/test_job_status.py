@@ -302,7 +302,7 @@ def test_the_names_read_back_are_the_ones_the_writer_uses():
 
 
 def test_a_finished_sweep_whose_experiment_was_deleted_says_so(fake_ray, mlflow_uri):
-    """Issue 30: a SUCCEEDED job whose MLflow experiment was deleted used to read as SUCCEEDED with
+    """A SUCCEEDED job whose MLflow experiment was deleted used to read as SUCCEEDED with
     ``done: 0`` of 2, no parent run and no ``mlflow_error``; the status now says what happened."""
     from sweeps.remote.staging import META_EXPERIMENT
 

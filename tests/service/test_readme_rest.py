@@ -1,4 +1,4 @@
-"""README's REST example, run as written (issue 14, item 10), against the test cluster and MLflow server.
+"""README's REST example, run as written, against the test cluster and MLflow server.
 
 The lines of step 4 of "On a Ray cluster" run in bash from the clone, up to the POST, with two
 substitutions: a free port instead of 8000, and the example spec cut to one trial (same file

@@ -162,7 +162,7 @@ def test_a_streamed_body_without_length_is_counted(fake_jobs):
 
 
 def test_a_spec_whose_batch_size_folds_milestones_is_422_and_not_submitted(client, fake_ray):
-    """Issue 30: B = 256 of 32 tokens steps past two of the 4 milestones of 16384 tokens: refused at
+    """B = 256 of 32 tokens steps past two of the 4 milestones of 16384 tokens: refused at
     submission, naming the numbers, instead of failing inside the Ray job."""
     folded = json.loads(json.dumps(SPEC))
     folded.update(budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024})

@@ -1,4 +1,4 @@
-"""Bounds, responsiveness and admission (issue 14, items 6-9).
+"""Bounds, responsiveness and admission.
 
 The app runs under a real uvicorn server on loopback (in a thread), with the in-memory Ray job
 server, a Ray job server that never answers (a listening socket), or one whose calls block.
@@ -69,7 +69,7 @@ def health_latencies(url: str, while_running, *, at_least: int = 5) -> list[floa
     return out
 
 
-# ---- item 6: bounds and strict types -----------------------------------------------------------
+# ---- bounds and strict types -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("path,patch", [
@@ -91,7 +91,7 @@ def test_numbers_out_of_bounds_and_booleans_for_integers_are_422(fake_jobs, fake
     assert fake_ray.submitted == []
 
 
-# ---- item 7: bodies are parsed off the event loop -----------------------------------------------
+# ---- bodies are parsed off the event loop -------------------------------------------------------
 
 
 def test_large_yaml_bodies_do_not_block_healthz(fake_jobs):
@@ -122,7 +122,7 @@ def test_large_yaml_bodies_do_not_block_healthz(fake_jobs):
     assert max(lat) < 0.5 * one_parse_s, (max(lat), one_parse_s, busy_s)
 
 
-# ---- item 8: timeouts; liveness independent of the backends ---------------------------------------
+# ---- timeouts; liveness independent of the backends -----------------------------------------------
 
 
 class BlockingRay:
@@ -207,7 +207,7 @@ def test_readyz_is_ok_when_ray_answers(fake_jobs):
     assert r.status_code == 200 and r.json() == {"status": "ok", "ray": "ok", "mlflow": "not configured"}
 
 
-# ---- item 9: admission ------------------------------------------------------------------------------
+# ---- admission --------------------------------------------------------------------------------------
 
 
 def test_submissions_past_max_running_get_429_with_retry_after(fake_jobs, fake_ray):

@@ -1,4 +1,4 @@
-"""What a client may point the service at (issue 14, items 2-5): tracking URI, storage path, data
+"""What a client may point the service at: tracking URI, storage path, data
 paths, reading MLflow without creating stores, and what staging ships.
 
 In-process app with the in-memory Ray job server; the MLflow side is real where it matters (a real
@@ -92,7 +92,7 @@ def paths(r) -> list[str]:
     return [e["path"] for e in r.json()["errors"]]
 
 
-# ---- item 2: tracking.uri -----------------------------------------------------------------------
+# ---- tracking.uri -------------------------------------------------------------------------------
 
 
 def test_a_spec_naming_another_tracking_uri_is_refused_and_never_contacted(fake_jobs, fake_ray, listener, monkeypatch):
@@ -133,7 +133,7 @@ def test_mlflow_errors_quote_neither_the_answer_nor_the_address(fake_ray, listen
     assert err.startswith("MLflow could not be read (")
 
 
-# ---- item 3: storage_path ------------------------------------------------------------------------
+# ---- storage_path --------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", ["/etc/critbatch", "s3://cluster-bucket/x", "/srv/cb/../etc", "relative/dir"])
@@ -155,7 +155,7 @@ def test_storage_path_is_refused_without_a_service_root_and_jobs_use_the_root(fa
     assert [e.get("CRITBATCH_STORAGE_PATH") for e in env] == ["s3://team-bucket/critbatch"] * 2
 
 
-# ---- item 2/5: data paths ------------------------------------------------------------------------
+# ---- data paths ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("field,value", [
@@ -195,7 +195,7 @@ def test_the_service_without_a_data_root_ships_nothing_and_says_so(fake_jobs, fa
     assert r.status_code == 422 and paths(r) == ["data.path"] and "CRITBATCH_DATA_DIR" in r.text
 
 
-# ---- item 4: reading never creates or migrates a store ----------------------------------------------
+# ---- reading never creates or migrates a store ------------------------------------------------------
 
 
 def _tables(db: Path) -> set[str]:
@@ -242,7 +242,7 @@ def test_the_reader_opens_a_real_mlflow_store_without_writing_to_it(mlflow_uri):
     assert (db.read_bytes(), db.stat().st_mtime_ns) == before
 
 
-# ---- item 5: what staging ships --------------------------------------------------------------------
+# ---- what staging ships ----------------------------------------------------------------------------
 
 
 def _tokenizer_dir(root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""The module paths ``workloads`` had before its subpackages (issue 32) still load (``workloads/_moved.py``):
+"""The module paths ``workloads`` had before its subpackages still load (``workloads/_moved.py``):
 Tune's saved state of a sweep started on the old layout names them, and ``critbatch resume`` unpickles it."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Where it stands: imports ``workloads.errors`` only (no model, no training loop);
 
 from workloads import _moved
 
-#: what the flat ``workloads/data.py`` defined before issue 32 (now ``corpus``): still loads from here,
+#: what the flat ``workloads/data.py`` defined before the package split (now ``corpus``): still loads from here,
 #: for a pickle that names it (``workloads/_moved.py``)
 _OLD_NAMES = ("Corpus", "load_corpus", "load_shard_corpus", "tokenizer_vocab_size", "encode_text", "step_generator",
               "window_batch", "validation_batches")

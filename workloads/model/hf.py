@@ -23,7 +23,7 @@ _NOT_ARCHITECTURE = ("torch_dtype", "dtype", "architectures", "transformers_vers
 
 
 def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
-    """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since issue 1."""
+    """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since the first version."""
     if cfg.family == "llama":
         return dict(model_type="llama", vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff_resolved,
                     num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,

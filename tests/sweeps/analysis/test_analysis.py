@@ -84,7 +84,7 @@ def test_analyze_points_reports_knee_outside_range():
 
 
 def test_points_all_below_the_knee_are_never_a_bare_number():
-    """Issue 13, item 4: points below a knee at 11131 once printed b_crit = 2560."""
+    """Points below a knee at 11131 once printed b_crit = 2560."""
     rng = np.random.default_rng(7)
     b = np.array([4, 8, 16, 32, 64, 128, 256, 512, 1024], dtype=float)
     s = 30 * (1 + 11131 / b) * np.exp(rng.normal(0, 0.05, len(b)))
@@ -332,7 +332,7 @@ def _rec(tid, b, tokens, loss, *, seed=0, status="COMPLETED", lr=1e-3):
 
 
 def test_steps_to_target_is_the_minimum_over_trials_per_target():
-    """Issue 13, item 1: the trial with the best final loss is not the first to every target.
+    """The trial with the best final loss is not the first to every target.
 
     B = 8, T = 16 (128 tokens a step). Trial a (a high LR) falls fast, then flattens; trial b (a low
     LR) is slow but ends lower. Target 3.0: a crosses between 1000 and 2000 tokens (loss 3.5 -> 2.5,
@@ -360,8 +360,8 @@ def test_a_pruned_trials_curve_counts_up_to_its_rung():
 
 
 def test_a_crossing_at_the_last_milestone_counts():
-    """Issue 27: a batch size that reaches a target only at its last milestone (the budget) is a point like any
-    other (issue 13 had left it out, to keep it from dropping in and out of the fit with noise; since batch sizes
+    """A batch size that reaches a target only at its last milestone (the budget) is a point like any
+    other (the analysis once left it out, to keep it from dropping in and out of the fit with noise; since batch sizes
     short of a target enter the fit as censored points, it no longer drops out either way)."""
     tok = [1000, 2000, 4000]
     t = _rec("x", 16, tok, [3.0, 2.6, 2.4])
@@ -495,7 +495,7 @@ def test_a_comparison_row_gives_steps_tokens_and_synchronizations_to_target_each
 
 
 def test_a_batch_size_short_of_the_target_is_a_censored_point_with_the_steps_it_needs_more_than():
-    """Issue 27: a batch size with no crossing enters cbs.json as a censored point, not only as an excluded
+    """A batch size with no crossing enters cbs.json as a censored point, not only as an excluded
     number. Its bound is the minimum over its trials of the tokens each is known to be above the target: the
     budget for one that ended above it, its last milestone for a pruned one; a diverged trial sets none. A trial
     that crosses at the last milestone is a point."""

@@ -105,7 +105,7 @@ def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
 
 
 def test_the_loss_plot_places_each_trials_loss_at_the_tokens_it_reported_it_at():
-    """Issue 30: the envelope matched trials by report index, so a loss was drawn at the tokens of another
+    """The envelope matched trials by report index, so a loss was drawn at the tokens of another
     trial's report (two fine-tuning seeds of one batch size stop at different real tokens)."""
     from sweeps.analysis.report import _envelopes
 

@@ -42,7 +42,7 @@ def test_reaches_rung_is_the_first_report_at_or_past_each_rung():
 
 
 def test_the_gate_holds_a_trial_wherever_the_scheduler_pauses_it_reports_off_their_milestones():
-    """Issue 30: a report is made at the tokens seen, not at its milestone. Milestones 1000/2000/3000 with
+    """A report is made at the tokens seen, not at its milestone. Milestones 1000/2000/3000 with
     steps of 600 tokens give reports at 1200, 2400 and 3000: the scheduler pauses the trial at 2400 (the
     rung at 1500 lies between 1200 and 2400). The gate judged on the milestones (1500 <= 2000, the last
     one below 2400) let the worker train on past its rung. Whenever the scheduler pauses a trial, its

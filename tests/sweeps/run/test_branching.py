@@ -60,7 +60,7 @@ def test_branching_refuses_fsdp_before_anything_runs(tmp_path, tiny_spec_dict):
 
 
 def test_branching_refuses_a_window_a_branch_cannot_end_on(tmp_path, tiny_spec_dict):
-    """Issue 30: a branch stops after the first step at or past the window's end; with B0 = 8 of 32 tokens,
+    """A branch stops after the first step at or past the window's end; with B0 = 8 of 32 tokens,
     k = 2 steps 512 tokens, so a window of 1280 would end it at 1536 tokens while k = 0.5 and 1 end at 1280,
     and k* would compare losses taken at different tokens. Refused (exit 2) before anything runs."""
     d = dict(tiny_spec_dict)

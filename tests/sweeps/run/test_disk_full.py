@@ -1,4 +1,4 @@
-"""A full disk under a running sweep, then a resume once space is freed (issue 30, item 3), on a real
+"""A full disk under a running sweep, then a resume once space is freed, on a real
 filesystem that fills up (a tmpfs), the suite's Ray head and a real MLflow store.
 
 The output folder lies on a small tmpfs. The first trial is held after its third milestone (of four,

@@ -1,4 +1,4 @@
-"""A sweep stopped on an older critbatch resumes on this one (issue 32): the Tune state such a sweep left
+"""A sweep stopped on an older critbatch resumes on this one: the Tune state such a sweep left
 behind (``data/tune_state_e6ea0bf/``: ``tuner.pkl`` and ``searcher-state.pkl`` of a tiny sweep started on
 revision e6ea0bf, before the CLI, the workloads subpackages and the merged sections moved classes, stopped
 with Ctrl-C; made by ``scripts/resume_across_revisions.py /tmp/wt-old /tmp/xrev KEEP``) still unpickles,

@@ -1,5 +1,5 @@
 """A ``search.precision`` sweep stopped in the middle of its second wave and resumed ends with the answer of
-the same spec run uninterrupted (issue 27): the session's precision sweep (``tests/sweeps/conftest.py``),
+the same spec run uninterrupted: the test session's precision sweep (``tests/sweeps/conftest.py``),
 on the suite's Ray head.
 
 The stop is placed, not timed: the second wave's batch size (32, added by the first wave's analysis) is the

@@ -84,7 +84,7 @@ def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(t
         assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]
 
 
-# ---- a locked Optuna storage (issue 30) ----------------------------------------------------------
+# ---- a locked Optuna storage ---------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(
     assert not out.exists() and not (tmp_path / "ml.db").exists()
 
 
-# ---- batch sizes whose steps pass several milestones (issue 30) ----------------------------------
+# ---- batch sizes whose steps pass several milestones ---------------------------------------------
 
 
 def test_reported_milestones_fold_the_milestones_one_step_passes():
@@ -158,7 +158,7 @@ def test_reported_milestones_fold_the_milestones_one_step_passes():
 
 
 def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_path, tiny_spec_dict):
-    """Issue 30's spec: B = 256 of 32 tokens steps 8192 tokens, twice the milestone spacing, and would report
+    """B = 256 of 32 tokens steps 8192 tokens, twice the milestone spacing, and would report
     at 2 of the 4 milestones: validate and run refuse it (exit 2, the numbers named, nothing created)."""
     from sweeps.run.preflight import milestone_warnings
     from sweeps.spec import parse_spec
@@ -243,7 +243,7 @@ def test_a_sweep_of_3_batch_sizes_is_told_ok_is_out_of_reach(tiny_spec_dict):
     assert not [x for x in spec_warnings(parse_spec(d)) if x.startswith("search.batch_sizes_sequences")]
 
 
-# ---- one batch larger than the corpus's training windows (issue 30) ------------------------------
+# ---- one batch larger than the corpus's training windows -----------------------------------------
 
 
 def test_a_batch_larger_than_the_corpus_training_windows_is_named_by_validate(tmp_path, tiny_spec_dict):

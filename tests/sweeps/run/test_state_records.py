@@ -138,7 +138,7 @@ def _tune_snapshot(tune_dir: Path, trials: list[tuple[str, str, dict]]) -> None:
 
 
 def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_error_file(tmp_path):
-    """Issue 30: a trial whose checkpoint copy failed on a full disk (Tune's error.txt), retried by the resume
+    """A trial whose checkpoint copy failed on a full disk (Tune's error.txt), retried by the resume
     and completed there, was FAILED in trials.json and cbs.json (Tune leaves error.txt) while MLflow said
     COMPLETED. ReportLog records how each attempt ended; the latest end decides."""
     import types
@@ -172,7 +172,7 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
 
 
 def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_path):
-    """Issue 30, item 7: a trial stopped before its first report (started, or created and waiting to start)
+    """A trial stopped before its first report (started, or created and waiting to start)
     had no config in OUT/tune and could be missing from trials.json while the sweep was STOPPED. It is one
     of Tune's trials (its snapshot lists it, with its config): listed STOPPED, with no curve. A trial Tune
     never recorded (a driver killed before the snapshot) is not."""
@@ -202,7 +202,7 @@ def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_p
 
 
 def test_tunes_warning_about_trials_without_results_is_silenced_and_others_are_not():
-    """Issue 30, item 7: a stop or resume printed Tune's "Failed to fetch metrics" warning with
+    """A stop or resume printed Tune's "Failed to fetch metrics" warning with
     ``FileNotFoundError('Could not fetch metrics for run_trial_...')`` for a trial that had not reported."""
     import logging
 

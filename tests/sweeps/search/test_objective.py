@@ -1,4 +1,4 @@
-"""What each batch size's Optuna study is told (sweeps/search/objective.py, issue 27): tokens to the batch
+"""What each batch size's Optuna study is told (sweeps/search/objective.py): tokens to the batch
 size's target loss, the final loss breaking ties and ordering the groups that never reach it; the final loss
 where the records cannot be read; the target kept across save and restore. Driven directly on a real Optuna
 RDB, as Tune would drive the searcher, with the trials' records handed in by hand (no Ray sweep)."""
@@ -193,7 +193,7 @@ OLD = Path(__file__).parents[1] / "run" / "data" / "tune_state_e6ea0bf"
 
 
 def test_an_old_searcher_pickle_without_objectives_restores_and_tells_tokens(tmp_path):
-    """The Tune state of a sweep started on e6ea0bf (before issue 27; a transfer sweep whose batch size 8 had
+    """The Tune state of a sweep started on e6ea0bf (before the tokens-to-target objective; a transfer sweep whose batch size 8 had
     one trial running): restored against a copy of its Optuna storage, it tells that trial tokens to a target."""
     with open(OLD / "searcher-state.pkl", "rb") as f:
         state = pickle.load(f)

@@ -1,4 +1,4 @@
-"""What ``critbatch validate`` says about a bad spec (issue 31): a missing file, a YAML error, a value
+"""What ``critbatch validate`` says about a bad spec: a missing file, a YAML error, a value
 of the wrong type and an unknown field each in one line on stderr, exit 2; every field by its dotted
 path, the bad value shown, a close field name suggested from the section's own fields."""
 

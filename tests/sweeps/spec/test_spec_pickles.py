@@ -1,4 +1,4 @@
-"""A sweep started before the spec's sections embedded the trial config's (issue 32) resumes: Tune's saved
+"""A sweep started before the spec's sections embedded the trial config's resumes: Tune's saved
 state holds its spec pickled by the old code, which must load and equal what it was.
 
 ``data/pickles_e6ea0bf.pkl`` was written by revision e6ea0bf (the last before the merge), from its checkout:
@@ -20,7 +20,7 @@ from sweeps.spec.sweep import with_stored_defaults
 OLD = pickle.loads((Path(__file__).parent / "data" / "pickles_e6ea0bf.pkl").read_bytes())
 
 #: fields added after e6ea0bf, with the defaults an old spec loads with: search.precision's token reallocation
-#: (issue 27), so a precision sweep resumed by this code reallocates in its later waves
+#: (``reallocate_tokens``, ``max_budget_multiple``), so a precision sweep resumed by this code reallocates in its later waves
 ADDED_PRECISION_DEFAULTS = {"reallocate_tokens": True, "max_budget_multiple": 4}
 
 

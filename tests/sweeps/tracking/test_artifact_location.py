@@ -1,4 +1,4 @@
-"""Where a new MLflow experiment's artifacts go (issue 28): beside a SQLite store, never ``./mlruns`` of
+"""Where a new MLflow experiment's artifacts go: beside a SQLite store, never ``./mlruns`` of
 whatever folder the command ran in (``sweeps.spec.identity.experiment_artifact_location``)."""
 
 from __future__ import annotations
