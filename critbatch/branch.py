@@ -25,8 +25,10 @@ def register(app: typer.Typer) -> None:
         Branches off a base run at batch k*B0 with LR sqrt(k)*lr (Merrill et al. 2025).
         """
         from sweeps.run.branching import run_branching
-        from critbatch.common import fail_invalid as _fail_invalid, out
+        from critbatch.common import EXIT_FAILED, console, out
+        from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
+        from sweeps.run.reach import RayUnreachable
         from sweeps.spec import load_spec
 
         try:
@@ -34,6 +36,9 @@ def register(app: typer.Typer) -> None:
             res = run_branching(s, output, tracking_uri=tracking_uri, from_run_id=from_run, ray_address=address)
         except InvalidInput as exc:  # a SpecError is an InvalidInput
             _fail_invalid(exc)
+        except RayUnreachable as exc:  # within CRITBATCH_RAY_CONNECT_TIMEOUT_S: one line, exit 1
+            console.print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(EXIT_FAILED)
         for p in res["local_cbs"]:
             out.print(f"tokens {p['tokens_seen']:>9}: k* = {p['k_star']}, local CBS = {p['local_cbs_sequences']} sequences",
                       highlight=False)

@@ -4,6 +4,7 @@
 working directory (``sweeps.remote.staging``) and submits it as a Ray Job whose submission id is the sweep
 id. The other commands read Ray Jobs and MLflow; nothing is kept locally.
 
+Each request to the job server gives up after ``CRITBATCH_RAY_CONNECT_TIMEOUT_S`` seconds (30 by default).
 Exit codes as for ``critbatch run``: 0 success; 1 the sweep failed or was stopped (``--wait``), or
 the cluster could not be reached; 2 invalid input (a bad spec, an unknown sweep id, a sweep id
 taken by a different spec, a submission over the size limits).
@@ -56,10 +57,19 @@ def _fail_spec(exc: SpecError) -> None:
 
 
 def _jobs(address: Optional[str], tracking_uri: Optional[str] = None) -> SweepJobs:
+    """The job client: each request to the job server gives up after ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``
+    seconds (default 30; exit 1 naming the address), so a dead or frozen job server does not hang the command;
+    exit 2 when that variable is not a positive number."""
+    from sweeps.run.reach import ray_connect_timeout_s
+
     # Status reads of an unreachable MLflow server fail within seconds instead of retrying for minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    return SweepJobs(address, tracking_uri=tracking_uri)
+    try:
+        timeout_s = ray_connect_timeout_s()
+    except InvalidInput as exc:
+        _fail(str(exc), EXIT_INVALID)
+    return SweepJobs(address, tracking_uri=tracking_uri, ray_timeout_s=timeout_s)
 
 
 def _print_state(state: SweepStatus) -> None:

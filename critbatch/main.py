@@ -113,13 +113,20 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
+#: ``--connect-timeout-s`` of ``run`` and ``resume`` (sweeps.run.reach.DEFAULT_CONNECT_TIMEOUT_S is the 30)
+_CONNECT_TIMEOUT_HELP = ("seconds a given Ray address (--address, $RAY_ADDRESS) may take to answer before the command "
+                         "exits 1 naming it, with nothing started (default: $CRITBATCH_RAY_CONNECT_TIMEOUT_S, else 30)")
+
+
 @app.command()
 def run(
     spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
     output: Path = typer.Option(..., "--output", "-o", help="output folder (created; must not hold another sweep)"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
     sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id (default: NAME-TIMESTAMP)"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray in-process)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address, the head's GCS HOST:PORT "
+                                          "(default: $RAY_ADDRESS, else start Ray in-process)"),
+    connect_timeout_s: Optional[float] = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress table"),
 ) -> None:
     """Run a sweep and find its critical batch size.
@@ -129,13 +136,16 @@ def run(
     from sweeps.run.api import run_sweep
 
     _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
-                                         ray_address=address, show_progress=progress))
+                                         ray_address=address, ray_connect_timeout_s=_timeout(connect_timeout_s),
+                                         show_progress=progress))
 
 
 @app.command()
 def resume(
     output: Path = typer.Argument(..., help="output folder of an interrupted sweep"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address, the head's GCS HOST:PORT "
+                                          "(default: $RAY_ADDRESS, else the one the sweep ran on)"),
+    connect_timeout_s: Optional[float] = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Resume an interrupted sweep from its output folder.
@@ -144,7 +154,19 @@ def resume(
     """
     from sweeps.run.api import resume_sweep
 
-    _sweep_and_report(lambda: resume_sweep(output, ray_address=address, show_progress=progress))
+    _sweep_and_report(lambda: resume_sweep(output, ray_address=address, ray_connect_timeout_s=_timeout(connect_timeout_s),
+                                           show_progress=progress))
+
+
+def _timeout(connect_timeout_s: float | None) -> float:
+    """``--connect-timeout-s`` resolved (:func:`sweeps.run.reach.ray_connect_timeout_s`); exit 2 when it, or
+    ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``, is not a positive number of seconds."""
+    from sweeps.run.reach import ray_connect_timeout_s
+
+    try:
+        return ray_connect_timeout_s(connect_timeout_s)
+    except InvalidInput as exc:
+        _fail_invalid(exc)
 
 
 def _sweep_and_report(call) -> None:
@@ -154,10 +176,15 @@ def _sweep_and_report(call) -> None:
 
     # one "A new study created in RDB" line per batch size said nothing the progress does not
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from sweeps.run.reach import RayUnreachable
+
     try:
         result = call().to_dict()  # a sweeps.run.context.SweepResult
     except InvalidInput as exc:  # a SpecError is an InvalidInput
         _fail_invalid(exc)
+    except RayUnreachable as exc:  # no sweep started: not "sweep failed"
+        console.print(Text.assemble(("error:", "bold red"), f" {exc}"), highlight=False)
+        raise typer.Exit(EXIT_FAILED)
     except CritbatchError as exc:
         console.print(Text.assemble(("sweep failed:", "bold red"), f" {exc}"), highlight=False)
         raise typer.Exit(EXIT_FAILED)

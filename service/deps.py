@@ -8,11 +8,12 @@ through these; no module-level state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.settings import Settings
 from sweeps.remote import BackendTimeout, SweepJobs
+from sweeps.remote.waiting import RAY_JOB_SERVER, Waiting, waiting_on
 from sweeps.spec.identity import is_valid_sweep_id
 
 __all__ = [
@@ -57,21 +59,44 @@ class Backend:
         """``fn()`` on the backend pool; its errors propagate (see :mod:`service.errors`).
 
         Raises:
-            BackendTimeout: no answer within ``timeout_s`` (default ``request_timeout_s``): 504.
+            BackendTimeout: no answer within ``timeout_s`` seconds (default ``request_timeout_s``): 504, naming
+                the backend and the request ``fn`` was waiting on (:class:`sweeps.remote.waiting.Waiting`), or
+                that no backend thread was free.
         """
         limit = timeout_s if timeout_s is not None else self.request_timeout_s
+        waiting = Waiting()
         try:
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, fn), limit)
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, waiting.run, fn), limit)
         except asyncio.TimeoutError:
-            raise BackendTimeout(f"the Ray cluster or MLflow did not answer within {limit:g} s") from None
+            raise BackendTimeout(waiting.describe(limit)) from None
+
+    @contextlib.contextmanager
+    def submitting(self) -> Iterator[None]:
+        """Hold :attr:`submit_lock` for the block; the wait for it counts as a wait on the Ray job server, which
+        the submission ahead is calling (a 504 then names it)."""
+        with waiting_on(RAY_JOB_SERVER, "the submission ahead of this one"):
+            self.submit_lock.acquire()
+        try:
+            yield
+        finally:
+            self.submit_lock.release()
 
     async def parse(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on the parse pool (request bodies: CPU seconds for a large one)."""
         return await asyncio.get_running_loop().run_in_executor(self.parse_pool, fn, *args)
 
     async def ready(self, fn: Callable[[], Any], timeout_s: float) -> Any:
-        """``fn()`` on the readiness pool; ``asyncio.TimeoutError`` after ``timeout_s``."""
-        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.ready_pool, fn), timeout_s)
+        """``fn()`` on the readiness pool.
+
+        Raises:
+            BackendTimeout: no answer within ``timeout_s`` seconds, naming what ``fn`` was waiting on.
+        """
+        waiting = Waiting()
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.ready_pool, waiting.run, fn),
+                                          timeout_s)
+        except asyncio.TimeoutError:
+            raise BackendTimeout(waiting.describe(timeout_s)) from None
 
 
 async def get_settings(request: Request) -> Settings:

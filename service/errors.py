@@ -60,7 +60,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"},
     413: {"model": ErrorOut, "description": "request body too large"},
     503: {"model": ErrorOut, "description": "the Ray cluster cannot be reached"},
-    504: {"model": ErrorOut, "description": "the Ray cluster or MLflow did not answer in time"},
+    504: {"model": ErrorOut, "description": "the Ray job server or MLflow did not answer in time (the detail names which)"},
 }
 NOT_FOUND_RESPONSE: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no sweep with this id"}}
 INVALID_RESPONSE: dict[int | str, dict[str, Any]] = {

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from fastapi import APIRouter, Depends
@@ -11,7 +10,7 @@ from fastapi.responses import JSONResponse
 from service.deps import Backend, get_backend, get_jobs, get_settings
 from service.schemas import HealthOut, ReadyOut
 from service.settings import Settings
-from sweeps.remote import SweepJobs
+from sweeps.remote import BackendTimeout, SweepJobs
 
 __all__ = ["router"]
 
@@ -31,13 +30,15 @@ async def readyz(
     jobs: SweepJobs = Depends(get_jobs),
     backend: Backend = Depends(get_backend),
 ) -> JSONResponse:
-    """Readiness: Ray's job server and MLflow answer within ``CRITBATCH_READY_TIMEOUT_S`` (no token)."""
+    """Readiness: what a submission needs answers within ``CRITBATCH_READY_TIMEOUT_S`` (no token): Ray's job
+    server lists its jobs (:meth:`SweepJobs.ping_ray`; its version route alone is not enough) and MLflow
+    answers. A dependency that does not is named by its key, with the request that got no answer."""
     checks: dict[str, str] = {}
     for name, fn in (("ray", jobs.ping_ray), ("mlflow", jobs.ping_mlflow)):
         try:
             checks[name] = await backend.ready(fn, settings.ready_timeout_s)
-        except asyncio.TimeoutError:
-            checks[name] = f"no answer within {settings.ready_timeout_s:g} s"
+        except BackendTimeout as exc:  # the check's limit, or the job client's own request timeout
+            checks[name] = str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure means not ready; no detail leaves the service
             log.warning("readiness check %s failed: %s", name, exc)
             checks[name] = f"unavailable ({type(exc).__name__})"

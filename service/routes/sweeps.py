@@ -72,7 +72,7 @@ def _submit(spec: SweepSpec, sweep_id: str | None, settings: Settings, jobs: Swe
         python=settings.job_python or default_job_python(jobs.address),
         storage_root=settings.storage_root,
     ) as staged:
-        with backend.submit_lock:  # the cap holds for concurrent POSTs
+        with backend.submitting():  # the cap holds for concurrent POSTs
             return jobs.submit(staged, max_active=settings.max_running), list(staged.warnings)
 
 

@@ -29,6 +29,7 @@ from sweeps.remote.errors import (
     TooManySweeps,
 )
 from sweeps.remote.staging import StagedSweep
+from sweeps.remote.waiting import MLFLOW, RAY_JOB_SERVER, waiting_on
 from sweeps.remote.status import SweepRuns, SweepStatus, TrialCounts, from_job, planned_trials, with_runs
 from sweeps.spec.identity import is_valid_sweep_id, redact_uri, same_tracking_uri
 from sweeps.tracking.reader import (
@@ -118,7 +119,8 @@ class SweepJobs:
         with self._lock:
             if self._client is None:
                 try:
-                    self._client = job_submission_client(self.address, self._headers, self.ray_timeout_s)
+                    with waiting_on(RAY_JOB_SERVER, "its version check, GET /api/version"):
+                        self._client = job_submission_client(self.address, self._headers, self.ray_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - requests/ConnectionError/RuntimeError
                     raise self._unavailable(exc) from None
             return self._client
@@ -126,14 +128,17 @@ class SweepJobs:
     def _unavailable(self, exc: Exception, what: str = "cannot reach the Ray job server") -> ClusterUnavailable:
         timed_out = type(exc).__name__ in ("Timeout", "ReadTimeout", "ConnectTimeout", "TimeoutError")
         if timed_out:
-            return BackendTimeout(f"the Ray job server did not answer within {self.ray_timeout_s or 0:g} s")
+            where = "" if self.public_errors else f" at {self.address or '(auto)'}"
+            return BackendTimeout(f"the Ray job server{where} did not answer within {self.ray_timeout_s or 0:g} s")
         if self.public_errors:
             return ClusterUnavailable(f"{what} ({type(exc).__name__})")
         return ClusterUnavailable(f"{what} at {self.address or '(auto)'}: {exc}")
 
     def _call(self, fn: str, *args: Any, sweep_id: str | None = None, **kwargs: Any) -> Any:
         try:
-            return getattr(self.client, fn)(*args, **kwargs)
+            client = self.client
+            with waiting_on(RAY_JOB_SERVER, fn):
+                return getattr(client, fn)(*args, **kwargs)
         except (ClusterUnavailable, SweepNotFound):
             raise
         except RuntimeError as exc:
@@ -168,14 +173,22 @@ class SweepJobs:
                    and str(getattr(j.status, "value", j.status)) in ("PENDING", "RUNNING"))
 
     def ping_ray(self) -> str:
-        """``"ok"`` if the job server answers (its version route), else raises :class:`ClusterUnavailable`."""
-        client = self.client
-        self._call("get_version") if hasattr(client, "get_version") else self._call("list_jobs")
+        """``"ok"`` if the job server answers what a submission asks: its job list (``GET /api/jobs/``, which
+        every submission under a cap on running sweeps reads; making the client first asks ``/api/version``).
+        A version route alone is not enough: a dashboard whose job routes hang (its port taken over by
+        another cluster's) still answers it.
+
+        Raises:
+            ClusterUnavailable: the job server cannot be reached or answered with an error
+                (:class:`BackendTimeout`: not within ``ray_timeout_s``).
+        """
+        self._call("list_jobs")
         return "ok"
 
     def ping_mlflow(self, timeout_s: float = 2.0) -> str:
         """:func:`sweeps.tracking.reader.ping_store` of this client's tracking URI."""
-        return ping_store(self.tracking_uri, timeout_s)
+        with waiting_on(MLFLOW, "a ping"):
+            return ping_store(self.tracking_uri, timeout_s)
 
     def submit(self, staged: StagedSweep, *, max_active: int | None = None) -> SweepStatus:
         """Submit a staged sweep, unless a job with its id exists (then :class:`SweepExists`), or
@@ -196,12 +209,14 @@ class SweepJobs:
                 raise TooManySweeps(active, max_active)
         for attempt in range(SUBMIT_ATTEMPTS):
             try:
-                self.client.submit_job(
-                    entrypoint=staged.entrypoint,
-                    submission_id=staged.sweep_id,
-                    runtime_env=staged.runtime_env,
-                    metadata=dict(staged.metadata),
-                )
+                client = self.client
+                with waiting_on(RAY_JOB_SERVER, "submit_job (the upload and the submission)"):
+                    client.submit_job(
+                        entrypoint=staged.entrypoint,
+                        submission_id=staged.sweep_id,
+                        runtime_env=staged.runtime_env,
+                        metadata=dict(staged.metadata),
+                    )
                 break
             except ClusterUnavailable:
                 raise
@@ -336,13 +351,16 @@ class SweepJobs:
         if state.mlflow_error or state.parent_run_id is None or self._foreign_uri(uri):
             raise ReportNotReady(sweep_id, state.status, state.mlflow_error or state.reason or "no MLflow parent run")
         reader = self._reader_factory(uri)
-        cbs = reader.load_json_artifact(state.parent_run_id, ARTIFACT_CBS)
+        with waiting_on(MLFLOW, "the sweep's cbs.json"):
+            cbs = reader.load_json_artifact(state.parent_run_id, ARTIFACT_CBS)
         if cbs is None:
             raise ReportNotReady(sweep_id, state.status, state.reason or "the parent run has no cbs.json")
         exp_ids = [state.experiment_id] if state.experiment_id else []
         if ui_url is None and urlsplit(uri or "").scheme in ("http", "https"):
             ui_url = redact_uri(uri)
-        rows = trial_rows(reader.trials(sweep_id, exp_ids), ui_url, state.experiment_id)
+        with waiting_on(MLFLOW, "the sweep's trial runs"):
+            trials = reader.trials(sweep_id, exp_ids)
+        rows = trial_rows(trials, ui_url, state.experiment_id)
         return {
             "id": sweep_id,
             "status": state.status,
@@ -371,7 +389,8 @@ class SweepJobs:
         if not ok:
             return replace(ray, mlflow_error=why)
         try:
-            runs = self._read_runs(job, uri, ray.id, ray.status, reconcile=reconcile, with_trials=with_trials)
+            with waiting_on(MLFLOW, "the sweep's runs"):
+                runs = self._read_runs(job, uri, ray.id, ray.status, reconcile=reconcile, with_trials=with_trials)
         except Exception as exc:  # noqa: BLE001 - MLflow unreachable or erroring: Ray's view still stands
             if self.public_errors:  # neither the server's answer nor its address goes to the client
                 why = "no MLflow store there" if isinstance(exc, StoreRefused) else f"MLflow could not be read ({type(exc).__name__})"

@@ -20,9 +20,14 @@ __all__ = ["run_sweep", "resume_sweep", "prepare_sweep", "PreparedSweep", "Sweep
 
 
 def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-              ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
+              ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
+              show_progress: bool = True) -> SweepResult:
     """Run the sweep of ``spec`` into ``output`` (:func:`sweeps.run.driver.run_single_sweep`), or the
     comparison of its ``arms`` (:func:`sweeps.run.compare.run_comparison`).
+
+    ``ray_address`` (else ``RAY_ADDRESS``; neither: Ray starts in this process) must answer within
+    ``ray_connect_timeout_s`` seconds (default ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``, else 30:
+    :func:`sweeps.run.reach.ray_connect_timeout_s`).
 
     Returns:
         the :class:`SweepResult` (``ok``, ``status``, ``sweep_id``, ``cbs``, ``output``, ``message``,
@@ -31,31 +36,36 @@ def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None,
 
     Raises:
         InvalidInput: bad input of any kind (see the two functions above); nothing was created.
+        RayUnreachable: the Ray address did not answer in time (:mod:`sweeps.run.reach`); nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
     if spec.arms:
         from sweeps.run.compare import run_comparison
 
         return run_comparison(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
-                              show_progress=show_progress)
+                              ray_connect_timeout_s=ray_connect_timeout_s, show_progress=show_progress)
     from sweeps.run.driver import run_single_sweep
 
     return run_single_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
-                            show_progress=show_progress)
+                            ray_connect_timeout_s=ray_connect_timeout_s, show_progress=show_progress)
 
 
-def resume_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
+def resume_sweep(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
+                 show_progress: bool = True) -> SweepResult:
     """Continue the sweep (:func:`sweeps.run.driver.resume_single_sweep`) or the comparison
     (:func:`sweeps.run.compare.resume_comparison`) in ``output``; returns what :func:`run_sweep` returns.
 
     Raises:
         InvalidInput: ``output`` holds nothing to resume, or what it holds cannot be resumed (the message says why).
+        RayUnreachable: the Ray address did not answer within ``ray_connect_timeout_s`` seconds; nothing changed.
     """
     from sweeps.run.compare import is_comparison, resume_comparison
 
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
-        return resume_comparison(output, ray_address=ray_address, show_progress=show_progress)
+        return resume_comparison(output, ray_address=ray_address, ray_connect_timeout_s=ray_connect_timeout_s,
+                                 show_progress=show_progress)
     from sweeps.run.driver import resume_single_sweep
 
-    return resume_single_sweep(output, ray_address=ray_address, show_progress=show_progress)
+    return resume_single_sweep(output, ray_address=ray_address, ray_connect_timeout_s=ray_connect_timeout_s,
+                               show_progress=show_progress)

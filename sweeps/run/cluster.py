@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.run.reach import RayUnreachable, probe_ray_address, ray_connect_timeout_s
 from sweeps.spec import SweepSpec
 
 __all__ = ["init_ray", "ray_session", "cluster_shape", "plan_resources", "ResourcePlan", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
@@ -43,11 +44,15 @@ def trial_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def ray_session(address: str | None, spec: SweepSpec) -> Iterator[bool]:
+def ray_session(address: str | None, spec: SweepSpec, *, connect_timeout_s: float | None = None) -> Iterator[bool]:
     """:func:`init_ray` for the block (yields whether this call connected or started Ray); Ray is shut down
     when the block ends if this call connected or started it, and left alone if it was already up (a
-    comparison's arms run inside the comparison's session)."""
-    started = init_ray(address, spec)
+    comparison's arms run inside the comparison's session).
+
+    Raises:
+        RayUnreachable: see :func:`init_ray`.
+    """
+    started = init_ray(address, spec, connect_timeout_s=connect_timeout_s)
     try:
         yield started
     finally:
@@ -57,10 +62,19 @@ def ray_session(address: str | None, spec: SweepSpec) -> Iterator[bool]:
             ray.shutdown()
 
 
-def init_ray(address: str | None, spec: SweepSpec) -> bool:
+def init_ray(address: str | None, spec: SweepSpec, *, connect_timeout_s: float | None = None) -> bool:
     """Connect to a cluster (``address`` or ``RAY_ADDRESS``) or start one in-process.
 
+    A given address is probed first (:func:`sweeps.run.reach.probe_ray_address`, within ``connect_timeout_s``
+    seconds; default :func:`sweeps.run.reach.ray_connect_timeout_s`), then connected with one GCS attempt.
+
     Returns True if this call started Ray (and so must shut it down).
+
+    Raises:
+        RayUnreachable: the address did not answer as a Ray cluster, or ``ray.init`` failed to connect
+            to it (Ray is left shut down).
+        InvalidInput: ``connect_timeout_s`` (or ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``) is not a positive number.
+        CritbatchError: Ray did not start in this process (see :data:`LOCAL_START_ATTEMPTS`).
     """
     import ray
 
@@ -75,7 +89,7 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
     runtime_env = {"env_vars": env}
     addr = address or os.environ.get("RAY_ADDRESS")
     if addr:
-        ray.init(address=addr, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+        _connect(addr, runtime_env, ray_connect_timeout_s(connect_timeout_s))
         return True
     # Local: the trials' Tune drivers mostly wait on their Train workers, so one extra logical CPU
     # lets `max_concurrent_trials` workers use every core (ray-notes.md: a trainable needs a
@@ -104,6 +118,31 @@ def init_ray(address: str | None, spec: SweepSpec) -> bool:
                     "--address HOST:PORT") from exc
             log.warning("Ray did not start (%s: %s); retrying", type(exc).__name__, exc)
     return True
+
+
+def _connect(address: str, runtime_env: dict, timeout_s: float) -> None:
+    """Probe ``address`` within ``timeout_s`` seconds, then ``ray.init`` it with one GCS attempt (Ray's default is
+    twenty, about five minutes on an address that accepts connections but is no GCS).
+
+    Raises:
+        RayUnreachable: the probe failed, or ``ray.init`` did (Ray is shut down again).
+    """
+    import ray
+
+    probe_ray_address(address, timeout_s)
+    unset = "RAY_gcs_server_port_wait_time_s" not in os.environ  # read by ray.init itself (Ray 2.60's node.py)
+    if unset:
+        os.environ["RAY_gcs_server_port_wait_time_s"] = "1"
+    try:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+    except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, TimeoutError of ray.init
+        ray.shutdown()
+        raise RayUnreachable(address, f"cannot connect to the Ray cluster at {address}: ray.init failed "
+                             f"({type(exc).__name__}: {str(exc)[:300] or 'no message'}). Nothing was started. Check "
+                             "--address (or RAY_ADDRESS): it takes the head's GCS address, HEAD:6379 by default") from None
+    finally:
+        if unset:
+            os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
 
 
 class _DropTokenAuthNotice(logging.Filter):
@@ -136,7 +175,7 @@ LOCAL_START_ATTEMPTS = 3
 def _transient_start_failure(exc: BaseException) -> bool:
     """Whether a failed in-process ``ray.init`` is worth retrying: Ray's own start-up timeout, or the
     ``EOFError`` / connection errors seen when its dashboard or GCS did not come up on a loaded
-    machine (issue 30: a resume died twice with a raw ``EOFError``)."""
+    machine (a resume was seen to die twice with a raw ``EOFError``)."""
     return "timed out during startup" in str(exc) or isinstance(exc, (EOFError, ConnectionError))
 
 

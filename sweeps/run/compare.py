@@ -71,7 +71,8 @@ def naming_arm(index: int, name: str) -> Iterator[None]:
 
 
 def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-                   ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
+                   ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
+                   show_progress: bool = True) -> SweepResult:
     """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them.
 
     Returns:
@@ -82,6 +83,8 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     Raises:
         InvalidInput: any arm's preflight fails, or ``OUT`` holds a sweep or another comparison. Nothing
             was created.
+        RayUnreachable: the Ray address did not answer within ``ray_connect_timeout_s`` seconds
+            (:mod:`sweeps.run.reach`); nothing was created.
     """
     from sweeps.run.cluster import cluster_shape, plan_resources, ray_session
     from sweeps.run.preflight import check_output_folder, resolve_paths
@@ -100,7 +103,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     for i, (name, arm) in enumerate(arms):
         with naming_arm(i, name):
             prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}")
-    with ray_session(ray_address, _sizing(arms)):
+    with ray_session(ray_address, _sizing(arms), connect_timeout_s=ray_connect_timeout_s):
         total, largest = cluster_shape()
         for i, (name, arm) in enumerate(arms):
             with naming_arm(i, name):
@@ -119,7 +122,8 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         return _run_arms(spec, output, state, show_progress)
 
 
-def resume_comparison(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
+def resume_comparison(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
+                      show_progress: bool = True) -> SweepResult:
     """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
 
     Raises:
@@ -134,7 +138,7 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, show_prog
     check_output_writable(output)  # before Ray: comparison.json and the arms' folders are written there
     arms = spec.arm_specs()
     address = ray_address or state.get("ray_address")
-    with ray_session(address, _sizing(arms)):
+    with ray_session(address, _sizing(arms), connect_timeout_s=ray_connect_timeout_s):
         state["status"] = "RUNNING"
         state["ray_address"] = address
         _save(output, state)

@@ -42,12 +42,15 @@ def run_single_sweep(
     tracking_uri: str | None = None,
     sweep_id: str | None = None,
     ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
     show_progress: bool = True,
 ) -> SweepResult:
     """Run a whole sweep (a spec without ``arms``: the front door, :func:`sweeps.run.api.run_sweep`, routes a
     comparison to :mod:`sweeps.run.compare`) and write ``OUT/cbs.json`` and ``OUT/report.html``.
 
-    The output folder is claimed atomically before anything starts (:func:`~sweeps.run.claims.claim_output_folder`);
+    Ray is connected (a given address within ``ray_connect_timeout_s`` seconds: :func:`sweeps.run.cluster.init_ray`)
+    and the trial bundle fitted to it before the output folder is claimed, atomically
+    (:func:`~sweeps.run.claims.claim_output_folder`): a dead address or a too-small cluster leaves nothing behind.
     SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`~sweeps.run.signals.StopSignals`).
 
     Returns:
@@ -58,18 +61,21 @@ def run_single_sweep(
     Raises:
         InvalidInput: see :func:`sweeps.run.prepare.prepare_sweep`; also an output folder that cannot be created,
             resources that cannot fit the cluster. Nothing was created.
+        RayUnreachable: the given Ray address did not answer within ``ray_connect_timeout_s``
+            (:mod:`sweeps.run.reach`); nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
     prepared = prepare_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id)
     output, sweep_id = prepared.output, prepared.sweep_id
     with StopSignals() as stop:
-        claim = claim_output_folder(output, sweep_id, prepared.fingerprint)  # exclusive: a second run exits 2
+        claim = None
         started = False
         tracker = None
         try:
-            with ray_session(ray_address, prepared.spec):
+            with ray_session(ray_address, prepared.spec, connect_timeout_s=ray_connect_timeout_s):
                 stop.install()  # ray.init replaced the SIGTERM handler
                 plan = _resource_plan(prepared.spec)
+                claim = claim_output_folder(output, sweep_id, prepared.fingerprint)  # exclusive: a second run exits 2
                 from sweeps.run.runners import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
@@ -93,9 +99,10 @@ def run_single_sweep(
             return SweepResult.stopped(sweep_id, output, "stopped before the sweep started; nothing was kept",
                                        stop.exit_code)
         finally:
-            if not started:
-                _discard(output, tracker)
-            claim.release(remove=not started)
+            if claim is not None:  # none: Ray, the cluster's size or the claim itself refused the sweep
+                if not started:
+                    _discard(output, tracker)
+                claim.release(remove=not started)
 
 
 def _resource_plan(spec: SweepSpec) -> ResourcePlan:
@@ -149,7 +156,8 @@ def _discard(output: Path, tracker) -> None:
     SpaceReserve(output).release()
 
 
-def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_progress: bool = True) -> SweepResult:
+def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
+                        show_progress: bool = True) -> SweepResult:
     """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept); not a
     comparison (the front door, :func:`sweeps.run.api.resume_sweep`, routes one to :mod:`sweeps.run.compare`).
 
@@ -160,6 +168,8 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_pr
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
             no longer validates, it is not writable, an input it started with changed or is gone
             (:func:`sweeps.run.inputs.check_inputs_unchanged`), or another driver is running there.
+        RayUnreachable: the Ray address (given, else the one the sweep ran on) did not answer within
+            ``ray_connect_timeout_s`` (:mod:`sweeps.run.reach`); ``sweep.json`` is left as it was.
     """
     output = Path(output).expanduser().resolve()
     check_output_folder(output, resuming=True)
@@ -175,7 +185,7 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, show_pr
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:
-            with ray_session(ray_address or state.ray_address, spec):
+            with ray_session(ray_address or state.ray_address, spec, connect_timeout_s=ray_connect_timeout_s):
                 stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)

@@ -386,12 +386,13 @@ def resolve_paths(spec: SweepSpec) -> SweepSpec:
 
 
 def check_output_folder(output: Path, *, resuming: bool = False) -> None:
-    """Refuse an output folder that holds another sweep (unless resuming it).
+    """Refuse an output folder that holds another sweep (unless resuming it), or that cannot be created.
 
-    A quick look, not the claim (:func:`claim_output_folder` makes it atomic).
+    A quick look, not the claim (:func:`claim_output_folder` makes it atomic), before Ray is reached.
 
     Raises:
-        InvalidInput: ``OUT/sweep.json`` exists and we are not resuming, or is missing when resuming.
+        InvalidInput: ``OUT/sweep.json`` exists and we are not resuming, or is missing when resuming; ``OUT``
+            is not a folder, or its nearest existing parent is not a folder this process may write in.
     """
     marker = output / "sweep.json"
     if resuming:
@@ -400,6 +401,10 @@ def check_output_folder(output: Path, *, resuming: bool = False) -> None:
         return
     if output.exists() and not output.is_dir():
         raise InvalidInput(f"--output {output} exists and is not a folder")
+    parent = next((p for p in output.parents if p.exists()), None) if not output.exists() else None
+    if parent is not None and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        why = "is not a folder" if not parent.is_dir() else "is not writable"
+        raise InvalidInput(f"--output {output}: cannot create the folder: {parent} {why}")
     if marker.is_file():
         try:
             held = json.loads(marker.read_text())

@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-2 min idle
 
 def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     """Two `critbatch run` into one new folder, started back to back: exactly one claims it; the other
-    exits 2 before Ray starts, naming the winner; sweep.json is the winner's, MLflow has its run only;
-    a `critbatch resume` of the live sweep is refused too. Once it is stopped, its corpus changes: the
+    exits 2 before its sweep starts (once it has connected to Ray, which comes first), naming the winner;
+    sweep.json is the winner's, MLflow has its run only; a `critbatch resume` of the live sweep is refused
+    too. Once it is stopped, its corpus changes: the
     resume is refused too (exit 2, naming data.path and both hashes), since it would train the remaining
     trials on other data."""
     import shutil
