@@ -19,6 +19,7 @@ __all__ = [
     "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
     "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
     "whole_tune_snapshots_on_local_storage", "without_idle_train_helpers", "quiet_slow_result_processing",
+    "snapshot_when_a_trial_ends",
 ]
 
 
@@ -119,6 +120,40 @@ def whole_tune_snapshots_on_local_storage() -> None:
 
     upload.critbatch_whole_files = True
     storage._upload_to_fs_path = upload
+
+
+def snapshot_when_a_trial_ends() -> None:
+    """Make Tune save its experiment snapshot as soon as a trial has ended (or a new one was created), not up
+    to ``TUNE_GLOBAL_CHECKPOINT_S`` later (idempotent; only this process, the driver).
+
+    Why: a driver killed within those seconds of a trial's end left the trial ``RUNNING`` in the last
+    snapshot, and the resume (or a retried job) ran it again from its last checkpoint: a trial that had
+    COMPLETED trained its last milestone twice, and a retried job whose model had changed meanwhile
+    restarted it three times into a size mismatch and ended it FAILED (2026-12, an operator's RayJob
+    retry). Tune's controller calls its private ``TuneController.checkpoint(force=False)`` after every
+    step and skips the save until the period has passed (Ray 2.60); it is wrapped to pass ``force=True``
+    when the trials (``self._trials``: how many, how many ``TERMINATED`` or ``ERROR``) changed since its
+    last call, so the snapshot that records a trial's end is written (and its copy to the storage
+    launched) in the step that ended it. A trial created next is saved in the step that created it too:
+    else a kill before the next periodic save left it out of the snapshot while its folder and report
+    log existed, the restored searcher asked for it again, and the sweep listed one trial more than
+    planned. A kill between a trial's end and that save (the same step) still re-runs it.
+    """
+    from ray.tune.execution.tune_controller import TuneController
+
+    if getattr(TuneController.checkpoint, "critbatch_on_trial_end", False):
+        return
+    tune_checkpoint = TuneController.checkpoint
+
+    def checkpoint(self, force: bool = False, wait: bool = False):
+        trials = (len(self._trials), sum(1 for t in self._trials if t.status in ("TERMINATED", "ERROR")))
+        if trials != getattr(self, "_critbatch_trials", trials):
+            force = True
+        self._critbatch_trials = trials
+        return tune_checkpoint(self, force=force, wait=wait)
+
+    checkpoint.critbatch_on_trial_end = True
+    TuneController.checkpoint = checkpoint
 
 
 def _copy_tree_by_whole_files(source: str, target: str) -> None:

@@ -1,6 +1,8 @@
 """Who owns a sweep: the output folder claimed by one driver at a time (``flock`` plus an exclusive
 ``sweep.json``), and a sweep id bound to its spec's fingerprint wherever the sweep keeps state (the
-shared storage root, MLflow parent runs, Optuna studies), so that one id never mixes two specs.
+shared storage root, MLflow parent runs, Optuna studies), so that one id never mixes two specs. The shared
+storage root's binding also records the content hashes of the sweep's inputs, which a retried job is
+checked against (``sweeps.run.inputs``), since the fingerprint holds their paths only.
 
 Each refusal is an :class:`~sweeps.errors.InvalidInput` naming the folder or store and the holder.
 """
@@ -31,7 +33,7 @@ __all__ = [
 
 
 #: the file in a sweep's shared storage root (``resources.storage_path/<sweep id>``) that binds its
-#: sweep id to its spec's fingerprint
+#: sweep id to its spec's fingerprint and records its inputs' content hashes
 STORAGE_BINDING_FILE = "critbatch-sweep.json"
 
 
@@ -45,7 +47,8 @@ def _fs_of(root: str):
 
 
 def read_storage_binding(root: str) -> dict | None:
-    """The ``{"sweep_id", "fingerprint"}`` stored in a sweep's storage root, or None if there is none."""
+    """The ``{"sweep_id", "fingerprint", "inputs"}`` stored in a sweep's storage root, or None if there is none
+    (``inputs`` is missing in a binding written before inputs were recorded there)."""
     fs, path = _fs_of(root)
     try:
         with fs.open_input_stream(f"{path}/{STORAGE_BINDING_FILE}") as f:
@@ -54,12 +57,22 @@ def read_storage_binding(root: str) -> dict | None:
         return None
 
 
-def write_storage_binding(root: str, sweep_id: str, fingerprint: str) -> None:
-    """Record in the storage root which spec (by fingerprint) this sweep id runs."""
+def write_storage_binding(root: str, sweep_id: str, fingerprint: str, inputs: dict | None = None) -> None:
+    """Record in the storage root which spec (by fingerprint) this sweep id runs, and on which inputs
+    (:func:`sweeps.run.inputs.pin_inputs`; None: not recorded). Whole or not at all: a local root through
+    :func:`sweeps.files.write_json`, an object store by its own single put.
+
+    Raises:
+        WriteFailed: a local write failed; the previous binding is unchanged.
+    """
+    data = {"sweep_id": sweep_id, "fingerprint": fingerprint, "inputs": inputs}
     fs, path = _fs_of(root)
     fs.create_dir(path, recursive=True)
+    if "://" not in root:
+        write_json(Path(path) / STORAGE_BINDING_FILE, data)
+        return
     with fs.open_output_stream(f"{path}/{STORAGE_BINDING_FILE}") as f:
-        f.write(json.dumps({"sweep_id": sweep_id, "fingerprint": fingerprint}).encode())
+        f.write(json.dumps(data).encode())
 
 
 def check_sweep_id_binding(sweep_id: str, fingerprint: str, *, storage_root: str | None = None,

@@ -43,6 +43,8 @@ class PreparedSweep:
             the trials get it with their data inputs (:func:`sweeps.run.workload.with_inputs`).
         facts: FLOPs per token and real tokens per sequence of that workload, each counted once, when
             first asked (:class:`sweeps.run.workload.WorkloadFacts`).
+        inputs: the content hashes of its inputs (:func:`sweeps.run.inputs.pin_inputs`), hashed once here;
+            a resumed sweep's are those ``sweep.json`` pinned.
     """
 
     spec: SweepSpec
@@ -53,6 +55,7 @@ class PreparedSweep:
     storage_root: str
     workload: WorkloadConfig
     facts: WorkloadFacts
+    inputs: dict[str, dict[str, Any]] | None = None
 
     @property
     def shared_storage(self) -> bool:

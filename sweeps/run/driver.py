@@ -133,12 +133,12 @@ def _start(prepared: PreparedSweep, tracker, *, ray_address: str | None) -> Swee
         tracker.start_parent()
     except Exception as exc:  # noqa: BLE001
         raise CritbatchError(f"cannot create the sweep's MLflow run at {prepared.tracking_uri}: {exc}") from None
-    if prepared.shared_storage:
-        write_storage_binding(root, tracker.sweep_id, tracker.fingerprint)
+    if prepared.shared_storage:  # a retried job is checked against these (sweeps.run.prepare)
+        write_storage_binding(root, tracker.sweep_id, tracker.fingerprint, prepared.inputs)
     state = SweepState(sweep_id=tracker.sweep_id, fingerprint=tracker.fingerprint, tracking_uri=prepared.tracking_uri,
                        experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
-                       optuna_storage=optuna_storage_url(output), inputs=pin_inputs(spec))
+                       optuna_storage=optuna_storage_url(output), inputs=prepared.inputs)
     SpaceReserve(output).keep()  # room to record a crash on a full disk
     _write_spec(output, spec)
     state.save(output)
@@ -162,7 +162,9 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
     comparison (the front door, :func:`sweeps.run.api.resume_sweep`, routes one to :mod:`sweeps.run.compare`).
 
     Unfinished trials continue from their last checkpoint (every report it holds is sent again,
-    so no milestone is lost); finished ones are not rerun.
+    so no milestone is lost); finished ones are not rerun. The inputs are checked against those ``sweep.json``
+    pinned (:func:`sweeps.run.inputs.check_inputs_unchanged`, the gate a retried job goes through too); a
+    sweep started before inputs were pinned is resumed unchecked and pinned now.
 
     Raises:
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
@@ -178,7 +180,10 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
     if state.status in FINISHED_STATUSES and (output / "cbs.json").is_file() and not state.error:
         raise InvalidInput(f"sweep '{state.sweep_id}' in {output} already finished ({state.status})")
     check_output_writable(output)  # before Ray: its lock, state and records are written there
-    check_inputs_unchanged(state.inputs, output)
+    inputs = pin_inputs(spec, hf_config_from=str(output / "spec.yaml"), missing_ok=True)
+    check_inputs_unchanged(state.inputs, inputs, since=f"the sweep in {output} started")
+    if state.inputs is None and not any(r.get("missing") for r in inputs.values()):
+        state.inputs = inputs  # from here on, a resume (or a retried job) is checked against these
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
     check_optuna_storage(state.optuna_storage or optuna_storage_url(output), source=f"resume of {output}")
     prepared = resumed_sweep(spec, output, state)
@@ -222,10 +227,13 @@ def _attach_shared(prepared: PreparedSweep, ray_address: str | None) -> tuple[An
         raise InvalidInput(f"shared storage {prepared.storage_root} holds sweep '{sweep_id}' but MLflow at {uri} has no "
                            "parent run for it")
     tracker.attach_parent(exp.experiment_id, parents[0].info.run_id)
+    # the inputs were checked against the storage root's (sweeps.run.prepare): the same, or none recorded
+    # there yet (a sweep started before they were), which are recorded now
+    write_storage_binding(prepared.storage_root, sweep_id, prepared.fingerprint, prepared.inputs)
     state = SweepState(sweep_id=sweep_id, fingerprint=prepared.fingerprint, tracking_uri=uri,
                        experiment_id=exp.experiment_id, parent_run_id=parents[0].info.run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=prepared.storage_root,
-                       optuna_storage=optuna_storage_url(output))
+                       optuna_storage=optuna_storage_url(output), inputs=prepared.inputs)
     SpaceReserve(output).keep()
     _write_spec(output, spec)
     state.save(output)

@@ -17,6 +17,7 @@ from sweeps._compat import (
     quiet_slow_result_processing,
     reattach_restored_tuner,
     searcher_inside,
+    snapshot_when_a_trial_ends,
     whole_tune_snapshots_on_local_storage,
 )
 from sweeps.errors import InvalidInput
@@ -67,6 +68,7 @@ def execute_sweep(run: SweepRun) -> SweepResult:
     quiet_metrics_of_trials_without_results()  # Tune reads every trial's results in restore() and fit()
     quiet_slow_result_processing()  # Tune's "process_trial_result ... bottleneck" warnings, not the others
     whole_tune_snapshots_on_local_storage()  # a full disk must not cut Tune's snapshot in OUT short
+    snapshot_when_a_trial_ends()  # a driver killed just after a trial ended must not run it again
     try:
         if parts.runners is not None:
             parts.runners.start()  # their workers start (imports, corpus) while Tune sets up

@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
-from sweeps.run.claims import check_sweep_id_binding
+from sweeps.run.claims import STORAGE_BINDING_FILE, check_sweep_id_binding, read_storage_binding
 from sweeps.run.context import PreparedSweep
+from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.preflight import (
     check_data_files,
     check_milestones,
@@ -54,10 +55,13 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
     Raises:
         InvalidInput: a batch size whose step passes several milestones (``sweeps.run.preflight.check_milestones``),
             bad data, a tracking URI MLflow would refuse, an output folder that holds (or is being claimed by)
-            another sweep, a bad sweep id, a sweep id bound to another spec's fingerprint, an Optuna storage
-            that cannot be used.
+            another sweep, a bad sweep id, a sweep id bound to another spec's fingerprint, a sweep id whose
+            shared storage root records other inputs (a retried job whose tokenizer, corpus, model config or
+            checkpoint changed: :func:`sweeps.run.inputs.check_inputs_unchanged`), an Optuna storage that
+            cannot be used.
     """
     fingerprint = fingerprint if fingerprint is not None else spec.fingerprint()  # of the spec as given
+    hf_config_from = spec.model.hf_config if isinstance(spec.model.hf_config, str) else None  # read by resolve_paths
     check_milestones(spec)
     facts = check_data_files(spec)
     for warning in spec_warnings(spec) + window_warnings(spec, facts):  # validate prints them too; a run should not hide them
@@ -76,16 +80,24 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
     if os.environ.get("CRITBATCH_OPTUNA_STORAGE"):
         check_optuna_storage(os.environ["CRITBATCH_OPTUNA_STORAGE"], source="CRITBATCH_OPTUNA_STORAGE")
     root = storage_root(spec, output, sweep_id)
-    check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if root != str(output) else None,
+    shared = root != str(output)
+    check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if shared else None,
                            mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
                            optuna_storage=os.environ.get("CRITBATCH_OPTUNA_STORAGE"))
+    bound = read_storage_binding(root) if shared else None
+    recorded = (bound or {}).get("inputs")  # a retried job: the sweep's start is on the shared storage root
+    inputs = pin_inputs(spec, hf_config_from=hf_config_from, missing_ok=recorded is not None)
+    if recorded is not None:
+        check_inputs_unchanged(recorded, inputs,
+                               since=f"sweep {sweep_id!r} started (recorded in {root}/{STORAGE_BINDING_FILE})",
+                               remedy="put the originals back to resume it, or run with another --sweep-id")
     return PreparedSweep(spec=spec, output=output, sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri,
-                         storage_root=root, workload=workload, facts=accounting)
+                         storage_root=root, workload=workload, facts=accounting, inputs=inputs)
 
 
 def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedSweep:
     """The :class:`~sweeps.run.context.PreparedSweep` of a started sweep: its resolved spec (``OUT/spec.yaml``)
-    and its saved state (``OUT/sweep.json``); nothing is checked here.
+    and its saved state (``OUT/sweep.json``, whose pinned inputs it carries); nothing is checked here.
 
     Raises:
         InvalidInput: see :func:`sweeps.run.workload.workload_config`.
@@ -93,7 +105,7 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedS
     workload = workload_config(spec)
     return PreparedSweep(spec=spec, output=Path(output), sweep_id=state.sweep_id, fingerprint=state.fingerprint,
                          tracking_uri=state.tracking_uri, storage_root=state.storage_root, workload=workload,
-                         facts=WorkloadFacts(spec, workload))
+                         facts=WorkloadFacts(spec, workload), inputs=state.inputs)
 
 
 def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:

@@ -204,3 +204,43 @@ def test_tunes_slow_result_processing_warnings_are_dropped_and_every_other_slow_
     finally:
         log.removeHandler(handler)
     assert [m.split(" operation")[0] for m in seen] == ["The `callbacks.on_trial_result`", "The `on_step_begin`"]
+
+
+def test_tunes_snapshot_is_forced_in_the_step_a_trial_ends(monkeypatch):
+    """A driver killed within ``TUNE_GLOBAL_CHECKPOINT_S`` of a trial's end left it RUNNING in the snapshot, and
+    a resume ran it again: the wrapped ``TuneController.checkpoint`` forces the save when a trial ended or was
+    created, and leaves Tune's throttle alone otherwise."""
+    import inspect
+    from types import SimpleNamespace
+
+    from ray.tune.execution.tune_controller import TuneController
+
+    src = inspect.getsource(TuneController)
+    assert "self._trials: List[Trial] = []" in src and "self.checkpoint()" in inspect.getsource(TuneController.step)
+    assert list(inspect.signature(TuneController.checkpoint).parameters) == ["self", "force", "wait"]
+    forced: list[bool] = []
+
+    class Manager:
+        def sync_up_experiment_state(self, save_fn, force, wait):
+            forced.append(force)
+
+    monkeypatch.setattr(TuneController, "checkpoint", TuneController.checkpoint)  # restored after the test
+    _compat.snapshot_when_a_trial_ends()
+    _compat.snapshot_when_a_trial_ends()  # idempotent
+    assert TuneController.checkpoint.critbatch_on_trial_end
+    trials = [SimpleNamespace(status="TERMINATED"), SimpleNamespace(status="RUNNING")]
+    controller = SimpleNamespace(_trials=trials, _checkpoint_manager=Manager(), save_to_dir=lambda: None)
+    step = TuneController.checkpoint
+    step(controller)  # the first step (a restored run: its ended trials are the baseline)
+    step(controller)
+    trials[1].status = "TERMINATED"
+    step(controller)
+    step(controller)
+    trials.append(SimpleNamespace(status="PENDING"))  # created
+    step(controller)
+    trials[2].status = "RUNNING"  # started: saved when Tune's period has passed
+    step(controller)
+    trials[2].status = "ERROR"
+    step(controller)
+    step(controller, force=True)  # Tune's own forced saves pass through
+    assert forced == [False, False, True, False, True, False, True, True]
