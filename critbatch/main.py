@@ -343,7 +343,8 @@ def _beside_b_crit(cbs: dict) -> str:
         parts.append(f"for the fewest tokens: global batches up to 0.2 b_crit = {over:.1f} sequences"
                      f"{_ci_text(cbs.get('b_compute_overhead_20_ci'))} cost at most 20 % more compute than the least")
     if cbs.get("cbs_20") is not None:
-        parts.append(f"another definition, Zhang et al.'s 20% CBS from B0={cbs.get('reference_batch')}: "
+        b0 = cbs.get("reference_batch")
+        parts.append(f"another definition, Zhang et al.'s 20% CBS from B0={f'{b0:g}' if isinstance(b0, (int, float)) else b0}: "
                      f"{cbs['cbs_20']:.1f} sequences{_ci_text(cbs.get('cbs_20_ci'))} (b_crit's interval mapped through "
                      "0.2 b_crit + 1.2 B0: narrower by the constant, not better known)")
     return "beside it: " + "; ".join(parts) if parts else ""

@@ -40,7 +40,7 @@ class _TrialsWithoutResults:
 
 def quiet_metrics_of_trials_without_results() -> None:
     """Silence Tune's warning about trials that have no results, in ``Tuner.restore()`` and when ``fit()``
-    returns (issue 30).
+    returns.
 
     A sweep stopped (or resumed) while a trial had not reported yet printed
     ``FileNotFoundError('Could not fetch metrics for run_trial_...')``: Tune's ``ExperimentAnalysis``
@@ -215,7 +215,7 @@ def searcher_inside(search_alg: Any, *, has: str = "exhausted") -> Any:
 
 def without_idle_train_helpers(callbacks: list, *, has_datasets: bool) -> list:
     """Ray Train's default controller callbacks less the two whose helper process a critbatch trial does
-    not need (issue 29).
+    not need.
 
     Why: every trial is a fresh Ray Train run, and each of these callbacks starts one more Ray actor, a
     fresh Python process of ~200 MB, before the trial's first step (docs/benchmarks.md, "Per-trial

@@ -96,7 +96,7 @@ def check_data_files(spec: SweepSpec) -> dict | None:
 
 def window_warnings(spec: SweepSpec, facts: dict | None) -> list[str]:
     """One sentence when a batch size draws more sequences per optimizer step than the training split holds
-    distinct ones (issue 30): its windows then overlap or repeat within one batch, which carries less than
+    distinct ones: its windows then overlap or repeat within one batch, which carries less than
     its size says (the gradient noise, and so the critical batch size, are measured on fewer distinct data).
 
     Counted from :func:`check_data_files`' facts, without reading the corpus again: a pretraining split of
@@ -195,7 +195,7 @@ def check_optuna_storage(url: str, *, source: str, wait_s: float = OPTUNA_LOCK_W
     """Refuse an Optuna SQLite storage that another process holds locked, before anything starts.
 
     Without this check the sweep failed ~50 s in (Ray connected, data prepared, an MLflow parent
-    run created) with a SQLAlchemy traceback (issue 30). Only ``sqlite:///`` storages are checked:
+    run created) with a SQLAlchemy traceback. Only ``sqlite:///`` storages are checked:
     a write transaction is opened (``BEGIN IMMEDIATE``, waiting up to ``wait_s`` seconds for a lock)
     and rolled back, so nothing is written; a file that does not exist yet is created by Optuna
     later and is not checked. Other databases (PostgreSQL, MySQL) are left to Optuna.
@@ -269,7 +269,7 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
 def budget_warnings(spec: SweepSpec) -> list[str]:
     """One sentence naming the batch sizes whose step (``B x context_length_tokens``) does not divide
     ``budget_tokens``: the loop stops after the first step at or past the budget, so they train (and
-    report their last point) up to one step past it, more tokens than the others (issue 30's kind: the
+    report their last point) up to one step past it, more tokens than the others (so the
     equal-compute comparison is off by that much). Fine-tuning steps count real tokens and are not judged."""
     if spec.workload != "pretrain":
         return []
@@ -301,7 +301,7 @@ def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[
 
 
 def milestone_warnings(spec: SweepSpec) -> list[str]:
-    """One sentence per batch size that cannot report at every milestone (issue 30): its optimizer step
+    """One sentence per batch size that cannot report at every milestone: its optimizer step
     (``B x context_length_tokens`` tokens, the batch ramp's last batch if ``batch_warmup``; with fine-tuning
     an upper bound, padding is not counted) is longer than the spacing of ``eval.milestones`` over
     ``budget_tokens``, so some milestones fold into one report and its curve has fewer points, at other
@@ -327,7 +327,7 @@ def most_milestones(spec: SweepSpec) -> int:
 
 
 def check_milestones(spec: SweepSpec) -> None:
-    """Refuse a spec in which a batch size's optimizer step passes several milestones (issue 30).
+    """Refuse a spec in which a batch size's optimizer step passes several milestones.
 
     Such a batch size is evaluated once for the milestones one step passes (there is no model state at
     the milestones it jumps over), so its curve would have fewer points than the others'. With

@@ -60,7 +60,7 @@ def test_remote_inputs_are_recorded_unpinned(tmp_path, tiny_spec_dict):
 
 
 def test_a_shard_rewritten_under_an_unchanged_index_is_refused(tmp_path, tiny_spec_dict):
-    """Issue 30, the kind: the index pins the shards' hashes, but a shard file rewritten in place (same size,
+    """The index pins the shards' hashes, but a shard file rewritten in place (same size,
     the index untouched) used to pass the resume check, so its remaining trials would train on other data."""
     import json
     import os
