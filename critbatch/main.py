@@ -106,7 +106,7 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         f"{s.search.trials_per_batch_size} trials x {len(s.seeds)} seed(s) = {s.n_trials} trials, "
         f"{s.budget_tokens} tokens each; LR placement: {s.search.strategy}"
         + (f"; then waves of {s.search.precision.trials_per_wave} until b_crit's interval is within "
-           f"{s.search.precision.b_crit_ratio:g}x, up to {s.max_trials} trials" if s.search.precision else ""),
+           f"{s.search.precision.b_crit_ratio:g}x, up to {s.max_trials} trials' worth of tokens" if s.search.precision else ""),
         highlight=False,
     )
     for warning in spec_warnings(s) + window_warnings(s, facts):

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points, cbs_20_interval
 from sweeps.analysis.lr_scaling import lr_scaling, open_bracket_gains, open_lr_brackets
 from sweeps.analysis.summary import caveats, headline
-from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, best_at_budget, censored_points, choose_targets,
+from sweeps.analysis.targets import (TARGET_RULE, TARGET_RULE_GIVEN, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
 
@@ -85,6 +86,8 @@ def analyze_trials(
         return _with_headline(_no_fit(result, status="no_completed_trials",
                                       message="no trial completed: there is nothing to analyse"))
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
+    if targets:
+        result["target_rule"] = TARGET_RULE_GIVEN
     if not tlist:
         return _with_headline(_no_fit(result, status="no_targets", message="no target loss could be chosen from the "
                                       "curves (too few batch sizes or milestones completed): give `targets` or run "
@@ -341,6 +344,8 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     if ref <= 0:
         raise InvalidInput("--reference-batch must be positive")
     records = [TrialRecord.from_dict(r) for r in rows]
+    if targets is None:  # the targets the sweep fixed in its spec, as the driver analysed it
+        targets = _spec_targets(p.parent / "spec.yaml")
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
@@ -349,6 +354,19 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
         if k in prev and k not in out:
             out[k] = prev[k]
     return out
+
+
+def _spec_targets(path: Path) -> list[float] | None:
+    """The ``targets`` (nats) of the spec a sweep stored beside its records (``OUT/spec.yaml``), or None (no spec
+    there, or a spec without fixed targets: the analysis then chooses them from the curves, as the driver did)."""
+    if not path.is_file():
+        return None
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    got = spec.get("targets") if isinstance(spec, dict) else None
+    return [float(t) for t in got] if isinstance(got, list) and got else None
 
 
 def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | None = None,

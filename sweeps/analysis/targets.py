@@ -15,7 +15,7 @@ import numpy as np
 from sweeps.errors import InvalidInput
 
 __all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "censored_points",
-           "last_tokens_by_batch", "choose_targets", "best_at_budget", "TARGET_RULE"]
+           "last_tokens_by_batch", "choose_targets", "best_at_budget", "TARGET_RULE", "TARGET_RULE_GIVEN"]
 
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
@@ -27,6 +27,9 @@ TARGET_RULE = (
     "last of them's lowest loss there and its milestone before, so that no point sits on a milestone; the "
     "others are spaced evenly above it"
 )
+#: :data:`TARGET_RULE` when the target losses were given (fixed in the spec, or ``critbatch analyze --target``)
+TARGET_RULE_GIVEN = TARGET_RULE.split("; the lowest automatic target")[0] + "; the target losses were given (the spec's " \
+    "targets, or --target), not chosen from the curves"
 
 
 def _first_crossing(tokens: Sequence[float], losses: Sequence[float], target: float) -> tuple[float, int] | None:

@@ -435,6 +435,27 @@ def test_analyze_trials_file_reproduces_cbs_json(tmp_path):
     assert 4 <= out["b_crit_ci"][0] < out["b_crit"] < out["b_crit_ci"][1] <= 256
 
 
+def test_analyze_trials_file_uses_the_targets_the_sweeps_spec_fixed(tmp_path):
+    """A sweep whose spec fixes its target losses was analysed at them: its re-analysis is too (it chose others
+    from the curves, and gave another b_crit than ``cbs.json``'s)."""
+    from sweeps.analysis.targets import TARGET_RULE_GIVEN
+
+    trials = _synthetic_trials()
+    cbs = finite_json(analyze_trials(trials, context_length_tokens=64, reference_batch=16, flops_per_token=10.0,
+                                     targets=[1.6, 1.5]))
+    cbs |= {"sweep_id": "s1", "flops_per_token": 10.0, "trials_planned": 14}
+    assert cbs["target_rule"] == TARGET_RULE_GIVEN != TARGET_RULE
+    (tmp_path / "cbs.json").write_text(json.dumps(cbs))
+    (tmp_path / "trials.json").write_text(json.dumps(finite_json([t.to_dict() for t in trials])))
+    (tmp_path / "spec.yaml").write_text("name: s\ntargets: [1.5, 1.6]\n")
+    r = CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == json.loads(json.dumps(cbs))
+    (tmp_path / "spec.yaml").write_text("name: s\ntargets: null\n")  # no fixed targets: chosen from the curves
+    auto = json.loads(CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json")]).stdout)
+    assert [t["target_loss"] for t in auto["targets"]] != [1.6, 1.5] and auto["target_rule"] == TARGET_RULE
+
+
 @pytest.mark.parametrize("args,msg", [
     ([], "exactly one of --csv, --trials or --comparison"),
     (["--trials", "nope.json"], "not found"),
