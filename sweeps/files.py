@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from sweeps.errors import WriteFailed
 
-__all__ = ["write_atomic", "write_json", "append_line", "read_json_lines", "replace_tree", "write_failed",
+__all__ = ["write_atomic", "write_json", "append_line", "read_json_lines", "read_tail", "replace_tree", "write_failed",
            "out_of_space_cause", "SpaceReserve"]
 
 #: errnos that mean the filesystem has no room (ENOSPC) or the user's quota is spent (EDQUOT)
@@ -184,6 +184,18 @@ def read_json_lines(path: str | os.PathLike) -> list[dict]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def read_tail(path: str | os.PathLike | None, chars: int) -> str | None:
+    """The last ``chars`` characters of the text file ``path`` (undecodable bytes replaced), or None if
+    there is no path or the file cannot be read."""
+    if not path:
+        return None
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError:
+        return None
 
 
 def replace_tree(src: str | os.PathLike, dst: str | os.PathLike, *, extra: dict[str, bytes | str] | None = None) -> Path:

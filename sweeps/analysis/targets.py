@@ -81,6 +81,9 @@ class TrialRecord:
     optimizer_state_bytes_per_param: float | None = None
     #: trainable parameters (the first report's ``trainable_params``); None when not reported (older sweeps)
     trainable_params: float | None = None
+    #: a FAILED trial's error, the line that says what went wrong (``sweeps.tracking.schema.trial_error_line``:
+    #: "... no space left on device while writing the checkpoint to PATH ..."); None otherwise, or not known
+    error: str | None = None
 
     @property
     def final_loss(self) -> float | None:
@@ -109,7 +112,8 @@ class TrialRecord:
                 flops=[float(x) if x is not None else math.nan for x in d.get("flops") or []],
                 b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}),
                 optimizer_state_bytes_per_param=_float_or_none(d.get("optimizer_state_bytes_per_param")),
-                trainable_params=_float_or_none(d.get("trainable_params")))
+                trainable_params=_float_or_none(d.get("trainable_params")),
+                error=str(d["error"]) if d.get("error") is not None else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"a trial record lacks or mistypes a field ({exc!r})") from None
 

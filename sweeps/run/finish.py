@@ -22,7 +22,7 @@ from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
 
-__all__ = ["finish_sweep", "sweep_analysis", "PRECISION_FILE"]
+__all__ = ["finish_sweep", "sweep_analysis", "full_disk_note", "PRECISION_FILE"]
 
 #: ``search.precision``'s waves and outcome, written after each wave (``OUT/precision.json``), read into ``cbs.json``
 PRECISION_FILE = "precision.json"
@@ -185,7 +185,22 @@ def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopp
     if budget_note and not stopped:
         message = f"{budget_note}: analysed the {counts.get('COMPLETED', 0)} trial(s) that completed" + (
             f"; {message}" if message else "")
+    full_disk = full_disk_note(records)
+    if full_disk:
+        message = f"{message}; {full_disk}" if message else full_disk
     return status, message
+
+
+def full_disk_note(records: list) -> str:
+    """"N of the M failed trial(s) found their disk full (trial ID: no space left on device while writing
+    ...)" when a FAILED trial's error names a full filesystem (``schema.names_full_disk``), else "": a
+    sweep whose trials failed so says it, not only "no trial completed"."""
+    failed = [r for r in records if r.status == schema.TRIAL_FAILED]
+    full = [(r.trial_id, schema.names_full_disk(r.error)) for r in failed if schema.names_full_disk(r.error)]
+    if not full:
+        return ""
+    tid, cause = full[0]
+    return f"{len(full)} of the {len(failed)} failed trial(s) found their disk full (trial {tid}: {cause})"
 
 
 def _close_parent(output: Path, tracker, status: str, summary: dict[str, Any], message: str,

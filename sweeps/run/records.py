@@ -15,7 +15,7 @@ from sweeps.files import read_json_lines
 from sweeps.pruning.rungs import RESULT_KEYS
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
-from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX, trial_status
+from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_FAILED, TRIAL_PARAMS_SUFFIX, trial_error_line, trial_status
 
 __all__ = ["collect_records", "records_from_reports", "records_from_grid", "HYPERPARAMETER_KEYS"]
 
@@ -23,8 +23,10 @@ __all__ = ["collect_records", "records_from_reports", "records_from_grid", "HYPE
 HYPERPARAMETER_KEYS = ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
 
 
-def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str) -> TrialRecord:
-    """A :class:`TrialRecord` from a trial's Tune config and its reports (one per tokens value, in order)."""
+def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str,
+            error: str | None = None) -> TrialRecord:
+    """A :class:`TrialRecord` from a trial's Tune config and its reports (one per tokens value, in order);
+    ``error`` is kept for a FAILED one only."""
     return TrialRecord(
         trial_id=trial_id,
         batch_size_sequences=int(cfg["batch_size_sequences"]),
@@ -39,6 +41,7 @@ def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, s
         pruning=_pruning_of(last),
         optimizer_state_bytes_per_param=_first_number(curve, "optimizer_state_bytes_per_param"),
         trainable_params=_first_number(curve, "trainable_params"),
+        error=error if status == TRIAL_FAILED else None,
     )
 
 
@@ -123,7 +126,8 @@ def _trial_record(reports: Path, trial_id: str, cfg: dict, rows: list[dict], has
         last = {**last, **pruned_while_paused[trial_id]}
         if curve:
             curve[-1] = last
-    return _record(trial_id, cfg, curve, last, trial_status(last, failed=failed))
+    error = end.get("error") if failed and isinstance(end.get("error"), str) else None
+    return _record(trial_id, cfg, curve, last, trial_status(last, failed=failed), error)
 
 
 def _json_object(path: Path) -> dict:
@@ -199,5 +203,6 @@ def records_from_grid(grid) -> list:
             if curve:
                 curve[-1] = last
         tid = str((res.metrics or {}).get("trial_id") or Path(res.path).name)
-        out.append(_record(tid, cfg, curve, last, trial_status(last, failed=res.error is not None)))
+        out.append(_record(tid, cfg, curve, last, trial_status(last, failed=res.error is not None),
+                           trial_error_line(str(res.error)) if res.error is not None else None))
     return out

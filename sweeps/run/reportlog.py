@@ -2,7 +2,8 @@
 
 Per trial ``<trial id>.params.json`` (its config, from its start), ``<trial id>.jsonl`` (every report
 Tune received, across restarts, never rewritten) and ``<trial id>.end.json`` (how its latest attempt
-ended: ``{"failed": bool}``; ``false`` again when a trial that ended starts again). :func:`sweeps.run.records.collect_records`
+ended: ``{"failed": bool}``, with ``"error"``, the line of its error that says what went wrong, when it
+failed; ``false`` again when a trial that ended starts again). :func:`sweeps.run.records.collect_records`
 reads them. Every write goes through :mod:`sweeps.files`: a full disk leaves each file as it was.
 """
 
@@ -15,7 +16,7 @@ from ray.tune import Callback
 
 from sweeps import files
 from sweeps.errors import WriteFailed
-from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX
+from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_PARAMS_SUFFIX, trial_error_line
 
 __all__ = ["ReportLog"]
 
@@ -67,7 +68,8 @@ class ReportLog(Callback):
         self._end(trial, failed=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._end(trial, failed=True)
+        self._end(trial, failed=True, error=trial_error_line(files.read_tail(trial.error_file, 2000)))
 
-    def _end(self, trial, *, failed: bool) -> None:
-        self._guard(lambda: files.write_json(self.folder / f"{trial.trial_id}{TRIAL_END_SUFFIX}", {"failed": failed}))
+    def _end(self, trial, *, failed: bool, error: str | None = None) -> None:
+        end = {"failed": failed, **({"error": error} if error else {})}
+        self._guard(lambda: files.write_json(self.folder / f"{trial.trial_id}{TRIAL_END_SUFFIX}", end))

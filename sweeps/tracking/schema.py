@@ -13,6 +13,7 @@ Plain data: imports nothing, so the REST service can use it.
 from __future__ import annotations
 
 import math
+import re
 
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
@@ -21,6 +22,7 @@ __all__ = [
     "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
+    "trial_error_line", "names_full_disk",
     "METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
@@ -161,11 +163,35 @@ TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, 
 #: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.run.reportlog.ReportLog``
 #: when the trial starts (Tune's own ``params.json`` comes only with its first result)
 TRIAL_PARAMS_SUFFIX = ".params.json"
-#: ``OUT/reports/<trial id>.end.json``: ``{"failed": bool}``, how the trial's latest attempt ended (written by
+#: ``OUT/reports/<trial id>.end.json``: ``{"failed": bool}`` (and ``"error"``, :func:`trial_error_line`, when it
+#: failed), how the trial's latest attempt ended (written by
 #: ``sweeps.run.reportlog.ReportLog``; ``false`` again when the trial starts again). Tune leaves a trial's ``error.txt``
 #: in place when a resume retries it, so that file alone cannot say whether a trial that later completed
 #: failed (a resumed trial once counted FAILED and its batch size was left out of the fit).
 TRIAL_END_SUFFIX = ".end.json"
+
+
+#: colour codes in Ray's error texts (``\x1b[36mray::ImplicitFunc.train()\x1b[39m``)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: how a full filesystem or a spent quota reads in an error (the OS's words, lower case)
+_FULL_DISK_WORDS = ("no space left on device", "disk quota exceeded")
+
+
+def trial_error_line(text: str | None) -> str | None:
+    """The line of a trial's error text (Tune's ``error.txt``: a traceback, the trial runner's inside it)
+    that says what went wrong: its last non-blank line, colour codes removed, at most 1000 characters;
+    None for no text. What ``trials.json``'s ``error`` and the first line of ``TAG_ERROR`` hold."""
+    lines = [ln.strip() for ln in _ANSI.sub("", text or "").splitlines() if ln.strip()]
+    return lines[-1][:1000] if lines else None
+
+
+def names_full_disk(error: str | None) -> str | None:
+    """The part of ``error`` from "no space left on device" (or "disk quota exceeded"; any case) on, if it
+    names a full filesystem, else None: ``"workloads.errors.OutOfSpace: no space left on device while
+    writing ..."`` -> ``"no space left on device while writing ..."``."""
+    low = (error or "").lower()
+    at = min((i for i in (low.find(w) for w in _FULL_DISK_WORDS) if i >= 0), default=-1)
+    return error[at:] if at >= 0 else None
 
 
 def trial_status(last: dict, *, failed: bool) -> str:

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from sweeps.analysis.summary import headline
+from sweeps.files import read_tail
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
@@ -438,12 +439,10 @@ class MlflowTrialCallback(Callback):
         self.tracker.trial_ended(trial.trial_id, schema.trial_status(last, failed=False))
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        err = None
-        try:
-            err = trial.error_file and open(trial.error_file).read()[-2000:]
-        except OSError:
-            err = None
-        self.tracker.trial_ended(trial.trial_id, schema.TRIAL_FAILED, error=err or "trial raised")
+        err = read_tail(trial.error_file, 2000)  # Tune wrote it before calling back
+        line = schema.trial_error_line(err)  # first what went wrong ("no space left on device ..."), then the traceback
+        self.tracker.trial_ended(trial.trial_id, schema.TRIAL_FAILED,
+                                 error=f"{line}\n\n{err}" if line else "trial raised")
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.outbox.flush()

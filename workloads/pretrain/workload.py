@@ -18,6 +18,7 @@ from workloads.errors import DataError
 from workloads.train.loop import Reporter, TrainingOutcome, run_loop
 from workloads.model.hf import build_model, hf_config, model_flops_per_token, peak_flops_per_s
 from workloads.train.parallel import full_model_state, is_sharded
+from workloads.train.state_file import save_state
 
 __all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
            "train_in_process"]
@@ -192,6 +193,7 @@ def train_in_process(config: dict[str, Any], state_path: str | None, save_states
 
     Raises:
         workloads.errors.DataError: unusable corpus.
+        workloads.errors.OutOfSpace: a state in ``save_states`` could not be written, its disk full.
     """
     cfg = TrialConfig.from_dict(config)
     make_deterministic(torch.device("cpu"), max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
@@ -204,7 +206,7 @@ def train_in_process(config: dict[str, Any], state_path: str | None, save_states
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
         reports.append(metrics)
         if save_states is not None and state is not None and metrics["tokens_seen"] in save_states:
-            torch.save(state, save_states[metrics["tokens_seen"]])
+            save_state(state, save_states[metrics["tokens_seen"]])
 
     t0 = time.perf_counter()
     outcome = run_loop(cfg, work, device=torch.device("cpu"), report=report, resume_state=resume, attempt=1)

@@ -21,9 +21,10 @@ import torch
 import ray.train
 import ray.train.torch
 
-from workloads.ray.compat import kv_get
+from workloads.ray.compat import kv_get, train_storage_path
 from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.train.determinism import make_deterministic
+from workloads.train.state_file import out_of_space_error, save_state
 
 __all__ = ["train_fn_per_worker", "run_trial", "RungGate", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
            "wait_for_rung_decision", "worker_nodes"]
@@ -177,8 +178,15 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             ray.train.report(clean)
         else:
             with tempfile.TemporaryDirectory() as tmp:
-                torch.save(state, os.path.join(tmp, STATE_FILE))
-                ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+                save_state(state, os.path.join(tmp, STATE_FILE))
+                try:
+                    ray.train.report(clean, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+                except Exception as exc:  # Ray Train's copy into the run's storage: a full disk says so
+                    where = train_storage_path() or "the trial's Ray Train storage"
+                    error = out_of_space_error(exc, f"the checkpoint to {where}", None)
+                    if error is None:
+                        raise
+                    raise error from exc
         gate.after(clean)
 
     run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,

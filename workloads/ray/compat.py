@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["kv_get", "train_session", "drain_report_queue"]
+__all__ = ["kv_get", "train_session", "drain_report_queue", "train_storage_path"]
 
 
 def kv_get(key: str) -> bytes | None:
@@ -35,6 +35,21 @@ def train_session() -> Any:
     from ray.train._internal.session import get_session
 
     return get_session()
+
+
+def train_storage_path() -> str | None:
+    """Where Ray Train copies this worker group's checkpoints (its run's folder on the storage: a path,
+    or a path in a bucket), or None outside a Ray Train worker.
+
+    Why private: ``TrainContext.get_storage()`` is a DeveloperAPI returning Ray Train's internal
+    ``StorageContext`` (its ``experiment_fs_path``); only the error of a failed checkpoint upload names it.
+    """
+    try:
+        import ray.train
+
+        return str(ray.train.get_context().get_storage().experiment_fs_path)
+    except Exception:  # noqa: BLE001 - not in a worker, or Ray changed it: the error goes without the path
+        return None
 
 
 def drain_report_queue(timeout_s: float = 300.0) -> None:

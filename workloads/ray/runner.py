@@ -45,6 +45,7 @@ import ray.train.torch
 from workloads.ray.adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.config import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
 from workloads.train.determinism import make_deterministic
+from workloads.train.state_file import out_of_space_error, save_state
 from workloads.errors import CritbatchError
 
 __all__ = ["runner_fn_per_worker", "SHUTDOWN", "IDLE", "TrialCancelled", "latest_checkpoint", "load_checkpoint",
@@ -80,6 +81,10 @@ def save_checkpoint(directory: str, index: int, state: dict[str, Any]) -> str:
 
     Written under a temporary name and renamed (local) or copied whole (remote), so a reader never
     sees half a checkpoint (a failed write leaves no temporary folder). Returns the checkpoint's folder.
+
+    Raises:
+        OutOfSpace: the filesystem is full (or the quota spent): the error names the checkpoint's file
+            (:func:`workloads.train.state_file.save_state`), not torch's "unexpected pos".
     """
     fs, base = _filesystem(directory)
     name = f"{_CKPT_PREFIX}{index:06d}"
@@ -88,7 +93,7 @@ def save_checkpoint(directory: str, index: int, state: dict[str, Any]) -> str:
         os.makedirs(base, exist_ok=True)
         tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=base)
         try:
-            torch.save(state, os.path.join(tmp, STATE_FILE))
+            save_state(state, os.path.join(tmp, STATE_FILE), shown_as=os.path.join(target, STATE_FILE))
             if os.path.exists(target):
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -99,8 +104,14 @@ def save_checkpoint(directory: str, index: int, state: dict[str, Any]) -> str:
         import pyarrow.fs as pafs
 
         with tempfile.TemporaryDirectory() as tmp:
-            torch.save(state, os.path.join(tmp, STATE_FILE))
-            pafs.copy_files(tmp, target, destination_filesystem=fs)
+            save_state(state, os.path.join(tmp, STATE_FILE))
+            try:
+                pafs.copy_files(tmp, target, destination_filesystem=fs)
+            except Exception as exc:
+                error = out_of_space_error(exc, f"the checkpoint to {directory.rstrip('/')}/{name}", None)
+                if error is None:
+                    raise
+                raise error from exc
     for info in _listing(fs, base):
         n = info.base_name
         if info.type.name == "Directory" and n.startswith(_CKPT_PREFIX) and n < name:

@@ -9,13 +9,17 @@ that says the sweep crashed, with no temporary file beside it. Once the filler i
 ``critbatch resume`` must end with every record agreeing: the reports, ``trials.json``, ``cbs.json``,
 ``sweep.json`` and MLflow.
 
-Mounting a tmpfs needs root (CAP_SYS_ADMIN); elsewhere the test is skipped.
+A second sweep finds the disk too full for its trials' checkpoints but not for the driver's records:
+every trial and the sweep must say "no space left on device", not torch's "unexpected pos".
+
+Mounting a tmpfs needs root (CAP_SYS_ADMIN); elsewhere the tests are skipped.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,7 +30,7 @@ from tests.conftest import ROOT, write_spec
 from tests.sweeps.run.test_faults import ENV, children, spec_dict, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import start, tail
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two short sweeps, about 1-2 min each idle
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # short sweeps, about 1-2 min each idle
 
 #: the tmpfs's size: the prepared corpus (about 0.2 MB), the Tune and Optuna state and the checkpoints
 #: of two trials fit with room to spare; the test fills the rest itself
@@ -48,8 +52,9 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def fill(path: Path) -> None:
-    """Write zeros to ``path`` until its filesystem has no space left."""
+def fill(path: Path, leave_bytes: int = 0) -> None:
+    """Write zeros to ``path`` until its filesystem has no space left, then give back ``leave_bytes`` (a
+    disk nearly full: room for small writes, not for a large one)."""
     chunk = b"\0" * (64 * 1024)
     with open(path, "wb", buffering=0) as f:
         try:
@@ -63,6 +68,8 @@ def fill(path: Path) -> None:
                 f.write(b"\0" * 512)
         except OSError:
             pass
+    if leave_bytes:
+        os.truncate(path, max(0, path.stat().st_size - leave_bytes))
 
 
 def report_rows(out: Path) -> dict[str, list[dict]]:
@@ -145,3 +152,54 @@ def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs,
     assert cbs["trials"]["COMPLETED"] == 2 and not cbs["trials"].get("FAILED"), cbs["trials"]
     fitted = {row["batch_size_sequences"] for row in cbs["per_batch"] if row.get("loss_at_budget") is not None}
     assert fitted == {4, 8}, cbs["per_batch"]
+
+
+def test_a_disk_too_full_for_checkpoints_is_named_on_every_trial_and_the_sweep(tmp_path, small_fs, ray_head,
+                                                                                mlflow_uri):
+    """The disk nearly full before the trials write their checkpoints (room left for the driver's records,
+    not for one more checkpoint): every trial FAILED with "no space left on device while writing the
+    checkpoint to ..." in ``trials.json`` and its MLflow child's ``critbatch.error`` tag, and the sweep's
+    message (the command line's, the MLflow parent's ``critbatch.message``) says so; before, each trial's
+    error was torch's "unexpected pos" and the sweep said only "no trial completed"."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(Path(spec_dict()["data"]["path"]).read_bytes()[:100_000])
+    d = spec_dict(name="diskfull-ckpt")
+    d["data"]["path"] = str(corpus)
+    d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=1)
+    d["resources"] = {"max_concurrent_trials": 1, "max_failures": 0}
+    out, uri = small_fs / "out", mlflow_uri
+    hold = tmp_path / "hold"
+    hold.touch()
+    # the first trial waits after its first report, whose checkpoint shows how large one is
+    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="0", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    log = tmp_path / "run.log"
+    proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
+                  "--address", ray_head.gcs_address], log, env=env)
+    try:
+        wait_for(lambda: any(rows for rows in _rows_so_far(out)), 600, "the first trial's first report",
+                 diagnose=lambda: tail(log))
+        ckpt = next((out / "train").glob("train-*/ckpt-*/trial_state.pt"))  # about 0.5 MB
+        fill(small_fs / "filler", leave_bytes=ckpt.stat().st_size - 16 * 1024)
+        hold.unlink()
+        rc = proc.wait(timeout=600)
+    finally:
+        stop_group(proc)
+    text = log.read_text()
+    assert rc == 1, tail(log)
+    said = [line for line in text.splitlines() if "no trial completed" in line]
+    assert said and all("no space left on device while writing the checkpoint to" in line for line in said), tail(log)
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 2 and {t["status"] for t in trials} == {"FAILED"}, trials
+    for t in trials:  # the line that says it, not torch's "unexpected pos" alone
+        assert "no space left on device while writing the checkpoint to " + str(out / "train") in t["error"], t
+        assert "/trial_state.pt" in t["error"], t["error"]
+    _, parents, kids = children(uri, "diskfull-ckpt")
+    assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "FAILED"
+    assert "no space left on device while writing the checkpoint" in parents[0].data.tags["critbatch.message"]
+    assert len(kids) == 2
+    for k in kids:
+        assert k.data.tags["critbatch.status"] == "FAILED" and k.info.status == "FAILED", k.data.tags
+        first = k.data.tags["critbatch.error"].splitlines()[0]
+        assert "no space left on device while writing the checkpoint to" in first, k.data.tags["critbatch.error"]
+    state = json.loads((out / "sweep.json").read_text())
+    assert state["status"] == "FAILED" and "error" not in state, state  # ended, its records written: no crash

@@ -157,18 +157,20 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
         "beta2": 0.95, "beta2_half_life_tokens": 1e4})
     d = tune_dir / "run_trial_bbbb0001_1_batch_size_sequences=8_2026-12-05_00-00-00"
     d.mkdir(parents=True)
+    trial.error_file = str(d / "error.txt")  # where Tune writes a trial's error before calling back
     (d / "params.json").write_text(json.dumps(trial.config))
     log.on_trial_start(0, [], trial)
     log.on_trial_result(0, [], trial, {"trial_id": "bbbb0001", "tokens_seen": 2048, "val_loss": 4.0})
     (d / "error.txt").write_text("OSError: [Errno 28] No space left on device")  # the first attempt
     log.on_trial_error(0, [], trial)
-    assert [r.status for r in collect_records(tmp_path, spec)] == ["FAILED"]
+    assert [(r.status, r.error) for r in collect_records(tmp_path, spec)] == [
+        ("FAILED", "OSError: [Errno 28] No space left on device")]
     log.on_trial_start(0, [], trial)  # the resume retries it: still running, not failed
     assert [r.status for r in collect_records(tmp_path, spec)] == ["STOPPED"]
     log.on_trial_result(0, [], trial, {"trial_id": "bbbb0001", "tokens_seen": 4096, "val_loss": 3.0, "done": True})
     log.on_trial_complete(0, [], trial)
     (record,) = collect_records(tmp_path, spec)
-    assert record.status == "COMPLETED" and record.tokens == [2048.0, 4096.0]
+    assert record.status == "COMPLETED" and record.tokens == [2048.0, 4096.0] and record.error is None
 
 
 def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_path):

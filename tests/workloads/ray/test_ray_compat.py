@@ -32,3 +32,11 @@ def test_drain_report_queue_returns_at_once_outside_a_session():
     t0 = time.monotonic()
     _ray_compat.drain_report_queue(timeout_s=5)
     assert time.monotonic() - t0 < 1
+
+
+def test_train_storage_path_is_none_outside_a_worker_and_ray_train_keeps_what_it_reads():
+    from ray.train.v2._internal.execution.storage import StorageContext
+    from ray.train.v2.api.context import TrainContext
+
+    assert _ray_compat.train_storage_path() is None
+    assert callable(TrainContext.get_storage) and isinstance(StorageContext.experiment_fs_path, property)
