@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import ROOT, run_cli, write_spec
 from tests.sweeps.run.test_faults import ENV, children, spec_dict, wait_for
-from tests.sweeps.run.test_interrupts import start, tail
+from tests.sweeps.run.test_interrupts import results_only, start, tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # about 2-3 min idle
 
@@ -53,7 +53,8 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
     The corpus and the model config change: driver 2 (a new --output) exits 2 naming both inputs with both
     hashes each, before anything starts (no new MLflow run, no output folder). Put back: driver 3 resumes the
     sweep from the shared storage, completes batch size 4 and does not run batch size 8 again (its final
-    report exists once, in driver 1's log); its sweep.json pins the same inputs."""
+    report exists once, in driver 1's log); its sweep.json pins the same inputs, and its answer is that of the
+    same spec run uninterrupted."""
     address, uri = ray_head.gcs_address, mlflow_uri
     corpus, cfg = tmp_path / "inputs" / "corpus.txt", tmp_path / "inputs" / "config.json"
     corpus.parent.mkdir()
@@ -141,3 +142,10 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
     for k in kids:
         assert k.info.status == "FINISHED"
         assert sorted(m.step for m in c.get_metric_history(k.info.run_id, "val_loss")) == [2048, 4096, 6144, 8192]
+
+    # and the resumed answer is the uninterrupted one: the same spec run once through, under another sweep id
+    ref = tmp_path / "out-ref"
+    r = run_cli(["run", str(spec), "--output", str(ref), "--tracking-uri", uri, "--sweep-id", "retry-ref",
+                 "--no-progress", "--address", address], timeout_s=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert results_only(cbs) == results_only(json.loads((ref / "cbs.json").read_text()))
