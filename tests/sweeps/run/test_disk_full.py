@@ -83,24 +83,31 @@ def _rows_so_far(out: Path) -> list[list[str]]:
     return [f.read_text().splitlines() for f in (out / "reports").glob("*.jsonl")]
 
 
+def _start_held_sweep(tmp_path: Path, small_fs: Path, name: str, resources: dict, hold_at: int, ray_head,
+                      mlflow_uri: str):
+    """``critbatch run`` of a two-trial sweep (B = 4 and 8, one at a time, a 100 kB corpus) into
+    ``small_fs/out`` on the suite's head, every trial's first attempt held after milestone ``hold_at`` while the
+    returned hold file exists: ``(out, tracking uri, log path, hold file, process)``."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(Path(spec_dict()["data"]["path"]).read_bytes()[:100_000])
+    d = spec_dict(name=name)
+    d["data"]["path"] = str(corpus)
+    d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=1)
+    d["resources"] = {"max_concurrent_trials": 1, **resources}
+    out, hold, log = small_fs / "out", tmp_path / "hold", tmp_path / "run.log"
+    hold.touch()
+    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE=str(hold_at), CRITBATCH_TEST_HOLD_FILE=str(hold))
+    proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", mlflow_uri,
+                  "--no-progress", "--address", ray_head.gcs_address], log, env=env)
+    return out, mlflow_uri, log, hold, proc
+
+
 def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs, ray_head, mlflow_uri):
     """Disk full while the second trial trains and the driver writes its records: exit 1 with one line
     "no space left on device while writing ...", ``sweep.json`` FAILED with that error and no
     ``sweep.json.tmp``; after freeing space, `critbatch resume` ends SUCCEEDED and every finished trial is
     COMPLETED in its reports, ``trials.json``, ``cbs.json`` and MLflow, each batch size in the analysis."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(Path(spec_dict()["data"]["path"]).read_bytes()[:100_000])
-    d = spec_dict(name="diskfull")
-    d["data"]["path"] = str(corpus)
-    d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=1)
-    d["resources"] = {"max_concurrent_trials": 1}
-    out, uri = small_fs / "out", mlflow_uri
-    hold = tmp_path / "hold"
-    hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold))
-    log = tmp_path / "run.log"
-    proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                  "--address", ray_head.gcs_address], log, env=env)
+    out, uri, log, hold, proc = _start_held_sweep(tmp_path, small_fs, "diskfull", {}, 2, ray_head, mlflow_uri)
     try:
         wait_for(lambda: any(len(rows) >= 3 for rows in _rows_so_far(out)), 600,
                  "the first trial's third report", diagnose=lambda: tail(log))
@@ -161,20 +168,9 @@ def test_a_disk_too_full_for_checkpoints_is_named_on_every_trial_and_the_sweep(t
     checkpoint to ..." in ``trials.json`` and its MLflow child's ``critbatch.error`` tag, and the sweep's
     message (the command line's, the MLflow parent's ``critbatch.message``) says so; before, each trial's
     error was torch's "unexpected pos" and the sweep said only "no trial completed"."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(Path(spec_dict()["data"]["path"]).read_bytes()[:100_000])
-    d = spec_dict(name="diskfull-ckpt")
-    d["data"]["path"] = str(corpus)
-    d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=1)
-    d["resources"] = {"max_concurrent_trials": 1, "max_failures": 0}
-    out, uri = small_fs / "out", mlflow_uri
-    hold = tmp_path / "hold"
-    hold.touch()
     # the first trial waits after its first report, whose checkpoint shows how large one is
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="0", CRITBATCH_TEST_HOLD_FILE=str(hold))
-    log = tmp_path / "run.log"
-    proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                  "--address", ray_head.gcs_address], log, env=env)
+    out, uri, log, hold, proc = _start_held_sweep(tmp_path, small_fs, "diskfull-ckpt", {"max_failures": 0}, 0,
+                                                  ray_head, mlflow_uri)
     try:
         wait_for(lambda: any(rows for rows in _rows_so_far(out)), 600, "the first trial's first report",
                  diagnose=lambda: tail(log))
