@@ -167,11 +167,15 @@ def test_long_lived_raycluster_for_the_service():
     assert spec["enableInTreeAutoscaling"] is True
     (workers,) = spec["workerGroupSpecs"]
     assert workers["minReplicas"] == 0 and workers["maxReplicas"] == 2  # the example's patch
-    # the same environment as a rendered sweep's Ray pods: MLflow, Tune storage, S3 keys
+    # the same environment as a rendered sweep's Ray pods: MLflow, Tune storage, S3 keys; on the head, where
+    # the driver runs, the Optuna storage too
+    from sweeps.remote.k8s_platform import OPTUNA_STORAGE_SECRET, optuna_storage_env
+
     sweep_env = render_mod.ray_env()
-    for tmpl in [spec["headGroupSpec"]["template"], workers["template"]]:
+    head_env = sweep_env + optuna_storage_env(OPTUNA_STORAGE_SECRET)
+    for tmpl, env in [(spec["headGroupSpec"]["template"], head_env), (workers["template"], sweep_env)]:
         (c,) = tmpl["spec"]["containers"]
-        assert c["env"] == sweep_env
+        assert c["env"] == env
 
 
 def test_service_deployment_talks_to_ray_and_mlflow_with_tokens_and_no_api_rights():

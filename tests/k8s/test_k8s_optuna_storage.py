@@ -134,3 +134,15 @@ def test_setup_refuses_mlflows_names_and_leaves_other_servers_alone(run_setup, u
     code, out, psql = run_setup(url)
     assert code == rc and says in out
     assert psql is None  # PostgreSQL was not touched
+
+
+def test_the_services_long_lived_head_keeps_its_studies_in_the_same_rdb_as_the_rayjobs():
+    """The REST service's sweeps run their driver on the platform's RayCluster head: a job Ray Jobs restarts, or a
+    replaced head pod, must find the studies where a RayJob's retry does (not in sqlite on the pod's disk)."""
+    from sweeps.remote.k8s_platform import OPTUNA_STORAGE_ENV
+
+    cluster = next(o for o in render("base") if o["kind"] == "RayCluster")
+    (head,) = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    (env,) = [e for e in head["env"] if e["name"] == OPTUNA_STORAGE_ENV]
+    ref = env["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (OPTUNA_STORAGE_SECRET.name, OPTUNA_STORAGE_SECRET.key)
