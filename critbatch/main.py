@@ -366,11 +366,11 @@ def _precision_text(precision: dict) -> str:
 
 def _register_commands() -> None:
     """Attach the command groups that live in modules of their own: submission and the service (cluster),
-    Kubernetes, branching, data preparation, cluster planning, the MLflow UI. Each is imported here by name: a
+    Kubernetes, branching, data preparation, cluster planning, scaling across budgets, the MLflow UI. Each is imported here by name: a
     module that fails to import fails the program, never drops its commands quietly."""
-    from critbatch import branch, cluster, data, k8s, plan, ui
+    from critbatch import branch, cluster, data, k8s, plan, scale, ui
 
-    for module in (cluster, k8s, branch, data, plan, ui):
+    for module in (cluster, k8s, branch, data, plan, scale, ui):
         module.register(app)
 
 

@@ -1,0 +1,94 @@
+"""``critbatch scale``: the critical batch size across token budgets, fitted as a power law and predicted at a
+production budget (:mod:`sweeps.scaling`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def _cbs_member(text: str, quantity: str):
+    """``--cbs PATH[:TOKENS]`` as a member. Raises InvalidInput on a budget that is not a number."""
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling import member_from_cbs
+
+    path, _, tokens = text.rpartition(":") if ":" in text and not Path(text).exists() else (text, "", "")
+    try:
+        budget = float(tokens) if tokens else None
+    except ValueError:
+        raise InvalidInput(f"--cbs {text!r}: the budget after ':' must be a number of tokens") from None
+    return member_from_cbs(Path(path), budget, quantity)
+
+
+def _members(csv: list[Path], tokens: list[float], n_params: list[float], cbs: list[str],
+             reference_batch: Optional[float], level: float, quantity: str) -> list:
+    """The study's members from the command line. Raises InvalidInput on options that do not pair up."""
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling import member_from_csv
+
+    if len(csv) != len(tokens):
+        raise InvalidInput(f"give one --tokens per --csv, in the same order: {len(csv)} --csv, {len(tokens)} --tokens")
+    if n_params and len(n_params) != len(csv):
+        raise InvalidInput(f"give one --n-params per --csv or none: {len(csv)} --csv, {len(n_params)} --n-params")
+    if csv and reference_batch is None:
+        raise InvalidInput("--csv needs --reference-batch (the B0 of each table's 20 % CBS)")
+    if not csv and not cbs:
+        raise InvalidInput("give the study's members: --csv FILE --tokens D (repeat) and/or --cbs SWEEP[:TOKENS]")
+    members = [member_from_csv(path, d, reference_batch, level=level, quantity=quantity,  # type: ignore[arg-type]
+                               n_params=n_params[i] if n_params else None)
+               for i, (path, d) in enumerate(zip(csv, tokens))]
+    return members + [_cbs_member(text, quantity) for text in cbs]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``scale`` command to the ``critbatch`` app."""
+
+    @app.command("scale")
+    def scale(
+        csv: Optional[list[Path]] = typer.Option(None, "--csv", help="a steps-to-target table at one budget "
+                                                 "(batch_size,steps_to_target, as analyze --csv reads); repeat it"),
+        tokens: Optional[list[float]] = typer.Option(None, "--tokens", help="the training tokens D of each --csv, "
+                                                     "in the same order"),
+        n_params: Optional[list[float]] = typer.Option(None, "--n-params", help="each --csv's model parameters "
+                                                       "(optional), to say whether model size can be told apart"),
+        cbs: Optional[list[str]] = typer.Option(None, "--cbs", help="a finished sweep (folder or cbs.json), "
+                                                "optionally :TOKENS (default: its spec's budget.tokens); repeat it"),
+        reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="B0 of the tables' 20 % CBS "
+                                                        "(sequences); required with --csv"),
+        predict_tokens: Optional[float] = typer.Option(None, "--predict-tokens", help="the production budget "
+                                                       "(tokens) to predict at"),
+        tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="to give batch "
+                                                            "sizes in tokens too, and Step Law's in sequences"),
+        quantity: str = typer.Option("b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s "
+                                     "20 % CBS, which carries 1.2 B0)"),
+        level: float = typer.Option(0.95, "--level", help="confidence level of the exponent and prediction"),
+        output: Optional[Path] = typer.Option(None, "--output", help="write scale.json here as well as to stdout"),
+    ) -> None:
+        """b_crit as a power law of the token budget.
+
+        Each member enters with its interval; the exponent gets an interval, the prediction a
+        prediction interval that widens with the extrapolation, beside published laws as a cross-check.
+        """
+        from critbatch.common import console, fail_invalid
+        from sweeps.analysis import finite_json
+        from sweeps.errors import InvalidInput
+        from sweeps.files import write_json
+        from sweeps.scaling import scale_result
+
+        try:
+            if tokens_per_sequence is not None and not tokens_per_sequence > 0:
+                raise InvalidInput("--tokens-per-sequence must be positive")
+            members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
+            result = finite_json(scale_result(members, predict_tokens=predict_tokens, level=level,
+                                              tokens_per_sequence=tokens_per_sequence, quantity=quantity))
+        except InvalidInput as exc:
+            fail_invalid(exc)
+        if output is not None:
+            write_json(output, result)
+        print(json.dumps(result, indent=2))
+        console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON

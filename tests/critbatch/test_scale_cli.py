@@ -1,0 +1,59 @@
+"""`critbatch scale` on the two published steps-to-target tables of Zhang et al. 2024 (data/zhang2024: 85M at
+1.7e9 tokens, 1.2B at 2.4e10, D = 20 N): an exponent with an interval from the two members' intervals, a
+prediction with its interval, the published laws beside it, and bad input refused with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from critbatch.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = ["--csv", str(ROOT / "data/zhang2024/chinchilla_85M.csv"), "--tokens", "1.7e9", "--n-params", "85e6",
+          "--csv", str(ROOT / "data/zhang2024/chinchilla_1.2B.csv"), "--tokens", "2.4e10", "--n-params", "1.2e9",
+          "--reference-batch", "256"]
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["scale", *args])
+
+
+def test_the_zhang_tables_give_an_exponent_with_an_interval_and_a_prediction(tmp_path):
+    res = _run(*TABLES, "--predict-tokens", "2e12", "--tokens-per-sequence", "512", "--output", str(tmp_path / "s.json"))
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got["gamma"] == pytest.approx(0.614, abs=0.001)
+    assert got["gamma_ci"] == pytest.approx([0.529, 0.699], abs=0.001)
+    # the 1.2B table's knee has fewer than two swept batch sizes above it (its own status: edge)
+    assert got["status"] == "member_not_ok" and "chinchilla_1.2B.csv (edge)" in got["caveats"][0]
+    assert "cannot tell data size from model size" in got["model_size"]
+    pred = got["prediction"]
+    assert pred["extrapolation_factor"] == pytest.approx(2e12 / 2.4e10)
+    assert pred["interval"][0] < pred["b_crit"] < pred["interval"][1]
+    assert {p["name"] for p in pred["published"]} >= {"Step Law b_opt", "Power Lines b_crit"}
+    assert "extrapolated 83.3x beyond the largest budget swept" in got["answer"]
+
+
+def test_zhang_et_als_own_quantity_grows_as_their_notebook_says():
+    """The 20 % CBS (0.2 b_crit + 1.2 B0, the notebook's definition) of the same tables: the notebook's fit over
+    five sizes gives about D^0.47; two of them here give an interval that holds it."""
+    res = _run(*TABLES, "--quantity", "cbs_20")
+    got = json.loads(res.stdout)
+    assert got["gamma"] == pytest.approx(0.462, abs=0.001)
+    assert got["gamma_ci"][0] < 0.47 < got["gamma_ci"][1]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--csv", "a.csv"], "one --tokens per --csv"),
+    (TABLES[:4], "--csv needs --reference-batch"),
+    (TABLES[:6] + ["--reference-batch", "256"], "too_few_budgets"),
+    ([], "give the study's members"),
+    (TABLES + ["--quantity", "b_opt"], "--quantity must be one of"),
+])
+def test_bad_input_exits_2_naming_what_is_wrong(args, says):
+    res = _run(*args)
+    assert res.exit_code == 2 and says in res.output, res.output
