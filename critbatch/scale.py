@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         n_params: Optional[list[float]] = typer.Option(None, "--n-params", help="each --csv's model parameters "
                                                        "(optional), to say whether model size can be told apart"),
         cbs: Optional[list[str]] = typer.Option(None, "--cbs", help="a finished sweep (folder or cbs.json), "
-                                                "optionally :TOKENS (default: its spec's budget.tokens); repeat it"),
+                                                "optionally :TOKENS (default: its spec's budget_tokens); repeat it"),
         reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="B0 of the tables' 20 % CBS "
                                                         "(sequences); required with --csv"),
         predict_tokens: Optional[float] = typer.Option(None, "--predict-tokens", help="the production budget "

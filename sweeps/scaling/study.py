@@ -48,7 +48,7 @@ def member_from_csv(path: Path, tokens: float, reference_batch: float, *, level:
 
 def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_crit") -> StudyMember:
     """A member from a finished sweep's ``cbs.json`` (or its folder); its budget is ``tokens`` or, by default,
-    the trials' token budget the sweep's ``spec.yaml`` beside it gives (``budget.tokens``).
+    the trials' token budget the sweep's ``spec.yaml`` beside it gives (``budget_tokens``).
 
     Raises:
         InvalidInput: no readable ``cbs.json``, or no budget given and none found.
@@ -67,14 +67,15 @@ def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_
 
 
 def _spec_budget_tokens(spec_path: Path) -> float:
-    """``budget.tokens`` of a sweep's resolved ``spec.yaml``. Raises InvalidInput when it has none."""
+    """``budget_tokens`` (each trial's token budget) of a sweep's resolved ``spec.yaml``. Raises InvalidInput
+    when it has none."""
     import yaml
 
     try:
         spec = yaml.safe_load(spec_path.read_text(encoding="utf-8")) or {}
-        return float(spec["budget"]["tokens"])
+        return float(spec["budget_tokens"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        raise InvalidInput(f"{spec_path}: no budget.tokens to read the member's budget from; give it "
+        raise InvalidInput(f"{spec_path}: no budget_tokens to read the member's budget from; give it "
                            "(--cbs PATH:TOKENS)") from None
 
 
