@@ -45,11 +45,41 @@ def _members(csv: list[Path], tokens: list[float], n_params: list[float], cbs: l
     return members + [_cbs_member(text, quantity) for text in cbs]
 
 
+def _run_study(spec_path: Path, budgets: Optional[str], output: Optional[Path], predict_tokens: Optional[float],
+               address: Optional[str], tracking_uri: Optional[str]) -> dict:
+    """Run or continue the study of ``spec_path`` (:func:`sweeps.scaling.run.run_study`). Raises InvalidInput."""
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling.run import run_study
+    from sweeps.spec import load_spec
+
+    if output is None or not budgets:
+        raise InvalidInput("a study (SPEC) needs --output STUDY_FOLDER and --budgets-tokens D1,D2,...")
+    try:
+        values = [int(float(x)) for x in budgets.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidInput(f"--budgets-tokens must be comma-separated numbers of tokens, got {budgets!r}") from None
+    return run_study(load_spec(spec_path), values, output, predict_tokens=predict_tokens, tracking_uri=tracking_uri,
+                     ray_address=address)
+
+
+def _tokens_per_sequence(member: Path) -> Optional[float]:
+    try:
+        return float(json.loads((member / "cbs.json").read_text(encoding="utf-8"))["tokens_per_sequence"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``scale`` command to the ``critbatch`` app."""
 
     @app.command("scale")
     def scale(
+        spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="run a study: this sweep spec at "
+                                                   "each of --budgets-tokens, into --output (again: continue it)"),
+        budgets_tokens: Optional[str] = typer.Option(None, "--budgets-tokens", help="with SPEC: comma-separated "
+                                                     "token budgets per trial, e.g. 131072,262144,524288,1048576"),
+        address: Optional[str] = typer.Option(None, "--address", help="with SPEC: the Ray cluster (as run)"),
+        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="with SPEC: the MLflow store"),
         csv: Optional[list[Path]] = typer.Option(None, "--csv", help="a steps-to-target table at one budget "
                                                  "(batch_size,steps_to_target, as analyze --csv reads); repeat it"),
         tokens: Optional[list[float]] = typer.Option(None, "--tokens", help="the training tokens D of each --csv, "
@@ -67,7 +97,8 @@ def register(app: typer.Typer) -> None:
         quantity: str = typer.Option("b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s "
                                      "20 % CBS, which carries 1.2 B0)"),
         level: float = typer.Option(0.95, "--level", help="confidence level of the exponent and prediction"),
-        output: Optional[Path] = typer.Option(None, "--output", help="write scale.json here as well as to stdout"),
+        output: Optional[Path] = typer.Option(None, "--output", help="with SPEC: the study's folder; else a file "
+                                              "to write scale.json to as well as stdout"),
     ) -> None:
         """b_crit as a power law of the token budget.
 
@@ -83,12 +114,31 @@ def register(app: typer.Typer) -> None:
         try:
             if tokens_per_sequence is not None and not tokens_per_sequence > 0:
                 raise InvalidInput("--tokens-per-sequence must be positive")
+            if spec_path is not None:
+                study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
+                if study["status"] != "SUCCEEDED":
+                    console.print(f"study {study['status']}: {output / 'study.json'}", markup=False, highlight=False)
+                    raise typer.Exit(study.get("exit_code") or 1)
+                cbs = [f"{output / m['folder']}:{m['budget_tokens']}" for m in study["members"]]
+                tokens_per_sequence = tokens_per_sequence or _tokens_per_sequence(output / study["members"][0]["folder"])
+                output = output / "scale.json"
+            elif budgets_tokens or address or tracking_uri:
+                raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
             members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
             result = finite_json(scale_result(members, predict_tokens=predict_tokens, level=level,
                                               tokens_per_sequence=tokens_per_sequence, quantity=quantity))
         except InvalidInput as exc:
             fail_invalid(exc)
         if output is not None:
-            write_json(output, result)
+            from sweeps.errors import WriteFailed
+            from sweeps.scaling.plot import plot_study
+
+            try:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                write_json(output, result)
+                plot_study(result, output.with_suffix(".png"))
+            except (OSError, WriteFailed) as exc:
+                console.print(f"error: {exc}", markup=False, highlight=False)
+                raise typer.Exit(1) from None
         print(json.dumps(result, indent=2))
         console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON

@@ -95,6 +95,7 @@ def scale_result(members: Sequence[StudyMember], *, predict_tokens: float | None
         "law": f"{quantity}(D) = b0 * (D / D0) ** gamma",
         "gamma": law.gamma, "gamma_ci": list(law.gamma_ci), "level": law.level,
         "b0": law.b0, "tokens_ref": law.tokens_ref, "tau2": law.tau2,
+        "cov_ln_b0_gamma": law.cov.tolist(), "quantile": law.quantile,
         "status": law.status, "caveats": law.caveats, "model_size": law.n_params_note or None,
         "members": [_member_json(m, r) for m, r in zip(law.members, law.residuals)],
         "excluded": law.excluded, "prediction": None,

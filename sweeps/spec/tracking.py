@@ -11,10 +11,12 @@ from pydantic import Field, field_validator, model_serializer
 
 from sweeps.spec.sections import _Strict
 
-__all__ = ["TrackingSpec", "COMPARISON_TAG_KEYS"]
+__all__ = ["TrackingSpec", "COMPARISON_TAG_KEYS", "STUDY_TAG_KEYS"]
 
 #: ``tracking.tags`` keys a comparison (``arms``) sets on its arms' runs; every other ``critbatch.`` key is reserved
 COMPARISON_TAG_KEYS = ("critbatch.comparison", "critbatch.arm")
+#: the tags a scaling study sets on its members (``sweeps.scaling.run``): the study's name and the member's budget
+STUDY_TAG_KEYS = ("critbatch.study", "critbatch.budget_tokens")
 
 
 class TrackingSpec(_Strict):
@@ -22,7 +24,8 @@ class TrackingSpec(_Strict):
 
     ``tags`` are set on the sweep's parent run and on every trial run (MLflow's limits: keys of at
     most 250 characters, values of at most 5000). Keys starting with ``critbatch.`` are the sweep's
-    own, except the two a comparison sets on its arms (:data:`COMPARISON_TAG_KEYS`).
+    own, except the two a comparison sets on its arms (:data:`COMPARISON_TAG_KEYS`) and the two a scaling study
+    sets on its members (:data:`STUDY_TAG_KEYS`).
     """
 
     uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
@@ -34,7 +37,7 @@ class TrackingSpec(_Strict):
     @field_validator("tags")
     @classmethod
     def _own_tags(cls, v: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(k for k in v if k.startswith("critbatch.") and k not in COMPARISON_TAG_KEYS)
+        reserved = sorted(k for k in v if k.startswith("critbatch.") and k not in COMPARISON_TAG_KEYS + STUDY_TAG_KEYS)
         if reserved:
             raise ValueError(f"{reserved}: keys starting with 'critbatch.' are the sweep's own tags")
         return v
