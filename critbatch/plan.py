@@ -92,8 +92,8 @@ def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to the ``critbatch`` app."""
     @app.command("plan")
     def plan(
-        source: Path = typer.Argument(..., help="a finished sweep's folder (OUT), its cbs.json, or the JSON of "
-                                      "critbatch analyze --csv"),
+        source: Path = typer.Argument(..., help="a finished sweep's folder (OUT), its cbs.json, the JSON of "
+                                      "critbatch analyze --csv, or a study's scale.json (with a prediction)"),
         cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (fields of ClusterSpec; the "
                                                "options below override it)"),
         devices: Optional[int] = typer.Option(None, "--devices", help="the most devices (data-parallel workers)"),
@@ -148,10 +148,17 @@ def register(app: typer.Typer) -> None:
                                       "bandwidth_bytes_per_s": bandwidth, "latency_s": latency,
                                       "device_hours_cap": device_hours_cap,
                                       "micro_batch_size_sequences_max": micro_batch, "overlap": overlap})
-            inputs = load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
-                                      tokens_per_sequence=tokens_per_sequence, swept=swept)
+            from sweeps.scaling.plan import is_scale_result, plan_inputs_from_scale
+
+            if is_scale_result(source):  # a study's prediction at a production budget
+                inputs = plan_inputs_from_scale(source, flops_per_token=flops_per_token, params=params,
+                                                tokens_per_sequence=tokens_per_sequence)
+            else:
+                inputs = load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
+                                          tokens_per_sequence=tokens_per_sequence, swept=swept)
             result = make_plan(inputs, spec, grad_bytes_per_param=grad_bytes, sync_every_steps=sync_every_steps,
                                batch_sizes_sequences=grid)
+            result["notes"] += inputs.get("notes", [])
         except (InvalidInput, ValueError) as exc:
             _fail_invalid(exc)
         out_dir = output or inputs["out_dir"]

@@ -57,3 +57,20 @@ def test_zhang_et_als_own_quantity_grows_as_their_notebook_says():
 def test_bad_input_exits_2_naming_what_is_wrong(args, says):
     res = _run(*args)
     assert res.exit_code == 2 and says in res.output, res.output
+
+
+def test_plan_takes_the_studys_prediction_and_its_interval(tmp_path):
+    assert _run(*TABLES, "--predict-tokens", "2e12", "--output", str(tmp_path / "scale.json")).exit_code == 0
+    plan = ["plan", str(tmp_path / "scale.json"), "--devices", "1024", "--peak-flops", "9.9e14", "--bandwidth", "5e10",
+            "--output", str(tmp_path / "plan")]
+    res = CliRunner().invoke(app, plan[:2] + plan[2:])
+    assert res.exit_code == 2 and "--flops-per-token, --params, --tokens-per-sequence" in res.output
+    res = CliRunner().invoke(app, plan + ["--flops-per-token", "7.2e9", "--params", "1.2e9", "--tokens-per-sequence",
+                                          "2048"])
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert [t["group"] for t in got["targets"]] == ["predicted", "interval low", "interval high"]
+    b = {t["group"]: t for t in got["targets"]}
+    # a larger b_crit lets more devices help: the upper end of the interval is never slower than the lower
+    assert b["interval high"]["knee"]["time_to_target_s"] <= b["interval low"]["knee"]["time_to_target_s"]
+    assert any("extrapolated 83.3x beyond the largest budget" in n for n in got["notes"])

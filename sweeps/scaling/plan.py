@@ -1,0 +1,64 @@
+"""A study's prediction as ``critbatch plan``'s input: the production run planned with the predicted critical
+batch size and the two ends of its prediction interval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sweeps.errors import InvalidInput
+
+__all__ = ["is_scale_result", "plan_inputs_from_scale"]
+
+
+def is_scale_result(path: Path) -> bool:
+    """True when ``path`` is a study's ``scale.json`` (or a folder holding one and no ``cbs.json``)."""
+    p = path / "scale.json" if path.is_dir() and not (path / "cbs.json").is_file() else path
+    try:
+        data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "law" in data and "members" in data
+
+
+def plan_inputs_from_scale(path: Path, *, flops_per_token: float | None, params: float | None,
+                           tokens_per_sequence: float | None) -> dict[str, Any]:
+    """What ``sweeps.analysis.plan_files.make_plan`` takes, from a ``scale.json`` with a prediction.
+
+    The steps-to-target hyperbola at the production budget D* is ``S(B) = S_min (1 + b_crit / B)`` with
+    ``E_min = D* / tokens_per_sequence`` sequences (the budget is read as the data a small batch needs to reach
+    the production run's loss: a batch B then needs ``D* (1 + B / b_crit)`` tokens, McCandlish et al. 2018,
+    eq. 2.11) and ``S_min = E_min / b_crit``, once for the predicted ``b_crit`` and once for each end of its
+    prediction interval (the plan's rows ``group``: ``predicted``, ``interval low``, ``interval high``).
+    The production model's ``flops_per_token``, ``params`` and ``tokens_per_sequence`` are not the study's:
+    each must be given.
+
+    Raises:
+        InvalidInput: no prediction in the file (run ``critbatch scale`` with ``--predict-tokens``), or a missing
+            production-model option (each named).
+    """
+    p = path / "scale.json" if path.is_dir() else path
+    data = json.loads(p.read_text(encoding="utf-8"))
+    pred = data.get("prediction")
+    if not pred:
+        raise InvalidInput(f"plan: {p} holds no prediction: run critbatch scale with --predict-tokens D")
+    missing = [name for name, v in (("--flops-per-token", flops_per_token), ("--params", params),
+                                    ("--tokens-per-sequence", tokens_per_sequence)) if not v]
+    if missing:
+        raise InvalidInput(f"plan: {p} is a study's prediction for a production run, whose model it does not hold: "
+                           f"give {', '.join(missing)} (the production model's)")
+    e_min = pred["tokens"] / float(tokens_per_sequence)  # type: ignore[arg-type]  # checked above
+    quantity = data.get("quantity", "b_crit")
+    lo, hi = pred["interval"]
+    fits = [{"group": label, "b_crit": b, "e_min": e_min, "s_min": e_min / b, "status": data.get("status"),
+             "target_loss": None, "swept": None, "message": ""}
+            for label, b in (("predicted", pred[quantity]), ("interval low", lo), ("interval high", hi))]
+    return {"source": str(p), "fits": fits, "headline_target_loss": None,
+            "tokens_per_sequence": float(tokens_per_sequence), "flops_per_token": float(flops_per_token),  # type: ignore[arg-type]
+            "n_params": float(params), "n_params_source": "--params", "spec_sync_every_steps": None,  # type: ignore[arg-type]
+            "out_dir": None,
+            "notes": [f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
+                      f"{pred['extrapolation_factor']:.3g}x beyond the largest budget the study swept (status "
+                      f"{data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
+                      "production loss, so a batch B needs D (1 + B / b_crit) tokens"]}
