@@ -88,6 +88,20 @@ def _report(out_dir: Path) -> Optional[Path]:
         return None
 
 
+def _inputs(source: Path, flops_per_token: Optional[float], params: Optional[float],
+            tokens_per_sequence: Optional[float], swept: Optional[tuple[float, float]]) -> dict:
+    """What the plan is made from: a study's ``scale.json`` (its prediction at a production budget), else a sweep's
+    fits (:func:`sweeps.analysis.plan_files.load_plan_inputs`). Raises InvalidInput."""
+    from sweeps.analysis.plan_files import load_plan_inputs
+    from sweeps.scaling.plan import is_scale_result, plan_inputs_from_scale
+
+    if is_scale_result(source):
+        return plan_inputs_from_scale(source, flops_per_token=flops_per_token, params=params,
+                                      tokens_per_sequence=tokens_per_sequence)
+    return load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
+                            tokens_per_sequence=tokens_per_sequence, swept=swept)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to the ``critbatch`` app."""
     @app.command("plan")
@@ -148,14 +162,7 @@ def register(app: typer.Typer) -> None:
                                       "bandwidth_bytes_per_s": bandwidth, "latency_s": latency,
                                       "device_hours_cap": device_hours_cap,
                                       "micro_batch_size_sequences_max": micro_batch, "overlap": overlap})
-            from sweeps.scaling.plan import is_scale_result, plan_inputs_from_scale
-
-            if is_scale_result(source):  # a study's prediction at a production budget
-                inputs = plan_inputs_from_scale(source, flops_per_token=flops_per_token, params=params,
-                                                tokens_per_sequence=tokens_per_sequence)
-            else:
-                inputs = load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
-                                          tokens_per_sequence=tokens_per_sequence, swept=swept)
+            inputs = _inputs(source, flops_per_token, params, tokens_per_sequence, swept)
             result = make_plan(inputs, spec, grad_bytes_per_param=grad_bytes, sync_every_steps=sync_every_steps,
                                batch_sizes_sequences=grid)
             result["notes"] += inputs.get("notes", [])
