@@ -69,6 +69,33 @@ def _tokens_per_sequence(member: Path) -> Optional[float]:
         return None
 
 
+def _write(path: Path, result: dict, study: Optional[dict]) -> None:
+    """``scale.json`` and its plot at ``path``; for a study, its MLflow run too (``result["mlflow"]``, then written
+    again). Exits 1 naming the file when a write fails; an MLflow failure is a warning (the files stand)."""
+    from critbatch.common import console
+    from sweeps.errors import WriteFailed
+    from sweeps.files import write_json
+    from sweeps.scaling.plot import plot_study
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, result)
+        plot_study(result, path.with_suffix(".png"))
+        if study is not None:
+            from sweeps.scaling.tracking import log_study
+
+            try:
+                result["mlflow"] = log_study(study["name"], result, [path.parent / m["folder"] for m in study["members"]],
+                                             [path, path.with_suffix(".png")])
+            except Exception as exc:  # noqa: BLE001 - MLflow's errors vary by store; the files are written
+                console.print(f"warning: the study's MLflow run was not logged ({type(exc).__name__}: {exc})",
+                              markup=False, highlight=False)
+            write_json(path, result)
+    except (OSError, WriteFailed) as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``scale`` command to the ``critbatch`` app."""
 
@@ -108,9 +135,9 @@ def register(app: typer.Typer) -> None:
         from critbatch.common import console, fail_invalid
         from sweeps.analysis import finite_json
         from sweeps.errors import InvalidInput
-        from sweeps.files import write_json
         from sweeps.scaling import scale_result
 
+        study = None
         try:
             if tokens_per_sequence is not None and not tokens_per_sequence > 0:
                 raise InvalidInput("--tokens-per-sequence must be positive")
@@ -121,6 +148,7 @@ def register(app: typer.Typer) -> None:
                     raise typer.Exit(study.get("exit_code") or 1)
                 cbs = [f"{output / m['folder']}:{m['budget_tokens']}" for m in study["members"]]
                 tokens_per_sequence = tokens_per_sequence or _tokens_per_sequence(output / study["members"][0]["folder"])
+                predict_tokens = predict_tokens or study.get("predict_tokens")
                 output = output / "scale.json"
             elif budgets_tokens or address or tracking_uri:
                 raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
@@ -130,15 +158,6 @@ def register(app: typer.Typer) -> None:
         except InvalidInput as exc:
             fail_invalid(exc)
         if output is not None:
-            from sweeps.errors import WriteFailed
-            from sweeps.scaling.plot import plot_study
-
-            try:
-                output.parent.mkdir(parents=True, exist_ok=True)
-                write_json(output, result)
-                plot_study(result, output.with_suffix(".png"))
-            except (OSError, WriteFailed) as exc:
-                console.print(f"error: {exc}", markup=False, highlight=False)
-                raise typer.Exit(1) from None
+            _write(output, result, study)
         print(json.dumps(result, indent=2))
         console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
