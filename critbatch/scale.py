@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-__all__ = ["register"]
+__all__ = ["register", "scale", "schedule"]
 
 
 def _cbs_member(text: str, quantity: str):
@@ -96,68 +96,118 @@ def _write(path: Path, result: dict, study: Optional[dict]) -> None:
         raise typer.Exit(1) from None
 
 
-def register(app: typer.Typer) -> None:
-    """Add the ``scale`` command to the ``critbatch`` app."""
+def scale(
+    spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="run a study: this sweep spec at "
+                                               "each of --budgets-tokens, into --output (again: continue it)"),
+    budgets_tokens: Optional[str] = typer.Option(None, "--budgets-tokens", help="with SPEC: comma-separated "
+                                                 "token budgets per trial, e.g. 131072,262144,524288,1048576"),
+    address: Optional[str] = typer.Option(None, "--address", help="with SPEC: the Ray cluster (as run)"),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="with SPEC: the MLflow store"),
+    csv: Optional[list[Path]] = typer.Option(None, "--csv", help="a steps-to-target table at one budget "
+                                             "(batch_size,steps_to_target, as analyze --csv reads); repeat it"),
+    tokens: Optional[list[float]] = typer.Option(None, "--tokens", help="the training tokens D of each --csv, "
+                                                 "in the same order"),
+    n_params: Optional[list[float]] = typer.Option(None, "--n-params", help="each --csv's model parameters "
+                                                   "(optional), to say whether model size can be told apart"),
+    cbs: Optional[list[str]] = typer.Option(None, "--cbs", help="a finished sweep (folder or cbs.json), "
+                                            "optionally :TOKENS (default: its spec's budget_tokens); repeat it"),
+    reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="B0 of the tables' 20 % CBS "
+                                                    "(sequences); required with --csv"),
+    predict_tokens: Optional[float] = typer.Option(None, "--predict-tokens", help="the production budget "
+                                                   "(tokens) to predict at"),
+    tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="to give batch "
+                                                        "sizes in tokens too, and Step Law's in sequences"),
+    quantity: str = typer.Option("b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s "
+                                 "20 % CBS, which carries 1.2 B0)"),
+    level: float = typer.Option(0.95, "--level", help="confidence level of the exponent and prediction"),
+    output: Optional[Path] = typer.Option(None, "--output", help="with SPEC: the study's folder; else a file "
+                                          "to write scale.json to as well as stdout"),
+) -> None:
+    """b_crit as a power law of the token budget.
 
-    @app.command("scale")
-    def scale(
-        spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="run a study: this sweep spec at "
-                                                   "each of --budgets-tokens, into --output (again: continue it)"),
-        budgets_tokens: Optional[str] = typer.Option(None, "--budgets-tokens", help="with SPEC: comma-separated "
-                                                     "token budgets per trial, e.g. 131072,262144,524288,1048576"),
-        address: Optional[str] = typer.Option(None, "--address", help="with SPEC: the Ray cluster (as run)"),
-        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="with SPEC: the MLflow store"),
-        csv: Optional[list[Path]] = typer.Option(None, "--csv", help="a steps-to-target table at one budget "
-                                                 "(batch_size,steps_to_target, as analyze --csv reads); repeat it"),
-        tokens: Optional[list[float]] = typer.Option(None, "--tokens", help="the training tokens D of each --csv, "
-                                                     "in the same order"),
-        n_params: Optional[list[float]] = typer.Option(None, "--n-params", help="each --csv's model parameters "
-                                                       "(optional), to say whether model size can be told apart"),
-        cbs: Optional[list[str]] = typer.Option(None, "--cbs", help="a finished sweep (folder or cbs.json), "
-                                                "optionally :TOKENS (default: its spec's budget_tokens); repeat it"),
-        reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="B0 of the tables' 20 % CBS "
-                                                        "(sequences); required with --csv"),
-        predict_tokens: Optional[float] = typer.Option(None, "--predict-tokens", help="the production budget "
-                                                       "(tokens) to predict at"),
-        tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="to give batch "
-                                                            "sizes in tokens too, and Step Law's in sequences"),
-        quantity: str = typer.Option("b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s "
-                                     "20 % CBS, which carries 1.2 B0)"),
-        level: float = typer.Option(0.95, "--level", help="confidence level of the exponent and prediction"),
-        output: Optional[Path] = typer.Option(None, "--output", help="with SPEC: the study's folder; else a file "
-                                              "to write scale.json to as well as stdout"),
-    ) -> None:
-        """b_crit as a power law of the token budget.
+    Each member enters with its interval; the exponent gets an interval, the prediction a
+    prediction interval that widens with the extrapolation, beside published laws as a cross-check.
+    """
+    from critbatch.common import console, fail_invalid
+    from sweeps.analysis import finite_json
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling import scale_result
 
-        Each member enters with its interval; the exponent gets an interval, the prediction a
-        prediction interval that widens with the extrapolation, beside published laws as a cross-check.
-        """
-        from critbatch.common import console, fail_invalid
-        from sweeps.analysis import finite_json
-        from sweeps.errors import InvalidInput
-        from sweeps.scaling import scale_result
+    study = None
+    try:
+        if tokens_per_sequence is not None and not tokens_per_sequence > 0:
+            raise InvalidInput("--tokens-per-sequence must be positive")
+        if spec_path is not None:
+            study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
+            if study["status"] != "SUCCEEDED":
+                console.print(f"study {study['status']}: {output / 'study.json'}", markup=False, highlight=False)
+                raise typer.Exit(study.get("exit_code") or 1)
+            cbs = [f"{output / m['folder']}:{m['budget_tokens']}" for m in study["members"]]
+            tokens_per_sequence = tokens_per_sequence or _tokens_per_sequence(output / study["members"][0]["folder"])
+            predict_tokens = predict_tokens or study.get("predict_tokens")
+            output = output / "scale.json"
+        elif budgets_tokens or address or tracking_uri:
+            raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
+        members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
+        result = finite_json(scale_result(members, predict_tokens=predict_tokens, level=level,
+                                          tokens_per_sequence=tokens_per_sequence, quantity=quantity))
+    except InvalidInput as exc:
+        fail_invalid(exc)
+    if output is not None:
+        _write(output, result, study)
+    print(json.dumps(result, indent=2))
+    console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
 
-        study = None
+def schedule(
+    scale_json: Path = typer.Argument(..., help="a study's scale.json (critbatch scale)"),
+    total_tokens: float = typer.Option(..., "--total-tokens", help="the production run's training tokens"),
+    tokens_per_sequence: int = typer.Option(..., "--tokens-per-sequence", help="the production run's sequence "
+                                            "length (tokens)"),
+    max_batch: Optional[int] = typer.Option(None, "--max-batch-sequences", help="the largest global batch "
+                                            "(default: under the law's lower bound at --total-tokens)"),
+    output: Path = typer.Option(..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json "
+                                "and levanter.yaml"),
+) -> None:
+    """A batch-size ramp under b_crit, in trainers' formats.
+
+    Each stage doubles the global batch once the lower end of the law's prediction interval at
+    the tokens seen reaches it; the files give the same ramp in each trainer's own format.
+    """
+    import yaml
+
+    from critbatch.common import console, fail_invalid
+    from sweeps.errors import InvalidInput, WriteFailed
+    from sweeps.files import write_atomic, write_json
+    from sweeps.scaling.schedule import batch_size_ramp, ramp_formats
+
+    try:
         try:
-            if tokens_per_sequence is not None and not tokens_per_sequence > 0:
-                raise InvalidInput("--tokens-per-sequence must be positive")
-            if spec_path is not None:
-                study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
-                if study["status"] != "SUCCEEDED":
-                    console.print(f"study {study['status']}: {output / 'study.json'}", markup=False, highlight=False)
-                    raise typer.Exit(study.get("exit_code") or 1)
-                cbs = [f"{output / m['folder']}:{m['budget_tokens']}" for m in study["members"]]
-                tokens_per_sequence = tokens_per_sequence or _tokens_per_sequence(output / study["members"][0]["folder"])
-                predict_tokens = predict_tokens or study.get("predict_tokens")
-                output = output / "scale.json"
-            elif budgets_tokens or address or tracking_uri:
-                raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
-            members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
-            result = finite_json(scale_result(members, predict_tokens=predict_tokens, level=level,
-                                              tokens_per_sequence=tokens_per_sequence, quantity=quantity))
-        except InvalidInput as exc:
-            fail_invalid(exc)
-        if output is not None:
-            _write(output, result, study)
-        print(json.dumps(result, indent=2))
-        console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
+            result = json.loads(scale_json.read_text(encoding="utf-8"))
+            result["gamma"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidInput(f"{scale_json}: not a study's scale.json ({exc})") from None
+        ramp = batch_size_ramp(result, total_tokens, tokens_per_sequence, max_batch)
+    except InvalidInput as exc:
+        fail_invalid(exc)
+    formats = ramp_formats(ramp)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        write_json(output / "schedule.json", formats["json"])
+        write_atomic(output / "megatron.txt", f"--step-batch-size-schedule \"{formats['megatron']}\"\n")
+        write_json(output / "olmo_core.json", formats["olmo_core"])
+        write_atomic(output / "levanter.yaml", yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False))
+    except (OSError, WriteFailed) as exc:
+        console.print(f"error: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    stages = ramp["stages"]
+    console.print(f"{len(stages)} stages, {stages[0]['batch_size_sequences']} to {stages[-1]['batch_size_sequences']} "
+                  f"sequences: {ramp['steps']} steps for {total_tokens:.3g} tokens, "
+                  f"{100 * ramp['steps_saved_fraction']:.0f} % fewer than a fixed batch of "
+                  f"{ramp['fixed_batch_size_sequences']} ({ramp['fixed_steps']} steps); wrote {output}",
+                  markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``scale`` and ``schedule`` commands to the ``critbatch`` app."""
+    app.command("scale")(scale)
+    app.command("schedule")(schedule)

@@ -1,0 +1,76 @@
+"""The batch-size ramp from a study's law: doubling stages that start under the lower end of the law's interval,
+the same ramp in each trainer's format (checked against each format's documented rules: Megatron-LM's
+``--step-batch-size-schedule``, OLMo-core's ``BatchSizeSchedulerCallback`` checks, Levanter's ``ScheduleStep``
+offsets), and the steps it saves over the largest fixed batch that stays under b_crit from the start."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from critbatch.main import app
+from sweeps.errors import InvalidInput
+from sweeps.scaling import StudyMember, scale_result
+from sweeps.scaling.schedule import batch_size_ramp, ceiling_sequences, ramp_formats
+
+
+def _result(gamma: float = 0.5):
+    members = [StudyMember(d, 16 * (d / 2.6e5) ** gamma, (12 * (d / 2.6e5) ** gamma, 21 * (d / 2.6e5) ** gamma))
+               for d in (1.3e5, 2.6e5, 5.2e5, 1.05e6)]
+    return scale_result(members, predict_tokens=1e8)
+
+
+def test_each_stage_doubles_and_starts_under_the_lower_bound():
+    result = _result()
+    ramp = batch_size_ramp(result, 1e8, 64)
+    stages = ramp["stages"]
+    assert stages[0]["start_tokens"] == 0 and len(stages) >= 4
+    for prev, s in zip(stages, stages[1:]):
+        assert s["batch_size_sequences"] == 2 * prev["batch_size_sequences"]
+        assert ceiling_sequences(result, s["start_tokens"]) >= s["batch_size_sequences"]
+        # a stage starts on a whole step of the one before it
+        assert (s["start_tokens"] - prev["start_tokens"]) == (s["start_step"] - prev["start_step"]) * prev[
+            "batch_size_sequences"] * 64
+    assert ramp["steps"] < ramp["fixed_steps"] == math.ceil(1e8 / (stages[0]["batch_size_sequences"] * 64))
+
+
+def test_the_formats_follow_each_trainers_rules():
+    ramp = batch_size_ramp(_result(), 1e8, 64)
+    f = ramp_formats(ramp)
+    # Megatron-LM: "T0:BS0 T1:BS1 ...", thresholds in tokens, the first 0, batch sizes in samples
+    pairs = [tuple(int(x) for x in item.split(":")) for item in f["megatron"].split()]
+    assert pairs[0][0] == 0 and [p[0] for p in pairs] == sorted({p[0] for p in pairs})
+    # OLMo-core: as many batch sizes (tokens) as Durations, starting at 0, increasing, integer factors, no repeats
+    olmo = f["olmo_core"]
+    assert len(olmo["batch_sizes"]) == len(olmo["schedule"]) and olmo["schedule"][0]["value"] == 0
+    assert {d["unit"] for d in olmo["schedule"]} == {"tokens"}
+    for a, b in zip(olmo["batch_sizes"], olmo["batch_sizes"][1:]):
+        assert b > a and b % a == 0
+    # Levanter: the token offset its BatchSchedule computes at each start step equals the ramp's start tokens
+    steps = f["levanter"]["train_batch_size"]
+    offset = 0
+    for prev, s, stage in zip(steps, steps[1:], ramp["stages"][1:]):
+        offset += (s["start"] - prev["start"]) * prev["value"]
+        assert offset * 64 == stage["start_tokens"]
+
+
+def test_a_law_that_does_not_grow_has_no_ramp():
+    with pytest.raises(InvalidInput, match="does not grow"):
+        batch_size_ramp(_result(gamma=-0.2), 1e8, 64)
+
+
+def test_the_command_writes_the_four_formats(tmp_path):
+    import json
+
+    (tmp_path / "scale.json").write_text(json.dumps(_result()))
+    res = CliRunner().invoke(app, ["schedule", str(tmp_path / "scale.json"), "--total-tokens", "1e8",
+                                   "--tokens-per-sequence", "64", "--output", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["levanter.yaml", "megatron.txt", "olmo_core.json",
+                                                                  "schedule.json"]
+    assert (tmp_path / "s" / "megatron.txt").read_text().startswith('--step-batch-size-schedule "0:')
+    res = CliRunner().invoke(app, ["schedule", str(tmp_path / "nope.json"), "--total-tokens", "1e8",
+                                   "--tokens-per-sequence", "64", "--output", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "not a study's scale.json" in res.output and not (tmp_path / "t").exists()
