@@ -192,17 +192,32 @@ def _curved(members: Sequence[StudyMember], tokens_ref: float, v: np.ndarray, le
     return t > stats.t.ppf(0.5 + level / 2, dof)
 
 
-def _model_size_note(members: Sequence[StudyMember]) -> str:
-    """Whether the members' model sizes vary, and whether data size and model size can be told apart."""
+def _model_size_note(members: Sequence[StudyMember], level: float) -> str:
+    """Whether the members' model sizes vary, and whether data size and model size can be told apart: with four or
+    more members whose ln N and ln D are not collinear (|correlation| < 0.95), ``ln b = a + gamma ln D + delta ln N``
+    is fitted (weights ``1/se^2``, scaled and read with t on n - 3 degrees of freedom as the law is) and delta, the
+    exponent in model size at fixed data, is given with its interval."""
     sizes = [m.n_params for m in members]
+    if all(s is None for s in sizes):
+        return ""
     if any(s is None for s in sizes) or len({round(math.log(s), 6) for s in sizes if s}) <= 1:  # type: ignore[arg-type]
-        return "" if all(s is None for s in sizes) else "one model size: the law is in data size at that size"
+        return "one model size (or some unknown): the law is in data size at that size"
     ln_n = np.log(np.array(sizes, dtype=float))
     ln_d = np.log(np.array([m.tokens for m in members]))
     r = float(np.corrcoef(ln_n, ln_d)[0, 1]) if len(members) > 2 else 1.0
-    return (f"model size varies with the budget (correlation of ln N and ln D {r:.2f} over {len(members)} members): "
-            "these data cannot tell data size from model size; the exponent is in D with N moving along "
-            "(Zhang et al. 2024 find D, not N, drives it, at fixed N or fixed D)")
+    if len(members) < 4 or abs(r) >= 0.95:
+        return (f"model size varies with the budget (correlation of ln N and ln D {r:.2f} over {len(members)} "
+                "members): these data cannot tell data size from model size; the exponent is in D with N moving "
+                "along (Zhang et al. 2024 find D, not N, drives it, at fixed N or fixed D)")
+    x = np.column_stack([np.ones(len(members)), ln_d - ln_d.mean(), ln_n - ln_n.mean()])
+    y = np.array([math.log(m.batch_size_sequences) for m in members])  # type: ignore[arg-type]  # usable members
+    v = np.array([log_standard_error(m.batch_size_ci_sequences, m.level) ** 2 for m in members])  # type: ignore[arg-type]
+    beta, cov, q = _wls(x, y, v)
+    dof = len(members) - 3
+    half = float(stats.t.ppf(0.5 + level / 2, dof)) * math.sqrt(cov[2, 2] * max(1.0, q / dof))
+    return (f"model size varies apart from the budget (correlation of ln N and ln D {r:.2f}): at fixed D, "
+            f"~ N^{beta[2]:.2f} ({100 * level:g} % interval [{beta[2] - half:.2f}, {beta[2] + half:.2f}]), "
+            f"and at fixed N ~ D^{beta[1]:.2f} (Zhang et al. 2024: N barely matters at fixed D)")
 
 
 def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> PowerLaw:
@@ -259,4 +274,4 @@ def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> Pow
     return PowerLaw(b0=math.exp(float(beta[0])), tokens_ref=tokens_ref, gamma=gamma,
                     gamma_ci=(gamma - quantile * se_gamma, gamma + quantile * se_gamma), level=level, cov=cov,
                     tau2=tau2, quantile=quantile, residuals=residuals, members=list(used), excluded=excluded,
-                    status=status, caveats=caveats, n_params_note=_model_size_note(used))
+                    status=status, caveats=caveats, n_params_note=_model_size_note(used, level))

@@ -106,3 +106,17 @@ def test_model_size_moving_with_the_budget_is_said_to_be_inseparable():
     members = [StudyMember(20 * n, 100 * (n / 1e8) ** 0.5, (80 * (n / 1e8) ** 0.5, 125 * (n / 1e8) ** 0.5), n_params=n)
                for n in (1e8, 4e8, 1.6e9)]
     assert "cannot tell data size from model size" in fit_power_law(members).n_params_note
+
+
+def test_model_size_apart_from_the_budget_gets_its_own_exponent():
+    """Members at crossed sizes and budgets where b_crit depends on D only: the model-size exponent's interval
+    holds 0 and the data exponent is the true one."""
+    members = []
+    for i, (n, d) in enumerate([(1e8, 2e9), (1e8, 8e9), (4e8, 2e9), (4e8, 8e9), (1.6e9, 4e9), (1.6e9, 1.6e10)]):
+        b = 100 * (d / 2e9) ** 0.5 * (1 + 0.02 * (-1) ** i)
+        members.append(StudyMember(d, b, (b / 1.3, b * 1.3), n_params=n))
+    note = fit_power_law(members).n_params_note
+    assert "at fixed D, ~ N^" in note
+    lo, hi = (float(x) for x in note.split("interval [")[1].split("]")[0].split(", "))
+    assert lo < 0 < hi
+    assert abs(float(note.split("at fixed N ~ D^")[1].split(" ")[0]) - 0.5) < 0.05
