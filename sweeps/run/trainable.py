@@ -11,7 +11,6 @@ of its own and forwards rank 0's milestone metrics to Tune. Importing this modul
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -43,7 +42,7 @@ from workloads.api import (
 )
 
 __all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
-           "batch_plan_params", "objective_of", "reuse_trial_actors"]
+           "batch_plan_params", "reuse_trial_actors"]
 
 _trials_in_this_process = 0
 
@@ -314,10 +313,3 @@ def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, i
         "workers": plan.workers,
     }
 
-
-def objective_of(metrics: dict[str, Any], vocab_size: int) -> float:
-    """The Optuna objective of a finished trial: final validation loss, ``ln(vocab)`` if diverged."""
-    val = metrics.get("val_loss")
-    if metrics.get("status") == "diverged" or val is None or not math.isfinite(val):
-        return math.log(vocab_size)
-    return float(val)
