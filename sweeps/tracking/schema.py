@@ -7,13 +7,16 @@ writes them (:mod:`sweeps.tracking.writer`); the Ray Jobs client and the service
 (:mod:`sweeps.tracking.reader`). Every module that writes or reads one of these names uses the
 constant here, never the string.
 
-Plain data: imports nothing, so the REST service can use it.
+Plain data: imports only the names of a trial's report (``workloads.api``, torch-free), so the REST
+service can use it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+
+from workloads.api import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT
 
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
@@ -23,7 +26,7 @@ __all__ = [
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
     "trial_error_line", "names_full_disk",
-    "METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
+    "METRIC_KEYS", "ONCE_METRIC_KEYS", "COMM_METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
@@ -214,16 +217,13 @@ CLOSED_BY_JOBS = "critbatch.jobs"
 
 # ---- metrics -------------------------------------------------------------------------------------
 
-#: Trial metrics logged to MLflow at each milestone (step = tokens seen).
-METRIC_KEYS = (
-    "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
-    "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
-    "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
-    # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.train.optim)
-    "optimizer_state_bytes_per_param", "trainable_params",
-    # the first report of each attempt: the worker's intra-op threads and deterministic flag (workloads.train.determinism)
-    "torch_num_threads", "deterministic_algorithms",
-)
+#: Trial metrics logged to MLflow at each milestone (step = tokens seen): the fields of a trial's report
+#: (``workloads.api.TrialReport``) marked as metrics, in the report's order.
+METRIC_KEYS = MLFLOW_METRICS
+#: Trial metrics that hold one value per attempt (its start-up, the model's size, the optimizer's state).
+ONCE_METRIC_KEYS = ONCE_PER_ATTEMPT
+#: A trial's communication counters (always 0 with one worker: nothing is communicated).
+COMM_METRIC_KEYS = COMM_METRICS
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.
 SUMMARY_METRICS = ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")
