@@ -7,8 +7,8 @@ writes them (:mod:`sweeps.tracking.writer`); the Ray Jobs client and the service
 (:mod:`sweeps.tracking.reader`). Every module that writes or reads one of these names uses the
 constant here, never the string.
 
-Plain data: imports only the names of a trial's report (``workloads.api``, torch-free), so the REST
-service can use it.
+Plain data: imports only the status vocabulary (``sweeps.spec.statuses``) and the names of a trial's
+report (``workloads.api``, torch-free), so the REST service can use it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import re
 
-from workloads.api import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT
+from sweeps.spec.statuses import TRIAL_STATUSES, TrialStatus
+from workloads.api import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT, TrialOutcome
 
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
@@ -150,17 +151,15 @@ ROLE_BRANCH = "branch"
 
 # ---- trial statuses (values of TAG_STATUS on a trial run) ---------------------------------------
 
-TRIAL_RUNNING = "RUNNING"
+TRIAL_RUNNING = TrialStatus.RUNNING
 #: Waiting at a rung (``pruning.mode: pause``); still part of the live sweep.
-TRIAL_PAUSED = "PAUSED"
-TRIAL_COMPLETED = "COMPLETED"
-TRIAL_DIVERGED = "DIVERGED"
-TRIAL_PRUNED = "PRUNED"
-TRIAL_FAILED = "FAILED"
+TRIAL_PAUSED = TrialStatus.PAUSED
+TRIAL_COMPLETED = TrialStatus.COMPLETED
+TRIAL_DIVERGED = TrialStatus.DIVERGED
+TRIAL_PRUNED = TrialStatus.PRUNED
+TRIAL_FAILED = TrialStatus.FAILED
 #: Cut short by a stopped sweep or a budget.
-TRIAL_STOPPED = "STOPPED"
-TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, TRIAL_PRUNED, TRIAL_FAILED,
-                  TRIAL_STOPPED)
+TRIAL_STOPPED = TrialStatus.STOPPED
 
 
 #: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.run.reportlog.ReportLog``
@@ -197,7 +196,7 @@ def names_full_disk(error: str | None) -> str | None:
     return error[at:] if at >= 0 else None
 
 
-def trial_status(last: dict, *, failed: bool) -> str:
+def trial_status(last: dict, *, failed: bool) -> TrialStatus:
     """How a trial ended (the one classifier: the MLflow child run's status and the analysis' count),
     from its last report (annotated by the pruning scheduler) and whether it raised.
 
@@ -207,7 +206,7 @@ def trial_status(last: dict, *, failed: bool) -> str:
     """
     if last.get("pruned"):
         return TRIAL_PRUNED
-    if last.get("status") == "diverged":
+    if last.get("status") == TrialOutcome.DIVERGED:
         return TRIAL_DIVERGED
     if failed:
         return TRIAL_FAILED
