@@ -58,7 +58,7 @@ class ProgressCallback(Callback):
         return d
 
     def counts(self) -> dict[str, int]:
-        c = dict.fromkeys(("done", "running", "paused", "failed", "diverged"), 0)
+        c: dict[str, int] = dict.fromkeys(("done", "running", "paused", "failed", "diverged"), 0)
         for s in self.status.values():
             if s in c:
                 c[s] += 1

@@ -159,14 +159,15 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         batch=BatchConfig(
             batch_size_sequences=int(config["batch_size_sequences"]),
             micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
-            warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
+            warmup=tuple((int(b), int(t)) for b, t in spec.batch_warmup.schedule) if spec.batch_warmup else None),
         eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens(budget)), eval_tokens=spec.eval.eval_tokens,
                         stop_at_loss=float(stop) if stop is not None else None),
         noise_scale=NoiseScaleConfig.of(spec.noise_scale),
         training=training_config(spec),
         seed=int(config["seed"]),
         rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
-            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key) if gated else None,
+            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key)
+        if gated and rung_gate_key is not None else None,
         faults=faults,
     )
 

@@ -193,7 +193,7 @@ def names_full_disk(error: str | None) -> str | None:
     writing ..."`` -> ``"no space left on device while writing ..."``."""
     low = (error or "").lower()
     at = min((i for i in (low.find(w) for w in _FULL_DISK_WORDS) if i >= 0), default=-1)
-    return error[at:] if at >= 0 else None
+    return (error or "")[at:] if at >= 0 else None
 
 
 def trial_status(last: dict, *, failed: bool) -> TrialStatus:

@@ -48,12 +48,15 @@ class Workload(Protocol):
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)``: inputs are input ids ``[count, T]`` or a dict of model keyword
         arguments; targets ``[count, T]`` use -100 where no loss is taken."""
+        ...
 
     def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The fixed held-out set."""
+        ...
 
     def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
         """Tokens actually computed in a micro-batch (padding excluded): the unit of tokens seen and FLOPs."""
+        ...
 
 
 @dataclass
@@ -217,7 +220,7 @@ class _Training:
         with_ema = cfg.schedule.kind == "constant_ema"
         eval_model = prepare_model(self.model, tr, world=world, eval_copy=with_ema, device=device)
         self.sharded = is_sharded(self.model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         self.schedule = Schedule(cfg, batch_phases(
             cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world)))
         self.opt = build_optimizer(self.params, o, device)
@@ -332,7 +335,7 @@ class _Training:
                        "ema_raw": ema.buffers if ema is not None else [], "rng_cpu": torch.get_rng_state()})
         gathered: list[Any] | None = [None] * self.stepper.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
-        if self.rank != 0:
+        if self.rank != 0 or gathered is None or self.sync is None:  # rank 0 has both
             return None
         first = gathered[0]
         return {"model": first["model"], "optimizer": first["optimizer"], "ema_raw": first["ema_raw"],
