@@ -3,7 +3,8 @@
 A :class:`Workload` entry per name (``pretrain``, ``finetune``) says what a sweep may ask of a
 workload: its config section, the function a Ray Train worker runs, its FLOPs per token, its
 input checks. Beside the entries: the per-trial config (:class:`TrialConfig` and its sections),
-the scaling rules, the FLOP convention, the tokenizer checks, the worker function
+what a trial reports at each milestone (:class:`TrialReport`, its
+:class:`TrialOutcome` and the key names derived from its fields), the scaling rules, the FLOP convention, the tokenizer checks, the worker function
 (``train_fn_per_worker``), the
 Ray session plumbing of the Tune trainable (``drain_report_queue``), the checkpoint builder
 (``init_checkpoint``) and the data preparation (``prepare_data`` for ``critbatch prepare-data``,
@@ -70,6 +71,7 @@ from workloads.sections import (
     replace,
 )
 from workloads.data.tokenizer import has_tokenizer_files
+from workloads.train.report import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT, REPORT_KEYS, TrialOutcome, TrialReport
 
 if TYPE_CHECKING:  # loaded on first access, see _LAZY
     from workloads.ray.adapter import train_fn_per_worker
@@ -86,6 +88,12 @@ __all__ = [
     "get_workload",
     "WORKLOAD_NAMES",
     "TrialConfig",
+    "TrialReport",
+    "TrialOutcome",
+    "REPORT_KEYS",
+    "MLFLOW_METRICS",
+    "ONCE_PER_ATTEMPT",
+    "COMM_METRICS",
     "TRIAL_STARTED_KEY",
     "TORCH_THREADS_KEY",
     "CHECKPOINT_DIR_KEY",

@@ -23,6 +23,7 @@ from sweeps.analysis.summary import caveats, headline
 from sweeps.analysis.targets import (TARGET_RULE, TARGET_RULE_GIVEN, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
+from sweeps.spec.statuses import COUNTED_TRIAL_STATUSES
 
 __all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv", "finite_json"]
 
@@ -117,7 +118,7 @@ def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_l
     """The head of :func:`analyze_trials`' result, whatever the fit: the trials by status, the inputs, the
     rules, and when the records hold them the median optimizer state (bytes per trainable parameter) and
     the trainable parameters."""
-    counts = {s: sum(1 for t in trials if t.status == s) for s in ("COMPLETED", "DIVERGED", "FAILED", "PRUNED", "STOPPED")}
+    counts = {s: sum(1 for t in trials if t.status == s) for s in COUNTED_TRIAL_STATUSES}
     result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
                               "context_length_tokens": context_length_tokens, "tokens_per_sequence": tokens_per_sequence,
                               "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}

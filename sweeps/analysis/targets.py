@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from sweeps.errors import InvalidInput
+from sweeps.spec.statuses import TrialStatus
 
 __all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "censored_points",
            "last_tokens_by_batch", "choose_targets", "best_at_budget", "TARGET_RULE", "TARGET_RULE_GIVEN"]
@@ -87,7 +88,7 @@ class TrialRecord:
 
     @property
     def final_loss(self) -> float | None:
-        if self.status != "COMPLETED" or not self.val_loss:
+        if self.status != TrialStatus.COMPLETED or not self.val_loss:
             return None
         v = self.val_loss[-1]
         return v if v is not None and math.isfinite(v) else None

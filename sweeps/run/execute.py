@@ -27,11 +27,12 @@ from sweeps.run.records import collect_records, records_from_grid
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, optuna_storage_url, tune_dir_of, write_json
 from sweeps.run.workload import with_inputs
 from sweeps.spec import SweepSpec
+from sweeps.spec.statuses import ENDED_TRIAL_STATUSES, TrialStatus
 
 __all__ = ["execute_sweep"]
 
 #: statuses of past trials that report nothing more (a resumed scheduler sees them as ended)
-_ENDED = ("COMPLETED", "DIVERGED", "PRUNED", "FAILED")
+_ENDED = ENDED_TRIAL_STATUSES
 
 
 @dataclass
@@ -179,7 +180,7 @@ def _replay_past_trials(run: SweepRun, parts: _Parts) -> None:
         if scheduler.mode == "pause":
             scheduler.restore_decisions()
             for r in past:
-                if r.status == "FAILED":  # Tune.restore(resume_errored=True) retries it
+                if r.status == TrialStatus.FAILED:  # Tune.restore(resume_errored=True) retries it
                     scheduler.reopen(r.trial_id)
     parts.progress.replay(past)
     if parts.stopper is not None:

@@ -21,6 +21,7 @@ from sweeps.run.state import write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
+from sweeps.spec.statuses import SweepStatus, TrialStatus
 
 __all__ = ["finish_sweep", "sweep_analysis", "full_disk_note", "PRECISION_FILE"]
 
@@ -62,8 +63,8 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
                                     analysis_error=analysis_error, analysis=analysis)
     if budget_note and not stopped:
         for r in records:
-            if r.status == "STOPPED":
-                tracker.trial_ended(r.trial_id, "STOPPED", error=budget_note)
+            if r.status == TrialStatus.STOPPED:
+                tracker.trial_ended(r.trial_id, TrialStatus.STOPPED, error=budget_note)
     summary = {k: analysis.get(k) for k in schema.SUMMARY_METRICS}
     summary.update({schema.trial_count_metric(k): v for k, v in counts.items()})
     # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
@@ -78,7 +79,7 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
         log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
     state.save(output)
     SpaceReserve(output).release()  # kept for a crash; a resume makes it again
-    return SweepResult(ok=status == "SUCCEEDED", status=status, sweep_id=state.sweep_id, cbs=analysis,
+    return SweepResult(ok=status == SweepStatus.SUCCEEDED, status=status, sweep_id=state.sweep_id, cbs=analysis,
                        output=str(output), message=message, exit_code=run.stop.exit_code if stopped else None)
 
 
@@ -167,23 +168,23 @@ def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopp
                   budget_note: str, analysis_error: str | None, analysis: dict[str, Any]) -> tuple[str, str]:
     """The sweep's ``(status, message)``: ``STOPPED`` (resumable), ``FAILED`` or ``SUCCEEDED``."""
     spec, output = run.spec, run.output
-    unfinished = sum(1 for r in records if r.status == "STOPPED") + max(0, spec.n_trials - len(records))
+    unfinished = sum(1 for r in records if r.status == TrialStatus.STOPPED) + max(0, spec.n_trials - len(records))
     if stopped:
-        status, message = "STOPPED", ("the sweep was stopped before all trials finished: `critbatch resume "
+        status, message = SweepStatus.STOPPED, ("the sweep was stopped before all trials finished: `critbatch resume "
                                       f"{output}` continues it")
     elif unfinished and not budget_note:
         # Tune ended its run with trials unfinished (an interrupt that did not come through StopSignals,
         # e.g. Tune's SIGUSR1): not a result, and resumable
-        status, message = "STOPPED", (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
+        status, message = SweepStatus.STOPPED, (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
                                       f"`critbatch resume {output}` continues the sweep")
     elif analysis_error is not None:
-        status, message = "FAILED", analysis["message"]
-    elif not counts.get("COMPLETED"):
-        status, message = "FAILED", "no trial completed (every trial failed or diverged)"
+        status, message = SweepStatus.FAILED, analysis["message"]
+    elif not counts.get(TrialStatus.COMPLETED):
+        status, message = SweepStatus.FAILED, "no trial completed (every trial failed or diverged)"
     else:
-        status, message = "SUCCEEDED", analysis.get("message", "")
+        status, message = SweepStatus.SUCCEEDED, analysis.get("message", "")
     if budget_note and not stopped:
-        message = f"{budget_note}: analysed the {counts.get('COMPLETED', 0)} trial(s) that completed" + (
+        message = f"{budget_note}: analysed the {counts.get(TrialStatus.COMPLETED, 0)} trial(s) that completed" + (
             f"; {message}" if message else "")
     full_disk = full_disk_note(records)
     if full_disk:

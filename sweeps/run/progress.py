@@ -12,10 +12,17 @@ from rich.table import Table
 from rich.text import Text
 from ray.tune import Callback
 
+from sweeps.spec.statuses import TrialStatus
+from workloads.api import TrialOutcome
+
 __all__ = ["ProgressCallback", "wave_line"]
 
 PLAIN_CHANGE_S = 10.0  # output that is not a terminal: a changed state at most this often,
 PLAIN_HEARTBEAT_S = 60.0  # and a line at least this often
+
+#: the table's count of each trial status (a pruned trial counts as done; a stopped one is not counted)
+_COLUMN = {TrialStatus.RUNNING: "running", TrialStatus.PAUSED: "paused", TrialStatus.COMPLETED: "done",
+           TrialStatus.PRUNED: "done", TrialStatus.DIVERGED: "diverged", TrialStatus.FAILED: "failed"}
 
 
 class ProgressCallback(Callback):
@@ -34,7 +41,7 @@ class ProgressCallback(Callback):
         self.enabled = enabled
         self.started: dict[str, float] = {}
         self.durations: list[float] = []
-        self.status: dict[str, str] = {}
+        self.status: dict[str, str] = {}  # trial id -> its column of the table (_COLUMN)
         self.best: dict[int, float] = {}
         self.latest: dict[str, dict[str, Any]] = {}
         self.t0 = time.monotonic()
@@ -51,7 +58,7 @@ class ProgressCallback(Callback):
         return d
 
     def counts(self) -> dict[str, int]:
-        c = {"done": 0, "running": 0, "paused": 0, "failed": 0, "diverged": 0}
+        c: dict[str, int] = dict.fromkeys(("done", "running", "paused", "failed", "diverged"), 0)
         for s in self.status.values():
             if s in c:
                 c[s] += 1
@@ -81,7 +88,7 @@ class ProgressCallback(Callback):
         table.add_column("best val loss", justify="right")
         table.add_column("running", justify="right")
         for b in self.batch_sizes:
-            running = sum(1 for tid, s in self.status.items() if s == "running" and self.latest.get(tid, {}).get("B") == b)
+            running = sum(1 for tid, s in self.status.items() if s == _COLUMN[TrialStatus.RUNNING] and self.latest.get(tid, {}).get("B") == b)
             best = self.best.get(b)
             table.add_row(str(b), "-" if best is None else f"{best:.4f}", str(running) if running else "")
         return Group(head, table)
@@ -127,22 +134,21 @@ class ProgressCallback(Callback):
         A FAILED trial is left out: ``Tuner.restore(resume_errored=True)`` runs it again.
         """
         for r in records:
-            kind = {"COMPLETED": "done", "PRUNED": "done", "DIVERGED": "diverged"}.get(r.status)
-            if kind is not None:
-                self.status[r.trial_id] = kind
+            if r.status in (TrialStatus.COMPLETED, TrialStatus.PRUNED, TrialStatus.DIVERGED):
+                self.status[r.trial_id] = _COLUMN[TrialStatus(r.status)]
             finite = [v for v in r.val_loss if math.isfinite(v)]
             if finite:
                 self.best[r.batch_size_sequences] = min(self.best.get(r.batch_size_sequences, math.inf), min(finite))
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self.started[trial.trial_id] = time.monotonic()
-        self.status[trial.trial_id] = "running"
+        self.status[trial.trial_id] = _COLUMN[TrialStatus.RUNNING]
         self.latest[trial.trial_id] = {"B": trial.config.get("batch_size_sequences")}
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if trial.status == "PAUSED":  # waits at a rung for its batch size (pruning.mode: pause)
-            self.status[trial.trial_id] = "paused"
+        if trial.status == "PAUSED":  # Tune's status: waits at a rung for its batch size (pruning.mode: pause)
+            self.status[trial.trial_id] = _COLUMN[TrialStatus.PAUSED]
         b = trial.config.get("batch_size_sequences")
         v = result.get("val_loss")
         if b is not None and isinstance(v, (int, float)) and math.isfinite(v):
@@ -151,12 +157,13 @@ class ProgressCallback(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        self.status[trial.trial_id] = "diverged" if last.get("status") == "diverged" else "done"
+        ended = TrialStatus.DIVERGED if last.get("status") == TrialOutcome.DIVERGED else TrialStatus.COMPLETED
+        self.status[trial.trial_id] = _COLUMN[ended]
         self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
         self._refresh()
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.status[trial.trial_id] = "failed"
+        self.status[trial.trial_id] = _COLUMN[TrialStatus.FAILED]
         self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
         self._refresh()
 

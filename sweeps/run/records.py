@@ -76,7 +76,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         sweep_file = output / "sweep.json"
         if not sweep_file.is_file():
             return records
-        sweep_id = json.loads(sweep_file.read_text())["sweep_id"]
+        sweep_id = str(json.loads(sweep_file.read_text())["sweep_id"])
     tune_dir = Path(tune_dir_of(str(output), sweep_id))
     if not tune_dir.is_dir():
         return records

@@ -11,7 +11,6 @@ of its own and forwards rank 0's milestone metrics to Tune. Importing this modul
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -43,7 +42,7 @@ from workloads.api import (
 )
 
 __all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
-           "batch_plan_params", "objective_of", "reuse_trial_actors"]
+           "batch_plan_params", "reuse_trial_actors"]
 
 _trials_in_this_process = 0
 
@@ -160,14 +159,15 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         batch=BatchConfig(
             batch_size_sequences=int(config["batch_size_sequences"]),
             micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
-            warmup=tuple(tuple(x) for x in spec.batch_warmup.schedule) if spec.batch_warmup else None),
+            warmup=tuple((int(b), int(t)) for b, t in spec.batch_warmup.schedule) if spec.batch_warmup else None),
         eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens(budget)), eval_tokens=spec.eval.eval_tokens,
                         stop_at_loss=float(stop) if stop is not None else None),
         noise_scale=NoiseScaleConfig.of(spec.noise_scale),
         training=training_config(spec),
         seed=int(config["seed"]),
         rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
-            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key) if gated else None,
+            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key)
+        if gated and rung_gate_key is not None else None,
         faults=faults,
     )
 
@@ -314,10 +314,3 @@ def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, i
         "workers": plan.workers,
     }
 
-
-def objective_of(metrics: dict[str, Any], vocab_size: int) -> float:
-    """The Optuna objective of a finished trial: final validation loss, ``ln(vocab)`` if diverged."""
-    val = metrics.get("val_loss")
-    if metrics.get("status") == "diverged" or val is None or not math.isfinite(val):
-        return math.log(vocab_size)
-    return float(val)

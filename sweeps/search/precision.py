@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
+from sweeps.spec.statuses import TrialStatus
 
 __all__ = ["Proposal", "Reallocation", "budgets_trained", "interval_ratio", "precise_enough", "nothing_completed",
            "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
@@ -174,7 +175,7 @@ def interval_ratio(ci: list[float | None] | None) -> float:
 def nothing_completed(trials: list[TrialRecord]) -> bool:
     """Whether no trial has completed (status ``COMPLETED``; failed, diverged, pruned and stopped ones do not
     count): then no wave is added (``no_trial_completed``, the module docstring)."""
-    return not any(t.status == "COMPLETED" for t in trials)
+    return not any(t.status == TrialStatus.COMPLETED for t in trials)
 
 
 def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:

@@ -7,13 +7,17 @@ writes them (:mod:`sweeps.tracking.writer`); the Ray Jobs client and the service
 (:mod:`sweeps.tracking.reader`). Every module that writes or reads one of these names uses the
 constant here, never the string.
 
-Plain data: imports nothing, so the REST service can use it.
+Plain data: imports only the status vocabulary (``sweeps.spec.statuses``) and the names of a trial's
+report (``workloads.api``, torch-free), so the REST service can use it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+
+from sweeps.spec.statuses import TRIAL_STATUSES, TrialStatus
+from workloads.api import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT, TrialOutcome
 
 __all__ = [
     "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
@@ -23,7 +27,7 @@ __all__ = [
     "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
     "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
     "trial_error_line", "names_full_disk",
-    "METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
+    "METRIC_KEYS", "ONCE_METRIC_KEYS", "COMM_METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
     "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
     "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
     "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
@@ -147,17 +151,15 @@ ROLE_BRANCH = "branch"
 
 # ---- trial statuses (values of TAG_STATUS on a trial run) ---------------------------------------
 
-TRIAL_RUNNING = "RUNNING"
+TRIAL_RUNNING = TrialStatus.RUNNING
 #: Waiting at a rung (``pruning.mode: pause``); still part of the live sweep.
-TRIAL_PAUSED = "PAUSED"
-TRIAL_COMPLETED = "COMPLETED"
-TRIAL_DIVERGED = "DIVERGED"
-TRIAL_PRUNED = "PRUNED"
-TRIAL_FAILED = "FAILED"
+TRIAL_PAUSED = TrialStatus.PAUSED
+TRIAL_COMPLETED = TrialStatus.COMPLETED
+TRIAL_DIVERGED = TrialStatus.DIVERGED
+TRIAL_PRUNED = TrialStatus.PRUNED
+TRIAL_FAILED = TrialStatus.FAILED
 #: Cut short by a stopped sweep or a budget.
-TRIAL_STOPPED = "STOPPED"
-TRIAL_STATUSES = (TRIAL_RUNNING, TRIAL_PAUSED, TRIAL_COMPLETED, TRIAL_DIVERGED, TRIAL_PRUNED, TRIAL_FAILED,
-                  TRIAL_STOPPED)
+TRIAL_STOPPED = TrialStatus.STOPPED
 
 
 #: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.run.reportlog.ReportLog``
@@ -191,10 +193,10 @@ def names_full_disk(error: str | None) -> str | None:
     writing ..."`` -> ``"no space left on device while writing ..."``."""
     low = (error or "").lower()
     at = min((i for i in (low.find(w) for w in _FULL_DISK_WORDS) if i >= 0), default=-1)
-    return error[at:] if at >= 0 else None
+    return (error or "")[at:] if at >= 0 else None
 
 
-def trial_status(last: dict, *, failed: bool) -> str:
+def trial_status(last: dict, *, failed: bool) -> TrialStatus:
     """How a trial ended (the one classifier: the MLflow child run's status and the analysis' count),
     from its last report (annotated by the pruning scheduler) and whether it raised.
 
@@ -204,7 +206,7 @@ def trial_status(last: dict, *, failed: bool) -> str:
     """
     if last.get("pruned"):
         return TRIAL_PRUNED
-    if last.get("status") == "diverged":
+    if last.get("status") == TrialOutcome.DIVERGED:
         return TRIAL_DIVERGED
     if failed:
         return TRIAL_FAILED
@@ -214,16 +216,13 @@ CLOSED_BY_JOBS = "critbatch.jobs"
 
 # ---- metrics -------------------------------------------------------------------------------------
 
-#: Trial metrics logged to MLflow at each milestone (step = tokens seen).
-METRIC_KEYS = (
-    "val_loss", "val_loss_raw", "train_loss", "flops", "flops_measurement", "lr", "beta2", "tokens_per_s", "mfu",
-    "b_simple", "grad_sq_norm_est", "trace_sigma_est", "grad_norm", "batch_size_sequences_now",
-    "startup_s", "startup_ray_s", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s", "syncs",
-    # the first report of each attempt: bytes of optimizer state per trainable parameter (workloads.train.optim)
-    "optimizer_state_bytes_per_param", "trainable_params",
-    # the first report of each attempt: the worker's intra-op threads and deterministic flag (workloads.train.determinism)
-    "torch_num_threads", "deterministic_algorithms",
-)
+#: Trial metrics logged to MLflow at each milestone (step = tokens seen): the fields of a trial's report
+#: (``workloads.api.TrialReport``) marked as metrics, in the report's order.
+METRIC_KEYS = MLFLOW_METRICS
+#: Trial metrics that hold one value per attempt (its start-up, the model's size, the optimizer's state).
+ONCE_METRIC_KEYS = ONCE_PER_ATTEMPT
+#: A trial's communication counters (always 0 with one worker: nothing is communicated).
+COMM_METRIC_KEYS = COMM_METRICS
 METRIC_VAL_LOSS = "val_loss"
 #: The ``cbs.json`` values logged as metrics of the sweep's parent run when it ends.
 SUMMARY_METRICS = ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss")

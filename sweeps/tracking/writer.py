@@ -40,12 +40,10 @@ TAG_FIT_STATUS = "critbatch.fit_status"
 TAG_NOTE = "mlflow.note.content"
 #: the parent-run metrics of ``cbs.json``'s ``b_crit_ci`` ends (sequences), each logged only when finite
 METRIC_CI_LOW, METRIC_CI_HIGH = "b_crit_ci_low", "b_crit_ci_high"
-#: trial metrics that hold one value per attempt (its start-up, the model's size, the optimizer's state): logged
-#: when they change, not at every milestone
-_ONCE_METRICS = ("startup_s", "startup_ray_s", "trainable_params", "optimizer_state_bytes_per_param", "torch_num_threads",
-                 "deterministic_algorithms")
+#: trial metrics that hold one value per attempt: logged when they change, not at every milestone
+_ONCE_METRICS = schema.ONCE_METRIC_KEYS
 #: a trial's communication counters: always 0 with one worker (nothing is communicated), so not logged then
-_SYNC_METRICS = ("syncs", "comm_bytes_per_step", "comm_bytes_total", "comm_time_s")
+_SYNC_METRICS = schema.COMM_METRIC_KEYS
 
 
 def configure_mlflow_env() -> None:

@@ -23,6 +23,7 @@ import ray.train.torch
 
 from workloads.ray.compat import kv_get, train_storage_path
 from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
+from workloads.train.report import TrialReport
 from workloads.train.determinism import make_deterministic
 from workloads.train.state_file import out_of_space_error, save_state
 
@@ -33,7 +34,7 @@ STATE_FILE = "trial_state.pt"
 #: the key of the checkpointed state that holds every report so far (sent again by a restored worker group)
 REPORTED_KEY = "_reported_rows"
 #: the report key naming the node of every worker (see the module docstring)
-WORKER_NODES_KEY = "worker_nodes"
+WORKER_NODES_KEY = "worker_nodes"  # TrialReport.worker_nodes
 
 #: how long a worker waits at a rung for the scheduler's go before going on anyway (a lost signal costs
 #: FLOPs, never the sweep)
@@ -220,14 +221,16 @@ def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any
     reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
-        first_step = metrics.pop("first_step_unix_s", None)
+        made = TrialReport.from_dict(metrics)
+        first_step = made.first_step_unix_s
+        worker: dict[str, Any] = {"first_step_unix_s": None, WORKER_NODES_KEY: nodes}
         if first_step is not None and started is not None:
-            metrics.update(startup_s=first_step - started, startup_ray_s=entered - started)
+            worker.update(startup_s=first_step - started, startup_ray_s=entered - started)
         if first_step is not None:  # what this attempt's worker computed with (workloads.train.determinism)
-            metrics.update(torch_num_threads=settings["torch_num_threads"],
-                           deterministic_algorithms=float(settings["deterministic_algorithms"]),
-                           worker_rss_mb=_rss_mb())
-        clean = {**{k: v for k, v in metrics.items() if v is not None}, WORKER_NODES_KEY: nodes}
+            worker.update(torch_num_threads=settings["torch_num_threads"],
+                          deterministic_algorithms=float(settings["deterministic_algorithms"]),
+                          worker_rss_mb=_rss_mb())
+        clean = {k: v for k, v in made.with_worker(**worker).to_dict().items() if v is not None}
         reported.append(clean)
         if state is not None:
             state = {**state, REPORTED_KEY: list(reported)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import torch
@@ -23,6 +23,7 @@ from workloads.train.evaluation import MilestoneEvaluator, evaluate
 from workloads.train.batching import min_micro_batches_total
 from workloads.train.noise_scale import NoiseScaleEMA
 from workloads.train.optim import build_optimizer, reads_beta2, state_bytes_per_param
+from workloads.train.report import TrialOutcome, TrialReport
 from workloads.train.parallel import (autocast_dtype, full_model_state, full_optimizer_state, full_tensors,
                                 is_sharded, load_model_state, load_optimizer_state, prepare_model)
 from workloads.train.schedule import BatchPhase, Schedule, batch_phases
@@ -31,7 +32,8 @@ from workloads.train.sync import CommCounters, ReplicaSync, to_cpu
 
 __all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter", "LoopCounters", "evaluate", "IGNORE_INDEX"]
 
-#: ``report(metrics, state)``: ``state`` (rank 0, with a checkpoint) restores the run, else None.
+#: ``report(metrics, state)``: ``metrics`` is :meth:`TrialReport.to_dict`; ``state`` (rank 0, with a checkpoint)
+#: restores the run, else None.
 Reporter = Callable[[dict[str, Any], "dict[str, Any] | None"], None]
 
 
@@ -46,12 +48,15 @@ class Workload(Protocol):
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)``: inputs are input ids ``[count, T]`` or a dict of model keyword
         arguments; targets ``[count, T]`` use -100 where no loss is taken."""
+        ...
 
     def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The fixed held-out set."""
+        ...
 
     def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
         """Tokens actually computed in a micro-batch (padding excluded): the unit of tokens seen and FLOPs."""
+        ...
 
 
 @dataclass
@@ -114,23 +119,10 @@ def run_loop(
 ) -> TrainingOutcome:
     """Train ``work.model`` for ``cfg.budget_tokens`` (or to ``cfg.eval.stop_at_loss``), reporting at its milestones.
 
-    Each report's metrics carry ``tokens_seen`` (global, all workers), ``step``, ``val_loss``
-    (EMA weights for ``constant_ema``, the decayed branch for ``wsd``), ``val_loss_raw``,
-    ``train_loss`` (mean over the steps since the last report of each step's token-weighted loss),
-    ``flops`` (training FLOPs so far: ``flops_per_token * tokens_seen``), ``flops_measurement``
-    (evaluation and decay branches), ``lr``, ``beta2``, ``batch_size_sequences_now``,
-    ``tokens_per_s``, ``mfu`` (None off CUDA or on an unknown device), ``b_simple``,
-    ``grad_sq_norm_est``, ``trace_sigma_est``, ``grad_norm``, ``comm_bytes_per_step``,
-    ``comm_bytes_total``, ``comm_time_s`` and ``syncs`` (this worker's communication in training,
-    :class:`workloads.train.sync.CommCounters`), ``status`` (``running``,
-    ``completed`` or ``diverged``), ``done``, ``objective`` (``stopped_at_loss`` on a stop); the last report of a batch-size
-    warmup also ``steps_saved_vs_initial_batch``, and the first report of this call (attempt)
-    ``first_step_unix_s``, when its first optimizer step ended (Unix seconds; the Ray adapter turns
-    it into the trial's start-up time), ``trainable_params`` (the parameters the optimizer updates and a
-    data-parallel step all-reduces the gradients of) and ``optimizer_state_bytes_per_param`` (the optimizer's
-    state after that step, :meth:`_Training.state_bytes_per_param`; absent when that step diverged and
-    left the state empty). The state passed with a report (rank 0 only,
-    else None) restores the run exactly via ``resume_state``.
+    Each report is a :class:`workloads.train.report.TrialReport` (its fields say what a report holds and
+    when), handed to ``report`` as :meth:`~workloads.train.report.TrialReport.to_dict`. ``status`` is a
+    :class:`workloads.train.report.TrialOutcome`. The state passed with a report (rank 0 only, else
+    None) restores the run exactly via ``resume_state``.
 
     Raises:
         RuntimeError: ``cfg.faults`` fault injection (first attempt only).
@@ -140,7 +132,7 @@ def run_loop(
     milestones = list(cfg.eval.milestones_tokens)
     last_report_wall, last_report_tokens = time.perf_counter(), c.tokens_seen
     last = _no_step(cfg)
-    status = "running"
+    status = TrialOutcome.RUNNING
     first: _FirstStep | None = None  # this attempt's first step, until its report
     while c.tokens_seen < cfg.budget_tokens:
         phase = run.schedule.phase_at(c.tokens_seen)
@@ -148,39 +140,41 @@ def run_loop(
         if first is None:  # under fsdp state_bytes_per_param is a collective: every rank is here
             first = _FirstStep(unix_s=time.time(), state_bytes_per_param=run.state_bytes_per_param())
         if last.diverged(run.diverge_at):
-            status = "diverged"
-        if not c.pass_milestones(milestones) and status != "diverged":
+            status = TrialOutcome.DIVERGED
+        if not c.pass_milestones(milestones) and status != TrialOutcome.DIVERGED:
             continue
-        done = c.tokens_seen >= cfg.budget_tokens or status == "diverged"
+        done = c.tokens_seen >= cfg.budget_tokens or status == TrialOutcome.DIVERGED
         val, raw = math.nan, None
-        if status != "diverged":
+        if status != TrialOutcome.DIVERGED:
             val, raw, last, eval_s = run.evaluate(c, phase, last)
             last_report_wall += eval_s  # evaluation time is not training time
             if not math.isfinite(val) or val > run.diverge_at:
-                status, done = "diverged", True
-        stopped = status == "running" and cfg.eval.stop_at_loss is not None and val <= cfg.eval.stop_at_loss
+                status, done = TrialOutcome.DIVERGED, True
+        stopped = status == TrialOutcome.RUNNING and cfg.eval.stop_at_loss is not None and val <= cfg.eval.stop_at_loss
         done = done or stopped  # token reallocation: it reached the lowest target the sweep declared
-        status = "completed" if done and status == "running" else status
+        status = TrialOutcome.COMPLETED if done and status == TrialOutcome.RUNNING else status
         now = time.perf_counter()
         tps = (c.tokens_seen - last_report_tokens) / max(now - last_report_wall, 1e-9)
         last_report_wall, last_report_tokens = now, c.tokens_seen
-        metrics = _metrics(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
-                           tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done)
-        metrics.update(run.comm.metrics(), **({"stopped_at_loss": True} if stopped else {}))
-        if done and cfg.batch.warmup:
-            metrics["steps_saved_vs_initial_batch"] = run.steps_saved_vs_initial_batch(c)
+        made = _report(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
+                       tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done,
+                       comm=run.comm.metrics())
+        made = replace(made, stopped_at_loss=True if stopped else None,
+                       steps_saved_vs_initial_batch=run.steps_saved_vs_initial_batch(c)
+                       if done and cfg.batch.warmup else None)
         if first.unix_s:  # the attempt's first report; 0.0 after it
-            metrics.update(first.take_metrics(run.n_params))
+            made = first.take(made, run.n_params)
+        metrics = made.to_dict()
         c.loss_sum, c.loss_count = 0.0, 0
         if cfg.faults is not None:
             cfg.faults.before_report(c.milestone_idx - 1, attempt)
         report(metrics, run.checkpoint(c) if not done else None)
         if done:
-            return TrainingOutcome(status=status, final_metrics=metrics)
+            return TrainingOutcome(status=str(status), final_metrics=metrics)
         if cfg.faults is not None:
             cfg.faults.after_report(c.milestone_idx - 1, attempt)
     # budget already reached (resumed after the final report)
-    return TrainingOutcome(status="completed", final_metrics={})
+    return TrainingOutcome(status=str(TrialOutcome.COMPLETED), final_metrics={})
 
 
 def _no_step(cfg: TrialConfig) -> StepOutcome:
@@ -203,14 +197,12 @@ class _FirstStep:
     unix_s: float
     state_bytes_per_param: float | None
 
-    def take_metrics(self, trainable_params: int) -> dict[str, Any]:
-        """``first_step_unix_s``, ``trainable_params`` and (with a state) ``optimizer_state_bytes_per_param``;
-        ``unix_s`` is 0.0 after."""
-        out: dict[str, Any] = {"first_step_unix_s": self.unix_s}
+    def take(self, report: TrialReport, trainable_params: int) -> TrialReport:
+        """``report`` with ``first_step_unix_s``, ``trainable_params`` and (with a state)
+        ``optimizer_state_bytes_per_param``; ``unix_s`` is 0.0 after."""
+        out = replace(report, first_step_unix_s=self.unix_s, optimizer_state_bytes_per_param=self.state_bytes_per_param,
+                      trainable_params=trainable_params)
         self.unix_s = 0.0
-        if self.state_bytes_per_param is not None:
-            out["optimizer_state_bytes_per_param"] = self.state_bytes_per_param
-        out["trainable_params"] = trainable_params
         return out
 
 
@@ -228,7 +220,7 @@ class _Training:
         with_ema = cfg.schedule.kind == "constant_ema"
         eval_model = prepare_model(self.model, tr, world=world, eval_copy=with_ema, device=device)
         self.sharded = is_sharded(self.model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
         self.schedule = Schedule(cfg, batch_phases(
             cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world)))
         self.opt = build_optimizer(self.params, o, device)
@@ -343,7 +335,7 @@ class _Training:
                        "ema_raw": ema.buffers if ema is not None else [], "rng_cpu": torch.get_rng_state()})
         gathered: list[Any] | None = [None] * self.stepper.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
-        if self.rank != 0:
+        if self.rank != 0 or gathered is None or self.sync is None:  # rank 0 has both
             return None
         first = gathered[0]
         return {"model": first["model"], "optimizer": first["optimizer"], "ema_raw": first["ema_raw"],
@@ -385,28 +377,30 @@ class _Training:
         return counters
 
 
-def _metrics(c: LoopCounters, *, val: float, raw: float | None, last: StepOutcome, ns: NoiseScaleEMA, work: Workload,
-             batch: int, tps: float, peak: float | None, world: int, status: str, done: bool) -> dict[str, Any]:
-    """One report's metrics (see :func:`run_loop`); their names are the tracking schema's."""
-    return {
-        "tokens_seen": c.tokens_seen,
-        "step": c.step,
-        "val_loss": val,
-        "val_loss_raw": raw,
-        "train_loss": c.loss_sum / c.loss_count if c.loss_count else float("nan"),
-        "flops": work.flops_per_token * c.tokens_seen,
-        "flops_measurement": c.flops_measurement,
-        "lr": last.lr,
-        "beta2": last.beta2,
-        "batch_size_sequences_now": batch,
-        "tokens_per_s": tps,
-        "mfu": (tps * work.flops_per_token / (peak * world)) if peak else None,
-        "b_simple": ns.b_simple,
-        "grad_sq_norm_est": ns.grad_sq_norm,
-        "trace_sigma_est": ns.trace_sigma,
-        "grad_norm": last.grad_norm,
-        "status": status,
-        "done": done,
+def _report(c: LoopCounters, *, val: float, raw: float | None, last: StepOutcome, ns: NoiseScaleEMA, work: Workload,
+            batch: int, tps: float, peak: float | None, world: int, status: TrialOutcome, done: bool,
+            comm: dict[str, Any]) -> TrialReport:
+    """One milestone's :class:`workloads.train.report.TrialReport` (see :func:`run_loop`)."""
+    return TrialReport(
+        tokens_seen=c.tokens_seen,
+        step=c.step,
+        val_loss=val,
+        val_loss_raw=raw,
+        train_loss=c.loss_sum / c.loss_count if c.loss_count else float("nan"),
+        flops=work.flops_per_token * c.tokens_seen,
+        flops_measurement=c.flops_measurement,
+        lr=last.lr,
+        beta2=last.beta2,
+        batch_size_sequences_now=batch,
+        tokens_per_s=tps,
+        mfu=(tps * work.flops_per_token / (peak * world)) if peak else None,
+        b_simple=ns.b_simple,
+        grad_sq_norm_est=ns.grad_sq_norm,
+        trace_sigma_est=ns.trace_sigma,
+        grad_norm=last.grad_norm,
+        status=status,
+        done=done,
         # what each batch size's Optuna study minimises; a diverged trial counts as a uniform prediction
-        "objective": val if status != "diverged" else math.log(work.vocab_size),
-    }
+        objective=val if status != TrialOutcome.DIVERGED else math.log(work.vocab_size),
+        **comm,
+    )
