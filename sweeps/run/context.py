@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.co
     from sweeps.run.state import SweepState
     from sweeps.run.workload import WorkloadFacts
     from sweeps.spec import SweepSpec
+    from sweeps.tracking.base import Tracker
     from workloads.api import WorkloadConfig
 
 __all__ = ["PreparedSweep", "SweepRun", "SweepResult"]
@@ -69,7 +70,8 @@ class SweepRun:
 
     Attributes:
         prepared: the sweep (:class:`PreparedSweep`).
-        tracker: its MLflow :class:`sweeps.tracking.writer.Tracker` (parent run started or attached).
+        tracker: where its events are recorded (:class:`sweeps.tracking.base.Tracker`; parent run started or
+            attached).
         state: its ``OUT/sweep.json`` (changed in place as the run goes).
         stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
         concurrency: trials running at once (:func:`sweeps.run.cluster.plan_resources`).
@@ -78,7 +80,7 @@ class SweepRun:
     """
 
     prepared: PreparedSweep
-    tracker: Any
+    tracker: Tracker
     state: SweepState
     stop: StopSignals
     concurrency: int

@@ -132,11 +132,11 @@ def _build_parts(run: SweepRun) -> _Parts:
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency,
                                 enabled=run.show_progress)
     c_tok, convention = run.prepared.facts.flops()
-    mlflow_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
+    tracker_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
         **batch_plan_params(spec, int(cfg["batch_size_sequences"])), **training_params(spec), "flops_per_token": c_tok,
         "flops_convention": convention})
     scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=run.resume)
-    callbacks = [mlflow_cb, progress]
+    callbacks = [tracker_cb, progress]
     if scheduler is not None:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
