@@ -32,8 +32,8 @@ __all__ = ["Settings", "SettingsError", "env_float", "env_int"]
 
 
 class SettingsError(InvalidInput):
-    """A ``CRITBATCH_*`` variable holds a value the product cannot use; the message names the variable
-    (the CLI exits 2)."""
+    """The product (the sweep driver, or the service) cannot run with these settings: a ``CRITBATCH_*``
+    variable holds a value it cannot use, named in the message. Invalid input: the CLI exits 2."""
 
 
 def env_float(env: Mapping[str, str], name: str, *, positive: bool = False) -> float | None:

@@ -80,7 +80,7 @@ def run_single_sweep(
             with ray_session(ray_address, prepared.spec, connect_timeout_s=timeout_s):
                 stop.install()  # ray.init replaced the SIGTERM handler
                 plan = _resource_plan(prepared.spec)
-                claim = claim_output_folder(output, sweep_id, prepared.fingerprint)  # exclusive: a second run exits 2
+                claim = claim_output_folder(output, sweep_id, _fingerprint(prepared))  # exclusive: a second run exits 2
                 from sweeps.run.runners import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
@@ -138,16 +138,30 @@ def _start(prepared: PreparedSweep, tracker: Tracker, *, ray_address: str | None
         tracker.start_parent()
     except Exception as exc:  # noqa: BLE001
         raise CritbatchError(f"cannot create the sweep's MLflow run at {prepared.tracking_uri}: {exc}") from None
+    experiment_id, parent_run_id = tracker.experiment_id, tracker.parent_run_id
+    if experiment_id is None or parent_run_id is None:
+        raise CritbatchError("the sweep's first tracking sink recorded no parent run: sweep.json needs its ids")
     if prepared.shared_storage:  # a retried job is checked against these (sweeps.run.prepare)
-        write_storage_binding(root, prepared.sweep_id, prepared.fingerprint, prepared.inputs)
+        write_storage_binding(root, prepared.sweep_id, _fingerprint(prepared), prepared.inputs)
     state = SweepState(sweep_id=prepared.sweep_id, fingerprint=prepared.fingerprint, tracking_uri=prepared.tracking_uri,
-                       experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
+                       experiment_id=experiment_id, parent_run_id=parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
                        optuna_storage=optuna_storage_url(output, settings), inputs=prepared.inputs)
     SpaceReserve(output).keep()  # room to record a crash on a full disk
     _write_spec(output, spec)
     state.save(output)
     return state
+
+
+def _fingerprint(prepared: PreparedSweep) -> str:
+    """The fingerprint a new sweep's id is bound to (:func:`~sweeps.run.prepare.prepare_sweep` always sets one).
+
+    Raises:
+        CritbatchError: none was set (a resumed sweep's :class:`PreparedSweep` started as new).
+    """
+    if prepared.fingerprint is None:
+        raise CritbatchError(f"sweep '{prepared.sweep_id}' has no spec fingerprint to bind its id to")
+    return prepared.fingerprint
 
 
 def _discard(output: Path, tracker: Tracker | None) -> None:
@@ -233,7 +247,7 @@ def _attach_shared(prepared: PreparedSweep, ray_address: str | None, settings: S
     tracker.attach_parent(experiment_id, parent_run_id)
     # the inputs were checked against the storage root's (sweeps.run.prepare): the same, or none recorded
     # there yet (a sweep started before they were), which are recorded now
-    write_storage_binding(prepared.storage_root, sweep_id, prepared.fingerprint, prepared.inputs)
+    write_storage_binding(prepared.storage_root, sweep_id, _fingerprint(prepared), prepared.inputs)
     state = SweepState(sweep_id=sweep_id, fingerprint=prepared.fingerprint, tracking_uri=uri,
                        experiment_id=experiment_id, parent_run_id=parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=prepared.storage_root,

@@ -124,7 +124,7 @@ def _build_parts(run: SweepRun) -> _Parts:
 
         count, pool = min(concurrency, spec.max_trials), active_pool()
         shared = pool is not None  # a comparison's arms share runners while their shape stays the same
-        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if shared else
+        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if pool is not None else
                    TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train"))
     workload = with_inputs(run.prepared.workload, data_path=state.data_path, shards=prepared_shards(spec, output, root))
     trainable = make_trainable(spec, workload=workload, storage_path=root + "/train", save_dir_root=save_root,

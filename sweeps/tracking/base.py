@@ -147,21 +147,15 @@ class CompositeTracker(Tracker):
     def primary(self) -> Tracker:
         return self.trackers[0]
 
-    @property
-    def experiment_id(self) -> str | None:
-        return self.primary.experiment_id
-
-    @property
-    def parent_run_id(self) -> str | None:
-        return self.primary.parent_run_id
-
     def start_parent(self) -> str | None:
         ids = [t.start_parent() for t in self.trackers]
+        self.experiment_id, self.parent_run_id = self.primary.experiment_id, self.primary.parent_run_id
         return ids[0]
 
     def attach_parent(self, experiment_id: str, parent_run_id: str) -> None:
         for t in self.trackers:
             t.attach_parent(experiment_id, parent_run_id)
+        self.experiment_id, self.parent_run_id = self.primary.experiment_id, self.primary.parent_run_id
 
     def find_sweep(self) -> tuple[str, str] | None:
         return self.primary.find_sweep()

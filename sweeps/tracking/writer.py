@@ -86,8 +86,6 @@ class MlflowTracker(Tracker):
         self.sweep_id = sweep_id
         self.fingerprint = fingerprint
         self.outbox = Outbox()
-        self.experiment_id: str | None = None
-        self.parent_run_id: str | None = None
         self.child_runs: dict[str, Any] = {}  # tune trial id -> run id (a holder {"run_id": ...} until created)
         self.last_step: dict[str, int] = {}  # tune trial id -> last tokens logged
         self.ended: set[str] = set()
@@ -102,9 +100,10 @@ class MlflowTracker(Tracker):
         Raises: whatever MLflow raises: a sweep does not start without its parent run.
         """
         exp = self.client.get_experiment_by_name(self.spec.experiment_name)
-        self.experiment_id = exp.experiment_id if exp else create_experiment(self.client, self.spec.experiment_name)
+        self.experiment_id = experiment_id = (exp.experiment_id if exp else
+                                              create_experiment(self.client, self.spec.experiment_name))
         run = self.client.create_run(
-            self.experiment_id,
+            experiment_id,
             run_name=self.sweep_id,
             tags={
                 schema.TAG_SWEEP_ID: self.sweep_id,
@@ -115,12 +114,12 @@ class MlflowTracker(Tracker):
                 **self.spec.tracking.tags,
             },
         )
-        self.parent_run_id = run.info.run_id
+        self.parent_run_id = parent_run_id = run.info.run_id
         params = _flatten(self.spec.model_dump(mode="json"))
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), 90):
-            self.client.log_batch(self.parent_run_id, params=items[i : i + 90])
-        return self.parent_run_id
+            self.client.log_batch(parent_run_id, params=items[i : i + 90])
+        return parent_run_id
 
     def attach_parent(self, experiment_id: str, parent_run_id: str) -> None:
         """Re-attach to an existing sweep's runs (resume): finds child runs by their trial-id tag."""
@@ -209,7 +208,7 @@ class MlflowTracker(Tracker):
 
         def create() -> None:
             if "run_id" not in holder:
-                run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+                run = self.client.create_run(self._parent()[0], run_name=name, tags=tags)
                 holder["run_id"] = run.info.run_id
             self.client.log_batch(holder["run_id"], params=[Param(k, str(v)) for k, v in params.items()])
 
@@ -222,6 +221,16 @@ class MlflowTracker(Tracker):
 
     def trial_run_ids(self) -> dict[str, str]:
         return {tid: rid for tid, rid in self.child_runs.items() if isinstance(rid, str)}
+
+    def _parent(self) -> tuple[str, str]:
+        """``(experiment id, parent run id)``.
+
+        Raises:
+            RuntimeError: neither :meth:`start_parent` nor :meth:`attach_parent` has run.
+        """
+        if self.experiment_id is None or self.parent_run_id is None:
+            raise RuntimeError("the sweep's MLflow parent run is neither started nor attached")
+        return self.experiment_id, self.parent_run_id
 
     def _run_id(self, trial_id: str) -> str:
         r = self.child_runs[trial_id]
@@ -294,15 +303,17 @@ class MlflowTracker(Tracker):
     def prune_children(self, keep: set[str]) -> None:
         """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
         def prune() -> None:
+            experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
                 max_results=10000)
             for r in runs:
                 tid = r.data.tags.get(schema.TAG_TRIAL_ID)
                 if r.data.tags.get(schema.TAG_ROLE) == schema.ROLE_TRIAL and tid not in keep:
                     self.client.delete_run(r.info.run_id)
-                    self.child_runs.pop(tid, None)
-                    self.ended.add(tid)
+                    if tid is not None:
+                        self.child_runs.pop(tid, None)
+                        self.ended.add(tid)
 
         self.outbox.put("prune orphan child runs", prune)
 
@@ -314,11 +325,12 @@ class MlflowTracker(Tracker):
                                                              schema.TRIAL_PRUNED, schema.TRIAL_FAILED)}
 
         def settle() -> None:
+            experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
                 max_results=10000)
             for r in runs:
-                want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID))
+                want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID, ""))
                 if want is None or (r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != "RUNNING"):
                     continue
                 self.client.set_tag(r.info.run_id, schema.TAG_STATUS, want)
@@ -352,7 +364,6 @@ class MlflowTracker(Tracker):
         if analysis is None and artifacts_dir:
             analysis = read_analysis(Path(artifacts_dir) / schema.ARTIFACT_CBS)
         metrics, tags = parent_fields(status, summary, message, analysis)
-        pid = self.parent_run_id
         for tid in list(self.child_runs):
             if tid not in self.ended:
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
@@ -360,6 +371,7 @@ class MlflowTracker(Tracker):
                                  error="sweep ended before the trial")
 
         def summary_write() -> None:
+            _, pid = self._parent()
             ts = int(time.time() * 1000)
             ms = [Metric(k, v, ts, 0) for k, v in metrics.items()]
             if ms or tags:
