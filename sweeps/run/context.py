@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.co
     from sweeps.run.signals import StopSignals
     from sweeps.run.state import SweepState
     from sweeps.run.workload import WorkloadFacts
+    from sweeps.settings import Settings
     from sweeps.spec import SweepSpec
     from sweeps.tracking.base import Tracker
     from workloads.api import WorkloadConfig
@@ -46,6 +47,7 @@ class PreparedSweep:
             first asked (:class:`sweeps.run.workload.WorkloadFacts`).
         inputs: the content hashes of its inputs (:func:`sweeps.run.inputs.pin_inputs`), hashed once here;
             a resumed sweep's are those ``sweep.json`` pinned.
+        settings: the ``CRITBATCH_*`` settings it runs with (:class:`sweeps.settings.Settings`), read once.
     """
 
     spec: SweepSpec
@@ -57,6 +59,7 @@ class PreparedSweep:
     workload: WorkloadConfig
     facts: WorkloadFacts
     inputs: dict[str, dict[str, Any]] | None = None
+    settings: Settings
 
     @property
     def shared_storage(self) -> bool:

@@ -85,7 +85,7 @@ def run_single_sweep(
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
                 with sweep_runners(prepared.spec, sweep_id, concurrency=plan.concurrency,
-                                   storage_path=prepared.storage_root + "/train"):
+                                   storage_path=prepared.storage_root + "/train", settings=settings):
                     resume = prepared.shared_storage and _tune_state_exists(prepared)
                     if resume:  # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
                         tracker, state = _attach_shared(prepared, ray_address, settings)
@@ -205,7 +205,7 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
         state.inputs = inputs  # from here on, a resume (or a retried job) is checked against these
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
     check_optuna_storage(state.optuna_storage or optuna_storage_url(output, settings), source=f"resume of {output}")
-    prepared = resumed_sweep(spec, output, state)
+    prepared = resumed_sweep(spec, output, state, settings)
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:
@@ -216,7 +216,7 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
                 from sweeps.run.runners import sweep_runners
 
                 with sweep_runners(spec, state.sweep_id, concurrency=plan.concurrency,
-                                   storage_path=state.storage_root + "/train"):
+                                   storage_path=state.storage_root + "/train", settings=settings):
                     tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint, settings)
                     SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
                     tracker.attach_parent(state.experiment_id, state.parent_run_id)

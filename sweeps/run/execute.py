@@ -119,7 +119,7 @@ def _build_parts(run: SweepRun) -> _Parts:
     from sweeps.run.dataprep import prepared_shards
 
     runners, shared = None, False
-    if use_trial_runners(spec):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
+    if use_trial_runners(spec, run.prepared.settings):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
         from sweeps.run.runners import TrialRunners, active_pool
 
         count, pool = min(concurrency, spec.max_trials), active_pool()
@@ -279,7 +279,7 @@ def _new_tuner(run: SweepRun, parts: _Parts):
             scheduler=parts.scheduler,
             num_samples=spec.max_tune_trials,  # search.precision may add trials after the planned ones
             max_concurrent_trials=None if pause else run.concurrency,
-            reuse_actors=reuse_trial_actors(spec),
+            reuse_actors=reuse_trial_actors(spec, run.prepared.settings),
             time_budget_s=spec.budget.wall_clock_s,
         ),
         run_config=tune.RunConfig(name=state.sweep_id, storage_path=state.storage_root + "/tune",  # tune_experiment_dir

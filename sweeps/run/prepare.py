@@ -94,12 +94,13 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
                                since=f"sweep {sweep_id!r} started (recorded in {root}/{STORAGE_BINDING_FILE})",
                                remedy="put the originals back to resume it, or run with another --sweep-id")
     return PreparedSweep(spec=spec, output=output, sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri,
-                         storage_root=root, workload=workload, facts=accounting, inputs=inputs)
+                         storage_root=root, workload=workload, facts=accounting, inputs=inputs, settings=settings)
 
 
-def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedSweep:
+def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState, settings: Settings) -> PreparedSweep:
     """The :class:`~sweeps.run.context.PreparedSweep` of a started sweep: its resolved spec (``OUT/spec.yaml``)
-    and its saved state (``OUT/sweep.json``, whose pinned inputs it carries); nothing is checked here.
+    and its saved state (``OUT/sweep.json``, whose pinned inputs it carries), run with ``settings``; nothing
+    is checked here.
 
     Raises:
         InvalidInput: see :func:`sweeps.run.workload.workload_config`.
@@ -107,7 +108,7 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedS
     workload = workload_config(spec)
     return PreparedSweep(spec=spec, output=Path(output), sweep_id=state.sweep_id, fingerprint=state.fingerprint,
                          tracking_uri=state.tracking_uri, storage_root=state.storage_root, workload=workload,
-                         facts=WorkloadFacts(spec, workload), inputs=state.inputs)
+                         facts=WorkloadFacts(spec, workload), inputs=state.inputs, settings=settings)
 
 
 def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:

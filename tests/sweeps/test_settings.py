@@ -42,3 +42,12 @@ def test_the_parsers():
     assert env_int({"N": " 7 "}, "N") == 7 and env_int({"N": ""}, "N") is None
     with pytest.raises(SettingsError, match="N='7.5' is not an integer"):
         env_int({"N": "7.5"}, "N")
+
+
+def test_the_cli_refuses_a_malformed_setting_with_exit_2_before_anything_starts(tiny_spec_dict, tmp_path):
+    from tests.conftest import invoke_cli, write_spec
+
+    spec = write_spec(tmp_path, tiny_spec_dict)
+    r = invoke_cli(["run", str(spec), "--output", str(tmp_path / "out")], env={"CRITBATCH_MLFLOW_DRAIN_S": "later"})
+    assert r.returncode == 2 and "CRITBATCH_MLFLOW_DRAIN_S='later' is not a number of seconds" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
