@@ -23,6 +23,7 @@ from rich.text import Text
 from critbatch.common import EXIT_FAILED, console, out
 from critbatch.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.settings import Settings
 from sweeps.spec import load_spec
 
 #: the exit codes, as the main ``--help`` lists them (``\b`` keeps click from rewrapping the block)
@@ -135,9 +136,11 @@ def run(
     """
     from sweeps.run.api import run_sweep
 
+    settings = _settings()
     _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
-                                         ray_address=address, ray_connect_timeout_s=_timeout(connect_timeout_s),
-                                         show_progress=progress))
+                                         ray_address=address,
+                                         ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
+                                         show_progress=progress, settings=settings))
 
 
 @app.command()
@@ -154,17 +157,29 @@ def resume(
     """
     from sweeps.run.api import resume_sweep
 
-    _sweep_and_report(lambda: resume_sweep(output, ray_address=address, ray_connect_timeout_s=_timeout(connect_timeout_s),
-                                           show_progress=progress))
+    settings = _settings()
+    _sweep_and_report(lambda: resume_sweep(output, ray_address=address,
+                                           ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
+                                           show_progress=progress, settings=settings))
 
 
-def _timeout(connect_timeout_s: float | None) -> float:
+def _settings() -> Settings:
+    """The ``CRITBATCH_*`` settings (:class:`sweeps.settings.Settings`), read once per command; exit 2 naming
+    the variable whose value is malformed."""
+    try:
+        return Settings.from_env()
+    except InvalidInput as exc:
+        _fail_invalid(exc)
+        raise  # not reached: _fail_invalid exits
+
+
+def _timeout(connect_timeout_s: float | None, settings: Settings) -> float:
     """``--connect-timeout-s`` resolved (:func:`sweeps.run.reach.ray_connect_timeout_s`); exit 2 when it, or
     ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``, is not a positive number of seconds."""
     from sweeps.run.reach import ray_connect_timeout_s
 
     try:
-        return ray_connect_timeout_s(connect_timeout_s)
+        return ray_connect_timeout_s(connect_timeout_s, settings)
     except InvalidInput as exc:
         _fail_invalid(exc)
 

@@ -25,15 +25,11 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from sweeps.errors import InvalidInput
+from sweeps.settings import SettingsError, env_int
 
 __all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS"]
 
 MIN_TOKEN_CHARS = 16
-
-
-class SettingsError(InvalidInput):
-    """The service cannot start with these settings (invalid input: ``critbatch serve`` exits 2)."""
 
 
 def _float_env(env: Mapping[str, str], key: str) -> float | None:
@@ -102,22 +98,14 @@ class Settings:
             SettingsError: a malformed value, or no token without ``local_only``.
         """
         env = os.environ if env is None else env
-        body = env.get("CRITBATCH_MAX_BODY_BYTES")
-        try:
-            max_body = int(body) if body else 1024 * 1024
-        except ValueError:
-            raise SettingsError(f"CRITBATCH_MAX_BODY_BYTES={body!r} is not an integer") from None
-        running = env.get("CRITBATCH_MAX_RUNNING")
-        try:
-            max_running = int(running) if running else 4
-        except ValueError:
-            raise SettingsError(f"CRITBATCH_MAX_RUNNING={running!r} is not an integer") from None
+        max_body = env_int(env, "CRITBATCH_MAX_BODY_BYTES")
+        max_running = env_int(env, "CRITBATCH_MAX_RUNNING")
         return cls(
             ray_address=env.get("RAY_ADDRESS") or None,
             tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
             api_token=env.get("CRITBATCH_API_TOKEN") or None,
             local_only=local_only,
-            max_body_bytes=max_body,
+            max_body_bytes=1024 * 1024 if max_body is None else max_body,
             data_dir=env.get("CRITBATCH_DATA_DIR") or None,
             mlflow_ui_url=env.get("CRITBATCH_MLFLOW_UI_URL") or None,
             ship_data_max_mb=_float_env(env, "CRITBATCH_SHIP_DATA_MAX_MB"),
@@ -125,7 +113,7 @@ class Settings:
             job_python=env.get("CRITBATCH_JOB_PYTHON") or None,
             cluster_data_dir=env.get("CRITBATCH_CLUSTER_DATA_DIR") or None,
             storage_root=env.get("CRITBATCH_STORAGE_ROOT") or None,
-            max_running=max_running,
+            max_running=4 if max_running is None else max_running,
             ray_timeout_s=_float_env(env, "CRITBATCH_RAY_TIMEOUT_S") or 10.0,
             mlflow_timeout_s=_float_env(env, "CRITBATCH_MLFLOW_TIMEOUT_S") or 10.0,
             request_timeout_s=_float_env(env, "CRITBATCH_REQUEST_TIMEOUT_S") or 30.0,

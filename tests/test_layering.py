@@ -2,7 +2,7 @@
 including the ones inside functions. A new import across an arrow that is not allowed fails here.
 
     critbatch -> sweeps, workloads, service    (the CLI, the composition root: nothing imports it)
-    service  ->  sweeps.spec, sweeps.remote, sweeps.errors
+    service  ->  sweeps.spec, sweeps.remote, sweeps.errors, sweeps.settings (its CRITBATCH_* parsers)
     sweeps   ->  workloads.api
                  (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
@@ -146,7 +146,7 @@ def test_nothing_below_the_cli_imports_it(package):
 
 
 def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
-    allowed = ("sweeps.spec", "sweeps.remote", "sweeps.errors")
+    allowed = ("sweeps.spec", "sweeps.remote", "sweeps.errors", "sweeps.settings")
     bad = [(f, m) for f, m in imports_of("service") if _under(m, ("sweeps",)) and not _under(m, allowed)
            and m != "sweeps"]
     assert not bad, f"service may import only {allowed}: {bad}"

@@ -21,7 +21,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
@@ -211,7 +211,7 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
             base_run = replace(base_cfg, budget_tokens=end, eval=replace(
                 base_cfg.eval, milestones_tokens=tuple(positive) + (end,), checkpoint_every_milestones=1))
             save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
-            base = ray.get(task.remote(base_run.to_dict(), None, save))
+            base = cast(dict[str, Any], ray.get(task.remote(base_run.to_dict(), None, save)))
         else:
             base = {"status": "completed", "reports": [], "flops_per_token": None, "wall_s": 0.0}
         refs = {}

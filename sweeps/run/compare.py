@@ -34,6 +34,7 @@ import yaml
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.run.context import SweepResult
+from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
 from sweeps.spec.statuses import FINISHED_STATUSES
@@ -72,8 +73,9 @@ def naming_arm(index: int, name: str) -> Iterator[None]:
 
 def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
                    ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                   show_progress: bool = True) -> SweepResult:
-    """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them.
+                   show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+    """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them. ``settings``: the
+    ``CRITBATCH_*`` settings every arm runs with (default: from the environment).
 
     Returns:
         :func:`sweeps.run.api.run_sweep`'s result for the comparison: ``sweep_id`` is the comparison id,
@@ -90,6 +92,7 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     from sweeps.run.preflight import check_output_folder, resolve_paths
     from sweeps.run.prepare import prepare_sweep  # the one-sweep preflight, per arm
 
+    settings = settings or Settings.from_env()
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
         raise InvalidInput(f"--output {output} already holds a comparison: use `critbatch resume {output}` to "
@@ -102,8 +105,9 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     arms = spec.arm_specs()
     for i, (name, arm) in enumerate(arms):
         with naming_arm(i, name):
-            prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}")
-    with ray_session(ray_address, _sizing(arms), connect_timeout_s=ray_connect_timeout_s):
+            prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}",
+                          settings=settings)
+    with ray_session(ray_address, _sizing(arms), connect_timeout_s=_timeout_s(ray_connect_timeout_s, settings)):
         total, largest = cluster_shape()
         for i, (name, arm) in enumerate(arms):
             with naming_arm(i, name):
@@ -119,12 +123,13 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         with os.fdopen(fd, "w") as f:
             json.dump(state, f, indent=2)
         write_atomic(output / "spec.yaml", yaml.safe_dump(resolve_paths(spec).model_dump(mode="json"), sort_keys=False))
-        return _run_arms(spec, output, state, show_progress)
+        return _run_arms(spec, output, state, show_progress, settings)
 
 
 def resume_comparison(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                      show_progress: bool = True) -> SweepResult:
+                      show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
     """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
+    ``settings``: as for :func:`run_comparison`.
 
     Raises:
         InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates, or it is not writable.
@@ -132,17 +137,18 @@ def resume_comparison(output: Path, *, ray_address: str | None = None, ray_conne
     from sweeps.run.cluster import ray_session
     from sweeps.run.preflight import check_output_writable
 
+    settings = settings or Settings.from_env()
     output, state, spec = _load(output, "to resume")
     if state.get("status") in FINISHED_STATUSES:
         raise InvalidInput(f"comparison '{state['comparison_id']}' in {output} already finished ({state['status']})")
     check_output_writable(output)  # before Ray: comparison.json and the arms' folders are written there
     arms = spec.arm_specs()
     address = ray_address or state.get("ray_address")
-    with ray_session(address, _sizing(arms), connect_timeout_s=ray_connect_timeout_s):
+    with ray_session(address, _sizing(arms), connect_timeout_s=_timeout_s(ray_connect_timeout_s, settings)):
         state["status"] = "RUNNING"
         state["ray_address"] = address
         _save(output, state)
-        return _run_arms(spec, output, state, show_progress)
+        return _run_arms(spec, output, state, show_progress, settings)
 
 
 def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepSpec]:
@@ -185,16 +191,23 @@ def _arm_error(arm_out: Path) -> str | None:
         return None
 
 
-def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> SweepResult:
+def _timeout_s(given: float | None, settings: Settings) -> float | None:
+    """``--connect-timeout-s`` if given, else ``CRITBATCH_RAY_CONNECT_TIMEOUT_S`` (None: the default)."""
+    return given if given is not None else settings.ray_connect_timeout_s
+
+
+def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool,
+              settings: Settings) -> SweepResult:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
     from sweeps.run.runners import shared_runners
 
     with shared_runners(state["comparison_id"]):  # arms of one resource shape run in the same trial runners
-        result = _run_arms_in_turn(spec, output, state, show_progress)
+        result = _run_arms_in_turn(spec, output, state, show_progress, settings)
     return result if result is not None else _finish(spec, output, state)
 
 
-def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool) -> SweepResult | None:
+def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool,
+                      settings: Settings) -> SweepResult | None:
     """Each arm in order (skipped when finished); the stopped arm's result, or None when every arm ran."""
     from sweeps.run.driver import resume_single_sweep, run_single_sweep
 
@@ -210,9 +223,11 @@ def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show
         with naming_arm(i, name):
             if status is None or status == "STARTING":
                 result = run_single_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
-                                          ray_address=state.get("ray_address"), show_progress=show_progress)
+                                          ray_address=state.get("ray_address"), show_progress=show_progress,
+                                          settings=settings)
             else:
-                result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress)
+                result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress,
+                                             settings=settings)
         if result.exit_code:  # stopped by a signal: the comparison stops with it, resumable
             state["status"] = "STOPPED"
             _save(output, state)

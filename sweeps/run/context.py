@@ -19,7 +19,9 @@ if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.co
     from sweeps.run.signals import StopSignals
     from sweeps.run.state import SweepState
     from sweeps.run.workload import WorkloadFacts
+    from sweeps.settings import Settings
     from sweeps.spec import SweepSpec
+    from sweeps.tracking.base import Tracker
     from workloads.api import WorkloadConfig
 
 __all__ = ["PreparedSweep", "SweepRun", "SweepResult"]
@@ -45,6 +47,7 @@ class PreparedSweep:
             first asked (:class:`sweeps.run.workload.WorkloadFacts`).
         inputs: the content hashes of its inputs (:func:`sweeps.run.inputs.pin_inputs`), hashed once here;
             a resumed sweep's are those ``sweep.json`` pinned.
+        settings: the ``CRITBATCH_*`` settings it runs with (:class:`sweeps.settings.Settings`), read once.
     """
 
     spec: SweepSpec
@@ -56,6 +59,7 @@ class PreparedSweep:
     workload: WorkloadConfig
     facts: WorkloadFacts
     inputs: dict[str, dict[str, Any]] | None = None
+    settings: Settings
 
     @property
     def shared_storage(self) -> bool:
@@ -69,7 +73,8 @@ class SweepRun:
 
     Attributes:
         prepared: the sweep (:class:`PreparedSweep`).
-        tracker: its MLflow :class:`sweeps.tracking.writer.Tracker` (parent run started or attached).
+        tracker: where its events are recorded (:class:`sweeps.tracking.base.Tracker`; parent run started or
+            attached).
         state: its ``OUT/sweep.json`` (changed in place as the run goes).
         stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
         concurrency: trials running at once (:func:`sweeps.run.cluster.plan_resources`).
@@ -78,7 +83,7 @@ class SweepRun:
     """
 
     prepared: PreparedSweep
-    tracker: Any
+    tracker: Tracker
     state: SweepState
     stop: StopSignals
     concurrency: int

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -26,9 +25,11 @@ from sweeps.run.preflight import check_optuna_storage, check_output_folder, chec
 from sweeps.run.prepare import prepare_sweep, resumed_sweep
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.run.state import SweepState, optuna_storage_url, tune_dir_of
+from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.statuses import FINISHED_STATUSES
-from sweeps.tracking import schema
+from sweeps.tracking.base import Tracker
+from sweeps.tracking.registry import SinkContext, build_tracker
 
 __all__ = ["run_single_sweep", "resume_single_sweep"]
 
@@ -44,6 +45,7 @@ def run_single_sweep(
     ray_address: str | None = None,
     ray_connect_timeout_s: float | None = None,
     show_progress: bool = True,
+    settings: Settings | None = None,
 ) -> SweepResult:
     """Run a whole sweep (a spec without ``arms``: the front door, :func:`sweeps.run.api.run_sweep`, routes a
     comparison to :mod:`sweeps.run.compare`) and write ``OUT/cbs.json`` and ``OUT/report.html``.
@@ -52,6 +54,7 @@ def run_single_sweep(
     and the trial bundle fitted to it before the output folder is claimed, atomically
     (:func:`~sweeps.run.claims.claim_output_folder`): a dead address or a too-small cluster leaves nothing behind.
     SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`~sweeps.run.signals.StopSignals`).
+    ``settings``: the ``CRITBATCH_*`` settings (:class:`sweeps.settings.Settings`; default: from the environment).
 
     Returns:
         the :class:`~sweeps.run.context.SweepResult`: ``ok`` is False when the sweep FAILED (no trial completed,
@@ -65,29 +68,31 @@ def run_single_sweep(
             (:mod:`sweeps.run.reach`); nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
-    prepared = prepare_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id)
+    settings = settings or Settings.from_env()
+    prepared = prepare_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, settings=settings)
     output, sweep_id = prepared.output, prepared.sweep_id
+    timeout_s = ray_connect_timeout_s if ray_connect_timeout_s is not None else settings.ray_connect_timeout_s
     with StopSignals() as stop:
         claim = None
         started = False
         tracker = None
         try:
-            with ray_session(ray_address, prepared.spec, connect_timeout_s=ray_connect_timeout_s):
+            with ray_session(ray_address, prepared.spec, connect_timeout_s=timeout_s):
                 stop.install()  # ray.init replaced the SIGTERM handler
                 plan = _resource_plan(prepared.spec)
-                claim = claim_output_folder(output, sweep_id, prepared.fingerprint)  # exclusive: a second run exits 2
+                claim = claim_output_folder(output, sweep_id, _fingerprint(prepared))  # exclusive: a second run exits 2
                 from sweeps.run.runners import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
                 with sweep_runners(prepared.spec, sweep_id, concurrency=plan.concurrency,
-                                   storage_path=prepared.storage_root + "/train"):
+                                   storage_path=prepared.storage_root + "/train", settings=settings):
                     resume = prepared.shared_storage and _tune_state_exists(prepared)
                     if resume:  # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
-                        tracker, state = _attach_shared(prepared, ray_address)
+                        tracker, state = _attach_shared(prepared, ray_address, settings)
                         log.warning("resuming sweep %s from %s", sweep_id, prepared.storage_root)
                     else:
-                        tracker = _tracker(prepared.tracking_uri, prepared.spec, sweep_id, prepared.fingerprint)
-                        state = _start(prepared, tracker, ray_address=ray_address)
+                        tracker = _tracker(prepared.tracking_uri, prepared.spec, sweep_id, prepared.fingerprint, settings)
+                        state = _start(prepared, tracker, ray_address=ray_address, settings=settings)
                     started = True
                     return _execute_guarded(SweepRun(prepared=prepared, tracker=tracker, state=state, stop=stop,
                                                      concurrency=plan.concurrency, show_progress=show_progress,
@@ -121,7 +126,7 @@ def _tune_state_exists(prepared: PreparedSweep) -> bool:
     return tune.Tuner.can_restore(tune_dir_of(prepared.storage_root, prepared.sweep_id))
 
 
-def _start(prepared: PreparedSweep, tracker, *, ray_address: str | None) -> SweepState:
+def _start(prepared: PreparedSweep, tracker: Tracker, *, ray_address: str | None, settings: Settings) -> SweepState:
     """Create the sweep's MLflow parent run, bind a shared storage root to the sweep, write ``spec.yaml``
     and ``sweep.json``.
 
@@ -133,38 +138,50 @@ def _start(prepared: PreparedSweep, tracker, *, ray_address: str | None) -> Swee
         tracker.start_parent()
     except Exception as exc:  # noqa: BLE001
         raise CritbatchError(f"cannot create the sweep's MLflow run at {prepared.tracking_uri}: {exc}") from None
+    experiment_id, parent_run_id = tracker.experiment_id, tracker.parent_run_id
+    if experiment_id is None or parent_run_id is None:
+        raise CritbatchError("the sweep's first tracking sink recorded no parent run: sweep.json needs its ids")
     if prepared.shared_storage:  # a retried job is checked against these (sweeps.run.prepare)
-        write_storage_binding(root, tracker.sweep_id, tracker.fingerprint, prepared.inputs)
-    state = SweepState(sweep_id=tracker.sweep_id, fingerprint=tracker.fingerprint, tracking_uri=prepared.tracking_uri,
-                       experiment_id=tracker.experiment_id, parent_run_id=tracker.parent_run_id,
+        write_storage_binding(root, prepared.sweep_id, _fingerprint(prepared), prepared.inputs)
+    state = SweepState(sweep_id=prepared.sweep_id, fingerprint=prepared.fingerprint, tracking_uri=prepared.tracking_uri,
+                       experiment_id=experiment_id, parent_run_id=parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
-                       optuna_storage=optuna_storage_url(output), inputs=prepared.inputs)
+                       optuna_storage=optuna_storage_url(output, settings), inputs=prepared.inputs)
     SpaceReserve(output).keep()  # room to record a crash on a full disk
     _write_spec(output, spec)
     state.save(output)
     return state
 
 
-def _discard(output: Path, tracker) -> None:
+def _fingerprint(prepared: PreparedSweep) -> str:
+    """The fingerprint a new sweep's id is bound to (:func:`~sweeps.run.prepare.prepare_sweep` always sets one).
+
+    Raises:
+        CritbatchError: none was set (a resumed sweep's :class:`PreparedSweep` started as new).
+    """
+    if prepared.fingerprint is None:
+        raise CritbatchError(f"sweep '{prepared.sweep_id}' has no spec fingerprint to bind its id to")
+    return prepared.fingerprint
+
+
+def _discard(output: Path, tracker: Tracker | None) -> None:
     """Remove what a sweep that did not start made: its MLflow parent run and ``spec.yaml``."""
-    if tracker is not None and tracker.parent_run_id:
-        try:
-            tracker.client.delete_run(tracker.parent_run_id)
-        except Exception:  # noqa: BLE001
-            log.warning("could not delete the MLflow run %s of the sweep that did not start", tracker.parent_run_id)
+    if tracker is not None:
+        tracker.discard()
     (output / "spec.yaml").unlink(missing_ok=True)
     SpaceReserve(output).release()
 
 
 def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                        show_progress: bool = True) -> SweepResult:
+                        show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
     """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept); not a
     comparison (the front door, :func:`sweeps.run.api.resume_sweep`, routes one to :mod:`sweeps.run.compare`).
 
     Unfinished trials continue from their last checkpoint (every report it holds is sent again,
     so no milestone is lost); finished ones are not rerun. The inputs are checked against those ``sweep.json``
     pinned (:func:`sweeps.run.inputs.check_inputs_unchanged`, the gate a retried job goes through too); a
-    sweep started before inputs were pinned is resumed unchecked and pinned now.
+    sweep started before inputs were pinned is resumed unchecked and pinned now. ``settings``: as for
+    :func:`run_single_sweep`.
 
     Raises:
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
@@ -173,6 +190,8 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
         RayUnreachable: the Ray address (given, else the one the sweep ran on) did not answer within
             ``ray_connect_timeout_s`` (:mod:`sweeps.run.reach`); ``sweep.json`` is left as it was.
     """
+    settings = settings or Settings.from_env()
+    timeout_s = ray_connect_timeout_s if ray_connect_timeout_s is not None else settings.ray_connect_timeout_s
     output = Path(output).expanduser().resolve()
     check_output_folder(output, resuming=True)
     state = SweepState.load(output)
@@ -185,20 +204,20 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
     if state.inputs is None and not any(r.get("missing") for r in inputs.values()):
         state.inputs = inputs  # from here on, a resume (or a retried job) is checked against these
     check_tune_state_readable(tune_dir_of(state.storage_root, state.sweep_id))
-    check_optuna_storage(state.optuna_storage or optuna_storage_url(output), source=f"resume of {output}")
-    prepared = resumed_sweep(spec, output, state)
+    check_optuna_storage(state.optuna_storage or optuna_storage_url(output, settings), source=f"resume of {output}")
+    prepared = resumed_sweep(spec, output, state, settings)
     with StopSignals() as stop:
         claim = lock_output_folder(output, state.sweep_id)  # a second driver on one folder exits 2
         try:
-            with ray_session(ray_address or state.ray_address, spec, connect_timeout_s=ray_connect_timeout_s):
+            with ray_session(ray_address or state.ray_address, spec, connect_timeout_s=timeout_s):
                 stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
                 from sweeps.run.runners import sweep_runners
 
                 with sweep_runners(spec, state.sweep_id, concurrency=plan.concurrency,
-                                   storage_path=state.storage_root + "/train"):
-                    tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint)
+                                   storage_path=state.storage_root + "/train", settings=settings):
+                    tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint, settings)
                     SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
                     tracker.attach_parent(state.experiment_id, state.parent_run_id)
                     state.status, state.error = "RUNNING", None
@@ -212,28 +231,27 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
             claim.release()
 
 
-def _attach_shared(prepared: PreparedSweep, ray_address: str | None) -> tuple[Any, SweepState]:
+def _attach_shared(prepared: PreparedSweep, ray_address: str | None, settings: Settings) -> tuple[Tracker, SweepState]:
     """The tracker and state of a sweep whose Tune state lives on shared storage (found by its sweep id).
 
     Raises:
         InvalidInput: MLflow has no parent run for it.
     """
     spec, output, sweep_id, uri = prepared.spec, prepared.output, prepared.sweep_id, prepared.tracking_uri
-    tracker = _tracker(uri, spec, sweep_id, prepared.fingerprint)
-    exp = tracker.client.get_experiment_by_name(spec.experiment_name)
-    parents = tracker.client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`{schema.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'")) if exp else []
-    if not parents:
+    tracker = _tracker(uri, spec, sweep_id, prepared.fingerprint, settings)
+    found = tracker.find_sweep()
+    if found is None:
         raise InvalidInput(f"shared storage {prepared.storage_root} holds sweep '{sweep_id}' but MLflow at {uri} has no "
                            "parent run for it")
-    tracker.attach_parent(exp.experiment_id, parents[0].info.run_id)
+    experiment_id, parent_run_id = found
+    tracker.attach_parent(experiment_id, parent_run_id)
     # the inputs were checked against the storage root's (sweeps.run.prepare): the same, or none recorded
     # there yet (a sweep started before they were), which are recorded now
-    write_storage_binding(prepared.storage_root, sweep_id, prepared.fingerprint, prepared.inputs)
+    write_storage_binding(prepared.storage_root, sweep_id, _fingerprint(prepared), prepared.inputs)
     state = SweepState(sweep_id=sweep_id, fingerprint=prepared.fingerprint, tracking_uri=uri,
-                       experiment_id=exp.experiment_id, parent_run_id=parents[0].info.run_id,
+                       experiment_id=experiment_id, parent_run_id=parent_run_id,
                        data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=prepared.storage_root,
-                       optuna_storage=optuna_storage_url(output), inputs=prepared.inputs)
+                       optuna_storage=optuna_storage_url(output, settings), inputs=prepared.inputs)
     SpaceReserve(output).keep()
     _write_spec(output, spec)
     state.save(output)
@@ -291,14 +309,11 @@ def _force_quit(run: SweepRun) -> SweepResult:
     return SweepResult.stopped(run.state.sweep_id, run.output, message, run.stop.exit_code or 130)
 
 
-def _tracker(uri: str, spec: SweepSpec, sweep_id: str, fingerprint: str | None):
-    """The sweep's MLflow :class:`~sweeps.tracking.writer.Tracker` on ``uri`` (no run started yet)."""
-    from mlflow.tracking import MlflowClient
-
-    from sweeps.tracking.writer import Tracker, configure_mlflow_env
-
-    configure_mlflow_env()
-    return Tracker(MlflowClient(uri), spec, sweep_id, fingerprint=fingerprint)
+def _tracker(uri: str, spec: SweepSpec, sweep_id: str, fingerprint: str | None, settings: Settings) -> Tracker:
+    """The sweep's :class:`~sweeps.tracking.base.Tracker` (MLflow on ``uri``, and any other sink ``settings``
+    names; no run started yet)."""
+    return build_tracker(SinkContext(tracking_uri=uri, spec=spec, sweep_id=sweep_id, fingerprint=fingerprint,
+                                     drain_s=settings.mlflow_drain_s), settings.tracking_sinks)
 
 
 def _write_spec(output: Path, spec: SweepSpec) -> None:

@@ -120,12 +120,12 @@ def _build_parts(run: SweepRun) -> _Parts:
     from sweeps.run.dataprep import prepared_shards
 
     runners, shared = None, False
-    if use_trial_runners(spec):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
+    if use_trial_runners(spec, run.prepared.settings):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
         from sweeps.run.runners import TrialRunners, active_pool
 
         count, pool = min(concurrency, spec.max_trials), active_pool()
         shared = pool is not None  # a comparison's arms share runners while their shape stays the same
-        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if shared else
+        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if pool is not None else
                    TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train"))
     workload = with_inputs(run.prepared.workload, data_path=state.data_path, shards=prepared_shards(spec, output, root))
     trainable = make_trainable(spec, workload=workload, storage_path=root + "/train", save_dir_root=save_root,
@@ -133,11 +133,11 @@ def _build_parts(run: SweepRun) -> _Parts:
     progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency,
                                 enabled=run.show_progress)
     c_tok, convention = run.prepared.facts.flops()
-    mlflow_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
+    tracker_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
         **batch_plan_params(spec, int(cfg["batch_size_sequences"])), **training_params(spec), "flops_per_token": c_tok,
         "flops_convention": convention})
     scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=run.resume)
-    callbacks = [mlflow_cb, progress]
+    callbacks = [tracker_cb, progress]
     if scheduler is not None:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
@@ -280,7 +280,7 @@ def _new_tuner(run: SweepRun, parts: _Parts):
             scheduler=parts.scheduler,
             num_samples=spec.max_tune_trials,  # search.precision may add trials after the planned ones
             max_concurrent_trials=None if pause else run.concurrency,
-            reuse_actors=reuse_trial_actors(spec),
+            reuse_actors=reuse_trial_actors(spec, run.prepared.settings),
             time_budget_s=spec.budget.wall_clock_s,
         ),
         run_config=tune.RunConfig(name=state.sweep_id, storage_path=state.storage_root + "/tune",  # tune_experiment_dir

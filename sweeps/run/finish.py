@@ -22,6 +22,7 @@ from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
 from sweeps.spec.statuses import SweepStatus, TrialStatus
+from sweeps.tracking.base import Tracker
 
 __all__ = ["finish_sweep", "sweep_analysis", "full_disk_note", "PRECISION_FILE"]
 
@@ -75,8 +76,9 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
     state.status = status
     state.mlflow_complete = complete
     if not complete:
-        state.mlflow_incomplete_writes = [w for w, _ in tracker.outbox.pending]
-        log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json", len(tracker.outbox.pending))
+        state.mlflow_incomplete_writes = tracker.pending_writes()
+        log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json",
+                    len(state.mlflow_incomplete_writes))
     state.save(output)
     SpaceReserve(output).release()  # kept for a crash; a resume makes it again
     return SweepResult(ok=status == SweepStatus.SUCCEEDED, status=status, sweep_id=state.sweep_id, cbs=analysis,
@@ -160,7 +162,7 @@ def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:
     analysis["provenance"] = sweep_provenance(spec)
     analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
                           "parent_run_id": state.parent_run_id,
-                          "child_runs": {tid: rid for tid, rid in run.tracker.child_runs.items() if isinstance(rid, str)}}
+                          "child_runs": run.tracker.trial_run_ids()}
     return analysis, analysis_error
 
 
@@ -204,7 +206,7 @@ def full_disk_note(records: list) -> str:
     return f"{len(full)} of the {len(failed)} failed trial(s) found their disk full (trial {tid}: {cause})"
 
 
-def _close_parent(output: Path, tracker, status: str, summary: dict[str, Any], message: str,
+def _close_parent(output: Path, tracker: Tracker, status: str, summary: dict[str, Any], message: str,
                   best: Path | None) -> bool:
     """End the MLflow parent run with the summary metrics and the sweep's files as artifacts; True if
     every MLflow write was delivered."""

@@ -10,7 +10,6 @@ A resume rebuilds the same value from the sweep's saved state (:func:`resumed_sw
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
@@ -29,6 +28,7 @@ from sweeps.run.preflight import (
 )
 from sweeps.run.state import SweepState, storage_root
 from sweeps.run.workload import WorkloadFacts, workload_config
+from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, run_sweep_id, tracking_uri_source
 from sweeps.tracking import schema
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-                  fingerprint: str | None = None) -> PreparedSweep:
+                  fingerprint: str | None = None, settings: Settings | None = None) -> PreparedSweep:
     """Check ``spec`` for a run into ``output`` and resolve what the run needs; nothing is created.
 
     Args:
@@ -48,6 +48,7 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
         tracking_uri: the MLflow tracking URI given (``--tracking-uri``); default the spec's.
         sweep_id: the sweep id given; default ``NAME-TIMESTAMP-hex`` (``sweeps.spec.identity.run_sweep_id``).
         fingerprint: the fingerprint the sweep id is bound to; default ``spec.fingerprint()``.
+        settings: the ``CRITBATCH_*`` settings (Optuna storage, shared storage path); default: from the environment.
 
     Returns:
         the :class:`~sweeps.run.context.PreparedSweep` (paths resolved, budget planned, workload config built).
@@ -77,13 +78,14 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
         raise InvalidInput(f"--sweep-id {sweep_id!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     uri = local_tracking_uri(spec, tracking_uri)
     check_tracking_uri(uri, source=tracking_uri_source(spec, tracking_uri))
-    if os.environ.get("CRITBATCH_OPTUNA_STORAGE"):
-        check_optuna_storage(os.environ["CRITBATCH_OPTUNA_STORAGE"], source="CRITBATCH_OPTUNA_STORAGE")
-    root = storage_root(spec, output, sweep_id)
+    settings = settings or Settings.from_env()
+    if settings.optuna_storage:
+        check_optuna_storage(settings.optuna_storage, source="CRITBATCH_OPTUNA_STORAGE")
+    root = storage_root(spec, output, sweep_id, settings)
     shared = root != str(output)
     check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if shared else None,
                            mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
-                           optuna_storage=os.environ.get("CRITBATCH_OPTUNA_STORAGE"))
+                           optuna_storage=settings.optuna_storage)
     bound = read_storage_binding(root) if shared else None
     recorded = (bound or {}).get("inputs")  # a retried job: the sweep's start is on the shared storage root
     inputs = pin_inputs(spec, hf_config_from=hf_config_from, missing_ok=recorded is not None)
@@ -92,12 +94,13 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
                                since=f"sweep {sweep_id!r} started (recorded in {root}/{STORAGE_BINDING_FILE})",
                                remedy="put the originals back to resume it, or run with another --sweep-id")
     return PreparedSweep(spec=spec, output=output, sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri,
-                         storage_root=root, workload=workload, facts=accounting, inputs=inputs)
+                         storage_root=root, workload=workload, facts=accounting, inputs=inputs, settings=settings)
 
 
-def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedSweep:
+def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState, settings: Settings) -> PreparedSweep:
     """The :class:`~sweeps.run.context.PreparedSweep` of a started sweep: its resolved spec (``OUT/spec.yaml``)
-    and its saved state (``OUT/sweep.json``, whose pinned inputs it carries); nothing is checked here.
+    and its saved state (``OUT/sweep.json``, whose pinned inputs it carries), run with ``settings``; nothing
+    is checked here.
 
     Raises:
         InvalidInput: see :func:`sweeps.run.workload.workload_config`.
@@ -105,7 +108,7 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState) -> PreparedS
     workload = workload_config(spec)
     return PreparedSweep(spec=spec, output=Path(output), sweep_id=state.sweep_id, fingerprint=state.fingerprint,
                          tracking_uri=state.tracking_uri, storage_root=state.storage_root, workload=workload,
-                         facts=WorkloadFacts(spec, workload), inputs=state.inputs)
+                         facts=WorkloadFacts(spec, workload), inputs=state.inputs, settings=settings)
 
 
 def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:

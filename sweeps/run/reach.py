@@ -29,6 +29,7 @@ from typing import NoReturn
 from urllib.parse import urlsplit
 
 from sweeps.errors import CritbatchError, InvalidInput
+from sweeps.settings import Settings
 
 __all__ = ["RayUnreachable", "DEFAULT_CONNECT_TIMEOUT_S", "CONNECT_TIMEOUT_ENV", "ray_connect_timeout_s",
            "probe_ray_address"]
@@ -58,25 +59,23 @@ class RayUnreachable(CritbatchError):
         super().__init__(message)
 
 
-def ray_connect_timeout_s(given: float | None = None) -> float:
-    """The connect timeout in seconds: ``given`` (``--connect-timeout-s``), else :data:`CONNECT_TIMEOUT_ENV`,
-    else :data:`DEFAULT_CONNECT_TIMEOUT_S`.
+def ray_connect_timeout_s(given: float | None = None, settings: Settings | None = None) -> float:
+    """The connect timeout in seconds: ``given`` (``--connect-timeout-s``), else :data:`CONNECT_TIMEOUT_ENV`
+    (``settings.ray_connect_timeout_s``; default settings: from the environment), else
+    :data:`DEFAULT_CONNECT_TIMEOUT_S`.
 
     Raises:
         InvalidInput: the value is not a positive, finite number (the message names the flag or the variable).
     """
-    if given is not None:
-        where, raw = "--connect-timeout-s", given
-    elif os.environ.get(CONNECT_TIMEOUT_ENV, "").strip():
-        where, raw = CONNECT_TIMEOUT_ENV, os.environ[CONNECT_TIMEOUT_ENV].strip()
-    else:
-        return DEFAULT_CONNECT_TIMEOUT_S
+    if given is None:  # the variable is checked by Settings.from_env, with the same messages
+        from_env = (settings or Settings.from_env()).ray_connect_timeout_s
+        return DEFAULT_CONNECT_TIMEOUT_S if from_env is None else from_env
     try:
-        value = float(raw)
+        value = float(given)
     except ValueError:
-        raise InvalidInput(f"{where}={raw!r} is not a number of seconds") from None
+        raise InvalidInput(f"--connect-timeout-s={given!r} is not a number of seconds") from None
     if not 0 < value < float("inf"):
-        raise InvalidInput(f"{where} must be a positive number of seconds, got {raw!r}")
+        raise InvalidInput(f"--connect-timeout-s must be a positive number of seconds, got {given!r}")
     return value
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from ray.tune import Callback
 
 from sweeps.run.exchange import TrialExchange, exchange_name
+from sweeps.settings import Settings
 
 __all__ = ["TrialRunners", "RunnerPool", "shared_runners", "sweep_runners", "active_pool", "runner_shape", "RunnerCancels", "RunnerHost"]
 
@@ -299,16 +300,18 @@ def active_pool() -> RunnerPool | None:
 
 
 @contextmanager
-def sweep_runners(spec: Any, sweep_id: str, *, concurrency: int, storage_path: str) -> Iterator[None]:
+def sweep_runners(spec: Any, sweep_id: str, *, concurrency: int, storage_path: str,
+                  settings: Settings | None = None) -> Iterator[None]:
     """One sweep's run (``sweeps.run.driver``): its trial runners prepared at once (:meth:`TrialRunners.prepare`:
     the hosts import while the driver sets up MLflow), started by ``execute_sweep``, stopped when the block
-    ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool."""
+    ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool. None
+    without trial runners (``settings.trial_runners``: :func:`sweeps.run.trainable.use_trial_runners`)."""
     from sweeps.run.trainable import use_trial_runners
 
     count = min(concurrency, spec.max_trials)
     outer = active_pool()
     with (nullcontext(outer) if outer is not None else shared_runners(sweep_id)) as pool:
-        if use_trial_runners(spec):
+        if use_trial_runners(spec, settings):
             pool.runners_for(spec, count=count, storage_path=storage_path).prepare()
         yield
 

@@ -56,11 +56,10 @@ class StopSignals:
                 self._old.setdefault(sig, old)
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> None:  # never swallows the exception
         for sig, handler in self._old.items():
             signal.signal(sig, handler)
         self._old.clear()
-        return False
 
     @property
     def exit_code(self) -> int | None:

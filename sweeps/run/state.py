@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from sweeps import files
 from sweeps.errors import InvalidInput
+from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
 
@@ -125,10 +125,10 @@ class SweepState:
         write_json(output / "sweep.json", self.to_dict())
 
 
-def storage_root(spec: SweepSpec, output: Path, sweep_id: str) -> str:
+def storage_root(spec: SweepSpec, output: Path, sweep_id: str, settings: Settings | None = None) -> str:
     """Where Tune and Train keep this sweep's state: ``resources.storage_path`` or
-    ``CRITBATCH_STORAGE_PATH`` (plus ``/<sweep id>``), else the output folder."""
-    base = spec.resources.storage_path or os.environ.get("CRITBATCH_STORAGE_PATH")
+    ``CRITBATCH_STORAGE_PATH`` (``settings.storage_path``; plus ``/<sweep id>``), else the output folder."""
+    base = spec.resources.storage_path or (settings or Settings.from_env()).storage_path
     if not base:
         return str(output)
     return base.rstrip("/") + "/" + sweep_id
@@ -153,9 +153,10 @@ def tune_dir_of(root: str, sweep_id: str) -> str:
     return tune_experiment_dir(root, sweep_id)
 
 
-def optuna_storage_url(output: Path) -> str:
-    """``CRITBATCH_OPTUNA_STORAGE`` (an RDB URL that outlives the cluster), else ``sqlite:///OUT/optuna.db``."""
-    return os.environ.get("CRITBATCH_OPTUNA_STORAGE") or f"sqlite:///{output / 'optuna.db'}"
+def optuna_storage_url(output: Path, settings: Settings | None = None) -> str:
+    """``CRITBATCH_OPTUNA_STORAGE`` (``settings.optuna_storage``: an RDB URL that outlives the cluster), else
+    ``sqlite:///OUT/optuna.db``."""
+    return (settings or Settings.from_env()).optuna_storage or f"sqlite:///{output / 'optuna.db'}"
 
 
 def write_json(path: Path, data: Any) -> None:

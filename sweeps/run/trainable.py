@@ -21,6 +21,7 @@ from sweeps._compat import without_idle_train_helpers
 from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import SweepSpec
 from sweeps.run.workload import workload_config
+from sweeps.settings import Settings
 from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
@@ -81,15 +82,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def use_trial_runners(spec: SweepSpec) -> bool:
+def use_trial_runners(spec: SweepSpec, settings: Settings | None = None) -> bool:
     """Whether the sweep's trials run in long-lived trial runners (``sweeps.run.runners``) rather than one
     Ray Train run each: always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is set in the driver's environment
-    (the one-trial worker groups, kept for comparison and as a way out).
+    (``settings.trial_runners``; default settings: from the environment) (the one-trial worker groups, kept
+    for comparison and as a way out).
     """
-    return os.environ.get("CRITBATCH_TRIAL_RUNNERS", "1") != "0"
+    return (settings or Settings.from_env()).trial_runners
 
 
-def reuse_trial_actors(spec: SweepSpec) -> bool:
+def reuse_trial_actors(spec: SweepSpec, settings: Settings | None = None) -> bool:
     """Whether Tune may run a trial in the process of a finished one (``TuneConfig(reuse_actors=...)``).
 
     A reused process skips the Tune trainable's start (a Python process with Ray imported, and torch
@@ -101,7 +103,7 @@ def reuse_trial_actors(spec: SweepSpec) -> bool:
     (2 s after the next trial asks) and kills it (sweeps/run/reaper.py). A sweep stopped as a whole
     (signal, FLOP or wall-clock budget) ends every actor with the experiment either way.
     """
-    return use_trial_runners(spec) or not spec.pruning.enabled
+    return use_trial_runners(spec, settings) or not spec.pruning.enabled
 
 
 def _trial_started_unix() -> float:

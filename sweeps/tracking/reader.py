@@ -92,7 +92,8 @@ def _check_sql_store(uri: str, scheme: str) -> None:
     url = _sql_store_url(uri, scheme)
     try:
         from mlflow.store.db.db_types import DATABASE_ENGINES  # noqa: F401 - MLflow's drivers
-        from mlflow.store.tracking.dbmodels.models import Base
+        import mlflow.store.tracking.dbmodels.models  # noqa: F401 - defines MLflow's tables on Base.metadata
+        from mlflow.store.db.base_sql_model import Base
 
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10} if scheme != "sqlite" else {})
         try:

@@ -8,9 +8,7 @@ the next event, so training goes on and nothing is lost once the server is back.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -20,30 +18,26 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from sweeps.analysis.summary import headline
 from sweeps.files import read_tail
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
+from sweeps.tracking.base import Tracker
 from sweeps.tracking.outbox import Outbox  # also a name a pickled Tracker from before the move needs
+from sweeps.tracking.parent_run import parent_fields, read_analysis
 from sweeps.tracking.ui import experiment_tags
 from workloads.api import FLOPS_CONVENTION
 
-__all__ = ["Outbox", "Tracker", "MlflowTrialCallback", "configure_mlflow_env"]
+__all__ = ["Outbox", "MlflowTracker", "MlflowTrialCallback", "configure_mlflow_env", "DEFAULT_DRAIN_S"]
 
 log = logging.getLogger(__name__)
 
-#: the fit's status on the parent run (``cbs.json``'s ``status``: ok, edge, above_range, ...), beside
-#: ``critbatch.status``, the sweep's state (RUNNING, SUCCEEDED, ...)
-TAG_FIT_STATUS = "critbatch.fit_status"
-#: MLflow's run description (shown on the run's page)
-TAG_NOTE = "mlflow.note.content"
-#: the parent-run metrics of ``cbs.json``'s ``b_crit_ci`` ends (sequences), each logged only when finite
-METRIC_CI_LOW, METRIC_CI_HIGH = "b_crit_ci_low", "b_crit_ci_high"
 #: trial metrics that hold one value per attempt: logged when they change, not at every milestone
 _ONCE_METRICS = schema.ONCE_METRIC_KEYS
 #: a trial's communication counters: always 0 with one worker (nothing is communicated), so not logged then
 _SYNC_METRICS = schema.COMM_METRIC_KEYS
+#: how long :meth:`MlflowTracker.finish` retries writes MLflow refuses, by default (seconds)
+DEFAULT_DRAIN_S = 300.0
 
 
 def configure_mlflow_env() -> None:
@@ -70,8 +64,8 @@ def create_experiment(client: MlflowClient, name: str) -> str:
     return client.create_experiment(name, artifact_location=location, tags=experiment_tags())
 
 
-class Tracker:
-    """The sweep's MLflow runs: parent creation, child runs per trial, summary at the end.
+class MlflowTracker(Tracker):
+    """The sweep's MLflow runs: parent creation, child runs per trial, summary at the end (the ``mlflow`` sink).
 
     Args:
         client: an explicit ``MlflowClient``.
@@ -79,17 +73,18 @@ class Tracker:
         sweep_id: the sweep id (``critbatch.sweep_id`` tag).
         fingerprint: the fingerprint of the spec the sweep id is bound to (``critbatch.fingerprint``
             tag of the parent run; a run under this id with another fingerprint is refused).
+        drain_s: how long :meth:`finish` retries writes MLflow refuses, in seconds, unless it is given one.
     """
 
-    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str, fingerprint: str | None = None):
+    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str, fingerprint: str | None = None,
+                 drain_s: float = DEFAULT_DRAIN_S):
         self.client = client
+        self.drain_s = drain_s
         self.spec = spec
         self.sweep_id = sweep_id
         self.fingerprint = fingerprint
         self.outbox = Outbox()
-        self.experiment_id: str | None = None
-        self.parent_run_id: str | None = None
-        self.child_runs: dict[str, str] = {}  # tune trial id -> run id
+        self.child_runs: dict[str, Any] = {}  # tune trial id -> run id (a holder {"run_id": ...} until created)
         self.last_step: dict[str, int] = {}  # tune trial id -> last tokens logged
         self.ended: set[str] = set()
         self.once_logged: dict[str, dict[str, float]] = {}  # tune trial id -> the once-metrics' values logged
@@ -103,9 +98,10 @@ class Tracker:
         Raises: whatever MLflow raises: a sweep does not start without its parent run.
         """
         exp = self.client.get_experiment_by_name(self.spec.experiment_name)
-        self.experiment_id = exp.experiment_id if exp else create_experiment(self.client, self.spec.experiment_name)
+        self.experiment_id = experiment_id = (exp.experiment_id if exp else
+                                              create_experiment(self.client, self.spec.experiment_name))
         run = self.client.create_run(
-            self.experiment_id,
+            experiment_id,
             run_name=self.sweep_id,
             tags={
                 schema.TAG_SWEEP_ID: self.sweep_id,
@@ -116,12 +112,12 @@ class Tracker:
                 **self.spec.tracking.tags,
             },
         )
-        self.parent_run_id = run.info.run_id
+        self.parent_run_id = parent_run_id = run.info.run_id
         params = _flatten(self.spec.model_dump(mode="json"))
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), 90):
-            self.client.log_batch(self.parent_run_id, params=items[i : i + 90])
-        return self.parent_run_id
+            self.client.log_batch(parent_run_id, params=items[i : i + 90])
+        return parent_run_id
 
     def attach_parent(self, experiment_id: str, parent_run_id: str) -> None:
         """Re-attach to an existing sweep's runs (resume): finds child runs by their trial-id tag."""
@@ -139,6 +135,23 @@ class Tracker:
                     self.ended.add(tid)
         self.client.update_run(parent_run_id, status="RUNNING")
         self.client.set_tag(parent_run_id, schema.TAG_STATUS, "RUNNING")
+
+    def find_sweep(self) -> tuple[str, str] | None:
+        """``(experiment id, parent run id)`` of this sweep id's parent run in the spec's experiment, or None."""
+        exp = self.client.get_experiment_by_name(self.spec.experiment_name)
+        parents = self.client.search_runs([exp.experiment_id], filter_string=(
+            f"tags.`{schema.TAG_SWEEP_ID}` = '{self.sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'")
+        ) if exp else []
+        return (exp.experiment_id, parents[0].info.run_id) if exp and parents else None
+
+    def discard(self) -> None:
+        """Delete the parent run (the sweep did not start); a failure is logged."""
+        if not self.parent_run_id:
+            return
+        try:
+            self.client.delete_run(self.parent_run_id)
+        except Exception:  # noqa: BLE001
+            log.warning("could not delete the MLflow run %s of the sweep that did not start", self.parent_run_id)
 
     # ---- per-trial ---------------------------------------------------------------------------------
 
@@ -193,13 +206,29 @@ class Tracker:
 
         def create() -> None:
             if "run_id" not in holder:
-                run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+                run = self.client.create_run(self._parent()[0], run_name=name, tags=tags)
                 holder["run_id"] = run.info.run_id
             self.client.log_batch(holder["run_id"], params=[Param(k, str(v)) for k, v in params.items()])
 
         # child run ids are needed by later writes: resolve lazily through the holder
         self.child_runs[trial_id] = holder  # type: ignore[assignment]
         self.outbox.put(f"create child {trial_id}", create)
+
+    def knows_trial(self, trial_id: str) -> bool:
+        return trial_id in self.child_runs
+
+    def trial_run_ids(self) -> dict[str, str]:
+        return {tid: rid for tid, rid in self.child_runs.items() if isinstance(rid, str)}
+
+    def _parent(self) -> tuple[str, str]:
+        """``(experiment id, parent run id)``.
+
+        Raises:
+            RuntimeError: neither :meth:`start_parent` nor :meth:`attach_parent` has run.
+        """
+        if self.experiment_id is None or self.parent_run_id is None:
+            raise RuntimeError("the sweep's MLflow parent run is neither started nor attached")
+        return self.experiment_id, self.parent_run_id
 
     def _run_id(self, trial_id: str) -> str:
         r = self.child_runs[trial_id]
@@ -265,10 +294,6 @@ class Tracker:
 
         self.outbox.put(f"end {trial_id}", end)
 
-    def log_trial_param(self, trial_id: str, key: str, value: Any) -> None:
-        """Log one param on the trial's run (as a string)."""
-        self.outbox.put(f"param {trial_id}", lambda: self.client.log_param(self._run_id(trial_id), key, str(value)))
-
     def log_trial_tag(self, trial_id: str, key: str, value: str) -> None:
         """Set one tag on the trial's run."""
         self.outbox.put(f"tag {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), key, value))
@@ -276,15 +301,17 @@ class Tracker:
     def prune_children(self, keep: set[str]) -> None:
         """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
         def prune() -> None:
+            experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
                 max_results=10000)
             for r in runs:
                 tid = r.data.tags.get(schema.TAG_TRIAL_ID)
                 if r.data.tags.get(schema.TAG_ROLE) == schema.ROLE_TRIAL and tid not in keep:
                     self.client.delete_run(r.info.run_id)
-                    self.child_runs.pop(tid, None)
-                    self.ended.add(tid)
+                    if tid is not None:
+                        self.child_runs.pop(tid, None)
+                        self.ended.add(tid)
 
         self.outbox.put("prune orphan child runs", prune)
 
@@ -296,11 +323,12 @@ class Tracker:
                                                              schema.TRIAL_PRUNED, schema.TRIAL_FAILED)}
 
         def settle() -> None:
+            experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [self.experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{self.parent_run_id}'",
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
                 max_results=10000)
             for r in runs:
-                want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID))
+                want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID, ""))
                 if want is None or (r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != "RUNNING"):
                     continue
                 self.client.set_tag(r.info.run_id, schema.TAG_STATUS, want)
@@ -326,16 +354,14 @@ class Tracker:
 
         Args:
             status: SUCCEEDED, FAILED or STOPPED (``critbatch.status`` tag).
-            drain_s: how long to retry writes MLflow refuses, in seconds (default
-                ``CRITBATCH_MLFLOW_DRAIN_S``, 300).
+            drain_s: how long to retry writes MLflow refuses, in seconds (default: the tracker's ``drain_s``).
             analysis: the content of ``cbs.json``; default: ``artifacts_dir/cbs.json`` when it is there
                 and is a JSON object, else none (then only ``message`` describes the run).
         Returns: True if every queued write reached MLflow.
         """
         if analysis is None and artifacts_dir:
-            analysis = _read_analysis(Path(artifacts_dir) / schema.ARTIFACT_CBS)
-        metrics, tags = _parent_fields(status, summary, message, analysis)
-        pid = self.parent_run_id
+            analysis = read_analysis(Path(artifacts_dir) / schema.ARTIFACT_CBS)
+        metrics, tags = parent_fields(status, summary, message, analysis)
         for tid in list(self.child_runs):
             if tid not in self.ended:
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
@@ -343,6 +369,7 @@ class Tracker:
                                  error="sweep ended before the trial")
 
         def summary_write() -> None:
+            _, pid = self._parent()
             ts = int(time.time() * 1000)
             ms = [Metric(k, v, ts, 0) for k, v in metrics.items()]
             if ms or tags:
@@ -353,61 +380,18 @@ class Tracker:
             self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
 
         self.outbox.put("parent summary", summary_write)
-        if drain_s is None:
-            drain_s = float(os.environ.get("CRITBATCH_MLFLOW_DRAIN_S", "300"))
-        return self.outbox.drain(timeout_s=drain_s)
+        return self.outbox.drain(timeout_s=self.drain_s if drain_s is None else drain_s)
 
+    def flush(self) -> None:
+        self.outbox.flush()
 
-def _read_analysis(path: Path) -> dict[str, Any] | None:
-    """``cbs.json``'s content, or None when it is missing or not a JSON object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _finite(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _parent_fields(status: str, summary: dict[str, Any], message: str,
-                   analysis: dict[str, Any] | None) -> tuple[dict[str, float], dict[str, str]]:
-    """The parent run's final ``(metrics, tags)``: ``summary``'s finite values, the interval's ends and the
-    headline target loss from ``analysis``; the message, the fit's status and the description as tags."""
-    metrics = {k: float(v) for k, v in summary.items() if _finite(v)}
-    tags: dict[str, str] = {}
-    if message:
-        tags[schema.TAG_MESSAGE] = message[:4000]
-    note = ""
-    if analysis:
-        ci = analysis.get("b_crit_ci") or []
-        for key, v in zip((METRIC_CI_LOW, METRIC_CI_HIGH), list(ci)[:2]):
-            if _finite(v):
-                metrics[key] = float(v)
-        if _finite(analysis.get("target_loss")):
-            metrics["target_loss"] = float(analysis["target_loss"])
-        if isinstance(analysis.get("provenance"), dict):  # versions and thread settings (sweeps/run/provenance.py)
-            tags.update(schema.provenance_tags(analysis["provenance"]))
-        lr_metrics, lr_tags = schema.lr_scaling_fields(analysis)  # the measured LR scaling rule
-        metrics.update(lr_metrics)
-        tags.update(lr_tags)
-        tags.update(schema.precision_tags(analysis))  # why search.precision stopped adding trials
-        if analysis.get("status"):
-            tags[TAG_FIT_STATUS] = str(analysis["status"])
-            try:
-                note = headline(analysis) + "".join(f"\n\n- {c}" for c in analysis.get("caveats") or [])
-            except Exception:  # noqa: BLE001 - a cbs.json of another shape must not keep the run open
-                log.exception("no headline for the parent run's description")
-    if status != "SUCCEEDED" and message:
-        note = f"{note}\n\nSweep {status.lower()}: {message}" if note else f"Sweep {status.lower()}: {message}"
-    if note:
-        tags[TAG_NOTE] = note[:5000]
-    return metrics, tags
+    def pending_writes(self) -> list[str]:
+        return [what for what, _ in self.outbox.pending]
 
 
 class MlflowTrialCallback(Callback):
-    """Tune callback that mirrors trials into MLflow child runs through a :class:`Tracker`."""
+    """Tune callback that hands Tune's trial events to a :class:`~sweeps.tracking.base.Tracker` (MLflow, or
+    several sinks through a :class:`~sweeps.tracking.base.CompositeTracker`)."""
 
     def __init__(self, tracker: Tracker, extra_params: Callable[[dict[str, Any]], dict[str, Any]]):
         self.tracker = tracker
@@ -420,8 +404,7 @@ class MlflowTrialCallback(Callback):
         self.tracker.trial_started(trial.trial_id, trial.config, self.extra_params(trial.config))
 
     def on_trial_restore(self, iteration, trials, trial, **info):
-        if trial.trial_id not in self.tracker.child_runs:
-            self.tracker.trial_started(trial.trial_id, trial.config, self.extra_params(trial.config))
+        self.tracker.trial_restored(trial.trial_id, trial.config, self.extra_params(trial.config))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.tracker.trial_result(trial.trial_id, result)
@@ -443,4 +426,4 @@ class MlflowTrialCallback(Callback):
                                  error=f"{line}\n\n{err}" if line else "trial raised")
 
     def on_step_end(self, iteration, trials, **info):
-        self.tracker.outbox.flush()
+        self.tracker.flush()

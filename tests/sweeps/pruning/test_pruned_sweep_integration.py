@@ -85,7 +85,7 @@ def _tune_sweep(tmp, mode: str, study_prefix: str, mlflow_template) -> dict:
     from sweeps.pruning.scheduler import EqualComputeScheduler
     from sweeps.search.searcher import BatchSizeSearcher
     from sweeps.spec import parse_spec
-    from sweeps.tracking.writer import MlflowTrialCallback, Tracker
+    from sweeps.tracking.writer import MlflowTracker, MlflowTrialCallback
 
     d = yaml.safe_load(TINY.read_text())
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
@@ -93,7 +93,7 @@ def _tune_sweep(tmp, mode: str, study_prefix: str, mlflow_template) -> dict:
     d["pruning"] = {"enabled": True, "mode": mode}
     d["resources"] = {"max_concurrent_trials": 2}
     spec = parse_spec(d)
-    tracker = Tracker(MlflowClient(copy_mlflow_store(mlflow_template, tmp / "mlflow.db")), spec, study_prefix)
+    tracker = MlflowTracker(MlflowClient(copy_mlflow_store(mlflow_template, tmp / "mlflow.db")), spec, study_prefix)
     tracker.start_parent()
     storage = f"sqlite:///{tmp / 'optuna.db'}"
     scheduler = EqualComputeScheduler.from_spec(spec)

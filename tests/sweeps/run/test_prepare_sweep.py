@@ -16,6 +16,7 @@ from sweeps.run.context import SweepRun
 from sweeps.run.preflight import resolve_paths
 from sweeps.run.state import SweepState
 from sweeps.run.workload import WorkloadFacts, with_inputs, workload_config
+from sweeps.settings import Settings
 from sweeps.spec import parse_spec
 
 
@@ -92,7 +93,9 @@ def test_a_run_hands_on_the_prepared_sweep(tiny_spec_dict, tmp_path):
     out = tmp_path / "out"
     state = SweepState(sweep_id="s", fingerprint="f", tracking_uri="u", experiment_id="1", parent_run_id="r",
                        data_path=spec.data.path, ray_address=None, storage_root=str(out), optuna_storage="o")
-    p = prepare_module.resumed_sweep(spec, out, state)
+    settings = Settings(trial_runners=False)
+    p = prepare_module.resumed_sweep(spec, out, state, settings)
     assert (p.sweep_id, p.fingerprint, p.storage_root, p.workload) == ("s", "f", str(out), workload_config(spec))
+    assert p.settings is settings
     run = SweepRun(prepared=p, tracker=None, state=state, stop=None, concurrency=1, show_progress=False, resume=True)
     assert run.spec is spec and run.output == out and run.local

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from sweeps.run.provenance import PROVENANCE_PACKAGES, sweep_provenance
 from sweeps.spec import parse_spec
 from sweeps.tracking import schema
-from sweeps.tracking.writer import Tracker
+from sweeps.tracking.writer import MlflowTracker
 
 
 def _spec(tiny_spec_dict: dict, **resources):
@@ -48,7 +48,7 @@ def test_the_parent_run_carries_the_provenance_of_cbs_json(tiny_spec_dict, mlflo
     art = tmp_path / "art"
     art.mkdir()
     (art / schema.ARTIFACT_CBS).write_text(json.dumps(cbs))  # as finish_sweep hands it over
-    tracker = Tracker(MlflowClient(mlflow_uri), spec, "provenance-sweep")
+    tracker = MlflowTracker(MlflowClient(mlflow_uri), spec, "provenance-sweep")
     tracker.start_parent()
     assert tracker.finish("SUCCEEDED", {}, str(art), drain_s=5)
     tags = MlflowClient(mlflow_uri).get_run(tracker.parent_run_id).data.tags

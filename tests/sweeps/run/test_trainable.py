@@ -7,6 +7,7 @@ import copy
 
 from sweeps.run.trainable import faults_from_env, reuse_trial_actors, trial_config, use_trial_runners
 from sweeps.run.workload import workload_config
+from sweeps.settings import Settings
 from sweeps.spec import parse_spec
 from workloads.api import FaultPlan, TrialConfig
 
@@ -65,6 +66,9 @@ def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_tr
     assert not use_trial_runners(parse_spec(tiny_spec_dict))
     assert reuse_trial_actors(parse_spec(tiny_spec_dict))
     assert not any(reuse_trial_actors(s) for s in pruned)
+    off = Settings(trial_runners=False)  # the settings a sweep carries decide, not the environment read later
+    monkeypatch.delenv("CRITBATCH_TRIAL_RUNNERS")
+    assert not use_trial_runners(parse_spec(tiny_spec_dict), off) and not any(reuse_trial_actors(s, off) for s in pruned)
 
 
 def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_two_seconds(monkeypatch):

@@ -144,11 +144,11 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
 def test_a_trial_run_logs_the_optimizer_param_and_the_state_bytes_metric(tiny_spec_dict, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from sweeps.tracking.writer import Tracker
+    from sweeps.tracking.writer import MlflowTracker
 
     s = parse_spec(_with(tiny_spec_dict, optimizer={"name": "sgd_momentum"}, beta2=FIXED_BETA2))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracker = Tracker(client, s, "sweep-1")
+    tracker = MlflowTracker(client, s, "sweep-1")
     tracker.start_parent()
     tracker.trial_started("t1", {**HP, "lr_multiplier": 1.0}, {})
     tracker.trial_result("t1", {"tokens_seen": 256, "val_loss": 3.0, "beta2": float("nan"),

@@ -62,7 +62,7 @@ def test_tracker_artifacts_land_beside_the_sqlite_store_not_in_the_working_direc
     from mlflow.tracking import MlflowClient
 
     from sweeps.spec import parse_spec
-    from sweeps.tracking.writer import Tracker
+    from sweeps.tracking.writer import MlflowTracker
 
     store_dir = Path(mlflow_uri[len("sqlite:///"):]).parent
     elsewhere = tmp_path / "elsewhere"
@@ -74,7 +74,7 @@ def test_tracker_artifacts_land_beside_the_sqlite_store_not_in_the_working_direc
 
     spec = parse_spec(tiny_spec_dict)
     client = MlflowClient(mlflow_uri)
-    tracker = Tracker(client, spec, "art-sweep")
+    tracker = MlflowTracker(client, spec, "art-sweep")
     run_id = tracker.start_parent()
     assert tracker.finish("SUCCEEDED", {"b_crit": 1.0}, artifacts_dir=str(out), drain_s=5)
 
@@ -94,7 +94,7 @@ def test_tracker_artifacts_land_beside_the_sqlite_store_not_in_the_working_direc
 
     kept = client.create_experiment("kept", artifact_location=(tmp_path / "own").as_uri())
     spec3 = parse_spec({**tiny_spec_dict, "tracking": {**tiny_spec_dict.get("tracking", {}), "experiment": "kept"}})
-    t3 = Tracker(client, spec3, "art-kept")
+    t3 = MlflowTracker(client, spec3, "art-kept")
     t3.start_parent()
     assert t3.experiment_id == kept
     assert client.get_experiment(kept).artifact_location == (tmp_path / "own").as_uri()

@@ -13,13 +13,13 @@ from mlflow.tracking import MlflowClient
 
 from sweeps.analysis.summary import headline
 from sweeps.spec import parse_spec
-from sweeps.tracking.writer import Tracker
+from sweeps.tracking.writer import MlflowTracker
 
 FIXTURE = Path(__file__).resolve().parents[1] / "analysis" / "fixtures" / "wikitext_cbs.json"
 
 
-def _tracker(mlflow_uri: str, spec_dict: dict, sweep_id: str) -> Tracker:
-    tracker = Tracker(MlflowClient(mlflow_uri), parse_spec(spec_dict), sweep_id)
+def _tracker(mlflow_uri: str, spec_dict: dict, sweep_id: str) -> MlflowTracker:
+    tracker = MlflowTracker(MlflowClient(mlflow_uri), parse_spec(spec_dict), sweep_id)
     tracker.start_parent()
     return tracker
 
@@ -81,7 +81,7 @@ def _report(tokens: int, **extra) -> dict:
             "comm_bytes_per_step": 0.0, "comm_bytes_total": 0, "comm_time_s": 0.0, **extra}
 
 
-def _run_trial(tracker: Tracker, reports: list[dict]) -> str:
+def _run_trial(tracker: MlflowTracker, reports: list[dict]) -> str:
     config = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "lr_multiplier": 1.0,
               "beta2": 0.99, "beta2_half_life_tokens": 2048.0}
     tracker.trial_started("t1", config, {})
