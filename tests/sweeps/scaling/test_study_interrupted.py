@@ -16,7 +16,7 @@ from tests.conftest import run_cli, write_spec
 from tests.sweeps.run.test_faults import wait_for
 from tests.sweeps.run.test_interrupts import hold_env, start, tail
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 BUDGETS = "8192,16384"
 
