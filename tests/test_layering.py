@@ -68,11 +68,11 @@ def test_the_training_loop_never_imports_the_data_or_the_model():
 
 
 #: what each subpackage of ``workloads`` may import of ``workloads`` (its own modules always): the
-#: layers of docs/design.md, "Layout". ``_moved`` keeps the module paths from before the subpackages.
+#: layers of docs/design.md, "Layout".
 WORKLOADS_LAYERS = {
     "workloads/train": ("workloads.config", "workloads.sections", "workloads.errors"),
-    "workloads/data": ("workloads.errors", "workloads._moved"),
-    "workloads/model": ("workloads.config", "workloads.sections", "workloads.errors", "workloads._moved"),
+    "workloads/data": ("workloads.errors",),
+    "workloads/model": ("workloads.config", "workloads.sections", "workloads.errors"),
     "workloads/pretrain": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
     "workloads/finetune": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
     "workloads/ray": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.registry"),
@@ -87,8 +87,8 @@ def test_each_workloads_subpackage_imports_only_the_layers_below_it(package, all
     assert not bad, f"{package} may import only {allowed} of workloads: {bad}"
 
 
-#: what each top-level module of ``workloads`` may import of ``workloads`` (``api.py`` re-exports everything and
-#: ``_moved.py`` maps the old module paths: neither is a layer); the bottom three import nothing of it
+#: what each top-level module of ``workloads`` may import of ``workloads`` (``api.py`` re-exports everything: it is
+#: not a layer); the bottom three import nothing of it
 WORKLOADS_TOP = {
     "workloads/errors.py": (),
     "workloads/sections.py": (),
@@ -107,7 +107,7 @@ def test_each_top_level_workloads_module_imports_only_what_is_below_it(module, a
 
 def test_every_top_level_workloads_module_has_a_rule():
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "workloads").glob("*.py")}
-    assert modules - {"workloads/__init__.py", "workloads/api.py", "workloads/_moved.py"} == set(WORKLOADS_TOP)
+    assert modules - {"workloads/__init__.py", "workloads/api.py"} == set(WORKLOADS_TOP)
 
 
 def test_no_relative_imports():

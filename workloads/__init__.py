@@ -2,11 +2,4 @@
 (``model/``), the two workloads (``pretrain/``, ``finetune/``) and the Ray Train adapter (``ray/``),
 under the trial config (``config``), the registry (``registry``) and the public face ``api`` (the
 only module ``sweeps`` imports).
-
-The module paths from before these subpackages stay importable (``_moved``): Tune's saved state
-names some of them.
 """
-
-from workloads import _moved
-
-_moved.install()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
+from sweeps.run.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
     "check_sweep_id_binding",
@@ -125,10 +126,11 @@ LOCK_FILE = ".critbatch.lock"
 def _holder(output: Path) -> str:
     """Who holds an output folder, for error messages: its sweep id and the driver's pid and host."""
     who = {}
-    for name in (LOCK_FILE, "sweep.json"):
+    for path, read in ((output / LOCK_FILE, lambda p: json.loads(p.read_text() or "{}")),
+                       (output / "sweep.json", read_sweep_json)):
         try:
-            who = {**json.loads((output / name).read_text() or "{}"), **who}
-        except (OSError, ValueError):
+            who = {**read(path), **who}
+        except (OSError, ValueError):  # a newer critbatch's sweep.json (InvalidInput) as well
             continue
     sweep = who.get("sweep_id", "?")
     where = f" (pid {who['pid']} on {who.get('host', '?')})" if who.get("pid") else ""
@@ -226,7 +228,9 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
     try:
         if marker.is_file():
             try:
-                old = json.loads(marker.read_text())
+                old = read_sweep_json(marker)
+            except InvalidInput:  # written by a newer critbatch
+                raise
             except (OSError, ValueError):
                 old = {}
             if old.get("status") != "STARTING":  # a STARTING claim whose driver died is taken over
@@ -236,8 +240,9 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
             marker.unlink()
         claim._write_holder(sweep_id)
         tmp = output / f".sweep.json.{os.getpid()}"
-        write_json(tmp, {"sweep_id": sweep_id, "fingerprint": fingerprint, "status": "STARTING",
-                         "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()}, indent=None)
+        write_json(tmp, {VERSION_KEY: SWEEP_JSON_VERSION, "sweep_id": sweep_id, "fingerprint": fingerprint,
+                         "status": "STARTING", "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()},
+                   indent=None)
         try:
             os.link(tmp, marker)  # exclusive and atomic: fails if sweep.json appeared meanwhile
         except FileExistsError:
@@ -252,7 +257,7 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
 
 def _own_marker(marker: Path) -> bool:
     try:
-        return json.loads(marker.read_text()).get("pid") == os.getpid()
+        return read_sweep_json(marker).get("pid") == os.getpid()
     except (OSError, ValueError):
         return False
 

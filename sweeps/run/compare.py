@@ -34,6 +34,7 @@ import yaml
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.run.context import SweepResult
+from sweeps.run.migrations import read_sweep_json
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
@@ -178,7 +179,9 @@ def _save(output: Path, state: dict[str, Any]) -> None:
 def _arm_status(arm_out: Path) -> str | None:
     """The arm's sweep status from its ``sweep.json`` (None: not started)."""
     try:
-        return json.loads((arm_out / "sweep.json").read_text()).get("status")
+        return read_sweep_json(arm_out / "sweep.json").get("status")
+    except InvalidInput:  # written by a newer critbatch
+        raise
     except (FileNotFoundError, ValueError):
         return None
 
@@ -186,7 +189,9 @@ def _arm_status(arm_out: Path) -> str | None:
 def _arm_error(arm_out: Path) -> str | None:
     """Why the arm's driver crashed (``sweep.json``'s ``error``), or None."""
     try:
-        return json.loads((arm_out / "sweep.json").read_text()).get("error")
+        return read_sweep_json(arm_out / "sweep.json").get("error")
+    except InvalidInput:  # written by a newer critbatch
+        raise
     except (FileNotFoundError, ValueError):
         return None
 

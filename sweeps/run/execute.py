@@ -23,6 +23,7 @@ from sweeps._compat import (
 from sweeps.errors import InvalidInput
 from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.finish import finish_sweep
+from sweeps.run.migrations import load_old_pickle, migrate_tune_state, tune_state_files
 from sweeps.run.records import collect_records, records_from_grid
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, optuna_storage_url, tune_dir_of, write_json
 from sweeps.run.workload import with_inputs
@@ -191,21 +192,18 @@ def check_tune_state_readable(tune_dir: str) -> None:
     """Refuse a resume whose Tune state (``tuner.pkl``, and the searcher's ``searcher-state-*.pkl``) this
     critbatch cannot unpickle, before anything changes.
 
-    Tune pickles the run's searcher, callbacks and scheduler by their class paths; a sweep started by a
-    critbatch whose classes moved would otherwise crash inside ``Tuner.restore`` after its status and
-    MLflow runs were already set to running. A state on remote storage is not checked here.
+    Tune pickles the run's searcher, callbacks and scheduler by their class paths; a class that moved since
+    the sweep started is read from where it is now (:data:`sweeps.run.migrations.PICKLE_RENAMES`, the
+    files rewritten by :func:`sweeps.run.migrations.migrate_tune_state` before ``Tuner.restore``). Any
+    other would crash inside ``Tuner.restore`` after the sweep's status and MLflow runs were already set
+    to running. A state on remote storage is not checked here.
 
     Raises:
         InvalidInput: a file exists and does not unpickle (the exception's text is in the message).
     """
-    import pickle
-
-    for path in [Path(tune_dir) / "tuner.pkl", *sorted(Path(tune_dir).glob("searcher-state-*.pkl"))]:
-        if not path.is_file():
-            continue
+    for path in tune_state_files(tune_dir):
         try:
-            with open(path, "rb") as f:
-                pickle.load(f)
+            load_old_pickle(path.read_bytes())
         except Exception as exc:  # noqa: BLE001 - any unpickling error means the same thing here
             raise InvalidInput(
                 f"the Tune state {path} cannot be read by this critbatch ({type(exc).__name__}: {exc}); it was "
@@ -216,6 +214,7 @@ def check_tune_state_readable(tune_dir: str) -> None:
 def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
     from ray import tune
 
+    migrate_tune_state(tune_dir)  # older class paths, before Tune unpickles them
     tuner = tune.Tuner.restore(tune_dir, trainable=parts.trainable, resume_unfinished=True, resume_errored=True)
     # callbacks hold live clients, and the scheduler is the one its annotator is bound to: re-attach them
     search_alg = reattach_restored_tuner(tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler)

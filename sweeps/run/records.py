@@ -13,6 +13,7 @@ from typing import Any
 from sweeps.analysis import TrialRecord
 from sweeps.files import read_json_lines
 from sweeps.pruning.rungs import RESULT_KEYS
+from sweeps.run.migrations import read_sweep_json
 from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
 from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_FAILED, TRIAL_PARAMS_SUFFIX, trial_error_line, trial_status
@@ -76,7 +77,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
         sweep_file = output / "sweep.json"
         if not sweep_file.is_file():
             return records
-        sweep_id = str(json.loads(sweep_file.read_text())["sweep_id"])
+        sweep_id = str(read_sweep_json(sweep_file)["sweep_id"])
     tune_dir = Path(tune_dir_of(str(output), sweep_id))
     if not tune_dir.is_dir():
         return records

@@ -9,7 +9,6 @@ experiment, unless ``resources.storage_path`` moves it), ``reports/<trial id>.js
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from sweeps import files
 from sweeps.errors import InvalidInput
+from sweeps.run.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
@@ -38,6 +38,9 @@ PRUNED_WHILE_PAUSED = "pruned_while_paused.json"
 @dataclass(kw_only=True)
 class SweepState:
     """``OUT/sweep.json`` of a started sweep: its identity, where it logs and keeps state, and its status.
+
+    The file is versioned (its ``schema_version``, :data:`sweeps.run.migrations.SWEEP_JSON_VERSION` when
+    written here); :meth:`load` reads an older version through :mod:`sweeps.run.migrations`.
 
     Attributes:
         sweep_id: the sweep id (:mod:`sweeps.spec.identity`).
@@ -77,8 +80,10 @@ class SweepState:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``sweep.json`` (the ``mlflow_*``, ``inputs`` and ``error`` keys only once set)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        """The JSON object of ``sweep.json``: ``schema_version`` first, then the fields (the ``mlflow_*``,
+        ``inputs`` and ``error`` keys only once set)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        d = {VERSION_KEY: SWEEP_JSON_VERSION, **fields}
         for k in ("mlflow_complete", "mlflow_incomplete_writes", "inputs", "error"):
             if d[k] is None:
                 del d[k]
@@ -86,11 +91,13 @@ class SweepState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SweepState":
-        """Parse a ``sweep.json`` object (unknown keys kept in ``extra``).
+        """Parse a ``sweep.json`` object of the current version (unknown keys kept in ``extra``;
+        ``schema_version`` dropped, :meth:`to_dict` writes it).
 
         Raises:
             KeyError: a required key is missing.
         """
+        d = {k: v for k, v in d.items() if k != VERSION_KEY}
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         known.setdefault("fingerprint", None)
@@ -99,13 +106,14 @@ class SweepState:
 
     @classmethod
     def load(cls, output: Path) -> "SweepState":
-        """The state of the sweep in ``output``.
+        """The state of the sweep in ``output``, its ``sweep.json`` upgraded to the current version
+        (:func:`sweeps.run.migrations.read_sweep_json`).
 
         Raises:
-            InvalidInput: the sweep never started (its driver died while starting) or the file is not a
-                sweep's state.
+            InvalidInput: the sweep never started (its driver died while starting), the file is not a
+                sweep's state, or its version is newer than this code's.
         """
-        d = json.loads((output / "sweep.json").read_text())
+        d = read_sweep_json(output / "sweep.json")
         if d.get("status") == "STARTING" or "parent_run_id" not in d:
             raise InvalidInput(f"sweep '{d.get('sweep_id', '?')}' in {output} never started (its driver died while "
                                f"starting): nothing to resume; `critbatch run SPEC --output {output}` starts it again")

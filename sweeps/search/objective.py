@@ -116,8 +116,8 @@ class TokensToTarget:
     and target once (``objectives``: per batch size ``{"objective": TOKENS_TO_TARGET | FINAL_LOSS,
     "target_loss": nats | None}``, saved with the searcher)."""
 
-    def _objectives(self) -> dict[int, dict[str, Any]]:  # setdefault: a searcher pickled before the tokens-to-target objective existed
-        return self.__dict__.setdefault("objectives", {})
+    def _objectives(self) -> dict[int, dict[str, Any]]:
+        return self.objectives
 
     def _curves(self, trial_ids: Sequence[str]) -> dict[str, Curve]:
         """The milestone curves of ``trial_ids`` that the attached records hold; raises what they raise."""

@@ -85,12 +85,6 @@ class _Group:
 
 
 class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
-    # defaults for a searcher unpickled from a sweep started before these existed (restore() sets them too)
-    precision = None
-    precision_outcome = None
-    precision_targets = None
-    _analyse = _report = _records = None
-
     """Tune searcher: batch sizes on a grid, Optuna (TPE) per batch size, seeds repeated.
 
     Args:
@@ -165,8 +159,8 @@ class BatchSizeSearcher(TokensToTarget, PrecisionWaves, Searcher):
         """Attach the pause-mode scheduler to a restored searcher (its pickled state leaves it out)."""
         self.scheduler = scheduler
 
-    def _quota(self, b: int) -> int:  # getattr: a searcher pickled before search.precision existed
-        return self.quota + getattr(self, "extra_groups", {}).get(b, 0) * len(self.spec.seeds)
+    def _quota(self, b: int) -> int:
+        return self.quota + self.extra_groups.get(b, 0) * len(self.spec.seeds)
 
     def exhausted(self) -> bool:
         """True once every batch size has been handed all its trials (of the waves so far)."""

@@ -51,20 +51,6 @@ __all__ = [
 
 LrRule = Literal["linear", "sqrt", "none"]
 
-#: Names that moved to their own modules, still importable from here: the Tune state of a sweep started by
-#: an older critbatch pickles its spec by these paths, and ``critbatch resume`` must read it back.
-_MOVED = {"TrackingSpec": "sweeps.spec.tracking", "FinetuneSpec": "sweeps.spec.finetune", "LoraSpec": "sweeps.spec.finetune",
-          "SearchSpec": "sweeps.spec.search", "Beta2Spec": "sweeps.spec.search", "InitialPointSpec": "sweeps.spec.search"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 #: every spec section is as strict as the trial config's (unknown fields refused, frozen, defaults validated);
 #: the optimizer names, ``PositiveInt`` and the ``MAX_`` bounds are ``workloads.sections``', re-exported here
 _Strict = ConfigSection

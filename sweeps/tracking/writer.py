@@ -23,7 +23,7 @@ from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
 from sweeps.tracking import schema
 from sweeps.tracking.base import Tracker
-from sweeps.tracking.outbox import Outbox  # also a name a pickled Tracker from before the move needs
+from sweeps.tracking.outbox import Outbox
 from sweeps.tracking.parent_run import parent_fields, read_analysis
 from sweeps.tracking.ui import experiment_tags
 from workloads.api import FLOPS_CONVENTION

@@ -9,14 +9,3 @@ Where it stands: imports ``workloads.errors`` only (no model, no training loop);
 ``tests/test_layering.py``. Kept light: nothing is imported here (``workloads.api`` imports
 ``tokenizer`` without torch).
 """
-
-from workloads import _moved
-
-#: what the flat ``workloads/data.py`` defined before the package split (now ``corpus``): still loads from here,
-#: for a pickle that names it (``workloads/_moved.py``)
-_OLD_NAMES = ("Corpus", "load_corpus", "load_shard_corpus", "tokenizer_vocab_size", "encode_text", "step_generator",
-              "window_batch", "validation_batches")
-
-
-def __getattr__(name: str):
-    return _moved.old_name("workloads.data.corpus", _OLD_NAMES, name)

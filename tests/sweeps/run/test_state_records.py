@@ -9,6 +9,7 @@ import pytest
 
 from sweeps.errors import InvalidInput
 from sweeps.tracking.schema import trial_status
+from sweeps.run.migrations import SWEEP_JSON_VERSION
 from sweeps.run.state import SweepState
 
 STATE = {"sweep_id": "s-1", "fingerprint": "abc", "tracking_uri": "sqlite:////tmp/m.db", "experiment_id": "1",
@@ -23,8 +24,10 @@ def test_sweep_state_writes_the_file_it_reads(tmp_path):
     state.status, state.mlflow_complete = "SUCCEEDED", True
     state.save(tmp_path)
     written = json.loads((tmp_path / "sweep.json").read_text())
-    assert list(written)[:11] == list(STATE)  # the key order of every sweep.json so far
-    assert written == {**STATE, "status": "SUCCEEDED", "mlflow_complete": True, "from_a_newer_version": 7}
+    # its schema version first (sweeps/run/migrations.py), then the key order of every sweep.json so far
+    assert list(written)[:12] == ["schema_version", *STATE]
+    assert written == {"schema_version": SWEEP_JSON_VERSION, **STATE, "status": "SUCCEEDED", "mlflow_complete": True,
+                       "from_a_newer_version": 7}
     assert "mlflow_incomplete_writes" not in written  # only when a write was lost
 
 

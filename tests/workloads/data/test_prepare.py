@@ -282,7 +282,7 @@ def test_fsspec_uri_is_fetched_once_into_the_node_cache(tmp_path, monkeypatch):
     prepare_data([str(_jsonl(tmp_path / "a.jsonl", _docs()))], tmp_path / "out", num_proc=1)
     monkeypatch.setenv("CRITBATCH_DATA_CACHE", str(tmp_path / "cache"))
     uri = f"file://{tmp_path / 'out'}"
-    from workloads import shards
+    from workloads.data import shards
 
     remote = shards.read_index("local://" + str(tmp_path / "out"), fetch=False)
     assert remote.root is None and remote.tokens("train") == len(_stream_tokens(tmp_path / "out", "train"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 
-from workloads import _ray_compat
+from workloads.ray import compat as _ray_compat
 
 
 def test_internal_kv_get_takes_a_key_and_is_what_kv_get_calls():
