@@ -26,6 +26,7 @@ d["resources"] = {"max_concurrent_trials": 1}
 hold = W / "hold"; hold.touch()
 OLD_CLI = "critbatch" if Path(OLD, "critbatch", "__main__.py").is_file() else "sweeps.cli"  # before the critbatch package: sweeps.cli
 env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=OLD,
+           CRITBATCH_TEST_MILESTONE_HOOKS="workloads.testing.faults:hold_from_env",
            CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
 log = open(W / "old.log", "w")
 p = subprocess.Popen([PY, "-m", OLD_CLI, "run", str(W / "spec.yaml"), "--output", str(out), "--tracking-uri",

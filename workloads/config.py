@@ -20,7 +20,10 @@ LoRA, the optimizer's settings, schedule, noise scale, sync) are frozen pydantic
       noise_scale: NoiseScaleConfig
       training: TrainingConfig     data parallelism (ddp, fsdp), sync (ddp, local_sgd, diloco), compile, ...
       rung_gate: RungGateConfig | None   pruning mode "pause"
-      faults: FaultPlan | None           set by tests only
+
+Beside it travels a :class:`TrialRunContext`: what the process that starts the trial knows about this
+run of it (when it started, the worker's threads, where it saves), which is no part of the trial's
+definition. Ray Train's loop config carries both (:func:`loop_config`, :func:`from_loop_config`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from workloads.errors import DataError
-from workloads.faults import FaultPlan
 from workloads.sections import (
     MIXED_PRECISIONS,
     OPTIMIZER_NAMES,
@@ -54,9 +56,9 @@ from workloads.sections import (
 
 __all__ = [
     "TrialConfig",
-    "TRIAL_STARTED_KEY",
-    "TORCH_THREADS_KEY",
-    "CHECKPOINT_DIR_KEY",
+    "TrialRunContext",
+    "loop_config",
+    "from_loop_config",
     "WorkloadConfig",
     "ModelConfig",
     "DataConfig",
@@ -73,7 +75,6 @@ __all__ = [
     "SyncConfig",
     "SYNC_MODES",
     "RungGateConfig",
-    "FaultPlan",
     "WORKLOAD_NAMES",
     "OPTIMIZER_NAMES",
     "replace",
@@ -192,15 +193,6 @@ class RungGateConfig:
     key: str
 
 
-#: Key of the Ray Train loop config (beside :meth:`TrialConfig.to_dict`'s) holding when the trial
-#: started, Unix seconds: set by the Tune trainable, read by ``workloads.ray.adapter`` (``startup_s``).
-TRIAL_STARTED_KEY = "_trial_started_unix"
-#: Key of the Ray Train loop config holding the intra-op threads every worker of the trial uses
-#: (:func:`workloads.train.determinism.torch_threads_per_worker`): set by the Tune trainable, applied by ``workloads.train.determinism``.
-TORCH_THREADS_KEY = "_torch_threads"
-CHECKPOINT_DIR_KEY = "_checkpoint_dir"  #: a trial runner's trial: its own checkpoint folder (workloads/ray/runner.py)
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig:
     """Everything one trial's training loop needs.
@@ -212,7 +204,6 @@ class TrialConfig:
         optimizer, schedule, batch, eval, noise_scale, training: the sections above.
         seed: the model initialisation and the data stream.
         rung_gate: set only in pruning mode ``pause``.
-        faults: set only by tests (:class:`workloads.faults.FaultPlan`).
     """
 
     trial_id: str
@@ -226,7 +217,6 @@ class TrialConfig:
     training: TrainingConfig = TrainingConfig()
     seed: int = 0
     rung_gate: RungGateConfig | None = None
-    faults: FaultPlan | None = None
 
     @property
     def context_length_tokens(self) -> int:
@@ -247,6 +237,49 @@ class TrialConfig:
             pydantic.ValidationError: a section's value out of its bounds (``workloads.sections``).
         """
         return _build(cls, d, "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialRunContext:
+    """How one trial is run, beside what it is (:class:`TrialConfig`): set by the Tune trainable
+    (``sweeps/run/trainable.py``), read by the Ray worker entries (``workloads.ray``).
+
+    Attributes:
+        started_unix: when the trial started (Unix seconds): the first report of each attempt then
+            carries ``startup_s`` and ``startup_ray_s``; None leaves them out.
+        torch_threads: the intra-op threads every worker of the trial uses
+            (:func:`workloads.train.determinism.torch_threads_per_worker`); None keeps torch's default.
+        save_dir: a folder on shared storage where rank 0 saves the final Hugging Face checkpoint; None: none.
+        checkpoint_dir: a trial runner's trial (``workloads.ray.runner``): the folder of its own loop-state
+            checkpoints; None for a one-trial worker group (Ray Train keeps those).
+    """
+
+    started_unix: float | None = None
+    torch_threads: int | None = None
+    save_dir: str | None = None
+    checkpoint_dir: str | None = None
+
+
+#: the keys of Ray Train's loop config (a dict, as ``TorchTrainer(train_loop_config=...)`` takes it)
+_TRIAL, _CONTEXT = "trial", "context"
+
+
+def loop_config(cfg: TrialConfig, context: TrialRunContext) -> dict[str, Any]:
+    """The Ray Train loop config (and trial-exchange item) of a trial: the two objects, as built."""
+    return {_TRIAL: cfg, _CONTEXT: context}
+
+
+def from_loop_config(config: dict[str, Any]) -> tuple[TrialConfig, TrialRunContext]:
+    """Inverse of :func:`loop_config`.
+
+    Raises:
+        TypeError: ``config`` was not made by :func:`loop_config`.
+    """
+    cfg, context = config.get(_TRIAL), config.get(_CONTEXT, TrialRunContext())
+    if not isinstance(cfg, TrialConfig) or not isinstance(context, TrialRunContext):
+        raise TypeError(f"a trial's loop config holds {_TRIAL!r} (TrialConfig) and {_CONTEXT!r} (TrialRunContext), "
+                        f"got keys {sorted(config)}")
+    return cfg, context
 
 
 def _plain(value: Any) -> Any:

@@ -28,7 +28,7 @@ HEALTH_CHECK_INTERVAL_S = "0.1"
 REUSE_THREAD_TIMEOUT_S = "300"
 
 
-#: Prefix of the test suite's fault and hold hooks (``workloads/faults.py``, ``sweeps/run/trainable.py``):
+#: Prefix of the test suite's fault and hold hooks (``workloads/train/hooks.py``, ``workloads/testing/faults.py``):
 #: a driver forwards them to its trials, so they reach trial processes on a cluster the driver did
 #: not start (whose processes never see the driver's environment).
 TEST_HOOK_PREFIX = "CRITBATCH_TEST_"

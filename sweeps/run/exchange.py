@@ -12,9 +12,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sweeps.errors import CritbatchError
+
+if TYPE_CHECKING:
+    from workloads.api import TrialConfig, TrialRunContext
 
 __all__ = ["TrialExchange", "TrialRunnerError", "exchange_name", "relay", "STALE_AFTER_S", "RELAY_POLL_S",
            "HEARTBEAT_S"]
@@ -36,7 +39,7 @@ class TrialRunnerError(CritbatchError, RuntimeError):
     """A trial ended with an error in its trial runner (the text is the worker's traceback or the reason)."""
 
 
-def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoint_dir: str) -> None:
+def relay(exchange: str, cfg: TrialConfig, context: TrialRunContext) -> None:
     """The body of Tune's relay trainable: hand the trial to the runners, forward its reports, return at its end.
 
     Runs in Tune's trial process and imports no torch. Each report goes to ``ray.tune.report`` in the
@@ -45,8 +48,8 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
 
     Args:
         exchange: the sweep's :class:`TrialExchange` actor name (in this job's namespace).
-        loop_config: what ``workloads.ray.adapter.train_fn_per_worker`` would take.
-        checkpoint_dir: the trial's own checkpoint folder on the sweep's storage.
+        cfg: the trial.
+        context: how it runs; its ``checkpoint_dir`` is the trial's own checkpoint folder on the sweep's storage.
 
     Raises:
         TrialRunnerError: the trial failed (past its ``max_failures``), or its runner failed. A trial
@@ -55,10 +58,13 @@ def relay(exchange: str, trial_id: str, loop_config: dict[str, Any], *, checkpoi
     import ray
     import ray.tune
 
-    from workloads.api import CHECKPOINT_DIR_KEY
+    from workloads.api import loop_config
 
+    if context.checkpoint_dir is None:
+        raise ValueError(f"trial {cfg.trial_id}: a trial runner's trial needs its checkpoint_dir (TrialRunContext)")
+    trial_id = cfg.trial_id
     handle = ray.get_actor(exchange)
-    ticket = ray.get(handle.submit.remote(trial_id, {**loop_config, CHECKPOINT_DIR_KEY: checkpoint_dir}))
+    ticket = ray.get(handle.submit.remote(trial_id, loop_config(cfg, context)))
     cursor, ended = 0, False
     # ray.tune.report blocks until Tune's loop takes the result, however long that loop is busy: a heartbeat
     # of its own keeps the exchange from taking this relay for gone meanwhile

@@ -2,7 +2,8 @@
 
 Three levels, as Ray recommends for Tune + Train V2: the workload's pure training loop
 (``workloads``), wrapped by a Ray Train worker function (``workloads.api``), wrapped by this
-Tune function trainable, which turns the sweep's config into a :class:`TrialConfig`. When no trial
+Tune function trainable (:func:`run_trial`), which turns Tune's config of a trial into a :class:`TrialConfig`
+once and hands it down with a :class:`TrialRunContext` (how this run of it goes: start time, threads, folders). When no trial
 ends early (:func:`use_trial_runners`) the trainable hands that config to the sweep's long-lived
 worker groups and forwards their reports (``sweeps.run.runners``); otherwise it sizes a worker group
 of its own and forwards rank 0's milestone metrics to Tune. Importing this module imports no torch
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import ray.tune
@@ -26,24 +28,24 @@ from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
     EvalConfig,
-    FaultPlan,
     NoiseScaleConfig,
     OptimizerConfig,
     OptimizerSettings,
     RungGateConfig,
     ScheduleConfig,
     TrainingConfig,
-    TORCH_THREADS_KEY,
-    TRIAL_STARTED_KEY,
     TrialConfig,
+    TrialRunContext,
     WorkloadConfig,
+    loop_config,
     min_micro_batches_total,
     plan_batch,
     torch_threads_per_worker,
 )
 
-__all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config", "training_params", "faults_from_env", "make_trainable", "train_run_name",
-           "batch_plan_params", "reuse_trial_actors"]
+__all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config",
+           "training_params", "make_trainable", "run_trial", "SweepTrials", "train_run_name", "batch_plan_params",
+           "reuse_trial_actors"]
 
 _trials_in_this_process = 0
 
@@ -128,8 +130,8 @@ def train_run_name(trial_id: str) -> str:
 
 
 def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str | None = None,
-                 shards: str | None = None, workload: WorkloadConfig | None = None, rung_gate_key: str | None = None,
-                 faults: FaultPlan | None = None) -> TrialConfig:
+                 shards: str | None = None, workload: WorkloadConfig | None = None,
+                 rung_gate_key: str | None = None) -> TrialConfig:
     """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search/searcher.py``).
 
     Args:
@@ -145,7 +147,6 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
             with ``data_path`` and ``shards``.
         rung_gate_key: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this
             trial go on past a rung (the worker waits there; ``sweeps.pruning.rungs.rung_gate_key``).
-        faults: test-only fault injection (:func:`faults_from_env`).
     """
     gated = rung_gate_key is not None and spec.pruning.enabled and spec.pruning.mode == "pause"
     budget = int(config.get("budget_tokens") or spec.budget_tokens)  # token reallocation: a re-run's own budget
@@ -170,7 +171,6 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
             spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key)
         if gated and rung_gate_key is not None else None,
-        faults=faults,
     )
 
 
@@ -199,31 +199,45 @@ def training_params(spec: SweepSpec) -> dict[str, Any]:
     return out
 
 
-def faults_from_env(batch_size_sequences: int | None = None) -> FaultPlan | None:
-    """The fault-injection plan of ``tests/sweeps/run/test_faults.py`` and ``test_interrupts.py``, or None.
+@dataclass(frozen=True, kw_only=True)
+class SweepTrials:
+    """What every trial of one sweep shares, handed to :func:`run_trial` beside Tune's config of each trial.
 
-    Those tests run real sweeps in subprocesses (and Ray heads), so the trial processes are reached
-    only through their environment: ``CRITBATCH_TEST_HOLD_AT_MILESTONE`` (a milestone index) and
-    ``CRITBATCH_TEST_HOLD_FILE`` (the file that holds the worker after that report),
-    ``CRITBATCH_TEST_HOLD_EVERY_ATTEMPT=1`` (hold a trial resumed from its checkpoint too), and
-    ``CRITBATCH_TEST_HOLD_BATCH_SIZES`` (comma-separated: only trials of these batch sizes, in sequences,
-    get the plan; ``batch_size_sequences`` is the trial's). This is the one place the variables are read;
-    unset in normal use.
+    Attributes:
+        spec_json: the sweep's spec (``SweepSpec.model_dump_json``).
+        workload: the workload config every trial gets (see :func:`make_trainable`).
+        storage_path: where each trial's checkpoints are kept (see :func:`make_trainable`).
+        save_dir_root: rank 0 saves each completed trial's Hugging Face checkpoint in ``<save_dir_root>/<trial id>``.
+        rung_gate_prefix: ``pruning.mode: pause``: the prefix of the rung-gate KV keys.
+        exchange: the sweep's trial exchange, or None: each trial runs its own ``TorchTrainer``.
     """
-    hold_at = os.environ.get("CRITBATCH_TEST_HOLD_AT_MILESTONE")
-    hold_file = os.environ.get("CRITBATCH_TEST_HOLD_FILE") or None
-    if not hold_at and not hold_file:
-        return None
-    only = os.environ.get("CRITBATCH_TEST_HOLD_BATCH_SIZES")
-    if only and batch_size_sequences not in {int(b) for b in only.split(",")}:
-        return None
-    return FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file,
-                     hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1")
+
+    spec_json: str
+    workload: WorkloadConfig
+    storage_path: str
+    save_dir_root: str | None = None
+    rung_gate_prefix: str | None = None
+    exchange: str | None = None
+
+    def trial(self, config: dict[str, Any], trial_id: str, started_unix: float) -> tuple[SweepSpec, TrialConfig,
+                                                                                        TrialRunContext]:
+        """The spec, the trial's :class:`TrialConfig` (built once, here) and its :class:`TrialRunContext`."""
+        from sweeps.pruning.rungs import rung_gate_key
+
+        spec = SweepSpec.model_validate_json(self.spec_json)
+        gate = rung_gate_key(self.rung_gate_prefix, trial_id) if self.rung_gate_prefix else None
+        cfg = trial_config(spec, config, trial_id, workload=self.workload, rung_gate_key=gate)
+        context = TrialRunContext(
+            started_unix=started_unix,
+            torch_threads=torch_threads_per_worker(spec.resources.cpus_per_worker),  # sweeps/run/provenance.py
+            save_dir=os.path.join(self.save_dir_root, trial_id) if self.save_dir_root else None,
+            checkpoint_dir=f"{self.storage_path}/{train_run_name(trial_id)}" if self.exchange else None)
+        return spec, cfg, context
 
 
 def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: str, save_dir_root: str | None = None,
                    rung_gate_prefix: str | None = None, exchange: str | None = None):
-    """A Tune function trainable for this sweep, with its per-trial resource request.
+    """:func:`run_trial` as this sweep's Tune function trainable, with its per-trial resource request.
 
     Args:
         spec: the sweep.
@@ -239,70 +253,56 @@ def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: s
         exchange: the name of the sweep's trial exchange (``sweeps.run.runners``): the trainable is then
             a relay that hands its trial to the sweep's trial runners; None: it runs its own ``TorchTrainer``.
     """
-    res = spec.resources
-    spec_json = spec.model_dump_json()
-    use_gpu = res.gpus_per_worker > 0
-
-    def loop_config_of(config: dict[str, Any], started: float) -> tuple[str, dict[str, Any]]:
-        from sweeps.spec import SweepSpec as _S
-        from sweeps.pruning.rungs import rung_gate_key
-
-        s = _S.model_validate_json(spec_json)
-        trial_id = ray.tune.get_context().get_trial_id()
-        cfg = trial_config(s, config, trial_id, workload=workload,
-                           rung_gate_key=rung_gate_key(rung_gate_prefix, trial_id) if rung_gate_prefix else None,
-                           faults=faults_from_env(int(config["batch_size_sequences"])))
-        loop_config = cfg.to_dict()
-        loop_config[TRIAL_STARTED_KEY] = started
-        loop_config[TORCH_THREADS_KEY] = torch_threads_per_worker(res.cpus_per_worker)  # sweeps/run/provenance.py
-        if save_dir_root:
-            loop_config["_save_dir"] = os.path.join(save_dir_root, trial_id)
-        return trial_id, loop_config
-
-    if exchange:
-        return ray.tune.with_resources(_relay_trainable(exchange, loop_config_of, storage_path),
-                                       {"CPU": res.trial_driver_cpus})
-
-    def run_trial(config: dict[str, Any]) -> None:
-        from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        from workloads.api import drain_report_queue, train_fn_per_worker
-
-        trial_id, loop_config = loop_config_of(config, _trial_started_unix())
-        resources = {"CPU": res.cpus_per_worker}
-        if use_gpu:
-            resources["GPU"] = res.gpus_per_worker
-        trainer = trial_torch_trainer()(
-            train_fn_per_worker,
-            train_loop_config=loop_config,
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            scaling_config=ScalingConfig(num_workers=res.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources),
-            run_config=RunConfig(
-                name=train_run_name(trial_id),
-                storage_path=storage_path,
-                callbacks=[TuneReportCallback()],
-                failure_config=FailureConfig(max_failures=res.max_failures),
-                checkpoint_config=CheckpointConfig(num_to_keep=1),
-            ),
-        )
-        trainer.fit()
-        drain_report_queue()
-
-    return ray.tune.with_resources(run_trial, {"CPU": res.trial_driver_cpus})
+    trials = SweepTrials(spec_json=spec.model_dump_json(), workload=workload, storage_path=storage_path,
+                         save_dir_root=save_dir_root, rung_gate_prefix=rung_gate_prefix, exchange=exchange)
+    return ray.tune.with_resources(ray.tune.with_parameters(run_trial, trials=trials),
+                                   {"CPU": spec.resources.trial_driver_cpus})
 
 
-def _relay_trainable(exchange: str, loop_config_of, storage_path: str):
-    """Tune's trainable under trial runners: the trial goes to the sweep's exchange (``sweeps.run.exchange.relay``)."""
+def run_trial(config: dict[str, Any], trials: SweepTrials) -> None:
+    """Tune's function trainable: one trial, from the JSON-able config Tune hands it (``search/searcher.py``).
 
-    def run_trial(config: dict[str, Any]) -> None:  # Tune names trial folders run_trial_<id>_... (records.py)
+    Under trial runners the trial goes to the sweep's exchange (``sweeps.run.exchange.relay``); otherwise it
+    runs in a worker group of its own. Tune names trial folders after it: ``run_trial_<id>_...`` (records.py).
+    """
+    trial_id = ray.tune.get_context().get_trial_id()
+    spec, cfg, context = trials.trial(config, trial_id, _trial_started_unix())
+    if trials.exchange:
         from sweeps.run.exchange import relay
 
-        trial_id, loop_config = loop_config_of(config, _trial_started_unix())
-        relay(exchange, trial_id, loop_config, checkpoint_dir=f"{storage_path}/{train_run_name(trial_id)}")
+        relay(trials.exchange, cfg, context)
+        return
+    _fit_one_trial(spec, cfg, context, trials.storage_path)
 
-    return run_trial
+
+def _fit_one_trial(spec: SweepSpec, cfg: TrialConfig, context: TrialRunContext, storage_path: str) -> None:
+    """Run one trial in a ``TorchTrainer`` of its own, rank 0's reports forwarded to Tune."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from workloads.api import drain_report_queue, train_fn_per_worker
+
+    res = spec.resources
+    use_gpu = res.gpus_per_worker > 0
+    resources = {"CPU": res.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = res.gpus_per_worker
+    trainer = trial_torch_trainer()(
+        train_fn_per_worker,
+        train_loop_config=loop_config(cfg, context),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=res.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources),
+        run_config=RunConfig(
+            name=train_run_name(cfg.trial_id),
+            storage_path=storage_path,
+            callbacks=[TuneReportCallback()],
+            failure_config=FailureConfig(max_failures=res.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    trainer.fit()
+    drain_report_queue()
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

@@ -42,8 +42,7 @@ def test_importing_the_api_loads_no_training_stack():
 
 
 #: the modules the public constants come from (they carry no ``__module__``)
-_CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "TRIAL_STARTED_KEY": "workloads.config",
-              "TORCH_THREADS_KEY": "workloads.config", "CHECKPOINT_DIR_KEY": "workloads.config",
+_CONSTANTS = {"WORKLOAD_NAMES": "workloads.config",
               "DETERMINISTIC_WARN_ONLY": "workloads.train.determinism",
               "FLOPS_CONVENTION": "workloads.model.flops", "FLOPS_MODEL_TYPES": "workloads.model.flops",
               "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",

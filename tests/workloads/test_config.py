@@ -15,7 +15,6 @@ from workloads.config import (
     BatchConfig,
     DataConfig,
     EvalConfig,
-    FaultPlan,
     FinetuneConfig,
     LoraConfig,
     OptimizerConfig,
@@ -24,6 +23,7 @@ from workloads.config import (
     WorkloadConfig,
 )
 from workloads.errors import DataError
+from workloads.testing.faults import FaultPlan
 
 
 def full() -> TrialConfig:
@@ -36,7 +36,6 @@ def full() -> TrialConfig:
         batch=BatchConfig(batch_size_sequences=8, warmup=((0, 1), (1024, 2))),
         eval=EvalConfig(milestones_tokens=(2048, 4096)),
         rung_gate=RungGateConfig(barrier_tokens=(2048.0,), key="k"),
-        faults=FaultPlan(hold_at_milestone=1, hold_file="/tmp/h"),
     )
 
 
@@ -46,7 +45,7 @@ def test_to_dict_and_from_dict_round_trip_exactly_also_through_json():
     assert TrialConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c  # lists become tuples again
     d = c.to_dict()
     assert d["workload"]["finetune"]["lora"]["target_modules"] == ("q_proj", "v_proj")
-    assert d["batch"]["warmup"] == ((0, 1), (1024, 2)) and d["faults"]["hold_file"] == "/tmp/h"
+    assert d["batch"]["warmup"] == ((0, 1), (1024, 2))
 
 
 def test_sections_are_frozen():

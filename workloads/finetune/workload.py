@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -39,6 +39,7 @@ from workloads.finetune.lora import (
 from workloads.finetune.packing import ModelInputs, rows_batch
 from workloads.model.flops import flops_per_token, lora_flops_per_token
 from workloads.train.loop import Reporter, TrainingOutcome, run_loop
+from workloads.train.hooks import MilestoneHook
 from workloads.model.hf import peak_flops_per_s, shape_of
 
 __all__ = ["FinetuneWorkload", "build_finetune", "run_finetune", "save_finetuned", "check_finetune_inputs",
@@ -169,13 +170,13 @@ def build_finetune(cfg: TrialConfig, device: torch.device) -> FinetuneWorkload:
 
 
 def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, resume_state: dict[str, Any] | None = None,
-                 save_dir: str | None = None) -> TrainingOutcome:
+                 save_dir: str | None = None, on_milestone: Sequence[MilestoneHook] = ()) -> TrainingOutcome:
     """Run one fine-tuning trial; if ``save_dir`` is given, save the result there at the end.
 
     Same contract as ``workloads.pretrain.run_pretrain`` (the ``finetune`` entry of
     :mod:`workloads.api`). Tokens seen, milestones and FLOPs count real input tokens; the
     validation loss is the mean cross-entropy (nats per token) on response tokens of the held-out
-    examples.
+    examples. ``on_milestone``: :func:`workloads.train.loop.run_loop`'s hooks (tests only).
 
     Raises:
         workloads.errors.DataError: see :func:`build_finetune`.
@@ -186,7 +187,8 @@ def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
                          f"got {cfg.training.parallelism!r}")
     work = build_finetune(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
-                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1)
+                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1,
+                       on_milestone=on_milestone)
     if save_dir is not None and outcome.status == "completed":
         save_finetuned(work, save_dir)
     return outcome

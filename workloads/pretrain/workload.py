@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -16,6 +16,7 @@ from workloads.data.corpus import Corpus, load_corpus, load_shard_corpus, tokeni
 from workloads.train.determinism import make_deterministic
 from workloads.errors import DataError
 from workloads.train.loop import Reporter, TrainingOutcome, run_loop
+from workloads.train.hooks import MilestoneHook
 from workloads.model.hf import build_model, hf_config, model_flops_per_token, peak_flops_per_s
 from workloads.train.parallel import full_model_state, is_sharded
 from workloads.train.state_file import save_state
@@ -102,15 +103,17 @@ def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
 
 
 def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, resume_state=None,
-                 save_dir: str | None = None) -> TrainingOutcome:
+                 save_dir: str | None = None, on_milestone: Sequence[MilestoneHook] = ()) -> TrainingOutcome:
     """Run one pretraining trial; if ``save_dir`` is given, save a Hugging Face checkpoint there at the end.
 
     Under fsdp every rank gathers the full weights for it (rank 0, the one with ``save_dir``, saves);
     under local_sgd and diloco the saved weights are the mean over the replicas (an all-reduce).
+    ``on_milestone``: :func:`workloads.train.loop.run_loop`'s hooks (tests only).
     """
     work = build_pretrain(cfg, device)
     outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
-                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1)
+                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1,
+                       on_milestone=on_milestone)
     full = None
     if outcome.status == "completed" and is_sharded(work.model):  # a collective: on every rank
         full = full_model_state(work.model)

@@ -22,7 +22,8 @@ import ray.train
 import ray.train.torch
 
 from workloads.ray.compat import kv_get, train_storage_path
-from workloads.config import TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
+from workloads.config import TrialConfig, TrialRunContext, from_loop_config
+from workloads.train.hooks import milestone_hooks_from_env
 from workloads.train.report import TrialReport
 from workloads.train.determinism import make_deterministic
 from workloads.train.state_file import out_of_space_error, save_state
@@ -151,24 +152,20 @@ def _load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | Non
 def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Ray Train worker entry: run the trial's workload, reporting at token milestones.
 
-    ``config`` is :meth:`TrialConfig.to_dict` plus an optional ``"_save_dir"`` (a folder on shared
-    storage where rank 0 saves the final Hugging Face checkpoint) and an optional
-    :data:`TRIAL_STARTED_KEY` (when the trial started, Unix seconds): then the first report of each
-    attempt carries ``startup_s`` (trial start to the end of the first optimizer step, s) and
-    ``startup_ray_s`` (the part before this function ran: Tune's and Ray Train's processes). An optional
-    :data:`TORCH_THREADS_KEY` fixes the worker's intra-op threads (:func:`workloads.train.determinism.make_deterministic`,
-    which also turns on deterministic algorithms on CPU); the first report of each attempt carries
-    ``torch_num_threads`` and ``deterministic_algorithms`` (1.0 or 0.0) as the worker set them, and
-    ``worker_rss_mb`` (the worker's resident memory, MiB, when psutil is installed).
+    ``config`` is :func:`workloads.config.loop_config`: the trial's :class:`TrialConfig` and its
+    :class:`TrialRunContext`. With the context's ``started_unix`` the first report of each attempt carries
+    ``startup_s`` (trial start to the end of the first optimizer step, s) and ``startup_ray_s`` (the part
+    before this function ran: Tune's and Ray Train's processes). Its ``torch_threads`` fixes the worker's
+    intra-op threads (:func:`workloads.train.determinism.make_deterministic`, which also turns on
+    deterministic algorithms on CPU); the first report of each attempt carries ``torch_num_threads`` and
+    ``deterministic_algorithms`` (1.0 or 0.0) as the worker set them, and ``worker_rss_mb`` (the worker's
+    resident memory, MiB, when psutil is installed). Its ``save_dir`` is where rank 0 saves the final
+    Hugging Face checkpoint.
     """
     entered = time.time()
-    config = dict(config)
-    save_dir = config.pop("_save_dir", None)
-    started = config.pop(TRIAL_STARTED_KEY, None)
-    threads = config.pop(TORCH_THREADS_KEY, None)
-    cfg = TrialConfig.from_dict(config)
+    cfg, context = from_loop_config(config)
     device = ray.train.torch.get_device()
-    settings = make_deterministic(device, threads)
+    settings = make_deterministic(device, context.torch_threads)
     rank = ray.train.get_context().get_world_rank()
     nodes = worker_nodes()
     resume_state = _load_state(ray.train.get_checkpoint())
@@ -190,12 +187,12 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     raise error from exc
         gate.after(clean)
 
-    run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,
-              resume_state=resume_state, save_dir=save_dir, publish=publish)
+    run_trial(cfg, context, device=device, settings=settings, rank=rank, nodes=nodes, entered=entered,
+              resume_state=resume_state, publish=publish)
 
 
-def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any], rank: int, nodes: str,
-              started: float | None, entered: float, resume_state: dict[str, Any] | None, save_dir: str | None,
+def run_trial(cfg: TrialConfig, context: TrialRunContext, *, device: torch.device, settings: dict[str, Any], rank: int,
+              nodes: str, entered: float, resume_state: dict[str, Any] | None,
               publish: Callable[[dict[str, Any], dict[str, Any] | None], None]) -> None:
     """Run one trial's workload in this worker, handing every report (and rank 0's state) to ``publish``.
 
@@ -209,15 +206,16 @@ def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any
     and the trial records keep one row per milestone, by tokens seen).
 
     Args:
+        context: its ``started_unix`` starts the first report's ``startup_s``; rank 0 saves the final
+            Hugging Face checkpoint in its ``save_dir`` (ignored on other ranks).
         settings: :func:`workloads.train.determinism.make_deterministic`'s result (the first report says them).
         nodes: :func:`worker_nodes` (every report names them).
-        started: when the trial started (Unix s; its first report's ``startup_s`` counts from it), or None.
         entered: when this worker began the trial (Unix s; ``startup_ray_s`` ends there).
         resume_state: the trial's last checkpointed state, or None for a fresh start.
-        save_dir: rank 0 saves the final Hugging Face checkpoint there (ignored on other ranks).
         publish: ``publish(clean_metrics, state_or_None)``: every rank, at every report.
     """
     resume_state = dict(resume_state) if resume_state is not None else None
+    started = context.started_unix
     reported: list[dict[str, Any]] = list((resume_state or {}).pop(REPORTED_KEY, None) or [])
 
     def report(metrics: dict[str, Any], state: dict[str, Any] | None) -> None:
@@ -242,4 +240,5 @@ def run_trial(cfg: TrialConfig, *, device: torch.device, settings: dict[str, Any
     from workloads.registry import get_workload
 
     get_workload(cfg.workload.name).train(cfg, device=device, report=report, resume_state=resume_state,
-                                          save_dir=save_dir if rank == 0 else None)
+                                          save_dir=context.save_dir if rank == 0 else None,
+                                          on_milestone=milestone_hooks_from_env(cfg))

@@ -43,7 +43,7 @@ import ray.train
 import ray.train.torch
 
 from workloads.ray.adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
-from workloads.config import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY, TRIAL_STARTED_KEY, TrialConfig
+from workloads.config import from_loop_config
 from workloads.train.determinism import make_deterministic
 from workloads.train.state_file import out_of_space_error, save_state
 from workloads.errors import CritbatchError
@@ -207,7 +207,7 @@ def runner_fn_per_worker(config: dict[str, Any]) -> None:
 
     ``config``: ``exchange`` (the trial exchange actor's name), ``namespace`` (its Ray namespace),
     ``runner_id``. Each taken trial's config is what :func:`workloads.ray.adapter.train_fn_per_worker`
-    takes, plus :data:`CHECKPOINT_DIR_KEY`. Returns when the exchange says the sweep is over, or is gone
+    takes (:func:`workloads.config.loop_config`), its context with ``checkpoint_dir`` set. Returns when the exchange says the sweep is over, or is gone
     (the driver ended it: nothing is left to run).
     """
     try:
@@ -251,12 +251,11 @@ def runner_fn_per_worker(config: dict[str, Any]) -> None:
 def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, device: torch.device, nodes: str) -> None:
     """Run one taken trial in this worker: its state from its own folder, its reports to the exchange."""
     entered = time.time()
-    directory = trial.pop(CHECKPOINT_DIR_KEY)
-    save_dir = trial.pop("_save_dir", None)
-    started = trial.pop(TRIAL_STARTED_KEY, None)
-    threads = trial.pop(TORCH_THREADS_KEY, None)
-    cfg = TrialConfig.from_dict(trial)
-    settings = make_deterministic(device, threads)
+    cfg, context = from_loop_config(trial)
+    directory = context.checkpoint_dir
+    if directory is None:
+        raise ValueError(f"trial {cfg.trial_id}: a trial runner's trial needs its checkpoint_dir (TrialRunContext)")
+    settings = make_deterministic(device, context.torch_threads)
     # rank 0 chooses the checkpoint and every rank loads that one: ranks that each listed the folder could
     # pick different states and then disagree on how many reports to replay (a collective mismatch)
     path, resume_state = latest_checkpoint(directory) if rank == 0 else (None, None)
@@ -297,5 +296,5 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
                                                     cfg.rung_gate.key, RUNG_WAIT_TIMEOUT_S)
                 return
 
-    run_trial(cfg, device=device, settings=settings, rank=rank, nodes=nodes, started=started, entered=entered,
-              resume_state=resume_state, save_dir=save_dir, publish=publish)
+    run_trial(cfg, context, device=device, settings=settings, rank=rank, nodes=nodes, entered=entered,
+              resume_state=resume_state, publish=publish)

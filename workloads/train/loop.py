@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from workloads.config import TrialConfig
 from workloads.train.ema import WeightEMA
 from workloads.train.evaluation import MilestoneEvaluator, evaluate
+from workloads.train.hooks import MilestoneHook
 from workloads.train.batching import min_micro_batches_total
 from workloads.train.noise_scale import NoiseScaleEMA
 from workloads.train.optim import build_optimizer, reads_beta2, state_bytes_per_param
@@ -116,16 +117,19 @@ def run_loop(
     resume_state: dict[str, Any] | None = None,
     peak_flops_per_s: float | None = None,
     attempt: int = 0,
+    on_milestone: Sequence[MilestoneHook] = (),
 ) -> TrainingOutcome:
     """Train ``work.model`` for ``cfg.budget_tokens`` (or to ``cfg.eval.stop_at_loss``), reporting at its milestones.
 
     Each report is a :class:`workloads.train.report.TrialReport` (its fields say what a report holds and
     when), handed to ``report`` as :meth:`~workloads.train.report.TrialReport.to_dict`. ``status`` is a
     :class:`workloads.train.report.TrialOutcome`. The state passed with a report (rank 0 only, else
-    None) restores the run exactly via ``resume_state``.
+    None) restores the run exactly via ``resume_state``. Every hook of ``on_milestone`` (empty in real runs;
+    tests inject faults through it, :mod:`workloads.train.hooks`) is called just before and just after each
+    milestone report, with the milestone's index and ``attempt``.
 
     Raises:
-        RuntimeError: ``cfg.faults`` fault injection (first attempt only).
+        Exception: whatever a hook's ``before_report`` or ``after_report`` raises.
     """
     run = _Training(cfg, work, device)
     c = LoopCounters() if resume_state is None else run.restore(resume_state)
@@ -166,13 +170,13 @@ def run_loop(
             made = first.take(made, run.n_params)
         metrics = made.to_dict()
         c.loss_sum, c.loss_count = 0.0, 0
-        if cfg.faults is not None:
-            cfg.faults.before_report(c.milestone_idx - 1, attempt)
+        for hook in on_milestone:
+            hook.before_report(c.milestone_idx - 1, attempt)
         report(metrics, run.checkpoint(c) if not done else None)
         if done:
             return TrainingOutcome(status=str(status), final_metrics=metrics)
-        if cfg.faults is not None:
-            cfg.faults.after_report(c.milestone_idx - 1, attempt)
+        for hook in on_milestone:
+            hook.after_report(c.milestone_idx - 1, attempt)
     # budget already reached (resumed after the final report)
     return TrainingOutcome(status=str(TrialOutcome.COMPLETED), final_metrics={})
 

@@ -29,6 +29,7 @@ import pytest
 from tests.conftest import ROOT, write_spec
 from tests.sweeps.run.test_faults import ENV, children, spec_dict, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import start, tail
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # short sweeps, about 1-2 min each idle
 
@@ -96,7 +97,8 @@ def _start_held_sweep(tmp_path: Path, small_fs: Path, name: str, resources: dict
     d["resources"] = {"max_concurrent_trials": 1, **resources}
     out, hold, log = small_fs / "out", tmp_path / "hold", tmp_path / "run.log"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE=str(hold_at), CRITBATCH_TEST_HOLD_FILE=str(hold))
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE=str(hold_at), CRITBATCH_TEST_HOLD_FILE=str(hold))
     proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", mlflow_uri,
                   "--no-progress", "--address", ray_head.gcs_address], log, env=env)
     return out, mlflow_uri, log, hold, proc

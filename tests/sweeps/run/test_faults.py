@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, write_spec
 from tests.harness import copy_mlflow_store, free_port
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # each 1-4 min idle
 CLI = [sys.executable, "-m", "critbatch"]
@@ -137,7 +138,8 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlfl
     # mid-trial however fast the machine is (workloads/train/loop.py, fault-injection hook)
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll
     proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
                                    "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, stdout=log,
@@ -295,10 +297,11 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, ray_hea
     spec = write_spec(tmp_path, d)
     log = open(tmp_path / "driver.log", "w")
     # every trial waits after its third milestone (past the first rung) while this file exists, also one
-    # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/faults.py)
+    # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/testing/faults.py)
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
                CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1")
     proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
                                    "--address", address], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -25,6 +25,7 @@ from tests.conftest import ROOT, write_spec
 from tests.harness import copy_mlflow_store
 from tests.sweeps.run.test_faults import (CLI, ENV, children, result_rows, spec_dict, start_ray_head, stop_group,
                                           stop_head, wait_for)
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-3 min idle (a sweep, an interrupt, a resume)
 
@@ -60,9 +61,10 @@ def results_only(o):
 
 def hold_env(hold: Path) -> dict:
     """The environment in which every trial's first attempt waits after its second milestone while ``hold``
-    exists (``sweeps/run/trainable.py::faults_from_env`` builds the ``workloads/faults.py`` plan); creates ``hold``."""
+    exists (``workloads/testing/faults.py::hold_from_env``, named by ``CRITBATCH_TEST_MILESTONE_HOOKS``); creates ``hold``."""
     hold.touch()
-    return dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    return dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+                CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
 
 
 def start(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:

@@ -21,6 +21,7 @@ from tests.harness import copy_mlflow_store
 from tests.sweeps.conftest import precision_spec_dict
 from tests.sweeps.run.test_faults import ENV, children, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import results_only, start, tail
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # the reference sweep if not yet run, a stop, a resume
 
@@ -58,7 +59,8 @@ def test_a_precision_sweep_stopped_mid_second_wave_resumes_to_the_uninterrupted_
     status, targets, every wave and why it stopped; ids aside), ``precision.json`` and trials."""
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
                CRITBATCH_TEST_HOLD_BATCH_SIZES=str(WAVE_2_BATCH))
     out, log = tmp_path / "out", tmp_path / "run.log"
     uri = copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")

@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import ROOT, run_cli, write_spec
 from tests.sweeps.run.test_faults import ENV, children, spec_dict, wait_for
 from tests.sweeps.run.test_interrupts import results_only, start, tail
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # about 2-3 min idle
 
@@ -73,7 +74,8 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
 
     out1, out2, hold = tmp_path / "out1", tmp_path / "out2", tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
                CRITBATCH_TEST_HOLD_BATCH_SIZES="4")
     first = start(args(out1), tmp_path / "driver1.log", env=env)
 

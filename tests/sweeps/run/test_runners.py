@@ -214,7 +214,7 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     from sweeps.run.runners import TrialRunners
     from sweeps.run.trainable import trial_config
     from sweeps.spec import SweepSpec
-    from workloads.api import CHECKPOINT_DIR_KEY, TORCH_THREADS_KEY
+    from workloads.api import replace
 
     d = dict(tiny_spec_dict, budget_tokens=4096)
     d["eval"] = {"milestones": 2, "eval_tokens": 512}
@@ -225,10 +225,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     def trial(i: int, batch: int, lr: float, seed: int = 0) -> tuple[str, dict]:
         tid = f"t{i:02d}"
         cfg = trial_config(spec, {"batch_size_sequences": batch, "lr": lr, "lr_rule": "sqrt", "beta2": 0.99,
-                                  "beta2_half_life_tokens": 4096.0, "seed": seed}, tid, data_path=data).to_dict()
-        cfg[TORCH_THREADS_KEY] = 1
-        cfg[CHECKPOINT_DIR_KEY] = str(tmp_path / "train" / f"train-{tid}")
-        return tid, cfg
+                                  "beta2_half_life_tokens": 4096.0, "seed": seed}, tid, data_path=data)
+        return tid, _loop_config(cfg, str(tmp_path / "train" / f"train-{tid}"))
 
     ray.init(address=ray_head.gcs_address, namespace=f"runners-{uuid.uuid4().hex[:8]}", log_to_driver=False)
     try:
@@ -236,17 +234,19 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
                               storage_path=str(tmp_path / "runs")).start()
         a = trial(0, 8, 0.003)
         first = _run(reused, [trial(1, 4, 0.006, seed=1), trial(2, 16, 0.001, seed=2),
-                              (a[0] + "x", dict(a[1], **{CHECKPOINT_DIR_KEY: a[1][CHECKPOINT_DIR_KEY] + "x"}))])
+                              (a[0] + "x", _loop_config(a[1]["trial"], a[1]["context"].checkpoint_dir + "x"))])
         bad_id, bad = trial(99, 8, 0.003)
-        bad["workload"]["data"]["path"] = str(tmp_path / "no-such-corpus.txt")  # raises in the worker, every attempt
+        w = bad["trial"].workload  # a corpus that is not there: raises in the worker, every attempt
+        bad = _loop_config(replace(bad["trial"], workload=replace(w, data=replace(w.data, path=str(
+            tmp_path / "no-such-corpus.txt")))), bad["context"].checkpoint_dir)
         ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
         # fine-tuning in the same warm runner: the checkpoint loaded per trial (a LoRA adapter trained by the first
         # must not be in the second's model), so the same trial twice gives the same curve
         ft = _finetune_trial(tmp_path)
-        tuned = _run(reused, [("ft-a", dict(ft, trial_id="ft-a", **{CHECKPOINT_DIR_KEY: str(tmp_path / "train-ft-a")})),
-                              ("ft-b", dict(ft, trial_id="ft-b", **{CHECKPOINT_DIR_KEY: str(tmp_path / "train-ft-b")}))])
+        tuned = _run(reused, [(t, _loop_config(replace(ft, trial_id=t), str(tmp_path / f"train-{t}")))
+                              for t in ("ft-a", "ft-b")])
         # a runner whose Ray Train run ends with an error (its controller killed) is started again by its host
         killed = _kill_train_controllers(ray.get_runtime_context().namespace, ray_head.dashboard_url)
         deadline = time.monotonic() + 180  # the next trial once the slot's second run has begun (a trial taken
@@ -276,16 +276,23 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     assert sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / "runs").glob("runner-*")) == ["0", "1"]
 
 
-def _finetune_trial(tmp_path: Path) -> dict:
+def _loop_config(cfg, checkpoint_dir: str) -> dict:
+    """A trial runner's item: the trial, one torch thread, its own checkpoint folder."""
+    from workloads.api import TrialRunContext, loop_config
+
+    return loop_config(cfg, TrialRunContext(torch_threads=1, checkpoint_dir=checkpoint_dir))
+
+
+def _finetune_trial(tmp_path: Path):
     """A fine-tuning trial's config (``sweeps/examples/gsm8k-finetune.yaml`` cut down: LoRA rank 4 on a tiny
-    byte-level checkpoint made here, 40 arithmetic questions, 2 milestones of 1536 tokens), one torch thread."""
+    byte-level checkpoint made here, 40 arithmetic questions, 2 milestones of 1536 tokens)."""
     import json
 
     import yaml
 
     from sweeps.run.trainable import trial_config
     from sweeps.spec import SweepSpec
-    from workloads.api import TORCH_THREADS_KEY, init_checkpoint
+    from workloads.api import init_checkpoint
 
     root = Path(__file__).resolve().parents[3]
     ckpt = init_checkpoint(str(tmp_path / "ft-ckpt"), d_model=32, n_layers=1, n_heads=2, context_length_tokens=128,
@@ -302,8 +309,7 @@ def _finetune_trial(tmp_path: Path) -> dict:
     d["search"].update(batch_sizes_sequences=[4], base_batch_size_sequences=4)
     spec = SweepSpec.model_validate(d)
     cfg = trial_config(spec, {"batch_size_sequences": 4, "lr": 0.003, "lr_rule": "sqrt", "beta2": 0.99,
-                              "beta2_half_life_tokens": 4096.0, "seed": 0}, "ft", data_path=str(qa)).to_dict()
-    cfg[TORCH_THREADS_KEY] = 1
+                              "beta2_half_life_tokens": 4096.0, "seed": 0}, "ft", data_path=str(qa))
     return cfg
 
 

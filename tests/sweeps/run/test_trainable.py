@@ -1,15 +1,20 @@
-"""The spec -> workload config conversion of the trainable: every section lands in its place, and
-the test-only fault plan is read from the environment in one place."""
+"""The spec -> workload config conversion of the trainable: every section lands in its place, once, beside
+the trial's run context; and the test-only hold plan is read from the environment only when a test names it."""
 
 from __future__ import annotations
 
 import copy
 
-from sweeps.run.trainable import faults_from_env, reuse_trial_actors, trial_config, use_trial_runners
+import pytest
+
+from sweeps.run.trainable import SweepTrials, reuse_trial_actors, trial_config, use_trial_runners
 from sweeps.run.workload import workload_config
 from sweeps.settings import Settings
 from sweeps.spec import parse_spec
-from workloads.api import FaultPlan, TrialConfig
+from workloads.api import TrialConfig, TrialRunContext, loop_config
+from workloads.config import from_loop_config
+from workloads.testing.faults import HOLD_HOOKS, FaultPlan, hold_from_env
+from workloads.train.hooks import MILESTONE_HOOKS_VAR, milestone_hooks_from_env
 
 HP = {"batch_size_sequences": 8, "seed": 3, "lr": 1e-3, "lr_rule": "linear", "beta2": 0.99,
       "beta2_half_life_tokens": 4096.0}
@@ -27,8 +32,21 @@ def test_trial_config_takes_each_section_from_the_spec_and_the_sampled_point(tin
     assert c.batch.batch_size_sequences == 8 and c.batch.warmup == ((0, 1), (2048, 2))
     assert c.eval.milestones_tokens == tuple(spec.milestones_tokens()) and c.seed == 3
     assert c.rung_gate is not None and c.rung_gate.key == "gate/t0" and c.rung_gate.barrier_tokens
-    assert c.faults is None
     assert TrialConfig.from_dict(c.to_dict()) == c
+
+
+def test_the_trial_is_built_once_and_travels_with_its_run_context(tiny_spec_dict):
+    spec = parse_spec(copy.deepcopy(tiny_spec_dict))
+    wc = workload_config(spec, data_path="/abs/input.txt")
+    trials = SweepTrials(spec_json=spec.model_dump_json(), workload=wc, storage_path="/st", save_dir_root="/save",
+                         exchange="ex")
+    _, cfg, context = trials.trial(HP, "t0", 12.5)
+    assert cfg == trial_config(spec, HP, "t0", workload=wc)
+    assert context == TrialRunContext(started_unix=12.5, torch_threads=context.torch_threads, save_dir="/save/t0",
+                                      checkpoint_dir="/st/train-t0") and context.torch_threads >= 1
+    assert from_loop_config(loop_config(cfg, context)) == (cfg, context)
+    _, _, alone = SweepTrials(spec_json=spec.model_dump_json(), workload=wc, storage_path="/st").trial(HP, "t0", 1.0)
+    assert alone.save_dir is None and alone.checkpoint_dir is None  # a one-trial worker group: Ray Train keeps them
 
 
 def test_the_finetune_section_and_its_lora_convert(tiny_spec_dict):
@@ -40,17 +58,27 @@ def test_the_finetune_section_and_its_lora_convert(tiny_spec_dict):
     assert (wc.finetune.lora.rank, wc.finetune.lora.alpha, wc.finetune.lora.target_modules) == (4, 16.0, ("q_proj",))
 
 
-def test_the_fault_plan_comes_from_the_environment_only_when_a_test_sets_it(monkeypatch):
-    monkeypatch.delenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", raising=False)
-    monkeypatch.delenv("CRITBATCH_TEST_HOLD_FILE", raising=False)
-    monkeypatch.delenv("CRITBATCH_TEST_HOLD_BATCH_SIZES", raising=False)
-    assert faults_from_env() is None
+def test_the_hold_plan_comes_from_the_environment_only_when_a_test_names_its_hooks(tiny_spec_dict, monkeypatch):
+    for name in ("CRITBATCH_TEST_HOLD_AT_MILESTONE", "CRITBATCH_TEST_HOLD_FILE", "CRITBATCH_TEST_HOLD_BATCH_SIZES",
+                 MILESTONE_HOOKS_VAR):
+        monkeypatch.delenv(name, raising=False)
+    spec = parse_spec(copy.deepcopy(tiny_spec_dict))
+    c8, c32 = (trial_config(spec, dict(HP, batch_size_sequences=b), "t") for b in (8, 32))
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_AT_MILESTONE", "1")
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_FILE", "/tmp/hold")
-    assert faults_from_env() == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
+    assert milestone_hooks_from_env(c8) == ()  # the variables alone turn nothing on
+    assert hold_from_env(c8) == [FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")]
+    monkeypatch.setenv(MILESTONE_HOOKS_VAR, HOLD_HOOKS)
+    assert milestone_hooks_from_env(c8) == (FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold"),)
     monkeypatch.setenv("CRITBATCH_TEST_HOLD_BATCH_SIZES", "16,32")  # only trials of these batch sizes are held
-    assert faults_from_env(32) == FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold")
-    assert faults_from_env(8) is None
+    assert milestone_hooks_from_env(c32) == (FaultPlan(hold_at_milestone=1, hold_file="/tmp/hold"),)
+    assert milestone_hooks_from_env(c8) == ()
+    monkeypatch.delenv("CRITBATCH_TEST_HOLD_AT_MILESTONE")
+    monkeypatch.delenv("CRITBATCH_TEST_HOLD_FILE")
+    assert milestone_hooks_from_env(c32) == ()
+    monkeypatch.setenv(MILESTONE_HOOKS_VAR, "no-colon")
+    with pytest.raises(ValueError, match="module:factory"):
+        milestone_hooks_from_env(c8)
 
 
 def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_trial_ends_early(tiny_spec_dict,

@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import ROOT, write_spec
 from tests.sweeps.run.test_faults import CLI, ENV, RAY, children, free_port, pids_named, spec_dict, stop_group, wait_for
 from workloads.data.prepare import prepare_data
+from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(720)]  # ~4 min idle (two nodes up, a sweep, a kill)
 
@@ -119,8 +120,9 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
     storage = tmp_path / "storage"  # what a shared filesystem is to a real cluster: both nodes see it
     hold = tmp_path / "hold"
     hold.touch()
-    # the trial processes run under the nodes' environment: the fault plan (faults_from_env) goes there
-    env = dict(ENV, CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    # the trial processes run under the nodes' environment: the hold plan (workloads/testing/faults.py) goes there
+    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
     port = free_port()
     nodes = [_start_until_up(env, tmp_path / "head.log", "the Ray head", port=port)]
     try:

@@ -16,7 +16,6 @@ from workloads.config import (
     BatchConfig,
     DataConfig,
     EvalConfig,
-    FaultPlan,
     FinetuneConfig,
     ModelConfig,
     OptimizerConfig,
@@ -25,6 +24,7 @@ from workloads.config import (
     WorkloadConfig,
 )
 from workloads.pretrain import build_pretrain, run_pretrain
+from workloads.testing.faults import FaultPlan
 from workloads.train.scaling import warmup_factor, warmup_length_tokens
 from workloads.train.step import IGNORE_INDEX, step_gradient
 from tests.conftest import ROOT
@@ -77,12 +77,12 @@ def expected_b_simple(norms, decay: float) -> float:
     return sum(wi * t for wi, t in zip(w, tr)) / sum(wi * g for wi, g in zip(w, g2))
 
 
-def run(c: TrialConfig, resume=None):
+def run(c: TrialConfig, resume=None, on_milestone=()):
     reports = []
     torch.manual_seed(123)
     # the adapter serialises the state at once; keep a copy as it does
     out = run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
-                       resume_state=resume)
+                       resume_state=resume, on_milestone=on_milestone)
     return out, reports
 
 
@@ -420,11 +420,12 @@ def test_a_micro_batch_without_loss_tokens_adds_nothing(step_cases):
 
 
 def test_a_planned_fault_fires_before_its_report_on_the_first_attempt_only():
-    c = cfg(faults=FaultPlan(fail_at_milestone=1))
+    c, hooks = cfg(), [FaultPlan(fail_at_milestone=1)]
     reports = []
     with pytest.raises(RuntimeError, match="injected fault at milestone 1"):
-        run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))))
+        run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
+                     on_milestone=hooks)
     assert [m["tokens_seen"] for m, _ in reports] == [1024]  # milestone 1 was never reported
     # a restored worker group (attempt 1) runs clean from the state of milestone 0
-    out, resumed = run(c, resume=reports[0][1])
+    out, resumed = run(c, resume=reports[0][1], on_milestone=hooks)
     assert out.status == "completed" and [m["tokens_seen"] for m, _ in resumed] == [2048, 3072, 4096]
