@@ -11,7 +11,7 @@ reaches it, ``ln(budget tokens) + 1 + final loss``: worse than any seed that doe
 Where the records (the driver's report log) are not attached or cannot be read when a batch size's first group
 ends, that batch size is told the mean final loss, as before, for good (one study, one scale).
 :class:`TokensToTarget` is the searcher's side (a mixin of :class:`sweeps.search.searcher.BatchSizeSearcher`,
-which owns ``spec``, ``_records``, ``objectives``, ``transfer``, ``transfer_state`` and ``_sub``); it also names
+which owns ``spec``, ``_records``, ``objectives``, ``strategy`` and ``_sub``); it also names
 each study's metric and records each group's LR and batch size on its Optuna trial (optuna-dashboard).
 """
 
@@ -26,7 +26,6 @@ import optuna
 
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
-from sweeps.search.space import hyperparameters_for, transfer_hyperparameters
 
 __all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
            "name_metric", "TokensToTarget"]
@@ -125,12 +124,10 @@ class TokensToTarget:
         return {t: (by_id[t].tokens, by_id[t].val_loss) for t in trial_ids if t in by_id}
 
     def _group_hyperparameters(self, b: int, group: Any) -> dict[str, Any]:
-        """``group``'s hyperparameters at batch size ``b``, resolved
-        (:func:`sweeps.search.space.transfer_hyperparameters` under ``transfer``, else
-        :func:`~sweeps.search.space.hyperparameters_for`). A group just opened (one seed handed out) also labels its Optuna trial for optuna-dashboard: its LR and batch size as user attributes
+        """``group``'s hyperparameters at batch size ``b``, resolved by the searcher's strategy
+        (:meth:`sweeps.search.strategies.SearchStrategy.hyperparameters`). A group just opened (one seed handed out) also labels its Optuna trial for optuna-dashboard: its LR and batch size as user attributes
         (:data:`LR_ATTR`, :data:`BATCH_SIZE_ATTR`), and the study's metric by name where it has none yet."""
-        hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
-              if self.transfer else hyperparameters_for(self.spec, b, group.params))
+        hp = self.strategy.hyperparameters(b, group.params)
         sub = self._sub(b) if len(group.trial_ids) == 1 else None
         if sub is not None:
             study = optuna_search_study(sub)
