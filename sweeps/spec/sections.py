@@ -18,7 +18,7 @@ Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
@@ -31,6 +31,7 @@ from workloads.api import (
     ModelConfig,
     ConfigSection,
     DataConfig,
+    LrRule,
     MixedPrecision,
     NoiseScaleConfig,
     OptimizerName,
@@ -49,7 +50,6 @@ __all__ = [
     "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
-LrRule = Literal["linear", "sqrt", "none"]
 
 #: Names that moved to their own modules, still importable from here: the Tune state of a sweep started by
 #: an older critbatch pickles its spec by these paths, and ``critbatch resume`` must read it back.

@@ -20,7 +20,7 @@ from sweeps.spec.search import SearchSpec
 from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
-from workloads.api import local_sync_error
+from workloads.api import WorkloadName, local_sync_error
 
 __all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
 
@@ -130,7 +130,7 @@ class SweepSpec(_Strict):
     """A whole critical-batch-size sweep."""
 
     name: str = Field(description="sweep name: letters, digits, '-', '_' and '.'; names the MLflow experiment")
-    workload: Literal["pretrain", "finetune"] = "pretrain"
+    workload: WorkloadName = "pretrain"
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     finetune: FinetuneSpec | None = None
