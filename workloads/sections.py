@@ -172,8 +172,9 @@ class TrainingConfig(ConfigSection):
 
 
 #: the flags of :class:`TrainingConfig` that the spec's ``resources`` section declares with the same field
-#: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]``
-TRAINING_FIELDS = {name: TrainingConfig.model_fields[name]
+#: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]`` (typed
+#: ``Any``: a class body assigns each to an annotated field, as pydantic reads a ``Field(...)``)
+TRAINING_FIELDS: dict[str, typing.Any] = {name: TrainingConfig.model_fields[name]
                    for name in ("parallelism", "compile", "activation_checkpointing", "mixed_precision")}
 
 

@@ -20,12 +20,16 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import optuna
 
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
+
+if TYPE_CHECKING:
+    from sweeps.search.strategies import SearchStrategy
+    from sweeps.spec import SweepSpec
 
 __all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
            "name_metric", "TokensToTarget"]
@@ -80,7 +84,7 @@ def common_target(curves: Sequence[Curve | None]) -> float | None:
     """The lowest loss (nats) every finite curve reaches before its last milestone: the highest of the curves'
     minima over their milestones but the last (the whole curve when it has one milestone). None when no curve
     is finite (missing or diverged: those are left out)."""
-    finite = [c for c in curves if _finite(c)]
+    finite = [c for c in curves if c is not None and _finite(c)]
     if not finite:
         return None
     return max(min(losses[:-1] or losses) for _, losses in finite)
@@ -115,11 +119,19 @@ class TokensToTarget:
     and target once (``objectives``: per batch size ``{"objective": TOKENS_TO_TARGET | FINAL_LOSS,
     "target_loss": nats | None}``, saved with the searcher)."""
 
+    # what the searcher it is mixed into holds
+    spec: SweepSpec
+    strategy: SearchStrategy
+    _records: Callable[[], list[Any]] | None
+    _sub: Callable[[int], Any]
+
     def _objectives(self) -> dict[int, dict[str, Any]]:  # setdefault: a searcher pickled before the tokens-to-target objective existed
         return self.__dict__.setdefault("objectives", {})
 
     def _curves(self, trial_ids: Sequence[str]) -> dict[str, Curve]:
         """The milestone curves of ``trial_ids`` that the attached records hold; raises what they raise."""
+        if self._records is None:
+            raise LookupError("no records attached")
         by_id = {r.trial_id: r for r in self._records()}
         return {t: (by_id[t].tokens, by_id[t].val_loss) for t in trial_ids if t in by_id}
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
-from typing import Any
+from typing import Any, Sequence
 
 import optuna
 from ray.tune.search import Searcher
@@ -35,7 +35,7 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
-from sweeps.search.objective import OBJECTIVE, TokensToTarget
+from sweeps.search.objective import OBJECTIVE, Curve, TokensToTarget
 from sweeps.search.saved_state import composed_state
 from sweeps.search.strategies import (
     INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_POINT_ATTR, SearchStrategy, strategy_for,
@@ -218,7 +218,8 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
     def _next_batch(self) -> int | None:
         return self.strategy.next_batch_size(self.batches, lambda b: self.assigned[b] < self.trials_for(b))
 
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+    # Ray annotates suggest as returning a dict or None, and returns its own Searcher.FINISHED (a str) too
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:  # pyright: ignore[reportIncompatibleMethodOverride]
         if self.scheduler is not None and not self.exhausted() and not self.scheduler.may_start(self.live()):
             return None  # as many trials running as allowed (paused ones do not count): ask again later
         b = self._next_batch()
@@ -284,12 +285,11 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
             group.results[trial_id] = ("PRUNED", None)
         else:
             val = None if result is None else result.get(OBJECTIVE)
-            ok = val is not None and math.isfinite(val)
-            group.results[trial_id] = ("COMPLETE", float(val)) if ok else ("FAIL", None)
+            group.results[trial_id] = ("COMPLETE", float(val)) if val is not None and math.isfinite(val) else ("FAIL", None)
         if not group.finished():
             return
         states = [s for s, _ in group.results.values()]
-        finals = {t: v for t, (s, v) in group.results.items() if s == "COMPLETE"}
+        finals = {t: v for t, (s, v) in group.results.items() if s == "COMPLETE" and v is not None}
         self._group_ended(group, sum(finals.values()) / len(finals) if finals and "PRUNED" not in states else None)
         sub = self._sub(group.batch)
         if sub is None:
@@ -319,7 +319,7 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
         (:func:`sweeps.search.transfer.fastest_to_targets`); without it, the final loss decides both."""
         self._records = records
 
-    def selection_targets(self, curves: list[tuple[list[float], list[float]]]) -> list[float]:
+    def selection_targets(self, curves: Sequence[Curve]) -> list[float]:
         """Where a batch size's fastest LR is chosen: the spec's ``targets``, else the declared ones, else (in the
         first wave) :func:`provisional_targets` of its ``curves``."""
         return list(self.spec.targets or self.precision_targets or provisional_targets(curves))

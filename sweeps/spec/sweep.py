@@ -401,7 +401,7 @@ class SweepSpec(_Strict):
 def _strategy_default(data: dict[str, Any]) -> str:
     """The ``search.strategy`` a spec (a mapping) without one gets: ``transfer``, or ``independent`` with
     ``search.initial_points`` or pruning in mode ``pause`` (where transfer cannot run)."""
-    pruning = data.get("pruning") if isinstance(data.get("pruning"), dict) else {}
+    pruning = data["pruning"] if isinstance(data.get("pruning"), dict) else {}
     pause = bool(pruning.get("enabled")) and pruning.get("mode", PruningSpec.model_fields["mode"].default) == "pause"
     return "independent" if (data.get("search") or {}).get("initial_points") or pause else "transfer"
 
