@@ -25,7 +25,7 @@ depend on timing; with more slots it can. On real training (``benchmarks/real_co
 "Real-training coverage") this placement with ``search.precision``'s bracket rule covers the reference where the
 earlier one did not.
 
-Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the state and asks Optuna.
+Pure functions; :class:`sweeps.search.strategies.TransferStrategy` keeps the state and places the trials.
 """
 
 from __future__ import annotations
