@@ -23,6 +23,7 @@ def composed_state(state: dict[str, Any]) -> dict[str, Any]:
     state saved before ``search.strategy`` existed); a wave policy missing attributes gets their defaults
     (a state saved before ``search.precision``, or before one of its settings)."""
     out = dict(state)
+    out.setdefault("objectives", {})  # saved before the tokens-to-target objective
     spec = out["spec"]
     if "strategy" not in out:
         strategy = strategy_for(spec, "transfer" if out.pop("transfer", False) else "independent")

@@ -35,7 +35,7 @@ from sweeps._compat import (
 )
 from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
-from sweeps.search.objective import OBJECTIVE, Curve, TokensToTarget
+from sweeps.search.objective import OBJECTIVE, Curve, curves_of, label_group_trial, tell_group
 from sweeps.search.saved_state import composed_state
 from sweeps.search.strategies import (
     INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_POINT_ATTR, SearchStrategy, strategy_for,
@@ -77,7 +77,7 @@ class _Group:
         return len(self.results) >= self.n_seeds
 
 
-class BatchSizeSearcher(TokensToTarget, Searcher):
+class BatchSizeSearcher(Searcher):
     """Tune searcher: batch sizes on a grid, Optuna (TPE) per batch size, seeds repeated.
 
     Args:
@@ -242,7 +242,10 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
         group.trial_ids.append(trial_id)
         self.groups[trial_id] = group
         self.assigned[b] += 1
-        hp = self._group_hyperparameters(b, group)  # a new group's Optuna trial also records its LR (objective.py)
+        hp = self.strategy.hyperparameters(b, group.params)
+        sub = self._sub(b) if len(group.trial_ids) == 1 else None
+        if sub is not None:  # a new group's Optuna trial also records its LR and batch size
+            label_group_trial(sub, b, group.primary, hp["lr"])
         point = getattr(group, "initial_point", None)
         stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
         stop = (getattr(group, "stop_at_loss", None) or stop) if stop is not None else None  # a probe's own, if higher
@@ -297,7 +300,8 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
         if "PRUNED" in states:
             sub.on_trial_complete(group.primary, None, error=False)  # -> Optuna PRUNED
         elif finals:
-            self._tell(sub, group, finals)  # tokens to the batch size's target loss (or the final loss)
+            # tokens to the batch size's target loss (or the final loss)
+            tell_group(sub, group, finals, self.objectives, self._records, self.spec.budget_tokens)
         else:
             sub.on_trial_complete(group.primary, None, error=True)  # -> Optuna FAIL
 
@@ -328,7 +332,7 @@ class BatchSizeSearcher(TokensToTarget, Searcher):
         if getattr(self, "_records", None) is None:
             return None
         try:
-            by_id = self._curves([t for g in groups for t in g.trial_ids])
+            by_id = curves_of(self._records, [t for g in groups for t in g.trial_ids])
             curves = [[by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
                       for g in groups]
             i = fastest_to_targets(curves, self.selection_targets([c for g in curves for c in g]))
