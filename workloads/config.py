@@ -76,12 +76,15 @@ __all__ = [
     "SYNC_MODES",
     "RungGateConfig",
     "WORKLOAD_NAMES",
+    "WorkloadName",
     "OPTIMIZER_NAMES",
     "replace",
 ]
 
-#: the workloads a config may name (their entries are in :mod:`workloads.api`)
-WORKLOAD_NAMES = ("pretrain", "finetune")
+#: the workloads a config may name (their entries are in :mod:`workloads.registry`; ``sweeps.spec``'s ``workload``
+#: field takes this type)
+WorkloadName = typing.Literal["pretrain", "finetune"]
+WORKLOAD_NAMES = typing.get_args(WorkloadName)
 
 
 @dataclass(frozen=True, kw_only=True)

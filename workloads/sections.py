@@ -22,7 +22,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializ
 
 __all__ = [
     "ConfigSection", "replace", "SyncConfig", "NoiseScaleConfig", "LoraConfig", "ScheduleConfig", "DataConfig",
-    "OptimizerSettings", "OptimizerName", "OPTIMIZER_NAMES", "reads_beta2", "SyncMode", "SYNC_MODES", "Parallelism",
+    "OptimizerSettings", "OptimizerName", "OPTIMIZER_NAMES", "LrRule", "LR_RULES", "reads_beta2", "SyncMode", "SYNC_MODES", "Parallelism",
     "PARALLELISMS", "MixedPrecision", "MIXED_PRECISIONS", "local_sync_error", "PositiveInt", "MAX_TOKENS",
     "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "ModelConfig", "MODEL_SHORTHAND_FIELDS", "FinetuneConfig", "TrainingConfig", "TRAINING_FIELDS",
 ]
@@ -30,6 +30,10 @@ __all__ = [
 #: ``optimizer.name``: built by ``workloads.train.optim.build_optimizer``
 OptimizerName = Literal["adamw", "adafactor", "adamw_8bit", "sgd_momentum"]
 OPTIMIZER_NAMES = typing.get_args(OptimizerName)
+#: the LR scaling rules a sweep may name (``search.lr_rules``); their exponents are
+#: ``workloads.train.scaling.LR_RULE_EXPONENTS``
+LrRule = Literal["linear", "sqrt", "none"]
+LR_RULES = typing.get_args(LrRule)
 #: ``TrainingConfig.parallelism``: hand-made data parallelism (one all-reduce) or FSDP2 ``fully_shard``
 Parallelism = Literal["ddp", "fsdp"]
 PARALLELISMS = typing.get_args(Parallelism)
@@ -168,8 +172,9 @@ class TrainingConfig(ConfigSection):
 
 
 #: the flags of :class:`TrainingConfig` that the spec's ``resources`` section declares with the same field
-#: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]``
-TRAINING_FIELDS = {name: TrainingConfig.model_fields[name]
+#: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]`` (typed
+#: ``Any``: a class body assigns each to an annotated field, as pydantic reads a ``Field(...)``)
+TRAINING_FIELDS: dict[str, typing.Any] = {name: TrainingConfig.model_fields[name]
                    for name in ("parallelism", "compile", "activation_checkpointing", "mixed_precision")}
 
 

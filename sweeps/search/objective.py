@@ -10,9 +10,10 @@ reaches it, ``ln(budget tokens) + 1 + final loss``: worse than any seed that doe
 
 Where the records (the driver's report log) are not attached or cannot be read when a batch size's first group
 ends, that batch size is told the mean final loss, as before, for good (one study, one scale).
-:class:`TokensToTarget` is the searcher's side (a mixin of :class:`sweeps.search.searcher.BatchSizeSearcher`,
-which owns ``spec``, ``_records``, ``objectives``, ``transfer``, ``transfer_state`` and ``_sub``); it also names
-each study's metric and records each group's LR and batch size on its Optuna trial (optuna-dashboard).
+:func:`tell_group` tells a finished group's value (the searcher,
+:class:`sweeps.search.searcher.BatchSizeSearcher`, keeps ``objectives`` and hands it in); it also names each
+study's metric, and :func:`label_group_trial` records each group's LR and batch size on its Optuna trial
+(optuna-dashboard).
 """
 
 from __future__ import annotations
@@ -20,22 +21,21 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import optuna
 
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
-from sweeps.search.space import hyperparameters_for, transfer_hyperparameters
 
 __all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
-           "name_metric", "TokensToTarget"]
+           "name_metric", "curves_of", "label_group_trial", "tell_group"]
 
 log = logging.getLogger(__name__)
 
 #: the metric every trial reports and each Optuna study minimises: validation loss at the end of the trial's
 #: budget (a diverged trial counts as ``ln(vocab)``, the loss of a uniform prediction); a group's study is told
-#: the value made from it and the seeds' curves (:meth:`TokensToTarget._tell`)
+#: the value made from it and the seeds' curves (:func:`tell_group`)
 OBJECTIVE = "objective"
 
 #: the objective of a batch size told tokens to its target loss (the value's name in ``objectives`` and Optuna)
@@ -81,7 +81,7 @@ def common_target(curves: Sequence[Curve | None]) -> float | None:
     """The lowest loss (nats) every finite curve reaches before its last milestone: the highest of the curves'
     minima over their milestones but the last (the whole curve when it has one milestone). None when no curve
     is finite (missing or diverged: those are left out)."""
-    finite = [c for c in curves if _finite(c)]
+    finite = [c for c in curves if c is not None and _finite(c)]
     if not finite:
         return None
     return max(min(losses[:-1] or losses) for _, losses in finite)
@@ -111,85 +111,82 @@ def seed_value(curve: Curve | None, final_loss: float, target: float | None, bud
     return math.log(tokens) + TIE_BREAK * final_loss, tokens
 
 
-class TokensToTarget:
-    """Tell a finished group's Optuna trial its value (:meth:`_tell`), choosing each batch size's objective
-    and target once (``objectives``: per batch size ``{"objective": TOKENS_TO_TARGET | FINAL_LOSS,
-    "target_loss": nats | None}``, saved with the searcher)."""
+def curves_of(records: Callable[[], list[Any]] | None, trial_ids: Sequence[str]) -> dict[str, Curve]:
+    """The milestone curves of ``trial_ids`` that ``records()`` (the sweep's :class:`TrialRecord` list) holds.
 
-    def _objectives(self) -> dict[int, dict[str, Any]]:
-        return self.objectives
+    Raises:
+        LookupError: no records attached (``records`` None); what ``records()`` raises.
+    """
+    if records is None:
+        raise LookupError("no records attached")
+    by_id = {r.trial_id: r for r in records()}
+    return {t: (by_id[t].tokens, by_id[t].val_loss) for t in trial_ids if t in by_id}
 
-    def _curves(self, trial_ids: Sequence[str]) -> dict[str, Curve]:
-        """The milestone curves of ``trial_ids`` that the attached records hold; raises what they raise."""
-        by_id = {r.trial_id: r for r in self._records()}
-        return {t: (by_id[t].tokens, by_id[t].val_loss) for t in trial_ids if t in by_id}
 
-    def _group_hyperparameters(self, b: int, group: Any) -> dict[str, Any]:
-        """``group``'s hyperparameters at batch size ``b``, resolved
-        (:func:`sweeps.search.space.transfer_hyperparameters` under ``transfer``, else
-        :func:`~sweeps.search.space.hyperparameters_for`). A group just opened (one seed handed out) also labels its Optuna trial for optuna-dashboard: its LR and batch size as user attributes
-        (:data:`LR_ATTR`, :data:`BATCH_SIZE_ATTR`), and the study's metric by name where it has none yet."""
-        hp = (transfer_hyperparameters(self.spec, b, group.params, self.transfer_state[b]["centre_lr"])
-              if self.transfer else hyperparameters_for(self.spec, b, group.params))
-        sub = self._sub(b) if len(group.trial_ids) == 1 else None
-        if sub is not None:
-            study = optuna_search_study(sub)
-            if study.metric_names is None:  # what it is told until a group's records say otherwise (_tell)
-                name_metric(study, TOKENS_TO_TARGET)
-            trial = optuna_search_trials(sub)[group.primary]
-            trial.set_user_attr(LR_ATTR, float(hp["lr"]))
-            trial.set_user_attr(BATCH_SIZE_ATTR, b)
-        return hp
+def label_group_trial(sub: Any, batch_size: int, trial_id: str, lr: float) -> None:
+    """Label a group's Optuna trial (``trial_id``, its primary) for optuna-dashboard just after it is asked: its LR
+    and batch size as user attributes (:data:`LR_ATTR`, :data:`BATCH_SIZE_ATTR`), and the study's metric by name
+    where it has none yet. ``sub``: the batch size's ``OptunaSearch``."""
+    study = optuna_search_study(sub)
+    if study.metric_names is None:  # what it is told until a group's records say otherwise (tell_group)
+        name_metric(study, TOKENS_TO_TARGET)
+    trial = optuna_search_trials(sub)[trial_id]
+    trial.set_user_attr(LR_ATTR, float(lr))
+    trial.set_user_attr(BATCH_SIZE_ATTR, batch_size)
 
-    def _tell(self, sub: Any, group: Any, finals: dict[str, float]) -> None:
-        """Tell ``group``'s Optuna trial its value and say in its user attributes (and its study's) what it is.
 
-        Args:
-            sub: the batch size's ``OptunaSearch``.
-            group: the finished group (none of its seeds pruned; at least one completed).
-            finals: the final loss (nats) of each completed seed, by Tune trial id.
-        """
-        b, mean_final = group.batch, sum(finals.values()) / len(finals)
-        state = self._objectives().get(b)
-        curves: dict[str, Curve] = {}
-        if state is None or state["objective"] == TOKENS_TO_TARGET:
-            try:
-                if getattr(self, "_records", None) is None:
-                    raise LookupError("no records attached")
-                curves = self._curves(list(finals))
-                if len(curves) < len(finals):
-                    log.warning("batch size %d: no record of trials %s; told as not reaching the target loss", b,
-                                sorted(set(finals) - set(curves)))
-            except Exception as exc:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
-                if state is None:
-                    log.warning("batch size %d: the trials' records cannot be read (%r); its study is told the "
-                                "final validation loss, not tokens to a target", b, exc)
-                    state = self._objectives()[b] = {"objective": FINAL_LOSS, "target_loss": None}
-                else:
-                    log.exception("batch size %d: the trials' records cannot be read; group %s is told as not "
-                                  "reaching the target loss (ordered by its final loss)", b, group.primary)
-        if state is None:
-            state = self._objectives()[b] = {"objective": TOKENS_TO_TARGET, "target_loss": None}
-        if state["objective"] == FINAL_LOSS:
-            value, attrs = mean_final, {OBJECTIVE_ATTR: FINAL_LOSS, FINAL_ATTR: mean_final}
-        else:
-            if state["target_loss"] is None:
-                state["target_loss"] = common_target([curves.get(t) for t in finals])
-            seeds = [seed_value(curves.get(t), f, state["target_loss"], self.spec.budget_tokens)
-                     for t, f in finals.items()]
-            value = sum(v for v, _ in seeds) / len(seeds)
-            attrs = {OBJECTIVE_ATTR: TOKENS_TO_TARGET, TARGET_ATTR: state["target_loss"],
-                     TOKENS_ATTR: [tok for _, tok in seeds], FINAL_ATTR: mean_final}
-        if group.primary in optuna_search_completed(sub):
-            return  # told before the searcher was last saved (a restored sweep ran its last seed again)
-        study = optuna_search_study(sub)
-        for k in (OBJECTIVE_ATTR, TARGET_ATTR):
-            if k in attrs and study.user_attrs.get(k) != attrs[k]:
-                study.set_user_attr(k, attrs[k])
-        name_metric(study, state["objective"])
+def tell_group(sub: Any, group: Any, finals: dict[str, float], objectives: dict[int, dict[str, Any]],
+               records: Callable[[], list[Any]] | None, budget_tokens: float) -> None:
+    """Tell ``group``'s Optuna trial its value and say in its user attributes (and its study's) what it is.
+
+    Args:
+        sub: the batch size's ``OptunaSearch``.
+        group: the finished group (none of its seeds pruned; at least one completed).
+        finals: the final loss (nats) of each completed seed, by Tune trial id.
+        objectives: per batch size ``{"objective": TOKENS_TO_TARGET | FINAL_LOSS, "target_loss": nats | None}``
+            (the searcher's, saved with it): the batch size's entry is fixed here when its first group ends.
+        records: ``records() -> list[TrialRecord]``, the trials so far; None when not attached.
+        budget_tokens: training tokens per trial.
+    """
+    b, mean_final = group.batch, sum(finals.values()) / len(finals)
+    state = objectives.get(b)
+    curves: dict[str, Curve] = {}
+    if state is None or state["objective"] == TOKENS_TO_TARGET:
         try:
-            for k, v in attrs.items():
-                optuna_search_trials(sub)[group.primary].set_user_attr(k, v)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass  # told in a run the saved state does not know of: OptunaSearch logs it and tells nothing
-        sub.on_trial_complete(group.primary, {OBJECTIVE: value})
+            curves = curves_of(records, list(finals))
+            if len(curves) < len(finals):
+                log.warning("batch size %d: no record of trials %s; told as not reaching the target loss", b,
+                            sorted(set(finals) - set(curves)))
+        except Exception as exc:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
+            if state is None:
+                log.warning("batch size %d: the trials' records cannot be read (%r); its study is told the "
+                            "final validation loss, not tokens to a target", b, exc)
+                state = objectives[b] = {"objective": FINAL_LOSS, "target_loss": None}
+            else:
+                log.exception("batch size %d: the trials' records cannot be read; group %s is told as not "
+                              "reaching the target loss (ordered by its final loss)", b, group.primary)
+    if state is None:
+        state = objectives[b] = {"objective": TOKENS_TO_TARGET, "target_loss": None}
+    if state["objective"] == FINAL_LOSS:
+        value, attrs = mean_final, {OBJECTIVE_ATTR: FINAL_LOSS, FINAL_ATTR: mean_final}
+    else:
+        if state["target_loss"] is None:
+            state["target_loss"] = common_target([curves.get(t) for t in finals])
+        seeds = [seed_value(curves.get(t), f, state["target_loss"], budget_tokens)
+                 for t, f in finals.items()]
+        value = sum(v for v, _ in seeds) / len(seeds)
+        attrs = {OBJECTIVE_ATTR: TOKENS_TO_TARGET, TARGET_ATTR: state["target_loss"],
+                 TOKENS_ATTR: [tok for _, tok in seeds], FINAL_ATTR: mean_final}
+    if group.primary in optuna_search_completed(sub):
+        return  # told before the searcher was last saved (a restored sweep ran its last seed again)
+    study = optuna_search_study(sub)
+    for k in (OBJECTIVE_ATTR, TARGET_ATTR):
+        if k in attrs and study.user_attrs.get(k) != attrs[k]:
+            study.set_user_attr(k, attrs[k])
+    name_metric(study, state["objective"])
+    try:
+        for k, v in attrs.items():
+            optuna_search_trials(sub)[group.primary].set_user_attr(k, v)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass  # told in a run the saved state does not know of: OptunaSearch logs it and tells nothing
+    sub.on_trial_complete(group.primary, {OBJECTIVE: value})

@@ -52,7 +52,7 @@ Within 1, 4 and 5, batch sizes nearer the current estimate of ``b_crit`` (in log
 they set the knee. An LR within a quarter octave of one already tried at that batch size is not proposed
 again.
 
-Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the waves and places the trials.
+Pure functions; :class:`sweeps.search.waves.PrecisionWaves` keeps the waves and hands out their trials.
 """
 
 from __future__ import annotations

@@ -25,12 +25,13 @@ depend on timing; with more slots it can. On real training (``benchmarks/real_co
 "Real-training coverage") this placement with ``search.precision``'s bracket rule covers the reference where the
 earlier one did not.
 
-Pure functions; :class:`sweeps.search.searcher.BatchSizeSearcher` keeps the state and asks Optuna.
+Pure functions; :class:`sweeps.search.strategies.TransferStrategy` keeps the state and places the trials.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
@@ -123,7 +124,7 @@ def start_centre(search: SearchSpec, batch_size: int, anchor: int | None, best_l
     return (snap_lr(centre, search.base_lr, step) if step else centre), alpha
 
 
-def provisional_targets(curves: list[tuple[list[float], list[float]]], n_targets: int = 4) -> list[float]:
+def provisional_targets(curves: Sequence[tuple[Sequence[float], Sequence[float]]], n_targets: int = 4) -> list[float]:
     """Target losses to rank a batch size's LRs by before the sweep's targets are declared (its first wave),
     from that batch size's own curves: a band like the one the fit's target rule declares (several targets
     that most trials reach, spaced up towards the start of training), here from the highest loss every finite
@@ -143,7 +144,8 @@ def provisional_targets(curves: list[tuple[list[float], list[float]]], n_targets
     return [high - i * (high - low) / (n_targets - 1) for i in range(n_targets)]
 
 
-def fastest_to_targets(groups: list[list[tuple[list[float], list[float]]]], targets: list[float]) -> int | None:
+def fastest_to_targets(groups: Sequence[Sequence[tuple[Sequence[float], Sequence[float]]]], targets: list[float]
+                       ) -> int | None:
     """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best at the target losses
     the fit uses: the lowest mean over ``targets`` of the group's mean log tokens to each target
     (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in log tokens); a trial that does not reach

@@ -34,7 +34,9 @@ from sweeps.spec.sections import (
     ResourcesSpec,
     ScheduleSpec,
 )
-from sweeps.spec.search import Beta2Spec, InitialPointSpec, PrecisionSpec, SearchSpec
+from sweeps.spec.search import (
+    SEARCH_STRATEGY_NAMES, Beta2Spec, InitialPointSpec, PrecisionSpec, SearchSpec, SearchStrategyName,
+)
 from sweeps.spec.finetune import FinetuneSpec, LoraSpec
 from sweeps.spec.tracking import TrackingSpec
 from sweeps.spec.sweep import ArmSpec, BranchSpec, BudgetSpec, PruningSpec, SweepSpec
@@ -44,4 +46,5 @@ __all__ = [
     "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
     "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
     "parse_spec_text", "read_spec_text", "parse_stored_spec", "load_stored_spec", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
+    "SearchStrategyName", "SEARCH_STRATEGY_NAMES",
 ]

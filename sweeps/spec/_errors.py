@@ -137,8 +137,8 @@ def describe_yaml_error(exc: yaml.YAMLError, text: str, source: str | None = Non
     """A YAML syntax error in one line: ``not valid YAML in SOURCE at line L, column C: PROBLEM``
     (lines and columns from 1; ``source`` is the file, or None for text given directly)."""
     where = f" in {source}" if source else ""
-    if isinstance(exc, yaml.MarkedYAMLError) and (exc.problem_mark or exc.context_mark) is not None:
-        mark = exc.problem_mark or exc.context_mark
+    mark = (exc.problem_mark or exc.context_mark) if isinstance(exc, yaml.MarkedYAMLError) else None
+    if isinstance(exc, yaml.MarkedYAMLError) and mark is not None:
         problem = exc.problem or exc.context or "syntax error"
         line = f"not valid YAML{where} at line {mark.line + 1}, column {mark.column + 1}: {problem}"
         cm = exc.context_mark

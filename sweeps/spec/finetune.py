@@ -19,4 +19,4 @@ class LoraSpec(LoraConfig):
 class FinetuneSpec(FinetuneConfig):
     """Supervised fine-tuning of a local Hugging Face checkpoint on instruction JSON Lines."""
 
-    lora: LoraSpec | None = None  # the same section, under the spec's name
+    lora: LoraSpec | None = None  # the same section, under the spec's name  # pyright: ignore[reportIncompatibleVariableOverride]

@@ -7,13 +7,19 @@ Plain data: imports neither torch nor Ray.
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
 from sweeps.spec.sections import MAX_BATCH_SEQUENCES, MAX_TOKENS, LrRule, PositiveInt, _Strict
 
-__all__ = ["SearchSpec", "InitialPointSpec", "Beta2Spec", "PrecisionSpec"]
+__all__ = ["SearchSpec", "InitialPointSpec", "Beta2Spec", "PrecisionSpec", "SearchStrategyName", "SEARCH_STRATEGY_NAMES"]
+
+#: ``search.strategy``: the names of :data:`sweeps.search.strategies.STRATEGIES` (the spec is plain data and does
+#: not import the search; ``tests/test_name_owners.py`` holds the two equal)
+SearchStrategyName = Literal["independent", "transfer"]
+SEARCH_STRATEGY_NAMES = typing.get_args(SearchStrategyName)
 
 
 class PrecisionSpec(_Strict):
@@ -108,7 +114,7 @@ class SearchSpec(_Strict):
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
     trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
     algorithm: Literal["optuna"] = "optuna"
-    strategy: Literal["independent", "transfer"] = Field(
+    strategy: SearchStrategyName = Field(
         default="transfer",
         description="transfer (the default): batch sizes run outward from base_batch_size_sequences, each "
                     "centring its LRs on its anchor's (the neighbour one step nearer the base) best LR scaled by "

@@ -18,7 +18,7 @@ Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
@@ -31,6 +31,7 @@ from workloads.api import (
     ModelConfig,
     ConfigSection,
     DataConfig,
+    LrRule,
     MixedPrecision,
     NoiseScaleConfig,
     OptimizerName,
@@ -49,7 +50,6 @@ __all__ = [
     "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
 ]
 
-LrRule = Literal["linear", "sqrt", "none"]
 
 #: every spec section is as strict as the trial config's (unknown fields refused, frozen, defaults validated);
 #: the optimizer names, ``PositiveInt`` and the ``MAX_`` bounds are ``workloads.sections``', re-exported here

@@ -20,7 +20,7 @@ from sweeps.spec.search import SearchSpec
 from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
-from workloads.api import local_sync_error
+from workloads.api import WorkloadName, local_sync_error
 
 __all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
 
@@ -130,7 +130,7 @@ class SweepSpec(_Strict):
     """A whole critical-batch-size sweep."""
 
     name: str = Field(description="sweep name: letters, digits, '-', '_' and '.'; names the MLflow experiment")
-    workload: Literal["pretrain", "finetune"] = "pretrain"
+    workload: WorkloadName = "pretrain"
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     finetune: FinetuneSpec | None = None
@@ -401,7 +401,7 @@ class SweepSpec(_Strict):
 def _strategy_default(data: dict[str, Any]) -> str:
     """The ``search.strategy`` a spec (a mapping) without one gets: ``transfer``, or ``independent`` with
     ``search.initial_points`` or pruning in mode ``pause`` (where transfer cannot run)."""
-    pruning = data.get("pruning") if isinstance(data.get("pruning"), dict) else {}
+    pruning = data["pruning"] if isinstance(data.get("pruning"), dict) else {}
     pause = bool(pruning.get("enabled")) and pruning.get("mode", PruningSpec.model_fields["mode"].default) == "pause"
     return "independent" if (data.get("search") or {}).get("initial_points") or pause else "transfer"
 

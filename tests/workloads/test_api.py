@@ -42,12 +42,12 @@ def test_importing_the_api_loads_no_training_stack():
 
 
 #: the modules the public constants come from (they carry no ``__module__``)
-_CONSTANTS = {"WORKLOAD_NAMES": "workloads.config",
+_CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "WorkloadName": "workloads.config",
               "DETERMINISTIC_WARN_ONLY": "workloads.train.determinism",
               "FLOPS_CONVENTION": "workloads.model.flops", "FLOPS_MODEL_TYPES": "workloads.model.flops",
               "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",
               **{n: "workloads.train.report" for n in ("REPORT_KEYS", "MLFLOW_METRICS", "ONCE_PER_ATTEMPT", "COMM_METRICS")},
-              **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "SYNC_MODES", "SyncMode",
+              **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "LR_RULES", "LrRule", "SYNC_MODES", "SyncMode",
                                                    "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
                                                    "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
                                                    "MODEL_SHORTHAND_FIELDS", "TRAINING_FIELDS")}}

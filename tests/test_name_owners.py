@@ -1,0 +1,48 @@
+"""Each list of names the spec accepts has one owner, and what the names select agrees with it: the search
+strategies (``search.strategy``), the workloads (``workload``) and the LR scaling rules (``search.lr_rules``).
+A name added on one side only fails here."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from sweeps.spec import SEARCH_STRATEGY_NAMES, SearchSpec, SweepSpec
+from workloads.api import LR_RULES, WORKLOAD_NAMES
+
+
+def _allowed(model: type, field: str) -> set[str]:
+    """The values a spec field's ``Literal`` type allows (inside ``list[...]`` or ``... | None`` too)."""
+    def literals(tp: typing.Any) -> set[str]:
+        if typing.get_origin(tp) is typing.Literal:
+            return set(typing.get_args(tp))
+        return set().union(*(literals(a) for a in typing.get_args(tp))) if typing.get_args(tp) else set()
+    return literals(model.model_fields[field].annotation)
+
+
+def test_the_strategy_registry_and_the_spec_name_the_same_strategies():
+    from sweeps.search.strategies import STRATEGIES
+
+    assert set(STRATEGIES) == set(SEARCH_STRATEGY_NAMES) == _allowed(SearchSpec, "strategy")
+    assert all(cls.name == name for name, cls in STRATEGIES.items())
+
+
+def test_an_unknown_strategy_is_refused_naming_the_known_ones():
+    from sweeps.errors import InvalidInput
+    from sweeps.search.strategies import strategy_for
+
+    with pytest.raises(InvalidInput, match=r"'bayes' is not one of \['independent', 'transfer'\]"):
+        strategy_for(typing.cast(SweepSpec, None), "bayes")  # the name is checked before the spec is read
+
+
+def test_the_workload_registry_and_the_spec_name_the_same_workloads():
+    from workloads.registry import _entries
+
+    assert set(_entries()) == set(WORKLOAD_NAMES) == _allowed(SweepSpec, "workload")
+
+
+def test_every_lr_rule_the_spec_allows_has_an_exponent():
+    from workloads.train.scaling import LR_RULE_EXPONENTS
+
+    assert set(LR_RULE_EXPONENTS) == set(LR_RULES) == _allowed(SearchSpec, "lr_rules")
