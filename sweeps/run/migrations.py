@@ -212,9 +212,12 @@ def _upgraded_searcher(tuner_state: Any) -> bool:
         searcher = searcher_inside(tuner_state["_tune_config"].search_alg)
     except (KeyError, AttributeError, TypeError, RuntimeError):
         return False  # not a critbatch searcher, or not a Tuner's state
+    from sweeps.search.searcher import OLD_LAYOUT_ATTR
+
+    old_layout = bool(vars(searcher).pop(OLD_LAYOUT_ATTR, False))
     before = set(vars(searcher))
     searcher.set_state(dict(vars(searcher)))
-    return set(vars(searcher)) != before
+    return old_layout or set(vars(searcher)) != before
 
 
 def migrate_tune_state(tune_dir: str | Path) -> list[Path]:

@@ -161,7 +161,8 @@ def test_an_old_tune_folder_is_rewritten_with_the_current_paths_and_its_original
     assert state["train_fn"].__module__ == "workloads.ray.adapter" and state["spec"].search.batch_sizes_sequences == [4, 8]
     # tuner.pkl's searcher had none of the attributes added since e6ea0bf: it has them now, at their defaults
     searcher = pickle.loads((tmp_path / "tuner.pkl").read_bytes())["_tune_config"].search_alg
-    assert searcher.objectives == {} and searcher.extra_budget_multiples == {} and searcher._quota(8) == 1
+    assert searcher.objectives == {} and searcher.wave_policy.extra_budget_multiples == {} and searcher.trials_for(8) == 1
+    assert not hasattr(searcher, "transfer")  # the old layout, composed into a strategy and a wave policy
     assert migrate_tune_state(tmp_path) == []  # once is enough
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["tuner.pkl", "tuner.pkl" + BACKUP_SUFFIX, searcher_file.name, searcher_file.name + BACKUP_SUFFIX])
