@@ -81,7 +81,8 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
     try:
         s = load_spec(spec)
         from sweeps.run.compare import naming_arm
-        from sweeps.run.preflight import check_data_files, check_milestones, spec_warnings, window_warnings
+        from sweeps.run.preflight import check_data_files, spec_warnings, window_warnings
+        from sweeps.spec.milestones import check_milestones
 
         facts = None
         for i, (arm_name, arm) in enumerate(s.arm_specs()):  # a comparison: each arm as it will run, named

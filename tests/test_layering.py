@@ -5,6 +5,8 @@ including the ones inside functions. A new import across an arrow that is not al
     service  ->  sweeps.spec, sweeps.remote, sweeps.errors, sweeps.settings (its CRITBATCH_* parsers)
     sweeps   ->  workloads.api
                  (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
+      within:  scaling -> run -> search -> pruning, analysis; run -> tracking -> analysis -> spec -> errors
+               (remote, the service's client, -> spec, files, errors, tracking.schema and .reader: never run)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
       within:  ray/ -> registry -> pretrain/, finetune/ -> train/, data/, model/ -> config, errors
                (train/ never imports data/ or model/: a workload hands the loop its model and batches)
@@ -108,6 +110,40 @@ def test_each_top_level_workloads_module_imports_only_what_is_below_it(module, a
 def test_every_top_level_workloads_module_has_a_rule():
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "workloads").glob("*.py")}
     assert modules - {"workloads/__init__.py", "workloads/api.py"} == set(WORKLOADS_TOP)
+
+
+#: what each part of ``sweeps`` may import of ``sweeps`` besides itself: the orchestration (``run``) sits above the
+#: search, the pruning, the tracking and the analysis, which sit above the spec; the REST service's client
+#: (``remote``) reaches none of the driver's packages, so the service never depends on them
+_SWEEPS_BASE = ("sweeps.errors", "sweeps.files")
+SWEEPS_LAYERS = {
+    "errors": (), "files": ("sweeps.errors",), "settings": ("sweeps.errors",),
+    "spec": ("sweeps.errors",),
+    "_compat": _SWEEPS_BASE + ("sweeps.spec",),
+    "analysis": _SWEEPS_BASE + ("sweeps.spec",),
+    "tracking": _SWEEPS_BASE + ("sweeps.spec", "sweeps.analysis"),
+    "pruning": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat"),
+    "search": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.analysis", "sweeps.pruning"),
+    "remote": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.tracking.schema", "sweeps.tracking.reader"),
+    "run": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.analysis", "sweeps.pruning", "sweeps.search",
+                           "sweeps.tracking", "sweeps.settings"),
+    "scaling": _SWEEPS_BASE + ("sweeps.spec", "sweeps.analysis", "sweeps.tracking", "sweeps.run"),
+}
+
+
+@pytest.mark.parametrize("part, allowed", SWEEPS_LAYERS.items(), ids=list(SWEEPS_LAYERS))
+def test_each_part_of_sweeps_imports_only_the_parts_below_it(part, allowed):
+    path = f"sweeps/{part}" if (ROOT / "sweeps" / part).is_dir() else f"sweeps/{part}.py"
+    own = f"sweeps.{part}"
+    bad = [(f, m) for f, m in imports_of(path) if _under(m, ("sweeps",)) and m != "sweeps"
+           and not _under(m, (own,) + allowed)]
+    assert not bad, f"{path} may import only {allowed} of sweeps: {bad}"
+
+
+def test_every_part_of_sweeps_has_a_rule():
+    parts = {p.name if p.is_dir() else p.stem for p in (ROOT / "sweeps").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert parts - {"examples"} == set(SWEEPS_LAYERS)
 
 
 def test_no_relative_imports():

@@ -267,7 +267,7 @@ def _submittable_id(spec: SweepSpec, sweep_id: str | None, into: Path) -> str:
     if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
         raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
                            "it with `critbatch run --address` against the cluster")
-    from sweeps.run.preflight import check_milestones
+    from sweeps.spec.milestones import check_milestones
 
     check_milestones(spec)  # refused here, not minutes later in the job (the service answers 422)
     sweep_id = check_sweep_id(sweep_id or default_sweep_id(spec))
@@ -293,7 +293,7 @@ def _ship_inputs(spec: SweepSpec, into: Path, *, base: Path, root: Path | None, 
         if _ship_input(fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits,
                        warnings=warnings):
             if fld == "model.hf_config":  # read as the job will (no torch): refused now (422), not in the job 30 s later
-                from sweeps.run.workload import read_hf_config
+                from sweeps.spec.hf_config import read_hf_config
                 try:
                     read_hf_config(str(into / staged_name), shown_as=path)
                 except InvalidInput as exc:
@@ -393,7 +393,7 @@ def stage_sweep(
 
     Raises:
         InvalidInput: a comparison spec (``arms``), a spec whose milestones a batch size folds
-            (:func:`sweeps.run.preflight.check_milestones`), a bad sweep id, an input too big to ship or not parsing, or a
+            (:func:`sweeps.spec.milestones.check_milestones`), a bad sweep id, an input too big to ship or not parsing, or a
             working directory over ``limits.upload_max_bytes`` (the last three as :class:`StagingError`).
         CritbatchError: ``into`` is not empty.
     """

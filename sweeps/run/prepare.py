@@ -18,7 +18,6 @@ from sweeps.run.context import PreparedSweep
 from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.preflight import (
     check_data_files,
-    check_milestones,
     check_optuna_storage,
     check_output_folder,
     check_tracking_uri,
@@ -27,6 +26,7 @@ from sweeps.run.preflight import (
     window_warnings,
 )
 from sweeps.run.state import SweepState, storage_root
+from sweeps.spec.milestones import check_milestones
 from sweeps.run.workload import WorkloadFacts, workload_config
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
@@ -54,7 +54,7 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
         the :class:`~sweeps.run.context.PreparedSweep` (paths resolved, budget planned, workload config built).
 
     Raises:
-        InvalidInput: a batch size whose step passes several milestones (``sweeps.run.preflight.check_milestones``),
+        InvalidInput: a batch size whose step passes several milestones (``sweeps.spec.milestones.check_milestones``),
             bad data, a tracking URI MLflow would refuse, an output folder that holds (or is being claimed by)
             another sweep, a bad sweep id, a sweep id bound to another spec's fingerprint, a sweep id whose
             shared storage root records other inputs (a retried job whose tokenizer, corpus, model config or

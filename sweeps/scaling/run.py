@@ -37,7 +37,7 @@ def member_spec(spec: SweepSpec, budget_tokens: int, base_lr: float | None) -> S
     """
     from pydantic import ValidationError
 
-    from sweeps.run.preflight import check_milestones
+    from sweeps.spec.milestones import check_milestones
 
     data = spec.model_dump(mode="json")
     data["name"] = f"{spec.name}.D{budget_tokens}"

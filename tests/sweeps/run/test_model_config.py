@@ -7,7 +7,8 @@ import pytest
 
 from sweeps.errors import InvalidInput
 from sweeps.run.preflight import resolve_paths
-from sweeps.run.workload import check_model, model_config, read_hf_config
+from sweeps.run.workload import check_model, model_config
+from sweeps.spec.hf_config import read_hf_config
 from sweeps.spec import parse_spec
 from workloads.api import FLOPS_CONVENTION, ModelConfig
 

@@ -150,7 +150,7 @@ def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(
 
 
 def test_reported_milestones_fold_the_milestones_one_step_passes():
-    from sweeps.run.preflight import reported_milestones
+    from sweeps.spec.milestones import reported_milestones
 
     assert reported_milestones([4096, 8192, 12288, 16384], 128) == [4096, 8192, 12288, 16384]
     assert reported_milestones([4096, 8192, 12288, 16384], 8192) == [8192, 16384]  # B=256 of 32 tokens
@@ -160,7 +160,7 @@ def test_reported_milestones_fold_the_milestones_one_step_passes():
 def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_path, tiny_spec_dict):
     """B = 256 of 32 tokens steps 8192 tokens, twice the milestone spacing, and would report
     at 2 of the 4 milestones: validate and run refuse it (exit 2, the numbers named, nothing created)."""
-    from sweeps.run.preflight import milestone_warnings
+    from sweeps.spec.milestones import milestone_warnings
     from sweeps.spec import parse_spec
     from tests.conftest import invoke_cli, write_spec
 
@@ -203,7 +203,7 @@ def test_the_main_job_and_every_example_keep_one_report_per_milestone():
     size's step lands on each), and no example spec folds milestones."""
     from pathlib import Path
 
-    from sweeps.run.preflight import check_milestones, reported_milestones
+    from sweeps.spec.milestones import check_milestones, reported_milestones
     from sweeps.spec import load_spec
 
     root = Path(__file__).resolve().parents[3]
