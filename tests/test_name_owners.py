@@ -46,3 +46,22 @@ def test_every_lr_rule_the_spec_allows_has_an_exponent():
     from workloads.train.scaling import LR_RULE_EXPONENTS
 
     assert set(LR_RULE_EXPONENTS) == set(LR_RULES) == _allowed(SearchSpec, "lr_rules")
+
+
+def test_the_launchers_and_the_spec_name_the_same_launchers(tiny_spec_dict):
+    """``resources.launcher`` chooses how trials are launched; unset, it leaves the spec's dump (and so every
+    fingerprint) as before it existed, and the driver's CRITBATCH_TRIAL_RUNNERS decides."""
+    from sweeps.run.trainable import LAUNCHERS, use_trial_runners
+    from sweeps.settings import Settings
+    from sweeps.spec.sections import LAUNCHER_NAMES, ResourcesSpec
+
+    assert set(LAUNCHERS) == set(LAUNCHER_NAMES) == _allowed(ResourcesSpec, "launcher")
+    unset = SweepSpec.model_validate(tiny_spec_dict)
+    assert "launcher" not in unset.model_dump()["resources"]
+    per_trial = SweepSpec.model_validate({**tiny_spec_dict, "resources": {"launcher": "train_run_per_trial"}})
+    assert per_trial.fingerprint() != unset.fingerprint()
+    env_off = Settings(trial_runners=False)
+    assert use_trial_runners(unset) and not use_trial_runners(unset, env_off)
+    assert not use_trial_runners(per_trial)
+    runners = SweepSpec.model_validate({**tiny_spec_dict, "resources": {"launcher": "trial_runners"}})
+    assert use_trial_runners(runners, env_off)  # the spec's choice over the environment's

@@ -45,7 +45,7 @@ from workloads.api import (
 
 __all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config",
            "training_params", "make_trainable", "run_trial", "SweepTrials", "train_run_name", "batch_plan_params",
-           "reuse_trial_actors"]
+           "reuse_trial_actors", "LAUNCHERS"]
 
 _trials_in_this_process = 0
 
@@ -84,12 +84,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: the launchers ``resources.launcher`` names (``sweeps.spec.sections.Launcher``): whether each runs the trials in
+#: long-lived trial runners (``sweeps.run.runners``) or in a Ray Train run of their own
+LAUNCHERS = {"trial_runners": True, "train_run_per_trial": False}
+
+
 def use_trial_runners(spec: SweepSpec, settings: Settings | None = None) -> bool:
     """Whether the sweep's trials run in long-lived trial runners (``sweeps.run.runners``) rather than one
-    Ray Train run each: always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is set in the driver's environment
-    (``settings.trial_runners``; default settings: from the environment) (the one-trial worker groups, kept
-    for comparison and as a way out).
+    Ray Train run each: as ``resources.launcher`` says; unset, always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is
+    set in the driver's environment (``settings.trial_runners``; default settings: from the environment) (the
+    one-trial worker groups, kept for comparison and as a way out).
     """
+    if spec.resources.launcher is not None:
+        return LAUNCHERS[spec.resources.launcher]
     return (settings or Settings.from_env()).trial_runners
 
 

@@ -18,7 +18,7 @@ Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
@@ -235,6 +235,11 @@ class SyncSpec(SyncConfig):
     """
 
 
+#: how a sweep launches its trials (``resources.launcher``; ``sweeps.run.trainable.LAUNCHERS`` runs each)
+Launcher = Literal["trial_runners", "train_run_per_trial"]
+LAUNCHER_NAMES: tuple[str, ...] = get_args(Launcher)
+
+
 class ResourcesSpec(_Strict):
     """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
 
@@ -257,11 +262,22 @@ class ResourcesSpec(_Strict):
     mixed_precision: MixedPrecision = TRAINING_FIELDS["mixed_precision"]
     sync: SyncSpec = Field(default_factory=SyncSpec,
                            description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)")
+    launcher: Launcher | None = Field(default=None, description=(
+        "how trials are launched: trial_runners (long-lived worker groups that take one trial after another) or "
+        "train_run_per_trial (a Ray Train run per trial); unset: trial_runners, or train_run_per_trial where the "
+        "driver's environment sets CRITBATCH_TRIAL_RUNNERS=0. The trials' results are the same either way"))
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        # a section pickled before ``launcher`` existed (Tune's state of an older sweep) loads with it unset
+        state.get("__dict__", {}).setdefault("launcher", None)
+        super().__setstate__(state)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         # a spec that leaves the training options at their defaults dumps (and fingerprints) as before they existed
         out = handler(self)
+        if self.launcher is None:
+            out.pop("launcher", None)
         if self.sync.mode == "ddp":  # its other fields are not read under ddp: the section as before it existed
             out.pop("sync", None)
         return {k: v for k, v in out.items() if k not in _TRAINING_DEFAULTS or v != _TRAINING_DEFAULTS[k]}

@@ -96,7 +96,8 @@ def test_an_unknown_optimizer_is_refused_naming_the_field(tiny_spec_dict):
 
 def test_the_spec_and_the_worker_know_the_same_optimizers():
     from sweeps.spec.sections import OPTIMIZER_NAMES, OptimizerSpec
-    from workloads import config, optim
+    from workloads import config
+    from workloads.train import optim
 
     assert OPTIMIZER_NAMES == config.OPTIMIZER_NAMES
     assert all(OptimizerSpec(name=n).reads_beta2 == optim.reads_beta2(n) for n in OPTIMIZER_NAMES)
