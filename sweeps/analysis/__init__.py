@@ -6,12 +6,14 @@ imports neither Ray nor MLflow.
 
 from sweeps.analysis.fit import (INTERVAL_METHOD, STATUSES, HyperbolaFit, analyze_points, cbs_20, cbs_20_interval,
                                  fit_hyperbola, interval_b_crit)
-from sweeps.analysis.sweep import analyze_csv, analyze_trials, analyze_trials_file, analyze_trials_files, finite_json
+from sweeps.analysis.result import finite_json, finite_result, with_sweep_fields
+from sweeps.analysis.sweep import analyze_csv, analyze_trials, analyze_trials_file, analyze_trials_files
+from sweeps.spec.result import CbsResult
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, censored_points, choose_targets, steps_to_target_points,
                                      tokens_to_target)
 
 __all__ = [
     "HyperbolaFit", "fit_hyperbola", "interval_b_crit", "cbs_20", "cbs_20_interval", "analyze_points", "tokens_to_target", "choose_targets",
     "steps_to_target_points", "censored_points", "analyze_trials", "analyze_csv", "analyze_trials_file", "analyze_trials_files", "TrialRecord", "TARGET_RULE",
-    "INTERVAL_METHOD", "STATUSES", "finite_json",
+    "INTERVAL_METHOD", "STATUSES", "finite_json", "finite_result", "with_sweep_fields", "CbsResult",
 ]

@@ -23,18 +23,10 @@ from sweeps.analysis.summary import caveats, headline
 from sweeps.analysis.targets import (TARGET_RULE, TARGET_RULE_GIVEN, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
+from sweeps.analysis.result import SWEEP_FIELDS, finite_json, with_sweep_fields
+from sweeps.spec.result import CbsResult
 
-__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv", "finite_json"]
-
-def finite_json(o: Any) -> Any:
-    """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: finite_json(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite_json(v) for v in o]
-    return o
+__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv"]
 
 
 def analyze_trials(
@@ -46,7 +38,7 @@ def analyze_trials(
     targets: list[float] | None = None,
     level: float = 0.95,
     tokens_per_sequence: float | None = None,
-) -> dict[str, Any]:
+) -> CbsResult:
     """The sweep's critical batch size from its trials (the content of ``cbs.json``).
 
     ``tokens_per_sequence`` is the number of real (counted) tokens one sequence of the batch holds:
@@ -58,7 +50,7 @@ def analyze_trials(
     all that batch size's trials of that seed (:func:`steps_to_target_points`, :data:`TARGET_RULE`).
     The fit and its interval are :func:`analyze_points`.
 
-    Returns a dict with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
+    Returns a :class:`~sweeps.spec.result.CbsResult` with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
     ``cbs_20``, ``b_compute_overhead_20`` (each with its ``_ci``: ``b_crit_ci`` mapped through it), ``s_min``,
     ``e_min``, ``target_loss``, ``status``,
     ``message``; ``target_rule`` and ``interval_method`` (how points and intervals are made);
@@ -138,13 +130,13 @@ def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, A
     return result
 
 
-def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
+def _with_headline(result: dict[str, Any]) -> CbsResult:
     """``result`` with its ``headline`` (the answer in one sentence, :func:`sweeps.analysis.summary.headline`)
     as its first key, so ``cbs.json`` opens with the answer, and its ``caveats`` (what the interval does not
     cover, :func:`sweeps.analysis.summary.caveats`)."""
     out = {"headline": headline(result), **result}
     out["caveats"] = caveats(out)
-    return out
+    return CbsResult.model_validate(out)
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
@@ -316,7 +308,7 @@ def _read_json(path: Path, *, missing: str) -> Any:
 
 
 def analyze_trials_file(path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None,
-                        level: float = 0.95) -> dict[str, Any]:
+                        level: float = 0.95) -> CbsResult:
     """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
@@ -349,11 +341,7 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
-    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer",
-              "provenance"):
-        if k in prev and k not in out:
-            out[k] = prev[k]
-    return out
+    return with_sweep_fields(out, **{k: prev[k] for k in SWEEP_FIELDS if k in prev and k not in out.model_fields_set})
 
 
 def _spec_targets(path: Path) -> list[float] | None:
@@ -388,8 +376,8 @@ def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | No
         targets = [float(t["target_loss"]) for t in first.get("targets") or [] if t.get("target_loss") is not None]
         if not targets:
             raise InvalidInput(f"--trials: {paths[0]}'s cbs.json declares no targets: give --target")
-    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets, level=level)}
-           for p in paths]
+    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets,
+                                                  level=level).to_json_dict()} for p in paths]
     return {"targets": sorted(targets, reverse=True), "sweeps": out}
 
 

@@ -39,6 +39,20 @@ class _Record(BaseModel):
         """The JSON object this record is written as: its given keys in field order, then the unnamed ones."""
         return self.model_dump(mode="python", exclude_unset=True)
 
+    # read access by JSON key, for code that handles cbs.json as parsed JSON (``cbs["b_crit"]``): a key the
+    # record was not given reads as absent, as it would in the file
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set or key in (self.model_extra or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of JSON key ``key``, or ``default`` if the record does not have it."""
+        return self[key] if key in self else default
+
 
 class TrialCounts(_Record):
     """How many of the sweep's trials ended in each status."""
