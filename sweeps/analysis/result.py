@@ -23,7 +23,7 @@ def finite_json(o: Any) -> Any:
     """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity); a record of ``cbs.json``
     (:class:`~sweeps.spec.result.CbsResult` or one of its parts) becomes the JSON object it is written as."""
     if isinstance(o, BaseModel):
-        return finite_json(o.model_dump(mode="python", exclude_unset=True))
+        return finite_json(o.model_dump(mode="python"))
     if isinstance(o, float):
         return o if math.isfinite(o) else None
     if isinstance(o, dict):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 __all__ = ["CbsResult", "TargetFit", "TargetPoint", "CensoredPoint", "BatchRecord", "NoiseScaleSeries", "LrAtBatch",
-           "TrialCounts", "MlflowRuns", "BestCheckpoint", "Interval"]
+           "TrialsByStatus", "MlflowRuns", "BestCheckpoint", "Interval"]
 
 #: ``[lo, hi]``: ``hi`` None when the interval is unbounded above (``lo`` None only where a record says so)
 Interval = list[Optional[float]]
@@ -35,9 +35,16 @@ class _Record(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    @model_serializer(mode="wrap")
+    def _given_keys_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # every dump (cbs.json, the REST response) holds the keys the record was given, absent ones absent
+        out = handler(self)
+        given = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in out.items() if k in given}
+
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object this record is written as: its given keys in field order, then the unnamed ones."""
-        return self.model_dump(mode="python", exclude_unset=True)
+        return self.model_dump(mode="python")
 
     # read access by JSON key, for code that handles cbs.json as parsed JSON (``cbs["b_crit"]``): a key the
     # record was not given reads as absent, as it would in the file
@@ -54,7 +61,7 @@ class _Record(BaseModel):
         return self[key] if key in self else default
 
 
-class TrialCounts(_Record):
+class TrialsByStatus(_Record):
     """How many of the sweep's trials ended in each status."""
 
     COMPLETED: int = 0
@@ -198,7 +205,7 @@ class CbsResult(_Record):
     """
 
     headline: Optional[str] = None
-    trials: Optional[TrialCounts] = None
+    trials: Optional[TrialsByStatus] = None
     reference_batch: Optional[float] = None
     context_length_tokens: Optional[int] = None
     tokens_per_sequence: Optional[float] = None
