@@ -113,7 +113,8 @@ def _loss_vs_flops(curves: dict, colors: dict, targets: list[TargetFit]):
         x = flops if np.all(flops > 0) else tok
         ax.plot(x, loss, marker="o", ms=3, color=colors[b], label=f"B={b}")
     for t in targets:
-        ax.axhline(t.target_loss, color="grey", lw=0.6, ls=":")
+        if t.target_loss is not None:
+            ax.axhline(t.target_loss, color="grey", lw=0.6, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs" if bs and np.all(curves[bs[0]][1] > 0) else "tokens seen")
     ax.set_ylabel("validation loss (nats/token)")

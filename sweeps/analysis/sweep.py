@@ -287,7 +287,7 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
             "best_config_at_budget": ts[0].hyperparameters,
             "trial_ids_at_budget": [t.trial_id for t in ts],
             "seeds": [t.seed for t in ts],
-            "loss_at_budget": float(np.mean([t.final_loss for t in ts])),
+            "loss_at_budget": float(np.mean(np.asarray([t.final_loss for t in ts]))),
             "budget_tokens": budget.get(b),
             "tokens_trained": trained.get(b),
             "trials": sum(1 for t in trials if t.batch_size_sequences == b and t.tokens),
