@@ -169,7 +169,7 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
     state: dict[str, Any] = {"targets": None}
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
-        return sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps), list(records)
+        return sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps).to_json_dict(), list(records)
 
     def report(waves: Any, outcome: Any, planned: int, targets: list[float] | None) -> None:
         state["targets"], state["outcome"] = targets, outcome
@@ -209,7 +209,7 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
         objective = math.log(256.0) if diverged else loss[-1]
         searcher.on_trial_complete(tid, {OBJECTIVE: objective, "val_loss": None if diverged else loss[-1]})
     targets = state["targets"]
-    analysis = sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps)
+    analysis = sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps).to_json_dict()
     analysis["compute_budgets"] = sum(max(r.tokens) for r in records if r.tokens) / spec.budget_tokens / len(seeds)
     analysis["n_trials"] = len(records)
     analysis["replay_outcome"] = state.get("outcome")

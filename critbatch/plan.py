@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
         when no folder is written or with --json.
         """
         from sweeps.analysis.plan_files import load_plan_inputs, make_plan, plan_summary, write_plan
-        from sweeps.analysis.sweep import finite_json
+        from sweeps.analysis import finite_json
         from critbatch.common import console
         from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from sweeps.remote import TrialCounts
+from sweeps.spec.result import CbsResult
 from sweeps.spec.statuses import SERVED_STATUSES
 
 #: trials by outcome (``done``: completed normally; ``stopped``: cut short by a stop); the dataclass that
@@ -104,7 +105,7 @@ class ReportOut(BaseModel):
 
     id: str
     status: SweepStatusName
-    cbs: dict[str, Any]
+    cbs: CbsResult | None
     mlflow: dict[str, Any]
 
 

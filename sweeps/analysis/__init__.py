@@ -1,17 +1,22 @@
-"""The analysis: trials -> steps to a target per batch size (:mod:`~sweeps.analysis.targets`) -> the
-hyperbola fit and its interval (:mod:`~sweeps.analysis.fit`) -> ``cbs.json`` (:mod:`~sweeps.analysis.sweep`)
+"""The analysis: trials -> steps to a target per batch size (:mod:`~sweeps.analysis.targets`) -> a fit by name
+(:mod:`~sweeps.analysis.fits`; the hyperbola, :mod:`~sweeps.analysis.fit`) and its interval -> ``cbs.json``
+(:mod:`~sweeps.analysis.sweep`, its record :class:`~sweeps.spec.result.CbsResult`)
 -> the HTML report (:mod:`~sweeps.analysis.report`, imported on its own: it loads matplotlib). Pure:
 imports neither Ray nor MLflow.
 """
 
 from sweeps.analysis.fit import (INTERVAL_METHOD, STATUSES, HyperbolaFit, analyze_points, cbs_20, cbs_20_interval,
                                  fit_hyperbola, interval_b_crit)
-from sweeps.analysis.sweep import analyze_csv, analyze_trials, analyze_trials_file, analyze_trials_files, finite_json
+from sweeps.analysis.fits import DEFAULT_FIT, Fit, fit_names, get_fit, register_fit
+from sweeps.analysis.result import finite_json, finite_result, with_sweep_fields
+from sweeps.analysis.sweep import analyze_csv, analyze_trials, analyze_trials_file, analyze_trials_files
+from sweeps.spec.result import CbsResult
 from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, censored_points, choose_targets, steps_to_target_points,
                                      tokens_to_target)
 
 __all__ = [
     "HyperbolaFit", "fit_hyperbola", "interval_b_crit", "cbs_20", "cbs_20_interval", "analyze_points", "tokens_to_target", "choose_targets",
     "steps_to_target_points", "censored_points", "analyze_trials", "analyze_csv", "analyze_trials_file", "analyze_trials_files", "TrialRecord", "TARGET_RULE",
-    "INTERVAL_METHOD", "STATUSES", "finite_json",
+    "INTERVAL_METHOD", "STATUSES", "finite_json", "finite_result", "with_sweep_fields", "CbsResult",
+    "Fit", "register_fit", "get_fit", "fit_names", "DEFAULT_FIT",
 ]

@@ -128,6 +128,7 @@ def _newton_shift(w: np.ndarray, v: np.ndarray, sg: np.ndarray) -> np.ndarray:
         s_d = -(h_tt * g_d - h_dt * g_t) / det
         s_t = -(h_dd * g_t - h_dt * g_d) / det
         step = np.ones_like(delta)
+        nf = np.full_like(delta, np.inf)  # each halving below sets it
         for _ in range(30):  # halve where the step leaves theta > 0 or raises the objective
             nt = theta + step * s_t
             ok = nt > 0

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from sweeps.spec.result import CbsResult, TargetFit
+
 __all__ = ["compare_arms", "ArmResult", "overlap"]
 
 #: what each arm row carries from its sweep (besides the fits)
@@ -45,36 +47,36 @@ def _scaled(ci: list[float | None] | None, factor: float) -> list[float | None] 
     return [x * factor if x is not None else None for x in ci] if ci else None
 
 
-def _target_row(fit: dict[str, Any], every: int, tokens_per_sequence: float) -> dict[str, Any]:
+def _target_row(fit: TargetFit, every: int, tokens_per_sequence: float) -> dict[str, Any]:
     """One arm at one target: the fit, its points with synchronizations, and ``syncs_min``."""
-    s_min, e_min = fit.get("s_min"), fit.get("e_min")
+    s_min, e_min = fit.s_min, fit.e_min
     points = []
-    for p in fit.get("points", []):
-        points.append({"batch_size_sequences": p["batch_size_sequences"], "seed": p.get("seed"),
-                       "steps_to_target": p["steps_to_target"], "tokens_to_target": p["tokens_to_target"],
-                       "syncs_to_target": p["steps_to_target"] / every, "trial_id": p.get("trial_id")})
+    for p in fit.points or []:
+        points.append({"batch_size_sequences": p.batch_size_sequences, "seed": p.seed,
+                       "steps_to_target": p.steps_to_target, "tokens_to_target": p.tokens_to_target,
+                       "syncs_to_target": p.steps_to_target / every, "trial_id": p.trial_id})
     return {
-        "target_loss": fit["target_loss"],
-        "b_crit": fit.get("b_crit"),
-        "b_crit_ci": fit.get("b_crit_ci"),
-        "b_crit_bound": fit.get("b_crit_bound"),
-        "b_crit_tokens": fit["b_crit"] * tokens_per_sequence if fit.get("b_crit") is not None else None,
-        "status": fit.get("status"),
-        "message": fit.get("message", ""),
+        "target_loss": fit.target_loss,
+        "b_crit": fit.b_crit,
+        "b_crit_ci": fit.b_crit_ci,
+        "b_crit_bound": fit.b_crit_bound,
+        "b_crit_tokens": fit.b_crit * tokens_per_sequence if fit.b_crit is not None else None,
+        "status": fit.status,
+        "message": fit.message if "message" in fit.model_fields_set else "",
         "s_min": s_min,
-        "s_min_ci": fit.get("s_min_ci"),
+        "s_min_ci": fit.s_min_ci,
         "e_min": e_min,
-        "e_min_ci": fit.get("e_min_ci"),
+        "e_min_ci": fit.e_min_ci,
         "e_min_tokens": e_min * tokens_per_sequence if e_min is not None else None,
-        "e_min_tokens_ci": _scaled(fit.get("e_min_ci"), tokens_per_sequence),
+        "e_min_tokens_ci": _scaled(fit.e_min_ci, tokens_per_sequence),
         "syncs_min": s_min / every if s_min is not None else None,
-        "syncs_min_ci": _scaled(fit.get("s_min_ci"), 1.0 / every),
-        "n_batch_sizes": fit.get("n_batch_sizes"),
+        "syncs_min_ci": _scaled(fit.s_min_ci, 1.0 / every),
+        "n_batch_sizes": fit.n_batch_sizes,
         "points": points,
     }
 
 
-def compare_arms(arms: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+def compare_arms(arms: list[tuple[str, dict[str, Any], CbsResult | None]]) -> dict[str, Any]:
     """Set the arms' critical batch sizes side by side at the reference arm's targets.
 
     Args:
@@ -99,13 +101,13 @@ def compare_arms(arms: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> dict
     if len(arms) < 2:
         raise ValueError(f"a comparison needs at least 2 arms, got {len(arms)}")
     ref_name, _, ref_analysis = arms[0]
-    targets = [t["target_loss"] for t in (ref_analysis or {}).get("targets", [])]
-    primary = (ref_analysis or {}).get("target_loss")
+    targets = [t.target_loss for t in ref_analysis.targets or []] if ref_analysis is not None else []
+    primary = ref_analysis.target_loss if ref_analysis is not None else None
     rows = []
     for name, info, analysis in arms:
         every = int(info.get("sync_every_steps") or 1)
-        tps = float((analysis or {}).get("tokens_per_sequence") or (analysis or {}).get("context_length_tokens") or 1)
-        fits = {t["target_loss"]: t for t in (analysis or {}).get("targets", [])}
+        tps = float(analysis.tokens_per_sequence or analysis.context_length_tokens or 1) if analysis is not None else 1.0
+        fits = {t.target_loss: t for t in analysis.targets or []} if analysis is not None else {}
         rows.append({"name": name, **{k: info.get(k) for k in ARM_FIELDS},
                      "targets": [_target_row(fits[t], every, tps) if t in fits else
                                  {"target_loss": t, "b_crit": None, "b_crit_ci": None, "status": "not_analysed",

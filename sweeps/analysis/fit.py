@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 from scipy.optimize import brentq, minimize_scalar
@@ -100,7 +100,7 @@ def _limit_sse(B: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(((y - y.mean()) ** 2).sum()), float(((w - w.mean()) ** 2).sum())
 
 
-def fit_hyperbola(batch_sizes: Sequence[float], steps: Sequence[float]) -> HyperbolaFit:
+def fit_hyperbola(batch_sizes: Sequence[float] | np.ndarray, steps: Sequence[float] | np.ndarray) -> HyperbolaFit:
     """Fit ``S = S_min + E_min/B`` (McCandlish et al. 2018, Eq. 2.11) by least squares in ``log S``.
 
     Minimises ``sum_i (log S_i - log(S_min + E_min/B_i))^2`` over ``S_min, E_min >= 0``. Writing
@@ -125,7 +125,7 @@ def fit_hyperbola(batch_sizes: Sequence[float], steps: Sequence[float]) -> Hyper
     obj, _ = _profile_sse(B, y, grid)
     i = int(np.argmin(obj))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    r = minimize_scalar(lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), bounds=(a, b), method="bounded",
+    r: Any = minimize_scalar(lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), bounds=(a, b), method="bounded",
                         options={"xatol": 1e-10})
     u_best = float(r.x)
     obj_best, m_best = _profile_sse(B, y, np.array([u_best]))
@@ -207,7 +207,7 @@ def _profile_setup(batch_sizes: Sequence[float], steps: Sequence[float],
     sse_min = fit.rms_log_residual ** 2 * n
     if sse_min <= 1e-24:
         return B, y, fit, None
-    return B, y, fit, sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2))
+    return B, y, fit, float(sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2)))
 
 
 def _walk_region(sse: Any, u0: float, threshold: float, *, limit_low: float, limit_high: float) -> tuple[float, float]:
@@ -225,7 +225,7 @@ def _walk_region(sse: Any, u0: float, threshold: float, *, limit_low: float, lim
         for k in range(1, 400):
             u = u0 + direction * 0.05 * k
             if f(u) > 0:
-                return math.exp(brentq(f, min(inside, u), max(inside, u), xtol=1e-10))
+                return math.exp(cast(float, brentq(f, min(inside, u), max(inside, u), xtol=1e-10)))
             inside = u
         if direction < 0:
             return 0.0 if limit_low <= inside_limit else math.exp(inside)
@@ -240,7 +240,8 @@ def _min_over(obj: Any, lo: float, hi: float) -> float:
     vals = obj(grid)
     i = int(np.argmin(vals))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    r = minimize_scalar(lambda v: float(obj(np.array([v]))[0]), bounds=(a, b), method="bounded", options={"xatol": 1e-9})
+    r: Any = minimize_scalar(lambda v: float(obj(np.array([v]))[0]), bounds=(a, b), method="bounded",
+                             options={"xatol": 1e-9})
     return float(min(vals[i], r.fun))
 
 

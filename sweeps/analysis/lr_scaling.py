@@ -69,7 +69,7 @@ def best_lr_per_batch(trials: list[TrialRecord], target: float) -> list[dict[str
         reached = [(lr, tok) for lr, tok in rows if math.isfinite(tok)]
         if not reached:
             continue
-        entry = {"batch_size_sequences": b, "n_trials_to_target": len(reached), "n_trials": len(rows)}
+        entry: dict[str, Any] = {"batch_size_sequences": b, "n_trials_to_target": len(reached), "n_trials": len(rows)}
         vertex = _quadratic_optimum([math.log(lr) for lr, _ in reached], [math.log(tok) for _, tok in reached])
         if vertex is not None:
             entry |= {"best_lr": math.exp(vertex), "method": "quadratic"}
@@ -120,7 +120,7 @@ def lr_exponent_fit(batch_sizes: list[float], lrs: list[float], level: float = 0
     if len(set(batch_sizes)) < 3 or len(batch_sizes) != len(lrs):
         return None
     x, y = np.log(np.asarray(batch_sizes, dtype=float)), np.log(np.asarray(lrs, dtype=float))
-    res = stats.linregress(x, y)
+    res: Any = stats.linregress(x, y)
     dof = len(x) - 2
     half = stats.t.ppf(0.5 + level / 2, dof) * res.stderr if dof > 0 else math.inf
     lo, hi = float(res.slope - half), float(res.slope + half)

@@ -33,6 +33,7 @@ from typing import Any, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from sweeps.errors import InvalidInput
+from sweeps.spec.result import TargetFit
 
 __all__ = ["ClusterSpec", "ring_allreduce_s", "steps_to_target", "plan_target", "plan_rows", "knee_devices",
            "knee_label", "extrapolation", "default_batch_grid", "device_grid", "KNEE_THRESHOLD"]
@@ -205,10 +206,10 @@ def _best(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     return min(ok, key=lambda r: (r["time_to_target_s"], r["device_hours"])) if ok else None
 
 
-def plan_target(fit: dict[str, Any], *, tokens_per_sequence: float, flops_per_token: float, gradient_bytes: float,
+def plan_target(fit: TargetFit, *, tokens_per_sequence: float, flops_per_token: float, gradient_bytes: float,
                 cluster: ClusterSpec, batch_sizes_sequences: Optional[Sequence[int]] = None, sync_every_steps: int = 1,
                 swept: Optional[tuple[float, float]] = None, threshold: float = KNEE_THRESHOLD) -> dict[str, Any]:
-    """The plan for one fitted target (``fit``: a ``cbs.json`` target or ``analyze`` result, with
+    """The plan for one fitted target (``fit``: a ``cbs.json`` target or an ``analyze --csv`` result, with
     ``s_min``, ``e_min`` and optionally ``target_loss``, ``b_crit``, ``status``).
 
     Returns ``rows`` (:func:`plan_rows`), ``best`` (the row with the least time to target within the
@@ -219,11 +220,11 @@ def plan_target(fit: dict[str, Any], *, tokens_per_sequence: float, flops_per_to
     Raises:
         InvalidInput: a fit without ``s_min``/``e_min`` (its ``status`` says why), or bad sizes.
     """
-    if fit.get("s_min") is None or fit.get("e_min") is None:
-        raise InvalidInput(f"no fit for target {fit.get('target_loss')} (status {fit.get('status')})")
-    s_min, e_min = float(fit["s_min"]), float(fit["e_min"])
+    if fit.s_min is None or fit.e_min is None:
+        raise InvalidInput(f"no fit for target {fit.target_loss} (status {fit.status})")
+    s_min, e_min = float(fit.s_min), float(fit.e_min)
     grid = list(batch_sizes_sequences) if batch_sizes_sequences else default_batch_grid(swept, cluster.devices,
-                                                                                         fit.get("b_crit"))
+                                                                                         fit.b_crit)
     rows = plan_rows(s_min=s_min, e_min=e_min, tokens_per_sequence=tokens_per_sequence,
                      flops_per_token=flops_per_token, gradient_bytes=gradient_bytes, cluster=cluster,
                      batch_sizes_sequences=grid, sync_every_steps=sync_every_steps, swept=swept)
@@ -239,8 +240,8 @@ def plan_target(fit: dict[str, Any], *, tokens_per_sequence: float, flops_per_to
             knee_by_batch[str(b)] = k
     inside = [r for r in rows if r["extrapolation"] in ("inside", None)]
     return {
-        "target_loss": fit.get("target_loss"), "status": fit.get("status"), "s_min": s_min, "e_min": e_min,
-        "b_crit": fit.get("b_crit"), "b_crit_bound": fit.get("b_crit_bound"),
+        "target_loss": fit.target_loss, "status": fit.status, "s_min": s_min, "e_min": e_min,
+        "b_crit": fit.b_crit, "b_crit_bound": fit.b_crit_bound,
         "swept_batch_sizes": list(swept) if swept else None,
         "best": _best(rows), "best_inside_range": _best(inside) if swept else None,
         "knee": knee_devices(by_n, threshold), "knee_by_batch": knee_by_batch, "rows": rows,

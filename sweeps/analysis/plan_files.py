@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
+from pydantic import ValidationError
 
 from sweeps.analysis.plan import KNEE_THRESHOLD, ClusterSpec, knee_label, plan_target
 from sweeps.errors import InvalidInput
 from sweeps.files import write_atomic
+from sweeps.spec.result import CbsResult, TargetFit
 
 __all__ = ["load_plan_inputs", "make_plan", "write_plan", "plot_plan", "plan_summary", "spec_sync_every_steps",
            "MODEL_TEXT"]
@@ -95,15 +97,19 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
                            f"and sync period, e.g. critbatch plan {where / (arms[0] if arms else 'NAME')}")
     is_cbs = "targets" in data or "per_batch" in data
     if is_cbs:
-        per_batch = [float(r["batch_size_sequences"]) for r in data.get("per_batch") or [] if "batch_size_sequences" in r]
+        try:
+            cbs = CbsResult.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidInput(f"plan: {p} is not a cbs.json this version reads: {exc}") from None
+        per_batch = [float(r.batch_size_sequences) for r in cbs.per_batch or []]
         fallback = swept or ((min(per_batch), max(per_batch)) if per_batch else None)
-        raw = data.get("targets") or [data]
+        raw = [t.to_json_dict() for t in cbs.targets or []] or [data]
         fits = [dict(t, swept=swept or _swept_of(t, fallback)) for t in raw]
-        headline = data.get("target_loss")
-        tps = tokens_per_sequence or data.get("tokens_per_sequence") or data.get("context_length_tokens")
-        fpt = flops_per_token or data.get("flops_per_token")
+        headline = cbs.target_loss
+        tps = tokens_per_sequence or cbs.tokens_per_sequence or cbs.context_length_tokens
+        fpt = flops_per_token or cbs.flops_per_token
         n_params, n_src = (params, "--params") if params else (
-            (data["n_params"], "cbs.json n_params") if data.get("n_params") else (None, None))
+            (cbs.n_params, "cbs.json n_params") if cbs.n_params else (None, None))
     else:
         if "s_min" in data or "status" in data:
             fits = [dict(data, swept=swept)]
@@ -165,7 +171,7 @@ def make_plan(inputs: dict[str, Any], cluster: ClusterSpec, *, grad_bytes_per_pa
         if f.get("s_min") is None or f.get("e_min") is None:
             skipped.append({"target_loss": f.get("target_loss"), "status": f.get("status"), "message": f.get("message")})
             continue
-        t = plan_target(f, tokens_per_sequence=inputs["tokens_per_sequence"], flops_per_token=inputs["flops_per_token"],
+        t = plan_target(TargetFit.model_validate(f), tokens_per_sequence=inputs["tokens_per_sequence"], flops_per_token=inputs["flops_per_token"],
                         gradient_bytes=gradient_bytes, cluster=cluster, batch_sizes_sequences=batch_sizes_sequences,
                         sync_every_steps=h, swept=f.get("swept"), threshold=threshold)
         if "group" in f:
@@ -266,7 +272,7 @@ def plan_summary(plan: dict[str, Any]) -> str:
 def write_plan(out_dir: Path, plan: dict[str, Any]) -> dict[str, Optional[Path]]:
     """Write ``out_dir/plan.json`` and ``out_dir/plots/plan.png``; returns their paths (the plot None if
     nothing to plot)."""
-    from sweeps.analysis.sweep import finite_json
+    from sweeps.analysis.result import finite_json
 
     p = out_dir / "plan.json"
     write_atomic(p, json.dumps(finite_json(plan), indent=2))

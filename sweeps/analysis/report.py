@@ -17,6 +17,7 @@ from sweeps.files import write_atomic  # noqa: E402
 
 from sweeps.analysis.summary import (  # noqa: E402
     budget_text, censored_text, definitions_text, describe_status, headline, interval_ends_text, swept_range)
+from sweeps.spec.result import BatchRecord, CbsResult, LrAtBatch, TargetFit  # noqa: E402
 
 __all__ = ["write_report", "make_plots", "PLOT_CAPTIONS"]
 
@@ -76,7 +77,7 @@ def _envelopes(records: list) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndar
     return out
 
 
-def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_length_tokens: int) -> dict[str, Path]:
+def make_plots(out_dir: Path, analysis: CbsResult, records: list, context_length_tokens: int) -> dict[str, Path]:
     """Write the report's plots as PNG files under ``out_dir``; returns name -> path (a plot with
     nothing to show is not written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -84,14 +85,14 @@ def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_l
     cmap = plt.get_cmap("viridis")
     bs = sorted(curves)
     colors = {b: cmap(i / max(len(bs) - 1, 1)) for i, b in enumerate(bs)}
-    targets = analysis.get("targets") or []
+    targets = analysis.targets or []
     figures = {
         "loss_vs_flops": _loss_vs_flops(curves, colors, targets),
         "steps_to_target": _to_target(targets, "steps", context_length_tokens),
         "tokens_to_target": _to_target(targets, "tokens", context_length_tokens),
         "b_crit_by_target": _b_crit_by_target(targets),
         "b_simple": _b_simple(analysis, colors),
-        "local_cbs": _local_cbs(analysis.get("local_cbs") or []),
+        "local_cbs": _local_cbs(analysis.local_cbs or []),
     }
     paths: dict[str, Path] = {}
     for name, fig in figures.items():
@@ -103,7 +104,7 @@ def make_plots(out_dir: Path, analysis: dict[str, Any], records: list, context_l
     return paths
 
 
-def _loss_vs_flops(curves: dict, colors: dict, targets: list[dict]):
+def _loss_vs_flops(curves: dict, colors: dict, targets: list[TargetFit]):
     """Validation loss against training FLOPs (tokens if FLOPs are unknown), one curve per batch size."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     bs = sorted(curves)
@@ -112,7 +113,8 @@ def _loss_vs_flops(curves: dict, colors: dict, targets: list[dict]):
         x = flops if np.all(flops > 0) else tok
         ax.plot(x, loss, marker="o", ms=3, color=colors[b], label=f"B={b}")
     for t in targets:
-        ax.axhline(t["target_loss"], color="grey", lw=0.6, ls=":")
+        if t.target_loss is not None:
+            ax.axhline(t.target_loss, color="grey", lw=0.6, ls=":")
     ax.set_xscale("log")
     ax.set_xlabel("training FLOPs" if bs and np.all(curves[bs[0]][1] > 0) else "tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
@@ -121,25 +123,25 @@ def _loss_vs_flops(curves: dict, colors: dict, targets: list[dict]):
     return fig
 
 
-def _to_target(targets: list[dict], kind: str, T: int):
+def _to_target(targets: list[TargetFit], kind: str, T: int):
     """Steps (``kind="steps"``) or tokens to each target against batch size, with the fitted hyperbola."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     tc = plt.get_cmap("plasma")
     for i, t in enumerate(targets):
-        pts = t.get("points") or []
+        pts = t.points or []
         if not pts:
             continue
         c = tc(i / max(len(targets) - 1, 1))
-        B = np.array([p["batch_size_sequences"] for p in pts], dtype=float)
-        S = np.array([p["steps_to_target"] for p in pts], dtype=float)
+        B = np.array([p.batch_size_sequences for p in pts], dtype=float)
+        S = np.array([p.steps_to_target for p in pts], dtype=float)
         y = S if kind == "steps" else S * B * T
-        ax.scatter(B, y, color=c, s=18, label=f"L*={t['target_loss']:.3f}")
-        if t.get("s_min") is not None and t.get("e_min") is not None:
+        ax.scatter(B, y, color=c, s=18, label=f"L*={t.target_loss:.3f}")
+        if t.s_min is not None and t.e_min is not None:
             grid = np.geomspace(B.min() / 1.5, B.max() * 1.5, 100)
-            fit_s = t["s_min"] + t["e_min"] / grid
+            fit_s = t.s_min + t.e_min / grid
             ax.plot(grid, fit_s if kind == "steps" else fit_s * grid * T, color=c, lw=1)
-        if t.get("b_crit"):
-            ax.axvline(t["b_crit"], color=c, lw=0.8, ls="--")
+        if t.b_crit:
+            ax.axvline(t.b_crit, color=c, lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("global batch size (sequences)")
@@ -150,24 +152,24 @@ def _to_target(targets: list[dict], kind: str, T: int):
     return fig
 
 
-def _b_crit_by_target(targets: list[dict]):
+def _b_crit_by_target(targets: list[TargetFit]):
     """``b_crit`` per target with its interval, the bars clipped to that target's swept batch sizes (a triangle
     marks an end that continues past them), and the knees outside the swept range as grey triangles at the
     range's end; None if no target has either."""
     with_b, outside = [], []
     for t in targets:
-        sw = swept_range(t)
-        if t.get("b_crit") and sw:
+        sw = swept_range(t.to_json_dict())
+        if t.b_crit and sw:
             with_b.append((t, sw))
-        elif t.get("status") in ("above_range", "below_range") and sw:
+        elif t.status in ("above_range", "below_range") and sw:
             outside.append((t, sw))
     if not with_b and not outside:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     if with_b:
-        L = np.array([t["target_loss"] for t, _ in with_b])
-        bc = np.array([t["b_crit"] for t, _ in with_b], dtype=float)
-        ci = [t.get("b_crit_ci") or [None, None] for t, _ in with_b]
+        L = np.array([t.target_loss for t, _ in with_b])
+        bc = np.array([t.b_crit for t, _ in with_b], dtype=float)
+        ci = [t.b_crit_ci or [None, None] for t, _ in with_b]
         raw_lo = np.array([c[0] if c[0] is not None else b for c, b in zip(ci, bc)], dtype=float)
         raw_hi = np.array([c[1] if c[1] is not None else np.inf for c in ci], dtype=float)
         sw_lo = np.array([sw[0] for _, sw in with_b], dtype=float)
@@ -181,8 +183,8 @@ def _b_crit_by_target(targets: list[dict]):
         if down.any():
             ax.plot(L[down], lo[down], "v", color="C0", ms=7)
     for t, sw in outside:
-        above = t["status"] == "above_range"
-        ax.plot([t["target_loss"]], [sw[1] if above else sw[0]], "^" if above else "v", color="grey", ms=8)
+        above = t.status == "above_range"
+        ax.plot([t.target_loss], [sw[1] if above else sw[0]], "^" if above else "v", color="grey", ms=8)
     all_sw = [sw for _, sw in with_b + outside]
     ax.set_ylim(min(s[0] for s in all_sw) / 1.5, max(s[1] for s in all_sw) * 1.5)
     ax.set_yscale("log", base=2)
@@ -193,18 +195,18 @@ def _b_crit_by_target(targets: list[dict]):
     return fig
 
 
-def _b_simple(analysis: dict[str, Any], colors: dict):
+def _b_simple(analysis: CbsResult, colors: dict):
     """The gradient noise scale over training, one series per batch size; None without estimates."""
-    series = [s for s in (analysis.get("b_simple") or []) if any(v is not None for v in s["b_simple"])]
+    series = [s for s in analysis.b_simple or [] if any(v is not None for v in s.b_simple or [])]
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in series:
-        tok = np.array(s["tokens"], dtype=float)
-        v = np.array([np.nan if x is None else x for x in s["b_simple"]], dtype=float)
-        ax.plot(tok, v, marker=".", color=colors.get(s["batch_size_sequences"]), label=f"B={s['batch_size_sequences']}")
-    if analysis.get("b_crit"):
-        ax.axhline(analysis["b_crit"], color="k", ls="--", lw=1, label=f"fitted b_crit={analysis['b_crit']:.0f}")
+        tok = np.array(s.tokens, dtype=float)
+        v = np.array([np.nan if x is None else x for x in s.b_simple or []], dtype=float)
+        ax.plot(tok, v, marker=".", color=colors.get(s.batch_size_sequences), label=f"B={s.batch_size_sequences}")
+    if analysis.b_crit:
+        ax.axhline(analysis.b_crit, color="k", ls="--", lw=1, label=f"fitted b_crit={analysis.b_crit:.0f}")
     ax.set_yscale("log")
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("B_simple (sequences)")
@@ -299,61 +301,61 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _answer(analysis: dict[str, Any], T: float) -> str:
+def _answer(analysis: CbsResult, T: float) -> str:
     """The report's lead: the headline sentence, the status in words, ``cbs.json``'s message, and b_crit with
     its interval ends clipped to the swept range (``< LO`` / ``> HI``)."""
-    status = analysis.get("status")
-    swept = swept_range(analysis)
-    lo_t, hi_t = interval_ends_text(analysis.get("b_crit_ci"), swept)
-    b = analysis.get("b_crit")
+    status, data = analysis.status, analysis.to_json_dict()
+    swept = swept_range(data)
+    lo_t, hi_t = interval_ends_text(analysis.b_crit_ci, swept)
+    b = analysis.b_crit
     if b is not None:
-        tokens = analysis.get("b_crit_tokens") or b * T
+        tokens = analysis.b_crit_tokens or b * T
         value = (f"b_crit = {b:.1f} sequences ({tokens:.0f} tokens), 95 % interval [{html.escape(lo_t)}, "
                  f"{html.escape(hi_t)}] sequences")
-    elif analysis.get("b_crit_bound"):
-        value = f"b_crit {html.escape(str(analysis['b_crit_bound']))} sequences (no number: the knee lies outside the swept range)"
+    elif analysis.b_crit_bound:
+        value = f"b_crit {html.escape(str(analysis.b_crit_bound))} sequences (no number: the knee lies outside the swept range)"
     else:
         value = "no b_crit"
-    target = f" at target loss {_fmt(analysis.get('target_loss'))}" if analysis.get("target_loss") is not None else ""
-    primary = next((t for t in analysis.get("targets") or [] if t.get("target_loss") == analysis.get("target_loss")), {})
-    late = primary.get("excluded_batch_sizes") or []
+    target = f" at target loss {_fmt(analysis.target_loss)}" if analysis.target_loss is not None else ""
+    primary = analysis.target(analysis.target_loss) if analysis.target_loss is not None else None
+    late = (primary.excluded_batch_sizes if primary is not None else None) or []
     sw = (f"; batch sizes {swept[0]:g} to {swept[1]:g} sequences reached the target (the range the status refers to)"
           + (f"; {', '.join(str(x) for x in late)} did not reach it within its budget and enter the fit only as censored "
              "points (needing more steps than their budget's)" if late else "")) if swept else ""
-    message = analysis.get("message")
-    return (f'<p class="headline" style="font-size:1.15em"><b>{html.escape(headline(analysis))}</b></p>\n'
+    message = analysis.message
+    return (f'<p class="headline" style="font-size:1.15em"><b>{html.escape(headline(data))}</b></p>\n'
             f"<p>{value}{target}{sw}.</p>\n"
             f"<p>Status <code>{html.escape(str(status))}</code>: {html.escape(describe_status(status))}."
             + (f" Analysis message: {html.escape(_capital(message))}." if message else "") + "</p>")
 
 
-def _lr_scaling_text(analysis: dict[str, Any]) -> str:
+def _lr_scaling_text(analysis: CbsResult) -> str:
     """The measured LR scaling rule in one paragraph (:mod:`sweeps.analysis.lr_scaling`); empty without a fit."""
-    fit, ci = analysis.get("lr_scaling_exponent_fit"), analysis.get("lr_scaling_exponent_ci")
+    fit, ci = analysis.lr_scaling_exponent_fit, analysis.lr_scaling_exponent_ci
     if fit is None:
         return ""
     text = f"Learning-rate scaling, measured: best LR ~ B^alpha with alpha = {fit:.2f}"
     if ci:
-        rules = analysis.get("lr_scaling_rules_in_interval") or []
+        rules = analysis.lr_scaling_rules_in_interval or []
         named = {"linear": "linear (1)", "sqrt": "square root (0.5)", "none": "none (0)"}
         inside = ", ".join(named.get(r, r) for r in rules) or "none of linear, square root or none"
         text += f" [{ci[0]:.2f}, {ci[1]:.2f}] (95 %); rules inside the interval: {inside}."
-    null = analysis.get("lr_scaling_exponent_by_chance")
+    null = analysis.lr_scaling_exponent_by_chance
     if null:
         text += (f" One trial per batch size picked at random gives {_fmt(null['mean'])} &plusmn; {_fmt(null['sd'])}: "
                  "the fit is evidence for a rule only where it lies outside that spread.")
     return text
 
 
-def _precision_text(analysis: dict[str, Any]) -> str:
+def _precision_text(analysis: CbsResult) -> str:
     """``search.precision`` and the off-centre LR warning, one paragraph each (empty when neither applies)."""
     out = ""
-    which = ", ".join(f"B={e['batch_size_sequences']} {e['side']} its tried LRs" for e in analysis.get("lr_brackets_open") or [])
+    which = ", ".join(f"B={e['batch_size_sequences']} {e['side']} its tried LRs" for e in analysis.lr_brackets_open or [])
     out += (f"<p><b>Open LR brackets:</b> {which}: at those batch sizes the fastest trial at some target ran at an end of "
             "the LRs tried, so the optimum may lie beyond and their steps to target are overstated.</p>") if which else ""
-    notes = "".join(f"<li>{html.escape(c)}</li>" for c in analysis.get("caveats") or [])
+    notes = "".join(f"<li>{html.escape(c)}</li>" for c in analysis.caveats or [])
     out += f"<p><b>What the interval does not cover</b></p><ul>{notes}</ul>" if notes else ""
-    p = analysis.get("precision")
+    p = analysis.precision
     if isinstance(p, dict):
         def added(w: dict) -> str:
             adds = [f"B={a['batch_size_sequences']}" + (f" at LR {_fmt(a['lr'])}" if a.get("lr") else " (new)")
@@ -374,19 +376,30 @@ def _precision_text(analysis: dict[str, Any]) -> str:
     return out
 
 
-def _best_lr_text(row: dict[str, Any] | None) -> str:
+def _best_lr_text(row: LrAtBatch | None) -> str:
     """A batch size's best LR with its bracket (the tried LRs either side; "?" where none was tried)."""
     if not row:
         return ""
-    bracket = row.get("best_lr_bracket")
+    bracket = row.best_lr_bracket
     ends = "" if not bracket else " [" + ", ".join("?" if x is None else _fmt(x) for x in bracket) + "]"
-    return f"{_fmt(row['best_lr'])}{' (quadratic)' if row.get('method') == 'quadratic' else ''}{ends}"
+    return f"{_fmt(row.best_lr)}{' (quadratic)' if row.method == 'quadratic' else ''}{ends}"
 
 
-def write_report(output: Path, analysis: dict[str, Any], records: list, spec) -> Path:
+def _batch_row(p: BatchRecord, best_lr: LrAtBatch | None) -> str:
+    """One row of the report's per-batch-size table."""
+    to_target, at_budget = p.config_to_target or {}, p.best_config_at_budget or {}
+    return "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
+        p.batch_size_sequences, p.tokens_to_target, p.steps_to_target, p.flops_to_target,
+        ", ".join(p.trial_ids_to_target or []), to_target.get("lr"), to_target.get("beta2_half_life_tokens"),
+        _best_lr_text(best_lr), at_budget.get("lr_rule"), at_budget.get("lr"), p.loss_at_budget,
+        len(p.seeds or []), p.trials, p.budget_tokens, p.tokens_trained)) + "</tr>"
+
+
+def write_report(output: Path, analysis: CbsResult | dict[str, Any], records: list, spec) -> Path:
     """Write ``OUT/plots/*.png`` and a self-contained ``OUT/report.html`` (plots embedded; a cluster-plan
-    section when ``OUT/plan.json`` exists)."""
+    section when ``OUT/plan.json`` exists) for ``analysis``, ``cbs.json``'s record (or its parsed JSON)."""
     T = spec.model.context_length_tokens
+    analysis = analysis if isinstance(analysis, CbsResult) else CbsResult.model_validate(analysis)
     plots = make_plots(output / "plots", analysis, records, T)
     imgs = "".join(
         f'<figure><img src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}" alt="{n}">'
@@ -395,27 +408,14 @@ def write_report(output: Path, analysis: dict[str, Any], records: list, spec) ->
     )
     answer = _answer(analysis, T)
     lr_text = _lr_scaling_text(analysis)
-    best_lr = {r["batch_size_sequences"]: r for r in analysis.get("lr_per_batch") or []}
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
-            p["batch_size_sequences"], p["tokens_to_target"], p["steps_to_target"], p.get("flops_to_target"),
-            ", ".join(p.get("trial_ids_to_target") or []),
-            (p.get("config_to_target") or {}).get("lr"), (p.get("config_to_target") or {}).get("beta2_half_life_tokens"),
-            _best_lr_text(best_lr.get(p["batch_size_sequences"])),
-            p["best_config_at_budget"].get("lr_rule"), p["best_config_at_budget"].get("lr"), p["loss_at_budget"],
-            len(p["seeds"]), p.get("trials"), p.get("budget_tokens"), p.get("tokens_trained"))) + "</tr>"
-        for p in analysis.get("per_batch") or []
-    )
-    trows = "".join(
-        "<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
-            t["target_loss"], t.get("b_crit") if t.get("b_crit") is not None else t.get("b_crit_bound"),
-            *interval_ends_text(t.get("b_crit_ci"), swept_range(t)), _with_ci(t.get("cbs_20"), t.get("cbs_20_ci")),
-            t.get("status"), t.get("n_batch_sizes"),
-            censored_text(t))) + "</tr>"
-        for t in analysis.get("targets") or []
-    )
-    counts = analysis.get("trials") or {}
-    ml = analysis.get("mlflow") or {}
+    best_lr = {r.batch_size_sequences: r for r in analysis.lr_per_batch or []}
+    rows = "".join(_batch_row(p, best_lr.get(p.batch_size_sequences)) for p in analysis.per_batch or [])
+    trows = "".join("<tr>" + "".join(f"<td>{_fmt(x)}</td>" for x in (
+        t.target_loss, t.b_crit if t.b_crit is not None else t.b_crit_bound,
+        *interval_ends_text(t.b_crit_ci, swept_range(t.to_json_dict())), _with_ci(t.cbs_20, t.cbs_20_ci),
+        t.status, t.n_batch_sizes, censored_text(t.to_json_dict()))) + "</tr>" for t in analysis.targets or [])
+    counts = analysis.trials.to_json_dict() if analysis.trials is not None else {}
+    ml = analysis.mlflow.to_json_dict() if analysis.mlflow is not None else {}
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>critbatch report: {html.escape(spec.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
@@ -423,19 +423,19 @@ figure{{display:inline-block;margin:0.5em;max-width:480px;vertical-align:top}}im
 pre.definitions{{white-space:pre-wrap}}div.table-scroll{{overflow-x:auto;max-width:100%}}</style></head><body>
 <h1>critbatch report: {html.escape(spec.name)}</h1>
 {answer}
-<p>Sweep <code>{html.escape(str(analysis.get('sweep_id')))}</code>.
+<p>Sweep <code>{html.escape(str(analysis.sweep_id))}</code>.
 <strong>Size data parallelism with b_crit</strong> (above): a global batch of b_crit takes twice the fewest steps and tokens; past it, doubling the batch saves at most a quarter of the steps.
-From the same fit: the batch with 20% compute overhead (0.2 b_crit), for the fewest tokens: {_with_ci(analysis.get('b_compute_overhead_20'), analysis.get('b_compute_overhead_20_ci'))} sequences{_extrapolated(analysis.get('b_compute_overhead_20'), swept_range(analysis))};
-another definition, Zhang et al. 2024's 20% CBS (reference batch {_fmt(analysis.get('reference_batch'))}): {_with_ci(analysis.get('cbs_20'), analysis.get('cbs_20_ci'))} sequences
+From the same fit: the batch with 20% compute overhead (0.2 b_crit), for the fewest tokens: {_with_ci(analysis.b_compute_overhead_20, analysis.b_compute_overhead_20_ci)} sequences{_extrapolated(analysis.b_compute_overhead_20, swept_range(analysis.to_json_dict()))};
+another definition, Zhang et al. 2024's 20% CBS (reference batch {_fmt(analysis.reference_batch)}): {_with_ci(analysis.cbs_20, analysis.cbs_20_ci)} sequences
 (95 % intervals: b_crit's mapped through each, so the 20% CBS's looks narrower only by its constant 1.2 B0);
-S_min = {_fmt(analysis.get('s_min'))} steps {_fmt_ci(analysis.get('s_min_ci'))}, E_min = {_fmt(analysis.get('e_min'))} sequences {_fmt_ci(analysis.get('e_min_ci'))} (95 % intervals).
+S_min = {_fmt(analysis.s_min)} steps {_fmt_ci(analysis.s_min_ci)}, E_min = {_fmt(analysis.e_min)} sequences {_fmt_ci(analysis.e_min_ci)} (95 % intervals).
 {lr_text}</p>
 {_precision_text(analysis)}
-<p>How the points are made: {html.escape(str(analysis.get('target_rule') or ''))}. Interval: {html.escape(str(analysis.get('interval_method') or ''))}.</p>
-<p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.get('trials_planned')}).
-{budget_text(spec.budget_tokens, analysis.get('per_batch') or [])}; FLOPs per token {_fmt(analysis.get('flops_per_token'))}.</p>
+<p>How the points are made: {html.escape(str(analysis.target_rule or ''))}. Interval: {html.escape(str(analysis.interval_method or ''))}.</p>
+<p>Trials: {', '.join(f'{k.lower()} {v}' for k, v in counts.items())} (planned {analysis.trials_planned}).
+{budget_text(spec.budget_tokens, [p.to_json_dict() for p in analysis.per_batch or []])}; FLOPs per token {_fmt(analysis.flops_per_token)}.</p>
 <h2>What the numbers are</h2><pre class="definitions">{html.escape(definitions_text(
-    tokens_per_sequence=analysis.get('tokens_per_sequence'), reference_batch=analysis.get('reference_batch')))}</pre>
+    tokens_per_sequence=analysis.tokens_per_sequence, reference_batch=analysis.reference_batch))}</pre>
 <h2>Per target loss</h2><p>Interval ends past a target's swept batch sizes are shown as &lt; smallest / &gt; largest
 (cbs.json keeps the raw values).</p><div class="table-scroll"><table><tr><th>target loss</th><th>b_crit</th><th>CI low</th><th>CI high</th><th>20% CBS [95 %]</th><th>status</th><th>batch sizes that reached it</th><th>batch sizes short of it within their budget (in the fit as needing more than N steps; the fit's steps there)</th></tr>{trows}</table></div>
 <h2>Per batch size</h2><p>Steps to the headline target: the minimum over the batch size's trials; the best configuration at the budget is shown separately.</p>

@@ -150,7 +150,7 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
         return _headline_fitted(at, status, float(b), ci, swept, cbs, unit)
     if status == "above_range" and swept is not None:
         lo = ci[0] if ci else None
-        low = f" (95 % interval from {_num(float(lo))} up)" if _positive(lo) else ""
+        low = f" (95 % interval from {_num(float(lo))} up)" if lo is not None and _positive(lo) else ""
         late = [x for x in _excluded(cbs) if x > swept[1]]
         todo = _late_text(late) if late else f"add batch sizes {_sizes([swept[1] * 2, swept[1] * 4])}"
         gap = _gap(cbs)
@@ -162,7 +162,7 @@ def _sentence(cbs: dict[str, Any], unit: str) -> str:
                 f"up to there {how}; to find the knee, {todo}.")
     if status == "below_range" and swept is not None:
         hi = ci[1] if ci else None
-        up = f" (95 % interval up to {_num(float(hi))})" if _positive(hi) else ""
+        up = f" (95 % interval up to {_num(float(hi))})" if hi is not None and _positive(hi) else ""
         add = _below(swept[0])
         what = (f"to find it, add batch sizes {_sizes(add)}" if add else
                 "it lies below one sequence: use the smallest batch that keeps the devices busy")

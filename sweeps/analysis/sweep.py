@@ -17,25 +17,18 @@ from typing import Any
 import numpy as np
 import yaml
 
-from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points, cbs_20_interval
+from sweeps.analysis.fit import cbs_20_interval
+from sweeps.analysis.fits import DEFAULT_FIT, Fit, get_fit
 from sweeps.analysis.lr_scaling import lr_scaling, open_bracket_gains, open_lr_brackets
 from sweeps.analysis.summary import caveats, headline
 from sweeps.analysis.targets import (TARGET_RULE, TARGET_RULE_GIVEN, TrialRecord, best_at_budget, censored_points, choose_targets,
                                      last_tokens_by_batch, steps_to_target_points)
 from sweeps.errors import InvalidInput
+from sweeps.analysis.result import SWEEP_FIELDS, with_sweep_fields
+from sweeps.spec.result import CbsResult
 from sweeps.spec.statuses import COUNTED_TRIAL_STATUSES
 
-__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv", "finite_json"]
-
-def finite_json(o: Any) -> Any:
-    """Replace non-finite floats by None, recursively (JSON has no NaN or Infinity)."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: finite_json(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [finite_json(v) for v in o]
-    return o
+__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv"]
 
 
 def analyze_trials(
@@ -47,7 +40,8 @@ def analyze_trials(
     targets: list[float] | None = None,
     level: float = 0.95,
     tokens_per_sequence: float | None = None,
-) -> dict[str, Any]:
+    fit: str = DEFAULT_FIT,
+) -> CbsResult:
     """The sweep's critical batch size from its trials (the content of ``cbs.json``).
 
     ``tokens_per_sequence`` is the number of real (counted) tokens one sequence of the batch holds:
@@ -57,9 +51,10 @@ def analyze_trials(
 
     For each target loss, each (batch size, seed) gives one point: the minimum steps to target over
     all that batch size's trials of that seed (:func:`steps_to_target_points`, :data:`TARGET_RULE`).
-    The fit and its interval are :func:`analyze_points`.
+    The fit and its interval are those of the fit registered as ``fit`` (:func:`sweeps.analysis.fits.get_fit`;
+    the default, ``hyperbola``, is :func:`~sweeps.analysis.fit.analyze_points`); an unknown name raises ``KeyError``.
 
-    Returns a dict with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
+    Returns a :class:`~sweeps.spec.result.CbsResult` with the primary target's ``b_crit`` (sequences), ``b_crit_tokens``, ``b_crit_ci``,
     ``cbs_20``, ``b_compute_overhead_20`` (each with its ``_ci``: ``b_crit_ci`` mapped through it), ``s_min``,
     ``e_min``, ``target_loss``, ``status``,
     ``message``; ``target_rule`` and ``interval_method`` (how points and intervals are made);
@@ -80,9 +75,10 @@ def analyze_trials(
     state (bytes per trainable parameter), and ``n_params``, the trainable parameters the trials reported.
     """
     T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
+    model = get_fit(fit)
     at_budget = best_at_budget(trials)
     result = _sweep_facts(trials, reference_batch=reference_batch, context_length_tokens=context_length_tokens,
-                          tokens_per_sequence=T)
+                          tokens_per_sequence=T, interval_method=model.interval_method)
     if not at_budget:
         return _with_headline(_no_fit(result, status="no_completed_trials",
                                       message="no trial completed: there is nothing to analyse"))
@@ -93,7 +89,7 @@ def analyze_trials(
         return _with_headline(_no_fit(result, status="no_targets", message="no target loss could be chosen from the "
                                       "curves (too few batch sizes or milestones completed): give `targets` or run "
                                       "more trials"))
-    per_target = [_analyze_target(trials, target, T, reference_batch, level) for target in tlist]
+    per_target = [_analyze_target(trials, target, T, reference_batch, level, model) for target in tlist]
     primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
                    next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
     result["targets"] = [{k: e.get(k) for k in _TARGET_KEYS} for e in per_target]
@@ -114,14 +110,14 @@ def analyze_trials(
 
 
 def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_length_tokens: int,
-                 tokens_per_sequence: float) -> dict[str, Any]:
+                 tokens_per_sequence: float, interval_method: str) -> dict[str, Any]:
     """The head of :func:`analyze_trials`' result, whatever the fit: the trials by status, the inputs, the
     rules, and when the records hold them the median optimizer state (bytes per trainable parameter) and
     the trainable parameters."""
     counts = {s: sum(1 for t in trials if t.status == s) for s in COUNTED_TRIAL_STATUSES}
     result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
                               "context_length_tokens": context_length_tokens, "tokens_per_sequence": tokens_per_sequence,
-                              "target_rule": TARGET_RULE, "interval_method": INTERVAL_METHOD}
+                              "target_rule": TARGET_RULE, "interval_method": interval_method}
     state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
     if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
         result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
@@ -139,13 +135,13 @@ def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, A
     return result
 
 
-def _with_headline(result: dict[str, Any]) -> dict[str, Any]:
+def _with_headline(result: dict[str, Any]) -> CbsResult:
     """``result`` with its ``headline`` (the answer in one sentence, :func:`sweeps.analysis.summary.headline`)
     as its first key, so ``cbs.json`` opens with the answer, and its ``caveats`` (what the interval does not
     cover, :func:`sweeps.analysis.summary.caveats`)."""
     out = {"headline": headline(result), **result}
     out["caveats"] = caveats(out)
-    return out
+    return CbsResult.model_validate(out)
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
@@ -157,17 +153,17 @@ _TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", 
 
 
 def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
-                    level: float) -> dict[str, Any]:
-    """One target loss: its points (:func:`steps_to_target_points`) and their fit (:func:`analyze_points`)."""
+                    level: float, model: Fit) -> dict[str, Any]:
+    """One target loss: its points (:func:`steps_to_target_points`) and their fit (``model``)."""
     points, excluded = steps_to_target_points(trials, target, T)
     censored = censored_points(trials, target, T)
     exact = [p for p in points if not p.get("upper_bound")]
-    fit = analyze_points([p["batch_size_sequences"] for p in exact], [p["steps_to_target"] for p in exact],
+    fit = model.analyze([p["batch_size_sequences"] for p in exact], [p["steps_to_target"] for p in exact],
                          reference_batch, level=level, seeds=[p["seed"] for p in exact],
                          censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
                          upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
                                        if p.get("upper_bound")])
-    fit = _with_open_brackets(fit, trials, target, exact, censored, points, reference_batch, level)
+    fit = _with_open_brackets(fit, trials, target, exact, censored, points, reference_batch, level, model)
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
     for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None
@@ -183,7 +179,7 @@ def _analyze_target(trials: list[TrialRecord], target: float, T: float, referenc
 
 def _with_open_brackets(fit: dict[str, Any], trials: list[TrialRecord], target: float, exact: list[dict[str, Any]],
                         censored: list[dict[str, Any]], points: list[dict[str, Any]], reference_batch: float,
-                        level: float) -> dict[str, Any]:
+                        level: float, model: Fit) -> dict[str, Any]:
     """``fit`` with its interval widened by the batch sizes whose LR bracket is open at ``target``: the same fit
     with each such point as fast as an optimum up to an octave beyond could make it (:func:`open_bracket_gains`)
     moves the estimate by a factor; the interval's end on that side moves by the same factor
@@ -193,7 +189,7 @@ def _with_open_brackets(fit: dict[str, Any], trials: list[TrialRecord], target: 
     gains = open_bracket_gains(trials, target)
     if not gains or not fit.get("b_crit_ci") or fit.get("status") in ("no_knee", "misfit"):
         return fit
-    alt = analyze_points([p["batch_size_sequences"] for p in exact],
+    alt = model.analyze([p["batch_size_sequences"] for p in exact],
                          [p["steps_to_target"] * math.exp(-gains.get(p["batch_size_sequences"], 0.0)) for p in exact],
                          reference_batch, level=level, seeds=[p["seed"] for p in exact],
                          censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
@@ -292,7 +288,7 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
             "best_config_at_budget": ts[0].hyperparameters,
             "trial_ids_at_budget": [t.trial_id for t in ts],
             "seeds": [t.seed for t in ts],
-            "loss_at_budget": float(np.mean([t.final_loss for t in ts])),
+            "loss_at_budget": float(np.mean(np.asarray([t.final_loss for t in ts]))),
             "budget_tokens": budget.get(b),
             "tokens_trained": trained.get(b),
             "trials": sum(1 for t in trials if t.batch_size_sequences == b and t.tokens),
@@ -317,7 +313,7 @@ def _read_json(path: Path, *, missing: str) -> Any:
 
 
 def analyze_trials_file(path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None,
-                        level: float = 0.95) -> dict[str, Any]:
+                        level: float = 0.95) -> CbsResult:
     """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
@@ -350,11 +346,7 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
                          flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
                          tokens_per_sequence=tps)
-    for k in ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer",
-              "provenance"):
-        if k in prev and k not in out:
-            out[k] = prev[k]
-    return out
+    return with_sweep_fields(out, **{k: prev[k] for k in SWEEP_FIELDS if k in prev and k not in out.model_fields_set})
 
 
 def _spec_targets(path: Path) -> list[float] | None:
@@ -389,8 +381,8 @@ def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | No
         targets = [float(t["target_loss"]) for t in first.get("targets") or [] if t.get("target_loss") is not None]
         if not targets:
             raise InvalidInput(f"--trials: {paths[0]}'s cbs.json declares no targets: give --target")
-    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets, level=level)}
-           for p in paths]
+    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets,
+                                                  level=level).to_json_dict()} for p in paths]
     return {"targets": sorted(targets, reverse=True), "sweeps": out}
 
 
@@ -398,7 +390,7 @@ def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95
     """``critbatch analyze --csv``: fit points from a CSV of ``batch_size,steps_to_target[,seed][,group]``.
 
     A batch size may repeat (one row per seed or trial; the optional ``seed`` column is only
-    recorded). Returns :func:`analyze_points`'s dict (always with ``status`` and ``b_crit_ci``) or,
+    recorded). Returns the default fit's dict (:func:`~sweeps.analysis.fit.analyze_points`) (always with ``status`` and ``b_crit_ci``) or,
     with a ``group`` column, that dict per group.
 
     Raises:
@@ -438,7 +430,7 @@ def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95
         if len(set(bs)) < 2:
             label = f"group {name!r}" if name is not None else str(p)
             raise InvalidInput(f"{label}: need at least 2 distinct batch sizes to fit S = S_min + E_min/B")
-        res = analyze_points(bs, ss, reference_batch, level=level)
+        res = get_fit(DEFAULT_FIT).analyze(bs, ss, reference_batch, level=level)
         if "seed" in cols:
             res["seeds"] = sorted(set(seeds))
         return res

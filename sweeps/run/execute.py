@@ -248,7 +248,7 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
         records = records_from_reports(output)
-        return sweep_analysis(spec, records, c_tok, targets=targets, tokens_per_seq=tps), records
+        return sweep_analysis(spec, records, c_tok, targets=targets, tokens_per_seq=tps).to_json_dict(), records
 
     def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
                targets: list[float] | None) -> None:

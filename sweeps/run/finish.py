@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sweeps.analysis import analyze_trials, finite_json
+from sweeps.analysis import CbsResult, analyze_trials, finite_json, finite_result, with_sweep_fields
 from sweeps.analysis.report import write_report
 from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
@@ -20,6 +20,7 @@ from sweeps.search.precision import budgets_trained, precise_enough, wave_summar
 from sweeps.run.state import write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.spec import SweepSpec
+from sweeps.spec.result import BestCheckpoint
 from sweeps.tracking import schema
 from sweeps.spec.statuses import SweepStatus, TrialStatus
 from sweeps.tracking.base import Tracker
@@ -48,25 +49,27 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
     analysis, analysis_error = _analyse(run, records)
     precision = _precision_section(spec, output, records, analysis, stopped=stopped, budget_note=budget_note)
     if precision is not None:
-        analysis["precision"] = precision
-    best = _best_checkpoint(spec, output, analysis)
-    analysis = finite_json(analysis)
+        analysis = with_sweep_fields(analysis, precision=precision)
+    best, best_record = _best_checkpoint(spec, output, analysis)
+    if best_record is not None:
+        analysis = with_sweep_fields(analysis, best_checkpoint=best_record)
+    analysis = finite_result(analysis)
     write_json(output / "trials.json", finite_json([r.to_dict() for r in records]))
-    write_json(output / "cbs.json", analysis)
+    write_json(output / "cbs.json", analysis.to_json_dict())
     try:
         write_report(output, analysis, records, spec)
     except WriteFailed:
         raise  # a full disk: the sweep crashed (resumable), not a bug of the report
     except Exception:  # noqa: BLE001
         log.exception("report failed")
-    counts = analysis.get("trials", {})
+    counts = analysis.trials.model_dump() if analysis.trials is not None else {}
     status, message = _final_status(run, records, counts, stopped=stopped, budget_note=budget_note,
                                     analysis_error=analysis_error, analysis=analysis)
     if budget_note and not stopped:
         for r in records:
             if r.status == TrialStatus.STOPPED:
                 tracker.trial_ended(r.trial_id, TrialStatus.STOPPED, error=budget_note)
-    summary = {k: analysis.get(k) for k in schema.SUMMARY_METRICS}
+    summary = {k: getattr(analysis, k) for k in schema.SUMMARY_METRICS}
     summary.update({schema.trial_count_metric(k): v for k, v in counts.items()})
     # a driver killed between a trial's start and Tune's next experiment checkpoint leaves a child run
     # for a trial that the restored sweep does not know: remove it, so MLflow holds one run per trial
@@ -81,12 +84,13 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
                     len(state.mlflow_incomplete_writes))
     state.save(output)
     SpaceReserve(output).release()  # kept for a crash; a resume makes it again
-    return SweepResult(ok=status == SweepStatus.SUCCEEDED, status=status, sweep_id=state.sweep_id, cbs=analysis,
+    return SweepResult(ok=status == SweepStatus.SUCCEEDED, status=status, sweep_id=state.sweep_id,
+                       cbs=analysis.to_json_dict(),
                        output=str(output), message=message, exit_code=run.stop.exit_code if stopped else None)
 
 
 def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None,
-                   targets: list[float] | None = None, tokens_per_seq: float | None = None) -> dict[str, Any]:
+                   targets: list[float] | None = None, tokens_per_seq: float | None = None) -> CbsResult:
     """:func:`sweeps.analysis.analyze_trials` with the spec's context length, reference batch
     (``base_batch_size_sequences``), targets and tokens per sequence: ``cbs.json``'s analysis, also what
     ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
@@ -108,7 +112,7 @@ def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
     return json.loads(path.read_text()).get("targets") or None
 
 
-def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: dict[str, Any], *, stopped: bool,
+def _precision_section(spec: SweepSpec, output: Path, records: list, result: CbsResult, *, stopped: bool,
                        budget_note: str) -> dict | None:
     """``cbs.json``'s ``precision``: what was asked, each wave's interval and additions (the last entry: the
     final analysis), and why it stopped adding: ``met``, ``max_trials``, ``nothing_to_add``, ``no_trial_completed``
@@ -120,6 +124,7 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
     path = output / PRECISION_FILE
     saved = json.loads(path.read_text()) if path.is_file() else {}
     waves = list(saved.get("waves", []))
+    analysis = result.to_json_dict()  # as search.precision reads an analysis after each wave
     final = {**wave_summary(analysis, len(records)), "added": []}
     if waves and waves[-1].get("trials") == final["trials"]:  # the last decision's wave, as cbs.json reads it
         waves[-1] = {**final, "added": waves[-1].get("added", []),  # (the same unless Tune's state is remote)
@@ -143,7 +148,7 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, analysis: d
             "waves": waves, **outcome}
 
 
-def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:
+def _analyse(run: SweepRun, records: list) -> tuple[CbsResult, str | None]:
     """``(cbs.json's content, the analysis error or None)``: an analysis bug must not lose the trials."""
     spec, state, facts = run.spec, run.state, run.prepared.facts
     c_tok, _ = facts.flops()
@@ -153,21 +158,17 @@ def _analyse(run: SweepRun, records: list) -> tuple[dict[str, Any], str | None]:
         analysis_error = None
     except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
         log.exception("analysis failed")
-        analysis = {"status": "analysis_failed", "message": f"analysis failed: {exc}", "b_crit": None}
+        analysis = CbsResult(status="analysis_failed", message=f"analysis failed: {exc}", b_crit=None)
         analysis_error = str(exc)
-    analysis["sweep_id"] = state.sweep_id
-    analysis["flops_per_token"] = c_tok
-    analysis["trials_planned"] = spec.n_trials
-    analysis["optimizer"] = spec.optimizer.name
-    analysis["provenance"] = sweep_provenance(spec)
-    analysis["mlflow"] = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
-                          "parent_run_id": state.parent_run_id,
-                          "child_runs": run.tracker.trial_run_ids()}
+    mlflow = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
+              "parent_run_id": state.parent_run_id, "child_runs": run.tracker.trial_run_ids()}
+    analysis = with_sweep_fields(analysis, sweep_id=state.sweep_id, flops_per_token=c_tok, trials_planned=spec.n_trials,
+                                 optimizer=spec.optimizer.name, provenance=sweep_provenance(spec), mlflow=mlflow)
     return analysis, analysis_error
 
 
 def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopped: bool,
-                  budget_note: str, analysis_error: str | None, analysis: dict[str, Any]) -> tuple[str, str]:
+                  budget_note: str, analysis_error: str | None, analysis: CbsResult) -> tuple[str, str]:
     """The sweep's ``(status, message)``: ``STOPPED`` (resumable), ``FAILED`` or ``SUCCEEDED``."""
     spec, output = run.spec, run.output
     unfinished = sum(1 for r in records if r.status == TrialStatus.STOPPED) + max(0, spec.n_trials - len(records))
@@ -180,11 +181,11 @@ def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopp
         status, message = SweepStatus.STOPPED, (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
                                       f"`critbatch resume {output}` continues the sweep")
     elif analysis_error is not None:
-        status, message = SweepStatus.FAILED, analysis["message"]
+        status, message = SweepStatus.FAILED, analysis.message or ""
     elif not counts.get(TrialStatus.COMPLETED):
         status, message = SweepStatus.FAILED, "no trial completed (every trial failed or diverged)"
     else:
-        status, message = SweepStatus.SUCCEEDED, analysis.get("message", "")
+        status, message = SweepStatus.SUCCEEDED, analysis.message or ""
     if budget_note and not stopped:
         message = f"{budget_note}: analysed the {counts.get(TrialStatus.COMPLETED, 0)} trial(s) that completed" + (
             f"; {message}" if message else "")
@@ -230,23 +231,24 @@ def _close_parent(output: Path, tracker: Tracker, status: str, summary: dict[str
     return complete
 
 
-def _best_checkpoint(spec: SweepSpec, output: Path, analysis: dict) -> Path | None:
-    """Copy the best trial's Hugging Face checkpoint to ``OUT/best_checkpoint``; return it if it is
-    small enough (``tracking.checkpoint_artifact_max_mb``) to log as an MLflow artifact."""
-    rows = [r for r in analysis.get("per_batch") or [] if r.get("loss_at_budget") is not None]
+def _best_checkpoint(spec: SweepSpec, output: Path, analysis: CbsResult) -> tuple[Path | None, BestCheckpoint | None]:
+    """Copy the best trial's Hugging Face checkpoint to ``OUT/best_checkpoint``: ``(the copy if it is small
+    enough (``tracking.checkpoint_artifact_max_mb``) to log as an MLflow artifact, else None; cbs.json's
+    ``best_checkpoint`` record, None when no checkpoint was copied)``."""
+    rows = [r for r in analysis.per_batch or [] if r.loss_at_budget is not None]
     if not rows or spec.tracking.checkpoint_artifact_max_mb <= 0:
-        return None
-    best = min(rows, key=lambda r: r["loss_at_budget"])
-    for tid in best["trial_ids_at_budget"]:
+        return None, None
+    best = min(rows, key=lambda r: r.loss_at_budget or 0.0)
+    for tid in best.trial_ids_at_budget or []:
         src = output / "checkpoints" / tid
         if src.is_dir():
             dst = replace_tree(src, output / "best_checkpoint", extra={"critbatch.json": json.dumps(
-                {"trial_id": tid, "batch_size_sequences": best["batch_size_sequences"],
-                 "loss_at_budget": best["loss_at_budget"], "config": best["best_config_at_budget"]}, indent=2)})
+                {"trial_id": tid, "batch_size_sequences": best.batch_size_sequences,
+                 "loss_at_budget": best.loss_at_budget, "config": best.best_config_at_budget}, indent=2)})
             size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
-            analysis["best_checkpoint"] = {"path": str(dst), "trial_id": tid, "size_mb": size_mb}
+            record = BestCheckpoint(path=str(dst), trial_id=tid, size_mb=size_mb)
             if size_mb <= spec.tracking.checkpoint_artifact_max_mb:
-                return dst
+                return dst, record
             log.warning("best checkpoint is %.1f MB, over tracking.checkpoint_artifact_max_mb: not logged to MLflow", size_mb)
-            return None
-    return None
+            return None, record
+    return None, None

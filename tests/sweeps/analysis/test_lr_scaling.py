@@ -104,7 +104,7 @@ def test_analyze_trials_reports_the_lr_scaling_keys():
     assert res["lr_scaling_rules_in_interval"] == ["sqrt"]
     assert [r["best_lr"] for r in res["lr_per_batch"]] == pytest.approx([1e-3 * math.sqrt(b) for b in (4, 8, 16, 32, 64)])
     assert all(r["best_lr_bracket"] == [None, pytest.approx(r["best_lr"] * 4)] for r in res["lr_per_batch"])
-    assert lr_scaling(trials, res["target_loss"])["lr_per_batch"] == res["lr_per_batch"]
+    assert lr_scaling(trials, res["target_loss"])["lr_per_batch"] == res.to_json_dict()["lr_per_batch"]
 
 
 def test_open_brackets_on_either_side_block_precision_at_every_declared_target():

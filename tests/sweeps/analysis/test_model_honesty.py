@@ -122,7 +122,7 @@ def test_analyze_compares_several_sweeps_at_the_first_ones_targets(tmp_path):
         (out / "trials.json").write_text(json.dumps([t.to_dict() for t in trials]))
         res = analyze_trials(trials, context_length_tokens=T, reference_batch=16,
                              targets=[3.2, 3.0] if name == "a" else [2.9, 2.8])
-        (out / "cbs.json").write_text(json.dumps(res))
+        (out / "cbs.json").write_text(json.dumps(res.to_json_dict()))
         outs.append(out)
     r = invoke_cli(["analyze", "--trials", str(outs[0] / "trials.json"), "--trials", str(outs[1] / "trials.json")])
     assert r.returncode == 0, r.stderr

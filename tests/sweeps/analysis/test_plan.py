@@ -27,9 +27,10 @@ from sweeps.analysis.plan import (
 from sweeps.analysis.plan_files import load_plan_inputs, make_plan, spec_sync_every_steps
 from sweeps.analysis.report import _plan_section
 from critbatch.main import app
+from sweeps.spec.result import TargetFit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wikitext_cbs.json"
-FIT = {"s_min": 100.0, "e_min": 1600.0, "target_loss": 3.0, "status": "ok", "b_crit": 16.0}
+FIT = TargetFit(s_min=100.0, e_min=1600.0, target_loss=3.0, status="ok", b_crit=16.0)
 MODEL = dict(tokens_per_sequence=10.0, flops_per_token=600.0, gradient_bytes=1e6)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sweeps.analysis.report import PLOT_CAPTIONS, _b_crit_by_target, write_report
+from sweeps.spec.result import CbsResult
 from sweeps.analysis.summary import describe_status, headline
 from sweeps.analysis.targets import TrialRecord
 from sweeps.spec import load_spec
@@ -71,7 +72,7 @@ def test_every_plot_has_a_caption_saying_how_to_read_it(report):
 
 
 def test_the_b_crit_plot_clips_its_bars_to_the_swept_range():
-    targets = json.loads((FIXTURES / "wikitext_cbs.json").read_text())["targets"]
+    targets = CbsResult.model_validate_json((FIXTURES / "wikitext_cbs.json").read_text()).targets or []
     fig = _b_crit_by_target(targets)
     ax = fig.axes[0]
     lo, hi = ax.get_ylim()

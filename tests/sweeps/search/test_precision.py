@@ -140,12 +140,12 @@ def test_a_wave_probes_beyond_an_open_lr_bracket_nearest_the_knee_first(tiny_spe
     records = _records(rows, spec)
     analysis = analyze_trials(records, context_length_tokens=32, reference_batch=16.0)
     assert analysis["fitted_batch_sizes"] == [8.0, 16.0, 32.0]
-    got = propose({**analysis, "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 3,
+    got = propose({**analysis.to_json_dict(), "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 3,
                   allowed_batch_size=spec.sweepable_batch_size)
     assert [(p.batch_size_sequences, round(p.lr / opt[p.batch_size_sequences], 6)) for p in got[:2]] == [
         (16, 1.0), (32, 1.0)]  # an octave above each fastest LR, 16 first (nearer 20)
     assert (got[2].batch_size_sequences, got[2].lr) == (23, None)  # then a new batch size between 16 and 32
-    more = propose({**analysis, "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 5,
+    more = propose({**analysis.to_json_dict(), "b_crit": 20.0, "b_crit_ci": [10.0, 30.0], "status": "ok"}, records, 5,
                    allowed_batch_size=spec.sweepable_batch_size)
     assert (more[3].batch_size_sequences, more[3].lr) == (11, None)  # the middle of 8 and 16
     # last, the closed bracket at 8: halfway (in log) between its fastest LR and its faster neighbour
@@ -429,13 +429,14 @@ def test_cbs_json_keeps_the_last_waves_trials_added(tiny_spec_dict, tmp_path):
     import json
 
     from sweeps.run.finish import PRECISION_FILE, _precision_section
+    from sweeps.spec.result import CbsResult
 
     spec = _spec(tiny_spec_dict, precision={"b_crit_ratio": 1.6, "max_trials": 30, "reallocate_tokens": False})
     wave = {"trials": 3, "b_crit": None, "b_crit_ci": None, "ratio": None, "status": "edge", "added": [
         {"batch_size_sequences": 128, "lr": None, "reason": "r", "budget_multiple": 1, "stop_at_loss": None}],
         "trials_added": 2}
     (tmp_path / PRECISION_FILE).write_text(json.dumps({"waves": [wave], "outcome": None, "targets": None}))
-    analysis = {"status": "no_targets", "b_crit": None, "b_crit_ci": None, "targets": []}
+    analysis = CbsResult(status="no_targets", b_crit=None, b_crit_ci=None, targets=[])
     section = _precision_section(spec, tmp_path, [object()] * 3, analysis, stopped=True, budget_note="")
     assert section["waves"][-1]["trials_added"] == 2 and section["waves"][-1]["added"] == wave["added"]
     assert section["stopped_because"] == "interrupted"

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sweeps.analysis import TrialRecord, analyze_trials
-from sweeps.analysis.sweep import finite_json
+from sweeps.analysis import finite_json
 from critbatch.main import app
 from sweeps.run.records import _record
 from sweeps.run.trainable import trial_config
@@ -134,7 +134,7 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
     no_bytes = [trial(i, b, None) for i, b in enumerate([4, 8, 16])]
     assert "optimizer_state_bytes_per_param" not in analyze_trials(no_bytes, context_length_tokens=32, reference_batch=8)
     # critbatch analyze --trials keeps the driver's optimizer and recomputes the median from trials.json
-    (tmp_path / "cbs.json").write_text(json.dumps(finite_json({**cbs, "optimizer": "sgd_momentum"})))
+    (tmp_path / "cbs.json").write_text(json.dumps(finite_json({**cbs.to_json_dict(), "optimizer": "sgd_momentum"})))
     (tmp_path / "trials.json").write_text(json.dumps(finite_json([t.to_dict() for t in trials])))
     r = CliRunner().invoke(app, ["analyze", "--trials", str(tmp_path / "trials.json")])
     assert r.exit_code == 0, r.output

@@ -1,0 +1,271 @@
+"""The record of a sweep's answer: :class:`CbsResult`, the content of ``OUT/cbs.json``.
+
+The analysis (:func:`sweeps.analysis.analyze_trials`) builds it, the end of a sweep
+(:mod:`sweeps.run.finish`) adds the sweep-level fields through :func:`sweeps.analysis.with_sweep_fields`, and
+every reader (the report, ``critbatch plan``, ``critbatch compare``, the CLI, the REST service) reads its
+attributes. Plain data, like the rest of :mod:`sweeps.spec`: the REST service imports it.
+
+The file is the model's :meth:`CbsResult.to_json_dict` written as indented JSON. A field the file did not
+have stays absent from the dump (not ``null``): files from earlier versions, with fewer keys, load and
+re-serialize as they were read. Keys the model does not name are kept (``extra="allow"``) and dumped after
+the named ones. Field order is the file's key order: the headline first. Units: batch sizes in sequences
+unless the name says ``_tokens``; steps are optimizer steps; losses in nats; intervals are ``[lo, hi]``
+with ``hi`` None when unbounded; a value the analysis could not give is None.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
+__all__ = ["CbsResult", "TargetFit", "TargetPoint", "CensoredPoint", "BatchRecord", "NoiseScaleSeries", "LrAtBatch",
+           "TrialsByStatus", "MlflowRuns", "BestCheckpoint", "Interval"]
+
+#: ``[lo, hi]``: ``hi`` None when the interval is unbounded above (``lo`` None only where a record says so)
+Interval = list[Optional[float]]
+
+#: a count or amount read through from the trials' records, which hold it as an int or a float: the file
+#: writes it as it was read (``64`` and ``64.0`` are different bytes)
+Amount = int | float
+
+
+class _Record(BaseModel):
+    """A part of ``cbs.json``: keeps the keys it does not name, dumps only the keys it was given."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_serializer(mode="wrap")
+    def _given_keys_only(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # every dump (cbs.json, the REST response) holds the keys the record was given, absent ones absent
+        out = handler(self)
+        given = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in out.items() if k in given}
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON object this record is written as: its given keys in field order, then the unnamed ones."""
+        return self.model_dump(mode="python")
+
+    # read access by JSON key, for code that handles cbs.json as parsed JSON (``cbs["b_crit"]``): a key the
+    # record was not given reads as absent, as it would in the file
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.model_fields_set or key in (self.model_extra or {})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of JSON key ``key``, or ``default`` if the record does not have it."""
+        return self[key] if key in self else default
+
+
+class TrialsByStatus(_Record):
+    """How many of the sweep's trials ended in each status."""
+
+    COMPLETED: int = 0
+    DIVERGED: int = 0
+    FAILED: int = 0
+    PRUNED: int = 0
+    STOPPED: int = 0
+
+
+class TargetPoint(_Record):
+    """One (batch size, seed) cell's steps to a target: the minimum over its trials
+    (:func:`sweeps.analysis.steps_to_target_points`). ``upper_bound``: True where the seed was already below the
+    target at its first milestone (the steps are then at most this)."""
+
+    batch_size_sequences: int
+    seed: Optional[int] = None
+    tokens_to_target: Optional[float] = None
+    steps_to_target: float
+    trial_id: Optional[str] = None
+    group_id: Optional[str] = None
+    upper_bound: Optional[bool] = None
+
+
+class CensoredPoint(_Record):
+    """A (batch size, seed) cell with trials but no crossing of the target: it needs more than
+    ``steps_lower_bound`` steps (:func:`sweeps.analysis.censored_points`); ``fit_steps`` is what the fit made
+    without it gives it and ``fit_consistent`` whether that is more."""
+
+    batch_size_sequences: int
+    seed: Optional[int] = None
+    tokens_lower_bound: Optional[float] = None
+    steps_lower_bound: Optional[float] = None
+    trial_id: Optional[str] = None
+    fit_steps: Optional[float] = None
+    fit_consistent: Optional[bool] = None
+
+
+class TargetFit(_Record):
+    """One target loss's fit of steps to target against batch size (:func:`sweeps.analysis.analyze_points`):
+    ``b_crit = E_min / S_min`` of ``S(B) = S_min + E_min / B`` (McCandlish et al. 2018, arXiv 1812.06162,
+    Eqs. 2.11-2.12), its interval and status, with the points it was fitted on."""
+
+    target_loss: Optional[float] = None
+    b_crit: Optional[float] = None
+    b_crit_ci: Optional[Interval] = None
+    #: "< B" or "> B" when the knee lies outside the fitted batch sizes
+    b_crit_bound: Optional[str] = None
+    cbs_20: Optional[float] = None
+    cbs_20_ci: Optional[Interval] = None
+    s_min: Optional[float] = None
+    s_min_ci: Optional[Interval] = None
+    e_min: Optional[float] = None
+    e_min_ci: Optional[Interval] = None
+    status: Optional[str] = None
+    n_points: Optional[int] = None
+    n_batch_sizes: Optional[int] = None
+    fitted_batch_sizes: Optional[list[float]] = None
+    censored_in_fit: Optional[list[float]] = None
+    upper_bounded_in_fit: Optional[list[float]] = None
+    # each seed's own fit, as sweeps.analysis.seed_effects reports it (its keys follow the fit that made it)
+    seed_fits: Optional[list[dict[str, Any]]] = None
+    between_seed_sd_log: Optional[float] = None
+    b_crit_ci_unwidened: Optional[Interval] = None
+    #: the gain in log steps an open LR bracket could give, by batch size (the JSON key is the batch size)
+    open_bracket_gains: Optional[dict[str, float]] = None
+    rms_log_residual: Optional[float] = None
+    message: Optional[str] = None
+    points: Optional[list[TargetPoint]] = None
+    excluded_batch_sizes: Optional[list[int]] = None
+    censored_points: Optional[list[CensoredPoint]] = None
+
+
+class BatchRecord(_Record):
+    """One batch size's steps and tokens to the primary target, its best configuration at the budget and the
+    compute it used (``cbs.json``'s ``per_batch``). Configurations are the trial's hyperparameters, whose
+    names follow the sweep's search space (hence a free-form mapping)."""
+
+    batch_size_sequences: int
+    batch_size_tokens: Optional[float] = None
+    tokens_to_target: Optional[float] = None
+    steps_to_target: Optional[float] = None
+    flops_to_target: Optional[float] = None
+    trial_ids_to_target: Optional[list[str]] = None
+    config_to_target: Optional[dict[str, Any]] = None
+    best_config_at_budget: Optional[dict[str, Any]] = None
+    trial_ids_at_budget: Optional[list[str]] = None
+    seeds: Optional[list[int]] = None
+    loss_at_budget: Optional[float] = None
+    budget_tokens: Optional[Amount] = None
+    tokens_trained: Optional[Amount] = None
+    trials: Optional[int] = None
+
+
+class NoiseScaleSeries(_Record):
+    """The simple gradient noise scale ``B_simple`` (sequences; McCandlish et al. 2018, Eq. 2.9) of a batch
+    size's best-at-budget trial against tokens trained."""
+
+    batch_size_sequences: int
+    tokens: Optional[list[Optional[Amount]]] = None
+    b_simple: Optional[list[Optional[float]]] = None
+
+
+class LrAtBatch(_Record):
+    """A batch size's best learning rate at the primary target (:func:`sweeps.analysis.lr_scaling.best_lr_per_batch`):
+    ``method`` "quadratic" or "first_to_target"; ``best_lr_bracket`` the tried LRs either side."""
+
+    batch_size_sequences: int
+    n_trials_to_target: Optional[int] = None
+    n_trials: Optional[int] = None
+    best_lr: Optional[float] = None
+    method: Optional[str] = None
+    best_lr_bracket: Optional[Interval] = None
+
+
+class MlflowRuns(_Record):
+    """Where the sweep's runs are in MLflow: the parent run and each trial's child run (trial id -> run id)."""
+
+    tracking_uri: Optional[str] = None
+    experiment_id: Optional[str] = None
+    parent_run_id: Optional[str] = None
+    child_runs: Optional[dict[str, str]] = None
+
+
+class BestCheckpoint(_Record):
+    """The best trial's Hugging Face checkpoint, copied to ``OUT/best_checkpoint`` (``size_mb``: MiB)."""
+
+    path: str
+    trial_id: str
+    size_mb: float
+
+
+class CbsResult(_Record):
+    """A sweep's critical batch size, the content of ``cbs.json`` (see the module docstring for units).
+
+    The primary target's answer (``b_crit``, sequences; ``b_crit_tokens``; ``cbs_20``; ``s_min``, steps;
+    ``e_min``, sequences) with its intervals, ``status`` (one of :data:`sweeps.analysis.STATUSES`, or
+    ``no_completed_trials``, ``no_targets``, ``analysis_failed``) and ``message``; every target's fit
+    (``targets``); each batch size's record (``per_batch``); the learning-rate scaling the data say; the
+    ``headline`` and ``caveats``; then what the sweep adds (``sweep_id``, ``mlflow``, ``precision``, ...).
+    Built by :func:`sweeps.analysis.analyze_trials` and :func:`sweeps.analysis.with_sweep_fields`.
+    """
+
+    headline: Optional[str] = None
+    trials: Optional[TrialsByStatus] = None
+    reference_batch: Optional[float] = None
+    context_length_tokens: Optional[int] = None
+    tokens_per_sequence: Optional[float] = None
+    target_rule: Optional[str] = None
+    interval_method: Optional[str] = None
+    optimizer_state_bytes_per_param: Optional[float] = None
+    n_params: Optional[Amount] = None
+    targets: Optional[list[TargetFit]] = None
+    target_loss: Optional[float] = None
+    b_crit: Optional[float] = None
+    b_crit_tokens: Optional[float] = None
+    b_crit_ci: Optional[Interval] = None
+    b_crit_ci_tokens: Optional[Interval] = None
+    b_crit_bound: Optional[str] = None
+    cbs_20: Optional[float] = None
+    cbs_20_ci: Optional[Interval] = None
+    b_compute_overhead_20: Optional[float] = None
+    b_compute_overhead_20_ci: Optional[Interval] = None
+    s_min: Optional[float] = None
+    s_min_ci: Optional[Interval] = None
+    e_min: Optional[float] = None
+    e_min_ci: Optional[Interval] = None
+    e_min_tokens: Optional[float] = None
+    e_min_ci_tokens: Optional[Interval] = None
+    fitted_batch_sizes: Optional[list[float]] = None
+    censored_points: Optional[list[CensoredPoint]] = None
+    status: Optional[str] = None
+    message: Optional[str] = None
+    per_batch: Optional[list[BatchRecord]] = None
+    b_simple: Optional[list[NoiseScaleSeries]] = None
+    lr_per_batch: Optional[list[LrAtBatch]] = None
+    #: the batch sizes whose best LR is the highest (``above``) or lowest (``below``) tried
+    lr_optimum_beyond_tried: Optional[dict[str, list[int]]] = None
+    lr_scaling_exponent_fit: Optional[float] = None
+    lr_scaling_exponent_ci: Optional[Interval] = None
+    lr_scaling_rules_in_interval: Optional[list[str]] = None
+    # the exponent fitted on random LR picks (mean, sd, draws): a summary whose keys follow lr_scaling's
+    lr_scaling_exponent_by_chance: Optional[dict[str, Any]] = None
+    # where the fastest trial at a target ran at an end of its tried LRs; its entries follow lr_scaling's
+    lr_brackets_open: Optional[list[dict[str, Any]]] = None
+    caveats: Optional[list[str]] = None
+    sweep_id: Optional[str] = None
+    flops_per_token: Optional[Amount] = None
+    trials_planned: Optional[int] = None
+    optimizer: Optional[str] = None
+    # the versions and thread settings the sweep ran with (sweeps.run.provenance): keys vary with the platform
+    provenance: Optional[dict[str, Any]] = None
+    mlflow: Optional[MlflowRuns] = None
+    # search.precision's waves and outcome: its keys follow how the search stopped (the searcher's decision,
+    # a budget or a signal) and the waves' additions, as precision.json holds them
+    precision: Optional[dict[str, Any]] = None
+    best_checkpoint: Optional[BestCheckpoint] = None
+    # the local critical batch size along training (critbatch branch): entries as sweeps.run.branching writes them
+    local_cbs: Optional[list[dict[str, Any]]] = None
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the primary target has a ``b_crit`` (a knee inside the swept batch sizes)."""
+        return self.b_crit is not None
+
+    def target(self, loss: float) -> TargetFit | None:
+        """The fit at target loss ``loss`` (nats), or None if the analysis had no such target."""
+        return next((t for t in self.targets or [] if t.target_loss == loss), None)
