@@ -200,6 +200,8 @@ def schedule(
         console.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     stages = ramp["stages"]
+    for warning in ramp["warnings"]:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
     console.print(f"{len(stages)} stages, {stages[0]['batch_size_sequences']} to {stages[-1]['batch_size_sequences']} "
                   f"sequences: {ramp['steps']} steps for {total_tokens:.3g} tokens, "
                   f"{100 * ramp['steps_saved_fraction']:.0f} % fewer than a fixed batch of "

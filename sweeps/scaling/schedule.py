@@ -75,11 +75,11 @@ def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequ
 
     Returns:
         ``stages`` (:class:`Stage` as dicts), ``steps``, ``fixed_batch_size_sequences`` and ``fixed_steps`` (the
-        first stage's batch for the whole run), ``steps_saved_fraction``, and ``note`` (what the numbers assume).
+        first stage's batch for the whole run), ``steps_saved_fraction``, ``note`` (what the numbers assume) and
+        ``warnings`` (a lower bound under one sequence at the smallest budget: the ramp then starts at 1).
 
     Raises:
-        InvalidInput: a law that does not grow (``gamma <= 0``: no ramp to take home), non-positive sizes, or a
-            ceiling under one sequence at the smallest budget.
+        InvalidInput: a law that does not grow (``gamma <= 0``: no ramp to take home), or non-positive sizes.
     """
     if result["gamma"] <= 0:
         raise InvalidInput(f"the study's exponent is {result['gamma']:.3g}: b_crit does not grow with the budget, "
@@ -87,9 +87,11 @@ def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequ
     if not (total_tokens > 0 and tokens_per_sequence > 0):
         raise InvalidInput("--total-tokens and --tokens-per-sequence must be positive")
     smallest = min(m["tokens"] for m in result["members"])
-    first = 2 ** math.floor(math.log2(ceiling_sequences(result, smallest))) if ceiling_sequences(result, smallest) >= 1 else 0
-    if first < 1:
-        raise InvalidInput("the law's lower bound is under one sequence at the smallest budget: no ramp to start")
+    floor_at_start = ceiling_sequences(result, smallest)
+    first = 2 ** math.floor(math.log2(floor_at_start)) if floor_at_start >= 1 else 1
+    notes = [] if floor_at_start >= 1 else [
+        f"the law's lower bound at the smallest budget studied is {floor_at_start:.2g} sequences, under one: the ramp "
+        "starts at 1 sequence, which the study cannot show to be under b_crit there"]
     top = max_batch_size_sequences or 2 ** math.floor(math.log2(max(ceiling_sequences(result, total_tokens), first)))
     stages = [(0.0, first)]
     batch = first * 2
@@ -110,7 +112,8 @@ def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequ
             "tokens_per_sequence": tokens_per_sequence, "fixed_batch_size_sequences": first, "fixed_steps": fixed_steps,
             "steps_saved_fraction": 1 - steps / fixed_steps,
             "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
-                    "reaches its batch size; the law was measured across budgets, not along one run"}
+                    "reaches its batch size; the law was measured across budgets, not along one run",
+            "warnings": notes}
 
 
 def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:

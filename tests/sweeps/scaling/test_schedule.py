@@ -74,3 +74,10 @@ def test_the_command_writes_the_four_formats(tmp_path):
     res = CliRunner().invoke(app, ["schedule", str(tmp_path / "nope.json"), "--total-tokens", "1e8",
                                    "--tokens-per-sequence", "64", "--output", str(tmp_path / "t")])
     assert res.exit_code == 2 and "not a study's scale.json" in res.output and not (tmp_path / "t").exists()
+
+
+def test_a_lower_bound_under_one_sequence_starts_the_ramp_at_one_and_says_so():
+    members = [StudyMember(d, 2 * (d / 2.6e5) ** 0.5, (0.3 * (d / 2.6e5) ** 0.5, 12 * (d / 2.6e5) ** 0.5))
+               for d in (1.3e5, 2.6e5)]
+    ramp = batch_size_ramp(scale_result(members), 1e8, 64)
+    assert ramp["stages"][0]["batch_size_sequences"] == 1 and "under one" in ramp["warnings"][0]
