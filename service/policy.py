@@ -89,7 +89,7 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
                                           or storage.startswith(root.rstrip("/") + "/")):
             errors.append(("resources.storage_path", "must be inside the service's storage root "
                                                      "(CRITBATCH_STORAGE_ROOT), without '..'"))
-    inputs = [("data.path", spec.data.path)] if spec.data.shards is None else [("data.shards", spec.data.shards)]
+    inputs: list[tuple[str, str | None]] = [("data.path", spec.data.path)] if spec.data.shards is None else [("data.shards", spec.data.shards)]
     if spec.data.tokenizer != "byte":
         inputs.append(("data.tokenizer", spec.data.tokenizer))
     if spec.finetune is not None:
@@ -97,5 +97,6 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
     if isinstance(spec.model.hf_config, str):  # a config.json path (an inline mapping names no file)
         inputs.append(("model.hf_config", spec.model.hf_config))
     for field, value in inputs:
-        errors += _input_errors(field, value, settings)
+        if value is not None:
+            errors += _input_errors(field, value, settings)
     return errors

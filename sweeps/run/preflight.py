@@ -53,6 +53,7 @@ def resolve_data_path(spec: SweepSpec) -> str:
     URIs (``s3://``, ``gs://``...) are returned unchanged.
     """
     p = spec.data.path if spec.data.path is not None else spec.data.shards
+    assert p is not None  # the spec holds exactly one of data.path and data.shards
     if "://" in p:
         return p
     return str(Path(p).expanduser().resolve())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import numbers
 import os
 import shutil
 import tempfile
@@ -72,6 +73,8 @@ def tokenizer_identity(tokenizer: str) -> dict[str, Any]:
     for f in sorted(p for p in folder.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     eos = tok.eos_token_id
+    if eos is not None and not isinstance(eos, numbers.Integral):
+        raise DataError(f"tokenizer {tokenizer}: its eos_token_id {eos!r} is not one token id")
     return {"name": str(folder.resolve()), "sha256": h.hexdigest(), "vocab_size": len(tok),
             "eos_token_id": None if eos is None else int(eos), "separator": [] if eos is None else [int(eos)]}
 

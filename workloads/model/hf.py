@@ -37,6 +37,18 @@ def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
 
 
+def _given_config(cfg: ModelConfig) -> dict[str, Any] | None:
+    """``model.hf_config`` as the mapping a trial builds from (a config.json path is read into one when the
+    sweep starts), or None for the shorthand.
+
+    Raises:
+        DataError: still a path.
+    """
+    if isinstance(cfg.hf_config, str):
+        raise DataError(f"model.hf_config: {cfg.hf_config!r} is a path, not the mapping read from it")
+    return cfg.hf_config
+
+
 def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
     """Rows of the model's embedding (ids it accepts): ``hf_config.vocab_size`` when the config gives one,
     else the tokenizer's (the shorthand always takes the tokenizer's).
@@ -44,7 +56,7 @@ def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
     Raises:
         DataError: ``model.hf_config.vocab_size`` smaller than the tokenizer's vocabulary.
     """
-    given = (cfg.hf_config or {}).get("vocab_size")
+    given = (_given_config(cfg) or {}).get("vocab_size")
     if given is None:
         return tokenizer_vocab_size
     if not isinstance(given, int) or isinstance(given, bool) or given < tokenizer_vocab_size:
@@ -70,10 +82,11 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
     """
     from transformers import AutoConfig
 
-    if cfg.hf_config is None:
+    given = _given_config(cfg)
+    if given is None:
         kwargs = _shorthand(cfg, vocab_size)
     else:
-        kwargs = {**cfg.hf_config, "vocab_size": model_vocab_size(cfg, vocab_size)}
+        kwargs = {**given, "vocab_size": model_vocab_size(cfg, vocab_size)}
         for stored in _NOT_ARCHITECTURE:
             kwargs.pop(stored, None)
     model_type = kwargs.pop("model_type", None)
@@ -86,14 +99,15 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
     except Exception as exc:  # noqa: BLE001 - transformers' strict-dataclass checks raise their own types
         first = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
         raise DataError(f"model.hf_config: transformers refuses the config: {first}") from None
-    if cfg.hf_config is not None:
-        _fit_positions(hf, cfg)
+    if given is not None:
+        _fit_positions(hf, cfg, given)
     return hf
 
 
-def _fit_positions(hf, cfg: ModelConfig) -> None:
-    """Maximum positions: the context length unless the config gives them (then at least that)."""
-    given = cfg.hf_config.get("max_position_embeddings", cfg.hf_config.get("n_positions"))
+def _fit_positions(hf, cfg: ModelConfig, config: dict[str, Any]) -> None:
+    """Maximum positions: the context length unless ``config`` (``model.hf_config``) gives them (then at least
+    that)."""
+    given = config.get("max_position_embeddings", config.get("n_positions"))
     if given is None:
         hf.max_position_embeddings = cfg.context_length_tokens  # GPT-2 maps it to n_positions
     elif given < cfg.context_length_tokens:
