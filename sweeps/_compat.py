@@ -66,9 +66,8 @@ class _SlowResultProcessing:
 
     def filter(self, record) -> bool:
         msg = str(record.getMessage())
-        return not (msg.startswith("The `process_trial_result` operation took")
-                    or msg.startswith("The `process_trial_results` operation took")
-                    or msg.startswith("Processing trial results took"))
+        return not msg.startswith(("The `process_trial_result` operation took",
+                                   "The `process_trial_results` operation took", "Processing trial results took"))
 
 
 def quiet_slow_result_processing() -> None:

@@ -173,7 +173,7 @@ def _package_dir(name: str) -> Path:
     found = importlib.util.find_spec(name)
     if found is None or not found.submodule_search_locations:
         raise CritbatchError(f"package {name!r} not found: cannot stage the job's code")
-    return Path(list(found.submodule_search_locations)[0])
+    return Path(next(iter(found.submodule_search_locations)))
 
 
 def _is_uri(path: str) -> bool:

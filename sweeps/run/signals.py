@@ -45,7 +45,7 @@ class StopSignals:
         self.tune_running = False
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> "StopSignals":  # noqa: PYI034 - typing.Self is Python 3.11+; the package runs on 3.10
         return self.install()
 
     def install(self) -> "StopSignals":

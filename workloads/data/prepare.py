@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import numbers
 import os
@@ -105,7 +106,7 @@ def _validation_documents(counts: list[int], fraction: float, seed: int) -> list
     n_val = min(total - 1, max(1, round(fraction * total)))
     chosen = np.sort(np.random.default_rng(seed).choice(total, size=n_val, replace=False))
     starts = np.cumsum([0] + counts)
-    return [(chosen[(chosen >= lo) & (chosen < hi)] - lo).tolist() for lo, hi in zip(starts[:-1], starts[1:])]
+    return [(chosen[(chosen >= lo) & (chosen < hi)] - lo).tolist() for lo, hi in itertools.pairwise(starts)]
 
 
 def _up_to_date(folder: Path, inputs_sha256: str) -> dict[str, Any] | None:

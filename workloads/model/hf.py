@@ -25,15 +25,16 @@ _NOT_ARCHITECTURE = ("torch_dtype", "dtype", "architectures", "transformers_vers
 def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since the first version."""
     if cfg.family == "llama":
-        return dict(model_type="llama", vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff_resolved,
-                    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
-                    max_position_embeddings=cfg.context_length_tokens, tie_word_embeddings=cfg.tie_word_embeddings,
-                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": cfg.d_model,
+                "intermediate_size": cfg.d_ff_resolved, "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
+                "max_position_embeddings": cfg.context_length_tokens, "tie_word_embeddings": cfg.tie_word_embeddings,
+                "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if cfg.family == "gpt2":
-        return dict(model_type="gpt2", vocab_size=vocab_size, n_embd=cfg.d_model, n_inner=cfg.d_ff_resolved,
-                    n_layer=cfg.n_layers, n_head=cfg.n_heads, n_positions=cfg.context_length_tokens,
-                    tie_word_embeddings=cfg.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                    bos_token_id=None, eos_token_id=None)
+        return {"model_type": "gpt2", "vocab_size": vocab_size, "n_embd": cfg.d_model, "n_inner": cfg.d_ff_resolved,
+                "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_positions": cfg.context_length_tokens,
+                "tie_word_embeddings": cfg.tie_word_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None}
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
 
 
