@@ -39,7 +39,7 @@ CMD ["mlflow", "server", "--host", "0.0.0.0", "--port", "5000"]
 FROM python-base AS critbatch
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-# torch first, from its own index, so that `pip install .` finds it satisfied and never pulls the
+# torch first, from its own index, so that `pip install ".[sweep,service]"` finds it satisfied and never pulls the
 # multi-GB default (CUDA) build.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /app
@@ -51,7 +51,7 @@ COPY critbatch ./critbatch
 COPY sweeps ./sweeps
 COPY workloads ./workloads
 COPY service ./service
-RUN pip install -c constraints.txt . "psycopg2-binary>=2.9,<3" \
+RUN pip install -c constraints.txt ".[sweep,service]" "psycopg2-binary>=2.9,<3" \
  && python -c "import torch, ray, mlflow, optuna, psycopg2, transformers, critbatch; assert torch.__version__.startswith('${TORCH_VERSION}')"
 # The bundled data sets: specs name them relative to the working directory (/app).
 COPY data ./data

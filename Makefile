@@ -13,7 +13,7 @@ ADDRESS ?=
 # UI_PORT: the port of `make ui` (`critbatch ui --port`); unset, critbatch's default, 5000.
 UI_PORT ?=
 
-.PHONY: install run ui test lock
+.PHONY: install run ui test check lock
 
 # torch first, pinned to 2.13.0 so pip takes no newer torch. Which build that is depends on the index:
 # PyPI's Linux x86_64 wheel of 2.13.0 is the CUDA 13 build (it pulls multi-GB nvidia-*/cuda-* wheels);
@@ -35,7 +35,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  $(PY) -m pip install -q -c constraints.txt torch==2.13.0; \
 	fi; \
 	$(PY) -W ignore -c "import torch; print('installed torch', torch.__version__, '(CUDA build)' if torch.version.cuda else '(CPU-only build)')"
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[sweep,service,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -49,6 +49,15 @@ ui: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The fast checks, before the suite: format and lint (ruff), types (pyright, pyproject.toml's [tool.pyright]),
+# the import rules and size caps, then the tests not marked slow.
+check: install
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyright --pythonpath $(PY)
+	$(PY) -m pytest -q tests/test_layering.py
+	$(PY) -m pytest -q -m "not slow"
 
 # constraints.txt anew from what is installed in $(VENV) now (pip freeze, less the editable critbatch,
 # pip, setuptools, wheel and local version suffixes like torch's +cpu), its header comment kept.

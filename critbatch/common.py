@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import typer
 from rich.console import Console
 from rich.text import Text
@@ -16,7 +18,7 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 
-def fail_invalid(exc: Exception) -> None:
+def fail_invalid(exc: Exception) -> NoReturn:
     """Print ``exc`` on stderr (``error: ...``; a spec with one problem in one line) and exit 2.
 
     Raises:

@@ -255,6 +255,7 @@ def analyze(
                 raise InvalidInput("--target goes with --trials (a CSV already holds steps to one target)")
             result = analyze_csv(csv, reference_batch, level=level)
         else:
+            assert trials  # exactly one of --csv, --trials and --comparison, checked above
             if target and any(not math.isfinite(t) or t <= 0 for t in target):
                 raise InvalidInput("--target must be a positive, finite loss")
             if len(trials) == 1:
@@ -263,7 +264,7 @@ def analyze(
             else:
                 from sweeps.analysis import analyze_trials_files
 
-                result = analyze_trials_files(trials, reference_batch=reference_batch,
+                result = analyze_trials_files(list(trials), reference_batch=reference_batch,
                                               targets=list(target) if target else None, level=level)
     except InvalidInput as exc:
         _fail_invalid(exc)
@@ -374,7 +375,7 @@ def _precision_text(precision: dict) -> str:
            "nothing_to_add": "no trial was left to add",
            "budget": f"the sweep's budget ran out first ({precision.get('note', '')})",
            "interrupted": "the sweep was stopped before it decided",
-           "analysis_failed": "a wave's analysis failed (see the log)"}.get(precision.get("stopped_because"), "?")
+           "analysis_failed": "a wave's analysis failed (see the log)"}.get(precision.get("stopped_because") or "", "?")
     ratio = precision.get("b_crit_ratio")
     return (f"precision: upper/lower {'unbounded' if ratio is None else f'{ratio:.3g}'} after "
             f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}")

@@ -81,7 +81,7 @@ def _report(out_dir: Path) -> Optional[Path]:
         spec = load_stored_spec(out_dir / "spec.yaml")
         records = [TrialRecord.from_dict(r) for r in rows]
         return write_report(out_dir, analysis, records, spec)
-    except Exception as exc:  # an older or partial folder: the plan stands without the report
+    except Exception as exc:  # noqa: BLE001 - an older or partial folder: the plan stands without the report
         from critbatch.common import console
 
         console.print(f"warning: report.html not updated ({type(exc).__name__}: {exc})", markup=False, highlight=False)

@@ -11,6 +11,7 @@ import json
 from typing import Any, Awaitable, Callable
 
 import yaml
+from yaml.composer import ComposerError
 
 from sweeps.errors import InvalidInput
 from sweeps.spec import SpecError, SweepSpec, parse_spec
@@ -86,7 +87,7 @@ class _NoAliasLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not accepted", event.start_mark)
+            raise ComposerError(None, None, "YAML aliases (*name) are not accepted", event.start_mark)
         return super().compose_node(parent, index)
 
 
@@ -100,7 +101,7 @@ def _load_yaml(text: str) -> Any:
         return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader
     for event in yaml.parse(text, Loader=yaml.CSafeLoader):
         if isinstance(event, yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not accepted", event.start_mark)
+            raise ComposerError(None, None, "YAML aliases (*name) are not accepted", event.start_mark)
     return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - safe constructor
 
 

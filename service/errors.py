@@ -129,7 +129,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 def install_error_handlers(app: FastAPI) -> None:
     """Answer HTTP errors (405 with the full ``Allow``), validation errors (422 by field path) and
     :data:`BACKEND_ERRORS` (:func:`error_response`) on ``app``."""
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    # Starlette types every handler as taking Exception; it calls each only with its own class
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # pyright: ignore[reportArgumentType]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # pyright: ignore[reportArgumentType]
     for cls in BACKEND_ERRORS:
         app.add_exception_handler(cls, _backend_error)

@@ -66,9 +66,8 @@ class _SlowResultProcessing:
 
     def filter(self, record) -> bool:
         msg = str(record.getMessage())
-        return not (msg.startswith("The `process_trial_result` operation took")
-                    or msg.startswith("The `process_trial_results` operation took")
-                    or msg.startswith("Processing trial results took"))
+        return not msg.startswith(("The `process_trial_result` operation took",
+                                   "The `process_trial_results` operation took", "Processing trial results took"))
 
 
 def quiet_slow_result_processing() -> None:
@@ -252,7 +251,9 @@ def placement_group_table() -> list:
     from ray._private.state import state
     from ray.core.generated import gcs_pb2
 
-    return [gcs_pb2.PlacementGroupTableData.FromString(raw)
+    # protobuf makes its message classes at import: no attribute a type checker can see
+    table = gcs_pb2.PlacementGroupTableData  # pyright: ignore[reportAttributeAccessIssue]
+    return [table.FromString(raw)
             for raw in state._connect_and_get_accessor().get_placement_group_table()]
 
 
@@ -270,7 +271,9 @@ def actor_is_dead(actor_id: bytes) -> bool:
     from ray.core.generated import gcs_pb2
 
     raw = state._connect_and_get_accessor().get_actor_info(ray.ActorID(actor_id))
-    return raw is not None and gcs_pb2.ActorTableData.FromString(raw).state == gcs_pb2.ActorTableData.DEAD
+    # protobuf makes its message classes at import: no attribute a type checker can see
+    row = gcs_pb2.ActorTableData  # pyright: ignore[reportAttributeAccessIssue]
+    return raw is not None and row.FromString(raw).state == row.DEAD
 
 
 def kv_put(key: str, value: bytes) -> None:

@@ -322,7 +322,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in typing.get_args(tp) if a is not type(None)]
         return _coerce(inner[0], value, where) if len(inner) == 1 else value
-    if (dataclasses.is_dataclass(tp) or _is_section(tp)) and isinstance(value, dict):
+    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or _is_section(tp)) and isinstance(value, dict):
         return _build(tp, value, where)
     if origin is tuple:
         args = typing.get_args(tp)

@@ -243,9 +243,10 @@ class SuccessiveHalving(ResumeReplay):
         if self.rule == "loss_at_rung":
             return curve_at(st.history, r)
         ys = [curve_at(st.history, q * r) for q in self.fit_fractions]
-        if any(y is None for y in ys):
+        known = [y for y in ys if y is not None]
+        if len(known) < len(ys):
             return None
-        return predict_final_log_linear(self.fit_fractions, ys, 1.0 / self.fractions[k])
+        return predict_final_log_linear(self.fit_fractions, known, 1.0 / self.fractions[k])
 
     def held(self, trial_id: str) -> bool:
         """Mode ``"pause"``: a restored trial that must not restart yet (it waits at a rung, waits to be
@@ -369,6 +370,7 @@ class SuccessiveHalving(ResumeReplay):
         st = self._trials[trial_id]
         values = self._rungs[(st.group, k)]
         v = values[trial_id]
+        assert st.flops_per_token is not None  # set by its first report, before it reached a rung
         keep = self._keep(values)
         better = sum(1 for x in values.values() if x < v)
         d = RungDecision(rung=k, flops=self.rung_flops(st.flops_per_token)[k], value=v, better=better,

@@ -7,9 +7,9 @@ The decisions depend on the rung values only, so a replay gives the decisions of
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from sweeps.pruning.rungs import RESULT_KEYS, _TrialState
+from sweeps.pruning.rungs import RESULT_KEYS, RungDecision, _TrialState
 
 __all__ = ["ResumeReplay"]
 
@@ -17,6 +17,28 @@ __all__ = ["ResumeReplay"]
 class ResumeReplay:
     """The resume half of :class:`~sweeps.pruning.halving.SuccessiveHalving` (a base class: it uses the
     state and the rung methods that class defines)."""
+
+    if TYPE_CHECKING:  # what SuccessiveHalving defines and this half uses
+        mode: str
+        fractions: list[float]
+        waiting: dict[str, int]
+        to_resume: list[str]
+        to_prune: list[str]
+        pruned_while_paused: dict[str, dict[str, Any]]
+        _trials: dict[str, _TrialState]
+        _rungs: dict[tuple[Any, int], dict[str, float]]
+        _members: dict[Any, list[str]]
+        _ended: set[str]
+        _decided: set[tuple[Any, int]]
+
+        def rung_flops(self, flops_per_token: float) -> list[float]: ...
+        def _state(self, trial_id: str, group: Any) -> _TrialState: ...
+        def _advance(self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *,
+                     decide: bool) -> list[RungDecision]: ...
+        def add_member(self, trial_id: str, group: Any, *, ended: bool = False) -> None: ...
+        def _walk(self, trial_id: str) -> bool: ...
+        def _pump(self) -> None: ...
+        def _settle(self, trial_id: str, k: int) -> None: ...
 
     def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
                 losses: Sequence[float], *, ended: bool = False, pruning: dict[str, Any] | None = None) -> None:
@@ -43,7 +65,7 @@ class ResumeReplay:
             if float(f) > 0 and float(t) > 0:
                 self._append(st, float(f), float(t), float(y) if y is not None else math.nan)
         self.add_member(trial_id, group, ended=ended or pruned)
-        if pruned:
+        if pruned and pruning:
             last_rung = int(pruning.get("pruned_rung", len(self.fractions) - 1))
             while st.next_rung <= last_rung and self._walk(trial_id):  # its values up to the rung it was pruned at
                 self.waiting.pop(trial_id)
@@ -65,6 +87,7 @@ class ResumeReplay:
 
     def _went_past(self, st: _TrialState, k: int) -> bool:
         """Whether a trial reported past the first report that reached rung ``k`` (it had been let go on)."""
+        assert st.flops_per_token is not None  # set by its first report, before it reached a rung
         r = self.rung_flops(st.flops_per_token)[k]
         return sum(1 for f, _ in st.history if f >= r * (1 - 1e-12)) > 1
 

@@ -5,6 +5,7 @@ described in :mod:`sweeps.pruning.halving`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -71,7 +72,7 @@ def curve_at(points: Sequence[tuple[float, float]], x: float) -> float | None:
         return None
     if x <= points[0][0] * (1 + 1e-12):
         return points[0][1] if math.isfinite(points[0][1]) else math.inf
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if x <= x1 * (1 + 1e-12):
             return interpolate(x0, y0, x1, y1, min(x, x1))
     raise ValueError(f"{x} FLOPs lies past the last report ({points[-1][0]})")

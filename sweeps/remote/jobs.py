@@ -348,7 +348,7 @@ class SweepJobs:
         state = self._state(job, with_mlflow=True, reconcile=True)
         if not state.terminal:
             raise ReportNotReady(sweep_id, state.status, "the sweep has not finished")
-        if state.mlflow_error or state.parent_run_id is None or self._foreign_uri(uri):
+        if state.mlflow_error or state.parent_run_id is None or uri is None or self._foreign_uri(uri):
             raise ReportNotReady(sweep_id, state.status, state.mlflow_error or state.reason or "no MLflow parent run")
         reader = self._reader_factory(uri)
         with waiting_on(MLFLOW, "the sweep's cbs.json"):
@@ -386,7 +386,7 @@ class SweepJobs:
         ok, why = readable_here(uri)
         if ok and self._foreign_uri(uri):
             ok, why = False, "the sweep logs to a tracking URI that this service does not read"
-        if not ok:
+        if not ok or uri is None:
             return replace(ray, mlflow_error=why)
         try:
             with waiting_on(MLFLOW, "the sweep's runs"):

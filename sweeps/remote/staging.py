@@ -40,10 +40,8 @@ from sweeps.tracking.schema import (
     META_TRIALS_PLANNED,
 )
 
-__all__ = [
-    "StagingLimits", "StagedSweep", "shippable_files", "stage_sweep", "staged_sweep", "staged_summary", "PACKAGES",
-    "INPUTS_DIR",
-]
+__all__ = ["StagingLimits", "StagedSweep", "shippable_files", "stage_sweep", "staged_sweep", "staged_summary",
+           "PACKAGES", "INPUTS_DIR"]
 
 MiB = 1024 * 1024
 
@@ -175,7 +173,7 @@ def _package_dir(name: str) -> Path:
     found = importlib.util.find_spec(name)
     if found is None or not found.submodule_search_locations:
         raise CritbatchError(f"package {name!r} not found: cannot stage the job's code")
-    return Path(list(found.submodule_search_locations)[0])
+    return Path(next(iter(found.submodule_search_locations)))
 
 
 def _is_uri(path: str) -> bool:
@@ -184,10 +182,11 @@ def _is_uri(path: str) -> bool:
 
 def _inputs_of(spec: SweepSpec) -> list[tuple[str, str, str]]:
     """``(spec field, path, staged name)`` of every local input a job may need shipped."""
+    out: list[tuple[str, str, str]] = []  # data.path or data.shards: the spec holds exactly one
     if spec.data.shards is not None:  # a prepared folder ships whole (within the limit); a URI stays
-        out = [("data.shards", spec.data.shards, f"{INPUTS_DIR}/shards")]
-    else:
-        out = [("data.path", spec.data.path, f"{INPUTS_DIR}/data/{Path(spec.data.path).name or 'data'}")]
+        out.append(("data.shards", spec.data.shards, f"{INPUTS_DIR}/shards"))
+    elif spec.data.path is not None:
+        out.append(("data.path", spec.data.path, f"{INPUTS_DIR}/data/{Path(spec.data.path).name or 'data'}"))
     if spec.data.tokenizer != "byte":
         out.append(("data.tokenizer", spec.data.tokenizer, f"{INPUTS_DIR}/tokenizer"))
     if spec.finetune is not None:

@@ -163,7 +163,7 @@ def from_job(job: Any, tracking_uri: str | None) -> SweepStatus:
     elif status == "STOPPED":
         reason = "stopped by request"
     return SweepStatus(
-        id=job.submission_id or md.get(META_SWEEP_ID), status=status, reason=reason, ray_status=ray_status,
+        id=job.submission_id or str(md.get(META_SWEEP_ID, "")), status=status, reason=reason, ray_status=ray_status,
         name=md.get(META_NAME), submitted_at=_iso(job.start_time), ended_at=_iso(job.end_time),
         tracking_uri=tracking_uri,
     )

@@ -173,6 +173,7 @@ class OutputClaim:
     fd: int | None = None
 
     def _write_holder(self, sweep_id: str) -> None:
+        assert self.fd is not None  # the lock is held: the claim opened it
         data = json.dumps({"sweep_id": sweep_id, "pid": os.getpid(), "host": socket.gethostname()}).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)

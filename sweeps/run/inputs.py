@@ -165,7 +165,7 @@ def check_inputs_unchanged(pinned: dict[str, dict[str, Any]] | None, now: dict[s
         elif cur["sha256"] != rec["sha256"]:
             changed.append(f"{field} {cur['path']} changed since {since} (sha256 {rec['sha256']} then, "
                            f"{cur['sha256']} now)")
-    if not any(c.startswith("data.shards ") for c in changed) and SHARD_FILES in (pinned or {}):
+    if pinned and SHARD_FILES in pinned and not any(c.startswith("data.shards ") for c in changed):
         changed += _changed_shard_files(pinned[SHARD_FILES], now.get(SHARD_FILES), since)
     if changed:
         raise InvalidInput("; ".join(changed) + f": the remaining trials would train on other inputs than the finished "

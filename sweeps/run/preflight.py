@@ -50,6 +50,7 @@ def resolve_data_path(spec: SweepSpec) -> str:
     URIs (``s3://``, ``gs://``...) are returned unchanged.
     """
     p = spec.data.path if spec.data.path is not None else spec.data.shards
+    assert p is not None  # the spec holds exactly one of data.path and data.shards
     if "://" in p:
         return p
     return str(Path(p).expanduser().resolve())
@@ -110,14 +111,14 @@ def window_warnings(spec: SweepSpec, facts: dict | None) -> list[str]:
         n = max(0, (int(facts["train_tokens"]) - 1) // T)
         what = f"non-overlapping training windows of {T} tokens ({int(facts['train_tokens'])} training tokens)"
     else:
-        return [f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
-                "exceeds its training windows could not be checked"]
+        return [(f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
+                 "exceeds its training windows could not be checked")]
     big = [b for b in sizes if b > n]
     if not big:
         return []
-    return [f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
-            f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
-            f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}"]
+    return [(f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
+             f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
+             f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}")]
 
 
 def _check_shards(spec: SweepSpec) -> dict:

@@ -56,9 +56,11 @@ class PlacementGroupReaper(Callback):
         if not ray.is_initialized():
             return 0
         nil = ray.ActorID.nil().binary()
+        # protobuf makes its message classes at import: no attribute a type checker can see
+        table = gcs_pb2.PlacementGroupTableData  # pyright: ignore[reportAttributeAccessIssue]
         n = 0
         for pg in placement_group_table():
-            candidate = (pg.state in (gcs_pb2.PlacementGroupTableData.CREATED, gcs_pb2.PlacementGroupTableData.PENDING)
+            candidate = (pg.state in (table.CREATED, table.PENDING)
                          and not pg.is_detached and pg.creator_actor_id not in (b"", nil))
             # the group's own flag is not always set when its creator dies (sweeps._compat.actor_is_dead)
             orphan = candidate and (pg.creator_actor_dead or actor_is_dead(pg.creator_actor_id))

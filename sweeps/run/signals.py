@@ -45,7 +45,7 @@ class StopSignals:
         self.tune_running = False
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> "StopSignals":  # noqa: PYI034 - typing.Self is Python 3.11+; the package runs on 3.10
         return self.install()
 
     def install(self) -> "StopSignals":
@@ -77,7 +77,8 @@ class StopSignals:
             raise KeyboardInterrupt
         self.signum = signum
         tune_interrupt = signal.getsignal(signal.SIGUSR1)
-        if self.tune_running and getattr(tune_interrupt, "__name__", "") == "signal_interrupt_tune_run":
+        if (self.tune_running and callable(tune_interrupt)
+                and getattr(tune_interrupt, "__name__", "") == "signal_interrupt_tune_run"):
             log.warning("%s: stopping the sweep cleanly (trials keep their last checkpoint; `critbatch resume` "
                         "continues it); send it again to force-quit", name)
             tune_interrupt(signum, frame)  # Tune ends fit() after one last experiment snapshot

@@ -35,6 +35,7 @@ def test_the_grid_lrs_are_the_searchs_lattice_floats(grid_mod):
         assert grid_mod.lattice_lr(0.003, k) == lattice_lr(0.003, k, 0.5)
 
 
+@pytest.mark.slow
 def test_a_cached_cell_is_the_curve_a_sweep_trial_gets_today(grid_mod):
     """B = 256 at a cached LR, trained now for one budget by the trial runners' code: its 16 milestones equal the
     cache's first 16 to the last bit (deterministic training; a 4-budget cell's start is the 1-budget trial)."""

@@ -66,7 +66,8 @@ def test_the_image_has_the_driver_the_url_names():
     assert driver == "psycopg2"
     dockerfile = (ROOT / "Dockerfile").read_text()
     critbatch_stage = dockerfile[dockerfile.index("AS critbatch"):]
-    (install,) = re.findall(r"^RUN pip install -c constraints\.txt \. (.*)$", critbatch_stage, flags=re.M)
+    (install,) = re.findall(r'^RUN pip install -c constraints\.txt "\.\[sweep,service\]" (.*)$', critbatch_stage,
+                            flags=re.M)
     assert '"psycopg2-binary>=2.9,<3"' in install
     assert "import torch, ray, mlflow, optuna, psycopg2" in critbatch_stage  # the build fails without it
 

@@ -174,6 +174,7 @@ def test_ui_links_encode_the_comparison():
     assert mlflow_ui_links(None, "3", "p", ["a"]) == {}
 
 
+@pytest.mark.slow
 def test_a_stopped_jobs_orphan_runs_are_closed_in_a_real_mlflow_store(fake_ray, mlflow_uri):
     """The reconciliation (``MlflowReader.close_orphans``) against real MLflow: once the job is
     STOPPED, no run of the sweep is left RUNNING; finished runs and other sweeps' runs are untouched."""

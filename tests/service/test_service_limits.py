@@ -94,6 +94,7 @@ def test_numbers_out_of_bounds_and_booleans_for_integers_are_422(fake_jobs, fake
 # ---- bodies are parsed off the event loop -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_large_yaml_bodies_do_not_block_healthz(fake_jobs):
     big = (yaml.safe_dump(SPEC) + "".join(f"# {'x' * 60}\nk{i}: [{i}, {i + 1}, 'abc{i}']\n" for i in range(9000))).encode()
     assert 0.5 * 2**20 < len(big) < 2**20
@@ -136,6 +137,7 @@ class BlockingRay:
         return []
 
 
+@pytest.mark.slow
 def test_healthz_answers_while_every_backend_thread_waits_on_ray():
     jobs = SweepJobs("http://ray.invalid:8265", client=BlockingRay(3.0))
     # 100 calls on 32 backend threads: 4 rounds of 3 s, well inside the route's 90 s

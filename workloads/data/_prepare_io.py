@@ -176,7 +176,7 @@ class _ShardWriter:
 
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.dtype = path, dtype
-        self.file = open(path, "wb")
+        self.file = open(path, "wb")  # noqa: SIM115 - written by every write(), closed by close()
         self.sha = hashlib.sha256()
         self.tokens = self.documents = self.max_id = 0
 

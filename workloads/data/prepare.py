@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
+import numbers
 import os
 import shutil
 import tempfile
@@ -72,6 +74,8 @@ def tokenizer_identity(tokenizer: str) -> dict[str, Any]:
     for f in sorted(p for p in folder.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     eos = tok.eos_token_id
+    if eos is not None and not isinstance(eos, numbers.Integral):
+        raise DataError(f"tokenizer {tokenizer}: its eos_token_id {eos!r} is not one token id")
     return {"name": str(folder.resolve()), "sha256": h.hexdigest(), "vocab_size": len(tok),
             "eos_token_id": None if eos is None else int(eos), "separator": [] if eos is None else [int(eos)]}
 
@@ -102,7 +106,7 @@ def _validation_documents(counts: list[int], fraction: float, seed: int) -> list
     n_val = min(total - 1, max(1, round(fraction * total)))
     chosen = np.sort(np.random.default_rng(seed).choice(total, size=n_val, replace=False))
     starts = np.cumsum([0] + counts)
-    return [(chosen[(chosen >= lo) & (chosen < hi)] - lo).tolist() for lo, hi in zip(starts[:-1], starts[1:])]
+    return [(chosen[(chosen >= lo) & (chosen < hi)] - lo).tolist() for lo, hi in itertools.pairwise(starts)]
 
 
 def _up_to_date(folder: Path, inputs_sha256: str) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -165,7 +166,7 @@ def load_finetuned(checkpoint_dir: str) -> torch.nn.Module:
 
 
 def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, context_length_tokens: int, *,
-                    d_ff: int | None = None, family: str = "llama", seed: int = 0, overwrite: bool = False) -> Path:
+                    d_ff: int | None = None, family: Literal["llama", "gpt2"] = "llama", seed: int = 0, overwrite: bool = False) -> Path:
     """Write a freshly initialised byte-level causal LM and its tokenizer: a checkpoint to fine-tune offline.
 
     Args:
@@ -199,6 +200,9 @@ def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, c
     torch.manual_seed(seed)
     model = build_model(ModelConfig(family=family, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff,
                                     context_length_tokens=context_length_tokens), BYTE_VOCAB_SIZE)
+    from transformers import PreTrainedModel
+
+    assert isinstance(model, PreTrainedModel)  # build_model's
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     save_tokenizer("byte", str(out))

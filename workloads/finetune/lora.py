@@ -23,7 +23,8 @@ def lora_config(lora: LoraConfig):
     """
     from peft import LoraConfig as PeftLoraConfig
 
-    return PeftLoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
+    # peft annotates lora_alpha as int; it only divides it by r, so a float alpha scales as written
+    return PeftLoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha),  # pyright: ignore[reportArgumentType] lora_dropout=float(lora.dropout),
                           target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
 
 

@@ -118,6 +118,17 @@ class FinetuneWorkload:
         return int(targets.numel())
 
 
+def _data_path(wc: WorkloadConfig) -> str:
+    """``data.path``, the JSONL file fine-tuning reads.
+
+    Raises:
+        DataError: no ``data.path`` (prepared ``data.shards`` hold no examples).
+    """
+    if wc.data.path is None:
+        raise DataError("data.path: fine-tuning reads a JSONL file of examples, not data.shards")
+    return wc.data.path
+
+
 def _load_inputs(wc: WorkloadConfig, data_path: str) -> tuple[FinetuneConfig, Any, int, str, FinetuneData]:
     """``(finetune section, checkpoint config, vocabulary size, tokenizer source, data)`` of a
     fine-tuning workload, checked: the context fits the checkpoint, the data fits the tokenizer."""
@@ -143,7 +154,7 @@ def build_finetune(cfg: TrialConfig, device: torch.device) -> FinetuneWorkload:
         workloads.errors.DataError: missing checkpoint, unusable data (line and field named), a
             context longer than learned positions, LoRA targets that match nothing.
     """
-    opts, _, vocab, source, data = _load_inputs(cfg.workload, cfg.workload.data.path)
+    opts, _, vocab, source, data = _load_inputs(cfg.workload, _data_path(cfg.workload))
     base_dir, _ = resolve_checkpoint(opts.checkpoint_dir)
     model = load_checkpoint_model(opts.checkpoint_dir)
     shape = shape_of(model.config, cfg.context_length_tokens)
@@ -211,7 +222,14 @@ def save_finetuned(work: FinetuneWorkload, save_dir: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = work.model
     if work.opts.lora is not None:
+        from peft import PeftModel
+
+        assert isinstance(model, PeftModel)  # build_finetune wrapped it
         model.peft_config["default"].base_model_name_or_path = str(work.base_dir)
+    else:
+        from transformers import PreTrainedModel
+
+        assert isinstance(model, PreTrainedModel)  # the checkpoint's transformers model
     model.save_pretrained(str(out))
     save_tokenizer(work.tokenizer_source, str(out))
     meta = {
@@ -247,7 +265,7 @@ def check_finetune_inputs(wc: WorkloadConfig) -> dict[str, Any]:
             than learned positions; LoRA targets that match no module; too few examples; no
             ``finetune`` section.
     """
-    path = str(Path(wc.data.path).expanduser().resolve())
+    path = str(Path(_data_path(wc)).expanduser().resolve())
     opts, hf, _, _, data = _load_inputs(wc, path)
     shape = shape_of(hf, wc.model.context_length_tokens)
     if opts.lora is None:

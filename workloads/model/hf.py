@@ -25,16 +25,29 @@ _NOT_ARCHITECTURE = ("torch_dtype", "dtype", "architectures", "transformers_vers
 def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since the first version."""
     if cfg.family == "llama":
-        return dict(model_type="llama", vocab_size=vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff_resolved,
-                    num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
-                    max_position_embeddings=cfg.context_length_tokens, tie_word_embeddings=cfg.tie_word_embeddings,
-                    bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        return {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": cfg.d_model,
+                "intermediate_size": cfg.d_ff_resolved, "num_hidden_layers": cfg.n_layers,
+                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
+                "max_position_embeddings": cfg.context_length_tokens, "tie_word_embeddings": cfg.tie_word_embeddings,
+                "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     if cfg.family == "gpt2":
-        return dict(model_type="gpt2", vocab_size=vocab_size, n_embd=cfg.d_model, n_inner=cfg.d_ff_resolved,
-                    n_layer=cfg.n_layers, n_head=cfg.n_heads, n_positions=cfg.context_length_tokens,
-                    tie_word_embeddings=cfg.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                    bos_token_id=None, eos_token_id=None)
+        return {"model_type": "gpt2", "vocab_size": vocab_size, "n_embd": cfg.d_model, "n_inner": cfg.d_ff_resolved,
+                "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_positions": cfg.context_length_tokens,
+                "tie_word_embeddings": cfg.tie_word_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None}
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
+
+
+def _given_config(cfg: ModelConfig) -> dict[str, Any] | None:
+    """``model.hf_config`` as the mapping a trial builds from (a config.json path is read into one when the
+    sweep starts), or None for the shorthand.
+
+    Raises:
+        DataError: still a path.
+    """
+    if isinstance(cfg.hf_config, str):
+        raise DataError(f"model.hf_config: {cfg.hf_config!r} is a path, not the mapping read from it")
+    return cfg.hf_config
 
 
 def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
@@ -44,7 +57,7 @@ def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
     Raises:
         DataError: ``model.hf_config.vocab_size`` smaller than the tokenizer's vocabulary.
     """
-    given = (cfg.hf_config or {}).get("vocab_size")
+    given = (_given_config(cfg) or {}).get("vocab_size")
     if given is None:
         return tokenizer_vocab_size
     if not isinstance(given, int) or isinstance(given, bool) or given < tokenizer_vocab_size:
@@ -70,10 +83,11 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
     """
     from transformers import AutoConfig
 
-    if cfg.hf_config is None:
+    given = _given_config(cfg)
+    if given is None:
         kwargs = _shorthand(cfg, vocab_size)
     else:
-        kwargs = {**cfg.hf_config, "vocab_size": model_vocab_size(cfg, vocab_size)}
+        kwargs = {**given, "vocab_size": model_vocab_size(cfg, vocab_size)}
         for stored in _NOT_ARCHITECTURE:
             kwargs.pop(stored, None)
     model_type = kwargs.pop("model_type", None)
@@ -86,14 +100,15 @@ def hf_config(cfg: ModelConfig, vocab_size: int):
     except Exception as exc:  # noqa: BLE001 - transformers' strict-dataclass checks raise their own types
         first = " ".join(line.strip() for line in str(exc).strip().splitlines()[:2]) or type(exc).__name__
         raise DataError(f"model.hf_config: transformers refuses the config: {first}") from None
-    if cfg.hf_config is not None:
-        _fit_positions(hf, cfg)
+    if given is not None:
+        _fit_positions(hf, cfg, given)
     return hf
 
 
-def _fit_positions(hf, cfg: ModelConfig) -> None:
-    """Maximum positions: the context length unless the config gives them (then at least that)."""
-    given = cfg.hf_config.get("max_position_embeddings", cfg.hf_config.get("n_positions"))
+def _fit_positions(hf, cfg: ModelConfig, config: dict[str, Any]) -> None:
+    """Maximum positions: the context length unless ``config`` (``model.hf_config``) gives them (then at least
+    that)."""
+    given = config.get("max_position_embeddings", config.get("n_positions"))
     if given is None:
         hf.max_position_embeddings = cfg.context_length_tokens  # GPT-2 maps it to n_positions
     elif given < cfg.context_length_tokens:

@@ -74,6 +74,7 @@ def _check_shards(wc: WorkloadConfig) -> dict[str, Any]:
     from workloads.data.prepare import tokenizer_identity
     from workloads.data.shards import check_index, read_index
 
+    assert wc.data.shards is not None  # called for a spec with data.shards only
     try:
         index = read_index(wc.data.shards, fetch=False)
     except DataError as exc:
@@ -136,6 +137,9 @@ def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str
     """``save_pretrained`` (of ``state_dict`` when given: a sharded model's full weights) plus the
     tokenizer (a local HF tokenizer directory is copied; ``byte`` is written as a byte-level
     ``tokenizers`` model so the checkpoint fine-tunes offline)."""
+    from transformers import PreTrainedModel
+
+    assert isinstance(model, PreTrainedModel)  # build_model's (FSDP2 keeps the class, as a subclass)
     if state_dict is None:
         model.save_pretrained(save_dir)
     else:

@@ -90,6 +90,12 @@ class RungGate:
         self.cfg = cfg
         self.previous = 0.0  # the tokens seen at the report published last (a rung is judged against it)
 
+    @property
+    def key(self) -> str:
+        """The key of the trial's rung gate ("" without one: then :meth:`reached` is always None)."""
+        gate = self.cfg.rung_gate
+        return gate.key if gate is not None else ""
+
     def reached(self, clean: dict[str, Any]) -> float | None:
         """The report's tokens seen if it reaches a rung where the worker must wait, else None."""
         tokens = float(clean.get("tokens_seen") or 0.0)
@@ -102,7 +108,7 @@ class RungGate:
     def wait(self, tokens: float, *, cancelled: Callable[[], bool] | None = None, timeout_s: float) -> str:
         """Wait up to ``timeout_s`` for the scheduler's go at ``tokens``: ``"go"``, ``"cancelled"`` (the trial
         was cancelled meanwhile, :func:`wait_for_rung_decision`'s ``cancelled``) or ``"wait"`` (no answer yet)."""
-        if wait_for_rung_decision(self.cfg.rung_gate.key, tokens, timeout_s=timeout_s, cancelled=cancelled):
+        if wait_for_rung_decision(self.key, tokens, timeout_s=timeout_s, cancelled=cancelled):
             return "go"
         return "cancelled" if cancelled is not None and cancelled() else "wait"
 
@@ -114,7 +120,7 @@ class RungGate:
             return
         import logging
 
-        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", self.cfg.rung_gate.key,
+        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", self.key,
                                             RUNG_WAIT_TIMEOUT_S)
 
 

@@ -47,7 +47,8 @@ def train_storage_path() -> str | None:
     try:
         import ray.train
 
-        return str(ray.train.get_context().get_storage().experiment_fs_path)
+        storage = ray.train.get_context().get_storage()
+        return None if storage is None else str(storage.experiment_fs_path)
     except Exception:  # noqa: BLE001 - not in a worker, or Ray changed it: the error goes without the path
         return None
 
@@ -63,7 +64,9 @@ def drain_report_queue(timeout_s: float = 300.0) -> None:
     from one to the other), keeps the consumer alive for it. Returns at once outside a session.
     """
     session = train_session()
-    q = getattr(session, "_inter_actor_queue", None) if session is not None else None
+    if session is None:
+        return
+    q = getattr(session, "_inter_actor_queue", None)
     if q is None:
         return
 

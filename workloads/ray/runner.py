@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 import ray
+import ray.exceptions
 import ray.train
 import ray.train.torch
 
@@ -293,7 +294,7 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
                 import logging
 
                 logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on",
-                                                    cfg.rung_gate.key, RUNG_WAIT_TIMEOUT_S)
+                                                    gate.key, RUNG_WAIT_TIMEOUT_S)
                 return
 
     run_trial(cfg, context, device=device, settings=settings, rank=rank, nodes=nodes, entered=entered,
