@@ -45,8 +45,17 @@ if TYPE_CHECKING:
 T = 64  # tokens per sequence
 
 
-def simulate(rng: np.random.Generator, batch_sizes: list[int], seeds: int, b_crit: float, *, trials: int = 2,
-             sigma_batch: float = 0.12, sigma_seed: float = 0.05, penalty: float = 0.15) -> list[TrialRecord]:
+def simulate(
+    rng: np.random.Generator,
+    batch_sizes: list[int],
+    seeds: int,
+    b_crit: float,
+    *,
+    trials: int = 2,
+    sigma_batch: float = 0.12,
+    sigma_seed: float = 0.05,
+    penalty: float = 0.15,
+) -> list[TrialRecord]:
     """One sweep's trial records with a known ``b_crit`` (sequences); see the module docstring."""
     import numpy as np
 
@@ -67,10 +76,19 @@ def simulate(rng: np.random.Generator, batch_sizes: list[int], seeds: int, b_cri
                 # L(tokens) = 1 + 2 (tokens / tokens_mid)^-0.5: every target between 1.3 and 2.6 is reached
                 # at tokens_mid * ((L - 1)/2)^-2, so the hyperbola holds at every target
                 loss = 1.0 + 2.0 * (tok / tokens_mid) ** -0.5
-                records.append(TrialRecord(
-                    trial_id=f"B{b}-t{k}-s{seed}", batch_size_sequences=b, seed=seed, group_id=f"B{b}-t{k}",
-                    status="COMPLETED", hyperparameters={"lr": 1e-3 * 2 ** d}, tokens=list(tok), val_loss=list(loss),
-                    flops=list(tok * 10.0)))
+                records.append(
+                    TrialRecord(
+                        trial_id=f"B{b}-t{k}-s{seed}",
+                        batch_size_sequences=b,
+                        seed=seed,
+                        group_id=f"B{b}-t{k}",
+                        status="COMPLETED",
+                        hyperparameters={"lr": 1e-3 * 2**d},
+                        tokens=list(tok),
+                        val_loss=list(loss),
+                        flops=list(tok * 10.0),
+                    )
+                )
     return records
 
 
@@ -89,8 +107,13 @@ def coverage(batch_sizes: list[int], seeds: int, sweeps: int, level: float, seed
     hits, widths, bounded = 0, [], 0
     for _ in range(sweeps):
         truth = float(np.exp(rng.uniform(math.log(batch_sizes[1]), math.log(batch_sizes[-2]))))
-        res = analyze_trials(simulate(rng, batch_sizes, seeds, truth), context_length_tokens=T, reference_batch=16,
-                             targets=[2.0], level=level)
+        res = analyze_trials(
+            simulate(rng, batch_sizes, seeds, truth),
+            context_length_tokens=T,
+            reference_batch=16,
+            targets=[2.0],
+            level=level,
+        )
         ci = res["targets"][0]["b_crit_ci"]
         lo, hi = (ci[0], ci[1] if ci[1] is not None else math.inf) if ci else (0.0, math.inf)
         hits += _covers(ci, truth)
@@ -100,7 +123,9 @@ def coverage(batch_sizes: list[int], seeds: int, sweeps: int, level: float, seed
     return hits / sweeps, float(np.median(widths)) if widths else math.inf, bounded
 
 
-def coverage_s_min_e_min(batch_sizes: list[int], seeds: int, sweeps: int, level: float, seed: int) -> tuple[float, float]:
+def coverage_s_min_e_min(
+    batch_sizes: list[int], seeds: int, sweeps: int, level: float, seed: int
+) -> tuple[float, float]:
     """``(coverage of s_min_ci, of e_min_ci)`` on sweeps whose search finds the best LR (``penalty=0``).
 
     Only then is the truth defined: the search penalty adds the winning trial's ``penalty d^2`` to
@@ -117,8 +142,13 @@ def coverage_s_min_e_min(batch_sizes: list[int], seeds: int, sweeps: int, level:
     s_hits = e_hits = 0
     for _ in range(sweeps):
         truth = float(np.exp(rng.uniform(math.log(batch_sizes[1]), math.log(batch_sizes[-2]))))
-        res = analyze_trials(simulate(rng, batch_sizes, seeds, truth, penalty=0.0), context_length_tokens=T,
-                             reference_batch=16, targets=[2.0], level=level)
+        res = analyze_trials(
+            simulate(rng, batch_sizes, seeds, truth, penalty=0.0),
+            context_length_tokens=T,
+            reference_batch=16,
+            targets=[2.0],
+            level=level,
+        )
         row = res["targets"][0]
         s_hits += _covers(row.get("s_min_ci"), 800.0)
         e_hits += _covers(row.get("e_min_ci"), 800.0 * truth)
@@ -137,14 +167,20 @@ def main() -> None:
     for i, (bs, seeds) in enumerate(cases):
         cov, width, bounded = coverage(bs, seeds, a.sweeps, a.level, a.seed + i)
         worst = min(worst, cov)
-        print(f"{len(bs)} batch sizes, {seeds} seed(s): coverage {cov:.3f} of {a.sweeps} sweeps at nominal {a.level}; "
-              f"{bounded} with a bounded interval, median width {width:.2f} octaves", flush=True)
+        print(
+            f"{len(bs)} batch sizes, {seeds} seed(s): coverage {cov:.3f} of {a.sweeps} sweeps at nominal {a.level}; "
+            f"{bounded} with a bounded interval, median width {width:.2f} octaves",
+            flush=True,
+        )
     worst_se = 1.0
     for i, (bs, seeds) in enumerate(cases):
         cov_s, cov_e = coverage_s_min_e_min(bs, seeds, a.sweeps, a.level, a.seed + 100 + i)
         worst_se = min(worst_se, cov_s, cov_e)
-        print(f"{len(bs)} batch sizes, {seeds} seed(s), search without LR mismatch: S_min coverage {cov_s:.3f}, "
-              f"E_min coverage {cov_e:.3f} of {a.sweeps} sweeps", flush=True)
+        print(
+            f"{len(bs)} batch sizes, {seeds} seed(s), search without LR mismatch: S_min coverage {cov_s:.3f}, "
+            f"E_min coverage {cov_e:.3f} of {a.sweeps} sweeps",
+            flush=True,
+        )
     print(f"coverage_s_min_e_min={worst_se:.3f}")
     print(f"coverage={worst:.3f}")
 

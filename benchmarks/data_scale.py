@@ -60,9 +60,19 @@ def make_shards(folder: Path, n_tokens: int) -> None:
                 w.write(rng.integers(0, 256, size=min(2**24, n - c), dtype=np.uint16), 0)
             shards.append(w.close(split))
     ident = tokenizer_identity("byte")
-    index = {"format": FORMAT, "tokenizer": ident, "vocab_size": 256, "dtype": "uint16",
-             "split": {"method": "synthetic", "seed": 0, "validation_fraction": None}, "inputs_sha256": "synthetic",
-             "inputs": [], "input_format": "synthetic", "text_column": None, "shards": shards, "totals": {}}
+    index = {
+        "format": FORMAT,
+        "tokenizer": ident,
+        "vocab_size": 256,
+        "dtype": "uint16",
+        "split": {"method": "synthetic", "seed": 0, "validation_fraction": None},
+        "inputs_sha256": "synthetic",
+        "inputs": [],
+        "input_format": "synthetic",
+        "text_column": None,
+        "shards": shards,
+        "totals": {},
+    }
     (folder / INDEX_FILE).write_text(json.dumps(index, indent=1))
 
 
@@ -82,8 +92,20 @@ def worker(shards: str | None, raw: str | None, steps: int) -> dict:
     d["data"] = {"shards": shards} if shards else {"path": raw}
     d["model"]["context_length_tokens"] = 64
     spec = parse_spec(d)
-    cfg = trial_config(spec, {"lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99, "beta2_half_life_tokens": 1e4,
-                              "batch_size_sequences": 64, "seed": 0}, "bench", data_path=raw or "", shards=shards)
+    cfg = trial_config(
+        spec,
+        {
+            "lr": 1e-3,
+            "lr_rule": "sqrt",
+            "beta2": 0.99,
+            "beta2_half_life_tokens": 1e4,
+            "batch_size_sequences": 64,
+            "seed": 0,
+        },
+        "bench",
+        data_path=raw or "",
+        shards=shards,
+    )
     work = build_pretrain(cfg, torch.device("cpu"))
     opt = torch.optim.AdamW(work.model.parameters(), lr=1e-3)
     first = None
@@ -96,8 +118,12 @@ def worker(shards: str | None, raw: str | None, steps: int) -> dict:
         opt.step()
         if first is None:
             first = time.perf_counter() - T0
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "first_step_s": first,
-            "steps_s": time.perf_counter() - T0 - first, "train_tokens": len(work.corpus.train_ids)}
+    return {
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "first_step_s": first,
+        "steps_s": time.perf_counter() - T0 - first,
+        "train_tokens": len(work.corpus.train_ids),
+    }
 
 
 def _run_worker(args: list[str]) -> dict:
@@ -118,16 +144,35 @@ def trial_first_report(shards: Path, work: Path) -> float:
     import yaml
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
-    d.update(name="data-scale", data={"shards": str(shards)}, budget_tokens=8192, eval={"milestones": 2, "eval_tokens": 1024})
+    d.update(
+        name="data-scale", data={"shards": str(shards)}, budget_tokens=8192, eval={"milestones": 2, "eval_tokens": 1024}
+    )
     d["model"]["context_length_tokens"] = 64
     d["search"].update(batch_sizes_sequences=[8], trials_per_batch_size=1)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / "spec.yaml").write_text(yaml.safe_dump(d))
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    subprocess.run([sys.executable, "-m", "critbatch", "run", str(work / "spec.yaml"), "--output", str(work / "out"),
-                    "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--sweep-id", "ds", "--no-progress"],
-                   cwd=ROOT, env=env, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "critbatch",
+            "run",
+            str(work / "spec.yaml"),
+            "--output",
+            str(work / "out"),
+            "--tracking-uri",
+            f"sqlite:///{work / 'mlflow.db'}",
+            "--sweep-id",
+            "ds",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     rows = [json.loads(x) for f in (work / "out" / "tune").rglob("result.json") for x in f.read_text().splitlines()[:1]]
     if not rows:
         raise SystemExit(f"the one-trial sweep on {shards} reported nothing (see {work})")
@@ -156,12 +201,18 @@ def main() -> None:
         made = time.perf_counter() - t
         res = _run_worker([str(folder), "", str(a.steps)])
         rss[n] = res["peak_rss_mb"]
-        print(f"shards {n:>13,} tokens ({n * 2 / 2**30:.2f} GiB uint16, made in {made:.0f} s): peak RSS "
-              f"{res['peak_rss_mb']:.0f} MB, first step {res['first_step_s']:.2f} s after process start, "
-              f"{a.steps} steps {res['steps_s']:.2f} s more", flush=True)
+        print(
+            f"shards {n:>13,} tokens ({n * 2 / 2**30:.2f} GiB uint16, made in {made:.0f} s): peak RSS "
+            f"{res['peak_rss_mb']:.0f} MB, first step {res['first_step_s']:.2f} s after process start, "
+            f"{a.steps} steps {res['steps_s']:.2f} s more",
+            flush=True,
+        )
         if a.trials:
-            print(f"  one-trial sweep on it: first report {trial_first_report(folder, Path(a.dir) / 'sweep'):.1f} s "
-                  "after the trial started", flush=True)
+            print(
+                f"  one-trial sweep on it: first report {trial_first_report(folder, Path(a.dir) / 'sweep'):.1f} s "
+                "after the trial started",
+                flush=True,
+            )
     if a.raw_baseline:
         n = sizes[0]
         raw = Path(a.dir) / f"raw-{n}.txt"
@@ -170,8 +221,11 @@ def main() -> None:
 
             raw.write_bytes(np.random.default_rng(0).integers(32, 127, size=n, dtype=np.uint8).tobytes())
         res = _run_worker(["", str(raw), str(a.steps)])
-        print(f"raw text {n:>11,} bytes (the old path: read and tokenized to int64 in the worker): peak RSS "
-              f"{res['peak_rss_mb']:.0f} MB, first step {res['first_step_s']:.2f} s", flush=True)
+        print(
+            f"raw text {n:>11,} bytes (the old path: read and tokenized to int64 in the worker): peak RSS "
+            f"{res['peak_rss_mb']:.0f} MB, first step {res['first_step_s']:.2f} s",
+            flush=True,
+        )
     print(f"rss_ratio={rss[sizes[-1]] / rss[sizes[0]]:.3f}")
 
 

@@ -55,12 +55,28 @@ def cut(trials: list[TrialRecord], tokens: float) -> list[TrialRecord]:
             continue
         n = keep[-1] + 1
         status = t.status
-        if t.tokens and max(t.tokens) > tokens and status in ("COMPLETED", "DIVERGED") and math.isfinite(t.val_loss[n - 1]):
+        if (
+            t.tokens
+            and max(t.tokens) > tokens
+            and status in ("COMPLETED", "DIVERGED")
+            and math.isfinite(t.val_loss[n - 1])
+        ):
             status = "COMPLETED"
-        out.append(TrialRecord(trial_id=t.trial_id, batch_size_sequences=t.batch_size_sequences, seed=t.seed,
-                               group_id=t.group_id, status=status, hyperparameters=t.hyperparameters,
-                               tokens=t.tokens[:n], val_loss=t.val_loss[:n], flops=t.flops[:n],
-                               b_simple=t.b_simple[:n], pruning=t.pruning))
+        out.append(
+            TrialRecord(
+                trial_id=t.trial_id,
+                batch_size_sequences=t.batch_size_sequences,
+                seed=t.seed,
+                group_id=t.group_id,
+                status=status,
+                hyperparameters=t.hyperparameters,
+                tokens=t.tokens[:n],
+                val_loss=t.val_loss[:n],
+                flops=t.flops[:n],
+                b_simple=t.b_simple[:n],
+                pruning=t.pruning,
+            )
+        )
     return out
 
 
@@ -80,9 +96,13 @@ def analyse(trials: list[TrialRecord], cbs: dict[str, Any], targets: list[float]
     """``analyze_trials`` on ``trials`` at ``targets``, with the sweep's context length and reference batch."""
     from sweeps.analysis import analyze_trials
 
-    return analyze_trials(trials, context_length_tokens=int(cbs["context_length_tokens"]),
-                          reference_batch=float(cbs["reference_batch"]), targets=targets,
-                          tokens_per_sequence=cbs.get("tokens_per_sequence"))
+    return analyze_trials(
+        trials,
+        context_length_tokens=int(cbs["context_length_tokens"]),
+        reference_batch=float(cbs["reference_batch"]),
+        targets=targets,
+        tokens_per_sequence=cbs.get("tokens_per_sequence"),
+    )
 
 
 def _fmt_fit(t: dict[str, Any]) -> str:
@@ -107,19 +127,31 @@ def compare(name: str, a_name: str, a: dict[str, Any], b_name: str, b: dict[str,
     for ta, tb in zip(a["targets"], b["targets"]):
         ia, ib = _interval(ta), _interval(tb)
         overlap = bool(ia and ib and ia[0] <= ib[1] and ib[0] <= ia[1])
-        agree = bool(ia and ib and ta.get("b_crit") is not None and tb.get("b_crit") is not None
-                     and ib[0] <= ta["b_crit"] <= ib[1] and ia[0] <= tb["b_crit"] <= ia[1])
+        agree = bool(
+            ia
+            and ib
+            and ta.get("b_crit") is not None
+            and tb.get("b_crit") is not None
+            and ib[0] <= ta["b_crit"] <= ib[1]
+            and ia[0] <= tb["b_crit"] <= ia[1]
+        )
         rows.append({"target_loss": ta["target_loss"], a_name: ta, b_name: tb, "overlap": overlap, "agree": agree})
-        print(f"  L*={ta['target_loss']:.3f}: {a_name} {_fmt_fit(ta)} (B {[p['batch_size_sequences'] for p in ta['points']]})"
-              f" | {b_name} {_fmt_fit(tb)} (B {[p['batch_size_sequences'] for p in tb['points']]})"
-              f" | overlap {'yes' if overlap else 'no'}, agree {'yes' if agree else 'no'}")
+        print(
+            f"  L*={ta['target_loss']:.3f}: {a_name} {_fmt_fit(ta)} (B {[p['batch_size_sequences'] for p in ta['points']]})"
+            f" | {b_name} {_fmt_fit(tb)} (B {[p['batch_size_sequences'] for p in tb['points']]})"
+            f" | overlap {'yes' if overlap else 'no'}, agree {'yes' if agree else 'no'}"
+        )
     return rows
 
 
 def _winners_changed(a: dict[str, Any], b: dict[str, Any]) -> list[int]:
     """Batch sizes whose best trial at the budget differs between two analyses."""
     ids = {p["batch_size_sequences"]: p["trial_ids_at_budget"] for p in b["per_batch"]}
-    return [p["batch_size_sequences"] for p in a["per_batch"] if ids.get(p["batch_size_sequences"]) != p["trial_ids_at_budget"]]
+    return [
+        p["batch_size_sequences"]
+        for p in a["per_batch"]
+        if ids.get(p["batch_size_sequences"]) != p["trial_ids_at_budget"]
+    ]
 
 
 def plot(path: Path, title: str, series: dict[str, dict[str, Any]]) -> None:
@@ -155,7 +187,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--main", type=Path, required=True, help="the main job's output folder")
     ap.add_argument("--budget", type=Path, help="the main job at twice its budget (experiment a)")
-    ap.add_argument("--cut-tokens", type=float, default=262144, help="the main job's budget, to cut --budget's curves at")
+    ap.add_argument(
+        "--cut-tokens", type=float, default=262144, help="the main job's budget, to cut --budget's curves at"
+    )
     ap.add_argument("--pruned", type=Path, help="the pruned example's output folder (experiment b)")
     ap.add_argument("--seed1", type=Path, help="the main job with seed 1 (experiment c)")
     ap.add_argument("--plots", type=Path, help="folder for the PNG plots")
@@ -165,15 +199,18 @@ def main() -> None:
 
     main_trials, main_cbs = load(a.main)
     targets = [t["target_loss"] for t in main_cbs["targets"]]
-    print(f"main job: {len(main_trials)} trials, targets {[round(x, 3) for x in targets]}; headline "
-          f"{_fmt_fit(main_cbs)} at {main_cbs['target_loss']:.3f}")
+    print(
+        f"main job: {len(main_trials)} trials, targets {[round(x, 3) for x in targets]}; headline "
+        f"{_fmt_fit(main_cbs)} at {main_cbs['target_loss']:.3f}"
+    )
     main_res = analyse(main_trials, main_cbs, targets)
     report: dict[str, Any] = {"targets": targets, "main": main_res}
     if a.budget:
         long_trials, long_cbs = load(a.budget)
         short = cut(long_trials, a.cut_tokens)
         res = {
-            "1x_min": analyse(short, long_cbs, targets), "2x_min": analyse(long_trials, long_cbs, targets),
+            "1x_min": analyse(short, long_cbs, targets),
+            "2x_min": analyse(long_trials, long_cbs, targets),
             "1x_best_final": analyse(best_at_budget_only(short), long_cbs, targets),
             "2x_best_final": analyse(best_at_budget_only(long_trials), long_cbs, targets),
         }
@@ -181,21 +218,36 @@ def main() -> None:
             "methodology_rule": compare("a", "1x", res["1x_min"], "2x", res["2x_min"]),
             "best_final_rule": compare("a, old selection", "1x", res["1x_best_final"], "2x", res["2x_best_final"]),
             "winners_changed": _winners_changed(res["1x_best_final"], res["2x_best_final"]),
-            "2x_own_targets": analyze_trials(long_trials, context_length_tokens=int(long_cbs["context_length_tokens"]),
-                                             reference_batch=float(long_cbs["reference_batch"])),
+            "2x_own_targets": analyze_trials(
+                long_trials,
+                context_length_tokens=int(long_cbs["context_length_tokens"]),
+                reference_batch=float(long_cbs["reference_batch"]),
+            ),
         }
         own = report["budget"]["2x_own_targets"]
-        print(f"  batch sizes whose best trial at the budget changes from 1x to 2x: {report['budget']['winners_changed']}")
-        print("  2x with its own (lower) targets: " + "; ".join(f"L*={t['target_loss']:.3f}: {_fmt_fit(t)}" for t in own["targets"]))
+        print(
+            f"  batch sizes whose best trial at the budget changes from 1x to 2x: {report['budget']['winners_changed']}"
+        )
+        print(
+            "  2x with its own (lower) targets: "
+            + "; ".join(f"L*={t['target_loss']:.3f}: {_fmt_fit(t)}" for t in own["targets"])
+        )
         if a.plots:
-            plot(a.plots / "invariance_budget.png", "(a) budget: 1x vs 2x, minimum over trials",
-                 {"1x (cut at 262k tokens)": res["1x_min"], "2x": res["2x_min"]})
+            plot(
+                a.plots / "invariance_budget.png",
+                "(a) budget: 1x vs 2x, minimum over trials",
+                {"1x (cut at 262k tokens)": res["1x_min"], "2x": res["2x_min"]},
+            )
     if a.pruned:
         p_trials, p_cbs = load(a.pruned)
         pres = analyse(p_trials, p_cbs, targets)
         report["pruning"] = compare("b", "main", main_res, "pruned", pres)
         if a.plots:
-            plot(a.plots / "invariance_pruning.png", "(b) pruning: main job vs pruned example", {"main": main_res, "pruned": pres})
+            plot(
+                a.plots / "invariance_pruning.png",
+                "(b) pruning: main job vs pruned example",
+                {"main": main_res, "pruned": pres},
+            )
     if a.seed1:
         s_trials, s_cbs = load(a.seed1)
         sres = analyse(s_trials, s_cbs, targets)
@@ -203,7 +255,11 @@ def main() -> None:
         report["seed1_own"] = s_cbs
         print(f"  seed 1 with its own targets: headline {_fmt_fit(s_cbs)} at {s_cbs['target_loss']:.3f}")
         if a.plots:
-            plot(a.plots / "invariance_seeds.png", "(c) seeds: main job seed 0 vs seed 1", {"seed 0": main_res, "seed 1": sres})
+            plot(
+                a.plots / "invariance_seeds.png",
+                "(c) seeds: main job seed 0 vs seed 1",
+                {"seed 0": main_res, "seed 1": sres},
+            )
     if a.json:
         a.json.write_text(json.dumps(finite_json(report), indent=1, default=str))
 

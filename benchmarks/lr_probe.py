@@ -38,13 +38,32 @@ def main() -> None:
         d["optimizer"]["name"] = name
         d["search"]["beta2"] = {"values": [0.99]} if name != "adamw" else d["search"]["beta2"]
         spec = parse_spec(d)
-        cfg = trial_config(spec, {"batch_size_sequences": args.batch_size_sequences, "seed": 0, "lr": float(lr),
-                                  "lr_rule": "none", "beta2": 0.99, "beta2_half_life_tokens": 65536.0}, "probe",
-                           data_path=d["data"]["path"])
+        cfg = trial_config(
+            spec,
+            {
+                "batch_size_sequences": args.batch_size_sequences,
+                "seed": 0,
+                "lr": float(lr),
+                "lr_rule": "none",
+                "beta2": 0.99,
+                "beta2_half_life_tokens": 65536.0,
+            },
+            "probe",
+            data_path=d["data"]["path"],
+        )
         r = train_in_process(cfg.to_dict(), None, None)
-        print(json.dumps({"optimizer": name, "lr": float(lr), "status": r["status"],
-                          "val_loss_last4": [round(x["val_loss"], 3) for x in r["reports"]][-4:],
-                          "wall_s": round(r["wall_s"])}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "optimizer": name,
+                    "lr": float(lr),
+                    "status": r["status"],
+                    "val_loss_last4": [round(x["val_loss"], 3) for x in r["reports"]][-4:],
+                    "wall_s": round(r["wall_s"]),
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -49,9 +49,15 @@ def make_spec(budget_tokens: int, batch_sizes: list[int], concurrency: int, tria
     d["name"] = "overhead-bench"
     d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
     d["budget_tokens"] = budget_tokens
-    d["search"].update(batch_sizes_sequences=batch_sizes, lr_rules=["sqrt"], lr_multiplier=[1.0, 1.0],
-                       beta2={"values": [0.99]}, trials_per_batch_size=trials_per_batch_size, strategy="independent",
-                       precision=None)
+    d["search"].update(
+        batch_sizes_sequences=batch_sizes,
+        lr_rules=["sqrt"],
+        lr_multiplier=[1.0, 1.0],
+        beta2={"values": [0.99]},
+        trials_per_batch_size=trials_per_batch_size,
+        strategy="independent",
+        precision=None,
+    )
     d["resources"] = {"workers_per_trial": 1, "cpus_per_worker": 1, "max_concurrent_trials": concurrency}
     return d
 
@@ -63,14 +69,18 @@ def _plain_trial(args: tuple[dict, int]) -> tuple[float, float, float]:
     import torch
 
     torch.set_num_threads(1)
-    from sweeps.spec import parse_spec
-    from sweeps.search.searcher import hyperparameters_for
     from sweeps.run.trainable import trial_config
+    from sweeps.search.searcher import hyperparameters_for
+    from sweeps.spec import parse_spec
     from workloads.pretrain import run_pretrain
 
     spec = parse_spec(spec_dict)
-    cfg = trial_config(spec, {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
-                       f"plain-{b}", data_path=spec.data.path)
+    cfg = trial_config(
+        spec,
+        {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
+        f"plain-{b}",
+        data_path=spec.data.path,
+    )
     t0 = time.perf_counter()
     first: list[float] = []
     reports: list[dict] = []
@@ -108,10 +118,17 @@ def _tune_only_trial(config: dict) -> None:
 
     spec = parse_spec(config["spec"])
     b = int(config["batch_size_sequences"])
-    cfg = trial_config(spec, {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
-                       tune.get_context().get_trial_id(), data_path=spec.data.path)
-    run_pretrain(cfg, device=torch.device("cpu"),
-                 report=lambda m, s: tune.report({k: v for k, v in m.items() if isinstance(v, (int, float))}))
+    cfg = trial_config(
+        spec,
+        {"batch_size_sequences": b, "seed": 0, **hyperparameters_for(spec, b, {})},
+        tune.get_context().get_trial_id(),
+        data_path=spec.data.path,
+    )
+    run_pretrain(
+        cfg,
+        device=torch.device("cpu"),
+        report=lambda m, s: tune.report({k: v for k, v in m.items() if isinstance(v, (int, float))}),
+    )
 
 
 def tune_only(spec: dict, bs: list[int], concurrency: int, tmp: str) -> float:
@@ -122,18 +139,32 @@ def tune_only(spec: dict, bs: list[int], concurrency: int, tmp: str) -> float:
     from ray.air.integrations.mlflow import MLflowLoggerCallback
     from ray.tune.search.optuna import OptunaSearch
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
     try:
-        searcher = OptunaSearch(space={"batch_size_sequences": tune.choice(sorted(set(bs)))}, metric="val_loss",
-                                mode="min", points_to_evaluate=[{"batch_size_sequences": b} for b in bs])
+        searcher = OptunaSearch(
+            space={"batch_size_sequences": tune.choice(sorted(set(bs)))},
+            metric="val_loss",
+            mode="min",
+            points_to_evaluate=[{"batch_size_sequences": b} for b in bs],
+        )
         tuner = tune.Tuner(
             tune.with_resources(_tune_only_trial, {"CPU": 1}),
             param_space={"spec": spec},
-            tune_config=tune.TuneConfig(search_alg=searcher, num_samples=len(bs), max_concurrent_trials=concurrency,
-                                        reuse_actors=True),
-            run_config=tune.RunConfig(storage_path=f"{tmp}/tune-only", verbose=0, callbacks=[
-                MLflowLoggerCallback(tracking_uri=f"sqlite:///{tmp}/tune-only-ml.db", experiment_name="tune-only")]),
+            tune_config=tune.TuneConfig(
+                search_alg=searcher, num_samples=len(bs), max_concurrent_trials=concurrency, reuse_actors=True
+            ),
+            run_config=tune.RunConfig(
+                storage_path=f"{tmp}/tune-only",
+                verbose=0,
+                callbacks=[
+                    MLflowLoggerCallback(tracking_uri=f"sqlite:///{tmp}/tune-only-ml.db", experiment_name="tune-only")
+                ],
+            ),
         )
         grid = tuner.fit()
         if grid.num_errors:
@@ -151,9 +182,24 @@ def _run_sweep(spec_path: Path, tmp: str) -> float:
     """
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "critbatch", "run", str(spec_path), "--output", f"{tmp}/out",
-                        "--tracking-uri", f"sqlite:///{tmp}/ml.db", "--no-progress"], cwd=ROOT, env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "critbatch",
+            "run",
+            str(spec_path),
+            "--output",
+            f"{tmp}/out",
+            "--tracking-uri",
+            f"sqlite:///{tmp}/ml.db",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if r.returncode not in (0, 1):
         print(r.stdout[-3000:], r.stderr[-3000:])
@@ -205,10 +251,16 @@ def sweep_breakdown(out: Path, started_unix: float, wall_s: float, concurrency: 
     span = last_end - first
     training = sum(t[3] for t in trials)
     starts = [t[2] for t in trials]
-    b = {"before_sweep_s": created - started_unix, "to_first_trial_s": first - created, "trials_s": span,
-         "training_s": training / concurrency, "first_starts_s": sum(starts[:concurrency]) / concurrency,
-         "later_starts_s": sum(starts[concurrency:]) / concurrency,
-         "after_trials_s": started_unix + wall_s - last_end, "training_total_s": training}
+    b = {
+        "before_sweep_s": created - started_unix,
+        "to_first_trial_s": first - created,
+        "trials_s": span,
+        "training_s": training / concurrency,
+        "first_starts_s": sum(starts[:concurrency]) / concurrency,
+        "later_starts_s": sum(starts[concurrency:]) / concurrency,
+        "after_trials_s": started_unix + wall_s - last_end,
+        "training_total_s": training,
+    }
     b["rest_s"] = span - b["training_s"] - b["first_starts_s"] - b["later_starts_s"]
     return b
 
@@ -222,10 +274,15 @@ def pruned_over_main() -> None:
             out = Path(tmp, "out")
             trials = json.loads((out / "cbs.json").read_text())["trials"]
             first, restarts = train_starts(out)
-        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-        print(f"{example}: {walls[example]:.1f} s wall; trials {trials}; Ray Train runs: {len(first)} first "
-              f"(startup_s median {med(first):.1f}, sum {sum(first):.0f}), {len(restarts)} restarts "
-              f"(median {med(restarts):.1f}, sum {sum(restarts):.0f})")
+
+        def med(xs):
+            return statistics.median(xs) if xs else float("nan")
+
+        print(
+            f"{example}: {walls[example]:.1f} s wall; trials {trials}; Ray Train runs: {len(first)} first "
+            f"(startup_s median {med(first):.1f}, sum {sum(first):.0f}), {len(restarts)} restarts "
+            f"(median {med(restarts):.1f}, sum {sum(restarts):.0f})"
+        )
     print(f"pruned_over_main={walls['shakespeare-char-pruned.yaml'] / walls['shakespeare-char.yaml']:.3f}")
 
 
@@ -251,15 +308,19 @@ def main() -> None:
     per_trial = [r[0] for r in plain_rows]
     plain_steps = sum(r[2] for r in plain_rows)
     plain_first = {b: statistics.mean(r[1] for b_, r in zip(bs, plain_rows) if b_ == b) for b in sizes}
-    print(f"plain: {plain:.1f} s wall for {len(bs)} trials (training {sum(per_trial):.1f} s in all; "
-          f"first report after {statistics.median(r[1] for r in plain_rows):.2f} s median)")
+    print(
+        f"plain: {plain:.1f} s wall for {len(bs)} trials (training {sum(per_trial):.1f} s in all; "
+        f"first report after {statistics.median(r[1] for r in plain_rows):.2f} s median)"
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         tune_s = None
         if not a.no_tune_only:
             tune_s = tune_only(spec, bs, a.concurrency, tmp)
-            print(f"tune-only: {tune_s:.1f} s wall (Ray Tune + OptunaSearch + MLflowLoggerCallback, no Ray Train, "
-                  f"actors reused)")
+            print(
+                f"tune-only: {tune_s:.1f} s wall (Ray Tune + OptunaSearch + MLflowLoggerCallback, no Ray Train, "
+                f"actors reused)"
+            )
         p = Path(tmp) / "spec.yaml"
         p.write_text(yaml.safe_dump(spec))
         started_unix = time.time()
@@ -270,16 +331,22 @@ def main() -> None:
             rows.append([json.loads(x) for x in f.read_text().splitlines() if x.strip()])
         rows.sort(key=lambda r: r[0]["timestamp"] - r[0]["time_total_s"])  # by the trial's start
         fixed = [r[0]["time_total_s"] - plain_first[int(r[0]["config"]["batch_size_sequences"])] for r in rows]
-        later = fixed[a.concurrency:] or fixed
+        later = fixed[a.concurrency :] or fixed
         total = [r[-1]["time_total_s"] for r in rows]
-        print(f"sweep: {sweep:.1f} s wall, {len(rows)} trials; fixed cost per trial (first report, sweep - plain) "
-              f"in start order: {', '.join(f'{x:.1f}' for x in fixed)} s")
-        print(f"plain-loop training time per trial ~{sum(per_trial) / len(per_trial):.1f} s; sweep trial time "
-              f"~{sum(total) / len(total):.1f} s; sweep minus plain wall clock {sweep - plain:.1f} s")
-        print("sweep wall clock by part (s; the trials' span per slot): "
-              + ", ".join(f"{k}={v:.1f}" for k, v in br.items() if k != "training_total_s")
-              + f"; steps and reports in all {br['training_total_s']:.1f} s (plain loops: {plain_steps:.1f} s of "
-              f"{sum(per_trial):.1f} s)")
+        print(
+            f"sweep: {sweep:.1f} s wall, {len(rows)} trials; fixed cost per trial (first report, sweep - plain) "
+            f"in start order: {', '.join(f'{x:.1f}' for x in fixed)} s"
+        )
+        print(
+            f"plain-loop training time per trial ~{sum(per_trial) / len(per_trial):.1f} s; sweep trial time "
+            f"~{sum(total) / len(total):.1f} s; sweep minus plain wall clock {sweep - plain:.1f} s"
+        )
+        print(
+            "sweep wall clock by part (s; the trials' span per slot): "
+            + ", ".join(f"{k}={v:.1f}" for k, v in br.items() if k != "training_total_s")
+            + f"; steps and reports in all {br['training_total_s']:.1f} s (plain loops: {plain_steps:.1f} s of "
+            f"{sum(per_trial):.1f} s)"
+        )
     extra = "" if tune_s is None else f" tune_only_ratio={tune_s / plain:.3f} sweep_over_tune_only={sweep / tune_s:.3f}"
     print(f"ratio={sweep / plain:.3f}{extra} fixed_cost_s={statistics.median(later):.1f}")
 

@@ -62,9 +62,12 @@ def make_tokenizer(folder: Path, vocab: int) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train([str(ROOT / "data" / "tinyshakespeare" / "input.txt")],
-              trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train(
+        [str(ROOT / "data" / "tinyshakespeare" / "input.txt")],
+        trainers.BpeTrainer(
+            vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(folder)
     return folder
 
@@ -112,10 +115,13 @@ def main() -> None:
         p_s = time.perf_counter() - t
         p_tokens = res.index["totals"]["train"]["tokens"] + res.index["totals"]["validation"]["tokens"]
         results[name] = (p_tokens / p_s) / (b_tokens / b_s)
-        print(f"{name}: {a.mb} MB in {a.files} JSON Lines files, {cores} cores: tokenizer batch encode "
-              f"{b_tokens / b_s / 1e6:.2f} M tokens/s ({b_tokens} tokens, {b_s:.2f} s); prepare-data "
-              f"--num-proc {a.num_proc} {p_tokens / p_s / 1e6:.2f} M tokens/s ({p_tokens} tokens, {p_s:.2f} s, "
-              f"{res.index['dtype']}); ratio {results[name]:.3f}", flush=True)
+        print(
+            f"{name}: {a.mb} MB in {a.files} JSON Lines files, {cores} cores: tokenizer batch encode "
+            f"{b_tokens / b_s / 1e6:.2f} M tokens/s ({b_tokens} tokens, {b_s:.2f} s); prepare-data "
+            f"--num-proc {a.num_proc} {p_tokens / p_s / 1e6:.2f} M tokens/s ({p_tokens} tokens, {p_s:.2f} s, "
+            f"{res.index['dtype']}); ratio {results[name]:.3f}",
+            flush=True,
+        )
     print(f"ratio={results['bpe']:.3f}")
 
 

@@ -65,9 +65,8 @@ CODE_ROOT = _code_root_from_argv()
 sys.path.insert(0, str(CODE_ROOT))
 sys.path.insert(1, str(ROOT / "benchmarks"))
 
-import numpy as np  # noqa: E402
-
-import real_grid  # noqa: E402
+import numpy as np
+import real_grid
 
 
 def _code_of_sweeps() -> Path:
@@ -75,6 +74,7 @@ def _code_of_sweeps() -> Path:
     import sweeps
 
     return Path(sweeps.__file__).resolve().parents[1]
+
 
 FIXED_TARGETS_NOTE = "the spec's targets"
 
@@ -134,8 +134,9 @@ class Grid:
         return tokens, losses, status
 
 
-def cut(tokens: list[float], losses: list[float | None], budget_tokens: float, stop_at_loss: float | None
-        ) -> tuple[list[float], list[float]]:
+def cut(
+    tokens: list[float], losses: list[float | None], budget_tokens: float, stop_at_loss: float | None
+) -> tuple[list[float], list[float]]:
     """A curve cut to a trial's budget and, with ``stop_at_loss``, to its first milestone at or below it (as
     ``workloads/train/loop.py`` ends such a trial); a non-finite loss ends it (a diverged trial)."""
     out_t, out_l = [], []
@@ -169,7 +170,9 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
     state: dict[str, Any] = {"targets": None}
 
     def analyse(targets: list[float] | None) -> tuple[dict[str, Any], list]:
-        return sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps).to_json_dict(), list(records)
+        return sweep_analysis(spec, list(records), 1.0, targets=targets, tokens_per_seq=tps).to_json_dict(), list(
+            records
+        )
 
     def report(waves: Any, outcome: Any, planned: int, targets: list[float] | None) -> None:
         state["targets"], state["outcome"] = targets, outcome
@@ -200,11 +203,19 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
         tokens, losses, status = grid.curve(seed, b, lr, m)
         tok, loss = cut(tokens, losses, budget, cfg.get("stop_at_loss"))
         diverged = not loss or not math.isfinite(loss[-1])
-        rec = TrialRecord(trial_id=tid, batch_size_sequences=b, seed=seed, group_id=str(cfg.get("group_id", tid)),
-                          status="DIVERGED" if diverged else "COMPLETED",
-                          hyperparameters={k: cfg.get(k) for k in ("lr_rule", "lr_multiplier", "lr", "beta2",
-                                                                   "beta2_half_life_tokens")},
-                          tokens=tok, val_loss=loss, flops=[t * 1.0 for t in tok])
+        rec = TrialRecord(
+            trial_id=tid,
+            batch_size_sequences=b,
+            seed=seed,
+            group_id=str(cfg.get("group_id", tid)),
+            status="DIVERGED" if diverged else "COMPLETED",
+            hyperparameters={
+                k: cfg.get(k) for k in ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
+            },
+            tokens=tok,
+            val_loss=loss,
+            flops=[t * 1.0 for t in tok],
+        )
         records.append(rec)
         objective = math.log(256.0) if diverged else loss[-1]
         searcher.on_trial_complete(tid, {OBJECTIVE: objective, "val_loss": None if diverged else loss[-1]})
@@ -218,8 +229,13 @@ def replay(spec: Any, grid: Grid, seeds: list[int], workdir: Path) -> dict[str, 
     return analysis
 
 
-def reference(grid_cells: dict[tuple[int, int, int], dict[str, Any]], target: float, seeds: list[int],
-              tokens_per_sequence: float = 64.0, reference_batch: float = 16.0) -> dict[str, Any]:
+def reference(
+    grid_cells: dict[tuple[int, int, int], dict[str, Any]],
+    target: float,
+    seeds: list[int],
+    tokens_per_sequence: float = 64.0,
+    reference_batch: float = 16.0,
+) -> dict[str, Any]:
     """The grid's ``b_crit`` at ``target`` (module docstring): ``{b_crit, b_crit_ci, points, left_out}``."""
     from sweeps.analysis.fit import analyze_points
 
@@ -245,8 +261,14 @@ def reference(grid_cells: dict[tuple[int, int, int], dict[str, Any]], target: fl
         return {"b_crit": None, "b_crit_ci": None, "points": points, "left_out": left_out}
     fit = analyze_points([p[0] for p in points], [p[1] for p in points], reference_batch)
     est = fit.get("b_crit") or (fit["s_min"] and fit["e_min"] / fit["s_min"])
-    return {"b_crit": est, "b_crit_ci": fit.get("b_crit_ci"), "status": fit["status"], "points": points,
-            "left_out": left_out, "rms_log_residual": fit.get("rms_log_residual")}
+    return {
+        "b_crit": est,
+        "b_crit_ci": fit.get("b_crit_ci"),
+        "status": fit["status"],
+        "points": points,
+        "left_out": left_out,
+        "rms_log_residual": fit.get("rms_log_residual"),
+    }
 
 
 def _score(rows: list[tuple[float, list[float | None] | None, float | None]]) -> dict[str, Any]:
@@ -263,9 +285,13 @@ def _score(rows: list[tuple[float, list[float | None] | None, float | None]]) ->
         if est:
             biases.append(math.log2(est / ref))
     n = len(rows)
-    return {"n": n, "coverage": covered / n if n else math.nan, "no_interval": none,
-            "median_width_ratio": float(np.median(widths)) if widths else math.nan,
-            "median_log2_bias": float(np.median(biases)) if biases else math.nan}
+    return {
+        "n": n,
+        "coverage": covered / n if n else math.nan,
+        "no_interval": none,
+        "median_width_ratio": float(np.median(widths)) if widths else math.nan,
+        "median_log2_bias": float(np.median(biases)) if biases else math.nan,
+    }
 
 
 def run_code(spec_path: Path, sweeps: list[list[int]], train_missing: bool, jobs: int) -> dict[str, Any]:
@@ -289,13 +315,25 @@ def run_code(spec_path: Path, sweeps: list[list[int]], train_missing: bool, jobs
         if not missing:
             break
         if not train_missing:
-            raise SystemExit(f"the grid lacks {len(missing)} cell(s) these replays ask for: run with --train-missing "
-                             f"(first: {sorted(missing)[:5]})")
+            raise SystemExit(
+                f"the grid lacks {len(missing)} cell(s) these replays ask for: run with --train-missing "
+                f"(first: {sorted(missing)[:5]})"
+            )
         print(f"[replay] training {len(missing)} missing cell(s)", file=sys.stderr, flush=True)
         # by this checkout's code (the grid's), whatever code is replayed
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_grid.py"), "ensure",
-                        json.dumps(sorted(missing)), "--jobs", str(jobs)], check=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "real_grid.py"),
+                "ensure",
+                json.dumps(sorted(missing)),
+                "--jobs",
+                str(jobs),
+            ],
+            check=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     return {"results": results, "interpolated_trials": grid.interpolated}
 
 
@@ -323,30 +361,46 @@ def summarise(label: str, out: dict[str, Any], cells: dict, seeds: list[int]) ->
                 headline_rows.append(row)
     overall = _score(all_rows)
     compute = float(np.mean([r["compute_budgets"] for r in results.values()]))
-    print(f"\n== {label} (the code in {_code_of_sweeps()}): {len(results)} replays, {out['interpolated_trials']} "
-          "interpolated trial(s)")
+    print(
+        f"\n== {label} (the code in {_code_of_sweeps()}): {len(results)} replays, {out['interpolated_trials']} "
+        "interpolated trial(s)"
+    )
     for t, rows in sorted(per_target.items()):
         sc = _score(rows)
         ref = ref_cache[t]
         ci = ref["b_crit_ci"]
-        print(f"  target {t:.4f}: reference b_crit {ref['b_crit']:.2f} [{ci[0]:.2f}, {ci[1] if ci[1] else math.inf:.2f}]"
-              f" (left out: {ref['left_out']}) coverage={sc['coverage']:.3f} ({sc['n']}) "
-              f"median_width_ratio={sc['median_width_ratio']:.2f} median_log2_bias={sc['median_log2_bias']:+.3f}")
+        print(
+            f"  target {t:.4f}: reference b_crit {ref['b_crit']:.2f} [{ci[0]:.2f}, {ci[1] if ci[1] else math.inf:.2f}]"
+            f" (left out: {ref['left_out']}) coverage={sc['coverage']:.3f} ({sc['n']}) "
+            f"median_width_ratio={sc['median_width_ratio']:.2f} median_log2_bias={sc['median_log2_bias']:+.3f}"
+        )
     hs = _score(headline_rows)
     print(f"  headline target: coverage={hs['coverage']:.3f} ({hs['n']})")
-    print(f"  overall: coverage={overall['coverage']:.3f} ({overall['n']} seed x target cases, "
-          f"{overall['no_interval']} without an interval) median_width_ratio={overall['median_width_ratio']:.2f} "
-          f"median_log2_bias={overall['median_log2_bias']:+.3f} compute_trials={compute:.2f}")
+    print(
+        f"  overall: coverage={overall['coverage']:.3f} ({overall['n']} seed x target cases, "
+        f"{overall['no_interval']} without an interval) median_width_ratio={overall['median_width_ratio']:.2f} "
+        f"median_log2_bias={overall['median_log2_bias']:+.3f} compute_trials={compute:.2f}"
+    )
     for s, res in sorted(results.items()):
         ci = res.get("b_crit_ci")
-        print(f"    seeds {','.join(map(str, s)):>5}: b_crit {res.get('b_crit')} {ci} at {res.get('target_loss')} {res.get('status')}, "
-              f"{res['n_trials']} trials, {res['compute_budgets']:.2f} budgets, "
-              f"{(res.get('replay_outcome') or {}).get('stopped_because')}")
-    return {"label": label, "overall": overall, "headline": hs, "compute_trials": compute,
-            "per_target": {str(t): _score(r) for t, r in per_target.items()},
-            "sweeps": {",".join(map(str, s)): {k: res.get(k) for k in ("b_crit", "b_crit_ci", "target_loss", "status",
-                                                                      "n_trials", "compute_budgets")}
-                       for s, res in results.items()}}
+        print(
+            f"    seeds {','.join(map(str, s)):>5}: b_crit {res.get('b_crit')} {ci} at {res.get('target_loss')} {res.get('status')}, "
+            f"{res['n_trials']} trials, {res['compute_budgets']:.2f} budgets, "
+            f"{(res.get('replay_outcome') or {}).get('stopped_because')}"
+        )
+    return {
+        "label": label,
+        "overall": overall,
+        "headline": hs,
+        "compute_trials": compute,
+        "per_target": {str(t): _score(r) for t, r in per_target.items()},
+        "sweeps": {
+            ",".join(map(str, s)): {
+                k: res.get(k) for k in ("b_crit", "b_crit_ci", "target_loss", "status", "n_trials", "compute_budgets")
+            }
+            for s, res in results.items()
+        },
+    }
 
 
 def main() -> None:
@@ -356,8 +410,12 @@ def main() -> None:
     ap.add_argument("--baseline-rev", default=None, help="also replay the code at this git revision")
     ap.add_argument("--code-root", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--label", default="this checkout")
-    ap.add_argument("--seeds-per-sweep", type=int, default=1,
-                    help="seeds in each replayed sweep (2: pairs 0+1, 2+3, ...: the seeds' random effect)")
+    ap.add_argument(
+        "--seeds-per-sweep",
+        type=int,
+        default=1,
+        help="seeds in each replayed sweep (2: pairs 0+1, 2+3, ...: the seeds' random effect)",
+    )
     ap.add_argument("--train-missing", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", default=None, help="write the scores here")
@@ -366,20 +424,36 @@ def main() -> None:
     cells = real_grid.read_grid()
     seeds = real_grid.parse_range(args.seeds) if args.seeds else sorted({s for s, _, _ in cells})
     k = args.seeds_per_sweep
-    sweeps = [seeds[i:i + k] for i in range(0, len(seeds) - k + 1, k)]
+    sweeps = [seeds[i : i + k] for i in range(0, len(seeds) - k + 1, k)]
     out = run_code(Path(args.spec), sweeps, args.train_missing, args.jobs)
     cells = real_grid.read_grid()
     scores = [summarise(args.label, out, cells, seeds)]
     if args.baseline_rev:
         with tempfile.TemporaryDirectory() as tmp:
             wt = Path(tmp) / "baseline"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), args.baseline_rev],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), args.baseline_rev],
+                check=True,
+                capture_output=True,
+            )
             try:
                 spec = wt / Path(args.spec).resolve().relative_to(ROOT)
-                cmd = [sys.executable, __file__, "--code-root", str(wt), "--spec", str(spec), "--label",
-                       f"revision {args.baseline_rev}", "--seeds", ",".join(map(str, seeds)), "--jobs", str(args.jobs),
-                       "--seeds-per-sweep", str(k)]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--code-root",
+                    str(wt),
+                    "--spec",
+                    str(spec),
+                    "--label",
+                    f"revision {args.baseline_rev}",
+                    "--seeds",
+                    ",".join(map(str, seeds)),
+                    "--jobs",
+                    str(args.jobs),
+                    "--seeds-per-sweep",
+                    str(k),
+                ]
                 if args.train_missing:
                     cmd.append("--train-missing")
                 subprocess.run(cmd, check=True)

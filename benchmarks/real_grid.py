@@ -30,9 +30,10 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # last: a replay of other code (real_coverage.py --code-root) keeps its own first
@@ -105,11 +106,20 @@ def train_cell(seed: int, b: int, k: int, m: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     r = train_in_process(tc.to_dict(), None, None)
     reps = r["reports"]
-    return {"seed": seed, "batch_size_sequences": b, "lr_index": k, "lr": cfg["lr"], "beta2": cfg["beta2"],
-            "budget_multiple": m, "status": r["status"], "tokens": [float(x["tokens_seen"]) for x in reps],
-            "val_loss": [float(x["val_loss"]) if x["val_loss"] is not None and math.isfinite(x["val_loss"])
-                         else None for x in reps],
-            "wall_s": round(time.perf_counter() - t0, 2)}
+    return {
+        "seed": seed,
+        "batch_size_sequences": b,
+        "lr_index": k,
+        "lr": cfg["lr"],
+        "beta2": cfg["beta2"],
+        "budget_multiple": m,
+        "status": r["status"],
+        "tokens": [float(x["tokens_seen"]) for x in reps],
+        "val_loss": [
+            float(x["val_loss"]) if x["val_loss"] is not None and math.isfinite(x["val_loss"]) else None for x in reps
+        ],
+        "wall_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def read_grid(path: Path = GRID) -> dict[tuple[int, int, int], dict[str, Any]]:
@@ -145,8 +155,11 @@ def needed(grid: dict[tuple[int, int, int], dict[str, Any]], seed: int, b: int) 
     if hi - lo + 1 >= MAX_INDEX_SPAN:
         return []
     want: set[int] = set()
-    diverged_above = any(grid[(seed, b, k)]["status"] != "completed" or any(v is None for v in grid[(seed, b, k)]["val_loss"])
-                         for k in tried if k == hi)
+    diverged_above = any(
+        grid[(seed, b, k)]["status"] != "completed" or any(v is None for v in grid[(seed, b, k)]["val_loss"])
+        for k in tried
+        if k == hi
+    )
     for target in REFERENCE_TARGETS:
         tok = {k: crossing(grid[(seed, b, k)]["tokens"], grid[(seed, b, k)]["val_loss"], target) for k in tried}
         reached = {k: v for k, v in tok.items() if v is not None}
@@ -189,12 +202,16 @@ def build(seeds: Iterable[int], batch_sizes: Iterable[int], jobs: int, path: Pat
                 cell = f.result()
                 with path.open("a") as fh:
                     fh.write(json.dumps(cell) + "\n")
-                print(f"[grid] seed {cell['seed']} B={cell['batch_size_sequences']} k={cell['lr_index']} "
-                      f"x{cell['budget_multiple']} {cell['status']} {cell['wall_s']} s", flush=True)
+                print(
+                    f"[grid] seed {cell['seed']} B={cell['batch_size_sequences']} k={cell['lr_index']} "
+                    f"x{cell['budget_multiple']} {cell['status']} {cell['wall_s']} s",
+                    flush=True,
+                )
 
 
-def band_cells(grid: dict[tuple[int, int, int], dict[str, Any]], seeds: list[int],
-               batch_sizes: Iterable[int]) -> set[tuple[int, int, int, int]]:
+def band_cells(
+    grid: dict[tuple[int, int, int], dict[str, Any]], seeds: list[int], batch_sizes: Iterable[int]
+) -> set[tuple[int, int, int, int]]:
     """The cells that complete the reference's band: for each batch size, every lattice LR within one step of any
     seed's fastest LR at any reference target, for every seed (the reference compares LRs by their seed mean, so an
     LR counts only where every seed has it)."""
@@ -226,15 +243,18 @@ def ensure(cells: Iterable[tuple[int, int, int, int]], jobs: int, path: Path = G
             cell = f.result()
             with path.open("a") as fh:
                 fh.write(json.dumps(cell) + "\n")
-            print(f"[grid] seed {cell['seed']} B={cell['batch_size_sequences']} k={cell['lr_index']} "
-                  f"x{cell['budget_multiple']} {cell['status']} {cell['wall_s']} s", flush=True)
+            print(
+                f"[grid] seed {cell['seed']} B={cell['batch_size_sequences']} k={cell['lr_index']} "
+                f"x{cell['budget_multiple']} {cell['status']} {cell['wall_s']} s",
+                flush=True,
+            )
     return len(todo)
 
 
 def summary(path: Path = GRID) -> None:
     grid = read_grid(path)
     by: dict[tuple[int, int], list[int]] = {}
-    for (s, b, k) in grid:
+    for s, b, k in grid:
         by.setdefault((b, s), []).append(k)
     for (b, s), ks in sorted(by.items()):
         print(f"B={b:4d} seed {s:2d}: k {min(ks)}..{max(ks)} ({len(ks)})")

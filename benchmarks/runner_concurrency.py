@@ -41,10 +41,21 @@ def _free_port() -> int:
 
 def _start_head(temp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
-           "--min-worker-port=20000", "--max-worker-port=20999", f"--ray-client-server-port={_free_port()}",
-           f"--dashboard-agent-listen-port={_free_port()}", "--disable-usage-stats", "--include-dashboard=false",
-           f"--temp-dir={temp}"]
+    cmd = [
+        str(Path(sys.executable).parent / "ray"),
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        "--num-cpus=3",
+        "--min-worker-port=20000",
+        "--max-worker-port=20999",
+        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        "--disable-usage-stats",
+        "--include-dashboard=false",
+        f"--temp-dir={temp}",
+    ]
     head = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -80,9 +91,26 @@ def main() -> None:
                 path.write_text(yaml.safe_dump(spec))
                 out = work / f"out-{rep}-{conc}"
                 t0 = time.monotonic()
-                r = subprocess.run([sys.executable, "-m", "critbatch", "run", str(path), "--output", str(out),
-                                    "--tracking-uri", f"sqlite:///{work / f'ml-{rep}-{conc}.db'}", "--no-progress",
-                                    "--address", address], cwd=ROOT, env=env, capture_output=True, text=True)
+                r = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "critbatch",
+                        "run",
+                        str(path),
+                        "--output",
+                        str(out),
+                        "--tracking-uri",
+                        f"sqlite:///{work / f'ml-{rep}-{conc}.db'}",
+                        "--no-progress",
+                        "--address",
+                        address,
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 wall = time.monotonic() - t0
                 walls[conc].append(wall)
                 print(f"concurrency={conc} wall_s={wall:.1f} rc={r.returncode}", flush=True)

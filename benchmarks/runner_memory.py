@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness import base_env, copy_mlflow_store, make_mlflow_template, pinned_date_env, start_ray_head, stop_group  # noqa: E402
+from harness import base_env, copy_mlflow_store, make_mlflow_template, pinned_date_env, start_ray_head, stop_group
 
 
 def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, interval_s: float = 0.5) -> None:
@@ -49,8 +49,13 @@ def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, 
             grew = bool(new)
         for pid in mine & rows.keys():
             _, rss, args = rows[pid]
-            kind = (args.split()[0].split(".")[0] if args.startswith("ray::")
-                    else "driver (critbatch run)" if "-m critbatch " in args else None)
+            kind = (
+                args.split()[0].split(".")[0]
+                if args.startswith("ray::")
+                else "driver (critbatch run)"
+                if "-m critbatch " in args
+                else None
+            )
             if kind:
                 peak[kind] = max(peak[kind], rss // 1024)
         stop.wait(interval_s)
@@ -58,12 +63,14 @@ def sample_peaks(peak: dict[str, int], roots: list[int], stop: threading.Event, 
 
 def main() -> None:
     """Parse the (no) arguments first, so that ``--help`` answers without starting a Ray head; then measure."""
-    argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                            epilog="It takes no options: the spec, the head and the sampling are fixed "
-                                   "(module docstring).").parse_args()
+    argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="It takes no options: the spec, the head and the sampling are fixed (module docstring).",
+    ).parse_args()
     temp = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths are length-limited
-    head = start_ray_head(temp, num_cpus=3, env=dict(pinned_date_env(base_env()),
-                                                      RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0"))
+    head = start_ray_head(
+        temp, num_cpus=3, env=dict(pinned_date_env(base_env()), RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
+    )
     try:
         work = Path(tempfile.mkdtemp(prefix="runner-memory"))
         d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
@@ -74,10 +81,27 @@ def main() -> None:
         peak: dict[str, int] = collections.defaultdict(int)
         stop = threading.Event()
         t0 = time.perf_counter()
-        cli = subprocess.Popen([sys.executable, "-m", "critbatch", "run", str(work / "spec.yaml"), "--output",
-                                str(work / "out"), "--tracking-uri", uri, "--address", head.gcs_address, "--no-progress"],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"))
+        cli = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "critbatch",
+                "run",
+                str(work / "spec.yaml"),
+                "--output",
+                str(work / "out"),
+                "--tracking-uri",
+                uri,
+                "--address",
+                head.gcs_address,
+                "--no-progress",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0"),
+        )
         sampler = threading.Thread(target=sample_peaks, args=(peak, [head.proc.pid, cli.pid], stop), daemon=True)
         sampler.start()
         _, err = cli.communicate()

@@ -64,8 +64,13 @@ CACHE = ROOT / "benchmarks" / "cache" / "search_efficiency"
 HALF_LIFE_TOKENS = 32768.0  # beta2 token half-life of every trial (the example's range is 8 Ki - 128 Ki)
 
 
-def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int, concurrency: int,
-              pruning: dict[str, Any] | None = None) -> SweepSpec:
+def make_spec(
+    quick: bool,
+    multipliers: list[float],
+    trials_per_batch_size: int,
+    concurrency: int,
+    pruning: dict[str, Any] | None = None,
+) -> SweepSpec:
     """The benchmark's spec: the Shakespeare example with the searched dimensions narrowed to the grid's LR
     multipliers, pruning on (``pruning`` overrides its fields); ``quick``: a tiny model on 4 batch sizes."""
     from sweeps.spec import parse_spec
@@ -76,9 +81,12 @@ def make_spec(quick: bool, multipliers: list[float], trials_per_batch_size: int,
     # the grid that was trained and cached (the example's budget and evaluation when it was measured)
     d["budget_tokens"] = 393216
     d["eval"] = {"milestones": 16, "eval_tokens": 16384}
-    d["search"].update(lr_rules=["sqrt"], lr_multiplier=[min(multipliers), max(multipliers)],
-                       beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
-                       trials_per_batch_size=min(trials_per_batch_size, len(multipliers)))
+    d["search"].update(
+        lr_rules=["sqrt"],
+        lr_multiplier=[min(multipliers), max(multipliers)],
+        beta2={"half_life_tokens": [HALF_LIFE_TOKENS, HALF_LIFE_TOKENS]},
+        trials_per_batch_size=min(trials_per_batch_size, len(multipliers)),
+    )
     # what this replays: per batch size an Optuna study of its own sampling LR multipliers (search.strategy
     # independent), the planned trials only (no search.precision waves); the example's transfer and waves are
     # measured in benchmarks/search_placement.py, and neither runs with pruning.mode pause (the default here)
@@ -149,8 +157,15 @@ def _train(d: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
 
     def report(metrics: dict[str, Any], state: Any) -> None:
-        rows.append({"tokens": metrics["tokens_seen"], "flops": metrics["flops"], "val_loss": metrics["val_loss"],
-                     "seconds": time.perf_counter() - t0, "status": metrics["status"]})
+        rows.append(
+            {
+                "tokens": metrics["tokens_seen"],
+                "flops": metrics["flops"],
+                "val_loss": metrics["val_loss"],
+                "seconds": time.perf_counter() - t0,
+                "status": metrics["status"],
+            }
+        )
 
     get_workload("pretrain").train(cfg, device=torch.device("cpu"), report=report)
     return {"config": d, "curve": rows}
@@ -162,8 +177,11 @@ def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple
     CACHE.mkdir(parents=True, exist_ok=True)
     want = {(b, m): trial_dict(spec, b, m) for b in spec.search.batch_sizes_sequences for m in multipliers}
     missing = [(k, d) for k, d in want.items() if not (CACHE / f"{cache_key(d)}.json").is_file()]
-    print(f"grid: {len(want)} trials, {len(want) - len(missing)} cached, training {len(missing)} "
-          f"({jobs} process(es) of one thread)", flush=True)
+    print(
+        f"grid: {len(want)} trials, {len(want) - len(missing)} cached, training {len(missing)} "
+        f"({jobs} process(es) of one thread)",
+        flush=True,
+    )
     if missing:
         t0 = time.perf_counter()
         # the slowest (smallest batch) first, so the pool ends together
@@ -172,8 +190,11 @@ def run_grid(spec: SweepSpec, multipliers: list[float], jobs: int) -> dict[tuple
             for (key, d), out in zip(missing, pool.imap(_train, [d for _, d in missing])):
                 (CACHE / f"{cache_key(d)}.json").write_text(json.dumps(out))
                 c = out["curve"][-1]
-                print(f"  B={key[0]:<4} m={key[1]:<5g} val_loss={c['val_loss']:.4f} ({c['seconds']:.0f} s, "
-                      f"{time.perf_counter() - t0:.0f} s elapsed)", flush=True)
+                print(
+                    f"  B={key[0]:<4} m={key[1]:<5g} val_loss={c['val_loss']:.4f} ({c['seconds']:.0f} s, "
+                    f"{time.perf_counter() - t0:.0f} s elapsed)",
+                    flush=True,
+                )
     return {k: json.loads((CACHE / f"{cache_key(d)}.json").read_text()) for k, d in want.items()}
 
 
@@ -183,10 +204,17 @@ def record(tid: str, b: int, m: float, spec: SweepSpec, curve: list[dict[str, An
     from sweeps.search.space import hyperparameters_for
 
     hp = hyperparameters_for(spec, b, {"lr_multiplier": m})
-    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=spec.seeds[0], group_id=tid, status=status,
-                       hyperparameters=hp, tokens=[r["tokens"] for r in curve],
-                       val_loss=[r["val_loss"] if r["val_loss"] is not None else math.nan for r in curve],
-                       flops=[r["flops"] for r in curve])
+    return TrialRecord(
+        trial_id=tid,
+        batch_size_sequences=b,
+        seed=spec.seeds[0],
+        group_id=tid,
+        status=status,
+        hyperparameters=hp,
+        tokens=[r["tokens"] for r in curve],
+        val_loss=[r["val_loss"] if r["val_loss"] is not None else math.nan for r in curve],
+        flops=[r["flops"] for r in curve],
+    )
 
 
 def status_of(curve: list[dict[str, Any]]) -> str:
@@ -198,8 +226,12 @@ def analyse(spec: SweepSpec, records: list[TrialRecord], targets: list[float] | 
     """``sweeps.analysis.analyze_trials`` on ``records`` at ``targets``, as the sweep's ``cbs.json``."""
     from sweeps.analysis import analyze_trials
 
-    return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
-                          reference_batch=float(spec.search.base_batch_size_sequences), targets=targets)
+    return analyze_trials(
+        records,
+        context_length_tokens=spec.model.context_length_tokens,
+        reference_batch=float(spec.search.base_batch_size_sequences),
+        targets=targets,
+    )
 
 
 # ---- one pruned search, replayed on the cached curves --------------------------------------------------------
@@ -216,8 +248,13 @@ class _Running:
     seen: list[dict[str, Any]] = field(default_factory=list)
 
 
-def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]], multipliers: list[float],
-                  search_seed: int, prune: bool = True) -> tuple[list[TrialRecord], float, int]:
+def pruned_search(
+    spec: SweepSpec,
+    grid: dict[tuple[int, float], dict[str, Any]],
+    multipliers: list[float],
+    search_seed: int,
+    prune: bool = True,
+) -> tuple[list[TrialRecord], float, int]:
     """One pruned search (module docstring, step 2). Returns its records, the FLOPs spent and how many
     times a paused trial was resumed (``mode: pause``: each resume restarts a Ray Train run).
 
@@ -230,8 +267,12 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
     batches = list(spec.search.batch_sizes_sequences)
     k = spec.search.trials_per_batch_size
     dist = {"lr_multiplier": optuna.distributions.CategoricalDistribution(multipliers)}
-    studies = {b: optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
-        seed=(search_seed * 7919 + b) % 2**31)) for b in batches}
+    studies = {
+        b: optuna.create_study(
+            direction="minimize", sampler=optuna.samplers.TPESampler(seed=(search_seed * 7919 + b) % 2**31)
+        )
+        for b in batches
+    }
     tried: dict[int, dict[float, tuple[str, float | None]]] = {b: {} for b in batches}  # m -> outcome
     assigned = {b: 0 for b in batches}
     sched = EqualComputeScheduler.from_spec(spec) if prune else None
@@ -330,9 +371,15 @@ def pruned_search(spec: SweepSpec, grid: dict[tuple[int, float], dict[str, Any]]
         if pause:
             decision = sched.report(tid, run.b, row["flops"], row["tokens"], loss).upper()
         else:
-            decision = "CONTINUE" if sched is None else sched.on_trial_result(
-                None, SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}),
-                {"tokens_seen": row["tokens"], "flops": row["flops"], "val_loss": loss})
+            decision = (
+                "CONTINUE"
+                if sched is None
+                else sched.on_trial_result(
+                    None,
+                    SimpleNamespace(trial_id=tid, config={"batch_size_sequences": run.b}),
+                    {"tokens_seen": row["tokens"], "flops": row["flops"], "val_loss": loss},
+                )
+            )
         if decision == "STOP" or done:
             del running[tid]
             finish(run, pruned=decision == "STOP")
@@ -354,16 +401,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tiny model on 4 batch sizes (checks the script)")
     ap.add_argument("--searches", type=int, default=5, help="pruned searches (search seeds 0, 1, ...)")
-    ap.add_argument("--trials-per-batch-size", type=int, default=4,
-                    help="distinct LR multipliers each search tries (3 of 6 misses the interval even unpruned)")
+    ap.add_argument(
+        "--trials-per-batch-size",
+        type=int,
+        default=4,
+        help="distinct LR multipliers each search tries (3 of 6 misses the interval even unpruned)",
+    )
     ap.add_argument("--multipliers", default="0.7,1,1.4,2,2.8,4", help="the grid's LR multipliers (sqrt rule)")
     ap.add_argument("--concurrency", type=int, default=2, help="trials at once in the pruned searches")
     ap.add_argument("--grace-fraction", type=float, default=None, help="pruning.grace_fraction (default: the spec's)")
-    ap.add_argument("--reduction-factor", type=float, default=None, help="pruning.reduction_factor (default: the spec's)")
-    ap.add_argument("--rule", choices=["loss_at_rung", "predicted_final"], default=None,
-                    help="pruning.rule (default: the spec's)")
-    ap.add_argument("--fit-fractions", default=None, help="pruning.fit_fractions, comma-separated (default: the spec's)")
-    ap.add_argument("--min-trials-per-rung", type=int, default=None, help="pruning.min_trials_per_rung (default: the spec's)")
+    ap.add_argument(
+        "--reduction-factor", type=float, default=None, help="pruning.reduction_factor (default: the spec's)"
+    )
+    ap.add_argument(
+        "--rule", choices=["loss_at_rung", "predicted_final"], default=None, help="pruning.rule (default: the spec's)"
+    )
+    ap.add_argument(
+        "--fit-fractions", default=None, help="pruning.fit_fractions, comma-separated (default: the spec's)"
+    )
+    ap.add_argument(
+        "--min-trials-per-rung", type=int, default=None, help="pruning.min_trials_per_rung (default: the spec's)"
+    )
     ap.add_argument("--margin", type=float, default=None, help="pruning.margin in nats (default: the spec's)")
     ap.add_argument("--mode", choices=["stop", "pause"], default=None, help="pruning.mode (default: the spec's)")
     ap.add_argument("--no-pruning", action="store_true", help="the same searches without early stopping (a baseline)")
@@ -376,16 +434,26 @@ def main() -> None:
     if a.quick and a.multipliers == ap.get_default("multipliers"):
         multipliers = [0.5, 1.0, 2.0]
     fit = [float(x) for x in a.fit_fractions.split(",")] if a.fit_fractions else None
-    pruning = {k: v for k, v in (("grace_fraction", a.grace_fraction), ("reduction_factor", a.reduction_factor),
-                                 ("rule", a.rule), ("fit_fractions", fit), ("min_trials_per_rung", a.min_trials_per_rung),
-                                 ("margin", a.margin), ("mode", a.mode))
-               if v is not None}
+    pruning = {
+        k: v
+        for k, v in (
+            ("grace_fraction", a.grace_fraction),
+            ("reduction_factor", a.reduction_factor),
+            ("rule", a.rule),
+            ("fit_fractions", fit),
+            ("min_trials_per_rung", a.min_trials_per_rung),
+            ("margin", a.margin),
+            ("mode", a.mode),
+        )
+        if v is not None
+    }
     spec = make_spec(a.quick, multipliers, a.trials_per_batch_size, a.concurrency, pruning)
     batches = spec.search.batch_sizes_sequences
 
     grid = run_grid(spec, multipliers, a.jobs)
-    grid_records = [record(f"grid-B{b}-m{m:g}", b, m, spec, out["curve"], status_of(out["curve"]))
-                    for (b, m), out in grid.items()]
+    grid_records = [
+        record(f"grid-B{b}-m{m:g}", b, m, spec, out["curve"], status_of(out["curve"])) for (b, m), out in grid.items()
+    ]
     grid_flops = sum(r.flops[-1] for r in grid_records)
     ga = analyse(spec, grid_records, spec.targets)
     if ga.get("b_crit") is None or not ga.get("b_crit_ci"):
@@ -395,9 +463,11 @@ def main() -> None:
     lo, hi = ga["b_crit_ci"][0], ga["b_crit_ci"][1] if ga["b_crit_ci"][1] is not None else math.inf
     target = ga["target_loss"]
     best = {p["batch_size_sequences"]: p["best_config_at_budget"]["lr_multiplier"] for p in ga["per_batch"]}
-    print(f"grid: {len(grid_records)} trials ({len(batches)} batch sizes x {len(multipliers)} LR multipliers), "
-          f"{grid_flops:.4g} training FLOPs; target loss {target:.4f}: b_crit {ga['b_crit']:.1f} sequences, "
-          f"95% CI [{lo:.1f}, {hi:.1f}]; best multiplier per batch size {best}")
+    print(
+        f"grid: {len(grid_records)} trials ({len(batches)} batch sizes x {len(multipliers)} LR multipliers), "
+        f"{grid_flops:.4g} training FLOPs; target loss {target:.4f}: b_crit {ga['b_crit']:.1f} sequences, "
+        f"95% CI [{lo:.1f}, {hi:.1f}]; best multiplier per batch size {best}"
+    )
 
     fractions, inside = [], []
     for s in range(a.searches):
@@ -409,19 +479,33 @@ def main() -> None:
         ok = b is not None and lo <= b <= hi
         inside.append(ok)
         counts = {k: v for k, v in pa["trials"].items() if v}
-        far = f"{b:.1f} sequences ({math.log2(b / ga['b_crit']):+.2f} octaves from the grid's)" if b else \
-            f"none ({pa.get('status')}: {pa.get('b_crit_bound') or pa.get('message')})"
+        far = (
+            f"{b:.1f} sequences ({math.log2(b / ga['b_crit']):+.2f} octaves from the grid's)"
+            if b
+            else f"none ({pa.get('status')}: {pa.get('b_crit_bound') or pa.get('message')})"
+        )
         restarts = f", {resumes} resumed from a rung" if resumes else ""
-        print(f"search seed {s}: {len(records)} trials {counts}{restarts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
-              f"b_crit {far}; {'inside' if ok else 'outside'} the grid's CI")
+        print(
+            f"search seed {s}: {len(records)} trials {counts}{restarts}, {spent:.4g} FLOPs = {frac:.3f} of the grid; "
+            f"b_crit {far}; {'inside' if ok else 'outside'} the grid's CI"
+        )
     p = spec.pruning
-    what = "without pruning" if a.no_pruning else (
-        f"rungs at {[round(f, 3) for f in EqualComputeScheduler.from_spec(spec).fractions]} of the trial budget, "
-        f"reduction factor {p.reduction_factor:g}, rule {p.rule}"
-        + (f" (fit points at {[round(q, 3) for q in p.fit_fractions]} of the rung)" if p.rule == "predicted_final" else "")
-        + (f", those within {p.margin:g} nats of the best continue" if p.margin is not None else "")
-        + (f", {p.min_trials_per_rung} values per rung before stopping" if p.min_trials_per_rung != 2 else "")
-        + (", each rung waits paused for the whole batch size (mode pause)" if p.mode == "pause" else ""))
+    what = (
+        "without pruning"
+        if a.no_pruning
+        else (
+            f"rungs at {[round(f, 3) for f in EqualComputeScheduler.from_spec(spec).fractions]} of the trial budget, "
+            f"reduction factor {p.reduction_factor:g}, rule {p.rule}"
+            + (
+                f" (fit points at {[round(q, 3) for q in p.fit_fractions]} of the rung)"
+                if p.rule == "predicted_final"
+                else ""
+            )
+            + (f", those within {p.margin:g} nats of the best continue" if p.margin is not None else "")
+            + (f", {p.min_trials_per_rung} values per rung before stopping" if p.min_trials_per_rung != 2 else "")
+            + (", each rung waits paused for the whole batch size (mode pause)" if p.mode == "pause" else "")
+        )
+    )
     print(f"searches: {spec.search.trials_per_batch_size} of {len(multipliers)} multipliers per batch size, {what}")
     med = statistics.median(fractions)
     print(f"{sum(inside)}/{len(inside)} searches inside the grid's CI; median FLOPs fraction {med:.3f}")

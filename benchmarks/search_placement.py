@@ -45,10 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import real_coverage  # noqa: E402  (puts the product code of --code-root first on the path)
-import real_grid  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
+import real_coverage
+import real_grid
 
 CALIBRATION = ROOT / "benchmarks" / "cache" / "real_coverage" / "calibration.json"
 L_REF = 2.6
@@ -116,8 +115,8 @@ def calibrate(cells: dict) -> dict[str, Any]:
     x0, a, m = np.linalg.lstsq(X, np.array([r[2] for r in rows]), rcond=None)[0]
     up = [(d, e) for d, e in resp if d > 0.1]
     dn = [(d, e) for d, e in resp if d < -0.1]
-    k_up = sum(d * d * e for d, e in up) / sum(d ** 4 for d, _ in up)
-    k_dn = sum(d * d * e for d, e in dn) / sum(d ** 4 for d, _ in dn)
+    k_up = sum(d * d * e for d, e in up) / sum(d**4 for d, _ in up)
+    k_dn = sum(d * d * e for d, e in dn) / sum(d**4 for d, _ in dn)
     bc_ref = float(np.interp(L_REF, table["loss"], table["b_crit"]))
     effects = []
     for s, devs in seed_dev.items():
@@ -126,12 +125,25 @@ def calibrate(cells: dict) -> dict[str, Any]:
         e = float((w * d).sum() / (w * w).sum())
         effects.append(e)
         cell_dev += list(d - e * w)
-    diverged = [k * real_grid.LATTICE_OCTAVES + math.log2(0.003) for (s, b, k), c in cells.items()
-                if any(v is None for v in c["val_loss"])]
-    return {"table": table, "x0": float(x0), "a": float(a), "m": float(m), "k_above": float(k_up),
-            "k_below": float(k_dn), "sd_seed": float(np.std(effects, ddof=1)), "sd_cell": float(np.std(cell_dev, ddof=1)),
-            "diverge_octaves": 3.0 if not diverged else 2.5, "seeds": len(seeds), "lattice_octaves": real_grid.LATTICE_OCTAVES,
-            "base_lr": 0.003}
+    diverged = [
+        k * real_grid.LATTICE_OCTAVES + math.log2(0.003)
+        for (s, b, k), c in cells.items()
+        if any(v is None for v in c["val_loss"])
+    ]
+    return {
+        "table": table,
+        "x0": float(x0),
+        "a": float(a),
+        "m": float(m),
+        "k_above": float(k_up),
+        "k_below": float(k_dn),
+        "sd_seed": float(np.std(effects, ddof=1)),
+        "sd_cell": float(np.std(cell_dev, ddof=1)),
+        "diverge_octaves": 3.0 if not diverged else 2.5,
+        "seeds": len(seeds),
+        "lattice_octaves": real_grid.LATTICE_OCTAVES,
+        "base_lr": 0.003,
+    }
 
 
 class SyntheticGrid:
@@ -171,7 +183,9 @@ class SyntheticGrid:
         log_t = log_t + np.where(d > 0, c["k_above"], c["k_below"]) * d * d
         w = b / (b + math.exp(float(self._interp(self._lb, np.array([L_REF]))[0])))
         k = round(math.log2(lr / c["base_lr"]) / c["lattice_octaves"])
-        log_t = log_t + self._rng(seed).normal(0, c["sd_seed"]) * w + self._rng(seed, b, k + 1000).normal(0, c["sd_cell"])
+        log_t = (
+            log_t + self._rng(seed).normal(0, c["sd_seed"]) * w + self._rng(seed, b, k + 1000).normal(0, c["sd_cell"])
+        )
         log_t = np.maximum.accumulate(log_t[::-1])[::-1]  # tokens never fall as the loss falls
         tokens = [16384.0 * (i + 1) for i in range(16 * m)]
         diverges = float(np.min(d)) > c["diverge_octaves"]
@@ -181,7 +195,7 @@ class SyntheticGrid:
                 losses.append(None)
                 break
             losses.append(float(np.interp(-math.log(t), -log_t, L)))
-        return tokens[:len(losses)], losses, "diverged" if diverges else "completed"
+        return tokens[: len(losses)], losses, "diverged" if diverges else "completed"
 
 
 def simulate(cal: dict[str, Any], spec_path: Path, sweeps: int, vary_truth: bool, seed: int) -> dict[str, Any]:
@@ -210,12 +224,17 @@ def report(label: str, out: dict[str, Any]) -> None:
     print(f"\n== {label}")
     for t, rs in sorted(out["rows"].items()):
         sc = real_coverage._score(rs)
-        print(f"  target {t:.4f}: coverage={sc['coverage']:.3f} ({sc['n']}) median_width_ratio={sc['median_width_ratio']:.2f} "
-              f"median_log2_bias={sc['median_log2_bias']:+.3f}")
+        print(
+            f"  target {t:.4f}: coverage={sc['coverage']:.3f} ({sc['n']}) median_width_ratio={sc['median_width_ratio']:.2f} "
+            f"median_log2_bias={sc['median_log2_bias']:+.3f}"
+        )
     sc = real_coverage._score(allrows)
-    print(f"  overall: coverage={sc['coverage']:.3f} ({sc['n']} sweep x target cases) "
-          f"median_width_ratio={sc['median_width_ratio']:.2f} median_log2_bias={sc['median_log2_bias']:+.3f} "
-          f"compute_trials={out['compute']:.2f}", flush=True)
+    print(
+        f"  overall: coverage={sc['coverage']:.3f} ({sc['n']} sweep x target cases) "
+        f"median_width_ratio={sc['median_width_ratio']:.2f} median_log2_bias={sc['median_log2_bias']:+.3f} "
+        f"compute_trials={out['compute']:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -240,13 +259,31 @@ def main() -> None:
     if args.baseline_rev:
         with tempfile.TemporaryDirectory() as tmp:
             wt = Path(tmp) / "baseline"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), args.baseline_rev],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), args.baseline_rev],
+                check=True,
+                capture_output=True,
+            )
             try:
                 spec = wt / Path(args.spec).resolve().relative_to(ROOT)
-                subprocess.run([sys.executable, __file__, "--code-root", str(wt), "--spec", str(spec), "--sweeps",
-                                str(args.sweeps), "--seed", str(args.seed), "--label", f"revision {args.baseline_rev}"]
-                               + (["--vary-truth"] if args.vary_truth else []), check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--code-root",
+                        str(wt),
+                        "--spec",
+                        str(spec),
+                        "--sweeps",
+                        str(args.sweeps),
+                        "--seed",
+                        str(args.seed),
+                        "--label",
+                        f"revision {args.baseline_rev}",
+                    ]
+                    + (["--vary-truth"] if args.vary_truth else []),
+                    check=True,
+                )
             finally:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(wt)], check=False)
 

@@ -51,8 +51,13 @@ def free_port() -> int:
 
 def env() -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "CRITBATCH_API_TOKEN")}
-    e.update(PATH=f"{BIN}{os.pathsep}{e.get('PATH', '')}", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-             PYTHONUNBUFFERED="1", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    e.update(
+        PATH=f"{BIN}{os.pathsep}{e.get('PATH', '')}",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        PYTHONUNBUFFERED="1",
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+    )
     return e
 
 
@@ -94,8 +99,11 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> 
 def dashboard_pids(ray_proc: subprocess.Popen) -> list[int]:
     """The Ray dashboard (job server) processes of our own head's process group."""
     out = subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True).stdout
-    return [int(ln.split()[0]) for ln in out.splitlines()
-            if int(ln.split()[1]) == ray_proc.pid and "dashboard/dashboard.py" in ln]
+    return [
+        int(ln.split()[0])
+        for ln in out.splitlines()
+        if int(ln.split()[1]) == ray_proc.pid and "dashboard/dashboard.py" in ln
+    ]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -153,10 +161,16 @@ async def phase(url: str, concurrency: int, seconds: float, tmp: Path) -> dict:
     sampler.wait(timeout=120)
     lat_health = json.loads(health_file.read_text())
     return {
-        "concurrency": concurrency, "seconds": seconds, "list_requests": len(lat_list), "codes": codes,
-        "list_p50_s": pct(lat_list, 50), "list_p99_s": pct(lat_list, 99),
-        "healthz_samples": len(lat_health), "healthz_p50_ms": 1000 * pct(lat_health, 50),
-        "healthz_p99_ms": 1000 * pct(lat_health, 99), "healthz_max_ms": 1000 * max(lat_health),
+        "concurrency": concurrency,
+        "seconds": seconds,
+        "list_requests": len(lat_list),
+        "codes": codes,
+        "list_p50_s": pct(lat_list, 50),
+        "list_p99_s": pct(lat_list, 99),
+        "healthz_samples": len(lat_health),
+        "healthz_p50_ms": 1000 * pct(lat_health, 50),
+        "healthz_p99_ms": 1000 * pct(lat_health, 99),
+        "healthz_max_ms": 1000 * max(lat_health),
     }
 
 
@@ -164,7 +178,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase-s", type=float, default=20.0)
     ap.add_argument("--max-s", type=float, default=600.0)
-    ap.add_argument("--sweeps", type=int, default=5, help="failing sweeps submitted first (each listed sweep costs MLflow reads)")
+    ap.add_argument(
+        "--sweeps", type=int, default=5, help="failing sweeps submitted first (each listed sweep costs MLflow reads)"
+    )
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "service_load.json")
     ap.add_argument("--sample-healthz", nargs=3, metavar=("URL", "SECONDS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -181,25 +197,73 @@ def main() -> None:
     results: dict = {"phases": []}
     try:
         ml_port, dash, svc = free_port(), free_port(), free_port()
-        ml = start([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-                    "--serve-artifacts", "--artifacts-destination", str(tmp / "artifacts"),
-                    "--host", "127.0.0.1", "--port", str(ml_port), "--workers", "1"], tmp / "mlflow.log", e)
+        ml = start(
+            [
+                str(BIN / "mlflow"),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{tmp}/mlflow.db",
+                "--serve-artifacts",
+                "--artifacts-destination",
+                str(tmp / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ml_port),
+                "--workers",
+                "1",
+            ],
+            tmp / "mlflow.log",
+            e,
+        )
         procs.append(ml)
-        ray = start([str(BIN / "ray"), "start", "--head", "--block", "--num-cpus=2", "--disable-usage-stats",
-                     "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={tmp}",
-                     f"--port={free_port()}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
-                     f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                     f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-                     f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-                     "--min-worker-port=0", "--max-worker-port=0"], tmp / "ray.log", e)
+        ray = start(
+            [
+                str(BIN / "ray"),
+                "start",
+                "--head",
+                "--block",
+                "--num-cpus=2",
+                "--disable-usage-stats",
+                "--node-ip-address=127.0.0.1",
+                "--dashboard-host=127.0.0.1",
+                f"--temp-dir={tmp}",
+                f"--port={free_port()}",
+                f"--dashboard-port={dash}",
+                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--dashboard-agent-grpc-port={free_port()}",
+                f"--runtime-env-agent-port={free_port()}",
+                f"--metrics-export-port={free_port()}",
+                f"--node-manager-port={free_port()}",
+                f"--object-manager-port={free_port()}",
+                "--min-worker-port=0",
+                "--max-worker-port=0",
+            ],
+            tmp / "ray.log",
+            e,
+        )
         procs.append(ray)
         ray_url, ml_url = f"http://127.0.0.1:{dash}", f"http://127.0.0.1:{ml_port}"
         wait_http(f"{ray_url}/api/jobs/", 240, ray, tmp / "ray.log")
         wait_http(f"{ml_url}/health", 300, ml, tmp / "mlflow.log")
         e_cluster = dict(e, RAY_ADDRESS=ray_url, MLFLOW_TRACKING_URI=ml_url)
-        svc_proc = start([sys.executable, "-m", "critbatch", "serve", "--host", "127.0.0.1", "--port", str(svc),
-                          "--log-level", "warning"], tmp / "service.log",
-                         dict(e_cluster, CRITBATCH_API_TOKEN=TOKEN, CRITBATCH_DATA_DIR=str(REPO)))
+        svc_proc = start(
+            [
+                sys.executable,
+                "-m",
+                "critbatch",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(svc),
+                "--log-level",
+                "warning",
+            ],
+            tmp / "service.log",
+            dict(e_cluster, CRITBATCH_API_TOKEN=TOKEN, CRITBATCH_DATA_DIR=str(REPO)),
+        )
         procs.append(svc_proc)
         url = f"http://127.0.0.1:{svc}"
         wait_http(f"{url}/healthz", 60, svc_proc, tmp / "service.log")
@@ -208,8 +272,23 @@ def main() -> None:
         spec_file = tmp / "spec.yaml"
         spec_file.write_text(yaml.safe_dump(spec))
         for i in range(args.sweeps):
-            subprocess.run([sys.executable, "-m", "critbatch", "submit", str(spec_file), "--sweep-id", f"load-{i}",
-                            "--no-ship-data"], env=e_cluster, cwd=REPO, capture_output=True, timeout=180, check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "critbatch",
+                    "submit",
+                    str(spec_file),
+                    "--sweep-id",
+                    f"load-{i}",
+                    "--no-ship-data",
+                ],
+                env=e_cluster,
+                cwd=REPO,
+                capture_output=True,
+                timeout=180,
+                check=True,
+            )
         listed = httpx.get(f"{url}/v1/sweeps", headers=AUTH, timeout=60).json()
         results["listed_sweeps"] = listed["total"]
 
@@ -217,9 +296,12 @@ def main() -> None:
             r = asyncio.run(phase(url, concurrency, args.phase_s, tmp))
             r["label"] = label
             results["phases"].append(r)
-            print(f"{label:>22} c={concurrency:<3} list p50={r['list_p50_s']:.2f}s p99={r['list_p99_s']:.2f}s "
-                  f"n={r['list_requests']} codes={r['codes']}  healthz p50={r['healthz_p50_ms']:.1f}ms "
-                  f"p99={r['healthz_p99_ms']:.1f}ms max={r['healthz_max_ms']:.1f}ms", flush=True)
+            print(
+                f"{label:>22} c={concurrency:<3} list p50={r['list_p50_s']:.2f}s p99={r['list_p99_s']:.2f}s "
+                f"n={r['list_requests']} codes={r['codes']}  healthz p50={r['healthz_p50_ms']:.1f}ms "
+                f"p99={r['healthz_p99_ms']:.1f}ms max={r['healthz_max_ms']:.1f}ms",
+                flush=True,
+            )
 
         for c in (50, 100, 200):
             run("normal", c)

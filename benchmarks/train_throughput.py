@@ -41,21 +41,41 @@ WORLD = 2
 
 def trial_config(args, parallelism: str):
     """The trial: ``warmup_steps + steps`` optimizer steps, a report after the warmup and at the end."""
-    from workloads.config import (BatchConfig, DataConfig, EvalConfig, ModelConfig, NoiseScaleConfig, OptimizerConfig,
-                                  ScheduleConfig, TrainingConfig, TrialConfig, WorkloadConfig)
+    from workloads.config import (
+        BatchConfig,
+        DataConfig,
+        EvalConfig,
+        ModelConfig,
+        NoiseScaleConfig,
+        OptimizerConfig,
+        ScheduleConfig,
+        TrainingConfig,
+        TrialConfig,
+        WorkloadConfig,
+    )
 
     step_tokens = args.batch * args.context
     return TrialConfig(
         trial_id="bench",
-        workload=WorkloadConfig(model=ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=4,
-                                                  d_ff=4 * args.d_model, context_length_tokens=args.context),
-                                data=DataConfig(path=str(ROOT / "data" / "tinyshakespeare" / "input.txt"))),
+        workload=WorkloadConfig(
+            model=ModelConfig(
+                d_model=args.d_model,
+                n_layers=args.n_layers,
+                n_heads=4,
+                d_ff=4 * args.d_model,
+                context_length_tokens=args.context,
+            ),
+            data=DataConfig(path=str(ROOT / "data" / "tinyshakespeare" / "input.txt")),
+        ),
         budget_tokens=(args.warmup_steps + args.steps) * step_tokens,
         optimizer=OptimizerConfig(lr=1e-3, beta2=0.99, beta2_half_life_tokens=1e5, grad_clip_norm=1.0),
         schedule=ScheduleConfig(warmup_tokens=0, warmup_min_steps=1, ema_half_life_tokens=1e5),
         batch=BatchConfig(batch_size_sequences=args.batch, micro_batch_size_sequences_max=args.batch // WORLD),
-        eval=EvalConfig(milestones_tokens=(args.warmup_steps * step_tokens, (args.warmup_steps + args.steps) * step_tokens),
-                        eval_tokens=args.context * 8, checkpoint_every_milestones=0),
+        eval=EvalConfig(
+            milestones_tokens=(args.warmup_steps * step_tokens, (args.warmup_steps + args.steps) * step_tokens),
+            eval_tokens=args.context * 8,
+            checkpoint_every_milestones=0,
+        ),
         noise_scale=NoiseScaleConfig(enabled=False),
         training=TrainingConfig(parallelism=parallelism),
     )
@@ -65,13 +85,14 @@ def trial_tps(args, parallelism: str) -> float:
     """The trial loop's tokens/s over its measured steps (its last report's ``tokens_per_s``)."""
     import torch
 
-    from workloads.train.loop import run_loop
     from workloads.pretrain import build_pretrain
+    from workloads.train.loop import run_loop
 
     cfg = trial_config(args, parallelism)
     reports = []
-    run_loop(cfg, build_pretrain(cfg, torch.device("cpu")), device=torch.device("cpu"),
-             report=lambda m, s: reports.append(m))
+    run_loop(
+        cfg, build_pretrain(cfg, torch.device("cpu")), device=torch.device("cpu"), report=lambda m, s: reports.append(m)
+    )
     return float(reports[-1]["tokens_per_s"])
 
 
@@ -156,9 +177,11 @@ def main() -> None:
         t0 = time.perf_counter()
         mp.spawn(_worker, args=(os.path.join(tmp, "init"), args, out), nprocs=WORLD, join=True)
         results = json.loads(Path(out).read_text())
-    print(f"model: llama d={args.d_model} layers={args.n_layers} T={args.context}; batch {args.batch} sequences "
-          f"= {args.batch * args.context} tokens/step over {WORLD} processes; {args.steps} steps x {args.repeats} repeats "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"model: llama d={args.d_model} layers={args.n_layers} T={args.context}; batch {args.batch} sequences "
+        f"= {args.batch * args.context} tokens/step over {WORLD} processes; {args.steps} steps x {args.repeats} repeats "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     med = {k: statistics.median(v) for k, v in results.items()}
     for k, v in results.items():
         print(f"{k}: median {med[k]:.0f} tokens/s  (runs: {', '.join(f'{x:.0f}' for x in v)})")
@@ -166,8 +189,10 @@ def main() -> None:
     for par in ("ddp", "fsdp"):  # a trial run and the plain run right after it saw about the same load
         pairs = [t / p for t, p in zip(results[f"trial_{par}"], results[f"plain_{par}"])]
         ratios[par] = statistics.median(pairs)
-        print(f"{par}: trial/plain per adjacent pair {', '.join(f'{r:.2f}' for r in pairs)}; ratio of the medians "
-              f"{med[f'trial_{par}'] / med[f'plain_{par}']:.3f}")
+        print(
+            f"{par}: trial/plain per adjacent pair {', '.join(f'{r:.2f}' for r in pairs)}; ratio of the medians "
+            f"{med[f'trial_{par}'] / med[f'plain_{par}']:.3f}"
+        )
     assert all(math.isfinite(r) for r in ratios.values())
     print(f"ratio_ddp={ratios['ddp']:.3f} ratio_fsdp={ratios['fsdp']:.3f}")
 

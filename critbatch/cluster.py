@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -42,7 +41,9 @@ _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _out = Console(highlight=False, soft_wrap=True)
 
 _ADDRESS = typer.Option(
-    None, "--address", envvar="RAY_ADDRESS",
+    None,
+    "--address",
+    envvar="RAY_ADDRESS",
     help="Ray job server, http://HEAD:8265 (default: $RAY_ADDRESS, else a local cluster)",
 )
 
@@ -56,7 +57,7 @@ def _fail_spec(exc: SpecError) -> None:
     _fail(str(exc), EXIT_INVALID)  # one problem in one line, several one a line (SpecError's text)
 
 
-def _jobs(address: Optional[str], tracking_uri: Optional[str] = None) -> SweepJobs:
+def _jobs(address: str | None, tracking_uri: str | None = None) -> SweepJobs:
     """The job client: each request to the job server gives up after ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``
     seconds (default 30; exit 1 naming the address), so a dead or frozen job server does not hang the command;
     exit 2 when that variable is not a positive number."""
@@ -73,8 +74,11 @@ def _jobs(address: Optional[str], tracking_uri: Optional[str] = None) -> SweepJo
 
 
 def _print_state(state: SweepStatus) -> None:
-    _out.print(f"sweep {state.id}: {state.status}" + (f" (Ray: {state.ray_status})" if state.ray_status != state.status else ""),
-               markup=False)
+    _out.print(
+        f"sweep {state.id}: {state.status}"
+        + (f" (Ray: {state.ray_status})" if state.ray_status != state.status else ""),
+        markup=False,
+    )
     if state.reason:
         _out.print(f"  reason: {state.reason}", markup=False)
     t = state.trials
@@ -82,7 +86,8 @@ def _print_state(state: SweepStatus) -> None:
         planned = f"/{t.planned}" if t.planned is not None else ""
         _out.print(
             f"  trials: {t.done}{planned} done, {t.running} running, {t.failed} failed, {t.diverged} diverged"
-            + (f", {t.pruned} pruned" if t.pruned else "") + (f", {t.stopped} stopped" if t.stopped else ""),
+            + (f", {t.pruned} pruned" if t.pruned else "")
+            + (f", {t.stopped} stopped" if t.stopped else ""),
             markup=False,
         )
     if state.best:
@@ -94,8 +99,11 @@ def _print_state(state: SweepStatus) -> None:
         )
     if state.result and state.result.get("b_crit") is not None:
         r = state.result
-        _out.print(f"  critical batch size b_crit = {r['b_crit']:.1f} sequences"
-                   + (f" ({r['b_crit_tokens']:.0f} tokens)" if r.get("b_crit_tokens") is not None else ""), markup=False)
+        _out.print(
+            f"  critical batch size b_crit = {r['b_crit']:.1f} sequences"
+            + (f" ({r['b_crit_tokens']:.0f} tokens)" if r.get("b_crit_tokens") is not None else ""),
+            markup=False,
+        )
     if state.mlflow_error:
         _out.print(f"  MLflow: {state.mlflow_error}", markup=False)
 
@@ -120,20 +128,32 @@ def _follow(jobs: SweepJobs, sweep_id: str, timeout_s: float, as_json: bool) -> 
 
 def submit(
     spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
-    address: Optional[str] = _ADDRESS,
-    sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id = Ray submission id (default NAME-FINGERPRINT)"),
-    tracking_uri: Optional[str] = typer.Option(
-        None, "--tracking-uri",
+    address: str | None = _ADDRESS,
+    sweep_id: str | None = typer.Option(
+        None, "--sweep-id", help="sweep id = Ray submission id (default NAME-FINGERPRINT)"
+    ),
+    tracking_uri: str | None = typer.Option(
+        None,
+        "--tracking-uri",
         help="MLflow server the job logs to (default: the spec's tracking.uri if it is a server, "
         "else $MLFLOW_TRACKING_URI, else the spec's file store)",
     ),
-    ship_data: bool = typer.Option(True, "--ship-data/--no-ship-data",
-                                   help="ship small local inputs with the job (else paths are cluster paths)"),
-    ship_data_max_mb: float = typer.Option(20.0, "--ship-data-max-mb", min=0, help="largest input shipped with the job"),
+    ship_data: bool = typer.Option(
+        True, "--ship-data/--no-ship-data", help="ship small local inputs with the job (else paths are cluster paths)"
+    ),
+    ship_data_max_mb: float = typer.Option(
+        20.0, "--ship-data-max-mb", min=0, help="largest input shipped with the job"
+    ),
     upload_max_mb: float = typer.Option(100.0, "--upload-max-mb", min=0, help="largest job working directory"),
-    output_root: str = typer.Option("outputs", "--output-root", help="job output folder on the cluster (relative: the job's working dir)"),
-    job_python: Optional[str] = typer.Option(None, "--job-python", envvar="CRITBATCH_JOB_PYTHON",
-                                             help="Python on the cluster (default: this one for a local cluster, else 'python')"),
+    output_root: str = typer.Option(
+        "outputs", "--output-root", help="job output folder on the cluster (relative: the job's working dir)"
+    ),
+    job_python: str | None = typer.Option(
+        None,
+        "--job-python",
+        envvar="CRITBATCH_JOB_PYTHON",
+        help="Python on the cluster (default: this one for a local cluster, else 'python')",
+    ),
     wait: bool = typer.Option(False, "--wait", help="follow the sweep until it ends; exit 0 only if it SUCCEEDED"),
     timeout_s: float = typer.Option(24 * 3600.0, "--timeout-s", help="with --wait: give up after this long"),
     dry_run: bool = typer.Option(False, "--dry-run", help="stage and print what would be submitted; submit nothing"),
@@ -193,7 +213,7 @@ def submit(
 
 def status(
     sweep_id: str = typer.Argument(..., help="sweep id"),
-    address: Optional[str] = _ADDRESS,
+    address: str | None = _ADDRESS,
     as_json: bool = typer.Option(False, "--json", help="print the state as JSON"),
     wait: bool = typer.Option(False, "--wait", help="follow until the sweep ends; exit 0 only if it SUCCEEDED"),
     timeout_s: float = typer.Option(24 * 3600.0, "--timeout-s", help="with --wait: give up after this long"),
@@ -220,15 +240,16 @@ def status(
 
 def logs(
     sweep_id: str = typer.Argument(..., help="sweep id"),
-    address: Optional[str] = _ADDRESS,
+    address: str | None = _ADDRESS,
     follow: bool = typer.Option(False, "--follow", "-f", help="stream the log until the sweep ends"),
-    tail: Optional[int] = typer.Option(None, "--tail", min=1, help="only the last N lines"),
+    tail: int | None = typer.Option(None, "--tail", min=1, help="only the last N lines"),
 ) -> None:
     """The sweep driver's log (its Ray job's output)."""
 
     jobs = _jobs(address)
     try:
         if follow:
+
             async def stream() -> None:
                 async for chunk in jobs.follow_logs(sweep_id):
                     print(chunk, end="", flush=True)
@@ -244,7 +265,7 @@ def logs(
 
 def stop(
     sweep_id: str = typer.Argument(..., help="sweep id"),
-    address: Optional[str] = _ADDRESS,
+    address: str | None = _ADDRESS,
     wait_s: float = typer.Option(60.0, "--wait-s", min=0, help="seconds to wait for the job to end"),
 ) -> None:
     """Stop a submitted sweep.
@@ -267,7 +288,7 @@ def stop(
 
 
 def list_sweeps(
-    address: Optional[str] = _ADDRESS,
+    address: str | None = _ADDRESS,
     limit: int = typer.Option(20, "--limit", min=1, max=1000, help="sweeps per page"),
     offset: int = typer.Option(0, "--offset", min=0, help="sweeps to skip (newest first)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -280,8 +301,13 @@ def list_sweeps(
     except ClusterUnavailable as exc:
         _fail(str(exc), EXIT_FAILED)
     if as_json:
-        print(json.dumps({"items": [s.to_dict() for s in states], "total": total, "offset": offset, "limit": limit},
-                         indent=2, default=str))
+        print(
+            json.dumps(
+                {"items": [s.to_dict() for s in states], "total": total, "offset": offset, "limit": limit},
+                indent=2,
+                default=str,
+            )
+        )
         return
     from rich.table import Table
 
@@ -305,7 +331,8 @@ def serve(
 
     Settings from RAY_ADDRESS, MLFLOW_TRACKING_URI and CRITBATCH_API_TOKEN.
     """
-    from service.server import SettingsError, serve as run_server  # the CLI is the composition root
+    from service.server import SettingsError  # the CLI is the composition root
+    from service.server import serve as run_server
 
     try:
         run_server(host=host, port=port, local_only=local_only, log_level=log_level)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["console", "out", "EXIT_FAILED", "EXIT_INVALID", "fail_invalid"]
+__all__ = ["EXIT_FAILED", "EXIT_INVALID", "console", "fail_invalid", "out"]
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(soft_wrap=True)

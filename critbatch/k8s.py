@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from importlib import metadata
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -51,17 +50,20 @@ def register(app: typer.Typer) -> None:
     def render(
         spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
         image: str = typer.Option(_default_image(), "--image", help="critbatch container image"),
-        namespace: Optional[str] = typer.Option(
+        namespace: str | None = typer.Option(
             "critbatch", "--namespace", "-n", help="namespace of the critbatch platform (k8s/base); '' leaves it out"
         ),
         optuna_storage_secret: str = typer.Option(
-            "critbatch-optuna:url", "--optuna-storage-secret", metavar="SECRET[:KEY]",
+            "critbatch-optuna:url",
+            "--optuna-storage-secret",
+            metavar="SECRET[:KEY]",
             help="Secret key holding the Optuna study storage URL (an RDB that outlives the cluster), set as "
-                 "CRITBATCH_OPTUNA_STORAGE on the Ray head; '' keeps the studies on the head's disk, which a "
-                 "retried job does not find",
+            "CRITBATCH_OPTUNA_STORAGE on the Ray head; '' keeps the studies on the head's disk, which a "
+            "retried job does not find",
         ),
-        queue_name: Optional[str] = typer.Option(
-            None, "--queue-name",
+        queue_name: str | None = typer.Option(
+            None,
+            "--queue-name",
             help="Kueue LocalQueue to wait in: the RayJob gets the label kueue.x-k8s.io/queue-name=NAME",
         ),
     ) -> None:
@@ -78,8 +80,9 @@ def register(app: typer.Typer) -> None:
             text = _spec_text(spec)
             parsed = parse_spec_text(text)
             optuna_storage = parse_secret_key_ref(optuna_storage_secret, option="--optuna-storage-secret")
-            objects = render_rayjob(parsed, text, image, namespace or None, optuna_storage=optuna_storage,
-                                    queue_name=queue_name or None)
+            objects = render_rayjob(
+                parsed, text, image, namespace or None, optuna_storage=optuna_storage, queue_name=queue_name or None
+            )
         except InvalidInput as exc:  # a SpecError is an InvalidInput
             _fail_invalid(exc)
         for warning in image_data_warnings(parsed):  # stderr: stdout stays the manifests, for kubectl apply

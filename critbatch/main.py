@@ -15,7 +15,6 @@ import math
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.text import Text
@@ -65,8 +64,9 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """The options before a command (``critbatch --version``); the commands do the work."""
 
@@ -97,18 +97,27 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
     if s.arms:
         arms = s.arm_specs()
         for arm_name, arm in arms:
-            out.print(f"arm {arm_name}: {len(arm.search.batch_sizes_sequences)} batch sizes x "
-                      f"{arm.search.trials_per_batch_size} trials x {len(arm.seeds)} seed(s) = {arm.n_trials} trials, "
-                      f"{arm.resources.workers_per_trial} worker(s) each", highlight=False)
-        out.print(f"ok: comparison '{s.name}' of {len(arms)} arms, {sum(a.n_trials for _, a in arms)} trials in all",
-                  highlight=False)
+            out.print(
+                f"arm {arm_name}: {len(arm.search.batch_sizes_sequences)} batch sizes x "
+                f"{arm.search.trials_per_batch_size} trials x {len(arm.seeds)} seed(s) = {arm.n_trials} trials, "
+                f"{arm.resources.workers_per_trial} worker(s) each",
+                highlight=False,
+            )
+        out.print(
+            f"ok: comparison '{s.name}' of {len(arms)} arms, {sum(a.n_trials for _, a in arms)} trials in all",
+            highlight=False,
+        )
         return
     out.print(
         f"ok: sweep '{s.name}': {len(s.search.batch_sizes_sequences)} batch sizes x "
         f"{s.search.trials_per_batch_size} trials x {len(s.seeds)} seed(s) = {s.n_trials} trials, "
         f"{s.budget_tokens} tokens each; LR placement: {s.search.strategy}"
-        + (f"; then waves of {s.search.precision.trials_per_wave} until b_crit's interval is within "
-           f"{s.search.precision.b_crit_ratio:g}x, up to {s.max_trials} trials' worth of tokens" if s.search.precision else ""),
+        + (
+            f"; then waves of {s.search.precision.trials_per_wave} until b_crit's interval is within "
+            f"{s.search.precision.b_crit_ratio:g}x, up to {s.max_trials} trials' worth of tokens"
+            if s.search.precision
+            else ""
+        ),
         highlight=False,
     )
     for warning in spec_warnings(s) + window_warnings(s, facts):
@@ -116,19 +125,24 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
 
 
 #: ``--connect-timeout-s`` of ``run`` and ``resume`` (sweeps.run.reach.DEFAULT_CONNECT_TIMEOUT_S is the 30)
-_CONNECT_TIMEOUT_HELP = ("seconds a given Ray address (--address, $RAY_ADDRESS) may take to answer before the command "
-                         "exits 1 naming it, with nothing started (default: $CRITBATCH_RAY_CONNECT_TIMEOUT_S, else 30)")
+_CONNECT_TIMEOUT_HELP = (
+    "seconds a given Ray address (--address, $RAY_ADDRESS) may take to answer before the command "
+    "exits 1 naming it, with nothing started (default: $CRITBATCH_RAY_CONNECT_TIMEOUT_S, else 30)"
+)
 
 
 @app.command()
 def run(
     spec: Path = typer.Argument(..., help="sweep spec (YAML)"),
     output: Path = typer.Option(..., "--output", "-o", help="output folder (created; must not hold another sweep)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
-    sweep_id: Optional[str] = typer.Option(None, "--sweep-id", help="sweep id (default: NAME-TIMESTAMP)"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address, the head's GCS HOST:PORT "
-                                          "(default: $RAY_ADDRESS, else start Ray in-process)"),
-    connect_timeout_s: Optional[float] = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (overrides the spec)"),
+    sweep_id: str | None = typer.Option(None, "--sweep-id", help="sweep id (default: NAME-TIMESTAMP)"),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster address, the head's GCS HOST:PORT (default: $RAY_ADDRESS, else start Ray in-process)",
+    ),
+    connect_timeout_s: float | None = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="live progress table"),
 ) -> None:
     """Run a sweep and find its critical batch size.
@@ -138,18 +152,29 @@ def run(
     from sweeps.run.api import run_sweep
 
     settings = _settings()
-    _sweep_and_report(lambda: run_sweep(load_spec(spec), output, tracking_uri=tracking_uri, sweep_id=sweep_id,
-                                         ray_address=address,
-                                         ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
-                                         show_progress=progress, settings=settings))
+    _sweep_and_report(
+        lambda: run_sweep(
+            load_spec(spec),
+            output,
+            tracking_uri=tracking_uri,
+            sweep_id=sweep_id,
+            ray_address=address,
+            ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
+            show_progress=progress,
+            settings=settings,
+        )
+    )
 
 
 @app.command()
 def resume(
     output: Path = typer.Argument(..., help="output folder of an interrupted sweep"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address, the head's GCS HOST:PORT "
-                                          "(default: $RAY_ADDRESS, else the one the sweep ran on)"),
-    connect_timeout_s: Optional[float] = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster address, the head's GCS HOST:PORT (default: $RAY_ADDRESS, else the one the sweep ran on)",
+    ),
+    connect_timeout_s: float | None = typer.Option(None, "--connect-timeout-s", help=_CONNECT_TIMEOUT_HELP),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
     """Resume an interrupted sweep from its output folder.
@@ -159,9 +184,15 @@ def resume(
     from sweeps.run.api import resume_sweep
 
     settings = _settings()
-    _sweep_and_report(lambda: resume_sweep(output, ray_address=address,
-                                           ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
-                                           show_progress=progress, settings=settings))
+    _sweep_and_report(
+        lambda: resume_sweep(
+            output,
+            ray_address=address,
+            ray_connect_timeout_s=_timeout(connect_timeout_s, settings),
+            show_progress=progress,
+            settings=settings,
+        )
+    )
 
 
 def _settings() -> Settings:
@@ -213,19 +244,38 @@ def _sweep_and_report(call) -> None:
 
 @app.command()
 def analyze(
-    csv: Optional[Path] = typer.Option(None, "--csv", help="CSV with columns batch_size,steps_to_target[,seed][,group]; "
-                                       "a batch size may repeat (one row per seed or trial)"),
-    trials: Optional[list[Path]] = typer.Option(None, "--trials", help="OUT/trials.json of a finished sweep: re-analyse "
-                                                "it (same output as OUT/cbs.json; cbs.json must lie beside it); "
-                                                "repeat it to compare sweeps at the same targets (--target, else the "
-                                                "first sweep's)"),
-    comparison: Optional[Path] = typer.Option(None, "--comparison", help="OUT of a comparison (a spec with arms): "
-                                              "re-analyse every arm at the first arm's targets, rewrite OUT/cbs.json "
-                                              "and OUT/report.html (the runs' states are left as they are)"),
-    reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="reference batch B0 for the 20% CBS "
-                                                    "(Zhang et al. 2024); required with --csv, else the sweep's"),
-    target: Optional[list[float]] = typer.Option(None, "--target", metavar="LOSS", help="target loss (repeatable); "
-                                                 "--trials only: default, the sweep's own target rule"),
+    csv: Path | None = typer.Option(
+        None,
+        "--csv",
+        help="CSV with columns batch_size,steps_to_target[,seed][,group]; "
+        "a batch size may repeat (one row per seed or trial)",
+    ),
+    trials: list[Path] | None = typer.Option(
+        None,
+        "--trials",
+        help="OUT/trials.json of a finished sweep: re-analyse "
+        "it (same output as OUT/cbs.json; cbs.json must lie beside it); "
+        "repeat it to compare sweeps at the same targets (--target, else the "
+        "first sweep's)",
+    ),
+    comparison: Path | None = typer.Option(
+        None,
+        "--comparison",
+        help="OUT of a comparison (a spec with arms): "
+        "re-analyse every arm at the first arm's targets, rewrite OUT/cbs.json "
+        "and OUT/report.html (the runs' states are left as they are)",
+    ),
+    reference_batch: float | None = typer.Option(
+        None,
+        "--reference-batch",
+        help="reference batch B0 for the 20% CBS (Zhang et al. 2024); required with --csv, else the sweep's",
+    ),
+    target: list[float] | None = typer.Option(
+        None,
+        "--target",
+        metavar="LOSS",
+        help="target loss (repeatable); --trials only: default, the sweep's own target rule",
+    ),
     level: float = typer.Option(0.95, "--level", help="confidence level of b_crit_ci, in (0, 1)"),
 ) -> None:
     """Fit S = S_min + E_min/B and print b_crit as JSON.
@@ -243,8 +293,10 @@ def analyze(
             raise InvalidInput(f"--level must lie in (0, 1), got {level}")
         if comparison is not None:
             if target or reference_batch is not None or level != 0.95:
-                raise InvalidInput("--comparison takes no --target, --reference-batch or --level: the arms are "
-                                   "analysed at the first arm's targets, as the comparison was")
+                raise InvalidInput(
+                    "--comparison takes no --target, --reference-batch or --level: the arms are "
+                    "analysed at the first arm's targets, as the comparison was"
+                )
             from sweeps.run.compare import analyze_comparison
 
             result = analyze_comparison(comparison)
@@ -259,21 +311,24 @@ def analyze(
             if target and any(not math.isfinite(t) or t <= 0 for t in target):
                 raise InvalidInput("--target must be a positive, finite loss")
             if len(trials) == 1:
-                result = analyze_trials_file(trials[0], reference_batch=reference_batch,
-                                             targets=list(target) if target else None, level=level)
+                result = analyze_trials_file(
+                    trials[0], reference_batch=reference_batch, targets=list(target) if target else None, level=level
+                )
             else:
                 from sweeps.analysis import analyze_trials_files
 
-                result = analyze_trials_files(list(trials), reference_batch=reference_batch,
-                                              targets=list(target) if target else None, level=level)
+                result = analyze_trials_files(
+                    list(trials), reference_batch=reference_batch, targets=list(target) if target else None, level=level
+                )
     except InvalidInput as exc:
         _fail_invalid(exc)
     print(json.dumps(finite_json(result), indent=2))
     from sweeps.analysis.summary import analyze_note
 
     for one in result["sweeps"] if trials and len(trials) > 1 else [result]:
-        console.print((f"{one['path']}: " if "path" in one else "") + analyze_note(one), markup=False,
-                      highlight=False)  # stderr: stdout stays JSON
+        console.print(
+            (f"{one['path']}: " if "path" in one else "") + analyze_note(one), markup=False, highlight=False
+        )  # stderr: stdout stays JSON
 
 
 @app.command("init-checkpoint")
@@ -282,8 +337,7 @@ def init_checkpoint(
     d_model: int = typer.Option(64, "--d-model", min=1, help="hidden size"),
     n_layers: int = typer.Option(2, "--n-layers", min=1, help="transformer blocks"),
     n_heads: int = typer.Option(4, "--n-heads", min=1, help="attention heads (must divide --d-model)"),
-    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1,
-                                              help="longest sequence, tokens"),
+    context_length_tokens: int = typer.Option(1024, "--context-length-tokens", min=1, help="longest sequence, tokens"),
     family: str = typer.Option("llama", "--family", help="llama or gpt2"),
     seed: int = typer.Option(0, "--seed", help="initialisation seed"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace a checkpoint already there"),
@@ -299,8 +353,16 @@ def init_checkpoint(
     if d_model % n_heads:
         _fail_invalid(InvalidInput(f"--d-model ({d_model}) must be divisible by --n-heads ({n_heads})"))
     try:
-        path = _init(str(directory), d_model, n_layers, n_heads, context_length_tokens, family=family, seed=seed,
-                     overwrite=overwrite)
+        path = _init(
+            str(directory),
+            d_model,
+            n_layers,
+            n_heads,
+            context_length_tokens,
+            family=family,
+            seed=seed,
+            overwrite=overwrite,
+        )
     except (ValueError, FileExistsError) as exc:
         _fail_invalid(exc)
     out.print(f"wrote {path}", highlight=False)
@@ -327,8 +389,11 @@ def _print_summary(result: dict) -> None:
         ci = cbs.get("b_crit_ci") or [None, None]
         lo_t, hi_t = interval_ends_text(ci, swept_range(cbs))  # as report.html shows them: an end past the
         clipped = lo_t.startswith("<") or hi_t.startswith(">")  # fitted batch sizes is a bound only
-        ci_text = (f"95 % interval [{lo_t}, {hi_t}]" + (" (cbs.json: the raw ends)" if clipped else "")
-                   if ci[0] is not None else "no interval")
+        ci_text = (
+            f"95 % interval [{lo_t}, {hi_t}]" + (" (cbs.json: the raw ends)" if clipped else "")
+            if ci[0] is not None
+            else "no interval"
+        )
         out.print(
             f"size data parallelism with: critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
             f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
@@ -338,8 +403,12 @@ def _print_summary(result: dict) -> None:
         )
         out.print(_beside_b_crit(cbs), highlight=False)
     elif cbs.get("status") and cbs.get("target_loss") is not None:
-        out.print(f"no critical batch size inside the swept range (status {cbs['status']}"
-                  + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "") + ")", highlight=False)
+        out.print(
+            f"no critical batch size inside the swept range (status {cbs['status']}"
+            + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "")
+            + ")",
+            highlight=False,
+        )
     for note in cbs.get("caveats") or []:
         out.print(f"not covered: {note}", highlight=False)
     precision = cbs.get("precision")
@@ -357,28 +426,36 @@ def _beside_b_crit(cbs: dict) -> str:
     over = cbs.get("b_compute_overhead_20")
     parts = []
     if over is not None:
-        parts.append(f"for the fewest tokens: global batches up to 0.2 b_crit = {over:.1f} sequences"
-                     f"{_ci_text(cbs.get('b_compute_overhead_20_ci'))} cost at most 20 % more compute than the least")
+        parts.append(
+            f"for the fewest tokens: global batches up to 0.2 b_crit = {over:.1f} sequences"
+            f"{_ci_text(cbs.get('b_compute_overhead_20_ci'))} cost at most 20 % more compute than the least"
+        )
     if cbs.get("cbs_20") is not None:
         b0 = cbs.get("reference_batch")
-        parts.append(f"another definition, Zhang et al.'s 20% CBS from B0={f'{b0:g}' if isinstance(b0, (int, float)) else b0}: "
-                     f"{cbs['cbs_20']:.1f} sequences{_ci_text(cbs.get('cbs_20_ci'))} (b_crit's interval mapped through "
-                     "0.2 b_crit + 1.2 B0: narrower by the constant, not better known)")
+        parts.append(
+            f"another definition, Zhang et al.'s 20% CBS from B0={f'{b0:g}' if isinstance(b0, (int, float)) else b0}: "
+            f"{cbs['cbs_20']:.1f} sequences{_ci_text(cbs.get('cbs_20_ci'))} (b_crit's interval mapped through "
+            "0.2 b_crit + 1.2 B0: narrower by the constant, not better known)"
+        )
     return "beside it: " + "; ".join(parts) if parts else ""
 
 
 def _precision_text(precision: dict) -> str:
     """``cbs.json``'s ``precision`` in one line: the interval's ratio reached against the one asked, and why
     the sweep stopped adding trials."""
-    why = {"met": "the interval is as narrow as asked",
-           "max_trials": f"search.precision.max_trials ({precision.get('max_trials')}) reached first",
-           "nothing_to_add": "no trial was left to add",
-           "budget": f"the sweep's budget ran out first ({precision.get('note', '')})",
-           "interrupted": "the sweep was stopped before it decided",
-           "analysis_failed": "a wave's analysis failed (see the log)"}.get(precision.get("stopped_because") or "", "?")
+    why = {
+        "met": "the interval is as narrow as asked",
+        "max_trials": f"search.precision.max_trials ({precision.get('max_trials')}) reached first",
+        "nothing_to_add": "no trial was left to add",
+        "budget": f"the sweep's budget ran out first ({precision.get('note', '')})",
+        "interrupted": "the sweep was stopped before it decided",
+        "analysis_failed": "a wave's analysis failed (see the log)",
+    }.get(precision.get("stopped_because") or "", "?")
     ratio = precision.get("b_crit_ratio")
-    return (f"precision: upper/lower {'unbounded' if ratio is None else f'{ratio:.3g}'} after "
-            f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}")
+    return (
+        f"precision: upper/lower {'unbounded' if ratio is None else f'{ratio:.3g}'} after "
+        f"{precision.get('trials')} trials, asked <= {precision.get('b_crit_ratio_requested'):g}: {why}"
+    )
 
 
 def _register_commands() -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 __all__ = ["register"]
 
 
-def _cluster(cluster_file: Optional[Path], overrides: dict):
+def _cluster(cluster_file: Path | None, overrides: dict):
     """The :class:`ClusterSpec` from ``--cluster`` (YAML) with the given command-line options over it.
 
     Raises:
@@ -38,9 +37,11 @@ def _cluster(cluster_file: Optional[Path], overrides: dict):
         return ClusterSpec(**data)
     except pydantic.ValidationError as exc:
         errs = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'cluster'}: {e['msg']}" for e in exc.errors())
-        raise InvalidInput(f"invalid cluster ({len(exc.errors())} error(s)): {errs} (the command-line options "
-                           "--devices, --peak-flops, --bandwidth or the --cluster YAML fields devices, "
-                           "peak_flops_per_s, bandwidth_bytes_per_s, ...)") from None
+        raise InvalidInput(
+            f"invalid cluster ({len(exc.errors())} error(s)): {errs} (the command-line options "
+            "--devices, --peak-flops, --bandwidth or the --cluster YAML fields devices, "
+            "peak_flops_per_s, bandwidth_bytes_per_s, ...)"
+        ) from None
 
 
 def _numbers(text: str, name: str) -> list[float]:
@@ -66,7 +67,7 @@ def _swept(text: str) -> tuple[float, float]:
     return lo_hi[0], lo_hi[1]
 
 
-def _report(out_dir: Path) -> Optional[Path]:
+def _report(out_dir: Path) -> Path | None:
     """Re-render ``OUT/report.html`` (now with the plan section); None, with a warning, if the folder
     lacks what it needs (the plan stands without the report)."""
     from sweeps.analysis.report import write_report
@@ -88,57 +89,99 @@ def _report(out_dir: Path) -> Optional[Path]:
         return None
 
 
-def _inputs(source: Path, flops_per_token: Optional[float], params: Optional[float],
-            tokens_per_sequence: Optional[float], swept: Optional[tuple[float, float]]) -> dict:
+def _inputs(
+    source: Path,
+    flops_per_token: float | None,
+    params: float | None,
+    tokens_per_sequence: float | None,
+    swept: tuple[float, float] | None,
+) -> dict:
     """What the plan is made from: a study's ``scale.json`` (its prediction at a production budget), else a sweep's
     fits (:func:`sweeps.analysis.plan_files.load_plan_inputs`). Raises InvalidInput."""
     from sweeps.analysis.plan_files import load_plan_inputs
     from sweeps.scaling.plan import is_scale_result, plan_inputs_from_scale
 
     if is_scale_result(source):
-        return plan_inputs_from_scale(source, flops_per_token=flops_per_token, params=params,
-                                      tokens_per_sequence=tokens_per_sequence)
-    return load_plan_inputs(source, flops_per_token=flops_per_token, params=params,
-                            tokens_per_sequence=tokens_per_sequence, swept=swept)
+        return plan_inputs_from_scale(
+            source, flops_per_token=flops_per_token, params=params, tokens_per_sequence=tokens_per_sequence
+        )
+    return load_plan_inputs(
+        source, flops_per_token=flops_per_token, params=params, tokens_per_sequence=tokens_per_sequence, swept=swept
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to the ``critbatch`` app."""
+
     @app.command("plan")
     def plan(
-        source: Path = typer.Argument(..., help="a finished sweep's folder (OUT), its cbs.json, the JSON of "
-                                      "critbatch analyze --csv, or a study's scale.json (with a prediction)"),
-        cluster: Optional[Path] = typer.Option(None, "--cluster", help="cluster YAML (fields of ClusterSpec; the "
-                                               "options below override it)"),
-        devices: Optional[int] = typer.Option(None, "--devices", help="the most devices (data-parallel workers)"),
-        peak_flops: Optional[float] = typer.Option(None, "--peak-flops", help="peak FLOP/s per device"),
-        mfu: Optional[float] = typer.Option(None, "--mfu", help="model-FLOPs utilisation in (0, 1] (default 0.4)"),
-        bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="all-reduce bandwidth per device, bytes/s"),
-        latency: Optional[float] = typer.Option(None, "--latency", help="per-message latency, seconds (default 5e-6)"),
-        device_hours_cap: Optional[float] = typer.Option(None, "--device-hours-cap", help="the most device-hours"),
-        micro_batch: Optional[int] = typer.Option(None, "--micro-batch-max", help="most sequences per device per "
-                                                  "forward/backward (rows then give accumulation steps)"),
-        overlap: Optional[bool] = typer.Option(None, "--overlap/--no-overlap", help="overlap all-reduce and compute "
-                                               "(step = max instead of sum; default no overlap)"),
-        sync_every_steps: Optional[int] = typer.Option(None, "--sync-every-steps", min=1, help="local SGD / DiLoCo: "
-                                                       "all-reduce every H steps (default: the spec's "
-                                                       "resources.sync.every_steps, else 1)"),
-        flops_per_token: Optional[float] = typer.Option(None, "--flops-per-token", help="training FLOPs per token "
-                                                        "(default: cbs.json's)"),
-        params: Optional[float] = typer.Option(None, "--params", help="parameters whose gradients are all-reduced "
-                                               "(default: cbs.json n_params, else flops_per_token/6)"),
-        tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="tokens per sequence "
-                                                            "(default: cbs.json's)"),
-        grad_bytes: float = typer.Option(4.0, "--grad-bytes-per-param", help="bytes per gradient element "
-                                         "(4 fp32, 2 bf16)"),
-        batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="comma-separated global batch sizes "
-                                                  "(sequences); default: powers of 2 over and beyond the swept range"),
-        swept_range: Optional[str] = typer.Option(None, "--swept-range", help="LO,HI: the swept batch sizes "
-                                                  "(sequences), to flag extrapolation of an analyze --csv fit"),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="folder for plan.json and plots/plan.png "
-                                              "(default: the sweep folder when SOURCE is one)"),
-        as_json: bool = typer.Option(False, "--json", help="also print the plan as JSON to stdout (the default "
-                                     "only when no plan.json is written)"),
+        source: Path = typer.Argument(
+            ...,
+            help="a finished sweep's folder (OUT), its cbs.json, the JSON of "
+            "critbatch analyze --csv, or a study's scale.json (with a prediction)",
+        ),
+        cluster: Path | None = typer.Option(
+            None, "--cluster", help="cluster YAML (fields of ClusterSpec; the options below override it)"
+        ),
+        devices: int | None = typer.Option(None, "--devices", help="the most devices (data-parallel workers)"),
+        peak_flops: float | None = typer.Option(None, "--peak-flops", help="peak FLOP/s per device"),
+        mfu: float | None = typer.Option(None, "--mfu", help="model-FLOPs utilisation in (0, 1] (default 0.4)"),
+        bandwidth: float | None = typer.Option(None, "--bandwidth", help="all-reduce bandwidth per device, bytes/s"),
+        latency: float | None = typer.Option(None, "--latency", help="per-message latency, seconds (default 5e-6)"),
+        device_hours_cap: float | None = typer.Option(None, "--device-hours-cap", help="the most device-hours"),
+        micro_batch: int | None = typer.Option(
+            None,
+            "--micro-batch-max",
+            help="most sequences per device per forward/backward (rows then give accumulation steps)",
+        ),
+        overlap: bool | None = typer.Option(
+            None,
+            "--overlap/--no-overlap",
+            help="overlap all-reduce and compute (step = max instead of sum; default no overlap)",
+        ),
+        sync_every_steps: int | None = typer.Option(
+            None,
+            "--sync-every-steps",
+            min=1,
+            help="local SGD / DiLoCo: "
+            "all-reduce every H steps (default: the spec's "
+            "resources.sync.every_steps, else 1)",
+        ),
+        flops_per_token: float | None = typer.Option(
+            None, "--flops-per-token", help="training FLOPs per token (default: cbs.json's)"
+        ),
+        params: float | None = typer.Option(
+            None,
+            "--params",
+            help="parameters whose gradients are all-reduced (default: cbs.json n_params, else flops_per_token/6)",
+        ),
+        tokens_per_sequence: float | None = typer.Option(
+            None, "--tokens-per-sequence", help="tokens per sequence (default: cbs.json's)"
+        ),
+        grad_bytes: float = typer.Option(
+            4.0, "--grad-bytes-per-param", help="bytes per gradient element (4 fp32, 2 bf16)"
+        ),
+        batch_sizes: str | None = typer.Option(
+            None,
+            "--batch-sizes",
+            help="comma-separated global batch sizes (sequences); default: powers of 2 over and beyond the swept range",
+        ),
+        swept_range: str | None = typer.Option(
+            None,
+            "--swept-range",
+            help="LO,HI: the swept batch sizes (sequences), to flag extrapolation of an analyze --csv fit",
+        ),
+        output: Path | None = typer.Option(
+            None,
+            "--output",
+            "-o",
+            help="folder for plan.json and plots/plan.png (default: the sweep folder when SOURCE is one)",
+        ),
+        as_json: bool = typer.Option(
+            False,
+            "--json",
+            help="also print the plan as JSON to stdout (the default only when no plan.json is written)",
+        ),
     ) -> None:
         """Plan a data-parallel run from a sweep's fits.
 
@@ -147,10 +190,10 @@ def register(app: typer.Typer) -> None:
         plot, and a section added to the sweep's report.html, rewritten in place), or as JSON to stdout
         when no folder is written or with --json.
         """
-        from sweeps.analysis.plan_files import load_plan_inputs, make_plan, plan_summary, write_plan
-        from sweeps.analysis import finite_json
         from critbatch.common import console
         from critbatch.common import fail_invalid as _fail_invalid
+        from sweeps.analysis import finite_json
+        from sweeps.analysis.plan_files import make_plan, plan_summary, write_plan
         from sweeps.errors import InvalidInput
 
         try:
@@ -158,13 +201,27 @@ def register(app: typer.Typer) -> None:
             grid = [int(b) for b in _numbers(batch_sizes, "--batch-sizes")] if batch_sizes else None
             if grad_bytes <= 0:
                 raise InvalidInput(f"--grad-bytes-per-param must be positive, got {grad_bytes}")
-            spec = _cluster(cluster, {"devices": devices, "peak_flops_per_s": peak_flops, "mfu": mfu,
-                                      "bandwidth_bytes_per_s": bandwidth, "latency_s": latency,
-                                      "device_hours_cap": device_hours_cap,
-                                      "micro_batch_size_sequences_max": micro_batch, "overlap": overlap})
+            spec = _cluster(
+                cluster,
+                {
+                    "devices": devices,
+                    "peak_flops_per_s": peak_flops,
+                    "mfu": mfu,
+                    "bandwidth_bytes_per_s": bandwidth,
+                    "latency_s": latency,
+                    "device_hours_cap": device_hours_cap,
+                    "micro_batch_size_sequences_max": micro_batch,
+                    "overlap": overlap,
+                },
+            )
             inputs = _inputs(source, flops_per_token, params, tokens_per_sequence, swept)
-            result = make_plan(inputs, spec, grad_bytes_per_param=grad_bytes, sync_every_steps=sync_every_steps,
-                               batch_sizes_sequences=grid)
+            result = make_plan(
+                inputs,
+                spec,
+                grad_bytes_per_param=grad_bytes,
+                sync_every_steps=sync_every_steps,
+                batch_sizes_sequences=grid,
+            )
             result["notes"] += inputs.get("notes", [])
         except (InvalidInput, ValueError) as exc:
             _fail_invalid(exc)
@@ -173,8 +230,12 @@ def register(app: typer.Typer) -> None:
             out_dir.mkdir(parents=True, exist_ok=True)
             paths = write_plan(out_dir, result)
             report = _report(out_dir) if inputs["out_dir"] is not None and out_dir == inputs["out_dir"] else None
-            console.print(f"wrote {paths['plan']}" + (f" and {paths['plot']}" if paths["plot"] else "")
-                          + (f"; added the plan to {report} (rewritten in place)" if report else ""), highlight=False)
+            console.print(
+                f"wrote {paths['plan']}"
+                + (f" and {paths['plot']}" if paths["plot"] else "")
+                + (f"; added the plan to {report} (rewritten in place)" if report else ""),
+                highlight=False,
+            )
         console.print(plan_summary(result), markup=False, highlight=False)
         if out_dir is None or as_json:
             print(json.dumps(finite_json(result), indent=2))

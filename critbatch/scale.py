@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -25,8 +24,15 @@ def _cbs_member(text: str, quantity: str):
     return member_from_cbs(Path(path), budget, quantity)
 
 
-def _members(csv: list[Path], tokens: list[float], n_params: list[float], cbs: list[str],
-             reference_batch: Optional[float], level: float, quantity: str) -> list:
+def _members(
+    csv: list[Path],
+    tokens: list[float],
+    n_params: list[float],
+    cbs: list[str],
+    reference_batch: float | None,
+    level: float,
+    quantity: str,
+) -> list:
     """The study's members from the command line. Raises InvalidInput on options that do not pair up."""
     from sweeps.errors import InvalidInput
     from sweeps.scaling import member_from_csv
@@ -39,14 +45,28 @@ def _members(csv: list[Path], tokens: list[float], n_params: list[float], cbs: l
         raise InvalidInput("--csv needs --reference-batch (the B0 of each table's 20 % CBS)")
     if not csv and not cbs:
         raise InvalidInput("give the study's members: --csv FILE --tokens D (repeat) and/or --cbs SWEEP[:TOKENS]")
-    members = [member_from_csv(path, d, reference_batch, level=level, quantity=quantity,  # type: ignore[arg-type]
-                               n_params=n_params[i] if n_params else None)
-               for i, (path, d) in enumerate(zip(csv, tokens))]
+    members = [
+        member_from_csv(
+            path,
+            d,
+            reference_batch,
+            level=level,
+            quantity=quantity,  # type: ignore[arg-type]
+            n_params=n_params[i] if n_params else None,
+        )
+        for i, (path, d) in enumerate(zip(csv, tokens))
+    ]
     return members + [_cbs_member(text, quantity) for text in cbs]
 
 
-def _run_study(spec_path: Path, budgets: Optional[str], output: Optional[Path], predict_tokens: Optional[float],
-               address: Optional[str], tracking_uri: Optional[str]) -> dict:
+def _run_study(
+    spec_path: Path,
+    budgets: str | None,
+    output: Path | None,
+    predict_tokens: float | None,
+    address: str | None,
+    tracking_uri: str | None,
+) -> dict:
     """Run or continue the study of ``spec_path`` (:func:`sweeps.scaling.run.run_study`). Raises InvalidInput."""
     from sweeps.errors import InvalidInput
     from sweeps.scaling.run import run_study
@@ -58,18 +78,24 @@ def _run_study(spec_path: Path, budgets: Optional[str], output: Optional[Path], 
         values = [int(float(x)) for x in budgets.split(",") if x.strip()]
     except ValueError:
         raise InvalidInput(f"--budgets-tokens must be comma-separated numbers of tokens, got {budgets!r}") from None
-    return run_study(load_spec(spec_path), values, output, predict_tokens=predict_tokens, tracking_uri=tracking_uri,
-                     ray_address=address)
+    return run_study(
+        load_spec(spec_path),
+        values,
+        output,
+        predict_tokens=predict_tokens,
+        tracking_uri=tracking_uri,
+        ray_address=address,
+    )
 
 
-def _tokens_per_sequence(member: Path) -> Optional[float]:
+def _tokens_per_sequence(member: Path) -> float | None:
     try:
         return float(json.loads((member / "cbs.json").read_text(encoding="utf-8"))["tokens_per_sequence"])
     except (OSError, KeyError, TypeError, ValueError):
         return None
 
 
-def _write(path: Path, result: dict, study: Optional[dict]) -> None:
+def _write(path: Path, result: dict, study: dict | None) -> None:
     """``scale.json`` and its plot at ``path``; for a study, its MLflow run too (``result["mlflow"]``, then written
     again). Exits 1 naming the file when a write fails; an MLflow failure is a warning (the files stand)."""
     from critbatch.common import console
@@ -85,11 +111,18 @@ def _write(path: Path, result: dict, study: Optional[dict]) -> None:
             from sweeps.scaling.tracking import log_study
 
             try:
-                result["mlflow"] = log_study(study["name"], result, [path.parent / m["folder"] for m in study["members"]],
-                                             [path, path.with_suffix(".png")])
+                result["mlflow"] = log_study(
+                    study["name"],
+                    result,
+                    [path.parent / m["folder"] for m in study["members"]],
+                    [path, path.with_suffix(".png")],
+                )
             except Exception as exc:  # noqa: BLE001 - MLflow's errors vary by store; the files are written
-                console.print(f"warning: the study's MLflow run was not logged ({type(exc).__name__}: {exc})",
-                              markup=False, highlight=False)
+                console.print(
+                    f"warning: the study's MLflow run was not logged ({type(exc).__name__}: {exc})",
+                    markup=False,
+                    highlight=False,
+                )
             write_json(path, result)
     except (OSError, WriteFailed) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
@@ -97,31 +130,50 @@ def _write(path: Path, result: dict, study: Optional[dict]) -> None:
 
 
 def scale(
-    spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="run a study: this sweep spec at "
-                                               "each of --budgets-tokens, into --output (again: continue it)"),
-    budgets_tokens: Optional[str] = typer.Option(None, "--budgets-tokens", help="with SPEC: comma-separated "
-                                                 "token budgets per trial, e.g. 131072,262144,524288,1048576"),
-    address: Optional[str] = typer.Option(None, "--address", help="with SPEC: the Ray cluster (as run)"),
-    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="with SPEC: the MLflow store"),
-    csv: Optional[list[Path]] = typer.Option(None, "--csv", help="a steps-to-target table at one budget "
-                                             "(batch_size,steps_to_target, as analyze --csv reads); repeat it"),
-    tokens: Optional[list[float]] = typer.Option(None, "--tokens", help="the training tokens D of each --csv, "
-                                                 "in the same order"),
-    n_params: Optional[list[float]] = typer.Option(None, "--n-params", help="each --csv's model parameters "
-                                                   "(optional), to say whether model size can be told apart"),
-    cbs: Optional[list[str]] = typer.Option(None, "--cbs", help="a finished sweep (folder or cbs.json), "
-                                            "optionally :TOKENS (default: its spec's budget_tokens); repeat it"),
-    reference_batch: Optional[float] = typer.Option(None, "--reference-batch", help="B0 of the tables' 20 % CBS "
-                                                    "(sequences); required with --csv"),
-    predict_tokens: Optional[float] = typer.Option(None, "--predict-tokens", help="the production budget "
-                                                   "(tokens) to predict at"),
-    tokens_per_sequence: Optional[float] = typer.Option(None, "--tokens-per-sequence", help="to give batch "
-                                                        "sizes in tokens too, and Step Law's in sequences"),
-    quantity: str = typer.Option("b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s "
-                                 "20 % CBS, which carries 1.2 B0)"),
+    spec_path: Path | None = typer.Argument(
+        None,
+        metavar="[SPEC]",
+        help="run a study: this sweep spec at each of --budgets-tokens, into --output (again: continue it)",
+    ),
+    budgets_tokens: str | None = typer.Option(
+        None,
+        "--budgets-tokens",
+        help="with SPEC: comma-separated token budgets per trial, e.g. 131072,262144,524288,1048576",
+    ),
+    address: str | None = typer.Option(None, "--address", help="with SPEC: the Ray cluster (as run)"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", help="with SPEC: the MLflow store"),
+    csv: list[Path] | None = typer.Option(
+        None,
+        "--csv",
+        help="a steps-to-target table at one budget (batch_size,steps_to_target, as analyze --csv reads); repeat it",
+    ),
+    tokens: list[float] | None = typer.Option(
+        None, "--tokens", help="the training tokens D of each --csv, in the same order"
+    ),
+    n_params: list[float] | None = typer.Option(
+        None, "--n-params", help="each --csv's model parameters (optional), to say whether model size can be told apart"
+    ),
+    cbs: list[str] | None = typer.Option(
+        None,
+        "--cbs",
+        help="a finished sweep (folder or cbs.json), optionally :TOKENS (default: its spec's budget_tokens); repeat it",
+    ),
+    reference_batch: float | None = typer.Option(
+        None, "--reference-batch", help="B0 of the tables' 20 % CBS (sequences); required with --csv"
+    ),
+    predict_tokens: float | None = typer.Option(
+        None, "--predict-tokens", help="the production budget (tokens) to predict at"
+    ),
+    tokens_per_sequence: float | None = typer.Option(
+        None, "--tokens-per-sequence", help="to give batch sizes in tokens too, and Step Law's in sequences"
+    ),
+    quantity: str = typer.Option(
+        "b_crit", "--quantity", help="b_crit (E_min/S_min) or cbs_20 (Zhang et al.'s 20 % CBS, which carries 1.2 B0)"
+    ),
     level: float = typer.Option(0.95, "--level", help="confidence level of the exponent and prediction"),
-    output: Optional[Path] = typer.Option(None, "--output", help="with SPEC: the study's folder; else a file "
-                                          "to write scale.json to as well as stdout"),
+    output: Path | None = typer.Option(
+        None, "--output", help="with SPEC: the study's folder; else a file to write scale.json to as well as stdout"
+    ),
 ) -> None:
     """b_crit as a power law of the token budget.
 
@@ -149,8 +201,15 @@ def scale(
         elif budgets_tokens or address or tracking_uri:
             raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
         members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
-        result = finite_json(scale_result(members, predict_tokens=predict_tokens, level=level,
-                                          tokens_per_sequence=tokens_per_sequence, quantity=quantity))
+        result = finite_json(
+            scale_result(
+                members,
+                predict_tokens=predict_tokens,
+                level=level,
+                tokens_per_sequence=tokens_per_sequence,
+                quantity=quantity,
+            )
+        )
     except InvalidInput as exc:
         fail_invalid(exc)
     if output is not None:
@@ -158,15 +217,21 @@ def scale(
     print(json.dumps(result, indent=2))
     console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
 
+
 def schedule(
     scale_json: Path = typer.Argument(..., help="a study's scale.json (critbatch scale)"),
     total_tokens: float = typer.Option(..., "--total-tokens", help="the production run's training tokens"),
-    tokens_per_sequence: int = typer.Option(..., "--tokens-per-sequence", help="the production run's sequence "
-                                            "length (tokens)"),
-    max_batch: Optional[int] = typer.Option(None, "--max-batch-sequences", help="the largest global batch "
-                                            "(default: under the law's lower bound at --total-tokens)"),
-    output: Path = typer.Option(..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json "
-                                "and levanter.yaml"),
+    tokens_per_sequence: int = typer.Option(
+        ..., "--tokens-per-sequence", help="the production run's sequence length (tokens)"
+    ),
+    max_batch: int | None = typer.Option(
+        None,
+        "--max-batch-sequences",
+        help="the largest global batch (default: under the law's lower bound at --total-tokens)",
+    ),
+    output: Path = typer.Option(
+        ..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json and levanter.yaml"
+    ),
 ) -> None:
     """A batch-size ramp under b_crit, in trainers' formats.
 
@@ -193,7 +258,7 @@ def schedule(
     try:
         output.mkdir(parents=True, exist_ok=True)
         write_json(output / "schedule.json", formats["json"])
-        write_atomic(output / "megatron.txt", f"--step-batch-size-schedule \"{formats['megatron']}\"\n")
+        write_atomic(output / "megatron.txt", f'--step-batch-size-schedule "{formats["megatron"]}"\n')
         write_json(output / "olmo_core.json", formats["olmo_core"])
         write_atomic(output / "levanter.yaml", yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False))
     except (OSError, WriteFailed) as exc:
@@ -202,11 +267,14 @@ def schedule(
     stages = ramp["stages"]
     for warning in ramp["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
-    console.print(f"{len(stages)} stages, {stages[0]['batch_size_sequences']} to {stages[-1]['batch_size_sequences']} "
-                  f"sequences: {ramp['steps']} steps for {total_tokens:.3g} tokens, "
-                  f"{100 * ramp['steps_saved_fraction']:.0f} % fewer than a fixed batch of "
-                  f"{ramp['fixed_batch_size_sequences']} ({ramp['fixed_steps']} steps); wrote {output}",
-                  markup=False, highlight=False)
+    console.print(
+        f"{len(stages)} stages, {stages[0]['batch_size_sequences']} to {stages[-1]['batch_size_sequences']} "
+        f"sequences: {ramp['steps']} steps for {total_tokens:.3g} tokens, "
+        f"{100 * ramp['steps_saved_fraction']:.0f} % fewer than a fixed batch of "
+        f"{ramp['fixed_batch_size_sequences']} ({ramp['fixed_steps']} steps); wrote {output}",
+        markup=False,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.text import Text
@@ -24,16 +24,21 @@ __all__ = ["register"]
 
 def register(app: typer.Typer) -> None:
     """Add the ``ui`` command to the ``critbatch`` app."""
+
     @app.command("ui")
     def ui(
-        backend_store_uri: str = typer.Option(DEFAULT_TRACKING_URI, "--backend-store-uri",
-                                              help="the MLflow store to show (`make run` writes sqlite:///mlflow.db); "
-                                              "it must exist"),
+        backend_store_uri: str = typer.Option(
+            DEFAULT_TRACKING_URI,
+            "--backend-store-uri",
+            help="the MLflow store to show (`make run` writes sqlite:///mlflow.db); it must exist",
+        ),
         port: int = typer.Option(5000, "--port", help="port on 127.0.0.1, 1 to 65535"),
-        experiment: Optional[str] = typer.Option(None, "--experiment", help="experiment to open (default: the "
-                                                 "newest sweep's)"),
-        start_timeout_s: float = typer.Option(180.0, "--start-timeout-s", help="seconds to wait for MLflow to "
-                                              "answer (about 45 on an idle 2-core machine)"),
+        experiment: str | None = typer.Option(
+            None, "--experiment", help="experiment to open (default: the newest sweep's)"
+        ),
+        start_timeout_s: float = typer.Option(
+            180.0, "--start-timeout-s", help="seconds to wait for MLflow to answer (about 45 on an idle 2-core machine)"
+        ),
     ) -> None:
         """MLflow UI over a sweep's store, opened on its runs table.
 
@@ -66,8 +71,11 @@ def _serve(config: Any, experiment: str | None, start_timeout_s: float) -> None:
     from sweeps.tracking.ui import UiFailed, start_ui, stop_ui
 
     log = Path(tempfile.gettempdir()) / f"critbatch-ui-{config.port}.log"
-    console.print(f"starting the MLflow UI on {config.url} over {config.backend_store_uri} (its log: {log})",
-                  markup=False, highlight=False)
+    console.print(
+        f"starting the MLflow UI on {config.url} over {config.backend_store_uri} (its log: {log})",
+        markup=False,
+        highlight=False,
+    )
     try:
         server = start_ui(config, log=log, timeout_s=start_timeout_s)
     except InvalidInput as exc:
@@ -121,6 +129,10 @@ def _address(ui_url: str, experiment: str | None, store: str) -> str:
         console.print(f"warning: could not tag experiment {exp.name!r}: {exc}", markup=False, highlight=False)
         marked = []
     has_view = bool(marked) or TAG_SAVED_VIEW_PREFIX + SAVED_VIEW_ID in (exp.tags or {})
-    console.print(f"experiment {exp.name!r}: its runs table, a parent run per sweep with a child run per trial"
-                  + (f" (tags added: {', '.join(marked)})" if marked else ""), markup=False, highlight=False)
+    console.print(
+        f"experiment {exp.name!r}: its runs table, a parent run per sweep with a child run per trial"
+        + (f" (tags added: {', '.join(marked)})" if marked else ""),
+        markup=False,
+        highlight=False,
+    )
     return runs_table_url(ui_url, exp.experiment_id, view=has_view)

@@ -42,8 +42,9 @@ def train(paths: list[str], vocab_size: int, output: Path) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(documents(paths), trainer)
     tok.add_special_tokens([EOS])  # id vocab_size - 1
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, model_max_length=int(1e30))

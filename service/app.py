@@ -22,7 +22,7 @@ from service.routes import health_router, sweeps_router
 from service.settings import Settings
 from sweeps.remote import SweepJobs
 
-__all__ = ["create_app", "API_VERSION", "LIST_CACHE_S"]
+__all__ = ["API_VERSION", "LIST_CACHE_S", "create_app"]
 
 API_VERSION = "1.0.0"
 #: ``GET /v1/sweeps`` answers at most this old are shared between concurrent callers (seconds).
@@ -42,8 +42,12 @@ def create_app(settings: Settings | None = None, *, jobs: SweepJobs | None = Non
         SettingsError: from :meth:`Settings.from_env` when ``settings`` is not given.
     """
     settings = settings or Settings.from_env()
-    jobs = jobs or SweepJobs(settings.ray_address, tracking_uri=settings.tracking_uri,
-                             ray_timeout_s=settings.ray_timeout_s, list_cache_s=LIST_CACHE_S)
+    jobs = jobs or SweepJobs(
+        settings.ray_address,
+        tracking_uri=settings.tracking_uri,
+        ray_timeout_s=settings.ray_timeout_s,
+        list_cache_s=LIST_CACHE_S,
+    )
     jobs.serve_only(settings.tracking_uri)
     app = FastAPI(
         title="critbatch",

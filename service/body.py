@@ -8,7 +8,8 @@ runs on a thread pool of its own (parsing a large body takes CPU seconds).
 from __future__ import annotations
 
 import json
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import yaml
 from yaml.composer import ComposerError
@@ -16,7 +17,7 @@ from yaml.composer import ComposerError
 from sweeps.errors import InvalidInput
 from sweeps.spec import SpecError, SweepSpec, parse_spec
 
-__all__ = ["BodyLimitMiddleware", "BodyError", "parse_body", "C_YAML_MAX_BYTES", "JSON_TYPES", "YAML_TYPES"]
+__all__ = ["C_YAML_MAX_BYTES", "JSON_TYPES", "YAML_TYPES", "BodyError", "BodyLimitMiddleware", "parse_body"]
 
 JSON_TYPES = ("application/json",)
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
@@ -73,11 +74,17 @@ class BodyLimitMiddleware:
     @staticmethod
     async def _reply(send: Callable, status: int, detail: str) -> None:
         payload = json.dumps({"detail": detail}).encode()
-        await send({
-            "type": "http.response.start", "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                        (b"connection", b"close")],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
 
 
@@ -98,11 +105,11 @@ def _load_yaml(text: str) -> Any:
         yaml.YAMLError: not YAML, or an alias (``*name``).
     """
     if not getattr(yaml, "__with_libyaml__", False) or len(text) > C_YAML_MAX_BYTES:
-        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=_NoAliasLoader)
     for event in yaml.parse(text, Loader=yaml.CSafeLoader):
         if isinstance(event, yaml.AliasEvent):
             raise ComposerError(None, None, "YAML aliases (*name) are not accepted", event.start_mark)
-    return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - safe constructor
+    return yaml.load(text, Loader=yaml.CSafeLoader)
 
 
 class BodyError(InvalidInput):

@@ -12,8 +12,9 @@ import contextlib
 import hashlib
 import hmac
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,7 +27,13 @@ from sweeps.remote.waiting import RAY_JOB_SERVER, Waiting, waiting_on
 from sweeps.spec.identity import is_valid_sweep_id
 
 __all__ = [
-    "Backend", "EXAMPLE_SWEEP_ID", "get_backend", "get_jobs", "get_settings", "reject_unknown_query", "require_token",
+    "EXAMPLE_SWEEP_ID",
+    "Backend",
+    "get_backend",
+    "get_jobs",
+    "get_settings",
+    "reject_unknown_query",
+    "require_token",
     "sweep_id_path",
 ]
 
@@ -67,7 +74,7 @@ class Backend:
         waiting = Waiting()
         try:
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, waiting.run, fn), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise BackendTimeout(waiting.describe(limit)) from None
 
     @contextlib.contextmanager
@@ -93,9 +100,10 @@ class Backend:
         """
         waiting = Waiting()
         try:
-            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.ready_pool, waiting.run, fn),
-                                          timeout_s)
-        except asyncio.TimeoutError:
+            return await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(self.ready_pool, waiting.run, fn), timeout_s
+            )
+        except TimeoutError:
             raise BackendTimeout(waiting.describe(timeout_s)) from None
 
 
@@ -126,7 +134,9 @@ def require_token(
     # digests first: equal lengths, so the comparison does not even reveal the token's length
     given_digest = hashlib.sha256(given.encode("utf-8", "surrogateescape")).digest()
     if not hmac.compare_digest(given_digest, hashlib.sha256(settings.api_token.encode("utf-8")).digest()):
-        raise HTTPException(status_code=401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status_code=401, detail="missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 def reject_unknown_query(request: Request) -> None:
@@ -144,8 +154,9 @@ def reject_unknown_query(request: Request) -> None:
 
 
 async def sweep_id_path(
-    sweep_id: str = Path(description="the sweep id (also the Ray submission id)", max_length=200,
-                         examples=[EXAMPLE_SWEEP_ID]),
+    sweep_id: str = Path(
+        description="the sweep id (also the Ray submission id)", max_length=200, examples=[EXAMPLE_SWEEP_ID]
+    ),
 ) -> str:
     """The ``{sweep_id}`` of the path; 404 when it cannot be a sweep id (the backend is not asked)."""
     if not is_valid_sweep_id(sweep_id):

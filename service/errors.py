@@ -42,8 +42,15 @@ from sweeps.remote import (
 from sweeps.spec import SpecError
 
 __all__ = [
-    "BACKEND_ERRORS", "RETRY_AFTER_S", "ERROR_RESPONSES", "NOT_FOUND_RESPONSE", "INVALID_RESPONSE", "error_response",
-    "invalid_response", "install_error_handlers", "json_error_responses",
+    "BACKEND_ERRORS",
+    "ERROR_RESPONSES",
+    "INVALID_RESPONSE",
+    "NOT_FOUND_RESPONSE",
+    "RETRY_AFTER_S",
+    "error_response",
+    "install_error_handlers",
+    "invalid_response",
+    "json_error_responses",
 ]
 
 #: ``Retry-After`` (seconds) of a 429 when the service runs ``max_running`` sweeps already.
@@ -51,8 +58,13 @@ RETRY_AFTER_S = 60
 #: The backend errors a route may raise and :func:`error_response` answers.
 BACKEND_ERRORS = (SweepNotFound, SweepExists, ReportNotReady, ClusterUnavailable, InvalidInput, TooManySweeps)
 #: Errors answered ``{"detail": message}``, by status; the first class that matches wins.
-_DETAIL_STATUS = ((SweepNotFound, 404), (ReportNotReady, 409), (TooManySweeps, 429), (BackendTimeout, 504),
-                  (ClusterUnavailable, 503))
+_DETAIL_STATUS = (
+    (SweepNotFound, 404),
+    (ReportNotReady, 409),
+    (TooManySweeps, 429),
+    (BackendTimeout, 504),
+    (ClusterUnavailable, 503),
+)
 
 #: The error answers every ``/v1`` route documents.
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -60,19 +72,25 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"},
     413: {"model": ErrorOut, "description": "request body too large"},
     503: {"model": ErrorOut, "description": "the Ray cluster cannot be reached"},
-    504: {"model": ErrorOut, "description": "the Ray job server or MLflow did not answer in time (the detail names which)"},
+    504: {
+        "model": ErrorOut,
+        "description": "the Ray job server or MLflow did not answer in time (the detail names which)",
+    },
 }
 NOT_FOUND_RESPONSE: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "no sweep with this id"}}
 INVALID_RESPONSE: dict[int | str, dict[str, Any]] = {
-    422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"}}
+    422: {"model": InvalidRequestOut, "description": "invalid request: every invalid field by its path"}
+}
 
 
 def json_error_responses(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
     """``responses`` with each model spelled out as an application/json content (for a route whose
     own response class is not JSON)."""
     return {
-        code: {"description": r["description"],
-               "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{r['model'].__name__}"}}}}
+        code: {
+            "description": r["description"],
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{r['model'].__name__}"}}},
+        }
         for code, r in responses.items()
     }
 
@@ -91,8 +109,12 @@ def error_response(exc: Exception) -> JSONResponse:
         return JSONResponse(
             status_code=409,
             # a REST client picks the id with the query parameter, not the CLI's --sweep-id
-            content={"detail": exc.describe("id with ?sweep_id="), "id": exc.sweep_id, "status": exc.status,
-                     "same_spec": exc.same_spec},
+            content={
+                "detail": exc.describe("id with ?sweep_id="),
+                "id": exc.sweep_id,
+                "status": exc.status,
+                "same_spec": exc.same_spec,
+            },
         )
     if isinstance(exc, SpecError):
         return invalid_response(exc.errors)
@@ -115,8 +137,14 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
     if exc.status_code == 405:
         # Starlette's Allow lists the methods of the first route matching the path only.
         path = request.url.path
-        allowed = sorted({m for r in request.app.routes if isinstance(r, APIRoute) and r.path_regex.match(path)
-                          for m in (r.methods or ())})
+        allowed = sorted(
+            {
+                m
+                for r in request.app.routes
+                if isinstance(r, APIRoute) and r.path_regex.match(path)
+                for m in (r.methods or ())
+            }
+        )
         return JSONResponse({"detail": "Method Not Allowed"}, status_code=405, headers={"Allow": ", ".join(allowed)})
     return await http_exception_handler(request, exc)
 

@@ -23,8 +23,8 @@ import re
 from pathlib import Path, PurePosixPath
 
 from service.settings import Settings
-from sweeps.spec.identity import same_tracking_uri
 from sweeps.spec import SweepSpec
+from sweeps.spec.identity import same_tracking_uri
 
 __all__ = ["policy_errors"]
 
@@ -44,19 +44,38 @@ def _inside(path: Path, root: Path) -> bool:
 
 def _input_errors(field: str, value: str, settings: Settings) -> list[tuple[str, str]]:
     if _URI_RE.match(value):
-        return [(field, ("URIs (file://, s3://, ...) are not accepted by the service: use a path under "
-                         "the service's data root (CRITBATCH_DATA_DIR) or cluster data root (CRITBATCH_CLUSTER_DATA_DIR)"))]
+        return [
+            (
+                field,
+                (
+                    "URIs (file://, s3://, ...) are not accepted by the service: use a path under "
+                    "the service's data root (CRITBATCH_DATA_DIR) or cluster data root (CRITBATCH_CLUSTER_DATA_DIR)"
+                ),
+            )
+        ]
     if _has_dotdot(value):
         return [(field, "a path with '..' is not accepted by the service")]
     if os.path.isabs(value):
         cluster = settings.cluster_data_dir
         if cluster is None or not PurePosixPath(value).is_relative_to(PurePosixPath(cluster)):
-            return [(field, "absolute paths are accepted only inside the service's cluster data root "
-                            "(CRITBATCH_CLUSTER_DATA_DIR)" + ("" if cluster else ", which is not set"))]
+            return [
+                (
+                    field,
+                    "absolute paths are accepted only inside the service's cluster data root "
+                    "(CRITBATCH_CLUSTER_DATA_DIR)" + ("" if cluster else ", which is not set"),
+                )
+            ]
         return []
     if settings.data_dir is None:
-        return [(field, ("the service ships no inputs (CRITBATCH_DATA_DIR is not set): use an absolute path inside "
-                         "the cluster data root (CRITBATCH_CLUSTER_DATA_DIR)"))]
+        return [
+            (
+                field,
+                (
+                    "the service ships no inputs (CRITBATCH_DATA_DIR is not set): use an absolute path inside "
+                    "the cluster data root (CRITBATCH_CLUSTER_DATA_DIR)"
+                ),
+            )
+        ]
     root = Path(settings.data_dir)
     local = root / value
     if not _inside(local, root):
@@ -73,24 +92,49 @@ def policy_errors(spec: SweepSpec, settings: Settings) -> list[tuple[str, str]]:
     """
     errors: list[tuple[str, str]] = []
     if spec.arms:  # each arm may name its own data and storage: run a comparison from the CLI
-        errors.append(("arms", ("the service runs one sweep per request: submit each arm as its own sweep, or run "
-                                "the comparison with `critbatch run`")))
+        errors.append(
+            (
+                "arms",
+                (
+                    "the service runs one sweep per request: submit each arm as its own sweep, or run "
+                    "the comparison with `critbatch run`"
+                ),
+            )
+        )
     uri = spec.tracking.uri
     if uri is not None and not same_tracking_uri(uri, settings.tracking_uri):
-        errors.append(("tracking.uri", "the service logs every sweep to its own MLflow server: leave tracking.uri "
-                                       "unset" + ("" if settings.tracking_uri else " (the service has none set)")))
+        errors.append(
+            (
+                "tracking.uri",
+                "the service logs every sweep to its own MLflow server: leave tracking.uri "
+                "unset" + ("" if settings.tracking_uri else " (the service has none set)"),
+            )
+        )
     storage = spec.resources.storage_path
     if storage is not None:
         root = settings.storage_root
         if root is None:
-            errors.append(("resources.storage_path", ("the service sets where sweeps keep their state: leave "
-                                                      "resources.storage_path unset (no CRITBATCH_STORAGE_ROOT)")))
-        elif _has_dotdot(storage) or not (storage.rstrip("/") == root.rstrip("/")
-                                          or storage.startswith(root.rstrip("/") + "/")):
-            errors.append(("resources.storage_path", ("must be inside the service's storage root "
-                                                      "(CRITBATCH_STORAGE_ROOT), without '..'")))
+            errors.append(
+                (
+                    "resources.storage_path",
+                    (
+                        "the service sets where sweeps keep their state: leave "
+                        "resources.storage_path unset (no CRITBATCH_STORAGE_ROOT)"
+                    ),
+                )
+            )
+        elif _has_dotdot(storage) or not (
+            storage.rstrip("/") == root.rstrip("/") or storage.startswith(root.rstrip("/") + "/")
+        ):
+            errors.append(
+                (
+                    "resources.storage_path",
+                    ("must be inside the service's storage root (CRITBATCH_STORAGE_ROOT), without '..'"),
+                )
+            )
     inputs: list[tuple[str, str | None]] = (
-        [("data.path", spec.data.path)] if spec.data.shards is None else [("data.shards", spec.data.shards)])
+        [("data.path", spec.data.path)] if spec.data.shards is None else [("data.shards", spec.data.shards)]
+    )
     if spec.data.tokenizer != "byte":
         inputs.append(("data.tokenizer", spec.data.tokenizer))
     if spec.finetune is not None:

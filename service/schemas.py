@@ -16,20 +16,20 @@ from sweeps.spec.statuses import SERVED_STATUSES
 TrialCountsOut = TrialCounts
 
 __all__ = [
-    "SweepStatusName",
-    "ReadyOut",
-    "TrialCountsOut",
     "BestTrialOut",
-    "SweepOut",
-    "SweepStoppedOut",
-    "SweepCreatedOut",
-    "SweepPageOut",
-    "ReportOut",
-    "FieldErrorOut",
-    "InvalidRequestOut",
-    "ErrorOut",
     "ConflictOut",
+    "ErrorOut",
+    "FieldErrorOut",
     "HealthOut",
+    "InvalidRequestOut",
+    "ReadyOut",
+    "ReportOut",
+    "SweepCreatedOut",
+    "SweepOut",
+    "SweepPageOut",
+    "SweepStatusName",
+    "SweepStoppedOut",
+    "TrialCountsOut",
     "finite",
 ]
 
@@ -111,7 +111,9 @@ class ReportOut(BaseModel):
 
 
 class FieldErrorOut(BaseModel):
-    path: str = Field(description="dotted path of the field, e.g. search.batch_sizes_sequences.2; <root> for the whole body")
+    path: str = Field(
+        description="dotted path of the field, e.g. search.batch_sizes_sequences.2; <root> for the whole body"
+    )
     message: str
 
 

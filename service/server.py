@@ -7,7 +7,7 @@ import os
 from service.settings import Settings, SettingsError
 from sweeps.spec.identity import is_loopback_host
 
-__all__ = ["serve", "check_serve_settings", "SettingsError"]
+__all__ = ["SettingsError", "check_serve_settings", "serve"]
 
 
 def check_serve_settings(*, host: str, local_only: bool) -> Settings:

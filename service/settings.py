@@ -22,12 +22,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from sweeps.settings import SettingsError, env_int
 
-__all__ = ["Settings", "SettingsError", "MIN_TOKEN_CHARS"]
+__all__ = ["MIN_TOKEN_CHARS", "Settings", "SettingsError"]
 
 MIN_TOKEN_CHARS = 16
 
@@ -91,7 +91,7 @@ class Settings:
             raise SettingsError("CRITBATCH_MAX_RUNNING must be at least 1")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> "Settings":
+    def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> Settings:
         """Read the settings from ``env`` (default ``os.environ``).
 
         Raises:

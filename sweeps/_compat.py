@@ -15,11 +15,23 @@ import threading
 from typing import Any
 
 __all__ = [
-    "reattach_restored_tuner", "searcher_inside", "placement_group_table", "actor_is_dead", "kv_put",
-    "job_submission_client", "is_job_not_found", "quiet_metrics_of_trials_without_results",
-    "optuna_search_trials", "optuna_trial_id", "optuna_search_completed", "optuna_search_study", "optuna_search_reattach",
-    "whole_tune_snapshots_on_local_storage", "without_idle_train_helpers", "quiet_slow_result_processing",
+    "actor_is_dead",
+    "is_job_not_found",
+    "job_submission_client",
+    "kv_put",
+    "optuna_search_completed",
+    "optuna_search_reattach",
+    "optuna_search_study",
+    "optuna_search_trials",
+    "optuna_trial_id",
+    "placement_group_table",
+    "quiet_metrics_of_trials_without_results",
+    "quiet_slow_result_processing",
+    "reattach_restored_tuner",
+    "searcher_inside",
     "snapshot_when_a_trial_ends",
+    "whole_tune_snapshots_on_local_storage",
+    "without_idle_train_helpers",
 ]
 
 
@@ -66,8 +78,13 @@ class _SlowResultProcessing:
 
     def filter(self, record) -> bool:
         msg = str(record.getMessage())
-        return not msg.startswith(("The `process_trial_result` operation took",
-                                   "The `process_trial_results` operation took", "Processing trial results took"))
+        return not msg.startswith(
+            (
+                "The `process_trial_result` operation took",
+                "The `process_trial_results` operation took",
+                "Processing trial results took",
+            )
+        )
 
 
 def quiet_slow_result_processing() -> None:
@@ -169,8 +186,7 @@ def _copy_tree_by_whole_files(source: str, target: str) -> None:
     entries = list(Path(source).rglob("*"))
     for d in (p for p in entries if p.is_dir()):  # empty folders too, as Ray's copy makes them
         (Path(target) / d.relative_to(source)).mkdir(parents=True, exist_ok=True)
-    files = sorted((p for p in entries if p.is_file()),
-                   key=lambda p: (p.name.startswith("experiment_state-"), str(p)))
+    files = sorted((p for p in entries if p.is_file()), key=lambda p: (p.name.startswith("experiment_state-"), str(p)))
     for src in files:
         dest = Path(target) / src.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -238,7 +254,9 @@ def without_idle_train_helpers(callbacks: list, *, has_datasets: bool) -> list:
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-    drop: tuple[type, ...] = (PlacementGroupCleanerCallback,) if has_datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+    drop: tuple[type, ...] = (
+        (PlacementGroupCleanerCallback,) if has_datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+    )
     return [c for c in callbacks if not isinstance(c, drop)]
 
 
@@ -253,8 +271,7 @@ def placement_group_table() -> list:
 
     # protobuf makes its message classes at import: no attribute a type checker can see
     table = gcs_pb2.PlacementGroupTableData  # pyright: ignore[reportAttributeAccessIssue]
-    return [table.FromString(raw)
-            for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return [table.FromString(raw) for raw in state._connect_and_get_accessor().get_placement_group_table()]
 
 
 def actor_is_dead(actor_id: bytes) -> bool:
@@ -341,12 +358,13 @@ def job_submission_client(address: str | None, headers: dict[str, str] | None, t
     from ray.job_submission import JobSubmissionClient
 
     if timeout_s is not None:
+
         class _TimedClient(JobSubmissionClient):
-            def _do_request(self, method, endpoint, **kwargs):  # noqa: ANN001 - Ray's signature
+            def _do_request(self, method, endpoint, **kwargs):
                 kwargs.setdefault("timeout", timeout_s)
                 return super()._do_request(method, endpoint, **kwargs)
 
-        JobSubmissionClient = _TimedClient  # noqa: N806
+        JobSubmissionClient = _TimedClient
 
     if address is None:
         return JobSubmissionClient(None, headers=headers)

@@ -23,13 +23,23 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sweeps.errors import WriteFailed
 
-__all__ = ["write_atomic", "write_json", "append_line", "read_json_lines", "read_tail", "replace_tree", "write_failed",
-           "out_of_space_cause", "SpaceReserve"]
+__all__ = [
+    "SpaceReserve",
+    "append_line",
+    "out_of_space_cause",
+    "read_json_lines",
+    "read_tail",
+    "replace_tree",
+    "write_atomic",
+    "write_failed",
+    "write_json",
+]
 
 #: errnos that mean the filesystem has no room (ENOSPC) or the user's quota is spent (EDQUOT)
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -50,8 +60,11 @@ def out_of_space_cause(exc: BaseException, folder: str | os.PathLike) -> str | N
         if isinstance(e, WriteFailed):
             return str(e)
         if isinstance(e, OSError) and e.errno in OUT_OF_SPACE:
-            return f"no space left on device while writing {e.filename}" if e.filename else (
-                f"no space left on device in {folder}")
+            return (
+                f"no space left on device while writing {e.filename}"
+                if e.filename
+                else (f"no space left on device in {folder}")
+            )
         e = e.__cause__ or e.__context__
     first = (str(exc).strip().splitlines() or [""])[-1][:300]
     if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
@@ -78,7 +91,9 @@ def write_failed(path: str | os.PathLike, exc: OSError) -> WriteFailed:
     return WriteFailed(f"{cause} while writing {path}", path=str(path), out_of_space=out_of_space)
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str | Callable[[Any], None], *, encoding: str = "utf-8") -> Path:
+def write_atomic(
+    path: str | os.PathLike, data: bytes | str | Callable[[Any], None], *, encoding: str = "utf-8"
+) -> Path:
     """Write ``path`` whole or not at all.
 
     Args:
@@ -198,7 +213,9 @@ def read_tail(path: str | os.PathLike | None, chars: int) -> str | None:
         return None
 
 
-def replace_tree(src: str | os.PathLike, dst: str | os.PathLike, *, extra: dict[str, bytes | str] | None = None) -> Path:
+def replace_tree(
+    src: str | os.PathLike, dst: str | os.PathLike, *, extra: dict[str, bytes | str] | None = None
+) -> Path:
     """Copy the folder ``src`` to ``dst`` whole or not at all: into a temporary sibling of ``dst``, then
     swapped in (an old ``dst`` is removed only once the copy is complete).
 

@@ -51,8 +51,9 @@ def env_float(env: Mapping[str, str], name: str, *, positive: bool = False) -> f
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number of seconds") from None
     if not (0 < value if positive else 0 <= value) or not math.isfinite(value):
-        raise SettingsError(f"{name} must be a {'positive' if positive else 'non-negative'} number of seconds, "
-                            f"got {raw!r}")
+        raise SettingsError(
+            f"{name} must be a {'positive' if positive else 'non-negative'} number of seconds, got {raw!r}"
+        )
     return value
 
 

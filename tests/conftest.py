@@ -51,8 +51,15 @@ def run_cli(args: list[str], *, timeout_s: float, cwd: Path = ROOT, env: dict | 
     import sys
 
     env = dict(os.environ if env is None else env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen([sys.executable, "-m", "critbatch", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "critbatch", *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -61,8 +68,10 @@ def run_cli(args: list[str], *, timeout_s: float, cwd: Path = ROOT, env: dict | 
         except ProcessLookupError:
             pass
         out, err = proc.communicate()
-        pytest.fail(f"critbatch {' '.join(args[:2])} did not finish in {timeout_s:g} s.\n"
-                    f"--- stdout (tail) ---\n{out[-4000:]}\n--- stderr (tail) ---\n{err[-8000:]}")
+        pytest.fail(
+            f"critbatch {' '.join(args[:2])} did not finish in {timeout_s:g} s.\n"
+            f"--- stdout (tail) ---\n{out[-4000:]}\n--- stderr (tail) ---\n{err[-8000:]}"
+        )
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -14,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 VENV_BIN = Path(sys.executable).parent
 PIN_DATE_DIR = Path(__file__).resolve().parent / "service" / "pin_date"
@@ -51,8 +51,11 @@ def base_env() -> dict[str, str]:
 
 def pinned_date_env(env: dict[str, str]) -> dict[str, str]:
     """``env`` with Ray Tune's start second pinned to :data:`PINNED_DATE` (tests/service/pin_date)."""
-    return dict(env, CRITBATCH_TEST_PIN_DATE=PINNED_DATE,
-                PYTHONPATH=os.pathsep.join(p for p in (str(PIN_DATE_DIR), env.get("PYTHONPATH")) if p))
+    return dict(
+        env,
+        CRITBATCH_TEST_PIN_DATE=PINNED_DATE,
+        PYTHONPATH=os.pathsep.join(p for p in (str(PIN_DATE_DIR), env.get("PYTHONPATH")) if p),
+    )
 
 
 def start_group(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> subprocess.Popen:
@@ -131,13 +134,26 @@ def start_ray_head(temp_dir: Path, *, num_cpus: int, env: dict[str, str], attemp
     for attempt in range(attempts):
         dash, gcs = free_port(), free_port()
         cmd = [
-            str(VENV_BIN / "ray"), "start", "--head", "--block", f"--num-cpus={num_cpus}", "--disable-usage-stats",
-            "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", f"--temp-dir={temp_dir}",
-            f"--port={gcs}", f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}",
-            f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
-            f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[1]}",
+            str(VENV_BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--num-cpus={num_cpus}",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--temp-dir={temp_dir}",
+            f"--port={gcs}",
+            f"--dashboard-port={dash}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--node-manager-port={free_port()}",
+            f"--object-manager-port={free_port()}",
+            f"--min-worker-port={WORKER_PORTS[0]}",
+            f"--max-worker-port={WORKER_PORTS[1]}",
         ]
         log = temp_dir / f"ray-start-{attempt}.log"
         proc = start_group(cmd, log, env, temp_dir)
@@ -156,10 +172,10 @@ def start_ray_head(temp_dir: Path, *, num_cpus: int, env: dict[str, str], attemp
 def make_mlflow_template(path: Path) -> Path:
     """Create a migrated (empty) MLflow SQLite store at ``path`` in a child process (~9 s: the
     schema's migrations), so tests copy the file instead of migrating again. Returns ``path``."""
-    code = ("import sys, mlflow; "
-            "mlflow.MlflowClient(tracking_uri='sqlite:///' + sys.argv[1]).search_experiments()")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=base_env(),
-                   stdout=subprocess.DEVNULL, timeout=300)
+    code = "import sys, mlflow; mlflow.MlflowClient(tracking_uri='sqlite:///' + sys.argv[1]).search_experiments()"
+    subprocess.run(
+        [sys.executable, "-c", code, str(path)], check=True, env=base_env(), stdout=subprocess.DEVNULL, timeout=300
+    )
     return path
 
 

@@ -37,8 +37,11 @@ def imports_of(package: str) -> list[tuple[str, str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 out += [(str(path.relative_to(ROOT)), node.module)]
                 # ``from sweeps import remote`` imports sweeps.remote
-                out += [(str(path.relative_to(ROOT)), f"{node.module}.{a.name}") for a in node.names
-                        if node.module in PACKAGES]
+                out += [
+                    (str(path.relative_to(ROOT)), f"{node.module}.{a.name}")
+                    for a in node.names
+                    if node.module in PACKAGES
+                ]
     return out
 
 
@@ -48,15 +51,18 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 
 def test_the_import_scan_sees_lazy_imports():
     found = imports_of("sweeps")
-    assert ("sweeps/run/execute.py", "ray") in found or any(m == "ray" for f, m in found if f == "sweeps/run/execute.py")
+    assert ("sweeps/run/execute.py", "ray") in found or any(
+        m == "ray" for f, m in found if f == "sweeps/run/execute.py"
+    )
     cli = imports_of("critbatch")
     assert any(f == "critbatch/main.py" and m.startswith("sweeps.run") for f, m in cli)  # imported inside commands
     assert ("critbatch/cluster.py", "service.server") in cli  # `critbatch serve`, inside its command
 
 
 def test_workloads_import_neither_the_sweep_nor_the_service_nor_tune():
-    bad = [(f, m) for f, m in imports_of("workloads")
-           if _under(m, ("sweeps", "service", "ray.tune", "optuna", "mlflow"))]
+    bad = [
+        (f, m) for f, m in imports_of("workloads") if _under(m, ("sweeps", "service", "ray.tune", "optuna", "mlflow"))
+    ]
     assert not bad, f"workloads must not import these: {bad}"
 
 
@@ -75,9 +81,29 @@ WORKLOADS_LAYERS = {
     "workloads/train": ("workloads.config", "workloads.sections", "workloads.errors"),
     "workloads/data": ("workloads.errors",),
     "workloads/model": ("workloads.config", "workloads.sections", "workloads.errors"),
-    "workloads/pretrain": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
-    "workloads/finetune": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.data", "workloads.model"),
-    "workloads/ray": ("workloads.config", "workloads.sections", "workloads.errors", "workloads.train", "workloads.registry"),
+    "workloads/pretrain": (
+        "workloads.config",
+        "workloads.sections",
+        "workloads.errors",
+        "workloads.train",
+        "workloads.data",
+        "workloads.model",
+    ),
+    "workloads/finetune": (
+        "workloads.config",
+        "workloads.sections",
+        "workloads.errors",
+        "workloads.train",
+        "workloads.data",
+        "workloads.model",
+    ),
+    "workloads/ray": (
+        "workloads.config",
+        "workloads.sections",
+        "workloads.errors",
+        "workloads.train",
+        "workloads.registry",
+    ),
     "workloads/testing": ("workloads.config", "workloads.train.hooks"),
 }
 
@@ -85,8 +111,11 @@ WORKLOADS_LAYERS = {
 @pytest.mark.parametrize("package, allowed", WORKLOADS_LAYERS.items(), ids=list(WORKLOADS_LAYERS))
 def test_each_workloads_subpackage_imports_only_the_layers_below_it(package, allowed):
     own = package.replace("/", ".")
-    bad = [(f, m) for f, m in imports_of(package)
-           if _under(m, ("workloads",)) and m != "workloads" and not _under(m, (own, *allowed))]
+    bad = [
+        (f, m)
+        for f, m in imports_of(package)
+        if _under(m, ("workloads",)) and m != "workloads" and not _under(m, (own, *allowed))
+    ]
     assert not bad, f"{package} may import only {allowed} of workloads: {bad}"
 
 
@@ -102,8 +131,11 @@ WORKLOADS_TOP = {
 
 @pytest.mark.parametrize("module, allowed", WORKLOADS_TOP.items(), ids=list(WORKLOADS_TOP))
 def test_each_top_level_workloads_module_imports_only_what_is_below_it(module, allowed):
-    bad = [(f, m) for f, m in imports_of(module) if _under(m, ("workloads",)) and m != "workloads"
-           and not _under(m, allowed)]
+    bad = [
+        (f, m)
+        for f, m in imports_of(module)
+        if _under(m, ("workloads",)) and m != "workloads" and not _under(m, allowed)
+    ]
     assert not bad, f"{module} may import only {allowed} of workloads: {bad}"
 
 
@@ -117,7 +149,9 @@ def test_every_top_level_workloads_module_has_a_rule():
 #: (``remote``) reaches none of the driver's packages, so the service never depends on them
 _SWEEPS_BASE = ("sweeps.errors", "sweeps.files")
 SWEEPS_LAYERS = {
-    "errors": (), "files": ("sweeps.errors",), "settings": ("sweeps.errors",),
+    "errors": (),
+    "files": ("sweeps.errors",),
+    "settings": ("sweeps.errors",),
     "spec": ("sweeps.errors",),
     "_compat": _SWEEPS_BASE + ("sweeps.spec",),
     "analysis": _SWEEPS_BASE + ("sweeps.spec",),
@@ -125,8 +159,16 @@ SWEEPS_LAYERS = {
     "pruning": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat"),
     "search": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.analysis", "sweeps.pruning"),
     "remote": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.tracking.schema", "sweeps.tracking.reader"),
-    "run": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.analysis", "sweeps.pruning", "sweeps.search",
-                           "sweeps.tracking", "sweeps.settings"),
+    "run": _SWEEPS_BASE
+    + (
+        "sweeps.spec",
+        "sweeps._compat",
+        "sweeps.analysis",
+        "sweeps.pruning",
+        "sweeps.search",
+        "sweeps.tracking",
+        "sweeps.settings",
+    ),
     "scaling": _SWEEPS_BASE + ("sweeps.spec", "sweeps.analysis", "sweeps.tracking", "sweeps.run"),
 }
 
@@ -135,14 +177,20 @@ SWEEPS_LAYERS = {
 def test_each_part_of_sweeps_imports_only_the_parts_below_it(part, allowed):
     path = f"sweeps/{part}" if (ROOT / "sweeps" / part).is_dir() else f"sweeps/{part}.py"
     own = f"sweeps.{part}"
-    bad = [(f, m) for f, m in imports_of(path) if _under(m, ("sweeps",)) and m != "sweeps"
-           and not _under(m, (own,) + allowed)]
+    bad = [
+        (f, m)
+        for f, m in imports_of(path)
+        if _under(m, ("sweeps",)) and m != "sweeps" and not _under(m, (own,) + allowed)
+    ]
     assert not bad, f"{path} may import only {allowed} of sweeps: {bad}"
 
 
 def test_every_part_of_sweeps_has_a_rule():
-    parts = {p.name if p.is_dir() else p.stem for p in (ROOT / "sweeps").iterdir()
-             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    parts = {
+        p.name if p.is_dir() else p.stem
+        for p in (ROOT / "sweeps").iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
     assert parts - {"examples"} == set(SWEEPS_LAYERS)
 
 
@@ -151,8 +199,11 @@ def test_no_relative_imports():
     relative = []
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            relative += [f"{path.relative_to(ROOT)}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
-                         if isinstance(n, ast.ImportFrom) and n.level > 0]
+            relative += [
+                f"{path.relative_to(ROOT)}:{n.lineno}"
+                for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(n, ast.ImportFrom) and n.level > 0
+            ]
     assert not relative, relative
 
 
@@ -163,8 +214,11 @@ def test_every_workloads_module_is_in_a_layer():
 
 
 def test_sweeps_reach_workloads_only_through_its_interface():
-    bad = [(f, m) for f, m in imports_of("sweeps") if _under(m, ("workloads",)) and m != "workloads.api"
-           and m != "workloads"]
+    bad = [
+        (f, m)
+        for f, m in imports_of("sweeps")
+        if _under(m, ("workloads",)) and m != "workloads.api" and m != "workloads"
+    ]
     assert not bad, f"sweeps may import only workloads.api: {bad}"
 
 
@@ -183,26 +237,33 @@ def test_nothing_below_the_cli_imports_it(package):
 
 def test_the_service_imports_only_the_spec_the_remote_client_and_the_errors():
     allowed = ("sweeps.spec", "sweeps.remote", "sweeps.errors", "sweeps.settings")
-    bad = [(f, m) for f, m in imports_of("service") if _under(m, ("sweeps",)) and not _under(m, allowed)
-           and m != "sweeps"]
+    bad = [
+        (f, m) for f, m in imports_of("service") if _under(m, ("sweeps",)) and not _under(m, allowed) and m != "sweeps"
+    ]
     assert not bad, f"service may import only {allowed}: {bad}"
     assert not [(f, m) for f, m in imports_of("service") if _under(m, ("workloads",))]
 
 
-@pytest.mark.parametrize("package, forbidden, allowed", [
-    # the service parses specs: of workloads only its torch-free interface (the error base, the config types)
-    ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads"), ("workloads.api",)),
-    ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna"), ()),  # pure: cbs.json from trials.json anywhere
-    ("sweeps/pruning/halving.py", ("ray",), ()),
-    ("sweeps/pruning/rungs.py", ("ray",), ()),
-])
+@pytest.mark.parametrize(
+    "package, forbidden, allowed",
+    [
+        # the service parses specs: of workloads only its torch-free interface (the error base, the config types)
+        ("sweeps/spec", ("ray", "mlflow", "torch", "optuna", "workloads"), ("workloads.api",)),
+        ("sweeps/analysis", ("ray", "mlflow", "torch", "optuna"), ()),  # pure: cbs.json from trials.json anywhere
+        ("sweeps/pruning/halving.py", ("ray",), ()),
+        ("sweeps/pruning/rungs.py", ("ray",), ()),
+    ],
+)
 def test_pure_modules_stay_pure(package, forbidden, allowed):
     paths = [ROOT / package] if package.endswith(".py") else sorted((ROOT / package).rglob("*.py"))
     bad = []
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             bad += [(path.name, n) for n in names if _under(n, forbidden) and n not in allowed]
     assert not bad, f"{package} must not import {forbidden} (but {allowed}): {bad}"
 
@@ -251,8 +312,9 @@ def test_every_third_party_package_the_product_imports_is_declared():
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     roles = [r for extra, reqs in project["optional-dependencies"].items() if extra != "test" for r in reqs]
-    declared = {re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-")
-                for r in (*project["dependencies"], *roles)}
+    declared = {
+        re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in (*project["dependencies"], *roles)
+    }
     dists = md.packages_distributions()
     missing = set()
     for package in PACKAGES:

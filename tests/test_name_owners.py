@@ -14,10 +14,12 @@ from workloads.api import LR_RULES, WORKLOAD_NAMES
 
 def _allowed(model: type, field: str) -> set[str]:
     """The values a spec field's ``Literal`` type allows (inside ``list[...]`` or ``... | None`` too)."""
+
     def literals(tp: typing.Any) -> set[str]:
         if typing.get_origin(tp) is typing.Literal:
             return set(typing.get_args(tp))
         return set().union(*(literals(a) for a in typing.get_args(tp))) if typing.get_args(tp) else set()
+
     return literals(model.model_fields[field].annotation)
 
 

@@ -17,7 +17,7 @@ README = (ROOT / "README.md").read_text()
 def _tour_blocks() -> list[tuple[str, str]]:
     """The tour section's fenced blocks, in order, as ``(language, text)``."""
     section = README.split("## A one-minute tour", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```(\w+)\n(.*?)```", section, flags=re.DOTALL)
 
 
 def test_the_one_minute_tour_prints_what_the_readme_shows(tmp_path):
@@ -34,8 +34,14 @@ def test_the_one_minute_tour_prints_what_the_readme_shows(tmp_path):
     results = []
     for block in bash:
         script = "\n".join(line for line in block.splitlines() if not line.startswith("source "))
-        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=180)
+        r = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         results.append(r)
     fit = json.loads((tmp_path / "out" / "zhang_85M.json").read_text())

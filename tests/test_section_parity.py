@@ -14,8 +14,16 @@ import pytest
 
 from sweeps.spec.finetune import FinetuneSpec, LoraSpec
 from sweeps.spec.sections import DataSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec, ScheduleSpec, SyncSpec
-from workloads.config import (DataConfig, FinetuneConfig, LoraConfig, ModelConfig, NoiseScaleConfig, OptimizerConfig,
-                              ScheduleConfig, SyncConfig)
+from workloads.config import (
+    DataConfig,
+    FinetuneConfig,
+    LoraConfig,
+    ModelConfig,
+    NoiseScaleConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    SyncConfig,
+)
 from workloads.sections import OptimizerSettings
 
 #: (spec section, the config section it embeds): the spec's adds a docstring and spec-only checks, no field
@@ -48,7 +56,11 @@ def test_a_merged_spec_section_is_its_config_section_with_nothing_added(spec_cls
 def test_the_optimizer_config_is_the_spec_settings_and_the_sampled_ones():
     assert issubclass(OptimizerConfig, OptimizerSettings)
     assert set(OptimizerConfig.model_fields) - set(OptimizerSettings.model_fields) == {
-        "lr", "lr_rule", "beta2", "beta2_half_life_tokens"}
+        "lr",
+        "lr_rule",
+        "beta2",
+        "beta2_half_life_tokens",
+    }
 
 
 @pytest.mark.parametrize("spec_cls, cfg_cls", MERGED, ids=[p[0].__name__ for p in MERGED])
@@ -56,7 +68,10 @@ def test_of_takes_the_config_part_of_a_spec_section(spec_cls, cfg_cls):
     required = {DataSpec: {"path": "x.txt"}, FinetuneSpec: {"checkpoint_dir": "ck", "lora": {}}}
     spec = spec_cls(**required.get(spec_cls, {}))
     cfg = cfg_cls.of(spec)
-    plain = lambda v: {k: plain(x) if hasattr(x, "fields") else x for k, x in v.fields().items()}  # noqa: E731
+
+    def plain(v):
+        return {k: plain(x) if hasattr(x, "fields") else x for k, x in v.fields().items()}
+
     assert type(cfg) is cfg_cls and plain(cfg) == plain(spec)
 
 
@@ -89,7 +104,8 @@ def test_local_sync_needs_ddp_in_one_place():
 
     assert local_sync_error("ddp", "fsdp", where="x") is None and local_sync_error("diloco", "ddp", where="x") is None
     assert local_sync_error("local_sgd", "fsdp", where="resources") == (
-        "resources.sync: local_sgd needs resources.parallelism ddp (every replica holds the whole model), got fsdp")
+        "resources.sync: local_sgd needs resources.parallelism ddp (every replica holds the whole model), got fsdp"
+    )
     with pytest.raises(ValueError, match=r"training\.sync: diloco needs training\.parallelism ddp"):
         TrainingConfig(parallelism="fsdp", sync=SyncConfig(mode="diloco"))
 

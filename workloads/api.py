@@ -22,10 +22,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from workloads.train.batching import BatchPlan, min_micro_batches_total, plan_batch
 from workloads.config import (
     WORKLOAD_NAMES,
-    WorkloadName,
     BatchConfig,
     DataConfig,
     EvalConfig,
@@ -41,18 +39,18 @@ from workloads.config import (
     TrialConfig,
     TrialRunContext,
     WorkloadConfig,
+    WorkloadName,
     loop_config,
 )
-from workloads.train.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
+from workloads.data.tokenizer import has_tokenizer_files
 from workloads.errors import CritbatchError, DataError, InvalidInput
 from workloads.model.flops import FLOPS_CONVENTION, FLOPS_MODEL_TYPES, GIVEN_FLOPS_CONVENTION, unknown_architecture
-from workloads.train.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 from workloads.registry import Workload, get_workload
 from workloads.sections import (
+    LR_RULES,
     MAX_BATCH_SEQUENCES,
     MAX_TOKENS,
     MAX_WIDTH,
-    LR_RULES,
     MIXED_PRECISIONS,
     MODEL_SHORTHAND_FIELDS,
     OPTIMIZER_NAMES,
@@ -71,17 +69,26 @@ from workloads.sections import (
     reads_beta2,
     replace,
 )
-from workloads.data.tokenizer import has_tokenizer_files
-from workloads.train.report import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT, REPORT_KEYS, TrialOutcome, TrialReport
+from workloads.train.batching import BatchPlan, min_micro_batches_total, plan_batch
+from workloads.train.determinism import DETERMINISTIC_WARN_ONLY, torch_threads_per_worker
+from workloads.train.report import (
+    COMM_METRICS,
+    MLFLOW_METRICS,
+    ONCE_PER_ATTEMPT,
+    REPORT_KEYS,
+    TrialOutcome,
+    TrialReport,
+)
+from workloads.train.scaling import beta2_from_half_life, half_life_from_beta2, scaled_lr, warmup_length_tokens
 
 if TYPE_CHECKING:  # loaded on first access, see _LAZY
-    from workloads.ray.adapter import train_fn_per_worker
-    from workloads.ray.runner import runner_fn_per_worker
-    from workloads.ray.compat import drain_report_queue
     from workloads.data.corpus import tokenizer_vocab_size
+    from workloads.data.prepare import PrepareResult, prepare_data, prepare_text_file
     from workloads.finetune import init_checkpoint
     from workloads.model.hf import check_model_config, model_vocab_size
-    from workloads.data.prepare import PrepareResult, prepare_data, prepare_text_file
+    from workloads.ray.adapter import train_fn_per_worker
+    from workloads.ray.compat import drain_report_queue
+    from workloads.ray.runner import runner_fn_per_worker
 
 __all__ = [
     "file_sha256",

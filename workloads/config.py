@@ -55,29 +55,29 @@ from workloads.sections import (
 )
 
 __all__ = [
-    "TrialConfig",
-    "TrialRunContext",
-    "loop_config",
-    "from_loop_config",
-    "WorkloadConfig",
-    "ModelConfig",
+    "MIXED_PRECISIONS",
+    "OPTIMIZER_NAMES",
+    "PARALLELISMS",
+    "SYNC_MODES",
+    "WORKLOAD_NAMES",
+    "BatchConfig",
     "DataConfig",
+    "EvalConfig",
     "FinetuneConfig",
     "LoraConfig",
-    "OptimizerConfig",
-    "ScheduleConfig",
-    "BatchConfig",
-    "EvalConfig",
+    "ModelConfig",
     "NoiseScaleConfig",
-    "TrainingConfig",
-    "PARALLELISMS",
-    "MIXED_PRECISIONS",
-    "SyncConfig",
-    "SYNC_MODES",
+    "OptimizerConfig",
     "RungGateConfig",
-    "WORKLOAD_NAMES",
+    "ScheduleConfig",
+    "SyncConfig",
+    "TrainingConfig",
+    "TrialConfig",
+    "TrialRunContext",
+    "WorkloadConfig",
     "WorkloadName",
-    "OPTIMIZER_NAMES",
+    "from_loop_config",
+    "loop_config",
     "replace",
 ]
 
@@ -137,8 +137,18 @@ class OptimizerConfig(OptimizerSettings):
     beta2: float = 0.99
     beta2_half_life_tokens: float
 
-    _fields_order = ("name", "lr", "lr_rule", "beta1", "beta2", "beta2_half_life_tokens", "eps", "weight_decay",
-                     "grad_clip_norm", "divergence_loss_factor")
+    _fields_order = (
+        "name",
+        "lr",
+        "lr_rule",
+        "beta1",
+        "beta2",
+        "beta2_half_life_tokens",
+        "eps",
+        "weight_decay",
+        "grad_clip_norm",
+        "divergence_loss_factor",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,7 +241,7 @@ class TrialConfig:
         return _plain(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrialConfig":
+    def from_dict(cls, d: dict[str, Any]) -> TrialConfig:
         """Rebuild from :meth:`to_dict` (lists are accepted for tuples, e.g. after JSON).
 
         Raises:
@@ -280,8 +290,10 @@ def from_loop_config(config: dict[str, Any]) -> tuple[TrialConfig, TrialRunConte
     """
     cfg, context = config.get(_TRIAL), config.get(_CONTEXT, TrialRunContext())
     if not isinstance(cfg, TrialConfig) or not isinstance(context, TrialRunContext):
-        raise TypeError(f"a trial's loop config holds {_TRIAL!r} (TrialConfig) and {_CONTEXT!r} (TrialRunContext), "
-                        f"got keys {sorted(config)}")
+        raise TypeError(
+            f"a trial's loop config holds {_TRIAL!r} (TrialConfig) and {_CONTEXT!r} (TrialRunContext), "
+            f"got keys {sorted(config)}"
+        )
     return cfg, context
 
 
@@ -309,8 +321,12 @@ def _build(cls: type, d: dict[str, Any], where: str) -> Any:
     if unknown:
         raise ValueError(f"unknown trial config keys: {sorted(where + k for k in unknown)}")
     if _is_section(cls):  # validated by pydantic, which makes its sequences tuples itself; nested sections first
-        return cls(**{k: _coerce(cls.model_fields[k].annotation, v, f"{where}{k}.") if isinstance(v, dict) else v
-                      for k, v in d.items()})
+        return cls(
+            **{
+                k: _coerce(cls.model_fields[k].annotation, v, f"{where}{k}.") if isinstance(v, dict) else v
+                for k, v in d.items()
+            }
+        )
     hints = typing.get_type_hints(cls)
     return cls(**{k: _coerce(hints[k], v, f"{where}{k}.") for k, v in d.items()})
 

@@ -15,7 +15,7 @@ Imported by ``workloads.api`` (which ``sweeps`` and ``service`` read it through)
 
 from __future__ import annotations
 
-__all__ = ["CritbatchError", "InvalidInput", "DataError", "OutOfSpace"]
+__all__ = ["CritbatchError", "DataError", "InvalidInput", "OutOfSpace"]
 
 
 class CritbatchError(Exception):

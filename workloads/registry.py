@@ -7,8 +7,9 @@ Re-exported by ``workloads.api`` (the package's public face); the Ray Train work
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from workloads.config import WORKLOAD_NAMES, FinetuneConfig, ModelConfig, WorkloadConfig
 
@@ -62,12 +63,23 @@ def _entries() -> dict[str, Workload]:
         return float(wc.model.context_length_tokens)
 
     return {
-        "pretrain": Workload(name="pretrain", config_type=ModelConfig, train=pretrain.run_pretrain,
-                             flops_per_token=pretrain.pretrain_flops, check_inputs=pretrain.check_pretrain_inputs,
-                             tokens_per_sequence=full_rows, train_in_process=pretrain.train_in_process),
-        "finetune": Workload(name="finetune", config_type=FinetuneConfig, train=finetune.run_finetune,
-                             flops_per_token=finetune.finetune_flops, check_inputs=finetune.check_finetune_inputs,
-                             tokens_per_sequence=finetune.finetune_tokens_per_sequence),
+        "pretrain": Workload(
+            name="pretrain",
+            config_type=ModelConfig,
+            train=pretrain.run_pretrain,
+            flops_per_token=pretrain.pretrain_flops,
+            check_inputs=pretrain.check_pretrain_inputs,
+            tokens_per_sequence=full_rows,
+            train_in_process=pretrain.train_in_process,
+        ),
+        "finetune": Workload(
+            name="finetune",
+            config_type=FinetuneConfig,
+            train=finetune.run_finetune,
+            flops_per_token=finetune.finetune_flops,
+            check_inputs=finetune.check_finetune_inputs,
+            tokens_per_sequence=finetune.finetune_tokens_per_sequence,
+        ),
     }
 
 

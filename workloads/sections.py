@@ -21,10 +21,35 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator, model_validator
 
 __all__ = [
-    "ConfigSection", "replace", "SyncConfig", "NoiseScaleConfig", "LoraConfig", "ScheduleConfig", "DataConfig",
-    "OptimizerSettings", "OptimizerName", "OPTIMIZER_NAMES", "LrRule", "LR_RULES", "reads_beta2", "SyncMode", "SYNC_MODES", "Parallelism",
-    "PARALLELISMS", "MixedPrecision", "MIXED_PRECISIONS", "local_sync_error", "PositiveInt", "MAX_TOKENS",
-    "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "ModelConfig", "MODEL_SHORTHAND_FIELDS", "FinetuneConfig", "TrainingConfig", "TRAINING_FIELDS",
+    "LR_RULES",
+    "MAX_BATCH_SEQUENCES",
+    "MAX_TOKENS",
+    "MAX_WIDTH",
+    "MIXED_PRECISIONS",
+    "MODEL_SHORTHAND_FIELDS",
+    "OPTIMIZER_NAMES",
+    "PARALLELISMS",
+    "SYNC_MODES",
+    "TRAINING_FIELDS",
+    "ConfigSection",
+    "DataConfig",
+    "FinetuneConfig",
+    "LoraConfig",
+    "LrRule",
+    "MixedPrecision",
+    "ModelConfig",
+    "NoiseScaleConfig",
+    "OptimizerName",
+    "OptimizerSettings",
+    "Parallelism",
+    "PositiveInt",
+    "ScheduleConfig",
+    "SyncConfig",
+    "SyncMode",
+    "TrainingConfig",
+    "local_sync_error",
+    "reads_beta2",
+    "replace",
 ]
 
 #: ``optimizer.name``: built by ``workloads.train.optim.build_optimizer``
@@ -63,8 +88,9 @@ def local_sync_error(mode: str, parallelism: str, *, where: str) -> str | None:
     ``"training"`` in a trial config); None when the pair is allowed."""
     if mode == "ddp" or parallelism == "ddp":
         return None
-    return (f"{where}.sync: {mode} needs {where}.parallelism ddp (every replica holds the whole model), "
-            f"got {parallelism}")
+    return (
+        f"{where}.sync: {mode} needs {where}.parallelism ddp (every replica holds the whole model), got {parallelism}"
+    )
 
 
 S = TypeVar("S", bound="ConfigSection")
@@ -79,15 +105,21 @@ class ConfigSection(BaseModel):
     _fields_order: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def of(cls: type[S], section: "ConfigSection") -> S:
+    def of(cls, section: ConfigSection) -> typing.Self:
         """This class's part of ``section`` (a spec section that embeds it): the same field values, this type,
         and a nested section as the type this class's field names (``FinetuneSpec.lora``, a ``LoraSpec``,
         becomes a ``LoraConfig``)."""
         values = {}
         for name, field in cls.model_fields.items():
             value = getattr(section, name)
-            target = next((t for t in (typing.get_args(field.annotation) or (field.annotation,))
-                           if isinstance(t, type) and issubclass(t, ConfigSection)), None)
+            target = next(
+                (
+                    t
+                    for t in (typing.get_args(field.annotation) or (field.annotation,))
+                    if isinstance(t, type) and issubclass(t, ConfigSection)
+                ),
+                None,
+            )
             values[name] = target.of(value) if target is not None and isinstance(value, ConfigSection) else value
         return cls(**values)
 
@@ -122,13 +154,19 @@ class SyncConfig(ConfigSection):
     """
 
     mode: SyncMode = Field(
-        default="ddp", description="ddp: gradient all-reduce every step; local_sgd: parameter averaging every "
-                                   "every_steps steps; diloco: an outer Nesterov step every every_steps steps")
-    every_steps: PositiveInt = Field(default=16, le=1_000_000,
-                                     description="H: optimizer steps between synchronisations (local_sgd, diloco)")
-    outer_lr: float = Field(default=0.7, gt=0, le=100, description="DiLoCo's outer learning rate (Douillard et al. 2023: 0.7)")
-    outer_momentum: float = Field(default=0.9, ge=0, lt=1,
-                                  description="DiLoCo's outer Nesterov momentum (Douillard et al. 2023: 0.9)")
+        default="ddp",
+        description="ddp: gradient all-reduce every step; local_sgd: parameter averaging every "
+        "every_steps steps; diloco: an outer Nesterov step every every_steps steps",
+    )
+    every_steps: PositiveInt = Field(
+        default=16, le=1_000_000, description="H: optimizer steps between synchronisations (local_sgd, diloco)"
+    )
+    outer_lr: float = Field(
+        default=0.7, gt=0, le=100, description="DiLoCo's outer learning rate (Douillard et al. 2023: 0.7)"
+    )
+    outer_momentum: float = Field(
+        default=0.9, ge=0, lt=1, description="DiLoCo's outer Nesterov momentum (Douillard et al. 2023: 0.9)"
+    )
 
     @property
     def local(self) -> bool:
@@ -155,16 +193,23 @@ class TrainingConfig(ConfigSection):
     """
 
     parallelism: Parallelism = Field(
-        default="ddp", description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
-                                   "of each decoder layer and the root (pretrain, at least 2 workers)")
-    compile: bool = Field(default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)")
-    activation_checkpointing: bool = Field(default=False, strict=True, description="recompute decoder-layer activations in backward")
+        default="ddp",
+        description="ddp: every worker holds the model, one all-reduce per step; fsdp: FSDP2 fully_shard "
+        "of each decoder layer and the root (pretrain, at least 2 workers)",
+    )
+    compile: bool = Field(
+        default=False, strict=True, description="torch.compile the model (each decoder layer under fsdp)"
+    )
+    activation_checkpointing: bool = Field(
+        default=False, strict=True, description="recompute decoder-layer activations in backward"
+    )
     mixed_precision: MixedPrecision = Field(
-        default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never")
+        default="auto", description="autocast: auto = bf16 on GPU, fp32 on CPU; bf16 also on CPU; fp32 never"
+    )
     sync: SyncConfig = SyncConfig()
 
     @model_validator(mode="after")
-    def _local_sync_needs_ddp(self) -> "TrainingConfig":
+    def _local_sync_needs_ddp(self) -> TrainingConfig:
         error = local_sync_error(self.sync.mode, self.parallelism, where="training")
         if error:
             raise ValueError(error)
@@ -174,8 +219,10 @@ class TrainingConfig(ConfigSection):
 #: the flags of :class:`TrainingConfig` that the spec's ``resources`` section declares with the same field
 #: definitions (default, bounds, description): ``resources.parallelism = TRAINING_FIELDS["parallelism"]`` (typed
 #: ``Any``: a class body assigns each to an annotated field, as pydantic reads a ``Field(...)``)
-TRAINING_FIELDS: dict[str, typing.Any] = {name: TrainingConfig.model_fields[name]
-                   for name in ("parallelism", "compile", "activation_checkpointing", "mixed_precision")}
+TRAINING_FIELDS: dict[str, typing.Any] = {
+    name: TrainingConfig.model_fields[name]
+    for name in ("parallelism", "compile", "activation_checkpointing", "mixed_precision")
+}
 
 
 class NoiseScaleConfig(ConfigSection):
@@ -191,8 +238,9 @@ class NoiseScaleConfig(ConfigSection):
 
 
 #: module names: a YAML list, held as a tuple (hashable, frozen); dumped as a list
-_ModuleNames = Annotated[list[str], Field(min_length=1), AfterValidator(tuple),
-                         PlainSerializer(list, return_type=list[str])]
+_ModuleNames = Annotated[
+    list[str], Field(min_length=1), AfterValidator(tuple), PlainSerializer(list, return_type=list[str])
+]
 
 
 class LoraConfig(ConfigSection):
@@ -212,8 +260,12 @@ class LoraConfig(ConfigSection):
 
     def to_dict(self) -> dict[str, Any]:
         """``{rank, alpha, dropout, target_modules}`` with a list of modules (JSON, ``peft``)."""
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout,
-                "target_modules": list(self.target_modules)}
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "target_modules": list(self.target_modules),
+        }
 
 
 class FinetuneConfig(ConfigSection):
@@ -235,7 +287,9 @@ class FinetuneConfig(ConfigSection):
     response_field: str = "answer"
     prompt_template: str = "Question: {prompt}\nAnswer: "
     packing: Literal["packed", "padded"] = "packed"
-    truncate: bool = Field(default=False, strict=True, description="truncate over-long examples (counted and reported) instead of refusing")
+    truncate: bool = Field(
+        default=False, strict=True, description="truncate over-long examples (counted and reported) instead of refusing"
+    )
     lora: LoraConfig | None = None
 
     @field_validator("prompt_template")
@@ -269,14 +323,25 @@ class ScheduleConfig(ConfigSection):
     """
 
     kind: Literal["constant_ema", "wsd"] = "constant_ema"
-    warmup_tokens: int = Field(default=32768, ge=0, le=MAX_TOKENS, strict=True,
-                               description="linear LR warmup, in tokens (the same for every batch size; at most 1e13)")
+    warmup_tokens: int = Field(
+        default=32768,
+        ge=0,
+        le=MAX_TOKENS,
+        strict=True,
+        description="linear LR warmup, in tokens (the same for every batch size; at most 1e13)",
+    )
     warmup_min_steps: int = Field(
-        default=4, ge=0, le=10000, strict=True,
+        default=4,
+        ge=0,
+        le=10000,
+        strict=True,
         description="the warmup lasts at least this many optimizer steps of the trial's batch: it ramps over "
-                    "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
-                    "min(1, tokens seen after it / that length) (0: warmup_tokens alone)")
-    ema_half_life_tokens: float = Field(default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)")
+        "max(warmup_tokens, warmup_min_steps * B * T) tokens, the LR factor of a step being "
+        "min(1, tokens seen after it / that length) (0: warmup_tokens alone)",
+    )
+    ema_half_life_tokens: float = Field(
+        default=32768.0, gt=0, le=MAX_TOKENS, description="weight-EMA half-life in tokens (at most 1e13)"
+    )
     decay_fraction: float = Field(default=0.1, gt=0, le=0.5)
 
 
@@ -305,19 +370,26 @@ class ModelConfig(ConfigSection):
     n_layers: PositiveInt = Field(default=3, le=1024, description="transformer blocks (at most 1024)")
     n_heads: PositiveInt = Field(default=4, le=1024, description="attention heads (at most 1024)")
     d_ff: PositiveInt | None = Field(
-        default=None, le=4 * MAX_WIDTH,
-        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)"
+        default=None,
+        le=4 * MAX_WIDTH,
+        description="MLP width (at most 262144); default 4*d_model (gpt2) or 8/3*d_model rounded to 16 (llama)",
     )
-    context_length_tokens: PositiveInt = Field(default=64, le=2**20, description="sequence length in tokens (at most 1048576)")
+    context_length_tokens: PositiveInt = Field(
+        default=64, le=2**20, description="sequence length in tokens (at most 1048576)"
+    )
     tie_word_embeddings: bool = Field(default=False, strict=True)
     hf_config: dict[str, Any] | str | None = Field(
         default=None,
         description="a transformers config instead of the shorthand: a mapping with model_type (AutoConfig.for_model), "
-                    "or the path of a config.json (relative paths resolve from the working directory)")
+        "or the path of a config.json (relative paths resolve from the working directory)",
+    )
     flops_per_token: float | None = Field(
-        default=None, gt=0, le=1e18,
+        default=None,
+        gt=0,
+        le=1e18,
         description="training FLOPs per token (forward + backward) instead of the formula's; required for an "
-                    "architecture the formula does not know (mixture of experts, other model types)")
+        "architecture the formula does not know (mixture of experts, other model types)",
+    )
 
     @field_validator("hf_config", mode="before")
     @classmethod
@@ -336,7 +408,7 @@ class ModelConfig(ConfigSection):
         return v
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "ModelConfig":
+    def _heads_divide(self) -> ModelConfig:
         if self.hf_config is None and self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         return self
@@ -359,13 +431,26 @@ class DataConfig(ConfigSection):
     of examples when fine-tuning); with ``shards`` the split is the index's.
     """
 
-    path: str | None = Field(default=None, description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory")
-    shards: str | None = Field(default=None, description="pretrain: a folder of prepared token shards (its index.json) "
-                                                        "or an fsspec URI (s3://, gs://, ...); see critbatch prepare-data")
-    tokenizer: str = Field(default="byte", description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory; "
-                                                       "with shards, the one that made them (its hash is checked)")
-    validation_fraction: float = Field(default=0.1, gt=0.0, lt=0.5, description="held-out fraction of data.path's tokens "
-                                                                                 "(with shards the split is the index's)")
+    path: str | None = Field(
+        default=None,
+        description="text file (pretrain) or JSON Lines (finetune); relative paths resolve from the working directory",
+    )
+    shards: str | None = Field(
+        default=None,
+        description="pretrain: a folder of prepared token shards (its index.json) "
+        "or an fsspec URI (s3://, gs://, ...); see critbatch prepare-data",
+    )
+    tokenizer: str = Field(
+        default="byte",
+        description="'byte' (256 byte-level ids) or a local Hugging Face tokenizer directory; "
+        "with shards, the one that made them (its hash is checked)",
+    )
+    validation_fraction: float = Field(
+        default=0.1,
+        gt=0.0,
+        lt=0.5,
+        description="held-out fraction of data.path's tokens (with shards the split is the index's)",
+    )
 
     _fields_order = ("path", "tokenizer", "validation_fraction", "shards")
 
@@ -380,14 +465,21 @@ class OptimizerSettings(ConfigSection):
     """
 
     name: OptimizerName = Field(
-        default="adamw", description="adamw | adafactor | adamw_8bit (bitsandbytes, 8-bit moments) | sgd_momentum "
-                                     "(momentum = beta1); adafactor and sgd_momentum have no beta2")
-    beta1: float = Field(default=0.9, ge=0.0, lt=1.0, description="Adam beta1; sgd_momentum's momentum; not read by adafactor")
+        default="adamw",
+        description="adamw | adafactor | adamw_8bit (bitsandbytes, 8-bit moments) | sgd_momentum "
+        "(momentum = beta1); adafactor and sgd_momentum have no beta2",
+    )
+    beta1: float = Field(
+        default=0.9, ge=0.0, lt=1.0, description="Adam beta1; sgd_momentum's momentum; not read by adafactor"
+    )
     eps: float = Field(default=1e-8, gt=0)
     weight_decay: float = Field(default=0.0, ge=0, le=10)
     grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
     divergence_loss_factor: float = Field(
-        default=1.5, gt=1.0, le=100, description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite"
+        default=1.5,
+        gt=1.0,
+        le=100,
+        description="a trial diverges when its loss exceeds this factor x ln(vocab) or is not finite",
     )
 
     @property

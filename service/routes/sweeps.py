@@ -13,7 +13,15 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.body import BodyError, parse_body
-from service.deps import Backend, get_backend, get_jobs, get_settings, reject_unknown_query, require_token, sweep_id_path
+from service.deps import (
+    Backend,
+    get_backend,
+    get_jobs,
+    get_settings,
+    reject_unknown_query,
+    require_token,
+    sweep_id_path,
+)
 from service.errors import (
     ERROR_RESPONSES,
     INVALID_RESPONSE,
@@ -38,13 +46,17 @@ from sweeps.remote import StagingLimits, SweepJobs, SweepStatus, default_job_pyt
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import check_sweep_id
 
-__all__ = ["router", "LOG_MAX_BYTES"]
+__all__ = ["LOG_MAX_BYTES", "router"]
 
 #: The logs route returns at most this many bytes (the end of the log).
 LOG_MAX_BYTES = 5 * 1024 * 1024
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(require_token), Depends(reject_unknown_query)],
-                   responses=ERROR_RESPONSES, tags=["sweeps"])
+router = APIRouter(
+    prefix="/v1",
+    dependencies=[Depends(require_token), Depends(reject_unknown_query)],
+    responses=ERROR_RESPONSES,
+    tags=["sweeps"],
+)
 
 
 def sweep_out(state: SweepStatus, **extra: Any) -> dict[str, Any]:
@@ -59,39 +71,56 @@ def sweep_out(state: SweepStatus, **extra: Any) -> dict[str, Any]:
     return d
 
 
-def _submit(spec: SweepSpec, sweep_id: str | None, settings: Settings, jobs: SweepJobs,
-            backend: Backend) -> tuple[SweepStatus, list[str]]:
+def _submit(
+    spec: SweepSpec, sweep_id: str | None, settings: Settings, jobs: SweepJobs, backend: Backend
+) -> tuple[SweepStatus, list[str]]:
     """Stage and submit (on the backend pool); the count of active sweeps and the submission as one step."""
-    with staged_sweep(
-        spec,
-        sweep_id=sweep_id,
-        default_tracking_uri=settings.tracking_uri,
-        data_root=settings.data_dir,
-        ship_data=settings.data_dir is not None,
-        limits=StagingLimits.from_mb(ship_data_max_mb=settings.ship_data_max_mb, upload_max_mb=settings.upload_max_mb),
-        python=settings.job_python or default_job_python(jobs.address),
-        storage_root=settings.storage_root,
-    ) as staged:
-        with backend.submitting():  # the cap holds for concurrent POSTs
-            return jobs.submit(staged, max_active=settings.max_running), list(staged.warnings)
+    with (
+        staged_sweep(
+            spec,
+            sweep_id=sweep_id,
+            default_tracking_uri=settings.tracking_uri,
+            data_root=settings.data_dir,
+            ship_data=settings.data_dir is not None,
+            limits=StagingLimits.from_mb(
+                ship_data_max_mb=settings.ship_data_max_mb, upload_max_mb=settings.upload_max_mb
+            ),
+            python=settings.job_python or default_job_python(jobs.address),
+            storage_root=settings.storage_root,
+        ) as staged,
+        backend.submitting(),
+    ):  # the cap holds for concurrent POSTs
+        return jobs.submit(staged, max_active=settings.max_running), list(staged.warnings)
 
 
 @router.post(
     "/sweeps",
     status_code=201,
     response_model=SweepCreatedOut,
-    responses={**INVALID_RESPONSE, 409: {"model": ConflictOut, "description": "a sweep with this id was already submitted"},
-               415: {"model": ErrorOut, "description": "not YAML or JSON"},
-               429: {"model": ErrorOut, "description": "CRITBATCH_MAX_RUNNING sweeps are running: retry after Retry-After seconds"}},
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
-        "application/yaml": {"schema": {"type": "string", "description": "the spec as YAML"}},
-    }}},
+    responses={
+        **INVALID_RESPONSE,
+        409: {"model": ConflictOut, "description": "a sweep with this id was already submitted"},
+        415: {"model": ErrorOut, "description": "not YAML or JSON"},
+        429: {
+            "model": ErrorOut,
+            "description": "CRITBATCH_MAX_RUNNING sweeps are running: retry after Retry-After seconds",
+        },
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
+                "application/yaml": {"schema": {"type": "string", "description": "the spec as YAML"}},
+            },
+        }
+    },
 )
 async def submit_sweep(
     request: Request,
     sweep_id: str | None = Query(
-        None, max_length=200,
+        None,
+        max_length=200,
         description="the sweep id (Ray submission id); default NAME-FINGERPRINT, so an identical spec is not run twice",
     ),
     settings: Settings = Depends(get_settings),
@@ -131,22 +160,30 @@ async def list_sweeps(
     states, total = await backend.call(lambda: jobs.list(limit=limit, offset=offset))
     nxt = offset + len(states)
     return {
-        "items": [sweep_out(s) for s in states], "total": total, "limit": limit, "offset": offset,
+        "items": [sweep_out(s) for s in states],
+        "total": total,
+        "limit": limit,
+        "offset": offset,
         "next_offset": nxt if nxt < total else None,
     }
 
 
 @router.get("/sweeps/{sweep_id}", response_model=SweepOut, responses=NOT_FOUND_RESPONSE)
-async def get_sweep(sweep_id: str = Depends(sweep_id_path), jobs: SweepJobs = Depends(get_jobs),
-                    backend: Backend = Depends(get_backend)) -> Any:
+async def get_sweep(
+    sweep_id: str = Depends(sweep_id_path), jobs: SweepJobs = Depends(get_jobs), backend: Backend = Depends(get_backend)
+) -> Any:
     """Status (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), reason, trial counts, best trial so far."""
     return sweep_out(await backend.call(lambda: jobs.get(sweep_id)))
 
 
 @router.delete(
-    "/sweeps/{sweep_id}", response_model=SweepStoppedOut,
-    responses={**NOT_FOUND_RESPONSE, **INVALID_RESPONSE,
-               202: {"model": SweepStoppedOut, "description": "stop sent, still stopping"}},
+    "/sweeps/{sweep_id}",
+    response_model=SweepStoppedOut,
+    responses={
+        **NOT_FOUND_RESPONSE,
+        **INVALID_RESPONSE,
+        202: {"model": SweepStoppedOut, "description": "stop sent, still stopping"},
+    },
 )
 async def stop_sweep(
     sweep_id: str = Depends(sweep_id_path),
@@ -156,7 +193,9 @@ async def stop_sweep(
     backend: Backend = Depends(get_backend),
 ) -> Any:
     """Stop the sweep (its Ray job). 200 once it has ended (STOPPED, or its earlier final status); 202 if still stopping."""
-    state, sent = await backend.call(lambda: jobs.stop(sweep_id, wait_s=wait_s), timeout_s=wait_s + settings.request_timeout_s)
+    state, sent = await backend.call(
+        lambda: jobs.stop(sweep_id, wait_s=wait_s), timeout_s=wait_s + settings.request_timeout_s
+    )
     return JSONResponse(status_code=200 if state.terminal else 202, content=sweep_out(state, stop_sent=sent))
 
 
@@ -164,8 +203,10 @@ async def stop_sweep(
     "/sweeps/{sweep_id}/logs",
     response_class=PlainTextResponse,
     # error bodies stay JSON (a response_class of text/plain would document them as text)
-    responses={**json_error_responses({**ERROR_RESPONSES, **NOT_FOUND_RESPONSE, **INVALID_RESPONSE}),
-               200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={
+        **json_error_responses({**ERROR_RESPONSES, **NOT_FOUND_RESPONSE, **INVALID_RESPONSE}),
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+    },
 )
 async def sweep_logs(
     sweep_id: str = Depends(sweep_id_path),
@@ -181,10 +222,18 @@ async def sweep_logs(
 
 
 @router.get(
-    "/sweeps/{sweep_id}/report", response_model=ReportOut,
-    responses={**NOT_FOUND_RESPONSE, 409: {"model": ErrorOut, "description": "no report yet (running) or none (failed)"}},
+    "/sweeps/{sweep_id}/report",
+    response_model=ReportOut,
+    responses={
+        **NOT_FOUND_RESPONSE,
+        409: {"model": ErrorOut, "description": "no report yet (running) or none (failed)"},
+    },
 )
-async def sweep_report(sweep_id: str = Depends(sweep_id_path), settings: Settings = Depends(get_settings),
-                       jobs: SweepJobs = Depends(get_jobs), backend: Backend = Depends(get_backend)) -> Any:
+async def sweep_report(
+    sweep_id: str = Depends(sweep_id_path),
+    settings: Settings = Depends(get_settings),
+    jobs: SweepJobs = Depends(get_jobs),
+    backend: Backend = Depends(get_backend),
+) -> Any:
     """The sweep's cbs.json (from its MLflow parent run) with links to its MLflow runs."""
     return finite(await backend.call(lambda: jobs.report(sweep_id, ui_url=settings.mlflow_ui_url)))

@@ -5,18 +5,55 @@
 imports neither Ray nor MLflow.
 """
 
-from sweeps.analysis.fit import (INTERVAL_METHOD, STATUSES, HyperbolaFit, analyze_points, cbs_20, cbs_20_interval,
-                                 fit_hyperbola, interval_b_crit)
+from sweeps.analysis.fit import (
+    INTERVAL_METHOD,
+    STATUSES,
+    HyperbolaFit,
+    analyze_points,
+    cbs_20,
+    cbs_20_interval,
+    fit_hyperbola,
+    interval_b_crit,
+)
 from sweeps.analysis.fits import DEFAULT_FIT, Fit, fit_names, get_fit, register_fit
 from sweeps.analysis.result import finite_json, finite_result, with_sweep_fields
 from sweeps.analysis.sweep import analyze_csv, analyze_trials, analyze_trials_file, analyze_trials_files
+from sweeps.analysis.targets import (
+    TARGET_RULE,
+    TrialRecord,
+    censored_points,
+    choose_targets,
+    steps_to_target_points,
+    tokens_to_target,
+)
 from sweeps.spec.result import CbsResult
-from sweeps.analysis.targets import (TARGET_RULE, TrialRecord, censored_points, choose_targets, steps_to_target_points,
-                                     tokens_to_target)
 
 __all__ = [
-    "HyperbolaFit", "fit_hyperbola", "interval_b_crit", "cbs_20", "cbs_20_interval", "analyze_points", "tokens_to_target", "choose_targets",
-    "steps_to_target_points", "censored_points", "analyze_trials", "analyze_csv", "analyze_trials_file", "analyze_trials_files", "TrialRecord", "TARGET_RULE",
-    "INTERVAL_METHOD", "STATUSES", "finite_json", "finite_result", "with_sweep_fields", "CbsResult",
-    "Fit", "register_fit", "get_fit", "fit_names", "DEFAULT_FIT",
+    "DEFAULT_FIT",
+    "INTERVAL_METHOD",
+    "STATUSES",
+    "TARGET_RULE",
+    "CbsResult",
+    "Fit",
+    "HyperbolaFit",
+    "TrialRecord",
+    "analyze_csv",
+    "analyze_points",
+    "analyze_trials",
+    "analyze_trials_file",
+    "analyze_trials_files",
+    "cbs_20",
+    "cbs_20_interval",
+    "censored_points",
+    "choose_targets",
+    "finite_json",
+    "finite_result",
+    "fit_hyperbola",
+    "fit_names",
+    "get_fit",
+    "interval_b_crit",
+    "register_fit",
+    "steps_to_target_points",
+    "tokens_to_target",
+    "with_sweep_fields",
 ]

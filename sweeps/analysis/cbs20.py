@@ -3,7 +3,7 @@ hyperbola fit (:mod:`sweeps.analysis.fit`; methodology note section 4.1). Pure f
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["cbs_20", "cbs_20_interval"]
 
@@ -16,8 +16,9 @@ def cbs_20(b_crit: float, reference_batch: float) -> float:
     return 0.2 * b_crit + 1.2 * reference_batch
 
 
-def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
-                    ) -> tuple[list[float | None], list[float | None]]:
+def cbs_20_interval(
+    b_crit_ci: Sequence[float | None], reference_batch: float
+) -> tuple[list[float | None], list[float | None]]:
     """The intervals of ``cbs_20`` and ``b_compute_overhead_20`` that ``b_crit_ci`` implies.
 
     Both are increasing affine maps of ``b_crit`` under the same fit (``cbs_20 = 0.2 b_crit + 1.2 B0``,
@@ -33,5 +34,7 @@ def cbs_20_interval(b_crit_ci: Sequence[float | None], reference_batch: float
         ``b_crit_ci``'s is.
     """
     lo, hi = b_crit_ci[0], b_crit_ci[1]
-    return ([None if x is None else cbs_20(x, reference_batch) for x in (lo, hi)],
-            [None if x is None else 0.2 * x for x in (lo, hi)])
+    return (
+        [None if x is None else cbs_20(x, reference_batch) for x in (lo, hi)],
+        [None if x is None else 0.2 * x for x in (lo, hi)],
+    )

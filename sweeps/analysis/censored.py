@@ -27,14 +27,15 @@ censored points is measured by ``benchmarks/search_placement.py`` (docs/benchmar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from scipy.special import log_ndtr
 from scipy.stats import f as f_dist
 
-__all__ = ["CensoredPoints", "censored_fit", "CENSORED_INTERVAL_METHOD"]
+__all__ = ["CENSORED_INTERVAL_METHOD", "CensoredPoints", "censored_fit"]
 
 #: how ``b_crit_ci`` is computed when censored points enter the fit; stated in ``cbs.json``
 CENSORED_INTERVAL_METHOD = (
@@ -122,9 +123,9 @@ def _newton_shift(w: np.ndarray, v: np.ndarray, sg: np.ndarray) -> np.ndarray:
         g_d = -r.sum(axis=1) - (lam * sg[None, :]).sum(axis=1)
         g_t = -n_o / theta + (r * w).sum(axis=1) + (lam * sg[None, :] * v).sum(axis=1)
         h_dd = n_o + h.sum(axis=1)
-        h_tt = n_o / theta ** 2 + (w * w).sum(axis=1) + (h * v * v).sum(axis=1)
+        h_tt = n_o / theta**2 + (w * w).sum(axis=1) + (h * v * v).sum(axis=1)
         h_dt = -w.sum(axis=1) - (h * v).sum(axis=1)
-        det = h_dd * h_tt - h_dt ** 2
+        det = h_dd * h_tt - h_dt**2
         s_d = -(h_tt * g_d - h_dt * g_t) / det
         s_t = -(h_dd * g_t - h_dt * g_d) / det
         step = np.ones_like(delta)
@@ -156,8 +157,9 @@ def _shape(u: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _profile_u(pts: CensoredPoints, u: np.ndarray) -> np.ndarray:
     """The profile negative log-likelihood of ``log b_crit`` at each ``u`` (``log S_min``, sigma re-optimised)."""
     u = np.atleast_1d(np.asarray(u, dtype=float))
-    return _profile_shift(pts.y_obs[None, :] - _shape(u, pts.b_obs), pts.c_cens[None, :] - _shape(u, pts.b_cens),
-                          pts.signs)
+    return _profile_shift(
+        pts.y_obs[None, :] - _shape(u, pts.b_obs), pts.c_cens[None, :] - _shape(u, pts.b_cens), pts.signs
+    )
 
 
 def _threshold(n: int, level: float) -> float:
@@ -165,10 +167,19 @@ def _threshold(n: int, level: float) -> float:
     return n * math.log1p(f_dist.ppf(level, 1, n - 2) / (n - 2))
 
 
-def _region(prof: Callable[[np.ndarray], np.ndarray], x0: float, f_max: float, lo: float, hi: float,
-            step: float, *, bisections: int = 30) -> tuple[float, float]:
+def _region(
+    prof: Callable[[np.ndarray], np.ndarray],
+    x0: float,
+    f_max: float,
+    lo: float,
+    hi: float,
+    step: float,
+    *,
+    bisections: int = 30,
+) -> tuple[float, float]:
     """The ends of ``{x : prof(x) <= f_max}`` around ``x0`` within ``[lo, hi]``: a walk of ``step`` (in chunks of 8
     points) refined by ``bisections`` halvings; ``-inf`` / ``inf`` where the region reaches past ``lo`` / ``hi``."""
+
     def end(direction: float) -> float:
         limit = lo if direction < 0 else hi
         n_steps = int(abs(limit - x0) / step) + 1
@@ -232,18 +243,32 @@ def censored_fit(pts: CensoredPoints, level: float = 0.95) -> dict[str, Any]:
     e_min = s_min * math.exp(u_best)
     resid = pts.y_obs - (math.log(s_min) + _shape(np.array([u_best]), pts.b_obs)[0])
     s_ci, e_ci = _s_e_intervals(pts, f_max, math.log(s_min), math.log(e_min))
-    return {"s_min": s_min if not math.isinf(b_crit) else 0.0, "e_min": e_min if b_crit > 0 else 0.0,
-            "b_crit": b_crit, "rms_log_residual": float(np.sqrt(np.mean(resid ** 2))),
-            "b_crit_ci": (math.exp(u_lo) if math.isfinite(u_lo) else 0.0, math.exp(u_hi) if math.isfinite(u_hi) else math.inf),
-            "s_min_ci": s_ci, "e_min_ci": e_ci}
+    return {
+        "s_min": s_min if not math.isinf(b_crit) else 0.0,
+        "e_min": e_min if b_crit > 0 else 0.0,
+        "b_crit": b_crit,
+        "rms_log_residual": float(np.sqrt(np.mean(resid**2))),
+        "b_crit_ci": (
+            math.exp(u_lo) if math.isfinite(u_lo) else 0.0,
+            math.exp(u_hi) if math.isfinite(u_hi) else math.inf,
+        ),
+        "s_min_ci": s_ci,
+        "e_min_ci": e_ci,
+    }
 
 
 def _s_min_at(pts: CensoredPoints, u: float) -> float:
     """The maximum-likelihood ``S_min`` at ``log b_crit = u``: a golden-section search over ``log S_min``, sigma
     re-optimised at each (:func:`_nll_theta`)."""
     g_o, g_c = _shape(np.array([u]), pts.b_obs)[0], _shape(np.array([u]), pts.b_cens)[0]
-    best = lambda m: float(_nll_theta(m + g_o[None, :], m + g_c[None, :], pts)[0])  # noqa: E731
-    lo, hi = float((pts.y_obs - g_o).min()) - 5.0, float(max((pts.y_obs - g_o).max(), (pts.c_cens - g_c).max(initial=-np.inf))) + 5.0
+
+    def best(m):
+        return float(_nll_theta(m + g_o[None, :], m + g_c[None, :], pts)[0])
+
+    lo, hi = (
+        float((pts.y_obs - g_o).min()) - 5.0,
+        float(max((pts.y_obs - g_o).max(), (pts.c_cens - g_c).max(initial=-np.inf))) + 5.0,
+    )
     for _ in range(80):  # golden section on the convex-in-practice profile over log S_min
         m1, m2 = hi - 0.618 * (hi - lo), lo + 0.618 * (hi - lo)
         lo, hi = (lo, m2) if best(m1) <= best(m2) else (m1, hi)
@@ -266,7 +291,7 @@ def _nll_theta(mu_o: np.ndarray, mu_c: np.ndarray, pts: CensoredPoints) -> np.nd
         x = theta[:, None] * d
         lam = _mills(x)
         g = -n_o / theta + theta * rss - (d * lam).sum(axis=1)
-        h = n_o / theta ** 2 + rss + (d * d * lam * (lam + x)).sum(axis=1)
+        h = n_o / theta**2 + rss + (d * d * lam * (lam + x)).sum(axis=1)
         step = -g / h
         nt = theta + step
         nt = np.where(nt > 0, nt, theta / 2)
@@ -280,26 +305,41 @@ def _nll_theta(mu_o: np.ndarray, mu_c: np.ndarray, pts: CensoredPoints) -> np.nd
     return cur
 
 
-def _s_e_intervals(pts: CensoredPoints, f_max: float, a0: float, e0: float
-                   ) -> tuple[tuple[float, float], tuple[float, float]]:
+def _s_e_intervals(
+    pts: CensoredPoints, f_max: float, a0: float, e0: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
     """The profile intervals of ``S_min`` and ``E_min`` at the same ``f_max``: each parameter's ``log`` fixed on a
     walk, the other (through ``log b_crit`` on a grid) and sigma re-optimised."""
     all_b = pts.all_b
     u_grid = np.arange(math.log(all_b.min()) - 9.0, math.log(all_b.max()) + 9.0, 0.05)
 
     def prof_s(a: np.ndarray) -> np.ndarray:  # log S_min fixed: mu = a + log(1 + b_crit/B)
-        return np.array([_grid_min(_nll_theta(ai + _shape(u_grid, pts.b_obs), ai + _shape(u_grid, pts.b_cens), pts))
-                         for ai in np.atleast_1d(a)])
+        return np.array(
+            [
+                _grid_min(_nll_theta(ai + _shape(u_grid, pts.b_obs), ai + _shape(u_grid, pts.b_cens), pts))
+                for ai in np.atleast_1d(a)
+            ]
+        )
 
     def prof_e(e: np.ndarray) -> np.ndarray:  # log E_min fixed: mu = e + log(1/b_crit + 1/B)
-        return np.array([_grid_min(_nll_theta(ei + _shape_e(u_grid, pts.b_obs), ei + _shape_e(u_grid, pts.b_cens), pts))
-                         for ei in np.atleast_1d(e)])
+        return np.array(
+            [
+                _grid_min(_nll_theta(ei + _shape_e(u_grid, pts.b_obs), ei + _shape_e(u_grid, pts.b_cens), pts))
+                for ei in np.atleast_1d(e)
+            ]
+        )
 
     y_lo, y_hi = float(pts.y_obs.min()), float(pts.y_obs.max())
     s = _region(prof_s, a0, f_max, y_lo - 12.0, y_hi + 2.0, 0.05, bisections=12)
     w = pts.y_obs + np.log(pts.b_obs)
     e = _region(prof_e, e0, f_max, float(w.min()) - 12.0, float(w.max()) + 2.0, 0.05, bisections=12)
-    ends = lambda r: (math.exp(r[0]) if math.isfinite(r[0]) else 0.0, math.exp(r[1]) if math.isfinite(r[1]) else math.inf)  # noqa: E731
+
+    def ends(r):
+        return (
+            math.exp(r[0]) if math.isfinite(r[0]) else 0.0,
+            math.exp(r[1]) if math.isfinite(r[1]) else math.inf,
+        )
+
     return ends(s), ends(e)
 
 

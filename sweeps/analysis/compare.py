@@ -21,11 +21,21 @@ from typing import Any
 
 from sweeps.spec.result import CbsResult, TargetFit
 
-__all__ = ["compare_arms", "ArmResult", "overlap"]
+__all__ = ["ArmResult", "compare_arms", "overlap"]
 
 #: what each arm row carries from its sweep (besides the fits)
-ARM_FIELDS = ("sync", "sync_every_steps", "replicas", "optimizer", "optimizer_state_bytes_per_param",
-              "comm_bytes_per_step", "comm_time_s", "tokens_per_s", "status", "sweep_id")
+ARM_FIELDS = (
+    "sync",
+    "sync_every_steps",
+    "replicas",
+    "optimizer",
+    "optimizer_state_bytes_per_param",
+    "comm_bytes_per_step",
+    "comm_time_s",
+    "tokens_per_s",
+    "status",
+    "sweep_id",
+)
 
 ArmResult = dict[str, Any]
 
@@ -52,9 +62,16 @@ def _target_row(fit: TargetFit, every: int, tokens_per_sequence: float) -> dict[
     s_min, e_min = fit.s_min, fit.e_min
     points = []
     for p in fit.points or []:
-        points.append({"batch_size_sequences": p.batch_size_sequences, "seed": p.seed,
-                       "steps_to_target": p.steps_to_target, "tokens_to_target": p.tokens_to_target,
-                       "syncs_to_target": p.steps_to_target / every, "trial_id": p.trial_id})
+        points.append(
+            {
+                "batch_size_sequences": p.batch_size_sequences,
+                "seed": p.seed,
+                "steps_to_target": p.steps_to_target,
+                "tokens_to_target": p.tokens_to_target,
+                "syncs_to_target": p.steps_to_target / every,
+                "trial_id": p.trial_id,
+            }
+        )
     return {
         "target_loss": fit.target_loss,
         "b_crit": fit.b_crit,
@@ -106,17 +123,38 @@ def compare_arms(arms: list[tuple[str, dict[str, Any], CbsResult | None]]) -> di
     rows = []
     for name, info, analysis in arms:
         every = int(info.get("sync_every_steps") or 1)
-        tps = float(analysis.tokens_per_sequence or analysis.context_length_tokens or 1) if analysis is not None else 1.0
+        tps = (
+            float(analysis.tokens_per_sequence or analysis.context_length_tokens or 1) if analysis is not None else 1.0
+        )
         fits = {t.target_loss: t for t in analysis.targets or []} if analysis is not None else {}
-        rows.append({"name": name, **{k: info.get(k) for k in ARM_FIELDS},
-                     "targets": [_target_row(fits[t], every, tps) if t in fits else
-                                 {"target_loss": t, "b_crit": None, "b_crit_ci": None, "status": "not_analysed",
-                                  "message": "the arm has no trials to analyse"} for t in targets]})
+        rows.append(
+            {
+                "name": name,
+                **{k: info.get(k) for k in ARM_FIELDS},
+                "targets": [
+                    _target_row(fits[t], every, tps)
+                    if t in fits
+                    else {
+                        "target_loss": t,
+                        "b_crit": None,
+                        "b_crit_ci": None,
+                        "status": "not_analysed",
+                        "message": "the arm has no trials to analyse",
+                    }
+                    for t in targets
+                ],
+            }
+        )
     by_target = []
     for i, t in enumerate(targets):
         ref_row = rows[0]["targets"][i]
-        entry = {"target_loss": t, "primary": t == primary, "arms": {}, "intervals_overlap_reference": {},
-                 "b_crit_ratio_to_reference": {}}
+        entry = {
+            "target_loss": t,
+            "primary": t == primary,
+            "arms": {},
+            "intervals_overlap_reference": {},
+            "b_crit_ratio_to_reference": {},
+        }
         for r in rows:
             row = r["targets"][i]
             entry["arms"][r["name"]] = {k: row.get(k) for k in ("b_crit", "b_crit_ci", "b_crit_bound", "status")}
@@ -126,8 +164,15 @@ def compare_arms(arms: list[tuple[str, dict[str, Any], CbsResult | None]]) -> di
             both = row.get("b_crit") is not None and ref_row.get("b_crit") is not None
             entry["b_crit_ratio_to_reference"][r["name"]] = row["b_crit"] / ref_row["b_crit"] if both else None
         by_target.append(entry)
-    return {"kind": "comparison", "reference_arm": ref_name, "targets": targets, "target_loss": primary,
-            "arms": rows, "by_target": by_target, "summary": _summary(rows, by_target, ref_name)}
+    return {
+        "kind": "comparison",
+        "reference_arm": ref_name,
+        "targets": targets,
+        "target_loss": primary,
+        "arms": rows,
+        "by_target": by_target,
+        "summary": _summary(rows, by_target, ref_name),
+    }
 
 
 def _fmt_ci(ci: list[float | None] | None) -> str:
@@ -145,10 +190,16 @@ def _summary(rows: list[dict[str, Any]], by_target: list[dict[str, Any]], ref_na
     out = []
     for r in rows[1:]:
         a = prim["arms"][r["name"]]
-        head = (f"{r['name']}: b_crit {a['b_crit']:.3g} {_fmt_ci(a['b_crit_ci'])}" if a["b_crit"] is not None
-                else f"{r['name']}: b_crit not resolved ({a['status']}{', ' + a['b_crit_bound'] if a.get('b_crit_bound') else ''})")
-        ref_txt = (f"{ref['b_crit']:.3g} {_fmt_ci(ref['b_crit_ci'])}" if ref["b_crit"] is not None
-                   else f"not resolved ({ref['status']})")
+        head = (
+            f"{r['name']}: b_crit {a['b_crit']:.3g} {_fmt_ci(a['b_crit_ci'])}"
+            if a["b_crit"] is not None
+            else f"{r['name']}: b_crit not resolved ({a['status']}{', ' + a['b_crit_bound'] if a.get('b_crit_bound') else ''})"
+        )
+        ref_txt = (
+            f"{ref['b_crit']:.3g} {_fmt_ci(ref['b_crit_ci'])}"
+            if ref["b_crit"] is not None
+            else f"not resolved ({ref['status']})"
+        )
         ov = prim["intervals_overlap_reference"].get(r["name"])
         ratio = prim["b_crit_ratio_to_reference"].get(r["name"])
         if a["b_crit"] is None and ref["b_crit"] is None:
@@ -157,6 +208,8 @@ def _summary(rows: list[dict[str, Any]], by_target: list[dict[str, Any]], ref_na
             verdict = "the 95 % intervals overlap: this sweep does not show that it moves b_crit"
         else:
             verdict = "the 95 % intervals do not overlap" if ov is False else "no interval to compare"
-        out.append(f"{head} vs {ref_name} {ref_txt} at loss {prim['target_loss']:.4g}"
-                   f"{f' (ratio {ratio:.2f})' if ratio is not None else ''}; {verdict}")
+        out.append(
+            f"{head} vs {ref_name} {ref_txt} at loss {prim['target_loss']:.4g}"
+            f"{f' (ratio {ratio:.2f})' if ratio is not None else ''}; {verdict}"
+        )
     return out

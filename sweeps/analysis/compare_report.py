@@ -12,10 +12,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from sweeps.files import write_atomic  # noqa: E402
+from sweeps.files import write_atomic
 
 __all__ = ["write_comparison_report"]
 
@@ -37,8 +37,11 @@ def _steps_plot(comparison: dict[str, Any], path: Path) -> None:
             ax.loglog(grid, row["s_min"] + row["e_min"] / grid, "-", color=line.get_color(), alpha=0.6)
     ax.set_xlabel("global batch size (sequences)")
     ax.set_ylabel("optimizer steps to target")
-    ax.set_title(f"steps to loss {comparison['target_loss']:.4g} (points: measured; lines: fit)" if
-                 comparison.get("target_loss") is not None else "steps to target")
+    ax.set_title(
+        f"steps to loss {comparison['target_loss']:.4g} (points: measured; lines: fit)"
+        if comparison.get("target_loss") is not None
+        else "steps to target"
+    )
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -91,9 +94,11 @@ def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     _steps_plot(comparison, plots / "compare_steps_to_target.png")
     _b_crit_plot(comparison, plots / "compare_b_crit.png")
-    head = ("<tr><th>arm</th><th>sync</th><th>H</th><th>replicas</th><th>optimizer</th><th>b_crit (seq)</th>"
-            "<th>95 % interval</th><th>status</th><th>S_min [95 %]</th><th>syncs_min [95 %]</th><th>E_min, tokens [95 %]</th>"
-            "<th>optimizer state (bytes/param)</th><th>comm bytes/step</th><th>sweep</th></tr>")
+    head = (
+        "<tr><th>arm</th><th>sync</th><th>H</th><th>replicas</th><th>optimizer</th><th>b_crit (seq)</th>"
+        "<th>95 % interval</th><th>status</th><th>S_min [95 %]</th><th>syncs_min [95 %]</th><th>E_min, tokens [95 %]</th>"
+        "<th>optimizer state (bytes/param)</th><th>comm bytes/step</th><th>sweep</th></tr>"
+    )
     i = next((k for k, t in enumerate(comparison["targets"]) if t == comparison["target_loss"]), 0)
     rows = []
     for arm in comparison["arms"]:
@@ -106,18 +111,19 @@ def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
             f"<td>{_cell(r.get('syncs_min'))} {_cell(r.get('syncs_min_ci'))}</td>"
             f"<td>{_cell(r.get('e_min_tokens'))} {_cell(r.get('e_min_tokens_ci'))}</td>"
             f"<td>{_cell(arm.get('optimizer_state_bytes_per_param'))}</td><td>{_cell(arm.get('comm_bytes_per_step'))}</td>"
-            f"<td><a href='arms/{html.escape(arm['name'])}/report.html'>{_cell(arm.get('sweep_id'))}</a></td></tr>")
+            f"<td><a href='arms/{html.escape(arm['name'])}/report.html'>{_cell(arm.get('sweep_id'))}</a></td></tr>"
+        )
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in comparison.get("summary", []))
     loss = comparison.get("target_loss")
-    text = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(str(comparison.get('name')))}</title>
+    text = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(str(comparison.get("name")))}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{padding:2px 8px;border-bottom:1px solid #ddd}}</style>
-</head><body><h1>Comparison {html.escape(str(comparison.get('comparison_id', '')))}</h1>
-<p>Every arm is analysed at the reference arm ({html.escape(comparison['reference_arm'])})'s target losses
-{html.escape(', '.join(f'{t:.4g}' for t in comparison['targets']))}; the table is at {_cell(loss, 4)}.
+</head><body><h1>Comparison {html.escape(str(comparison.get("comparison_id", "")))}</h1>
+<p>Every arm is analysed at the reference arm ({html.escape(comparison["reference_arm"])})'s target losses
+{html.escape(", ".join(f"{t:.4g}" for t in comparison["targets"]))}; the table is at {_cell(loss, 4)}.
 Synchronizations to target are steps / H (ddp: one all-reduce per step). Where the 95 % intervals overlap, this
 sweep does not tell the arms apart.</p>
 <ul>{summary}</ul>
-<table>{head}{''.join(rows)}</table>
+<table>{head}{"".join(rows)}</table>
 <p><img src="plots/compare_steps_to_target.png"> <img src="plots/compare_b_crit.png"></p>
 </body></html>"""
     path = output / "report.html"

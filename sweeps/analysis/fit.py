@@ -27,26 +27,38 @@ around the fit carries both the shared error and the search's own variability. d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, cast
 
 import numpy as np
 from scipy.optimize import brentq, minimize_scalar
 from scipy.stats import f as f_dist
 
-from sweeps.analysis.censored import CENSORED_INTERVAL_METHOD, CensoredPoints, censored_fit
 from sweeps.analysis.cbs20 import cbs_20, cbs_20_interval
+from sweeps.analysis.censored import CENSORED_INTERVAL_METHOD, CensoredPoints, censored_fit
 from sweeps.analysis.model_check import gap_text, misfit_reason
 from sweeps.analysis.seed_effects import RANDOM_EFFECTS_METHOD, seed_combined_fit
 
-__all__ = ["HyperbolaFit", "fit_hyperbola", "interval_b_crit", "interval_s_min_e_min", "cbs_20", "cbs_20_interval",
-           "analyze_points", "INTERVAL_METHOD", "STATUSES"]
+__all__ = [
+    "INTERVAL_METHOD",
+    "STATUSES",
+    "HyperbolaFit",
+    "analyze_points",
+    "cbs_20",
+    "cbs_20_interval",
+    "fit_hyperbola",
+    "interval_b_crit",
+    "interval_s_min_e_min",
+]
 
 #: how ``b_crit_ci`` is computed; stated in ``cbs.json``
 INTERVAL_METHOD = (
     "profile-likelihood interval of log b_crit on one point per batch size (mean log steps over its seeds), "
     "F(1, n-2) calibrated (Bates and Watts 1988, section 6.1; Seber and Wild 1989, Eq. 5.35); "
-    + CENSORED_INTERVAL_METHOD + "; " + RANDOM_EFFECTS_METHOD
+    + CENSORED_INTERVAL_METHOD
+    + "; "
+    + RANDOM_EFFECTS_METHOD
 )
 
 
@@ -125,14 +137,20 @@ def fit_hyperbola(batch_sizes: Sequence[float] | np.ndarray, steps: Sequence[flo
     obj, _ = _profile_sse(B, y, grid)
     i = int(np.argmin(obj))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    r: Any = minimize_scalar(lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), bounds=(a, b), method="bounded",
-                        options={"xatol": 1e-10})
+    r: Any = minimize_scalar(
+        lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]),
+        bounds=(a, b),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     u_best = float(r.x)
     obj_best, m_best = _profile_sse(B, y, np.array([u_best]))
     o_zero, o_inf = _limit_sse(B, y)
-    candidates = [(float(obj_best[0]), float(np.exp(m_best[0])), float(np.exp(m_best[0] + u_best))),
-                  (o_zero, float(np.exp(y.mean())), 0.0),
-                  (o_inf, 0.0, float(np.exp((y + np.log(B)).mean())))]
+    candidates = [
+        (float(obj_best[0]), float(np.exp(m_best[0])), float(np.exp(m_best[0] + u_best))),
+        (o_zero, float(np.exp(y.mean())), 0.0),
+        (o_inf, 0.0, float(np.exp((y + np.log(B)).mean()))),
+    ]
     cost, s_min, e_min = min(candidates, key=lambda c: c[0])
     b_crit = e_min / s_min if s_min > 0 else math.inf
     rms = math.sqrt(cost / len(B))
@@ -183,12 +201,14 @@ def interval_b_crit(batch_sizes: Sequence[float], steps: Sequence[float], level:
         u0 = math.log(B.max()) + 9.0
     else:
         u0 = math.log(fit.b_crit)
-    return _walk_region(lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), u0, threshold,
-                        limit_low=o_zero, limit_high=o_inf)
+    return _walk_region(
+        lambda u: float(_profile_sse(B, y, np.array([u]))[0][0]), u0, threshold, limit_low=o_zero, limit_high=o_inf
+    )
 
 
-def _profile_setup(batch_sizes: Sequence[float], steps: Sequence[float],
-                   level: float) -> tuple[np.ndarray, np.ndarray, HyperbolaFit, float | None] | None:
+def _profile_setup(
+    batch_sizes: Sequence[float], steps: Sequence[float], level: float
+) -> tuple[np.ndarray, np.ndarray, HyperbolaFit, float | None] | None:
     """What every profile interval starts from: ``(B, log S, fit, threshold)`` on the per-batch points,
     ``threshold = SSE_min (1 + F_{1,n-2}(level)/(n-2))`` (None when the points lie exactly on a
     hyperbola); None with fewer than 3 batch sizes.
@@ -204,7 +224,7 @@ def _profile_setup(batch_sizes: Sequence[float], steps: Sequence[float],
         return None
     y = np.log(S)
     fit = fit_hyperbola(B, S)
-    sse_min = fit.rms_log_residual ** 2 * n
+    sse_min = fit.rms_log_residual**2 * n
     if sse_min <= 1e-24:
         return B, y, fit, None
     return B, y, fit, float(sse_min * (1.0 + f_dist.ppf(level, 1, n - 2) / (n - 2)))
@@ -215,7 +235,10 @@ def _walk_region(sse: Any, u0: float, threshold: float, *, limit_low: float, lim
     and refining each crossing by Brent's method; ``(exp lo, exp hi)``. Past 400 steps still inside, an
     end is the parameter's limit (0 below, inf above) when that limit's SSE (``limit_low``,
     ``limit_high``) lies inside the region too, else the last point walked."""
-    f = lambda u: sse(u) - threshold  # noqa: E731
+
+    def f(u):
+        return sse(u) - threshold
+
     if f(u0) > 0:  # the region is narrower than the inner minimisation's precision (points on a hyperbola)
         return math.exp(u0), math.exp(u0)
     inside_limit = threshold * (1 + 1e-9)
@@ -240,13 +263,15 @@ def _min_over(obj: Any, lo: float, hi: float) -> float:
     vals = obj(grid)
     i = int(np.argmin(vals))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    r: Any = minimize_scalar(lambda v: float(obj(np.array([v]))[0]), bounds=(a, b), method="bounded",
-                             options={"xatol": 1e-9})
+    r: Any = minimize_scalar(
+        lambda v: float(obj(np.array([v]))[0]), bounds=(a, b), method="bounded", options={"xatol": 1e-9}
+    )
     return float(min(vals[i], r.fun))
 
 
-def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
-                         level: float = 0.95) -> tuple[tuple[float, float], tuple[float, float]]:
+def interval_s_min_e_min(
+    batch_sizes: Sequence[float], steps: Sequence[float], level: float = 0.95
+) -> tuple[tuple[float, float], tuple[float, float]]:
     """Confidence intervals of ``S_min`` (steps) and ``E_min`` (examples: the unit of B) of the fit
     ``S = S_min + E_min/B`` (McCandlish et al. 2018, Eq. 2.11), by the same profile likelihood as
     :func:`interval_b_crit`: on the per-batch points, ``{p : SSE(p) <= SSE_min (1 + F_{1,n-2}(level)/(n-2))}``
@@ -276,22 +301,32 @@ def interval_s_min_e_min(batch_sizes: Sequence[float], steps: Sequence[float],
     le = (float(w.min()) - 12.0, float(w.max()) + 2.0)  # log E_min
 
     def sse_at_s_min(s: float) -> float:  # log S_min fixed; log E_min free (and its limit 0)
-        obj = lambda e: ((y[None, :] - np.log(math.exp(s) + np.exp(e)[:, None] / B[None, :])) ** 2).sum(axis=1)  # noqa: E731
+        def obj(e):
+            return ((y[None, :] - np.log(math.exp(s) + np.exp(e)[:, None] / B[None, :])) ** 2).sum(axis=1)
+
         return min(_min_over(obj, *le), float(((y - s) ** 2).sum()))
 
     def sse_at_e_min(e: float) -> float:  # log E_min fixed; log S_min free (and its limit 0)
-        obj = lambda w: ((y[None, :] - np.log(np.exp(w)[:, None] + math.exp(e) / B[None, :])) ** 2).sum(axis=1)  # noqa: E731
+        def obj(w):
+            return ((y[None, :] - np.log(np.exp(w)[:, None] + math.exp(e) / B[None, :])) ** 2).sum(axis=1)
+
         return min(_min_over(obj, *ls), float(((y - e + np.log(B)) ** 2).sum()))
 
     s0 = math.log(fit.s_min) if fit.s_min > 0 else float(y.min()) - 9.0
     e0 = math.log(fit.e_min) if fit.e_min > 0 else float(w.min()) - 9.0
     # either parameter going to infinity sends the SSE to infinity: nothing is assumed at that end
-    return (_walk_region(sse_at_s_min, s0, threshold, limit_low=o_inf, limit_high=math.inf),
-            _walk_region(sse_at_e_min, e0, threshold, limit_low=o_zero, limit_high=math.inf))
+    return (
+        _walk_region(sse_at_s_min, s0, threshold, limit_low=o_inf, limit_high=math.inf),
+        _walk_region(sse_at_e_min, e0, threshold, limit_low=o_zero, limit_high=math.inf),
+    )
 
 
-def _reduce_censored(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
-                     upper: Sequence[tuple[float, float]] = ()) -> CensoredPoints:
+def _reduce_censored(
+    B: list[float],
+    steps: Sequence[float],
+    censored: Sequence[tuple[float, float]],
+    upper: Sequence[tuple[float, float]] = (),
+) -> CensoredPoints:
     """One point per batch size for :func:`sweeps.analysis.censored.censored_fit`: the mean ``log S`` over a batch
     size's seeds where every seed reached the target exactly; else a lower-censored point at the mean over its
     seeds of each one's ``log`` steps or ``log`` lower bound (a lower bound of that mean) when a seed did not reach
@@ -307,12 +342,20 @@ def _reduce_censored(B: list[float], steps: Sequence[float], censored: Sequence[
     obs = sorted((b, float(np.mean(o))) for b, (o, c, u) in logs.items() if not c and not u)
     cens = sorted((b, float(np.mean(o + c)), 1.0) for b, (o, c, u) in logs.items() if c)
     cens += sorted((b, float(np.mean(o + u)), -1.0) for b, (o, c, u) in logs.items() if u and not c)
-    arr = lambda rows, k: np.array([r[k] for r in rows], dtype=float)  # noqa: E731
+
+    def arr(rows, k):
+        return np.array([r[k] for r in rows], dtype=float)
+
     return CensoredPoints(arr(obs, 0), arr(obs, 1), arr(cens, 0), arr(cens, 1), arr(cens, 2))
 
 
-def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequence[tuple[float, float]],
-                       level: float, upper: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+def _fit_and_intervals(
+    B: list[float],
+    steps: Sequence[float],
+    censored: Sequence[tuple[float, float]],
+    level: float,
+    upper: Sequence[tuple[float, float]] = (),
+) -> dict[str, Any]:
     """The fit and its three intervals (:func:`interval_b_crit`, :func:`interval_s_min_e_min`), or with censored
     points (lower or upper bounds) the censored-normal fit (:func:`sweeps.analysis.censored.censored_fit`, on
     :func:`_reduce_censored`'s points: a batch size with a censored seed is censored as a whole)."""
@@ -322,13 +365,25 @@ def _fit_and_intervals(B: list[float], steps: Sequence[float], censored: Sequenc
     fit = fit_hyperbola(ub, us)
     lo, hi = interval_b_crit(B, steps, level=level)
     s_ci, e_ci = interval_s_min_e_min(B, steps, level=level)
-    return {"s_min": fit.s_min, "e_min": fit.e_min, "b_crit": fit.b_crit, "rms_log_residual": fit.rms_log_residual,
-            "b_crit_ci": (lo, hi), "s_min_ci": s_ci, "e_min_ci": e_ci}
+    return {
+        "s_min": fit.s_min,
+        "e_min": fit.e_min,
+        "b_crit": fit.b_crit,
+        "rms_log_residual": fit.rms_log_residual,
+        "b_crit_ci": (lo, hi),
+        "s_min_ci": s_ci,
+        "e_min_ci": e_ci,
+    }
 
 
 def analyze_points(
-    batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *, level: float = 0.95,
-    censored: Sequence[tuple[float, ...]] = (), upper_bounds: Sequence[tuple[float, ...]] = (),
+    batch_sizes: Sequence[float],
+    steps: Sequence[float],
+    reference_batch: float,
+    *,
+    level: float = 0.95,
+    censored: Sequence[tuple[float, ...]] = (),
+    upper_bounds: Sequence[tuple[float, ...]] = (),
     seeds: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Fit one set of (batch size, steps to target) points and describe the knee.
@@ -359,33 +414,60 @@ def analyze_points(
     """
     B = [float(b) for b in batch_sizes]
     seed_of = list(seeds) if seeds is not None else [0] * len(B)
-    censored_s = [(float(c[0]), float(c[1]), c[2] if len(c) > 2 else None) for c in censored
-                  if c[1] is not None and c[1] > 0 and math.isfinite(c[1])]
-    upper_s = [(float(c[0]), float(c[1]), c[2] if len(c) > 2 else None) for c in upper_bounds
-               if c[1] is not None and c[1] > 0 and math.isfinite(c[1])]
+    censored_s = [
+        (float(c[0]), float(c[1]), c[2] if len(c) > 2 else None)
+        for c in censored
+        if c[1] is not None and c[1] > 0 and math.isfinite(c[1])
+    ]
+    upper_s = [
+        (float(c[0]), float(c[1]), c[2] if len(c) > 2 else None)
+        for c in upper_bounds
+        if c[1] is not None and c[1] > 0 and math.isfinite(c[1])
+    ]
     censored, upper = [c[:2] for c in censored_s], [c[:2] for c in upper_s]
     cens_b = {b for b, _ in censored}  # a batch size with a censored seed is censored as a whole (its mean)
     upper_b = {b for b, _ in upper} - cens_b
     distinct = sorted(set(B) - cens_b - upper_b)
-    out: dict[str, Any] = {"n_points": sum(1 for b in B if b not in cens_b | upper_b), "n_batch_sizes": len(distinct),
-                           "fitted_batch_sizes": distinct, "reference_batch": reference_batch, "b_crit_bound": None,
-                           "censored_in_fit": sorted(cens_b) if len(distinct) >= 3 else [],
-                           "upper_bounded_in_fit": sorted(upper_b) if len(distinct) >= 3 else []}
+    out: dict[str, Any] = {
+        "n_points": sum(1 for b in B if b not in cens_b | upper_b),
+        "n_batch_sizes": len(distinct),
+        "fitted_batch_sizes": distinct,
+        "reference_batch": reference_batch,
+        "b_crit_bound": None,
+        "censored_in_fit": sorted(cens_b) if len(distinct) >= 3 else [],
+        "upper_bounded_in_fit": sorted(upper_b) if len(distinct) >= 3 else [],
+    }
     if len(distinct) < 3:
-        out.update(status="no_knee", b_crit=None, s_min=None, e_min=None, cbs_20=None, b_compute_overhead_20=None,
-                   cbs_20_ci=None, b_compute_overhead_20_ci=None, b_crit_ci=None, s_min_ci=None, e_min_ci=None,
-                   rms_log_residual=None,
-                   message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3")
+        out.update(
+            status="no_knee",
+            b_crit=None,
+            s_min=None,
+            e_min=None,
+            cbs_20=None,
+            b_compute_overhead_20=None,
+            cbs_20_ci=None,
+            b_compute_overhead_20_ci=None,
+            b_crit_ci=None,
+            s_min_ci=None,
+            e_min_ci=None,
+            rms_log_residual=None,
+            message=f"only {len(distinct)} batch size(s) reached the target: the fit needs at least 3",
+        )
         return out
     fit = _fit_and_intervals(B, steps, censored, level, upper)
     if len(set(seed_of)) >= 2:
         fit = {**fit, **seed_combined_fit(B, steps, seed_of, censored_s, upper_s, level, out, _fit_and_intervals)}
     lo, hi = fit["b_crit_ci"]
     (s_lo, s_hi), (e_lo, e_hi) = fit["s_min_ci"], fit["e_min_ci"]
-    out.update(s_min=fit["s_min"], e_min=fit["e_min"], rms_log_residual=fit["rms_log_residual"],
-               b_crit_ci=[lo, hi if math.isfinite(hi) else None], b_crit_ci_level=level,
-               s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
-               e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None])
+    out.update(
+        s_min=fit["s_min"],
+        e_min=fit["e_min"],
+        rms_log_residual=fit["rms_log_residual"],
+        b_crit_ci=[lo, hi if math.isfinite(hi) else None],
+        b_crit_ci_level=level,
+        s_min_ci=[s_lo, s_hi if math.isfinite(s_hi) else None],
+        e_min_ci=[e_lo, e_hi if math.isfinite(e_hi) else None],
+    )
     out.update(_knee(fit, distinct, reference_batch, out["b_crit_ci"], gap=lambda: gap_text(B, steps, distinct)))
     exact = [(b, x) for b, x in zip(B, steps) if b in distinct]
     why = misfit_reason([b for b, _ in exact], [x for _, x in exact], fit["rms_log_residual"])
@@ -397,24 +479,34 @@ def analyze_points(
 _NO_KNEE = dict(b_crit=None, cbs_20=None, b_compute_overhead_20=None, cbs_20_ci=None, b_compute_overhead_20_ci=None)
 
 
-def _knee(fit: dict[str, Any], distinct: list[float], reference_batch: float, ci: list[float | None],
-          gap: Any) -> dict[str, Any]:
+def _knee(
+    fit: dict[str, Any], distinct: list[float], reference_batch: float, ci: list[float | None], gap: Any
+) -> dict[str, Any]:
     """:func:`analyze_points`' status, message and knee from a fit on the ``distinct`` fitted batch sizes (``gap()``:
     the distance from perfect scaling in words, for ``above_range``)."""
     lo, hi = fit["b_crit_ci"]
     lo_b, hi_b = distinct[0], distinct[-1]
     fitted = f"the fitted batch sizes ({lo_b:g} to {hi_b:g}, those that reached this target)"
     if lo <= 0.0 and not math.isfinite(hi):
-        return dict(status="no_knee", **_NO_KNEE, message="the points do not bound b_crit on either side: no knee is "
-                                                          "identified")
+        return dict(
+            status="no_knee", **_NO_KNEE, message="the points do not bound b_crit on either side: no knee is identified"
+        )
     if fit["b_crit"] < lo_b:
-        return dict(status="below_range", b_crit_bound=f"< {lo_b:g}", **_NO_KNEE,
-                    message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
-                            f"those that reached this target): every one of them is past the critical batch size")
+        return dict(
+            status="below_range",
+            b_crit_bound=f"< {lo_b:g}",
+            **_NO_KNEE,
+            message=f"the knee lies below the smallest fitted batch size ({lo_b:g}; the fitted batch sizes are "
+            f"those that reached this target): every one of them is past the critical batch size",
+        )
     if fit["b_crit"] > hi_b:
-        return dict(status="above_range", b_crit_bound=f"> {hi_b:g}", **_NO_KNEE,
-                    message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
-                            f"those that reached this target): {gap()}")
+        return dict(
+            status="above_range",
+            b_crit_bound=f"> {hi_b:g}",
+            **_NO_KNEE,
+            message=f"the knee lies above the largest fitted batch size ({hi_b:g}; the fitted batch sizes are "
+            f"those that reached this target): {gap()}",
+        )
     below = sum(1 for b in distinct if b <= fit["b_crit"])
     above = sum(1 for b in distinct if b >= fit["b_crit"])
     outside = [side for side, out_of in (("below the smallest", lo < lo_b), ("above the largest", hi > hi_b)) if out_of]
@@ -424,6 +516,12 @@ def _knee(fit: dict[str, Any], distinct: list[float], reference_batch: float, ci
     elif outside:
         message = f"the 95 % interval reaches {' and '.join(outside)} of {fitted}: they do not pin the knee down"
     c20_ci, o20_ci = cbs_20_interval(ci, reference_batch)
-    return dict(status="ok" if below >= 2 and above >= 2 and not outside else "edge", b_crit=fit["b_crit"],
-                cbs_20=cbs_20(fit["b_crit"], reference_batch), b_compute_overhead_20=0.2 * fit["b_crit"],
-                cbs_20_ci=c20_ci, b_compute_overhead_20_ci=o20_ci, message=message)
+    return dict(
+        status="ok" if below >= 2 and above >= 2 and not outside else "edge",
+        b_crit=fit["b_crit"],
+        cbs_20=cbs_20(fit["b_crit"], reference_batch),
+        b_compute_overhead_20=0.2 * fit["b_crit"],
+        cbs_20_ci=c20_ci,
+        b_compute_overhead_20_ci=o20_ci,
+        message=message,
+    )

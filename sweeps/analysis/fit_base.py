@@ -9,7 +9,8 @@ interval and a status. :mod:`sweeps.analysis.fits` holds the fits by name; the a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 __all__ = ["Fit"]
 
@@ -27,9 +28,17 @@ class Fit(ABC):
     interval_method: ClassVar[str]
 
     @abstractmethod
-    def analyze(self, batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *,
-                level: float = 0.95, censored: Sequence[tuple[float, ...]] = (),
-                upper_bounds: Sequence[tuple[float, ...]] = (), seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    def analyze(
+        self,
+        batch_sizes: Sequence[float],
+        steps: Sequence[float],
+        reference_batch: float,
+        *,
+        level: float = 0.95,
+        censored: Sequence[tuple[float, ...]] = (),
+        upper_bounds: Sequence[tuple[float, ...]] = (),
+        seeds: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
         """Fit one target's points.
 
         Args:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sweeps.analysis.fit_base import Fit
 from sweeps.analysis.hyperbola import Hyperbola
 
-__all__ = ["Fit", "register_fit", "get_fit", "fit_names", "DEFAULT_FIT"]
+__all__ = ["DEFAULT_FIT", "Fit", "fit_names", "get_fit", "register_fit"]
 
 _FITS: dict[str, Fit] = {}
 

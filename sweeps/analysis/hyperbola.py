@@ -7,7 +7,8 @@ al. 2018, arXiv 1812.06162, Eqs. 2.11-2.12; methodology note sections 2.4 and 4.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sweeps.analysis.fit import INTERVAL_METHOD, analyze_points
 from sweeps.analysis.fit_base import Fit
@@ -22,9 +23,18 @@ class Hyperbola(Fit):
     name = "hyperbola"
     interval_method = INTERVAL_METHOD
 
-    def analyze(self, batch_sizes: Sequence[float], steps: Sequence[float], reference_batch: float, *,
-                level: float = 0.95, censored: Sequence[tuple[float, ...]] = (),
-                upper_bounds: Sequence[tuple[float, ...]] = (), seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    def analyze(
+        self,
+        batch_sizes: Sequence[float],
+        steps: Sequence[float],
+        reference_batch: float,
+        *,
+        level: float = 0.95,
+        censored: Sequence[tuple[float, ...]] = (),
+        upper_bounds: Sequence[tuple[float, ...]] = (),
+        seeds: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
         """:func:`sweeps.analysis.fit.analyze_points` (see :meth:`Fit.analyze` for the arguments)."""
-        return analyze_points(batch_sizes, steps, reference_batch, level=level, censored=censored,
-                              upper_bounds=upper_bounds, seeds=seeds)
+        return analyze_points(
+            batch_sizes, steps, reference_batch, level=level, censored=censored, upper_bounds=upper_bounds, seeds=seeds
+        )

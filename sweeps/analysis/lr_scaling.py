@@ -35,8 +35,17 @@ from scipy import stats
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 
-__all__ = ["LR_RULE_EXPONENTS", "best_lr_per_batch", "lr_exponent_fit", "lr_exponent_by_chance", "lr_scaling",
-           "lr_optimum_beyond_tried", "open_lr_brackets", "open_bracket_gains", "MAX_OPEN_BRACKET_GAIN"]
+__all__ = [
+    "LR_RULE_EXPONENTS",
+    "MAX_OPEN_BRACKET_GAIN",
+    "best_lr_per_batch",
+    "lr_exponent_by_chance",
+    "lr_exponent_fit",
+    "lr_optimum_beyond_tried",
+    "lr_scaling",
+    "open_bracket_gains",
+    "open_lr_brackets",
+]
 
 #: the most an open bracket's optimum may gain in log tokens over its fastest trial (a neighbour that never reached
 #: the target gives no slope to extrapolate): a factor of 1.2
@@ -124,12 +133,17 @@ def lr_exponent_fit(batch_sizes: list[float], lrs: list[float], level: float = 0
     dof = len(x) - 2
     half = stats.t.ppf(0.5 + level / 2, dof) * res.stderr if dof > 0 else math.inf
     lo, hi = float(res.slope - half), float(res.slope + half)
-    return {"alpha": float(res.slope), "alpha_ci": [lo, hi], "n_batch_sizes": len(set(batch_sizes)),
-            "rules_in_interval": [name for name, a in LR_RULE_EXPONENTS.items() if lo - 1e-9 <= a <= hi + 1e-9]}
+    return {
+        "alpha": float(res.slope),
+        "alpha_ci": [lo, hi],
+        "n_batch_sizes": len(set(batch_sizes)),
+        "rules_in_interval": [name for name, a in LR_RULE_EXPONENTS.items() if lo - 1e-9 <= a <= hi + 1e-9],
+    }
 
 
-def lr_exponent_by_chance(trials: list[TrialRecord], batch_sizes: set[int], draws: int = 2000, seed: int = 0
-                          ) -> dict[str, float] | None:
+def lr_exponent_by_chance(
+    trials: list[TrialRecord], batch_sizes: set[int], draws: int = 2000, seed: int = 0
+) -> dict[str, float] | None:
     """The fitted LR exponent when one trial per batch size (of ``batch_sizes``, those of the fit) is
     picked at random: the null to beat.
 
@@ -161,8 +175,12 @@ def lr_optimum_beyond_tried(per_batch: list[dict[str, Any]]) -> dict[str, list[i
     """The batch sizes whose fastest trial ran at the highest (``above``) or lowest (``below``) LR they tried,
     from :func:`best_lr_per_batch`'s brackets (one tried LR: neither): there the optimum may lie beyond, and
     the batch size's steps to target are an upper bound on the tuned ones."""
-    above = [p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][1] is None]
-    below = [p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][0] is None]
+    above = [
+        p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][1] is None
+    ]
+    below = [
+        p["batch_size_sequences"] for p in per_batch if p.get("best_lr_bracket") and p["best_lr_bracket"][0] is None
+    ]
     return {"above": above, "below": below}
 
 
@@ -181,14 +199,19 @@ def open_lr_brackets(trials: list[TrialRecord], targets: list[float]) -> list[di
     for target in sorted(targets, reverse=True):
         for p in best_lr_per_batch(trials, target):
             bracket = p.get("best_lr_bracket")
-            sides = ["below", "above"] if bracket is None else (
-                (["below"] if bracket[0] is None else []) + (["above"] if bracket[1] is None else []))
+            sides = (
+                ["below", "above"]
+                if bracket is None
+                else ((["below"] if bracket[0] is None else []) + (["above"] if bracket[1] is None else []))
+            )
             if not sides:
                 continue
             fastest = _fastest_lr(trials, p["batch_size_sequences"], target)
             for side in sides:
-                e = out.setdefault((p["batch_size_sequences"], side), {
-                    "batch_size_sequences": p["batch_size_sequences"], "side": side, "targets": []})
+                e = out.setdefault(
+                    (p["batch_size_sequences"], side),
+                    {"batch_size_sequences": p["batch_size_sequences"], "side": side, "targets": []},
+                )
                 e["targets"].append(float(target))
                 e["fastest_lr"] = fastest
     return [out[k] for k in sorted(out)]
@@ -231,8 +254,12 @@ def open_bracket_gains(trials: list[TrialRecord], target: float) -> dict[int, fl
 def _fastest_lr(trials: list[TrialRecord], batch_size: int, target: float) -> float | None:
     """The LR of ``batch_size``'s trial first to ``target`` (ties: the lower LR)."""
     tokens = tokens_to_target_by_trial([t for t in trials if t.batch_size_sequences == batch_size], target)
-    rows = [(tok, float(t.hyperparameters["lr"])) for t in trials if t.batch_size_sequences == batch_size
-            and t.hyperparameters.get("lr") and tokens.get(t.trial_id) is not None for tok in [tokens[t.trial_id]]]
+    rows = [
+        (tok, float(t.hyperparameters["lr"]))
+        for t in trials
+        if t.batch_size_sequences == batch_size and t.hyperparameters.get("lr") and tokens.get(t.trial_id) is not None
+        for tok in [tokens[t.trial_id]]
+    ]
     return min(rows)[1] if rows else None
 
 
@@ -250,8 +277,12 @@ def lr_scaling(trials: list[TrialRecord], target: float, level: float = 0.95) ->
     out: dict[str, Any] = {"lr_per_batch": per_batch, "lr_optimum_beyond_tried": beyond}
     fit = lr_exponent_fit([p["batch_size_sequences"] for p in per_batch], [p["best_lr"] for p in per_batch], level)
     if fit is not None:
-        out |= {"lr_scaling_exponent_fit": fit["alpha"], "lr_scaling_exponent_ci": fit["alpha_ci"],
-                "lr_scaling_rules_in_interval": fit["rules_in_interval"],
-                "lr_scaling_exponent_by_chance": lr_exponent_by_chance(
-                    trials, {p["batch_size_sequences"] for p in per_batch})}
+        out |= {
+            "lr_scaling_exponent_fit": fit["alpha"],
+            "lr_scaling_exponent_ci": fit["alpha_ci"],
+            "lr_scaling_rules_in_interval": fit["rules_in_interval"],
+            "lr_scaling_exponent_by_chance": lr_exponent_by_chance(
+                trials, {p["batch_size_sequences"] for p in per_batch}
+            ),
+        }
     return out

@@ -22,9 +22,9 @@ Pure functions.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
-__all__ = ["TOKENS_RISE", "MISFIT_RMS_LOG", "misfit_reason", "scaling_gap", "gap_text"]
+__all__ = ["MISFIT_RMS_LOG", "TOKENS_RISE", "gap_text", "misfit_reason", "scaling_gap"]
 
 #: tokens at the smallest fitted batch size over the fewest at a larger one, above which the fit is a misfit
 TOKENS_RISE = 1.5
@@ -53,12 +53,16 @@ def misfit_reason(batch_sizes: Sequence[float], steps: Sequence[float], rms_log_
         b0, s0 = pts[0]
         fewest_b, fewest = min(((b, b * s) for b, s in pts[1:]), key=lambda r: r[1])
         if b0 * s0 > TOKENS_RISE * fewest:
-            return (f"tokens to the target rise towards small batch sizes (B={b0:g} needs {b0 * s0 / fewest:.2f}x the "
-                    f"tokens of B={fewest_b:g}), which the hyperbola S = S_min + E_min/B cannot do: small batch sizes "
-                    "under-tuned (their LRs), or a schedule whose loss depends on the run's length")
+            return (
+                f"tokens to the target rise towards small batch sizes (B={b0:g} needs {b0 * s0 / fewest:.2f}x the "
+                f"tokens of B={fewest_b:g}), which the hyperbola S = S_min + E_min/B cannot do: small batch sizes "
+                "under-tuned (their LRs), or a schedule whose loss depends on the run's length"
+            )
     if rms_log_residual is not None and rms_log_residual > MISFIT_RMS_LOG:
-        return (f"the points scatter around the fitted hyperbola by {rms_log_residual:.2f} in log steps (rms), more than "
-                f"{MISFIT_RMS_LOG:g}: the model does not describe them, so no knee is reported")
+        return (
+            f"the points scatter around the fitted hyperbola by {rms_log_residual:.2f} in log steps (rms), more than "
+            f"{MISFIT_RMS_LOG:g}: the model does not describe them, so no knee is reported"
+        )
     return None
 
 
@@ -81,7 +85,11 @@ def gap_text(batch_sizes: Sequence[float], steps: Sequence[float], fitted: Seque
         return "steps still fall with the batch there"
     b0, b1, ratio = gap
     if ratio <= 1.2:
-        return (f"steps still scale almost perfectly there (B={b1:g} needs {ratio:.2f}x the steps perfect scaling "
-                f"from B={b0:g} gives)")
-    return (f"steps still fall with the batch there, though B={b1:g} already needs {ratio:.2f}x the steps perfect "
-            f"scaling from B={b0:g} gives")
+        return (
+            f"steps still scale almost perfectly there (B={b1:g} needs {ratio:.2f}x the steps perfect scaling "
+            f"from B={b0:g} gives)"
+        )
+    return (
+        f"steps still fall with the batch there, though B={b1:g} already needs {ratio:.2f}x the steps perfect "
+        f"scaling from B={b0:g} gives"
+    )

@@ -28,15 +28,27 @@ outside the swept batch sizes (flagged in each row: the fit is an extrapolation 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sweeps.errors import InvalidInput
 from sweeps.spec.result import TargetFit
 
-__all__ = ["ClusterSpec", "ring_allreduce_s", "steps_to_target", "plan_target", "plan_rows", "knee_devices",
-           "knee_label", "extrapolation", "default_batch_grid", "device_grid", "KNEE_THRESHOLD"]
+__all__ = [
+    "KNEE_THRESHOLD",
+    "ClusterSpec",
+    "default_batch_grid",
+    "device_grid",
+    "extrapolation",
+    "knee_devices",
+    "knee_label",
+    "plan_rows",
+    "plan_target",
+    "ring_allreduce_s",
+    "steps_to_target",
+]
 
 KNEE_THRESHOLD = 0.05
 """The knee: the smallest device count whose time to target is within 5 % of the minimum over device counts."""
@@ -55,9 +67,10 @@ class ClusterSpec(BaseModel):
     mfu: float = Field(0.4, gt=0, le=1, description="model-FLOPs utilisation, assumed constant in N and B")
     bandwidth_bytes_per_s: float = Field(..., gt=0, description="all-reduce bandwidth per device, bytes/s")
     latency_s: float = Field(5e-6, ge=0, description="per-message latency of one ring step, seconds")
-    device_hours_cap: Optional[float] = Field(None, gt=0, description="the most device-hours a plan may use")
-    micro_batch_size_sequences_max: Optional[int] = Field(
-        None, ge=1, description="the most sequences per device per forward/backward (sets accumulation steps)")
+    device_hours_cap: float | None = Field(None, gt=0, description="the most device-hours a plan may use")
+    micro_batch_size_sequences_max: int | None = Field(
+        None, ge=1, description="the most sequences per device per forward/backward (sets accumulation steps)"
+    )
     overlap: bool = Field(False, description="overlap the all-reduce with compute (step time = max, not sum)")
 
 
@@ -84,7 +97,7 @@ def steps_to_target(batch_size_sequences: float, s_min: float, e_min: float) -> 
     return s_min + e_min / batch_size_sequences
 
 
-def extrapolation(batch_size_sequences: float, swept: Optional[tuple[float, float]]) -> Optional[str]:
+def extrapolation(batch_size_sequences: float, swept: tuple[float, float] | None) -> str | None:
     """``"inside"`` the swept batch sizes, ``"near"`` (within a factor 2 outside), ``"far"``, or None
     when the swept range is unknown."""
     if swept is None:
@@ -105,7 +118,7 @@ def _pow2_ceil(x: float) -> int:
     return 2 ** max(0, math.ceil(math.log2(max(x, 1.0))))
 
 
-def default_batch_grid(swept: Optional[tuple[float, float]], devices: int, b_crit: Optional[float] = None) -> list[int]:
+def default_batch_grid(swept: tuple[float, float] | None, devices: int, b_crit: float | None = None) -> list[int]:
     """Powers of 2 from the one at or below the smallest swept batch to 8x the largest (and at least the
     device count and 4 b_crit), in sequences; without a swept range, 1 to 8x ``max(devices, b_crit)``."""
     lo, hi = swept if swept is not None else (1.0, float(max(devices, b_crit or 1.0)))
@@ -128,9 +141,18 @@ def device_grid(devices: int) -> list[int]:
     return out
 
 
-def plan_rows(*, s_min: float, e_min: float, tokens_per_sequence: float, flops_per_token: float,
-              gradient_bytes: float, cluster: ClusterSpec, batch_sizes_sequences: Sequence[int],
-              sync_every_steps: int = 1, swept: Optional[tuple[float, float]] = None) -> list[dict[str, Any]]:
+def plan_rows(
+    *,
+    s_min: float,
+    e_min: float,
+    tokens_per_sequence: float,
+    flops_per_token: float,
+    gradient_bytes: float,
+    cluster: ClusterSpec,
+    batch_sizes_sequences: Sequence[int],
+    sync_every_steps: int = 1,
+    swept: tuple[float, float] | None = None,
+) -> list[dict[str, Any]]:
     """One row per (global batch ``B`` sequences, data-parallel devices ``N``), ``N <= B``, ``N`` in
     :func:`device_grid`: steps to target, seconds per step (compute, all-reduce, total), time to target
     (s), device-hours, whether within the cap, the micro-batch and accumulation steps per device, and
@@ -162,19 +184,29 @@ def plan_rows(*, s_min: float, e_min: float, tokens_per_sequence: float, flops_p
             step_s = max(compute_s, comm_s) if c.overlap else compute_s + comm_s
             time_s = steps * step_s
             hours = n * time_s / 3600.0
-            rows.append({
-                "batch_size_sequences": b, "batch_size_tokens": b * tokens_per_sequence, "devices": n,
-                "sequences_per_device": per_device, "grad_accum_steps": accum,
-                "steps_to_target": steps, "compute_s_per_step": compute_s, "allreduce_s": allreduce_s,
-                "comm_s_per_step": comm_s, "step_s": step_s, "time_to_target_s": time_s, "device_hours": hours,
-                "within_cap": c.device_hours_cap is None or hours <= c.device_hours_cap,
-                "comm_fraction": comm_s / (compute_s + comm_s) if compute_s + comm_s > 0 else 0.0,
-                "extrapolation": extrapolation(b, swept),
-            })
+            rows.append(
+                {
+                    "batch_size_sequences": b,
+                    "batch_size_tokens": b * tokens_per_sequence,
+                    "devices": n,
+                    "sequences_per_device": per_device,
+                    "grad_accum_steps": accum,
+                    "steps_to_target": steps,
+                    "compute_s_per_step": compute_s,
+                    "allreduce_s": allreduce_s,
+                    "comm_s_per_step": comm_s,
+                    "step_s": step_s,
+                    "time_to_target_s": time_s,
+                    "device_hours": hours,
+                    "within_cap": c.device_hours_cap is None or hours <= c.device_hours_cap,
+                    "comm_fraction": comm_s / (compute_s + comm_s) if compute_s + comm_s > 0 else 0.0,
+                    "extrapolation": extrapolation(b, swept),
+                }
+            )
     return rows
 
 
-def knee_devices(times_by_devices: dict[int, float], threshold: float = KNEE_THRESHOLD) -> Optional[dict[str, Any]]:
+def knee_devices(times_by_devices: dict[int, float], threshold: float = KNEE_THRESHOLD) -> dict[str, Any] | None:
     """The smallest device count whose time is within ``threshold`` (a fraction) of the minimum over
     device counts: past it more devices buy less than ``threshold`` of the time. ``still_falling``: the
     minimum is at the largest device count given, so the knee may lie beyond it. None if empty."""
@@ -183,11 +215,17 @@ def knee_devices(times_by_devices: dict[int, float], threshold: float = KNEE_THR
     best = min(times_by_devices.values())
     n = min(k for k, t in times_by_devices.items() if t <= (1.0 + threshold) * best)
     n_best = min(k for k, t in times_by_devices.items() if t == best)
-    return {"devices": n, "time_to_target_s": times_by_devices[n], "min_time_to_target_s": best,
-            "devices_at_min": n_best, "threshold": threshold, "still_falling": n_best == max(times_by_devices)}
+    return {
+        "devices": n,
+        "time_to_target_s": times_by_devices[n],
+        "min_time_to_target_s": best,
+        "devices_at_min": n_best,
+        "threshold": threshold,
+        "still_falling": n_best == max(times_by_devices),
+    }
 
 
-def knee_label(knee: Optional[dict[str, Any]]) -> str:
+def knee_label(knee: dict[str, Any] | None) -> str:
     """The knee (:func:`knee_devices`) in words. A knee at the largest device count while time is still falling
     there is no knee: more devices would still help, so it reads "time still falling at the cap"."""
     if not knee:
@@ -196,19 +234,30 @@ def knee_label(knee: Optional[dict[str, Any]]) -> str:
     if knee.get("still_falling") and n == knee.get("devices_at_min"):
         return f"no knee: time still falling at the cap ({n} devices)"
     if knee.get("still_falling"):
-        return (f"knee: {n} devices (time still falls up to the cap of {knee['devices_at_min']} devices, by less than "
-                f"{thr:g} %)")
+        return (
+            f"knee: {n} devices (time still falls up to the cap of {knee['devices_at_min']} devices, by less than "
+            f"{thr:g} %)"
+        )
     return f"knee: {n} device{'s' if n != 1 else ''} (more buy less than {thr:g} % of the time)"
 
 
-def _best(rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     ok = [r for r in rows if r["within_cap"]]
     return min(ok, key=lambda r: (r["time_to_target_s"], r["device_hours"])) if ok else None
 
 
-def plan_target(fit: TargetFit, *, tokens_per_sequence: float, flops_per_token: float, gradient_bytes: float,
-                cluster: ClusterSpec, batch_sizes_sequences: Optional[Sequence[int]] = None, sync_every_steps: int = 1,
-                swept: Optional[tuple[float, float]] = None, threshold: float = KNEE_THRESHOLD) -> dict[str, Any]:
+def plan_target(
+    fit: TargetFit,
+    *,
+    tokens_per_sequence: float,
+    flops_per_token: float,
+    gradient_bytes: float,
+    cluster: ClusterSpec,
+    batch_sizes_sequences: Sequence[int] | None = None,
+    sync_every_steps: int = 1,
+    swept: tuple[float, float] | None = None,
+    threshold: float = KNEE_THRESHOLD,
+) -> dict[str, Any]:
     """The plan for one fitted target (``fit``: a ``cbs.json`` target or an ``analyze --csv`` result, with
     ``s_min``, ``e_min`` and optionally ``target_loss``, ``b_crit``, ``status``).
 
@@ -223,26 +272,43 @@ def plan_target(fit: TargetFit, *, tokens_per_sequence: float, flops_per_token: 
     if fit.s_min is None or fit.e_min is None:
         raise InvalidInput(f"no fit for target {fit.target_loss} (status {fit.status})")
     s_min, e_min = float(fit.s_min), float(fit.e_min)
-    grid = list(batch_sizes_sequences) if batch_sizes_sequences else default_batch_grid(swept, cluster.devices,
-                                                                                         fit.b_crit)
-    rows = plan_rows(s_min=s_min, e_min=e_min, tokens_per_sequence=tokens_per_sequence,
-                     flops_per_token=flops_per_token, gradient_bytes=gradient_bytes, cluster=cluster,
-                     batch_sizes_sequences=grid, sync_every_steps=sync_every_steps, swept=swept)
+    grid = (
+        list(batch_sizes_sequences) if batch_sizes_sequences else default_batch_grid(swept, cluster.devices, fit.b_crit)
+    )
+    rows = plan_rows(
+        s_min=s_min,
+        e_min=e_min,
+        tokens_per_sequence=tokens_per_sequence,
+        flops_per_token=flops_per_token,
+        gradient_bytes=gradient_bytes,
+        cluster=cluster,
+        batch_sizes_sequences=grid,
+        sync_every_steps=sync_every_steps,
+        swept=swept,
+    )
     by_n: dict[int, float] = {}
     for r in rows:
         if r["within_cap"]:
             by_n[r["devices"]] = min(by_n.get(r["devices"], math.inf), r["time_to_target_s"])
     knee_by_batch = {}
     for b in sorted({r["batch_size_sequences"] for r in rows}):
-        k = knee_devices({r["devices"]: r["time_to_target_s"] for r in rows if r["batch_size_sequences"] == b},
-                         threshold)
+        k = knee_devices(
+            {r["devices"]: r["time_to_target_s"] for r in rows if r["batch_size_sequences"] == b}, threshold
+        )
         if k is not None:
             knee_by_batch[str(b)] = k
     inside = [r for r in rows if r["extrapolation"] in ("inside", None)]
     return {
-        "target_loss": fit.target_loss, "status": fit.status, "s_min": s_min, "e_min": e_min,
-        "b_crit": fit.b_crit, "b_crit_bound": fit.b_crit_bound,
+        "target_loss": fit.target_loss,
+        "status": fit.status,
+        "s_min": s_min,
+        "e_min": e_min,
+        "b_crit": fit.b_crit,
+        "b_crit_bound": fit.b_crit_bound,
         "swept_batch_sizes": list(swept) if swept else None,
-        "best": _best(rows), "best_inside_range": _best(inside) if swept else None,
-        "knee": knee_devices(by_n, threshold), "knee_by_batch": knee_by_batch, "rows": rows,
+        "best": _best(rows),
+        "best_inside_range": _best(inside) if swept else None,
+        "knee": knee_devices(by_n, threshold),
+        "knee_by_batch": knee_by_batch,
+        "rows": rows,
     }

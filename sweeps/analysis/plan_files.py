@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -16,8 +17,15 @@ from sweeps.errors import InvalidInput
 from sweeps.files import write_atomic
 from sweeps.spec.result import CbsResult, TargetFit
 
-__all__ = ["load_plan_inputs", "make_plan", "write_plan", "plot_plan", "plan_summary", "spec_sync_every_steps",
-           "MODEL_TEXT"]
+__all__ = [
+    "MODEL_TEXT",
+    "load_plan_inputs",
+    "make_plan",
+    "plan_summary",
+    "plot_plan",
+    "spec_sync_every_steps",
+    "write_plan",
+]
 
 MODEL_TEXT = (
     "time to target = S(B) x step time, S(B) = s_min + e_min/B (McCandlish et al. 2018, Eqs. 2.11-2.12); "
@@ -26,8 +34,10 @@ MODEL_TEXT = (
     "(Patarasuk and Yuan 2009; Thakur, Rabenseifner and Gropp 2005); device-hours = N x time / 3600. "
     "MFU constant in N and B; data parallelism only (no pipeline or tensor parallelism)."
 )
-_PARAMS_FROM_FLOPS = ("flops_per_token / 6 (Kaplan et al. 2020, C ~ 6N: approximate, it counts the attention-score "
-                      "and logit FLOPs and misses an untied input embedding; give --params for the exact count)")
+_PARAMS_FROM_FLOPS = (
+    "flops_per_token / 6 (Kaplan et al. 2020, C ~ 6N: approximate, it counts the attention-score "
+    "and logit FLOPs and misses an untied input embedding; give --params for the exact count)"
+)
 
 
 def _read_json(path: Path) -> Any:
@@ -39,7 +49,7 @@ def _read_json(path: Path) -> Any:
         raise InvalidInput(f"plan: cannot read {path} as JSON: {exc}") from None
 
 
-def spec_sync_every_steps(spec_path: Path) -> Optional[int]:
+def spec_sync_every_steps(spec_path: Path) -> int | None:
     """``resources.sync.every_steps`` of a sweep's ``spec.yaml`` (local SGD / DiLoCo), read defensively:
     None when the file, the field or a positive integer value is absent."""
     try:
@@ -53,14 +63,19 @@ def spec_sync_every_steps(spec_path: Path) -> Optional[int]:
     return int(h) if isinstance(h, int) and not isinstance(h, bool) and h >= 1 else None
 
 
-def _swept_of(target: dict[str, Any], fallback: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+def _swept_of(target: dict[str, Any], fallback: tuple[float, float] | None) -> tuple[float, float] | None:
     bs = [float(p["batch_size_sequences"]) for p in target.get("points") or [] if "batch_size_sequences" in p]
     return (min(bs), max(bs)) if bs else fallback
 
 
-def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = None, params: Optional[float] = None,
-                     tokens_per_sequence: Optional[float] = None,
-                     swept: Optional[tuple[float, float]] = None) -> dict[str, Any]:
+def load_plan_inputs(
+    path: str | Path,
+    *,
+    flops_per_token: float | None = None,
+    params: float | None = None,
+    tokens_per_sequence: float | None = None,
+    swept: tuple[float, float] | None = None,
+) -> dict[str, Any]:
     """Read what the plan needs from ``path``: a sweep folder (its ``cbs.json`` and ``spec.yaml``), a
     ``cbs.json``, or the JSON ``critbatch analyze --csv`` prints (one fit, or one per group).
 
@@ -93,8 +108,10 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
     if data.get("kind") == "comparison":
         arms = [str(a.get("name")) for a in data.get("arms") or [] if isinstance(a, dict)]
         where = p.parent / "arms"
-        raise InvalidInput(f"plan: {p} is a comparison of arms {arms}: plan one arm's sweep, each with its own fit "
-                           f"and sync period, e.g. critbatch plan {where / (arms[0] if arms else 'NAME')}")
+        raise InvalidInput(
+            f"plan: {p} is a comparison of arms {arms}: plan one arm's sweep, each with its own fit "
+            f"and sync period, e.g. critbatch plan {where / (arms[0] if arms else 'NAME')}"
+        )
     is_cbs = "targets" in data or "per_batch" in data
     if is_cbs:
         try:
@@ -108,8 +125,9 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
         headline = cbs.target_loss
         tps = tokens_per_sequence or cbs.tokens_per_sequence or cbs.context_length_tokens
         fpt = flops_per_token or cbs.flops_per_token
-        n_params, n_src = (params, "--params") if params else (
-            (cbs.n_params, "cbs.json n_params") if cbs.n_params else (None, None))
+        n_params, n_src = (
+            (params, "--params") if params else ((cbs.n_params, "cbs.json n_params") if cbs.n_params else (None, None))
+        )
     else:
         if "s_min" in data or "status" in data:
             fits = [dict(data, swept=swept)]
@@ -118,14 +136,22 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
         else:
             raise InvalidInput(f"plan: {p} is neither a cbs.json nor a critbatch analyze result")
         headline = None
-        missing = [name for name, v in (("--flops-per-token", flops_per_token), ("--params", params),
-                                        ("--tokens-per-sequence", tokens_per_sequence)) if not v]
+        missing = [
+            name
+            for name, v in (
+                ("--flops-per-token", flops_per_token),
+                ("--params", params),
+                ("--tokens-per-sequence", tokens_per_sequence),
+            )
+            if not v
+        ]
         if missing:
             raise InvalidInput(f"plan: {p} is an analyze --csv result, which holds no model: give {', '.join(missing)}")
         tps, fpt, n_params, n_src = tokens_per_sequence, flops_per_token, params, "--params"
     if not fpt or not tps:
-        raise InvalidInput(f"plan: {p} has no flops_per_token or tokens_per_sequence: give --flops-per-token "
-                           "and --tokens-per-sequence")
+        raise InvalidInput(
+            f"plan: {p} has no flops_per_token or tokens_per_sequence: give --flops-per-token and --tokens-per-sequence"
+        )
     if n_params is None:
         n_params, n_src = float(fpt) / 6.0, _PARAMS_FROM_FLOPS
     for name, v in (("flops per token", fpt), ("tokens per sequence", tps), ("parameters", n_params)):
@@ -133,16 +159,32 @@ def load_plan_inputs(path: str | Path, *, flops_per_token: Optional[float] = Non
             raise InvalidInput(f"plan: {name} must be a positive number, got {v!r}")
     usable = [f for f in fits if f.get("s_min") is not None and f.get("e_min") is not None]
     if not usable:
-        raise InvalidInput(f"plan: {p} holds no fitted target (status: "
-                           f"{', '.join(str(f.get('status')) for f in fits)}); nothing to plan")
-    return {"source": str(p), "fits": fits, "headline_target_loss": headline, "tokens_per_sequence": float(tps),
-            "flops_per_token": float(fpt), "n_params": float(n_params), "n_params_source": n_src,
-            "spec_sync_every_steps": spec_h, "out_dir": out_dir}
+        raise InvalidInput(
+            f"plan: {p} holds no fitted target (status: "
+            f"{', '.join(str(f.get('status')) for f in fits)}); nothing to plan"
+        )
+    return {
+        "source": str(p),
+        "fits": fits,
+        "headline_target_loss": headline,
+        "tokens_per_sequence": float(tps),
+        "flops_per_token": float(fpt),
+        "n_params": float(n_params),
+        "n_params_source": n_src,
+        "spec_sync_every_steps": spec_h,
+        "out_dir": out_dir,
+    }
 
 
-def make_plan(inputs: dict[str, Any], cluster: ClusterSpec, *, grad_bytes_per_param: float = 4.0,
-              sync_every_steps: Optional[int] = None, batch_sizes_sequences: Optional[Sequence[int]] = None,
-              threshold: float = KNEE_THRESHOLD) -> dict[str, Any]:
+def make_plan(
+    inputs: dict[str, Any],
+    cluster: ClusterSpec,
+    *,
+    grad_bytes_per_param: float = 4.0,
+    sync_every_steps: int | None = None,
+    batch_sizes_sequences: Sequence[int] | None = None,
+    threshold: float = KNEE_THRESHOLD,
+) -> dict[str, Any]:
     """The plan (what ``plan.json`` holds) for every fitted target of ``inputs`` (:func:`load_plan_inputs`).
 
     ``sync_every_steps``: local SGD / DiLoCo sync period ``H`` (default: the sweep spec's
@@ -154,43 +196,70 @@ def make_plan(inputs: dict[str, Any], cluster: ClusterSpec, *, grad_bytes_per_pa
     h_src = "--sync-every-steps" if sync_every_steps else ("spec resources.sync.every_steps" if spec_h else "default")
     notes = []
     if h > 1 and not spec_h:
-        notes.append(f"H={h} but the fit comes from a fully synchronous sweep: local SGD's own steps to target "
-                     "(a sweep with resources.sync.every_steps) are usually more; this plan uses the synchronous fit")
+        notes.append(
+            f"H={h} but the fit comes from a fully synchronous sweep: local SGD's own steps to target "
+            "(a sweep with resources.sync.every_steps) are usually more; this plan uses the synchronous fit"
+        )
     elif spec_h and h != spec_h:
         notes.append(f"the fit comes from a sweep synchronised every {spec_h} steps; this plan uses H={h}")
     if spec_h:
-        notes.append("the fit comes from a local SGD / DiLoCo sweep at its own replica count "
-                     "(resources.workers_per_trial), which the plan does not model: it applies that fit at every "
-                     "device count; a synchronisation all-reduces the parameters (local SGD) or their deltas "
-                     "(DiLoCo), counted at --grad-bytes-per-param (4: float32)")
+        notes.append(
+            "the fit comes from a local SGD / DiLoCo sweep at its own replica count "
+            "(resources.workers_per_trial), which the plan does not model: it applies that fit at every "
+            "device count; a synchronisation all-reduces the parameters (local SGD) or their deltas "
+            "(DiLoCo), counted at --grad-bytes-per-param (4: float32)"
+        )
     if inputs["n_params_source"] not in ("--params", "cbs.json n_params"):
         notes.append(f"parameter count from {inputs['n_params_source']}")
     gradient_bytes = inputs["n_params"] * grad_bytes_per_param
     targets, skipped = [], []
     for f in inputs["fits"]:
         if f.get("s_min") is None or f.get("e_min") is None:
-            skipped.append({"target_loss": f.get("target_loss"), "status": f.get("status"), "message": f.get("message")})
+            skipped.append(
+                {"target_loss": f.get("target_loss"), "status": f.get("status"), "message": f.get("message")}
+            )
             continue
-        t = plan_target(TargetFit.model_validate(f), tokens_per_sequence=inputs["tokens_per_sequence"], flops_per_token=inputs["flops_per_token"],
-                        gradient_bytes=gradient_bytes, cluster=cluster, batch_sizes_sequences=batch_sizes_sequences,
-                        sync_every_steps=h, swept=f.get("swept"), threshold=threshold)
+        t = plan_target(
+            TargetFit.model_validate(f),
+            tokens_per_sequence=inputs["tokens_per_sequence"],
+            flops_per_token=inputs["flops_per_token"],
+            gradient_bytes=gradient_bytes,
+            cluster=cluster,
+            batch_sizes_sequences=batch_sizes_sequences,
+            sync_every_steps=h,
+            swept=f.get("swept"),
+            threshold=threshold,
+        )
         if "group" in f:
             t["group"] = f["group"]
-        t["headline"] = inputs.get("headline_target_loss") is not None and f.get("target_loss") == inputs["headline_target_loss"]
+        t["headline"] = (
+            inputs.get("headline_target_loss") is not None and f.get("target_loss") == inputs["headline_target_loss"]
+        )
         targets.append(t)
     if targets and not any(t["headline"] for t in targets):
         targets[0]["headline"] = True
     return {
-        "source": inputs["source"], "model": MODEL_TEXT, "knee_threshold": threshold,
-        "inputs": {"tokens_per_sequence": inputs["tokens_per_sequence"], "flops_per_token": inputs["flops_per_token"],
-                   "n_params": inputs["n_params"], "n_params_source": inputs["n_params_source"],
-                   "grad_bytes_per_param": grad_bytes_per_param, "gradient_bytes": gradient_bytes,
-                   "sync_every_steps": h, "sync_every_steps_source": h_src},
-        "cluster": cluster.model_dump(), "targets": targets, "skipped": skipped, "notes": notes,
+        "source": inputs["source"],
+        "model": MODEL_TEXT,
+        "knee_threshold": threshold,
+        "inputs": {
+            "tokens_per_sequence": inputs["tokens_per_sequence"],
+            "flops_per_token": inputs["flops_per_token"],
+            "n_params": inputs["n_params"],
+            "n_params_source": inputs["n_params_source"],
+            "grad_bytes_per_param": grad_bytes_per_param,
+            "gradient_bytes": gradient_bytes,
+            "sync_every_steps": h,
+            "sync_every_steps_source": h_src,
+        },
+        "cluster": cluster.model_dump(),
+        "targets": targets,
+        "skipped": skipped,
+        "notes": notes,
     }
 
 
-def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
+def plot_plan(plan: dict[str, Any], path: Path) -> Path | None:
     """Time to target against device count for the headline target, one line per batch size, each
     line's knee marked (a ring) and the overall knee a dashed line; None if there is nothing to plot."""
     import matplotlib
@@ -209,8 +278,14 @@ def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
         rows = [r for r in t["rows"] if r["batch_size_sequences"] == b]
         c = cmap(i / max(len(bs) - 1, 1))
         ls = "-" if rows[0]["extrapolation"] in ("inside", None) else ":"
-        ax.plot([r["devices"] for r in rows], [r["time_to_target_s"] / scale for r in rows], ls, marker=".",
-                color=c, label=f"B={b}")
+        ax.plot(
+            [r["devices"] for r in rows],
+            [r["time_to_target_s"] / scale for r in rows],
+            ls,
+            marker=".",
+            color=c,
+            label=f"B={b}",
+        )
         k = t["knee_by_batch"].get(str(b))
         if k:
             ax.plot([k["devices"]], [k["time_to_target_s"] / scale], "o", mfc="none", mec=c, ms=9)
@@ -221,8 +296,10 @@ def plot_plan(plan: dict[str, Any], path: Path) -> Optional[Path]:
     ax.set_xlabel("data-parallel devices N")
     ax.set_ylabel(f"time to target ({unit})")
     tl = t.get("target_loss")
-    ax.set_title(f"Time to target{f' L*={tl:.3f}' if tl is not None else ''} vs devices (dotted: B outside the swept range)",
-                 fontsize=9)
+    ax.set_title(
+        f"Time to target{f' L*={tl:.3f}' if tl is not None else ''} vs devices (dotted: B outside the swept range)",
+        fontsize=9,
+    )
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,12 +317,18 @@ def _duration(seconds: float) -> str:
 
 
 def _row_text(r: dict[str, Any]) -> str:
-    where = {"inside": "inside the swept range", "near": "just outside the swept range (within a factor 2)",
-             "far": "far outside the swept range: an extrapolation of the fit"}.get(r.get("extrapolation") or "")
+    where = {
+        "inside": "inside the swept range",
+        "near": "just outside the swept range (within a factor 2)",
+        "far": "far outside the swept range: an extrapolation of the fit",
+    }.get(r.get("extrapolation") or "")
     n = r["devices"]
-    return (f"B={r['batch_size_sequences']} sequences on {n} device{'s' if n != 1 else ''}, "
-            f"{_duration(r['time_to_target_s'])} to target ({r['device_hours']:.3g} device-hours, {100 * r['comm_fraction']:.0f} % communication"
-            + (f", B {where}" if where else "") + ")")
+    return (
+        f"B={r['batch_size_sequences']} sequences on {n} device{'s' if n != 1 else ''}, "
+        f"{_duration(r['time_to_target_s'])} to target ({r['device_hours']:.3g} device-hours, {100 * r['comm_fraction']:.0f} % communication"
+        + (f", B {where}" if where else "")
+        + ")"
+    )
 
 
 def plan_summary(plan: dict[str, Any]) -> str:
@@ -254,8 +337,11 @@ def plan_summary(plan: dict[str, Any]) -> str:
     knee over devices (:func:`~sweeps.analysis.plan.knee_label`)."""
     t = next((x for x in plan.get("targets") or [] if x.get("headline")), None)
     if t is None:
-        return "plan: no fitted target to plan for (" + ", ".join(
-            f"{s.get('target_loss')}: {s.get('status')}" for s in plan.get("skipped") or []) + ")"
+        return (
+            "plan: no fitted target to plan for ("
+            + ", ".join(f"{s.get('target_loss')}: {s.get('status')}" for s in plan.get("skipped") or [])
+            + ")"
+        )
     c = plan.get("cluster") or {}
     tl = t.get("target_loss")
     head = f"plan for target loss {tl:.4g}" if isinstance(tl, (int, float)) else "plan"
@@ -269,7 +355,7 @@ def plan_summary(plan: dict[str, Any]) -> str:
     return f"{text}; {knee_label(t.get('knee'))}"
 
 
-def write_plan(out_dir: Path, plan: dict[str, Any]) -> dict[str, Optional[Path]]:
+def write_plan(out_dir: Path, plan: dict[str, Any]) -> dict[str, Path | None]:
     """Write ``out_dir/plan.json`` and ``out_dir/plots/plan.png``; returns their paths (the plot None if
     nothing to plot)."""
     from sweeps.analysis.result import finite_json

@@ -12,11 +12,19 @@ from pydantic import BaseModel
 
 from sweeps.spec.result import CbsResult
 
-__all__ = ["finite_json", "finite_result", "with_sweep_fields", "SWEEP_FIELDS"]
+__all__ = ["SWEEP_FIELDS", "finite_json", "finite_result", "with_sweep_fields"]
 
 #: the sweep-level fields of ``cbs.json`` that a re-analysis (:func:`sweeps.analysis.sweep.analyze_trials_file`) keeps from the file
-SWEEP_FIELDS = ("sweep_id", "flops_per_token", "trials_planned", "mlflow", "best_checkpoint", "local_cbs", "optimizer",
-                "provenance")
+SWEEP_FIELDS = (
+    "sweep_id",
+    "flops_per_token",
+    "trials_planned",
+    "mlflow",
+    "best_checkpoint",
+    "local_cbs",
+    "optimizer",
+    "provenance",
+)
 
 
 def finite_json(o: Any) -> Any:

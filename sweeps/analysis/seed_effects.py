@@ -20,11 +20,12 @@ Pure functions.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from scipy.stats import norm
 
-__all__ = ["combine_seed_fits", "seed_combined_fit", "RANDOM_EFFECTS_METHOD"]
+__all__ = ["RANDOM_EFFECTS_METHOD", "combine_seed_fits", "seed_combined_fit"]
 
 #: how ``b_crit_ci`` is made with two or more seeds; stated in ``cbs.json``
 RANDOM_EFFECTS_METHOD = (
@@ -51,28 +52,42 @@ def combine_seed_fits(fits: Sequence[tuple[float, float, float]], level: float =
     if not 0.0 < level < 1.0:
         raise ValueError(f"level must lie in (0, 1), got {level}")
     z = norm.ppf(0.5 + level / 2)
-    rows = [(math.log(b), (math.log(hi) - math.log(lo)) / (2 * z)) for b, lo, hi in fits
-            if b and 0 < lo <= b <= hi and math.isfinite(hi) and math.isfinite(b)]
+    rows = [
+        (math.log(b), (math.log(hi) - math.log(lo)) / (2 * z))
+        for b, lo, hi in fits
+        if b and 0 < lo <= b <= hi and math.isfinite(hi) and math.isfinite(b)
+    ]
     rows = [(u, max(se, 1e-6)) for u, se in rows]
     k = len(rows)
     if k < 2:
         return None
-    w = [1.0 / se ** 2 for _, se in rows]
+    w = [1.0 / se**2 for _, se in rows]
     sw = sum(w)
     u_w = sum(wi * u for wi, (u, _) in zip(w, rows)) / sw
     q = sum(wi * (u - u_w) ** 2 for wi, (u, _) in zip(w, rows))
     tau2 = max(0.0, (q - (k - 1)) / (sw - sum(wi * wi for wi in w) / sw))
-    ws = [1.0 / (se ** 2 + tau2) for _, se in rows]
+    ws = [1.0 / (se**2 + tau2) for _, se in rows]
     u_star = sum(wi * u for wi, (u, _) in zip(ws, rows)) / sum(ws)
     se_star = math.sqrt(1.0 / sum(ws))
     half = z * se_star
-    return {"b_crit": math.exp(u_star), "b_crit_ci": (math.exp(u_star - half), math.exp(u_star + half)),
-            "tau_log": math.sqrt(tau2), "n_seeds": k}
+    return {
+        "b_crit": math.exp(u_star),
+        "b_crit_ci": (math.exp(u_star - half), math.exp(u_star + half)),
+        "tau_log": math.sqrt(tau2),
+        "n_seeds": k,
+    }
 
 
-def seed_combined_fit(B: list[float], steps: Sequence[float], seed_of: list[int], censored: list[tuple],
-                      upper: list[tuple], level: float, out: dict[str, Any],
-                      fit: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def seed_combined_fit(
+    B: list[float],
+    steps: Sequence[float],
+    seed_of: list[int],
+    censored: list[tuple],
+    upper: list[tuple],
+    level: float,
+    out: dict[str, Any],
+    fit: Callable[..., dict[str, Any]],
+) -> dict[str, Any]:
     """``{b_crit, b_crit_ci}`` from each seed's own fit combined with the between-seed variance
     (:func:`combine_seed_fits`), and ``out`` given ``seed_fits`` and ``between_seed_sd_log``; {} when fewer than
     two seeds bound a fit (the pooled fit stands).
@@ -94,8 +109,9 @@ def seed_combined_fit(B: list[float], steps: Sequence[float], seed_of: list[int]
         f = fit(b_s, s_s, c_s, level, u_s)
         per.append({"seed": seed, "b_crit": f["b_crit"], "b_crit_ci": list(f["b_crit_ci"])})
     combined = combine_seed_fits([(p["b_crit"], *p["b_crit_ci"]) for p in per], level)
-    out["seed_fits"] = [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in p.items()}
-                        for p in per]
+    out["seed_fits"] = [
+        {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in p.items()} for p in per
+    ]
     if combined is None:
         return {}
     out["between_seed_sd_log"] = combined["tau_log"]

@@ -20,15 +20,23 @@ import yaml
 from sweeps.analysis.fit import cbs_20_interval
 from sweeps.analysis.fits import DEFAULT_FIT, Fit, get_fit
 from sweeps.analysis.lr_scaling import lr_scaling, open_bracket_gains, open_lr_brackets
-from sweeps.analysis.summary import caveats, headline
-from sweeps.analysis.targets import (TARGET_RULE, TARGET_RULE_GIVEN, TrialRecord, best_at_budget, censored_points, choose_targets,
-                                     last_tokens_by_batch, steps_to_target_points)
-from sweeps.errors import InvalidInput
 from sweeps.analysis.result import SWEEP_FIELDS, with_sweep_fields
+from sweeps.analysis.summary import caveats, headline
+from sweeps.analysis.targets import (
+    TARGET_RULE,
+    TARGET_RULE_GIVEN,
+    TrialRecord,
+    best_at_budget,
+    censored_points,
+    choose_targets,
+    last_tokens_by_batch,
+    steps_to_target_points,
+)
+from sweeps.errors import InvalidInput
 from sweeps.spec.result import CbsResult
 from sweeps.spec.statuses import COUNTED_TRIAL_STATUSES
 
-__all__ = ["analyze_trials", "analyze_trials_file", "analyze_trials_files", "analyze_csv"]
+__all__ = ["analyze_csv", "analyze_trials", "analyze_trials_file", "analyze_trials_files"]
 
 
 def analyze_trials(
@@ -77,21 +85,35 @@ def analyze_trials(
     T = float(tokens_per_sequence) if tokens_per_sequence else float(context_length_tokens)
     model = get_fit(fit)
     at_budget = best_at_budget(trials)
-    result = _sweep_facts(trials, reference_batch=reference_batch, context_length_tokens=context_length_tokens,
-                          tokens_per_sequence=T, interval_method=model.interval_method)
+    result = _sweep_facts(
+        trials,
+        reference_batch=reference_batch,
+        context_length_tokens=context_length_tokens,
+        tokens_per_sequence=T,
+        interval_method=model.interval_method,
+    )
     if not at_budget:
-        return _with_headline(_no_fit(result, status="no_completed_trials",
-                                      message="no trial completed: there is nothing to analyse"))
+        return _with_headline(
+            _no_fit(result, status="no_completed_trials", message="no trial completed: there is nothing to analyse")
+        )
     tlist = sorted(targets, reverse=True) if targets else choose_targets(trials)
     if targets:
         result["target_rule"] = TARGET_RULE_GIVEN
     if not tlist:
-        return _with_headline(_no_fit(result, status="no_targets", message="no target loss could be chosen from the "
-                                      "curves (too few batch sizes or milestones completed): give `targets` or run "
-                                      "more trials"))
+        return _with_headline(
+            _no_fit(
+                result,
+                status="no_targets",
+                message="no target loss could be chosen from the "
+                "curves (too few batch sizes or milestones completed): give `targets` or run "
+                "more trials",
+            )
+        )
     per_target = [_analyze_target(trials, target, T, reference_batch, level, model) for target in tlist]
-    primary = next((e for e in reversed(per_target) if e["status"] == "ok"),
-                   next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]))
+    primary = next(
+        (e for e in reversed(per_target) if e["status"] == "ok"),
+        next((e for e in reversed(per_target) if e["status"] == "edge"), per_target[-1]),
+    )
     result["targets"] = [{k: e.get(k) for k in _TARGET_KEYS} for e in per_target]
     result.update(_primary_summary(primary, T))
     by_trial = {t.trial_id: t for t in trials}
@@ -109,15 +131,26 @@ def analyze_trials(
     return _with_headline(result)
 
 
-def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_length_tokens: int,
-                 tokens_per_sequence: float, interval_method: str) -> dict[str, Any]:
+def _sweep_facts(
+    trials: list[TrialRecord],
+    *,
+    reference_batch: float,
+    context_length_tokens: int,
+    tokens_per_sequence: float,
+    interval_method: str,
+) -> dict[str, Any]:
     """The head of :func:`analyze_trials`' result, whatever the fit: the trials by status, the inputs, the
     rules, and when the records hold them the median optimizer state (bytes per trainable parameter) and
     the trainable parameters."""
     counts = {s: sum(1 for t in trials if t.status == s) for s in COUNTED_TRIAL_STATUSES}
-    result: dict[str, Any] = {"trials": counts, "reference_batch": reference_batch,
-                              "context_length_tokens": context_length_tokens, "tokens_per_sequence": tokens_per_sequence,
-                              "target_rule": TARGET_RULE, "interval_method": interval_method}
+    result: dict[str, Any] = {
+        "trials": counts,
+        "reference_batch": reference_batch,
+        "context_length_tokens": context_length_tokens,
+        "tokens_per_sequence": tokens_per_sequence,
+        "target_rule": TARGET_RULE,
+        "interval_method": interval_method,
+    }
     state_bytes = [t.optimizer_state_bytes_per_param for t in trials if t.optimizer_state_bytes_per_param is not None]
     if state_bytes:  # measured by each trial after its first step (absent in records of older sweeps)
         result["optimizer_state_bytes_per_param"] = float(np.median(state_bytes))
@@ -129,9 +162,21 @@ def _sweep_facts(trials: list[TrialRecord], *, reference_batch: float, context_l
 
 def _no_fit(result: dict[str, Any], *, status: str, message: str) -> dict[str, Any]:
     """``result`` of a sweep with nothing to fit (``status``, ``message``): every fitted field None or empty."""
-    result.update(status=status, b_crit=None, b_crit_tokens=None, b_crit_ci=None, cbs_20=None,
-                  s_min=None, e_min=None, target_loss=None, targets=[], per_batch=[], b_simple=[],
-                  censored_points=[], message=message)
+    result.update(
+        status=status,
+        b_crit=None,
+        b_crit_tokens=None,
+        b_crit_ci=None,
+        cbs_20=None,
+        s_min=None,
+        e_min=None,
+        target_loss=None,
+        targets=[],
+        per_batch=[],
+        b_simple=[],
+        censored_points=[],
+        message=message,
+    )
     return result
 
 
@@ -145,41 +190,84 @@ def _with_headline(result: dict[str, Any]) -> CbsResult:
 
 
 #: the keys of each entry of ``cbs.json``'s ``targets``
-_TARGET_KEYS = ("target_loss", "b_crit", "b_crit_ci", "b_crit_bound", "cbs_20", "cbs_20_ci", "s_min", "s_min_ci", "e_min", "e_min_ci",
-                "status", "n_points",
-                "n_batch_sizes", "fitted_batch_sizes", "censored_in_fit", "upper_bounded_in_fit", "seed_fits",
-                "between_seed_sd_log", "b_crit_ci_unwidened", "open_bracket_gains", "rms_log_residual", "message", "points",
-                "excluded_batch_sizes", "censored_points")
+_TARGET_KEYS = (
+    "target_loss",
+    "b_crit",
+    "b_crit_ci",
+    "b_crit_bound",
+    "cbs_20",
+    "cbs_20_ci",
+    "s_min",
+    "s_min_ci",
+    "e_min",
+    "e_min_ci",
+    "status",
+    "n_points",
+    "n_batch_sizes",
+    "fitted_batch_sizes",
+    "censored_in_fit",
+    "upper_bounded_in_fit",
+    "seed_fits",
+    "between_seed_sd_log",
+    "b_crit_ci_unwidened",
+    "open_bracket_gains",
+    "rms_log_residual",
+    "message",
+    "points",
+    "excluded_batch_sizes",
+    "censored_points",
+)
 
 
-def _analyze_target(trials: list[TrialRecord], target: float, T: float, reference_batch: float,
-                    level: float, model: Fit) -> dict[str, Any]:
+def _analyze_target(
+    trials: list[TrialRecord], target: float, T: float, reference_batch: float, level: float, model: Fit
+) -> dict[str, Any]:
     """One target loss: its points (:func:`steps_to_target_points`) and their fit (``model``)."""
     points, excluded = steps_to_target_points(trials, target, T)
     censored = censored_points(trials, target, T)
     exact = [p for p in points if not p.get("upper_bound")]
-    fit = model.analyze([p["batch_size_sequences"] for p in exact], [p["steps_to_target"] for p in exact],
-                         reference_batch, level=level, seeds=[p["seed"] for p in exact],
-                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
-                         upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
-                                       if p.get("upper_bound")])
+    fit = model.analyze(
+        [p["batch_size_sequences"] for p in exact],
+        [p["steps_to_target"] for p in exact],
+        reference_batch,
+        level=level,
+        seeds=[p["seed"] for p in exact],
+        censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
+        upper_bounds=[
+            (p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points if p.get("upper_bound")
+        ],
+    )
     fit = _with_open_brackets(fit, trials, target, exact, censored, points, reference_batch, level, model)
     s_min, e_min = fit.get("s_min"), fit.get("e_min")
     for c in censored:  # does the fit, made from the cells that reached it, say they should have?
         fitted = s_min + e_min / c["batch_size_sequences"] if s_min is not None and e_min is not None else None
         c["fit_steps"] = fitted
-        c["fit_consistent"] = (None if fitted is None or c["steps_lower_bound"] is None
-                               else bool(fitted > c["steps_lower_bound"]))
+        c["fit_consistent"] = (
+            None if fitted is None or c["steps_lower_bound"] is None else bool(fitted > c["steps_lower_bound"])
+        )
     note = _contradiction_note(censored, fit.get("b_crit"))
     if note:
         fit["message"] = f"{fit['message']}; {note}" if fit.get("message") else note
-    return {"target_loss": target, **fit, "points": points, "excluded_batch_sizes": excluded,
-            "censored_points": censored}
+    return {
+        "target_loss": target,
+        **fit,
+        "points": points,
+        "excluded_batch_sizes": excluded,
+        "censored_points": censored,
+    }
 
 
-def _with_open_brackets(fit: dict[str, Any], trials: list[TrialRecord], target: float, exact: list[dict[str, Any]],
-                        censored: list[dict[str, Any]], points: list[dict[str, Any]], reference_batch: float,
-                        level: float, model: Fit) -> dict[str, Any]:
+def _with_open_brackets(
+    fit: dict[str, Any],
+    trials: list[TrialRecord],
+    target: float,
+    exact: list[dict[str, Any]],
+    censored: list[dict[str, Any]],
+    points: list[dict[str, Any]],
+    reference_batch: float,
+    level: float,
+    model: Fit,
+) -> dict[str, Any]:
     """``fit`` with its interval widened by the batch sizes whose LR bracket is open at ``target``: the same fit
     with each such point as fast as an optimum up to an octave beyond could make it (:func:`open_bracket_gains`)
     moves the estimate by a factor; the interval's end on that side moves by the same factor
@@ -189,19 +277,28 @@ def _with_open_brackets(fit: dict[str, Any], trials: list[TrialRecord], target: 
     gains = open_bracket_gains(trials, target)
     if not gains or not fit.get("b_crit_ci") or fit.get("status") in ("no_knee", "misfit"):
         return fit
-    alt = model.analyze([p["batch_size_sequences"] for p in exact],
-                         [p["steps_to_target"] * math.exp(-gains.get(p["batch_size_sequences"], 0.0)) for p in exact],
-                         reference_batch, level=level, seeds=[p["seed"] for p in exact],
-                         censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
-                         upper_bounds=[(p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points
-                                       if p.get("upper_bound")])
+    alt = model.analyze(
+        [p["batch_size_sequences"] for p in exact],
+        [p["steps_to_target"] * math.exp(-gains.get(p["batch_size_sequences"], 0.0)) for p in exact],
+        reference_batch,
+        level=level,
+        seeds=[p["seed"] for p in exact],
+        censored=[(c["batch_size_sequences"], c["steps_lower_bound"], c["seed"]) for c in censored],
+        upper_bounds=[
+            (p["batch_size_sequences"], p["steps_to_target"], p["seed"]) for p in points if p.get("upper_bound")
+        ],
+    )
     if not alt.get("b_crit") or not fit.get("b_crit"):
         return fit
     lo, hi = fit["b_crit_ci"]
     shift = alt["b_crit"] / fit["b_crit"]  # how far the open brackets could move the estimate: each end moves as far
     wide = [lo * min(1.0, shift), None if hi is None else hi * max(1.0, shift)]
-    out = {**fit, "b_crit_ci_unwidened": fit["b_crit_ci"], "b_crit_ci": wide,
-           "open_bracket_gains": {str(b): g for b, g in sorted(gains.items())}}
+    out = {
+        **fit,
+        "b_crit_ci_unwidened": fit["b_crit_ci"],
+        "b_crit_ci": wide,
+        "open_bracket_gains": {str(b): g for b, g in sorted(gains.items())},
+    }
     if out.get("b_crit") is not None:  # the mapped intervals follow the widened one
         out["cbs_20_ci"], out["b_compute_overhead_20_ci"] = cbs_20_interval(wide, reference_batch)
     return out
@@ -216,13 +313,16 @@ def _contradiction_note(censored: list[dict[str, Any]], b_crit: float | None) ->
     sizes = sorted({c["batch_size_sequences"] for c in censored if c["fit_consistent"] is False})
     if not sizes:
         return ""
-    text = (f"batch size(s) {', '.join(str(b) for b in sizes)} did not reach this target within the steps the fit "
-            f"(made from the cells that did) gives them")
+    text = (
+        f"batch size(s) {', '.join(str(b) for b in sizes)} did not reach this target within the steps the fit "
+        f"(made from the cells that did) gives them"
+    )
     if b_crit is not None:
         above = [b for b in sizes if b > b_crit]
         below = [b for b in sizes if b <= b_crit]
         why = (["b_crit may be overstated (above the knee)"] if above else []) + (
-            ["b_crit may be understated (below the knee)"] if below else [])
+            ["b_crit may be understated (below the knee)"] if below else []
+        )
         text += ": " + " and ".join(why)
     return text + ", unless their trials' learning rates were poor"
 
@@ -240,7 +340,9 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
         b_crit=b_crit,
         b_crit_tokens=b_crit * T if b_crit is not None else None,
         b_crit_ci=primary.get("b_crit_ci"),
-        b_crit_ci_tokens=[x * T if x is not None else None for x in primary["b_crit_ci"]] if primary.get("b_crit_ci") else None,
+        b_crit_ci_tokens=[x * T if x is not None else None for x in primary["b_crit_ci"]]
+        if primary.get("b_crit_ci")
+        else None,
         b_crit_bound=primary.get("b_crit_bound"),
         cbs_20=primary.get("cbs_20"),
         cbs_20_ci=primary.get("cbs_20_ci"),
@@ -259,9 +361,14 @@ def _primary_summary(primary: dict[str, Any], T: float) -> dict[str, Any]:
     )
 
 
-def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]],
-               primary_points: dict[int, list[dict[str, Any]]], by_trial: dict[str, TrialRecord], T: float,
-               flops_per_token: float | None) -> list[dict[str, Any]]:
+def _per_batch(
+    trials: list[TrialRecord],
+    at_budget: dict[int, list[TrialRecord]],
+    primary_points: dict[int, list[dict[str, Any]]],
+    by_trial: dict[str, TrialRecord],
+    T: float,
+    flops_per_token: float | None,
+) -> list[dict[str, Any]]:
     """``cbs.json``'s ``per_batch``: each batch size's steps and tokens to the primary target (geometric
     mean over its seeds, only when every seed reached it), its best configuration at the budget, its token
     budget (``budget_tokens``: the most tokens one of its trials trained), and the compute it used
@@ -275,24 +382,29 @@ def _per_batch(trials: list[TrialRecord], at_budget: dict[int, list[TrialRecord]
     per_batch = []
     for b, ts in at_budget.items():
         pts = primary_points.get(b, [])
-        tok = float(np.exp(np.mean([math.log(p["tokens_to_target"]) for p in pts]))) \
-            if pts and len(pts) == len(seeds_of[b]) else None
-        per_batch.append({
-            "batch_size_sequences": b,
-            "batch_size_tokens": b * T,
-            "tokens_to_target": tok,
-            "steps_to_target": tok / (b * T) if tok is not None else None,
-            "flops_to_target": tok * flops_per_token if (tok is not None and flops_per_token) else None,
-            "trial_ids_to_target": [p["trial_id"] for p in pts],
-            "config_to_target": by_trial[pts[0]["trial_id"]].hyperparameters if pts else None,
-            "best_config_at_budget": ts[0].hyperparameters,
-            "trial_ids_at_budget": [t.trial_id for t in ts],
-            "seeds": [t.seed for t in ts],
-            "loss_at_budget": float(np.mean(np.asarray([t.final_loss for t in ts]))),
-            "budget_tokens": budget.get(b),
-            "tokens_trained": trained.get(b),
-            "trials": sum(1 for t in trials if t.batch_size_sequences == b and t.tokens),
-        })
+        tok = (
+            float(np.exp(np.mean([math.log(p["tokens_to_target"]) for p in pts])))
+            if pts and len(pts) == len(seeds_of[b])
+            else None
+        )
+        per_batch.append(
+            {
+                "batch_size_sequences": b,
+                "batch_size_tokens": b * T,
+                "tokens_to_target": tok,
+                "steps_to_target": tok / (b * T) if tok is not None else None,
+                "flops_to_target": tok * flops_per_token if (tok is not None and flops_per_token) else None,
+                "trial_ids_to_target": [p["trial_id"] for p in pts],
+                "config_to_target": by_trial[pts[0]["trial_id"]].hyperparameters if pts else None,
+                "best_config_at_budget": ts[0].hyperparameters,
+                "trial_ids_at_budget": [t.trial_id for t in ts],
+                "seeds": [t.seed for t in ts],
+                "loss_at_budget": float(np.mean(np.asarray([t.final_loss for t in ts]))),
+                "budget_tokens": budget.get(b),
+                "tokens_trained": trained.get(b),
+                "trials": sum(1 for t in trials if t.batch_size_sequences == b and t.tokens),
+            }
+        )
     return per_batch
 
 
@@ -312,8 +424,9 @@ def _read_json(path: Path, *, missing: str) -> Any:
         raise InvalidInput(f"--trials: cannot read {path} as JSON: {exc}") from None
 
 
-def analyze_trials_file(path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None,
-                        level: float = 0.95) -> CbsResult:
+def analyze_trials_file(
+    path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None, level: float = 0.95
+) -> CbsResult:
     """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
 
     Reads the records of ``trials.json`` and, beside it, ``cbs.json`` for what the records do not hold
@@ -330,8 +443,9 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise InvalidInput(f"--trials: {p} is not a list of trial records")
     cbs_path = p.parent / "cbs.json"
-    prev = _read_json(cbs_path, missing=f"--trials: no cbs.json beside {p} (it holds the context length and tokens "
-                                        "per sequence)")
+    prev = _read_json(
+        cbs_path, missing=f"--trials: no cbs.json beside {p} (it holds the context length and tokens per sequence)"
+    )
     try:
         context = int(prev["context_length_tokens"])
         tps = float(prev.get("tokens_per_sequence") or context)
@@ -343,9 +457,15 @@ def analyze_trials_file(path: str | Path, *, reference_batch: float | None = Non
     records = [TrialRecord.from_dict(r) for r in rows]
     if targets is None:  # the targets the sweep fixed in its spec, as the driver analysed it
         targets = _spec_targets(p.parent / "spec.yaml")
-    out = analyze_trials(records, context_length_tokens=context, reference_batch=ref,
-                         flops_per_token=prev.get("flops_per_token"), targets=targets, level=level,
-                         tokens_per_sequence=tps)
+    out = analyze_trials(
+        records,
+        context_length_tokens=context,
+        reference_batch=ref,
+        flops_per_token=prev.get("flops_per_token"),
+        targets=targets,
+        level=level,
+        tokens_per_sequence=tps,
+    )
     return with_sweep_fields(out, **{k: prev[k] for k in SWEEP_FIELDS if k in prev and k not in out.model_fields_set})
 
 
@@ -362,8 +482,13 @@ def _spec_targets(path: Path) -> list[float] | None:
     return [float(t) for t in got] if isinstance(got, list) and got else None
 
 
-def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | None = None,
-                         targets: list[float] | None = None, level: float = 0.95) -> dict[str, Any]:
+def analyze_trials_files(
+    paths: list[str | Path],
+    *,
+    reference_batch: float | None = None,
+    targets: list[float] | None = None,
+    level: float = 0.95,
+) -> dict[str, Any]:
     """``critbatch analyze --trials A --trials B ...``: several finished sweeps re-analysed at the same target losses,
     so that their ``b_crit`` compare at one loss.
 
@@ -381,8 +506,13 @@ def analyze_trials_files(paths: list[str | Path], *, reference_batch: float | No
         targets = [float(t["target_loss"]) for t in first.get("targets") or [] if t.get("target_loss") is not None]
         if not targets:
             raise InvalidInput(f"--trials: {paths[0]}'s cbs.json declares no targets: give --target")
-    out = [{"path": str(p), **analyze_trials_file(p, reference_batch=reference_batch, targets=targets,
-                                                  level=level).to_json_dict()} for p in paths]
+    out = [
+        {
+            "path": str(p),
+            **analyze_trials_file(p, reference_batch=reference_batch, targets=targets, level=level).to_json_dict(),
+        }
+        for p in paths
+    ]
     return {"targets": sorted(targets, reverse=True), "sweeps": out}
 
 
@@ -411,7 +541,9 @@ def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95
     cols = set(rows[0].keys())
     missing = {"batch_size", "steps_to_target"} - cols
     if missing:
-        raise InvalidInput(f"{p}: missing column(s) {sorted(missing)}; expected batch_size,steps_to_target[,seed][,group]")
+        raise InvalidInput(
+            f"{p}: missing column(s) {sorted(missing)}; expected batch_size,steps_to_target[,seed][,group]"
+        )
     groups: dict[str | None, tuple[list[float], list[float], list[str]]] = {}
     for i, row in enumerate(rows, start=2):
         try:

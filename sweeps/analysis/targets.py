@@ -7,16 +7,27 @@ section 11.3), read from each trial's curve, pruned and stopped trials included.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from sweeps.errors import InvalidInput
 from sweeps.spec.statuses import TrialStatus
 
-__all__ = ["TrialRecord", "tokens_to_target", "tokens_to_target_by_trial", "steps_to_target_points", "censored_points",
-           "last_tokens_by_batch", "choose_targets", "best_at_budget", "TARGET_RULE", "TARGET_RULE_GIVEN"]
+__all__ = [
+    "TARGET_RULE",
+    "TARGET_RULE_GIVEN",
+    "TrialRecord",
+    "best_at_budget",
+    "censored_points",
+    "choose_targets",
+    "last_tokens_by_batch",
+    "steps_to_target_points",
+    "tokens_to_target",
+    "tokens_to_target_by_trial",
+]
 
 #: how a batch size enters the fit at a target; stated in ``cbs.json``
 TARGET_RULE = (
@@ -29,8 +40,10 @@ TARGET_RULE = (
     "others are spaced evenly above it"
 )
 #: :data:`TARGET_RULE` when the target losses were given (fixed in the spec, or ``critbatch analyze --target``)
-TARGET_RULE_GIVEN = TARGET_RULE.split("; the lowest automatic target")[0] + "; the target losses were given (the spec's " \
+TARGET_RULE_GIVEN = (
+    TARGET_RULE.split("; the lowest automatic target")[0] + "; the target losses were given (the spec's "
     "targets, or --target), not chosen from the curves"
+)
 
 
 def _first_crossing(tokens: Sequence[float], losses: Sequence[float], target: float) -> tuple[float, int] | None:
@@ -97,7 +110,7 @@ class TrialRecord:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrialRecord":
+    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
         """A record as ``trials.json`` holds it (``None`` losses, written for non-finite ones, become NaN).
 
         Raises:
@@ -105,16 +118,21 @@ class TrialRecord:
         """
         try:
             return cls(
-                trial_id=str(d["trial_id"]), batch_size_sequences=int(d["batch_size_sequences"]), seed=int(d["seed"]),
-                group_id=str(d.get("group_id", d["trial_id"])), status=str(d["status"]),
+                trial_id=str(d["trial_id"]),
+                batch_size_sequences=int(d["batch_size_sequences"]),
+                seed=int(d["seed"]),
+                group_id=str(d.get("group_id", d["trial_id"])),
+                status=str(d["status"]),
                 hyperparameters=dict(d.get("hyperparameters") or {}),
                 tokens=[float(x) for x in d.get("tokens") or []],
                 val_loss=[float(x) if x is not None else math.nan for x in d.get("val_loss") or []],
                 flops=[float(x) if x is not None else math.nan for x in d.get("flops") or []],
-                b_simple=list(d.get("b_simple") or []), pruning=dict(d.get("pruning") or {}),
+                b_simple=list(d.get("b_simple") or []),
+                pruning=dict(d.get("pruning") or {}),
                 optimizer_state_bytes_per_param=_float_or_none(d.get("optimizer_state_bytes_per_param")),
                 trainable_params=_float_or_none(d.get("trainable_params")),
-                error=str(d["error"]) if d.get("error") is not None else None)
+                error=str(d["error"]) if d.get("error") is not None else None,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"a trial record lacks or mistypes a field ({exc!r})") from None
 
@@ -143,8 +161,9 @@ def tokens_to_target_by_trial(trials: list[TrialRecord], target: float) -> dict[
     return {t.trial_id: _crossing(t, target) for t in trials if t.tokens}
 
 
-def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_sequence: float
-                           ) -> tuple[list[dict[str, Any]], list[int]]:
+def steps_to_target_points(
+    trials: list[TrialRecord], target: float, tokens_per_sequence: float
+) -> tuple[list[dict[str, Any]], list[int]]:
     """The methodology's points at one target: per (batch size, seed), the minimum over its trials.
 
     For each trial the tokens to target are its first crossing (:func:`tokens_to_target`), at any of its
@@ -166,10 +185,18 @@ def steps_to_target_points(trials: list[TrialRecord], target: float, tokens_per_
         key = (t.batch_size_sequences, t.seed)
         if hit is not None and (key not in best or hit[0] < best[key][0]):
             best[key] = (hit[0], t, hit[1] == 0)
-    points = [{"batch_size_sequences": b, "seed": s, "tokens_to_target": tok,
-               "steps_to_target": tok / (b * tokens_per_sequence), "trial_id": t.trial_id, "group_id": t.group_id,
-               **({"upper_bound": True} if bound else {})}
-              for (b, s), (tok, t, bound) in sorted(best.items())]
+    points = [
+        {
+            "batch_size_sequences": b,
+            "seed": s,
+            "tokens_to_target": tok,
+            "steps_to_target": tok / (b * tokens_per_sequence),
+            "trial_id": t.trial_id,
+            "group_id": t.group_id,
+            **({"upper_bound": True} if bound else {}),
+        }
+        for (b, s), (tok, t, bound) in sorted(best.items())
+    ]
     reached = {p["batch_size_sequences"] for p in points}
     return points, sorted(set(last) - reached)
 
@@ -206,9 +233,15 @@ def censored_points(trials: list[TrialRecord], target: float, tokens_per_sequenc
             continue
         bound, t_min = min(((_tokens_still_above(t, target), t) for t in ts), key=lambda x: x[0])
         finite = math.isfinite(bound)
-        out.append({"batch_size_sequences": b, "seed": seed, "tokens_lower_bound": bound if finite else None,
-                    "steps_lower_bound": bound / (b * tokens_per_sequence) if finite else None,
-                    "trial_id": t_min.trial_id})
+        out.append(
+            {
+                "batch_size_sequences": b,
+                "seed": seed,
+                "tokens_lower_bound": bound if finite else None,
+                "steps_lower_bound": bound / (b * tokens_per_sequence) if finite else None,
+                "trial_id": t_min.trial_id,
+            }
+        )
     return out
 
 

@@ -62,10 +62,19 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sweeps.pruning.replay import ResumeReplay
-from sweeps.pruning.rungs import MODES, RULES, RungDecision, _TrialState, curve_at, predict_final_log_linear, rung_fractions
+from sweeps.pruning.rungs import (
+    MODES,
+    RULES,
+    RungDecision,
+    _TrialState,
+    curve_at,
+    predict_final_log_linear,
+    rung_fractions,
+)
 
 __all__ = ["SuccessiveHalving"]
 
@@ -131,7 +140,9 @@ class SuccessiveHalving(ResumeReplay):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "pause" and not (trials_per_group and trials_per_group >= 1):
-            raise ValueError(f"mode 'pause' needs trials_per_group >= 1 (the trials per batch size), got {trials_per_group}")
+            raise ValueError(
+                f"mode 'pause' needs trials_per_group >= 1 (the trials per batch size), got {trials_per_group}"
+            )
         if max_concurrent is not None and max_concurrent < 1:
             raise ValueError(f"max_concurrent must be >= 1 or None, got {max_concurrent}")
         if budget_tokens <= 0:
@@ -168,7 +179,9 @@ class SuccessiveHalving(ResumeReplay):
         self.waiting: dict[str, int] = {}  # paused trial id -> the rung whose decision it waits for
         self.to_resume: list[str] = []  # promoted while paused: resume these (choose_trial_to_run)
         self.to_prune: list[str] = []  # pruned while paused: stop these (their Tune trials are PAUSED)
-        self.pruned_while_paused: dict[str, dict[str, Any]] = dict(pruned_while_paused or {})  # trial id -> its annotation
+        self.pruned_while_paused: dict[str, dict[str, Any]] = dict(
+            pruned_while_paused or {}
+        )  # trial id -> its annotation
         self.state_path = state_path  # if set: pruned_while_paused is written there (JSON) on each change
         # if set: after each CONTINUE, the Ray KV value under rung_gate_key(gate_prefix, trial) becomes the
         # reported tokens; a worker waits at a rung for it (workloads.ray.adapter), so that a trial to be
@@ -200,8 +213,9 @@ class SuccessiveHalving(ResumeReplay):
         better = sum(1 for v in values.values() if v < value)
         return better, peers, keep
 
-    def _advance(self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *,
-                 decide: bool) -> list[RungDecision]:
+    def _advance(
+        self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *, decide: bool
+    ) -> list[RungDecision]:
         """Feed one report; record (and, with ``decide``, judge) every rung it reaches."""
         if not (flops > 0 and tokens > 0) or st.stopped:
             return []
@@ -313,8 +327,14 @@ class SuccessiveHalving(ResumeReplay):
         if not self.waiting:
             return False
         g, k = min(((self._trials[t].group, r) for t, r in self.waiting.items()), key=lambda gk: gk[1])
-        log.warning("deciding rung %d of %s=%s on %d of %s trial(s): no other trial can reach it",
-                    k, self.group_by, g, len(self._rungs.get((g, k), {})), self.trials_per_group)
+        log.warning(
+            "deciding rung %d of %s=%s on %d of %s trial(s): no other trial can reach it",
+            k,
+            self.group_by,
+            g,
+            len(self._rungs.get((g, k), {})),
+            self.trials_per_group,
+        )
         self._decide_rung(g, k)
         self._pump()
         return True
@@ -351,8 +371,9 @@ class SuccessiveHalving(ResumeReplay):
     def _pump(self) -> None:
         """Decide every complete rung, lowest first, until nothing changes."""
         while True:
-            todo = sorted((gk for gk in self._rungs if gk not in self._decided and self._complete(*gk)),
-                          key=lambda gk: gk[1])
+            todo = sorted(
+                (gk for gk in self._rungs if gk not in self._decided and self._complete(*gk)), key=lambda gk: gk[1]
+            )
             if not todo:
                 return
             self._decide_rung(*todo[0])
@@ -373,8 +394,15 @@ class SuccessiveHalving(ResumeReplay):
         assert st.flops_per_token is not None  # set by its first report, before it reached a rung
         keep = self._keep(values)
         better = sum(1 for x in values.values() if x < v)
-        d = RungDecision(rung=k, flops=self.rung_flops(st.flops_per_token)[k], value=v, better=better,
-                         peers=len(values), keep=keep, stop=better >= keep)
+        d = RungDecision(
+            rung=k,
+            flops=self.rung_flops(st.flops_per_token)[k],
+            value=v,
+            better=better,
+            peers=len(values),
+            keep=keep,
+            stop=better >= keep,
+        )
         st.decisions.append(d)
         log.debug("trial %s (%s=%s): %s", trial_id, self.group_by, st.group, d.label())
         if d.stop:

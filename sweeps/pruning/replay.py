@@ -7,7 +7,8 @@ The decisions depend on the rung values only, so a replay gives the decisions of
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from sweeps.pruning.rungs import RESULT_KEYS, RungDecision, _TrialState
 
@@ -33,15 +34,25 @@ class ResumeReplay:
 
         def rung_flops(self, flops_per_token: float) -> list[float]: ...
         def _state(self, trial_id: str, group: Any) -> _TrialState: ...
-        def _advance(self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *,
-                     decide: bool) -> list[RungDecision]: ...
+        def _advance(
+            self, trial_id: str, st: _TrialState, flops: float, tokens: float, loss: float, *, decide: bool
+        ) -> list[RungDecision]: ...
         def add_member(self, trial_id: str, group: Any, *, ended: bool = False) -> None: ...
         def _walk(self, trial_id: str) -> bool: ...
         def _pump(self) -> None: ...
         def _settle(self, trial_id: str, k: int) -> None: ...
 
-    def observe(self, trial_id: str, group: Any, tokens: Sequence[float], flops: Sequence[float],
-                losses: Sequence[float], *, ended: bool = False, pruning: dict[str, Any] | None = None) -> None:
+    def observe(
+        self,
+        trial_id: str,
+        group: Any,
+        tokens: Sequence[float],
+        flops: Sequence[float],
+        losses: Sequence[float],
+        *,
+        ended: bool = False,
+        pruning: dict[str, Any] | None = None,
+    ) -> None:
         """Give back a trial's past curve after a resume (the scheduler's memory is not part of Tune's
         experiment checkpoint).
 

@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["RungDecision", "rung_fractions", "rung_gate_key", "interpolate", "curve_at", "predict_final_log_linear",
-           "RULES", "MODES", "RESULT_KEYS"]
+__all__ = [
+    "MODES",
+    "RESULT_KEYS",
+    "RULES",
+    "RungDecision",
+    "curve_at",
+    "interpolate",
+    "predict_final_log_linear",
+    "rung_fractions",
+    "rung_gate_key",
+]
 
 #: the rung rules (``pruning.rule``): what a trial is judged on at a rung (module docstring)
 RULES = ("loss_at_rung", "predicted_final")

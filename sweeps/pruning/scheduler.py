@@ -45,17 +45,25 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
         self._limiter_checked = False
 
     @classmethod
-    def from_spec(cls, spec: SweepSpec, **state: Any) -> "EqualComputeScheduler":
+    def from_spec(cls, spec: SweepSpec, **state: Any) -> EqualComputeScheduler:
         """The scheduler a spec's ``pruning`` section asks for; ``state``: ``gate_prefix``, ``state_path``,
         ``pruned_while_paused`` (see :class:`~sweeps.pruning.halving.SuccessiveHalving`)."""
         p = spec.pruning
-        return cls(budget_tokens=spec.budget_tokens, grace_fraction=p.grace_fraction,
-                   reduction_factor=p.reduction_factor, min_trials_per_rung=p.min_trials_per_rung,
-                   rule=p.rule, fit_fractions=p.fit_fractions, margin=p.margin, mode=p.mode,
-                   trials_per_group=spec.search.trials_per_batch_size * len(spec.seeds),
-                   max_concurrent=spec.resources.max_concurrent_trials, **state)
+        return cls(
+            budget_tokens=spec.budget_tokens,
+            grace_fraction=p.grace_fraction,
+            reduction_factor=p.reduction_factor,
+            min_trials_per_rung=p.min_trials_per_rung,
+            rule=p.rule,
+            fit_fractions=p.fit_fractions,
+            margin=p.margin,
+            mode=p.mode,
+            trials_per_group=spec.search.trials_per_batch_size * len(spec.seeds),
+            max_concurrent=spec.resources.max_concurrent_trials,
+            **state,
+        )
 
-    def annotator(self) -> "PruningAnnotator":
+    def annotator(self) -> PruningAnnotator:
         """The Tune callback that writes this scheduler's decisions into the results (put it first)."""
         return PruningAnnotator(self)
 
@@ -69,15 +77,21 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
             raise RuntimeError(
                 "EqualComputeScheduler: its annotator is not in RunConfig.callbacks; without it pruned "
                 "trials reach neither the searcher, the tracker nor result.json as PRUNED. Pass "
-                "callbacks=[scheduler.annotator(), ...].")
+                "callbacks=[scheduler.annotator(), ...]."
+            )
         group = trial.config.get(self.group_by)
         loss = result.get(self.loss_key)
         if self.mode == "pause":
             return self._on_result_pause(tune_controller, trial, group, result, loss)
         st = self._state(trial.trial_id, group)
-        made = self._advance(trial.trial_id, st, float(result.get("flops") or 0.0),
-                             float(result.get("tokens_seen") or 0.0),
-                             float(loss) if loss is not None else math.nan, decide=True)
+        made = self._advance(
+            trial.trial_id,
+            st,
+            float(result.get("flops") or 0.0),
+            float(result.get("tokens_seen") or 0.0),
+            float(loss) if loss is not None else math.nan,
+            decide=True,
+        )
         for d in made:
             log.debug("trial %s (%s=%s): %s", trial.trial_id, self.group_by, group, d.label())
         if made and made[-1].stop:
@@ -86,8 +100,13 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
         return TrialScheduler.CONTINUE
 
     def _on_result_pause(self, tune_controller, trial, group, result: dict, loss) -> str:
-        what = self.report(trial.trial_id, group, float(result.get("flops") or 0.0),
-                           float(result.get("tokens_seen") or 0.0), float(loss) if loss is not None else math.nan)
+        what = self.report(
+            trial.trial_id,
+            group,
+            float(result.get("flops") or 0.0),
+            float(result.get("tokens_seen") or 0.0),
+            float(loss) if loss is not None else math.nan,
+        )
         self._prune_paused(tune_controller)
         if what == "stop":
             result.update(self.annotation(trial.trial_id))
@@ -115,7 +134,9 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
             t = by_id.get(tid)
             if t is None:
                 continue
-            t.last_result.update(self.pruned_while_paused.get(tid) or self.annotation(tid))  # read by the tracker, the driver
+            t.last_result.update(
+                self.pruned_while_paused.get(tid) or self.annotation(tid)
+            )  # read by the tracker, the driver
             tune_controller.stop_trial(t)
         if self.state_path:
             from sweeps.files import write_json
@@ -131,15 +152,17 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
                     raise RuntimeError(
                         "EqualComputeScheduler(mode='pause'): Tune's max_concurrent_trials (ConcurrencyLimiter) "
                         "counts paused trials as running, so the sweep would wait forever; leave it unset and give "
-                        "the searcher the scheduler's may_start gate (BatchSizeSearcher.scheduler)")
+                        "the searcher the scheduler's may_start gate (BatchSizeSearcher.scheduler)"
+                    )
                 alg = getattr(alg, "searcher", None)
         if self.mode == "pause":
             if trial.status == "PENDING" and self.held(trial.trial_id):
                 # a resumed sweep (restore_decisions): Tune restarts every unfinished trial; one that waits at a
                 # rung stays paused until its rung is decided (restarted, it would train on past the rung)
                 trial.set_status("PAUSED")
-            self.add_member(trial.trial_id, trial.config.get(self.group_by),
-                            ended=trial.status in ("TERMINATED", "ERROR"))
+            self.add_member(
+                trial.trial_id, trial.config.get(self.group_by), ended=trial.status in ("TERMINATED", "ERROR")
+            )
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
         self._trial_ended(tune_controller, trial)
@@ -169,7 +192,11 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
         running = sum(1 for t in trials if t.status == "RUNNING")
         for tid in self.to_resume:
             t = by_id.get(tid)
-            if t is not None and t.status == "PAUSED" and (self.max_concurrent is None or running < self.max_concurrent):
+            if (
+                t is not None
+                and t.status == "PAUSED"
+                and (self.max_concurrent is None or running < self.max_concurrent)
+            ):
                 return t
         for t in trials:
             if t.status == "PENDING":
@@ -178,8 +205,10 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
 
     def debug_string(self) -> str:
         stopped = sum(1 for s in self._trials.values() if s.stopped)
-        return (f"EqualComputeScheduler: rungs at {[round(f, 4) for f in self.fractions]} of the trial budget "
-                f"(FLOPs), per {self.group_by}; {stopped} trial(s) pruned")
+        return (
+            f"EqualComputeScheduler: rungs at {[round(f, 4) for f in self.fractions]} of the trial budget "
+            f"(FLOPs), per {self.group_by}; {stopped} trial(s) pruned"
+        )
 
 
 class PruningAnnotator(Callback):

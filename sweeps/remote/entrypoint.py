@@ -45,10 +45,17 @@ def build_entrypoint(
     """
     check_sweep_id(sweep_id)
     args = [
-        python, "-m", "critbatch", "run", SPEC_FILE,
-        "--output", f"{output_root.rstrip('/') or '.'}/{sweep_id}",
-        "--sweep-id", sweep_id,
-        "--address", "auto",
+        python,
+        "-m",
+        "critbatch",
+        "run",
+        SPEC_FILE,
+        "--output",
+        f"{output_root.rstrip('/') or '.'}/{sweep_id}",
+        "--sweep-id",
+        sweep_id,
+        "--address",
+        "auto",
         "--no-progress",
     ]
     if tracking_uri:

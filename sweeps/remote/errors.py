@@ -10,8 +10,14 @@ from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.tracking.reader import StoreRefused
 
 __all__ = [
-    "ClusterUnavailable", "BackendTimeout", "TooManySweeps", "StoreRefused", "SweepNotFound", "SweepExists",
-    "StagingError", "ReportNotReady",
+    "BackendTimeout",
+    "ClusterUnavailable",
+    "ReportNotReady",
+    "StagingError",
+    "StoreRefused",
+    "SweepExists",
+    "SweepNotFound",
+    "TooManySweeps",
 ]
 
 
@@ -64,8 +70,10 @@ class SweepExists(CritbatchError):
         """The message, naming how its reader picks another id: ``another`` is the CLI's ``--sweep-id``
         (``str(exc)``) or, from the REST service, its query parameter (``id with ?sweep_id=``)."""
         what = "the same spec" if self.same_spec else "a different spec"
-        return (f"sweep {self.sweep_id!r} was already submitted ({what}; status {self.status}); "
-                f"no second job started (choose another {another} to run it again)")
+        return (
+            f"sweep {self.sweep_id!r} was already submitted ({what}; status {self.status}); "
+            f"no second job started (choose another {another} to run it again)"
+        )
 
 
 class StagingError(InvalidInput):

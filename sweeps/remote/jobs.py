@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from sweeps._compat import is_job_not_found, job_submission_client
@@ -29,8 +30,8 @@ from sweeps.remote.errors import (
     TooManySweeps,
 )
 from sweeps.remote.staging import StagedSweep
-from sweeps.remote.waiting import MLFLOW, RAY_JOB_SERVER, waiting_on
 from sweeps.remote.status import SweepRuns, SweepStatus, TrialCounts, from_job, planned_trials, with_runs
+from sweeps.remote.waiting import MLFLOW, RAY_JOB_SERVER, waiting_on
 from sweeps.spec.identity import is_valid_sweep_id, redact_uri, same_tracking_uri
 from sweeps.tracking.reader import (
     MlflowReader,
@@ -49,7 +50,7 @@ from sweeps.tracking.schema import (
     TRIAL_RUNNING,
 )
 
-__all__ = ["SweepJobs", "SUBMIT_ATTEMPTS", "WAIT_MAX_CONSECUTIVE_ERRORS"]
+__all__ = ["SUBMIT_ATTEMPTS", "WAIT_MAX_CONSECUTIVE_ERRORS", "SweepJobs"]
 
 #: Tries of one submission when the connection drops (the upload and the submission id make it idempotent).
 SUBMIT_ATTEMPTS = 3
@@ -169,8 +170,12 @@ class SweepJobs:
 
     def active_count(self) -> int:
         """Sweeps (critbatch jobs) that Ray reports PENDING or RUNNING."""
-        return sum(1 for j in self._call("list_jobs") if META_SWEEP_ID in (j.metadata or {})
-                   and str(getattr(j.status, "value", j.status)) in ("PENDING", "RUNNING"))
+        return sum(
+            1
+            for j in self._call("list_jobs")
+            if META_SWEEP_ID in (j.metadata or {})
+            and str(getattr(j.status, "value", j.status)) in ("PENDING", "RUNNING")
+        )
 
     def ping_ray(self) -> str:
         """``"ok"`` if the job server answers what a submission asks: its job list (``GET /api/jobs/``, which
@@ -235,8 +240,12 @@ class SweepJobs:
                 time.sleep(2.0 * (attempt + 1))
         self._list_cache.clear()
         return SweepStatus(
-            id=staged.sweep_id, status="PENDING", ray_status="PENDING", name=staged.spec.name,
-            tracking_uri=staged.tracking_uri, trials=TrialCounts(planned=staged.spec.n_trials),
+            id=staged.sweep_id,
+            status="PENDING",
+            ray_status="PENDING",
+            name=staged.spec.name,
+            tracking_uri=staged.tracking_uri,
+            trials=TrialCounts(planned=staged.spec.n_trials),
         )
 
     def _exists(self, job: Any, staged: StagedSweep) -> SweepExists:
@@ -316,8 +325,14 @@ class SweepJobs:
             job = self._job(sweep_id)
         return self._state(job, with_mlflow=True, reconcile=True), sent
 
-    def wait(self, sweep_id: str, *, timeout_s: float = 3600.0, poll_s: float = 2.0,
-             on_update: Callable[[SweepStatus], None] | None = None) -> SweepStatus:
+    def wait(
+        self,
+        sweep_id: str,
+        *,
+        timeout_s: float = 3600.0,
+        poll_s: float = 2.0,
+        on_update: Callable[[SweepStatus], None] | None = None,
+    ) -> SweepStatus:
         """Poll until the sweep ends (or ``timeout_s`` passes); return the last state."""
         deadline = time.monotonic() + timeout_s
         errors = 0
@@ -393,23 +408,32 @@ class SweepJobs:
                 runs = self._read_runs(job, uri, ray.id, ray.status, reconcile=reconcile, with_trials=with_trials)
         except Exception as exc:  # noqa: BLE001 - MLflow unreachable or erroring: Ray's view still stands
             if self.public_errors:  # neither the server's answer nor its address goes to the client
-                why = "no MLflow store there" if isinstance(exc, StoreRefused) else f"MLflow could not be read ({type(exc).__name__})"
+                why = (
+                    "no MLflow store there"
+                    if isinstance(exc, StoreRefused)
+                    else f"MLflow could not be read ({type(exc).__name__})"
+                )
             else:
                 why = f"cannot read MLflow at {redact_uri(uri)}: {exc}"[:2000]
             return replace(ray, mlflow_error=why)
         return with_runs(ray, runs, planned_trials(job, runs.parent), with_trials=with_trials)
 
-    def _read_runs(self, job: Any, uri: str, sweep_id: str, status: str, *, reconcile: bool,
-                   with_trials: bool) -> SweepRuns:
+    def _read_runs(
+        self, job: Any, uri: str, sweep_id: str, status: str, *, reconcile: bool, with_trials: bool
+    ) -> SweepRuns:
         """The sweep's runs at ``uri``; with ``reconcile``, runs left RUNNING by an ended job
         (``status`` STOPPED or FAILED) are closed first and read again."""
         reader = self._reader_factory(uri)
         exp_ids = reader.experiment_ids((job.metadata or {}).get(META_EXPERIMENT))
         parent = reader.parent(sweep_id, exp_ids)
         trials = reader.trials(sweep_id, exp_ids) if (with_trials or status == "SUCCEEDED") else []
-        if reconcile and status in ("STOPPED", "FAILED") and (
-            (parent is not None and parent.info.status == "RUNNING")
-            or any(r.info.status == "RUNNING" or r.data.tags.get(TAG_STATUS) == TRIAL_RUNNING for r in trials)
+        if (
+            reconcile
+            and status in ("STOPPED", "FAILED")
+            and (
+                (parent is not None and parent.info.status == "RUNNING")
+                or any(r.info.status == "RUNNING" or r.data.tags.get(TAG_STATUS) == TRIAL_RUNNING for r in trials)
+            )
         ):
             reader.close_orphans(parent, trials, status)
             parent = reader.parent(sweep_id, exp_ids)
@@ -417,6 +441,8 @@ class SweepJobs:
         name = (job.metadata or {}).get(META_EXPERIMENT)
         note = None
         if parent is None and reader.experiment_deleted(name):
-            note = (f"the sweep's MLflow experiment {name!r} was deleted: its runs, trial counts and result cannot be "
-                    "read (restore it with `mlflow experiments restore`)")
+            note = (
+                f"the sweep's MLflow experiment {name!r} was deleted: its runs, trial counts and result cannot be "
+                "read (restore it with `mlflow experiments restore`)"
+            )
         return SweepRuns(exp_ids, parent, trials, note)

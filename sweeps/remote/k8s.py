@@ -53,7 +53,6 @@ from sweeps.remote.k8s_platform import (
 from sweeps.spec import SweepSpec
 
 __all__ = [
-    "image_data_warnings",
     "KUEUE_QUEUE_LABEL",
     "MAX_RAYJOB_NAME_LENGTH",
     "MLFLOW_TRACKING_URI",
@@ -64,12 +63,13 @@ __all__ = [
     "TrialPodResources",
     "active_deadline_s",
     "dump_manifests",
+    "head_memory_gib",
+    "image_data_warnings",
     "parse_secret_key_ref",
     "ray_env",
     "rayjob_name",
     "render_rayjob",
     "trial_pod_resources",
-    "head_memory_gib",
 ]
 
 # ---- KubeRay and Ray ----------------------------------------------------------------------------
@@ -188,8 +188,9 @@ def _check_args(image: str, namespace: str | None, queue_name: str | None) -> No
         raise InvalidInput(f"--namespace: not a valid namespace name (a DNS-1123 label): {namespace!r}")
     # a LocalQueue's name (a DNS-1123 subdomain) that is also a label value (at most 63 characters)
     if queue_name is not None and not (len(queue_name) <= 63 and _DNS1123_SUBDOMAIN.fullmatch(queue_name)):
-        raise InvalidInput(f"--queue-name: not a Kueue LocalQueue name (a DNS-1123 subdomain of at most 63 "
-                           f"characters): {queue_name!r}")
+        raise InvalidInput(
+            f"--queue-name: not a Kueue LocalQueue name (a DNS-1123 subdomain of at most 63 characters): {queue_name!r}"
+        )
 
 
 def _metadata(name: str, namespace: str | None, labels: dict[str, str], annotations: dict[str, str]) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sweeps.spec import SweepSpec
 
-__all__ = ["WORKDIR", "DOCKERIGNORE", "ignore_patterns", "image_data_warnings"]
+__all__ = ["DOCKERIGNORE", "WORKDIR", "ignore_patterns", "image_data_warnings"]
 
 WORKDIR = "/app"  # the image's working directory: relative data paths in specs resolve here
 
@@ -35,11 +35,16 @@ def image_data_warnings(spec: SweepSpec, patterns: list[str] | None = None) -> l
     (``s3://``...) are fetched in the pod and never warned about.
     """
     patterns = ignore_patterns() if patterns is None else patterns
-    inputs = {"data.path": spec.data.path, "data.shards": spec.data.shards,
-              "data.tokenizer": None if spec.data.tokenizer == "byte" else spec.data.tokenizer,
-              "finetune.checkpoint_dir": spec.finetune.checkpoint_dir if spec.finetune is not None else None}
-    fix = ("use an fsspec URI (s3://...), mount a volume at that path in the RayJob's pods, or build an image "
-           "that carries it")
+    inputs = {
+        "data.path": spec.data.path,
+        "data.shards": spec.data.shards,
+        "data.tokenizer": None if spec.data.tokenizer == "byte" else spec.data.tokenizer,
+        "finetune.checkpoint_dir": spec.finetune.checkpoint_dir if spec.finetune is not None else None,
+    }
+    fix = (
+        "use an fsspec URI (s3://...), mount a volume at that path in the RayJob's pods, or build an image "
+        "that carries it"
+    )
     out = []
     for field, value in inputs.items():
         if not value or "://" in value:
@@ -47,14 +52,25 @@ def image_data_warnings(spec: SweepSpec, patterns: list[str] | None = None) -> l
         p = Path(value)
         if p.is_absolute():
             if not str(p).startswith(WORKDIR + "/"):
-                out.append(f"{field}: {value} is an absolute path outside the image's {WORKDIR}: the job will not "
-                           f"find it in the pod; {fix}")
+                out.append(
+                    f"{field}: {value} is an absolute path outside the image's {WORKDIR}: the job will not "
+                    f"find it in the pod; {fix}"
+                )
             continue
         parts = Path(*[x for x in p.parts if x != "."]).parts
-        hit = next(((pat, "/".join(parts[:i + 1])) for i in range(len(parts)) for pat in patterns
-                    if fnmatch.fnmatch("/".join(parts[:i + 1]), pat.rstrip("/")) or fnmatch.fnmatch(parts[i], pat.rstrip("/"))),
-                   None)
+        hit = next(
+            (
+                (pat, "/".join(parts[: i + 1]))
+                for i in range(len(parts))
+                for pat in patterns
+                if fnmatch.fnmatch("/".join(parts[: i + 1]), pat.rstrip("/"))
+                or fnmatch.fnmatch(parts[i], pat.rstrip("/"))
+            ),
+            None,
+        )
         if hit is not None:
-            out.append(f"{field}: {value} is excluded from the image by .dockerignore ({hit[0]!r} matches {hit[1]}): "
-                       f"the job will not find it in the pod; {fix}")
+            out.append(
+                f"{field}: {value} is excluded from the image by .dockerignore ({hit[0]!r} matches {hit[1]}): "
+                f"the job will not find it in the pod; {fix}"
+            )
     return out

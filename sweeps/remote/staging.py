@@ -18,17 +18,18 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.files import write_atomic
+from sweeps.remote.entrypoint import SPEC_FILE, build_entrypoint
 from sweeps.remote.errors import StagingError
 from sweeps.spec import SpecError, SweepSpec, parse_spec
-from sweeps.remote.entrypoint import SPEC_FILE, build_entrypoint
 from sweeps.spec.identity import check_sweep_id, default_sweep_id, job_tracking_uri, redact_uri
 from sweeps.tracking.reader import readable_here
 from sweeps.tracking.schema import (
@@ -40,8 +41,16 @@ from sweeps.tracking.schema import (
     META_TRIALS_PLANNED,
 )
 
-__all__ = ["StagingLimits", "StagedSweep", "shippable_files", "stage_sweep", "staged_sweep", "staged_summary",
-           "PACKAGES", "INPUTS_DIR"]
+__all__ = [
+    "INPUTS_DIR",
+    "PACKAGES",
+    "StagedSweep",
+    "StagingLimits",
+    "shippable_files",
+    "stage_sweep",
+    "staged_summary",
+    "staged_sweep",
+]
 
 MiB = 1024 * 1024
 
@@ -74,7 +83,7 @@ class StagingLimits:
     upload_max_bytes: int = 100 * MiB
 
     @classmethod
-    def from_mb(cls, *, ship_data_max_mb: float | None = None, upload_max_mb: float | None = None) -> "StagingLimits":
+    def from_mb(cls, *, ship_data_max_mb: float | None = None, upload_max_mb: float | None = None) -> StagingLimits:
         """The limits in MiB (None keeps a default)."""
         d = cls()
         return cls(
@@ -206,8 +215,17 @@ def _set_field(d: dict[str, Any], dotted: str, value: Any) -> None:
 # ---- building the working directory --------------------------------------------------------------
 
 
-def _ship_input(fld: str, path: str, dest: Path, *, base: Path, root: Path | None, ship_data: bool,
-                limits: StagingLimits, warnings: list[str]) -> bool:
+def _ship_input(
+    fld: str,
+    path: str,
+    dest: Path,
+    *,
+    base: Path,
+    root: Path | None,
+    ship_data: bool,
+    limits: StagingLimits,
+    warnings: list[str],
+) -> bool:
     """Copy one input to ``dest`` if it is local, ours to ship and small enough; True if copied.
 
     Raises:
@@ -233,8 +251,11 @@ def _ship_input(fld: str, path: str, dest: Path, *, base: Path, root: Path | Non
             warnings.append(f"{fld} {path!r} is relative and not shipped: the job resolves it on the cluster")
         return False
     if any(not _shipped(part) for part in Path(path).parts if part not in (".", "/")):
-        raise StagingError(fld, f"{fld} {path!r}: hidden files and folders (names starting with '.') and caches "
-                                "are never shipped with a job")
+        raise StagingError(
+            fld,
+            f"{fld} {path!r}: hidden files and folders (names starting with '.') and caches "
+            "are never shipped with a job",
+        )
     files = shippable_files(local) if local.is_dir() else [(local, Path(local.name))]
     size = sum(src.stat().st_size for src, _ in files)
     if size > limits.ship_data_max_bytes:
@@ -242,7 +263,7 @@ def _ship_input(fld: str, path: str, dest: Path, *, base: Path, root: Path | Non
             fld,
             f"{fld} {path!r} holds {_mb(size)} to ship, over the {_mb(limits.ship_data_max_bytes)} limit for data shipped "
             "with a job: put it where the cluster can read it (a shared filesystem or the image), set "
-            f"{fld} to that path, and submit with --no-ship-data (or raise --ship-data-max-mb)"
+            f"{fld} to that path, and submit with --no-ship-data (or raise --ship-data-max-mb)",
         )
     if local.is_dir():
         dest.mkdir(parents=True)
@@ -264,8 +285,10 @@ def _submittable_id(spec: SweepSpec, sweep_id: str | None, into: Path) -> str:
         CritbatchError: ``into`` is not empty.
     """
     if spec.arms:  # the job runs one sweep; each arm may name inputs of its own that would not be shipped
-        raise InvalidInput("a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
-                           "it with `critbatch run --address` against the cluster")
+        raise InvalidInput(
+            "a comparison (arms) is not submitted as one job: submit each arm as its own sweep, or run "
+            "it with `critbatch run --address` against the cluster"
+        )
     from sweeps.spec.milestones import check_milestones
 
     check_milestones(spec)  # refused here, not minutes later in the job (the service answers 422)
@@ -275,8 +298,16 @@ def _submittable_id(spec: SweepSpec, sweep_id: str | None, into: Path) -> str:
     return sweep_id
 
 
-def _ship_inputs(spec: SweepSpec, into: Path, *, base: Path, root: Path | None, ship_data: bool,
-                 limits: StagingLimits, warnings: list[str]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _ship_inputs(
+    spec: SweepSpec,
+    into: Path,
+    *,
+    base: Path,
+    root: Path | None,
+    ship_data: bool,
+    limits: StagingLimits,
+    warnings: list[str],
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Ship the spec's small local inputs into ``into`` (:func:`_ship_input`, which appends to ``warnings``).
 
     Returns:
@@ -289,10 +320,14 @@ def _ship_inputs(spec: SweepSpec, into: Path, *, base: Path, root: Path | None, 
     data = spec.model_dump(mode="json")
     shipped: list[tuple[str, str]] = []
     for fld, path, staged_name in _inputs_of(spec):
-        if _ship_input(fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits,
-                       warnings=warnings):
-            if fld == "model.hf_config":  # read as the job will (no torch): refused now (422), not in the job 30 s later
+        if _ship_input(
+            fld, path, into / staged_name, base=base, root=root, ship_data=ship_data, limits=limits, warnings=warnings
+        ):
+            if (
+                fld == "model.hf_config"
+            ):  # read as the job will (no torch): refused now (422), not in the job 30 s later
                 from sweeps.spec.hf_config import read_hf_config
+
                 try:
                     read_hf_config(str(into / staged_name), shown_as=path)
                 except InvalidInput as exc:
@@ -331,7 +366,7 @@ def _checked_size(into: Path, limits: StagingLimits) -> int:
         raise StagingError(
             "<root>",
             f"the job's working directory is {_mb(size)}, over the {_mb(limits.upload_max_bytes)} upload limit "
-            f"(largest: {parts}); reference big inputs by a path the cluster can read (--no-ship-data)"
+            f"(largest: {parts}); reference big inputs by a path the cluster can read (--no-ship-data)",
         )
     return size
 
@@ -402,8 +437,9 @@ def stage_sweep(
     base = root if root is not None else Path(base_dir).resolve()
     tracking_uri = job_tracking_uri(spec, tracking_uri, default_tracking_uri)
     warnings: list[str] = []
-    data, shipped = _ship_inputs(spec, into, base=base, root=root, ship_data=ship_data, limits=limits,
-                                 warnings=warnings)
+    data, shipped = _ship_inputs(
+        spec, into, base=base, root=root, ship_data=ship_data, limits=limits, warnings=warnings
+    )
     staged_spec = _write_spec(into, data)
     _copy_code(into)
     size = _checked_size(into, limits)
@@ -418,7 +454,9 @@ def stage_sweep(
         fingerprint=spec.fingerprint(),
         tracking_uri=tracking_uri,
         working_dir=into,
-        entrypoint=build_entrypoint(sweep_id=sweep_id, python=python, tracking_uri=tracking_uri, output_root=output_root),
+        entrypoint=build_entrypoint(
+            sweep_id=sweep_id, python=python, tracking_uri=tracking_uri, output_root=output_root
+        ),
         runtime_env=_runtime_env(into, tracking_uri, storage_root),
         metadata=_job_metadata(spec, sweep_id, tracking_uri),
         size_bytes=size,

@@ -14,7 +14,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sweeps.spec.identity import redact_uri
@@ -44,8 +44,18 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "SERVED_STATUSES", "TERMINAL_STATUSES", "TrialCounts", "SweepStatus", "SweepRuns", "from_job", "planned_trials",
-    "with_runs", "trial_counts", "final_counts", "best_trial", "failure_reason",
+    "SERVED_STATUSES",
+    "TERMINAL_STATUSES",
+    "SweepRuns",
+    "SweepStatus",
+    "TrialCounts",
+    "best_trial",
+    "failure_reason",
+    "final_counts",
+    "from_job",
+    "planned_trials",
+    "trial_counts",
+    "with_runs",
 ]
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -133,7 +143,7 @@ class SweepRuns:
 def _iso(ms: int | None) -> str | None:
     if not ms:
         return None
-    return datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ms / 1000.0, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def failure_reason(job: Any) -> str | None:
@@ -145,7 +155,7 @@ def failure_reason(job: Any) -> str | None:
         return f"exit code {code}" if code is not None else None
     if "last available logs" in lines[0] and len(lines) > 1:
         logs = lines[1:]
-        picked = next((ln for ln in reversed(logs) if re.match(r"(sweep failed|error)\b", ln, re.I)), logs[-1])
+        picked = next((ln for ln in reversed(logs) if re.match(r"(sweep failed|error)\b", ln, re.IGNORECASE)), logs[-1])
         prefix = "invalid input (exit code 2)" if code == 2 else (f"exit code {code}" if code is not None else "failed")
         return f"{prefix}: {picked}"[:2000]
     return lines[0][:2000]
@@ -163,8 +173,13 @@ def from_job(job: Any, tracking_uri: str | None) -> SweepStatus:
     elif status == "STOPPED":
         reason = "stopped by request"
     return SweepStatus(
-        id=job.submission_id or str(md.get(META_SWEEP_ID, "")), status=status, reason=reason, ray_status=ray_status,
-        name=md.get(META_NAME), submitted_at=_iso(job.start_time), ended_at=_iso(job.end_time),
+        id=job.submission_id or str(md.get(META_SWEEP_ID, "")),
+        status=status,
+        reason=reason,
+        ray_status=ray_status,
+        name=md.get(META_NAME),
+        submitted_at=_iso(job.start_time),
+        ended_at=_iso(job.end_time),
         tracking_uri=tracking_uri,
     )
 
@@ -192,8 +207,13 @@ def trial_counts(trials: list[Any], planned: int | None) -> TrialCounts:
             tag = TRIAL_STOPPED if r.info.status == "KILLED" else TRIAL_FAILED
         c[tag] += 1
     return TrialCounts(
-        planned=planned, done=c[TRIAL_COMPLETED], running=c[TRIAL_RUNNING], failed=c[TRIAL_FAILED],
-        diverged=c[TRIAL_DIVERGED], pruned=c[TRIAL_PRUNED], stopped=c[TRIAL_STOPPED],
+        planned=planned,
+        done=c[TRIAL_COMPLETED],
+        running=c[TRIAL_RUNNING],
+        failed=c[TRIAL_FAILED],
+        diverged=c[TRIAL_DIVERGED],
+        pruned=c[TRIAL_PRUNED],
+        stopped=c[TRIAL_STOPPED],
     )
 
 
@@ -207,8 +227,15 @@ def final_counts(parent: Any | None, planned: int | None) -> TrialCounts | None:
         v = m.get(trial_count_metric(status))
         return int(v) if v is not None and math.isfinite(v) else 0
 
-    return TrialCounts(planned=planned, done=n(TRIAL_COMPLETED), running=0, failed=n(TRIAL_FAILED),
-                       diverged=n(TRIAL_DIVERGED), pruned=n(TRIAL_PRUNED), stopped=n(TRIAL_STOPPED))
+    return TrialCounts(
+        planned=planned,
+        done=n(TRIAL_COMPLETED),
+        running=0,
+        failed=n(TRIAL_FAILED),
+        diverged=n(TRIAL_DIVERGED),
+        pruned=n(TRIAL_PRUNED),
+        stopped=n(TRIAL_STOPPED),
+    )
 
 
 def best_trial(trials: list[Any]) -> dict[str, Any] | None:
@@ -267,10 +294,15 @@ def with_runs(ray: SweepStatus, runs: SweepRuns, planned: int | None, *, with_tr
     exp_ids = runs.exp_ids
     mlflow_error = ray.mlflow_error or runs.note
     if mlflow_error is None and parent is None and ray.status == "SUCCEEDED":  # a finished driver always made one
-        mlflow_error = ("no MLflow parent run of this sweep in its tracking store (deleted?): its trial counts and "
-                        "result cannot be read")
+        mlflow_error = (
+            "no MLflow parent run of this sweep in its tracking store (deleted?): its trial counts and "
+            "result cannot be read"
+        )
     return replace(
-        ray, status=status, reason=reason, mlflow_error=mlflow_error,
+        ray,
+        status=status,
+        reason=reason,
+        mlflow_error=mlflow_error,
         trials=counts if with_trials else None,
         best=best_trial(trials) if with_trials else None,
         result=result,

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["Waiting", "waiting_on", "RAY_JOB_SERVER", "MLFLOW"]
+__all__ = ["MLFLOW", "RAY_JOB_SERVER", "Waiting", "waiting_on"]
 
 #: The backends a call may wait on, as a message names them (no address: the service's errors quote none).
 RAY_JOB_SERVER = "the Ray job server"
 MLFLOW = "MLflow"
 
 T = TypeVar("T")
-_CURRENT: contextvars.ContextVar["Waiting | None"] = contextvars.ContextVar("critbatch_waiting", default=None)
+_CURRENT: contextvars.ContextVar[Waiting | None] = contextvars.ContextVar("critbatch_waiting", default=None)
 
 
 class Waiting:

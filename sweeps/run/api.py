@@ -17,12 +17,20 @@ from sweeps.run.prepare import prepare_sweep
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 
-__all__ = ["run_sweep", "resume_sweep", "prepare_sweep", "PreparedSweep", "SweepResult"]
+__all__ = ["PreparedSweep", "SweepResult", "prepare_sweep", "resume_sweep", "run_sweep"]
 
 
-def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-              ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-              show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+def run_sweep(
+    spec: SweepSpec,
+    output: Path,
+    *,
+    tracking_uri: str | None = None,
+    sweep_id: str | None = None,
+    ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
+    show_progress: bool = True,
+    settings: Settings | None = None,
+) -> SweepResult:
     """Run the sweep of ``spec`` into ``output`` (:func:`sweeps.run.driver.run_single_sweep`), or the
     comparison of its ``arms`` (:func:`sweeps.run.compare.run_comparison`). ``settings``: the ``CRITBATCH_*``
     settings (:class:`sweeps.settings.Settings`), built once by the caller; default: from the environment.
@@ -44,18 +52,38 @@ def run_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None,
     if spec.arms:
         from sweeps.run.compare import run_comparison
 
-        return run_comparison(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
-                              ray_connect_timeout_s=ray_connect_timeout_s, show_progress=show_progress,
-                              settings=settings)
+        return run_comparison(
+            spec,
+            output,
+            tracking_uri=tracking_uri,
+            sweep_id=sweep_id,
+            ray_address=ray_address,
+            ray_connect_timeout_s=ray_connect_timeout_s,
+            show_progress=show_progress,
+            settings=settings,
+        )
     from sweeps.run.driver import run_single_sweep
 
-    return run_single_sweep(spec, output, tracking_uri=tracking_uri, sweep_id=sweep_id, ray_address=ray_address,
-                            ray_connect_timeout_s=ray_connect_timeout_s, show_progress=show_progress,
-                            settings=settings)
+    return run_single_sweep(
+        spec,
+        output,
+        tracking_uri=tracking_uri,
+        sweep_id=sweep_id,
+        ray_address=ray_address,
+        ray_connect_timeout_s=ray_connect_timeout_s,
+        show_progress=show_progress,
+        settings=settings,
+    )
 
 
-def resume_sweep(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                 show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+def resume_sweep(
+    output: Path,
+    *,
+    ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
+    show_progress: bool = True,
+    settings: Settings | None = None,
+) -> SweepResult:
     """Continue the sweep (:func:`sweeps.run.driver.resume_single_sweep`) or the comparison
     (:func:`sweeps.run.compare.resume_comparison`) in ``output``; returns what :func:`run_sweep` returns.
     ``settings``: as for :func:`run_sweep`.
@@ -68,9 +96,19 @@ def resume_sweep(output: Path, *, ray_address: str | None = None, ray_connect_ti
 
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
-        return resume_comparison(output, ray_address=ray_address, ray_connect_timeout_s=ray_connect_timeout_s,
-                                 show_progress=show_progress, settings=settings)
+        return resume_comparison(
+            output,
+            ray_address=ray_address,
+            ray_connect_timeout_s=ray_connect_timeout_s,
+            show_progress=show_progress,
+            settings=settings,
+        )
     from sweeps.run.driver import resume_single_sweep
 
-    return resume_single_sweep(output, ray_address=ray_address, ray_connect_timeout_s=ray_connect_timeout_s,
-                               show_progress=show_progress, settings=settings)
+    return resume_single_sweep(
+        output,
+        ray_address=ray_address,
+        ray_connect_timeout_s=ray_connect_timeout_s,
+        show_progress=show_progress,
+        settings=settings,
+    )

@@ -119,8 +119,10 @@ def run_branching(
     if train_in_process is None:
         raise InvalidInput("branching needs a pretraining spec (workload: pretrain)")
     if spec.resources.parallelism != "ddp":
-        raise InvalidInput("resources.parallelism: branching runs each branch in one process; use ddp, not "
-                           f"{spec.resources.parallelism}")
+        raise InvalidInput(
+            "resources.parallelism: branching runs each branch in one process; use ddp, not "
+            f"{spec.resources.parallelism}"
+        )
     check_data_files(spec)
     br = spec.branch or BranchSpec()
     b0 = br.base_batch_size_sequences or spec.search.base_batch_size_sequences
@@ -141,7 +143,8 @@ def run_branching(
 
     series = [_local_cbs_at(p, br, b0, results) for p in points]
     flops_branches = sum(
-        (r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"] for (p, _), r in results.items() if r["reports"])
+        (r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"] for (p, _), r in results.items() if r["reports"]
+    )
     flops_base = (base["reports"][-1]["tokens_seen"] * base["flops_per_token"]) if base["reports"] else 0.0
     parent = _log_branches(client, spec, br, b0, results, from_run_id, flops_branches + flops_base)
     out = {
@@ -180,12 +183,20 @@ def _check_window(br: BranchSpec, b0: int, context_length_tokens: int) -> None:
             f"branch.window_tokens {br.window_tokens} is not a multiple of the optimizer step of multiplier(s) "
             + ", ".join(f"{k:g} ({st} tokens per step)" for k, st in off.items())
             + f": those branches would stop past the window's end and their losses be compared at other tokens; "
-            f"use a multiple of {fit} tokens")
+            f"use a multiple of {fit} tokens"
+        )
 
 
-def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[str, Any], points: list[int],
-                             states_dir: Path, train_in_process, ray_address: str | None
-                             ) -> tuple[dict[str, Any], dict[tuple[int, float], dict[str, Any]]]:
+def _train_base_and_branches(
+    spec: SweepSpec,
+    br: BranchSpec,
+    b0: int,
+    hp: dict[str, Any],
+    points: list[int],
+    states_dir: Path,
+    train_in_process,
+    ray_address: str | None,
+) -> tuple[dict[str, Any], dict[tuple[int, float], dict[str, Any]]]:
     """Train the base run at ``B0`` (saving its state at each positive point), then every branch as a
     Ray task; returns ``(base result, {(point, k): branch result})`` (``Workload.train_in_process``)."""
     import ray
@@ -200,16 +211,24 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
     base_warmup_tokens = warmup_length_tokens(spec.schedule.warmup_tokens, spec.schedule.warmup_min_steps, step_tokens)
     data_path = resolve_data_path(spec)
     shards = data_path if spec.data.shards is not None else None  # resolved: the tasks run elsewhere
-    base_cfg = trial_config(spec, {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp}, "branch-base",
-                            data_path=data_path, shards=shards)
+    base_cfg = trial_config(
+        spec,
+        {"batch_size_sequences": b0, "seed": spec.seeds[0], **hp},
+        "branch-base",
+        data_path=data_path,
+        shards=shards,
+    )
     positive = [p for p in points if p > 0]
     with ray_session(ray_address, spec):
         task = ray.remote(num_cpus=spec.resources.cpus_per_worker)(train_in_process)
         if positive:
             # the last point's state is needed too: the loop does not save a state with its final report
             end = max(positive) + step_tokens
-            base_run = replace(base_cfg, budget_tokens=end, eval=replace(
-                base_cfg.eval, milestones_tokens=tuple(positive) + (end,), checkpoint_every_milestones=1))
+            base_run = replace(
+                base_cfg,
+                budget_tokens=end,
+                eval=replace(base_cfg.eval, milestones_tokens=tuple(positive) + (end,), checkpoint_every_milestones=1),
+            )
             save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
             base = cast(dict[str, Any], ray.get(task.remote(base_run.to_dict(), None, save)))
         else:
@@ -219,18 +238,31 @@ def _train_base_and_branches(spec: SweepSpec, br: BranchSpec, b0: int, hp: dict[
             for k in br.multipliers:
                 b = int(round(k * b0))
                 bhp = hyperparameters_for(spec, b, {})
-                bhp.update(lr=hp["lr"] * math.sqrt(k), lr_rule="sqrt", beta2_half_life_tokens=hp["beta2_half_life_tokens"])
+                bhp.update(
+                    lr=hp["lr"] * math.sqrt(k), lr_rule="sqrt", beta2_half_life_tokens=hp["beta2_half_life_tokens"]
+                )
                 bhp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b, T)
-                cfg = trial_config(spec, {"batch_size_sequences": b, "seed": spec.seeds[0], **bhp},
-                                   f"branch-{p}-k{k}", data_path=data_path, shards=shards)
+                cfg = trial_config(
+                    spec,
+                    {"batch_size_sequences": b, "seed": spec.seeds[0], **bhp},
+                    f"branch-{p}-k{k}",
+                    data_path=data_path,
+                    shards=shards,
+                )
                 end = p + br.window_tokens
-                cfg = replace(cfg, budget_tokens=end, eval=replace(
-                    cfg.eval, milestones_tokens=(end,), checkpoint_every_milestones=0, raw_every_milestone=True))
+                cfg = replace(
+                    cfg,
+                    budget_tokens=end,
+                    eval=replace(
+                        cfg.eval, milestones_tokens=(end,), checkpoint_every_milestones=0, raw_every_milestone=True
+                    ),
+                )
                 if p > 0:
                     # a branch continues the base run's LR warmup (in tokens, set by B0); it does not
                     # ramp again over warmup_min_steps steps of its own larger batch
-                    cfg = replace(cfg, schedule=replace(cfg.schedule, warmup_tokens=base_warmup_tokens,
-                                                        warmup_min_steps=0))
+                    cfg = replace(
+                        cfg, schedule=replace(cfg.schedule, warmup_tokens=base_warmup_tokens, warmup_min_steps=0)
+                    )
                 state = str(states_dir / f"base_{p}.pt") if p > 0 else None
                 refs[(p, k)] = task.remote(cfg.to_dict(), state, None)
         return base, {key: ray.get(ref) for key, ref in refs.items()}
@@ -245,15 +277,28 @@ def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, floa
         raw = last.get("val_loss_raw")
         losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
     k_star = local_cbs_multiplier(losses, br.epsilon)
-    ended = {str(k): (results[(p, k)]["reports"][-1]["tokens_seen"] if results[(p, k)]["reports"] else None)
-             for k in br.multipliers}
-    return {"tokens_seen": p, "k_star": k_star, "local_cbs_sequences": None if k_star is None else k_star * b0,
-            "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()},
-            "tokens_seen_at_loss": ended}
+    ended = {
+        str(k): (results[(p, k)]["reports"][-1]["tokens_seen"] if results[(p, k)]["reports"] else None)
+        for k in br.multipliers
+    }
+    return {
+        "tokens_seen": p,
+        "k_star": k_star,
+        "local_cbs_sequences": None if k_star is None else k_star * b0,
+        "losses": {str(k): (v if math.isfinite(v) else None) for k, v in losses.items()},
+        "tokens_seen_at_loss": ended,
+    }
 
 
-def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dict[tuple[int, float], dict[str, Any]],
-                  from_run_id: str | None, flops_measurement: float) -> str:
+def _log_branches(
+    client,
+    spec: SweepSpec,
+    br: BranchSpec,
+    b0: int,
+    results: dict[tuple[int, float], dict[str, Any]],
+    from_run_id: str | None,
+    flops_measurement: float,
+) -> str:
     """Log each branch as an MLflow child run of ``from_run_id`` (or of a new branch parent); the parent's id."""
     from mlflow.entities import Metric, Param
 
@@ -263,16 +308,26 @@ def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dic
     exp_id = exp.experiment_id if exp else create_experiment(client, spec.experiment_name)
     parent = from_run_id
     if parent is None:
-        parent = client.create_run(exp_id, run_name=f"{spec.name}-branching",
-                                   tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: "RUNNING"}).info.run_id
+        parent = client.create_run(
+            exp_id, run_name=f"{spec.name}-branching", tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: "RUNNING"}
+        ).info.run_id
     ts = int(time.time() * 1000)
     for (p, k), r in results.items():
-        run = client.create_run(exp_id, run_name=f"branch-t{p}-k{k}", tags={
-            TAG_PARENT_RUN_ID: parent, TAG_ROLE: ROLE_BRANCH, TAG_STATUS: r["status"].upper()})
+        run = client.create_run(
+            exp_id,
+            run_name=f"branch-t{p}-k{k}",
+            tags={TAG_PARENT_RUN_ID: parent, TAG_ROLE: ROLE_BRANCH, TAG_STATUS: r["status"].upper()},
+        )
         rid = run.info.run_id
-        client.log_batch(rid, params=[Param("branch_tokens_seen", str(p)), Param("multiplier", str(k)),
-                                      Param(PARAM_BATCH_SIZE_SEQUENCES, str(int(round(k * b0)))),
-                                      Param("window_tokens", str(br.window_tokens))])
+        client.log_batch(
+            rid,
+            params=[
+                Param("branch_tokens_seen", str(p)),
+                Param("multiplier", str(k)),
+                Param(PARAM_BATCH_SIZE_SEQUENCES, str(int(round(k * b0)))),
+                Param("window_tokens", str(br.window_tokens)),
+            ],
+        )
         ms = []
         for m in r["reports"]:
             for key in ("val_loss", "val_loss_raw", "train_loss"):
@@ -280,7 +335,9 @@ def _log_branches(client, spec: SweepSpec, br: BranchSpec, b0: int, results: dic
                 if isinstance(v, float) and math.isfinite(v):
                     ms.append(Metric(key, v, ts, int(m["tokens_seen"])))
         if r["reports"]:
-            ms.append(Metric("flops_measurement", float((r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"]), ts, 0))
+            ms.append(
+                Metric("flops_measurement", float((r["reports"][-1]["tokens_seen"] - p) * r["flops_per_token"]), ts, 0)
+            )
         if ms:
             client.log_batch(rid, metrics=ms)
         client.set_terminated(rid, status="FINISHED" if r["status"] == "completed" else "FAILED")

@@ -22,14 +22,14 @@ from sweeps.files import write_json
 from sweeps.run.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
-    "check_sweep_id_binding",
-    "read_storage_binding",
-    "write_storage_binding",
-    "OutputClaim",
-    "claim_output_folder",
-    "lock_output_folder",
     "LOCK_FILE",
     "STORAGE_BINDING_FILE",
+    "OutputClaim",
+    "check_sweep_id_binding",
+    "claim_output_folder",
+    "lock_output_folder",
+    "read_storage_binding",
+    "write_storage_binding",
 ]
 
 
@@ -76,8 +76,14 @@ def write_storage_binding(root: str, sweep_id: str, fingerprint: str, inputs: di
         f.write(json.dumps(data).encode())
 
 
-def check_sweep_id_binding(sweep_id: str, fingerprint: str, *, storage_root: str | None = None,
-                           mlflow_parents: list | None = None, optuna_storage: str | None = None) -> None:
+def check_sweep_id_binding(
+    sweep_id: str,
+    fingerprint: str,
+    *,
+    storage_root: str | None = None,
+    mlflow_parents: list | None = None,
+    optuna_storage: str | None = None,
+) -> None:
     """Refuse a spec other than the one a sweep id already runs, wherever the id is stored.
 
     Args:
@@ -92,10 +98,12 @@ def check_sweep_id_binding(sweep_id: str, fingerprint: str, *, storage_root: str
             records another fingerprint (a resumed sweep would run the old spec's trials and
             report the old batch sizes under the new spec).
     """
+
     def refuse(where: str, other: str) -> None:
         raise InvalidInput(
             f"--sweep-id {sweep_id!r} already runs another spec (fingerprint {other}, {where}); this spec's "
-            f"fingerprint is {fingerprint}: choose another --sweep-id, or run the original spec to resume it")
+            f"fingerprint is {fingerprint}: choose another --sweep-id, or run the original spec to resume it"
+        )
 
     if storage_root is not None:
         bound = read_storage_binding(storage_root)
@@ -126,8 +134,10 @@ LOCK_FILE = ".critbatch.lock"
 def _holder(output: Path) -> str:
     """Who holds an output folder, for error messages: its sweep id and the driver's pid and host."""
     who = {}
-    for path, read in ((output / LOCK_FILE, lambda p: json.loads(p.read_text() or "{}")),
-                       (output / "sweep.json", read_sweep_json)):
+    for path, read in (
+        (output / LOCK_FILE, lambda p: json.loads(p.read_text() or "{}")),
+        (output / "sweep.json", read_sweep_json),
+    ):
         try:
             who = {**read(path), **who}
         except (OSError, ValueError):  # a newer critbatch's sweep.json (InvalidInput) as well
@@ -237,13 +247,24 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
             if old.get("status") != "STARTING":  # a STARTING claim whose driver died is taken over
                 raise InvalidInput(
                     f"--output {output} already holds sweep '{old.get('sweep_id', '?')}': use `critbatch resume "
-                    f"{output}` to continue it, or choose another folder")
+                    f"{output}` to continue it, or choose another folder"
+                )
             marker.unlink()
         claim._write_holder(sweep_id)
         tmp = output / f".sweep.json.{os.getpid()}"
-        write_json(tmp, {VERSION_KEY: SWEEP_JSON_VERSION, "sweep_id": sweep_id, "fingerprint": fingerprint,
-                         "status": "STARTING", "pid": os.getpid(), "host": socket.gethostname(), "created": time.time()},
-                   indent=None)
+        write_json(
+            tmp,
+            {
+                VERSION_KEY: SWEEP_JSON_VERSION,
+                "sweep_id": sweep_id,
+                "fingerprint": fingerprint,
+                "status": "STARTING",
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "created": time.time(),
+            },
+            indent=None,
+        )
         try:
             os.link(tmp, marker)  # exclusive and atomic: fails if sweep.json appeared meanwhile
         except FileExistsError:

@@ -14,7 +14,15 @@ from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.run.reach import RayUnreachable, probe_ray_address, ray_connect_timeout_s
 from sweeps.spec import SweepSpec
 
-__all__ = ["init_ray", "ray_session", "cluster_shape", "plan_resources", "ResourcePlan", "HEALTH_CHECK_INTERVAL_S", "trial_env"]
+__all__ = [
+    "HEALTH_CHECK_INTERVAL_S",
+    "ResourcePlan",
+    "cluster_shape",
+    "init_ray",
+    "plan_resources",
+    "ray_session",
+    "trial_env",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +45,11 @@ TEST_HOOK_PREFIX = "CRITBATCH_TEST_"
 def trial_env() -> dict[str, str]:
     """The environment every trial process gets (the driver's own setting of a variable wins for the
     reuse timeout), plus the driver's ``CRITBATCH_TEST_*`` hooks where set."""
-    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S, "TOKENIZERS_PARALLELISM": "false",
-           "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S)}
+    env = {
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": HEALTH_CHECK_INTERVAL_S,
+        "TOKENIZERS_PARALLELISM": "false",
+        "TUNE_FUNCTION_THREAD_TIMEOUT_S": os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S", REUSE_THREAD_TIMEOUT_S),
+    }
     env.update({k: v for k, v in os.environ.items() if k.startswith(TEST_HOOK_PREFIX)})
     return env
 
@@ -96,17 +107,27 @@ def init_ray(address: str | None, spec: SweepSpec, *, connect_timeout_s: float |
     # non-empty resource request of its own).
     r = spec.resources
     cpus = os.cpu_count() or 1
-    extra = 1 if r.trial_driver_cpus * r.max_concurrent_trials <= 1 else int(
-        -(-r.trial_driver_cpus * r.max_concurrent_trials // 1))
+    extra = (
+        1
+        if r.trial_driver_cpus * r.max_concurrent_trials <= 1
+        else int(-(-r.trial_driver_cpus * r.max_concurrent_trials // 1))
+    )
     # one actor process less per trial: a local machine is not preempted by a cloud provider
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     for attempt in range(LOCAL_START_ATTEMPTS):
         try:
             with _quiet_default_token_auth():
-                ray.init(address="local", num_cpus=cpus + extra, include_dashboard=True, runtime_env=runtime_env,
-                         log_to_driver=False, logging_level=logging.WARNING, configure_logging=True)
+                ray.init(
+                    address="local",
+                    num_cpus=cpus + extra,
+                    include_dashboard=True,
+                    runtime_env=runtime_env,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                    configure_logging=True,
+                )
             return True
-        except Exception as exc:  # noqa: BLE001 - Ray's own start-up failures on an overloaded machine
+        except Exception as exc:
             ray.shutdown()
             if not _transient_start_failure(exc):
                 raise
@@ -115,7 +136,8 @@ def init_ray(address: str | None, spec: SweepSpec, *, connect_timeout_s: float |
                     f"Ray did not start in this process ({LOCAL_START_ATTEMPTS} attempts; the last: "
                     f"{type(exc).__name__}: {str(exc)[:200] or 'no message'}); the machine may be overloaded: "
                     "run the command again, or start a cluster with `ray start --head` and pass "
-                    "--address HOST:PORT") from exc
+                    "--address HOST:PORT"
+                ) from exc
             log.warning("Ray did not start (%s: %s); retrying", type(exc).__name__, exc)
     return True
 
@@ -137,9 +159,12 @@ def _connect(address: str, runtime_env: dict, timeout_s: float) -> None:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # noqa: BLE001 - ConnectionError, RuntimeError, TimeoutError of ray.init
         ray.shutdown()
-        raise RayUnreachable(address, f"cannot connect to the Ray cluster at {address}: ray.init failed "
-                             f"({type(exc).__name__}: {str(exc)[:300] or 'no message'}). Nothing was started. Check "
-                             "--address (or RAY_ADDRESS): it takes the head's GCS address, HEAD:6379 by default") from None
+        raise RayUnreachable(
+            address,
+            f"cannot connect to the Ray cluster at {address}: ray.init failed "
+            f"({type(exc).__name__}: {str(exc)[:300] or 'no message'}). Nothing was started. Check "
+            "--address (or RAY_ADDRESS): it takes the head's GCS address, HEAD:6379 by default",
+        ) from None
     finally:
         if unset:
             os.environ.pop("RAY_gcs_server_port_wait_time_s", None)

@@ -26,8 +26,9 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -40,8 +41,15 @@ from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
 from sweeps.spec.statuses import FINISHED_STATUSES
 
-__all__ = ["run_comparison", "resume_comparison", "analyze_comparison", "is_comparison", "naming_arm", "COMPARISON_FILE",
-           "ARMS_DIR"]
+__all__ = [
+    "ARMS_DIR",
+    "COMPARISON_FILE",
+    "analyze_comparison",
+    "is_comparison",
+    "naming_arm",
+    "resume_comparison",
+    "run_comparison",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +80,17 @@ def naming_arm(index: int, name: str) -> Iterator[None]:
         raise InvalidInput(prefix + str(exc)) from exc
 
 
-def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-                   ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                   show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+def run_comparison(
+    spec: SweepSpec,
+    output: Path,
+    *,
+    tracking_uri: str | None = None,
+    sweep_id: str | None = None,
+    ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
+    show_progress: bool = True,
+    settings: Settings | None = None,
+) -> SweepResult:
     """Run every arm of ``spec`` (a spec with ``arms``) as a sweep, then compare them. ``settings``: the
     ``CRITBATCH_*`` settings every arm runs with (default: from the environment).
 
@@ -96,27 +112,37 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
     settings = settings or Settings.from_env()
     output = Path(output).expanduser().resolve()
     if is_comparison(output):
-        raise InvalidInput(f"--output {output} already holds a comparison: use `critbatch resume {output}` to "
-                           "continue it, or choose another folder")
+        raise InvalidInput(
+            f"--output {output} already holds a comparison: use `critbatch resume {output}` to "
+            "continue it, or choose another folder"
+        )
     check_output_folder(output)
     cid = sweep_id or run_sweep_id(spec.name)
     if not is_valid_sweep_id(cid) or len(cid) + 25 > 128:
-        raise InvalidInput(f"--sweep-id {cid!r}: use letters, digits, '.', '_' and '-' (at most 103, the arms add "
-                           "'.ARM')")
+        raise InvalidInput(
+            f"--sweep-id {cid!r}: use letters, digits, '.', '_' and '-' (at most 103, the arms add '.ARM')"
+        )
     arms = spec.arm_specs()
     for i, (name, arm) in enumerate(arms):
         with naming_arm(i, name):
-            prepare_sweep(arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}",
-                          settings=settings)
+            prepare_sweep(
+                arm, _arm_dir(output, name), tracking_uri=tracking_uri, sweep_id=f"{cid}.{name}", settings=settings
+            )
     with ray_session(ray_address, _sizing(arms), connect_timeout_s=_timeout_s(ray_connect_timeout_s, settings)):
         total, largest = cluster_shape()
         for i, (name, arm) in enumerate(arms):
             with naming_arm(i, name):
                 plan_resources(arm, total, largest)  # raises InvalidInput before anything is written
         output.mkdir(parents=True, exist_ok=True)
-        state = {"comparison_id": cid, "fingerprint": spec.fingerprint(), "status": "RUNNING", "created": time.time(),
-                 "tracking_uri": tracking_uri, "ray_address": ray_address,
-                 "arms": [{"name": n, "sweep_id": f"{cid}.{n}", "output": str(_arm_dir(output, n))} for n, _ in arms]}
+        state = {
+            "comparison_id": cid,
+            "fingerprint": spec.fingerprint(),
+            "status": "RUNNING",
+            "created": time.time(),
+            "tracking_uri": tracking_uri,
+            "ray_address": ray_address,
+            "arms": [{"name": n, "sweep_id": f"{cid}.{n}", "output": str(_arm_dir(output, n))} for n, _ in arms],
+        }
         try:
             fd = os.open(output / COMPARISON_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
@@ -127,8 +153,14 @@ def run_comparison(spec: SweepSpec, output: Path, *, tracking_uri: str | None = 
         return _run_arms(spec, output, state, show_progress, settings)
 
 
-def resume_comparison(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                      show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+def resume_comparison(
+    output: Path,
+    *,
+    ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
+    show_progress: bool = True,
+    settings: Settings | None = None,
+) -> SweepResult:
     """Continue a comparison: finished arms are kept, a stopped one resumed, the rest run, then the comparison.
     ``settings``: as for :func:`run_comparison`.
 
@@ -163,7 +195,9 @@ def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepS
         state = json.loads((output / COMPARISON_FILE).read_text())
         spec = parse_stored_spec(yaml.safe_load((output / "spec.yaml").read_text()))
     except FileNotFoundError as exc:
-        raise InvalidInput(f"{output} holds no comparison{' ' + purpose if purpose else ''} ({exc.filename} missing)") from None
+        raise InvalidInput(
+            f"{output} holds no comparison{' ' + purpose if purpose else ''} ({exc.filename} missing)"
+        ) from None
     return output, state, spec
 
 
@@ -201,8 +235,9 @@ def _timeout_s(given: float | None, settings: Settings) -> float | None:
     return given if given is not None else settings.ray_connect_timeout_s
 
 
-def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool,
-              settings: Settings) -> SweepResult:
+def _run_arms(
+    spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool, settings: Settings
+) -> SweepResult:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
     from sweeps.run.runners import shared_runners
 
@@ -211,8 +246,9 @@ def _run_arms(spec: SweepSpec, output: Path, state: dict[str, Any], show_progres
     return result if result is not None else _finish(spec, output, state)
 
 
-def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool,
-                      settings: Settings) -> SweepResult | None:
+def _run_arms_in_turn(
+    spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool, settings: Settings
+) -> SweepResult | None:
     """Each arm in order (skipped when finished); the stopped arm's result, or None when every arm ran."""
     from sweeps.run.driver import resume_single_sweep, run_single_sweep
 
@@ -227,17 +263,28 @@ def _run_arms_in_turn(spec: SweepSpec, output: Path, state: dict[str, Any], show
         log.warning("comparison %s: arm %s", cid, name)
         with naming_arm(i, name):
             if status is None or status == "STARTING":
-                result = run_single_sweep(arm, arm_out, tracking_uri=state.get("tracking_uri"), sweep_id=f"{cid}.{name}",
-                                          ray_address=state.get("ray_address"), show_progress=show_progress,
-                                          settings=settings)
+                result = run_single_sweep(
+                    arm,
+                    arm_out,
+                    tracking_uri=state.get("tracking_uri"),
+                    sweep_id=f"{cid}.{name}",
+                    ray_address=state.get("ray_address"),
+                    show_progress=show_progress,
+                    settings=settings,
+                )
             else:
-                result = resume_single_sweep(arm_out, ray_address=state.get("ray_address"), show_progress=show_progress,
-                                             settings=settings)
+                result = resume_single_sweep(
+                    arm_out, ray_address=state.get("ray_address"), show_progress=show_progress, settings=settings
+                )
         if result.exit_code:  # stopped by a signal: the comparison stops with it, resumable
             state["status"] = "STOPPED"
             _save(output, state)
-            return dataclasses.replace(result, sweep_id=cid, output=str(output),
-                                       message=f"arm {name} stopped: `critbatch resume {output}` continues the comparison")
+            return dataclasses.replace(
+                result,
+                sweep_id=cid,
+                output=str(output),
+                message=f"arm {name} stopped: `critbatch resume {output}` continues the comparison",
+            )
     return None
 
 
@@ -255,15 +302,23 @@ def _measured(arm_out: Path) -> dict[str, float | None]:
             if v is not None:
                 seen[k].append(float(v))
     cbs = json.loads((arm_out / "cbs.json").read_text()) if (arm_out / "cbs.json").is_file() else {}
-    return {"optimizer_state_bytes_per_param": cbs.get("optimizer_state_bytes_per_param"),
-            **{k: statistics.median(v) if v else None for k, v in seen.items()}}
+    return {
+        "optimizer_state_bytes_per_param": cbs.get("optimizer_state_bytes_per_param"),
+        **{k: statistics.median(v) if v else None for k, v in seen.items()},
+    }
 
 
 def _arm_info(name: str, arm: SweepSpec, arm_out: Path, status: str | None, sweep_id: str) -> dict[str, Any]:
     sync = arm.resources.sync
-    return {"sync": sync.mode, "sync_every_steps": sync.every_steps if sync.mode != "ddp" else 1,
-            "replicas": arm.resources.workers_per_trial, "optimizer": arm.optimizer.name, "status": status,
-            "sweep_id": sweep_id, **_measured(arm_out)}
+    return {
+        "sync": sync.mode,
+        "sync_every_steps": sync.every_steps if sync.mode != "ddp" else 1,
+        "replicas": arm.resources.workers_per_trial,
+        "optimizer": arm.optimizer.name,
+        "status": status,
+        "sweep_id": sweep_id,
+        **_measured(arm_out),
+    }
 
 
 def analyze_comparison(output: Path) -> dict[str, Any]:
@@ -306,8 +361,9 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
         rows.append((name, _arm_info(name, arm, arm_out, _arm_status(arm_out), f"{cid}.{name}"), analysis))
     comparison = compare_arms(rows)
     failed = [n for n, info, _ in rows if info["status"] != "SUCCEEDED"]
-    comparison.update({"comparison_id": cid, "name": spec.name,
-                       "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}})
+    comparison.update(
+        {"comparison_id": cid, "name": spec.name, "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}}
+    )
     write_json(output / "cbs.json", finite_json(comparison))
     from sweeps.analysis.compare_report import write_comparison_report
 
@@ -324,5 +380,12 @@ def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> SweepResult
     message = "; ".join(comparison["summary"])
     if failed:
         message = f"arm(s) {failed} did not succeed; " + message
-    return SweepResult(ok=not failed and bool(ref_targets), status=state["status"], sweep_id=cid, cbs=comparison,
-                       output=str(output), message=message, exit_code=None)
+    return SweepResult(
+        ok=not failed and bool(ref_targets),
+        status=state["status"],
+        sweep_id=cid,
+        cbs=comparison,
+        output=str(output),
+        message=message,
+        exit_code=None,
+    )

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.co
     from sweeps.tracking.base import Tracker
     from workloads.api import WorkloadConfig
 
-__all__ = ["PreparedSweep", "SweepRun", "SweepResult"]
+__all__ = ["PreparedSweep", "SweepResult", "SweepRun"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,8 +129,15 @@ class SweepResult:
     @classmethod
     def stopped(cls, sweep_id: str, output: Path | str, message: str, exit_code: int | None) -> SweepResult:
         """A sweep stopped before its analysis (``ok`` False, no ``cbs``)."""
-        return cls(ok=False, status="STOPPED", sweep_id=sweep_id, cbs=None, output=str(output), message=message,
-                   exit_code=exit_code)
+        return cls(
+            ok=False,
+            status="STOPPED",
+            sweep_id=sweep_id,
+            cbs=None,
+            output=str(output),
+            message=message,
+            exit_code=exit_code,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """``{"ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"}``, in that order (``cbs``

@@ -44,14 +44,20 @@ def prepared_shards(spec: SweepSpec, output: Path, storage_root: str) -> str | N
 
     local = Path(storage_root) / PREPARED_DIR if "://" not in storage_root else output / PREPARED_DIR
     try:
-        result = prepare_text_file(spec.data.path, local, tokenizer=spec.data.tokenizer,
-                                   validation_fraction=spec.data.validation_fraction)
+        result = prepare_text_file(
+            spec.data.path, local, tokenizer=spec.data.tokenizer, validation_fraction=spec.data.validation_fraction
+        )
     except DataError as exc:
         raise InvalidInput(f"data.path: {exc}") from None
     totals = result.index["totals"]
-    log.info("data.path %s %s %s: %d train and %d validation tokens", spec.data.path,
-             "is up to date in" if result.up_to_date else "prepared into", result.folder,
-             totals["train"]["tokens"], totals["validation"]["tokens"])
+    log.info(
+        "data.path %s %s %s: %d train and %d validation tokens",
+        spec.data.path,
+        "is up to date in" if result.up_to_date else "prepared into",
+        result.folder,
+        totals["train"]["tokens"],
+        totals["validation"]["tokens"],
+    )
     if "://" not in storage_root:
         return result.folder
     import fsspec

@@ -31,7 +31,7 @@ from sweeps.spec.statuses import FINISHED_STATUSES
 from sweeps.tracking.base import Tracker
 from sweeps.tracking.registry import SinkContext, build_tracker
 
-__all__ = ["run_single_sweep", "resume_single_sweep"]
+__all__ = ["resume_single_sweep", "run_single_sweep"]
 
 log = logging.getLogger(__name__)
 
@@ -84,25 +84,41 @@ def run_single_sweep(
                 from sweeps.run.runners import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
-                with sweep_runners(prepared.spec, sweep_id, concurrency=plan.concurrency,
-                                   storage_path=prepared.storage_root + "/train", settings=settings):
+                with sweep_runners(
+                    prepared.spec,
+                    sweep_id,
+                    concurrency=plan.concurrency,
+                    storage_path=prepared.storage_root + "/train",
+                    settings=settings,
+                ):
                     resume = prepared.shared_storage and _tune_state_exists(prepared)
                     if resume:  # a retried job (e.g. a KubeRay RayJob) finds its own sweep's state on shared storage
                         tracker, state = _attach_shared(prepared, ray_address, settings)
                         log.warning("resuming sweep %s from %s", sweep_id, prepared.storage_root)
                     else:
-                        tracker = _tracker(prepared.tracking_uri, prepared.spec, sweep_id, prepared.fingerprint, settings)
+                        tracker = _tracker(
+                            prepared.tracking_uri, prepared.spec, sweep_id, prepared.fingerprint, settings
+                        )
                         state = _start(prepared, tracker, ray_address=ray_address, settings=settings)
                     started = True
-                    return _execute_guarded(SweepRun(prepared=prepared, tracker=tracker, state=state, stop=stop,
-                                                     concurrency=plan.concurrency, show_progress=show_progress,
-                                                     resume=resume))
+                    return _execute_guarded(
+                        SweepRun(
+                            prepared=prepared,
+                            tracker=tracker,
+                            state=state,
+                            stop=stop,
+                            concurrency=plan.concurrency,
+                            show_progress=show_progress,
+                            resume=resume,
+                        )
+                    )
         except KeyboardInterrupt:
             if started:
                 raise
             # stopped before the sweep started: nothing to resume, so nothing is left behind
-            return SweepResult.stopped(sweep_id, output, "stopped before the sweep started; nothing was kept",
-                                       stop.exit_code)
+            return SweepResult.stopped(
+                sweep_id, output, "stopped before the sweep started; nothing was kept", stop.exit_code
+            )
         finally:
             if claim is not None:  # none: Ray, the cluster's size or the claim itself refused the sweep
                 if not started:
@@ -143,10 +159,18 @@ def _start(prepared: PreparedSweep, tracker: Tracker, *, ray_address: str | None
         raise CritbatchError("the sweep's first tracking sink recorded no parent run: sweep.json needs its ids")
     if prepared.shared_storage:  # a retried job is checked against these (sweeps.run.prepare)
         write_storage_binding(root, prepared.sweep_id, _fingerprint(prepared), prepared.inputs)
-    state = SweepState(sweep_id=prepared.sweep_id, fingerprint=prepared.fingerprint, tracking_uri=prepared.tracking_uri,
-                       experiment_id=experiment_id, parent_run_id=parent_run_id,
-                       data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=root,
-                       optuna_storage=optuna_storage_url(output, settings), inputs=prepared.inputs)
+    state = SweepState(
+        sweep_id=prepared.sweep_id,
+        fingerprint=prepared.fingerprint,
+        tracking_uri=prepared.tracking_uri,
+        experiment_id=experiment_id,
+        parent_run_id=parent_run_id,
+        data_path=resolve_data_path(spec),
+        ray_address=ray_address,
+        storage_root=root,
+        optuna_storage=optuna_storage_url(output, settings),
+        inputs=prepared.inputs,
+    )
     SpaceReserve(output).keep()  # room to record a crash on a full disk
     _write_spec(output, spec)
     state.save(output)
@@ -172,8 +196,14 @@ def _discard(output: Path, tracker: Tracker | None) -> None:
     SpaceReserve(output).release()
 
 
-def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_connect_timeout_s: float | None = None,
-                        show_progress: bool = True, settings: Settings | None = None) -> SweepResult:
+def resume_single_sweep(
+    output: Path,
+    *,
+    ray_address: str | None = None,
+    ray_connect_timeout_s: float | None = None,
+    show_progress: bool = True,
+    settings: Settings | None = None,
+) -> SweepResult:
     """Resume an interrupted sweep from ``OUT`` (``Tuner.restore``; Optuna study and MLflow runs kept); not a
     comparison (the front door, :func:`sweeps.run.api.resume_sweep`, routes one to :mod:`sweeps.run.compare`).
 
@@ -215,16 +245,29 @@ def resume_single_sweep(output: Path, *, ray_address: str | None = None, ray_con
                 plan = plan_resources(spec, total, largest)
                 from sweeps.run.runners import sweep_runners
 
-                with sweep_runners(spec, state.sweep_id, concurrency=plan.concurrency,
-                                   storage_path=state.storage_root + "/train", settings=settings):
+                with sweep_runners(
+                    spec,
+                    state.sweep_id,
+                    concurrency=plan.concurrency,
+                    storage_path=state.storage_root + "/train",
+                    settings=settings,
+                ):
                     tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint, settings)
                     SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
                     tracker.attach_parent(state.experiment_id, state.parent_run_id)
                     state.status, state.error = "RUNNING", None
                     state.save(output)
-                    return _execute_guarded(SweepRun(prepared=prepared, tracker=tracker, state=state, stop=stop,
-                                                     concurrency=plan.concurrency, show_progress=show_progress,
-                                                     resume=True))
+                    return _execute_guarded(
+                        SweepRun(
+                            prepared=prepared,
+                            tracker=tracker,
+                            state=state,
+                            stop=stop,
+                            concurrency=plan.concurrency,
+                            show_progress=show_progress,
+                            resume=True,
+                        )
+                    )
         except KeyboardInterrupt:  # stopped before the resume began: the sweep is as it was
             return SweepResult.stopped(state.sweep_id, output, "stopped before the resume began", stop.exit_code)
         finally:
@@ -241,17 +284,27 @@ def _attach_shared(prepared: PreparedSweep, ray_address: str | None, settings: S
     tracker = _tracker(uri, spec, sweep_id, prepared.fingerprint, settings)
     found = tracker.find_sweep()
     if found is None:
-        raise InvalidInput(f"shared storage {prepared.storage_root} holds sweep '{sweep_id}' but MLflow at {uri} has no "
-                           "parent run for it")
+        raise InvalidInput(
+            f"shared storage {prepared.storage_root} holds sweep '{sweep_id}' but MLflow at {uri} has no "
+            "parent run for it"
+        )
     experiment_id, parent_run_id = found
     tracker.attach_parent(experiment_id, parent_run_id)
     # the inputs were checked against the storage root's (sweeps.run.prepare): the same, or none recorded
     # there yet (a sweep started before they were), which are recorded now
     write_storage_binding(prepared.storage_root, sweep_id, _fingerprint(prepared), prepared.inputs)
-    state = SweepState(sweep_id=sweep_id, fingerprint=prepared.fingerprint, tracking_uri=uri,
-                       experiment_id=experiment_id, parent_run_id=parent_run_id,
-                       data_path=resolve_data_path(spec), ray_address=ray_address, storage_root=prepared.storage_root,
-                       optuna_storage=optuna_storage_url(output, settings), inputs=prepared.inputs)
+    state = SweepState(
+        sweep_id=sweep_id,
+        fingerprint=prepared.fingerprint,
+        tracking_uri=uri,
+        experiment_id=experiment_id,
+        parent_run_id=parent_run_id,
+        data_path=resolve_data_path(spec),
+        ray_address=ray_address,
+        storage_root=prepared.storage_root,
+        optuna_storage=optuna_storage_url(output, settings),
+        inputs=prepared.inputs,
+    )
     SpaceReserve(output).keep()
     _write_spec(output, spec)
     state.save(output)
@@ -312,8 +365,12 @@ def _force_quit(run: SweepRun) -> SweepResult:
 def _tracker(uri: str, spec: SweepSpec, sweep_id: str, fingerprint: str | None, settings: Settings) -> Tracker:
     """The sweep's :class:`~sweeps.tracking.base.Tracker` (MLflow on ``uri``, and any other sink ``settings``
     names; no run started yet)."""
-    return build_tracker(SinkContext(tracking_uri=uri, spec=spec, sweep_id=sweep_id, fingerprint=fingerprint,
-                                     drain_s=settings.mlflow_drain_s), settings.tracking_sinks)
+    return build_tracker(
+        SinkContext(
+            tracking_uri=uri, spec=spec, sweep_id=sweep_id, fingerprint=fingerprint, drain_s=settings.mlflow_drain_s
+        ),
+        settings.tracking_sinks,
+    )
 
 
 def _write_spec(output: Path, spec: SweepSpec) -> None:

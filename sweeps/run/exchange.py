@@ -19,8 +19,15 @@ from sweeps.errors import CritbatchError
 if TYPE_CHECKING:
     from workloads.api import TrialConfig, TrialRunContext
 
-__all__ = ["TrialExchange", "TrialRunnerError", "exchange_name", "relay", "STALE_AFTER_S", "RELAY_POLL_S",
-           "HEARTBEAT_S"]
+__all__ = [
+    "HEARTBEAT_S",
+    "RELAY_POLL_S",
+    "STALE_AFTER_S",
+    "TrialExchange",
+    "TrialRunnerError",
+    "exchange_name",
+    "relay",
+]
 
 #: a trial whose relay has not polled nor beaten for this long fails (its Tune trial process is gone or hung)
 STALE_AFTER_S = 120.0

@@ -103,8 +103,8 @@ def execute_sweep(run: SweepRun) -> SweepResult:
 def _build_parts(run: SweepRun) -> _Parts:
     from sweeps.run.progress import ProgressCallback
     from sweeps.run.reaper import PlacementGroupReaper
-    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
     from sweeps.run.reportlog import ReportLog
+    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
     from sweeps.tracking.writer import MlflowTrialCallback
 
     spec, output, state, concurrency = run.spec, run.output, run.state, run.concurrency
@@ -121,22 +121,40 @@ def _build_parts(run: SweepRun) -> _Parts:
     from sweeps.run.dataprep import prepared_shards
 
     runners, shared = None, False
-    if use_trial_runners(spec, run.prepared.settings):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
+    if use_trial_runners(
+        spec, run.prepared.settings
+    ):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
         from sweeps.run.runners import TrialRunners, active_pool
 
         count, pool = min(concurrency, spec.max_trials), active_pool()
         shared = pool is not None  # a comparison's arms share runners while their shape stays the same
-        runners = (pool.runners_for(spec, count=count, storage_path=root + "/train") if pool is not None else
-                   TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train"))
+        runners = (
+            pool.runners_for(spec, count=count, storage_path=root + "/train")
+            if pool is not None
+            else TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train")
+        )
     workload = with_inputs(run.prepared.workload, data_path=state.data_path, shards=prepared_shards(spec, output, root))
-    trainable = make_trainable(spec, workload=workload, storage_path=root + "/train", save_dir_root=save_root,
-                               rung_gate_prefix=gate_prefix, exchange=runners.name if runners is not None else None)
-    progress = ProgressCallback(spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency,
-                                enabled=run.show_progress)
+    trainable = make_trainable(
+        spec,
+        workload=workload,
+        storage_path=root + "/train",
+        save_dir_root=save_root,
+        rung_gate_prefix=gate_prefix,
+        exchange=runners.name if runners is not None else None,
+    )
+    progress = ProgressCallback(
+        spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=run.show_progress
+    )
     c_tok, convention = run.prepared.facts.flops()
-    tracker_cb = MlflowTrialCallback(run.tracker, lambda cfg: {
-        **batch_plan_params(spec, int(cfg["batch_size_sequences"])), **training_params(spec), "flops_per_token": c_tok,
-        "flops_convention": convention})
+    tracker_cb = MlflowTrialCallback(
+        run.tracker,
+        lambda cfg: {
+            **batch_plan_params(spec, int(cfg["batch_size_sequences"])),
+            **training_params(spec),
+            "flops_per_token": c_tok,
+            "flops_convention": convention,
+        },
+    )
     scheduler = _scheduler(spec, output, gate_prefix=gate_prefix, local=local, resume=run.resume)
     callbacks = [tracker_cb, progress]
     if scheduler is not None:
@@ -153,8 +171,16 @@ def _build_parts(run: SweepRun) -> _Parts:
         from sweeps.search.budget import SweepBudgetStopper
 
         stopper = SweepBudgetStopper(spec.budget.sweep_flops)
-    return _Parts(trainable=trainable, scheduler=scheduler, stopper=stopper, progress=progress, callbacks=callbacks,
-                  report_log=report_log, runners=runners, runners_shared=shared)
+    return _Parts(
+        trainable=trainable,
+        scheduler=scheduler,
+        stopper=stopper,
+        progress=progress,
+        callbacks=callbacks,
+        report_log=report_log,
+        runners=runners,
+        runners_shared=shared,
+    )
 
 
 def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local: bool, resume: bool):
@@ -166,8 +192,9 @@ def _scheduler(spec: SweepSpec, output: Path, *, gate_prefix: str | None, local:
 
     path = output / PRUNED_WHILE_PAUSED
     pruned = json.loads(path.read_text()) if local and resume and path.is_file() else None
-    return EqualComputeScheduler.from_spec(spec, gate_prefix=gate_prefix, state_path=str(path) if local else None,
-                                           pruned_while_paused=pruned)
+    return EqualComputeScheduler.from_spec(
+        spec, gate_prefix=gate_prefix, state_path=str(path) if local else None, pruned_while_paused=pruned
+    )
 
 
 def _replay_past_trials(run: SweepRun, parts: _Parts) -> None:
@@ -176,8 +203,15 @@ def _replay_past_trials(run: SweepRun, parts: _Parts) -> None:
     scheduler = parts.scheduler
     if scheduler is not None:
         for r in past:
-            scheduler.observe(r.trial_id, r.batch_size_sequences, r.tokens, r.flops, r.val_loss,
-                              ended=r.status in _ENDED, pruning=r.pruning)
+            scheduler.observe(
+                r.trial_id,
+                r.batch_size_sequences,
+                r.tokens,
+                r.flops,
+                r.val_loss,
+                ended=r.status in _ENDED,
+                pruning=r.pruning,
+            )
         if scheduler.mode == "pause":
             scheduler.restore_decisions()
             for r in past:
@@ -208,7 +242,8 @@ def check_tune_state_readable(tune_dir: str) -> None:
             raise InvalidInput(
                 f"the Tune state {path} cannot be read by this critbatch ({type(exc).__name__}: {exc}); it was "
                 "probably written by another version: resume with the version that started the sweep. "
-                "Nothing was changed") from None
+                "Nothing was changed"
+            ) from None
 
 
 def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
@@ -217,7 +252,9 @@ def _restored_tuner(tune_dir: str, run: SweepRun, parts: _Parts):
     migrate_tune_state(tune_dir)  # older class paths, before Tune unpickles them
     tuner = tune.Tuner.restore(tune_dir, trainable=parts.trainable, resume_unfinished=True, resume_errored=True)
     # callbacks hold live clients, and the scheduler is the one its annotator is bound to: re-attach them
-    search_alg = reattach_restored_tuner(tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler)
+    search_alg = reattach_restored_tuner(
+        tuner, callbacks=parts.callbacks, stop=parts.stopper, scheduler=parts.scheduler
+    )
     if parts.scheduler is not None and parts.scheduler.mode == "pause":
         searcher_inside(search_alg).attach_scheduler(parts.scheduler)
     _attach_precision(searcher_inside(search_alg), run, parts)
@@ -250,8 +287,9 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
         records = records_from_reports(output)
         return sweep_analysis(spec, records, c_tok, targets=targets, tokens_per_seq=tps).to_json_dict(), records
 
-    def report(waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int,
-               targets: list[float] | None) -> None:
+    def report(
+        waves: list[dict[str, Any]], outcome: dict[str, Any] | None, planned_trials: int, targets: list[float] | None
+    ) -> None:
         write_json(output / PRECISION_FILE, {"waves": waves, "outcome": outcome, "targets": targets})
         if waves:  # none when the first wave's analysis failed (outcome analysis_failed)
             progress.wave(waves[-1], outcome, precision.b_crit_ratio, planned_trials)
@@ -268,9 +306,13 @@ def _new_tuner(run: SweepRun, parts: _Parts):
     spec, output, state = run.spec, run.output, run.state
     pause = parts.scheduler is not None and parts.scheduler.mode == "pause"
     # in mode pause the scheduler gates new trials: Tune's limiter would count the paused ones and deadlock
-    searcher = BatchSizeSearcher(spec, storage_url=state.optuna_storage or optuna_storage_url(output),
-                                 study_prefix=state.sweep_id, fingerprint=state.fingerprint,
-                                 scheduler=parts.scheduler if pause else None)
+    searcher = BatchSizeSearcher(
+        spec,
+        storage_url=state.optuna_storage or optuna_storage_url(output),
+        study_prefix=state.sweep_id,
+        fingerprint=state.fingerprint,
+        scheduler=parts.scheduler if pause else None,
+    )
     _attach_precision(searcher, run, parts)
     return tune.Tuner(
         parts.trainable,
@@ -282,7 +324,12 @@ def _new_tuner(run: SweepRun, parts: _Parts):
             reuse_actors=reuse_trial_actors(spec, run.prepared.settings),
             time_budget_s=spec.budget.wall_clock_s,
         ),
-        run_config=tune.RunConfig(name=state.sweep_id, storage_path=state.storage_root + "/tune",  # tune_experiment_dir
-                                  callbacks=parts.callbacks, verbose=0, stop=parts.stopper,
-                                  failure_config=tune.FailureConfig(max_failures=0)),
+        run_config=tune.RunConfig(
+            name=state.sweep_id,
+            storage_path=state.storage_root + "/tune",  # tune_experiment_dir
+            callbacks=parts.callbacks,
+            verbose=0,
+            stop=parts.stopper,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
     )

@@ -16,16 +16,16 @@ from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
 from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.provenance import sweep_provenance
-from sweeps.search.precision import budgets_trained, precise_enough, wave_summary
 from sweeps.run.state import write_json
 from sweeps.run.workload import flops_accounting, tokens_per_sequence
+from sweeps.search.precision import budgets_trained, precise_enough, wave_summary
 from sweeps.spec import SweepSpec
 from sweeps.spec.result import BestCheckpoint
-from sweeps.tracking import schema
 from sweeps.spec.statuses import SweepStatus, TrialStatus
+from sweeps.tracking import schema
 from sweeps.tracking.base import Tracker
 
-__all__ = ["finish_sweep", "sweep_analysis", "full_disk_note", "PRECISION_FILE"]
+__all__ = ["PRECISION_FILE", "finish_sweep", "full_disk_note", "sweep_analysis"]
 
 #: ``search.precision``'s waves and outcome, written after each wave (``OUT/precision.json``), read into ``cbs.json``
 PRECISION_FILE = "precision.json"
@@ -60,11 +60,12 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
         write_report(output, analysis, records, spec)
     except WriteFailed:
         raise  # a full disk: the sweep crashed (resumable), not a bug of the report
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("report failed")
     counts = analysis.trials.model_dump() if analysis.trials is not None else {}
-    status, message = _final_status(run, records, counts, stopped=stopped, budget_note=budget_note,
-                                    analysis_error=analysis_error, analysis=analysis)
+    status, message = _final_status(
+        run, records, counts, stopped=stopped, budget_note=budget_note, analysis_error=analysis_error, analysis=analysis
+    )
     if budget_note and not stopped:
         for r in records:
             if r.status == TrialStatus.STOPPED:
@@ -80,17 +81,30 @@ def finish_sweep(run: SweepRun, records: list, *, stopped: bool, budget_note: st
     state.mlflow_complete = complete
     if not complete:
         state.mlflow_incomplete_writes = tracker.pending_writes()
-        log.warning("MLflow was unreachable: %d write(s) could not be delivered; see sweep.json",
-                    len(state.mlflow_incomplete_writes))
+        log.warning(
+            "MLflow was unreachable: %d write(s) could not be delivered; see sweep.json",
+            len(state.mlflow_incomplete_writes),
+        )
     state.save(output)
     SpaceReserve(output).release()  # kept for a crash; a resume makes it again
-    return SweepResult(ok=status == SweepStatus.SUCCEEDED, status=status, sweep_id=state.sweep_id,
-                       cbs=analysis.to_json_dict(),
-                       output=str(output), message=message, exit_code=run.stop.exit_code if stopped else None)
+    return SweepResult(
+        ok=status == SweepStatus.SUCCEEDED,
+        status=status,
+        sweep_id=state.sweep_id,
+        cbs=analysis.to_json_dict(),
+        output=str(output),
+        message=message,
+        exit_code=run.stop.exit_code if stopped else None,
+    )
 
 
-def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None = None,
-                   targets: list[float] | None = None, tokens_per_seq: float | None = None) -> CbsResult:
+def sweep_analysis(
+    spec: SweepSpec,
+    records: list,
+    flops_per_token: float | None = None,
+    targets: list[float] | None = None,
+    tokens_per_seq: float | None = None,
+) -> CbsResult:
     """:func:`sweeps.analysis.analyze_trials` with the spec's context length, reference batch
     (``base_batch_size_sequences``), targets and tokens per sequence: ``cbs.json``'s analysis, also what
     ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
@@ -99,9 +113,14 @@ def sweep_analysis(spec: SweepSpec, records: list, flops_per_token: float | None
     (:func:`sweeps.run.workload.tokens_per_sequence`)."""
     c_tok = flops_per_token if flops_per_token is not None else flops_accounting(spec)[0]
     tps = tokens_per_seq if tokens_per_seq is not None else tokens_per_sequence(spec)
-    return analyze_trials(records, context_length_tokens=spec.model.context_length_tokens,
-                          reference_batch=float(spec.search.base_batch_size_sequences), flops_per_token=c_tok,
-                          targets=spec.targets or targets, tokens_per_sequence=tps)
+    return analyze_trials(
+        records,
+        context_length_tokens=spec.model.context_length_tokens,
+        reference_batch=float(spec.search.base_batch_size_sequences),
+        flops_per_token=c_tok,
+        targets=spec.targets or targets,
+        tokens_per_sequence=tps,
+    )
 
 
 def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
@@ -112,8 +131,9 @@ def _declared_targets(spec: SweepSpec, output: Path) -> list[float] | None:
     return json.loads(path.read_text()).get("targets") or None
 
 
-def _precision_section(spec: SweepSpec, output: Path, records: list, result: CbsResult, *, stopped: bool,
-                       budget_note: str) -> dict | None:
+def _precision_section(
+    spec: SweepSpec, output: Path, records: list, result: CbsResult, *, stopped: bool, budget_note: str
+) -> dict | None:
     """``cbs.json``'s ``precision``: what was asked, each wave's interval and additions (the last entry: the
     final analysis), and why it stopped adding: ``met``, ``max_trials``, ``nothing_to_add``, ``no_trial_completed``
     (the searcher's decision), else ``budget`` (the sweep's FLOP or wall-clock budget) or ``interrupted`` (a stop
@@ -127,25 +147,50 @@ def _precision_section(spec: SweepSpec, output: Path, records: list, result: Cbs
     analysis = result.to_json_dict()  # as search.precision reads an analysis after each wave
     final = {**wave_summary(analysis, len(records)), "added": []}
     if waves and waves[-1].get("trials") == final["trials"]:  # the last decision's wave, as cbs.json reads it
-        waves[-1] = {**final, "added": waves[-1].get("added", []),  # (the same unless Tune's state is remote)
-                     **{k: waves[-1][k] for k in ("trials_added",) if k in waves[-1]}}
+        waves[-1] = {
+            **final,
+            "added": waves[-1].get("added", []),  # (the same unless Tune's state is remote)
+            **{k: waves[-1][k] for k in ("trials_added",) if k in waves[-1]},
+        }
     else:
         waves.append(final)
     outcome = saved.get("outcome")
     if outcome is None:  # the searcher did not decide: a signal, a budget, or Tune's cap (num_samples) came first
-        because = ("interrupted" if stopped else "budget" if budget_note
-                   else "met" if precise_enough(analysis, p.b_crit_ratio) else "max_trials")
-        outcome = {"stopped_because": because, "b_crit_ratio_requested": p.b_crit_ratio,
-                   "b_crit_ratio": final["ratio"], "status": final["status"], "trials": len(records),
-                   **({"note": budget_note} if budget_note else {})}
+        because = (
+            "interrupted"
+            if stopped
+            else "budget"
+            if budget_note
+            else "met"
+            if precise_enough(analysis, p.b_crit_ratio)
+            else "max_trials"
+        )
+        outcome = {
+            "stopped_because": because,
+            "b_crit_ratio_requested": p.b_crit_ratio,
+            "b_crit_ratio": final["ratio"],
+            "status": final["status"],
+            "trials": len(records),
+            **({"note": budget_note} if budget_note else {}),
+        }
     else:  # the searcher's reason, with the interval cbs.json reports
         outcome = {**outcome, "b_crit_ratio": final["ratio"], "status": final["status"]}
-    return {"b_crit_ratio_requested": p.b_crit_ratio, "max_trials": spec.max_trials,
-            "trials_per_wave": p.trials_per_wave, "reallocate_tokens": p.reallocate_tokens,
-            **({"stop_at_loss": min(saved["targets"]),
-                "budgets_spent": round(budgets_trained(records, spec.budget_tokens, len(spec.seeds)), 4)}
-               if p.reallocate_tokens and saved.get("targets") and any(w.get("added") for w in waves) else {}),
-            "waves": waves, **outcome}
+    return {
+        "b_crit_ratio_requested": p.b_crit_ratio,
+        "max_trials": spec.max_trials,
+        "trials_per_wave": p.trials_per_wave,
+        "reallocate_tokens": p.reallocate_tokens,
+        **(
+            {
+                "stop_at_loss": min(saved["targets"]),
+                "budgets_spent": round(budgets_trained(records, spec.budget_tokens, len(spec.seeds)), 4),
+            }
+            if p.reallocate_tokens and saved.get("targets") and any(w.get("added") for w in waves)
+            else {}
+        ),
+        "waves": waves,
+        **outcome,
+    }
 
 
 def _analyse(run: SweepRun, records: list) -> tuple[CbsResult, str | None]:
@@ -153,33 +198,64 @@ def _analyse(run: SweepRun, records: list) -> tuple[CbsResult, str | None]:
     spec, state, facts = run.spec, run.state, run.prepared.facts
     c_tok, _ = facts.flops()
     try:
-        analysis = sweep_analysis(spec, records, c_tok, targets=_declared_targets(spec, run.output),
-                                  tokens_per_seq=facts.tokens_per_sequence())
+        analysis = sweep_analysis(
+            spec,
+            records,
+            c_tok,
+            targets=_declared_targets(spec, run.output),
+            tokens_per_seq=facts.tokens_per_sequence(),
+        )
         analysis_error = None
-    except Exception as exc:  # noqa: BLE001 - an analysis bug must not lose the trials
+    except Exception as exc:
         log.exception("analysis failed")
         analysis = CbsResult(status="analysis_failed", message=f"analysis failed: {exc}", b_crit=None)
         analysis_error = str(exc)
-    mlflow = {"tracking_uri": state.tracking_uri, "experiment_id": state.experiment_id,
-              "parent_run_id": state.parent_run_id, "child_runs": run.tracker.trial_run_ids()}
-    analysis = with_sweep_fields(analysis, sweep_id=state.sweep_id, flops_per_token=c_tok, trials_planned=spec.n_trials,
-                                 optimizer=spec.optimizer.name, provenance=sweep_provenance(spec), mlflow=mlflow)
+    mlflow = {
+        "tracking_uri": state.tracking_uri,
+        "experiment_id": state.experiment_id,
+        "parent_run_id": state.parent_run_id,
+        "child_runs": run.tracker.trial_run_ids(),
+    }
+    analysis = with_sweep_fields(
+        analysis,
+        sweep_id=state.sweep_id,
+        flops_per_token=c_tok,
+        trials_planned=spec.n_trials,
+        optimizer=spec.optimizer.name,
+        provenance=sweep_provenance(spec),
+        mlflow=mlflow,
+    )
     return analysis, analysis_error
 
 
-def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopped: bool,
-                  budget_note: str, analysis_error: str | None, analysis: CbsResult) -> tuple[str, str]:
+def _final_status(
+    run: SweepRun,
+    records: list,
+    counts: dict[str, int],
+    *,
+    stopped: bool,
+    budget_note: str,
+    analysis_error: str | None,
+    analysis: CbsResult,
+) -> tuple[str, str]:
     """The sweep's ``(status, message)``: ``STOPPED`` (resumable), ``FAILED`` or ``SUCCEEDED``."""
     spec, output = run.spec, run.output
     unfinished = sum(1 for r in records if r.status == TrialStatus.STOPPED) + max(0, spec.n_trials - len(records))
     if stopped:
-        status, message = SweepStatus.STOPPED, ("the sweep was stopped before all trials finished: `critbatch resume "
-                                      f"{output}` continues it")
+        status, message = (
+            SweepStatus.STOPPED,
+            (f"the sweep was stopped before all trials finished: `critbatch resume {output}` continues it"),
+        )
     elif unfinished and not budget_note:
         # Tune ended its run with trials unfinished (an interrupt that did not come through StopSignals,
         # e.g. Tune's SIGUSR1): not a result, and resumable
-        status, message = SweepStatus.STOPPED, (f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
-                                      f"`critbatch resume {output}` continues the sweep")
+        status, message = (
+            SweepStatus.STOPPED,
+            (
+                f"{unfinished} of {spec.n_trials} planned trial(s) did not finish: "
+                f"`critbatch resume {output}` continues the sweep"
+            ),
+        )
     elif analysis_error is not None:
         status, message = SweepStatus.FAILED, analysis.message or ""
     elif not counts.get(TrialStatus.COMPLETED):
@@ -188,7 +264,8 @@ def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopp
         status, message = SweepStatus.SUCCEEDED, analysis.message or ""
     if budget_note and not stopped:
         message = f"{budget_note}: analysed the {counts.get(TrialStatus.COMPLETED, 0)} trial(s) that completed" + (
-            f"; {message}" if message else "")
+            f"; {message}" if message else ""
+        )
     full_disk = full_disk_note(records)
     if full_disk:
         message = f"{message}; {full_disk}" if message else full_disk
@@ -196,7 +273,7 @@ def _final_status(run: SweepRun, records: list, counts: dict[str, int], *, stopp
 
 
 def full_disk_note(records: list) -> str:
-    """"N of the M failed trial(s) found their disk full (trial ID: no space left on device while writing
+    """ "N of the M failed trial(s) found their disk full (trial ID: no space left on device while writing
     ...)" when a FAILED trial's error names a full filesystem (``schema.names_full_disk``), else "": a
     sweep whose trials failed so says it, not only "no trial completed"."""
     failed = [r for r in records if r.status == schema.TRIAL_FAILED]
@@ -207,8 +284,9 @@ def full_disk_note(records: list) -> str:
     return f"{len(full)} of the {len(failed)} failed trial(s) found their disk full (trial {tid}: {cause})"
 
 
-def _close_parent(output: Path, tracker: Tracker, status: str, summary: dict[str, Any], message: str,
-                  best: Path | None) -> bool:
+def _close_parent(
+    output: Path, tracker: Tracker, status: str, summary: dict[str, Any], message: str, best: Path | None
+) -> bool:
     """End the MLflow parent run with the summary metrics and the sweep's files as artifacts; True if
     every MLflow write was delivered."""
     artifacts = output / "_artifacts"  # staged for MLflow, removed once logged
@@ -225,8 +303,9 @@ def _close_parent(output: Path, tracker: Tracker, status: str, summary: dict[str
     except OSError as exc:
         shutil.rmtree(artifacts, ignore_errors=True)
         raise write_failed(artifacts, exc) from exc
-    complete = tracker.finish(status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts),
-                              message=message)
+    complete = tracker.finish(
+        status, {k: v for k, v in summary.items() if isinstance(v, (int, float))}, str(artifacts), message=message
+    )
     shutil.rmtree(artifacts, ignore_errors=True)
     return complete
 
@@ -242,13 +321,27 @@ def _best_checkpoint(spec: SweepSpec, output: Path, analysis: CbsResult) -> tupl
     for tid in best.trial_ids_at_budget or []:
         src = output / "checkpoints" / tid
         if src.is_dir():
-            dst = replace_tree(src, output / "best_checkpoint", extra={"critbatch.json": json.dumps(
-                {"trial_id": tid, "batch_size_sequences": best.batch_size_sequences,
-                 "loss_at_budget": best.loss_at_budget, "config": best.best_config_at_budget}, indent=2)})
+            dst = replace_tree(
+                src,
+                output / "best_checkpoint",
+                extra={
+                    "critbatch.json": json.dumps(
+                        {
+                            "trial_id": tid,
+                            "batch_size_sequences": best.batch_size_sequences,
+                            "loss_at_budget": best.loss_at_budget,
+                            "config": best.best_config_at_budget,
+                        },
+                        indent=2,
+                    )
+                },
+            )
             size_mb = sum(f.stat().st_size for f in dst.rglob("*") if f.is_file()) / 2**20
             record = BestCheckpoint(path=str(dst), trial_id=tid, size_mb=size_mb)
             if size_mb <= spec.tracking.checkpoint_artifact_max_mb:
                 return dst, record
-            log.warning("best checkpoint is %.1f MB, over tracking.checkpoint_artifact_max_mb: not logged to MLflow", size_mb)
+            log.warning(
+                "best checkpoint is %.1f MB, over tracking.checkpoint_artifact_max_mb: not logged to MLflow", size_mb
+            )
             return None, record
     return None, None

@@ -35,7 +35,7 @@ from typing import Any
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 
-__all__ = ["pin_inputs", "check_inputs_unchanged", "content_sha256", "SHARD_FILES", "HF_CONFIG"]
+__all__ = ["HF_CONFIG", "SHARD_FILES", "check_inputs_unchanged", "content_sha256", "pin_inputs"]
 
 #: the ``inputs`` key of the shard files of a local ``data.shards``
 SHARD_FILES = "data.shards files"
@@ -82,8 +82,9 @@ def _inputs(spec: SweepSpec) -> dict[str, str]:
     return got
 
 
-def pin_inputs(spec: SweepSpec, *, hf_config_from: str | None = None,
-               missing_ok: bool = False) -> dict[str, dict[str, Any]]:
+def pin_inputs(
+    spec: SweepSpec, *, hf_config_from: str | None = None, missing_ok: bool = False
+) -> dict[str, dict[str, Any]]:
     """``{field: {"path", "sha256"}}`` for each input of ``spec`` (resolved: ``sweeps.run.preflight.resolve_paths``,
     so ``model.hf_config`` is a mapping); a remote input gets ``"sha256": None`` (not pinned). Local shards add
     :data:`SHARD_FILES`: ``{"path": folder, "sha256": None, "files": {name: {"bytes", "mtime_ns", "sha256" (the
@@ -132,8 +133,13 @@ def _pin_shard_files(folder: Path, *, missing_ok: bool) -> dict[str, Any]:
     return {"path": str(folder), "sha256": None, "files": files}
 
 
-def check_inputs_unchanged(pinned: dict[str, dict[str, Any]] | None, now: dict[str, dict[str, Any]], *,
-                           since: str, remedy: str = "put the originals back to resume, or start a new sweep") -> None:
+def check_inputs_unchanged(
+    pinned: dict[str, dict[str, Any]] | None,
+    now: dict[str, dict[str, Any]],
+    *,
+    since: str,
+    remedy: str = "put the originals back to resume, or start a new sweep",
+) -> None:
     """The gate of every way back into a started sweep: refuse when an input it was pinned with differs now.
 
     Contents are compared, not paths: ``now``'s paths may differ (a retried job's new working directory).
@@ -160,16 +166,21 @@ def check_inputs_unchanged(pinned: dict[str, dict[str, Any]] | None, now: dict[s
         elif cur.get("missing"):
             changed.append(f"{field} {cur['path']} is gone since {since} (it was sha256 {rec['sha256']})")
         elif cur.get("sha256") is None:
-            changed.append(f"{field} is now {cur['path']}, whose content is not read here (it was {rec['path']}, "
-                           f"sha256 {rec['sha256']})")
+            changed.append(
+                f"{field} is now {cur['path']}, whose content is not read here (it was {rec['path']}, "
+                f"sha256 {rec['sha256']})"
+            )
         elif cur["sha256"] != rec["sha256"]:
-            changed.append(f"{field} {cur['path']} changed since {since} (sha256 {rec['sha256']} then, "
-                           f"{cur['sha256']} now)")
+            changed.append(
+                f"{field} {cur['path']} changed since {since} (sha256 {rec['sha256']} then, {cur['sha256']} now)"
+            )
     if pinned and SHARD_FILES in pinned and not any(c.startswith("data.shards ") for c in changed):
         changed += _changed_shard_files(pinned[SHARD_FILES], now.get(SHARD_FILES), since)
     if changed:
-        raise InvalidInput("; ".join(changed) + f": the remaining trials would train on other inputs than the finished "
-                           f"ones, under one result; {remedy}")
+        raise InvalidInput(
+            "; ".join(changed) + f": the remaining trials would train on other inputs than the finished "
+            f"ones, under one result; {remedy}"
+        )
 
 
 def _changed_shard_files(was: dict[str, Any], now: dict[str, Any] | None, since: str) -> list[str]:

@@ -29,8 +29,17 @@ from sweeps.errors import InvalidInput
 from sweeps.files import write_atomic
 
 __all__ = [
-    "SWEEP_JSON_VERSION", "SWEEP_JSON_STEPS", "VERSION_KEY", "read_sweep_json", "upgrade_sweep_json",
-    "PICKLE_RENAMES", "MigratingUnpickler", "load_old_pickle", "tune_state_files", "migrate_tune_state", "BACKUP_SUFFIX",
+    "BACKUP_SUFFIX",
+    "PICKLE_RENAMES",
+    "SWEEP_JSON_STEPS",
+    "SWEEP_JSON_VERSION",
+    "VERSION_KEY",
+    "MigratingUnpickler",
+    "load_old_pickle",
+    "migrate_tune_state",
+    "read_sweep_json",
+    "tune_state_files",
+    "upgrade_sweep_json",
 ]
 
 # ---- sweep.json ---------------------------------------------------------------------------------------
@@ -62,12 +71,16 @@ def upgrade_sweep_json(d: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """
     version = d.get(VERSION_KEY, 1)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise InvalidInput(f"{path}: schema version {version!r} is not a version this critbatch knows "
-                           f"(it reads versions 1 to {SWEEP_JSON_VERSION})")
+        raise InvalidInput(
+            f"{path}: schema version {version!r} is not a version this critbatch knows "
+            f"(it reads versions 1 to {SWEEP_JSON_VERSION})"
+        )
     if version > SWEEP_JSON_VERSION:
-        raise InvalidInput(f"{path} has schema version {version}, newer than the {SWEEP_JSON_VERSION} this critbatch "
-                           "reads: use the critbatch that wrote it, or a newer one")
-    for step in SWEEP_JSON_STEPS[version - 1:]:
+        raise InvalidInput(
+            f"{path} has schema version {version}, newer than the {SWEEP_JSON_VERSION} this critbatch "
+            "reads: use the critbatch that wrote it, or a newer one"
+        )
+    for step in SWEEP_JSON_STEPS[version - 1 :]:
         d = step(d)
     return {**d, VERSION_KEY: SWEEP_JSON_VERSION}
 
@@ -91,9 +104,23 @@ def read_sweep_json(path: str | Path) -> dict[str, Any]:
 
 #: module paths that the trial's and the driver's pickles named before the ``workloads`` subpackages
 _WORKLOADS_MODULES = {
-    **{f"workloads.{m}": f"workloads.train.{m}" for m in (
-        "loop", "step", "sync", "evaluation", "schedule", "ema", "noise_scale", "batching", "scaling", "optim",
-        "parallel", "determinism")},
+    **{
+        f"workloads.{m}": f"workloads.train.{m}"
+        for m in (
+            "loop",
+            "step",
+            "sync",
+            "evaluation",
+            "schedule",
+            "ema",
+            "noise_scale",
+            "batching",
+            "scaling",
+            "optim",
+            "parallel",
+            "determinism",
+        )
+    },
     "workloads.shards": "workloads.data.shards",
     "workloads.prepare": "workloads.data.prepare",
     "workloads._prepare_io": "workloads.data._prepare_io",
@@ -107,11 +134,25 @@ _WORKLOADS_MODULES = {
 #: names of the flat modules ``workloads/data.py`` and ``workloads/model.py``, now in a module of the package
 _FLAT_MODULE_NAMES = {
     ("workloads.data", "workloads.data.corpus"): (
-        "Corpus", "load_corpus", "load_shard_corpus", "tokenizer_vocab_size", "encode_text", "step_generator",
-        "window_batch", "validation_batches"),
+        "Corpus",
+        "load_corpus",
+        "load_shard_corpus",
+        "tokenizer_vocab_size",
+        "encode_text",
+        "step_generator",
+        "window_batch",
+        "validation_batches",
+    ),
     ("workloads.model", "workloads.model.hf"): (
-        "hf_config", "build_model", "shape_of", "model_flops_per_token", "check_model_config", "model_vocab_size",
-        "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"),
+        "hf_config",
+        "build_model",
+        "shape_of",
+        "model_flops_per_token",
+        "check_model_config",
+        "model_vocab_size",
+        "peak_flops_per_s",
+        "DEVICE_PEAK_BF16_FLOPS",
+    ),
 }
 
 #: classes that left ``sweeps.spec.sections`` and ``sweeps.tracking.writer`` for modules of their own
@@ -174,6 +215,7 @@ class MigratingUnpickler(pickle.Unpickler):
                 self.renamed.append((path, ""))
                 path = PICKLE_RENAMES[path]
             return subimport(path)
+
         return renamed_subimport
 
 

@@ -14,22 +14,22 @@ import tempfile
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
-from sweeps.spec.milestones import milestone_warnings
 from sweeps.spec import SweepSpec
+from sweeps.spec.milestones import milestone_warnings
 
 __all__ = [
-    "resolve_paths",
+    "MIN_FIT_BATCH_SIZES",
+    "MIN_WARMUP_STEPS",
+    "budget_warnings",
     "check_data_files",
+    "check_optuna_storage",
     "check_output_folder",
     "check_output_writable",
     "check_tracking_uri",
-    "check_optuna_storage",
     "resolve_data_path",
+    "resolve_paths",
     "spec_warnings",
     "window_warnings",
-    "budget_warnings",
-    "MIN_WARMUP_STEPS",
-    "MIN_FIT_BATCH_SIZES",
 ]
 
 #: ``critbatch validate`` warns when the LR warmup covers fewer optimizer steps of the largest batch.
@@ -85,10 +85,14 @@ def check_data_files(spec: SweepSpec) -> dict | None:
         raise InvalidInput(f"data.path: {spec.data.path} is empty")
     if spec.data.tokenizer != "byte":
         _check_tokenizer(spec.data.tokenizer)
-    facts = get_workload(spec.workload).check_inputs(workload_config(spec, data_path=path))  # DataError: an InvalidInput
+    facts = get_workload(spec.workload).check_inputs(
+        workload_config(spec, data_path=path)
+    )  # DataError: an InvalidInput
     val_tokens = facts.get("validation_tokens")
     if val_tokens is not None and val_tokens < spec.eval.eval_tokens // 4:
-        log.warning("the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens)
+        log.warning(
+            "the validation split holds %d tokens, fewer than eval.eval_tokens=%d", val_tokens, spec.eval.eval_tokens
+        )
     return facts
 
 
@@ -111,14 +115,22 @@ def window_warnings(spec: SweepSpec, facts: dict | None) -> list[str]:
         n = max(0, (int(facts["train_tokens"]) - 1) // T)
         what = f"non-overlapping training windows of {T} tokens ({int(facts['train_tokens'])} training tokens)"
     else:
-        return [(f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
-                 "exceeds its training windows could not be checked")]
+        return [
+            (
+                f"data: the corpus is read by the workers only, so whether one batch of {sizes[-1]} sequences "
+                "exceeds its training windows could not be checked"
+            )
+        ]
     big = [b for b in sizes if b > n]
     if not big:
         return []
-    return [(f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
-             f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
-             f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}")]
+    return [
+        (
+            f"search.batch_sizes_sequences: batch size{'s' if len(big) > 1 else ''} {', '.join(map(str, big))} "
+            f"draw{'' if len(big) > 1 else 's'} more sequences per optimizer step than the corpus holds {what} "
+            f"({n}): windows overlap or repeat within one batch; use a larger corpus or batch sizes <= {n}"
+        )
+    ]
 
 
 def _check_shards(spec: SweepSpec) -> dict:
@@ -133,7 +145,9 @@ def _check_shards(spec: SweepSpec) -> dict:
     from workloads.api import get_workload
 
     if spec.workload != "pretrain":
-        raise InvalidInput("data.shards: only pretraining reads prepared shards; fine-tuning reads data.path (JSON Lines)")
+        raise InvalidInput(
+            "data.shards: only pretraining reads prepared shards; fine-tuning reads data.path (JSON Lines)"
+        )
     if spec.data.tokenizer != "byte":
         _check_tokenizer(spec.data.tokenizer)
     shards = resolve_data_path(spec)
@@ -152,8 +166,10 @@ def _check_tokenizer(tokenizer: str) -> None:
     if not Path(tokenizer).is_dir():
         raise InvalidInput(f"data.tokenizer: not 'byte' and not a local tokenizer directory: {tokenizer}")
     if not has_tokenizer_files(tokenizer):
-        raise InvalidInput(f"data.tokenizer: {tokenizer} holds no Hugging Face tokenizer "
-                           "(no tokenizer.json, tokenizer_config.json, vocab.json or tokenizer model)")
+        raise InvalidInput(
+            f"data.tokenizer: {tokenizer} holds no Hugging Face tokenizer "
+            "(no tokenizer.json, tokenizer_config.json, vocab.json or tokenizer model)"
+        )
     try:
         tokenizer_vocab_size(tokenizer)
     except Exception as exc:  # noqa: BLE001 - transformers raises anything from ValueError to OSError
@@ -178,9 +194,10 @@ def check_tracking_uri(uri: str, *, source: str) -> None:
     if file_store and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in ("true", "1"):
         raise InvalidInput(
             f"{source} {uri!r}: MLflow's file store is refused unless MLFLOW_ALLOW_FILE_STORE=true; "
-            "use sqlite:///PATH/mlflow.db or an MLflow server")
+            "use sqlite:///PATH/mlflow.db or an MLflow server"
+        )
     if uri.startswith("sqlite:///") and len(uri) > len("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):].split("?", 1)[0])
+        db = Path(uri[len("sqlite:///") :].split("?", 1)[0])
         if not db.parent.is_dir():
             raise InvalidInput(f"{source} {uri!r}: the folder {db.parent} does not exist")
 
@@ -209,7 +226,7 @@ def check_optuna_storage(url: str, *, source: str, wait_s: float = OPTUNA_LOCK_W
 
     if not url.startswith("sqlite:///") or len(url) <= len("sqlite:///"):
         return
-    db = Path(url[len("sqlite:///"):].split("?", 1)[0])
+    db = Path(url[len("sqlite:///") :].split("?", 1)[0])
     if not db.is_file():
         return
     try:
@@ -222,7 +239,8 @@ def check_optuna_storage(url: str, *, source: str, wait_s: float = OPTUNA_LOCK_W
     except sqlite3.Error as exc:
         raise InvalidInput(
             f"{source}: the Optuna study storage {db} cannot be written ({exc}; waited {wait_s:g} s): another "
-            "process holds it; stop that process or use another storage") from exc
+            "process holds it; stop that process or use another storage"
+        ) from exc
 
 
 def spec_warnings(spec: SweepSpec) -> list[str]:
@@ -254,12 +272,14 @@ def spec_warnings(spec: SweepSpec) -> list[str]:
         out.append(
             f"search.batch_sizes_sequences: {n_b} batch size{'s' if n_b > 1 else ''} cannot give b_crit (the fit of "
             f"S = S_min + E_min/B needs at least {MIN_FIT_BATCH_SIZES}): this sweep reports each batch size's losses "
-            f"and steps to target, and no b_crit")
+            f"and steps to target, and no b_crit"
+        )
     elif n_b < MIN_OK_BATCH_SIZES:
         out.append(
             f"search.batch_sizes_sequences: {n_b} batch sizes can give b_crit but never status ok, which needs at "
             f"least 2 fitted batch sizes on each side of the knee ({MIN_OK_BATCH_SIZES} or more, all reaching the "
-            f"target): the answer will be edge at best")
+            f"target): the answer will be edge at best"
+        )
     out += milestone_warnings(spec) + budget_warnings(spec)
     return out
 
@@ -276,10 +296,14 @@ def budget_warnings(spec: SweepSpec) -> list[str]:
     over = {b: t for b, t in over.items() if t != spec.budget_tokens}
     if not over:
         return []
-    return ["budget_tokens: " + ", ".join(f"batch size {b} trains {t} tokens ({t / spec.budget_tokens - 1:.1%} more)"
-                                          for b, t in over.items())
-            + f", not {spec.budget_tokens}: their steps ({T} x B tokens) do not divide it; use a multiple of "
-            f"{math.lcm(*(b * T for b in spec.search.batch_sizes_sequences))} tokens for equal compute"]
+    return [
+        "budget_tokens: "
+        + ", ".join(
+            f"batch size {b} trains {t} tokens ({t / spec.budget_tokens - 1:.1%} more)" for b, t in over.items()
+        )
+        + f", not {spec.budget_tokens}: their steps ({T} x B tokens) do not divide it; use a multiple of "
+        f"{math.lcm(*(b * T for b in spec.search.batch_sizes_sequences))} tokens for equal compute"
+    ]
 
 
 def check_output_writable(output: Path, *, purpose: str = "resume") -> None:
@@ -296,8 +320,10 @@ def check_output_writable(output: Path, *, purpose: str = "resume") -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".critbatch-write-check-", dir=output)
     except OSError as exc:
-        raise InvalidInput(f"cannot {purpose}: output folder {output} is not writable ({exc.strerror or exc}); "
-                           f"critbatch {purpose} writes the sweep's state there: make it writable") from None
+        raise InvalidInput(
+            f"cannot {purpose}: output folder {output} is not writable ({exc.strerror or exc}); "
+            f"critbatch {purpose} writes the sweep's state there: make it writable"
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -307,10 +333,13 @@ def resolve_paths(spec: SweepSpec) -> SweepSpec:
     where = "path" if spec.data.path is not None else "shards"
     update: dict = {"data": spec.data.model_copy(update={where: resolve_data_path(spec)})}
     if spec.data.tokenizer != "byte" and "://" not in spec.data.tokenizer:
-        update["data"] = update["data"].model_copy(update={"tokenizer": str(Path(spec.data.tokenizer).expanduser().resolve())})
+        update["data"] = update["data"].model_copy(
+            update={"tokenizer": str(Path(spec.data.tokenizer).expanduser().resolve())}
+        )
     if spec.finetune is not None and "://" not in spec.finetune.checkpoint_dir:
         update["finetune"] = spec.finetune.model_copy(
-            update={"checkpoint_dir": str(Path(spec.finetune.checkpoint_dir).expanduser().resolve())})
+            update={"checkpoint_dir": str(Path(spec.finetune.checkpoint_dir).expanduser().resolve())}
+        )
     if isinstance(spec.model.hf_config, str):  # read once, here: the workers get the mapping, not a path
         from sweeps.spec.hf_config import read_hf_config
 

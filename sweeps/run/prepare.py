@@ -26,11 +26,11 @@ from sweeps.run.preflight import (
     window_warnings,
 )
 from sweeps.run.state import SweepState, storage_root
-from sweeps.spec.milestones import check_milestones
 from sweeps.run.workload import WorkloadFacts, workload_config
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, run_sweep_id, tracking_uri_source
+from sweeps.spec.milestones import check_milestones
 from sweeps.tracking import schema
 
 __all__ = ["prepare_sweep", "resumed_sweep"]
@@ -38,8 +38,15 @@ __all__ = ["prepare_sweep", "resumed_sweep"]
 log = logging.getLogger(__name__)
 
 
-def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = None, sweep_id: str | None = None,
-                  fingerprint: str | None = None, settings: Settings | None = None) -> PreparedSweep:
+def prepare_sweep(
+    spec: SweepSpec,
+    output: Path,
+    *,
+    tracking_uri: str | None = None,
+    sweep_id: str | None = None,
+    fingerprint: str | None = None,
+    settings: Settings | None = None,
+) -> PreparedSweep:
     """Check ``spec`` for a run into ``output`` and resolve what the run needs; nothing is created.
 
     Args:
@@ -65,7 +72,9 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
     hf_config_from = spec.model.hf_config if isinstance(spec.model.hf_config, str) else None  # read by resolve_paths
     check_milestones(spec)
     facts = check_data_files(spec)
-    for warning in spec_warnings(spec) + window_warnings(spec, facts):  # validate prints them too; a run should not hide them
+    for warning in spec_warnings(spec) + window_warnings(
+        spec, facts
+    ):  # validate prints them too; a run should not hide them
         log.warning(warning)
     spec = resolve_paths(spec)
     workload = workload_config(spec)  # the budget plan changes no section the workload reads
@@ -83,18 +92,35 @@ def prepare_sweep(spec: SweepSpec, output: Path, *, tracking_uri: str | None = N
         check_optuna_storage(settings.optuna_storage, source="CRITBATCH_OPTUNA_STORAGE")
     root = storage_root(spec, output, sweep_id, settings)
     shared = root != str(output)
-    check_sweep_id_binding(sweep_id, fingerprint, storage_root=root if shared else None,
-                           mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
-                           optuna_storage=settings.optuna_storage)
+    check_sweep_id_binding(
+        sweep_id,
+        fingerprint,
+        storage_root=root if shared else None,
+        mlflow_parents=_mlflow_parents(uri, spec.experiment_name, sweep_id),
+        optuna_storage=settings.optuna_storage,
+    )
     bound = read_storage_binding(root) if shared else None
     recorded = (bound or {}).get("inputs")  # a retried job: the sweep's start is on the shared storage root
     inputs = pin_inputs(spec, hf_config_from=hf_config_from, missing_ok=recorded is not None)
     if recorded is not None:
-        check_inputs_unchanged(recorded, inputs,
-                               since=f"sweep {sweep_id!r} started (recorded in {root}/{STORAGE_BINDING_FILE})",
-                               remedy="put the originals back to resume it, or run with another --sweep-id")
-    return PreparedSweep(spec=spec, output=output, sweep_id=sweep_id, fingerprint=fingerprint, tracking_uri=uri,
-                         storage_root=root, workload=workload, facts=accounting, inputs=inputs, settings=settings)
+        check_inputs_unchanged(
+            recorded,
+            inputs,
+            since=f"sweep {sweep_id!r} started (recorded in {root}/{STORAGE_BINDING_FILE})",
+            remedy="put the originals back to resume it, or run with another --sweep-id",
+        )
+    return PreparedSweep(
+        spec=spec,
+        output=output,
+        sweep_id=sweep_id,
+        fingerprint=fingerprint,
+        tracking_uri=uri,
+        storage_root=root,
+        workload=workload,
+        facts=accounting,
+        inputs=inputs,
+        settings=settings,
+    )
 
 
 def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState, settings: Settings) -> PreparedSweep:
@@ -106,9 +132,18 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState, settings: Se
         InvalidInput: see :func:`sweeps.run.workload.workload_config`.
     """
     workload = workload_config(spec)
-    return PreparedSweep(spec=spec, output=Path(output), sweep_id=state.sweep_id, fingerprint=state.fingerprint,
-                         tracking_uri=state.tracking_uri, storage_root=state.storage_root, workload=workload,
-                         facts=WorkloadFacts(spec, workload), inputs=state.inputs, settings=settings)
+    return PreparedSweep(
+        spec=spec,
+        output=Path(output),
+        sweep_id=state.sweep_id,
+        fingerprint=state.fingerprint,
+        tracking_uri=state.tracking_uri,
+        storage_root=state.storage_root,
+        workload=workload,
+        facts=WorkloadFacts(spec, workload),
+        inputs=state.inputs,
+        settings=settings,
+    )
 
 
 def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:
@@ -123,15 +158,20 @@ def _plan_budget(spec: SweepSpec, accounting: WorkloadFacts) -> SweepSpec:
 
     plan = plan_trials(spec, accounting.flops()[0])
     if plan.reduced:
-        log.warning("budget.sweep_flops %.3g fits %d trial(s) per batch size (the spec asks for %d): planning %d trials",
-                    spec.budget.sweep_flops, plan.trials_per_batch_size, spec.search.trials_per_batch_size, plan.n_trials)
+        log.warning(
+            "budget.sweep_flops %.3g fits %d trial(s) per batch size (the spec asks for %d): planning %d trials",
+            spec.budget.sweep_flops,
+            plan.trials_per_batch_size,
+            spec.search.trials_per_batch_size,
+            plan.n_trials,
+        )
     return apply_plan(spec, plan)
 
 
 def _mlflow_parents(uri: str, experiment: str, sweep_id: str) -> list[tuple[str, str | None]]:
     """``(run id, critbatch.fingerprint tag)`` of the MLflow parent runs of a sweep id; [] when the store
     does not exist yet or cannot be read (starting the parent run then says why)."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):].split("?", 1)[0]).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :].split("?", 1)[0]).is_file():
         return []
     from mlflow.tracking import MlflowClient
 
@@ -143,8 +183,12 @@ def _mlflow_parents(uri: str, experiment: str, sweep_id: str) -> list[tuple[str,
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             return []
-        runs = client.search_runs([exp.experiment_id], filter_string=(
-            f"tags.`{schema.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'"))
+        runs = client.search_runs(
+            [exp.experiment_id],
+            filter_string=(
+                f"tags.`{schema.TAG_SWEEP_ID}` = '{sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'"
+            ),
+        )
     except Exception:  # noqa: BLE001
         return []
     return [(r.info.run_id, r.data.tags.get(schema.TAG_FINGERPRINT)) for r in runs]

@@ -6,11 +6,11 @@ import math
 import time
 from typing import Any
 
+from ray.tune import Callback
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from ray.tune import Callback
 
 from sweeps.spec.statuses import TrialStatus
 from workloads.api import TrialOutcome
@@ -21,8 +21,14 @@ PLAIN_CHANGE_S = 10.0  # output that is not a terminal: a changed state at most 
 PLAIN_HEARTBEAT_S = 60.0  # and a line at least this often
 
 #: the table's count of each trial status (a pruned trial counts as done; a stopped one is not counted)
-_COLUMN = {TrialStatus.RUNNING: "running", TrialStatus.PAUSED: "paused", TrialStatus.COMPLETED: "done",
-           TrialStatus.PRUNED: "done", TrialStatus.DIVERGED: "diverged", TrialStatus.FAILED: "failed"}
+_COLUMN = {
+    TrialStatus.RUNNING: "running",
+    TrialStatus.PAUSED: "paused",
+    TrialStatus.COMPLETED: "done",
+    TrialStatus.PRUNED: "done",
+    TrialStatus.DIVERGED: "diverged",
+    TrialStatus.FAILED: "failed",
+}
 
 
 class ProgressCallback(Callback):
@@ -32,8 +38,14 @@ class ProgressCallback(Callback):
     concurrency (before any trial finished: unknown).
     """
 
-    def __init__(self, n_trials: int, batch_sizes: list[int], concurrency: int, console: Console | None = None,
-                 enabled: bool = True):
+    def __init__(
+        self,
+        n_trials: int,
+        batch_sizes: list[int],
+        concurrency: int,
+        console: Console | None = None,
+        enabled: bool = True,
+    ):
         self.n_trials = n_trials
         self.batch_sizes = batch_sizes
         self.concurrency = max(1, concurrency)
@@ -88,7 +100,11 @@ class ProgressCallback(Callback):
         table.add_column("best val loss", justify="right")
         table.add_column("running", justify="right")
         for b in self.batch_sizes:
-            running = sum(1 for tid, s in self.status.items() if s == _COLUMN[TrialStatus.RUNNING] and self.latest.get(tid, {}).get("B") == b)
+            running = sum(
+                1
+                for tid, s in self.status.items()
+                if s == _COLUMN[TrialStatus.RUNNING] and self.latest.get(tid, {}).get("B") == b
+            )
             best = self.best.get(b)
             table.add_row(str(b), "-" if best is None else f"{best:.4f}", str(running) if running else "")
         return Group(head, table)
@@ -124,9 +140,11 @@ class ProgressCallback(Callback):
         c = self.counts()
         paused = f", {c['paused']} paused" if c.get("paused") else ""
         best = ", ".join(f"B={b}: {self.best[b]:.3f}" for b in sorted(self.best))  # trials still running too
-        return (f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
-                f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}"
-                + (f"; best val loss so far: {best}" if best else ""))
+        return (
+            f"[progress] {c['done']}/{self.n_trials} done, {c['running']} running{paused}, {c['failed']} failed, "
+            f"{c['diverged']} diverged; elapsed {int(time.monotonic() - self.t0)}s, ETA {self._eta_text()}"
+            + (f"; best val loss so far: {best}" if best else "")
+        )
 
     def replay(self, records: list) -> None:
         """Count the trials a resumed sweep had already ended (``TrialRecord`` s), and their best losses.
@@ -167,7 +185,9 @@ class ProgressCallback(Callback):
         self.durations.append(time.monotonic() - self.started.get(trial.trial_id, time.monotonic()))
         self._refresh()
 
-    def wave(self, wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ratio: float, planned_trials: int) -> None:
+    def wave(
+        self, wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ratio: float, planned_trials: int
+    ) -> None:
         """``search.precision``: say what the wave that just ended measured and what the sweep does next, and
         count the trials it added (``wave``: an entry of ``cbs.json``'s ``precision.waves``)."""
         self.n_trials = planned_trials
@@ -191,22 +211,31 @@ def wave_line(wave: dict[str, Any], outcome: dict[str, Any] | None, requested_ra
     (upper/lower 50, asked <= 3), status edge: adding 2 trial(s): B=32 at LR 0.0042, B=16 at LR 0.0061``."""
     ci = wave.get("b_crit_ci")
     b = wave.get("b_crit")
-    found = (f"b_crit {b:.3g} [{ci[0]:.3g}, {'inf' if ci[1] is None else f'{ci[1]:.3g}'}]"
-             if b is not None and ci and ci[0] is not None else "no b_crit yet")
+    found = (
+        f"b_crit {b:.3g} [{ci[0]:.3g}, {'inf' if ci[1] is None else f'{ci[1]:.3g}'}]"
+        if b is not None and ci and ci[0] is not None
+        else "no b_crit yet"
+    )
     ratio = wave.get("ratio")
-    head = (f"[precision] after {wave.get('trials')} trials: {found} (upper/lower "
-            f"{'unbounded' if ratio is None else f'{ratio:.3g}'}, asked <= {requested_ratio:g}), status {wave.get('status')}"
-            + (f", {wave['lr_brackets_open']} open LR bracket(s)" if wave.get("lr_brackets_open") else ""))
+    head = (
+        f"[precision] after {wave.get('trials')} trials: {found} (upper/lower "
+        f"{'unbounded' if ratio is None else f'{ratio:.3g}'}, asked <= {requested_ratio:g}), status {wave.get('status')}"
+        + (f", {wave['lr_brackets_open']} open LR bracket(s)" if wave.get("lr_brackets_open") else "")
+    )
     if outcome is not None:
-        why = {"met": "precise enough, no more trials", "max_trials": "search.precision.max_trials reached",
-               "nothing_to_add": "no trial left to add",
-               "no_trial_completed": "no trial completed, no more trials"}.get(outcome["stopped_because"],
-                                                                               outcome["stopped_because"])
+        why = {
+            "met": "precise enough, no more trials",
+            "max_trials": "search.precision.max_trials reached",
+            "nothing_to_add": "no trial left to add",
+            "no_trial_completed": "no trial completed, no more trials",
+        }.get(outcome["stopped_because"], outcome["stopped_because"])
         return f"{head}: {why}"
-    added = ", ".join(f"B={a['batch_size_sequences']}" + (f" at LR {a['lr']:.3g}" if a.get("lr") else " (new batch size)"
-                                                         if a.get("lr") is None else "")
-                      + (f" with {a['budget_multiple']}x the tokens" if (a.get("budget_multiple") or 1) > 1 else "")
-                      for a in wave.get("added", []))
+    added = ", ".join(
+        f"B={a['batch_size_sequences']}"
+        + (f" at LR {a['lr']:.3g}" if a.get("lr") else " (new batch size)" if a.get("lr") is None else "")
+        + (f" with {a['budget_multiple']}x the tokens" if (a.get("budget_multiple") or 1) > 1 else "")
+        for a in wave.get("added", [])
+    )
     # the trials the wave handed out (seeds and a new batch size's groups included); a wave recorded before
     # ``trials_added`` existed has only its proposals, one group each
     n = wave.get("trials_added", len(wave.get("added", [])))

@@ -48,7 +48,10 @@ def sweep_provenance(spec: SweepSpec) -> dict[str, Any]:
         "platform": platform.platform(),
         "packages": {name: _version(name) for name in PROVENANCE_PACKAGES},
         "driver": {"omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_num_threads": torch.get_num_threads()},
-        "worker": {"device": "cpu" if cpu else "cuda",
-                   "torch_num_threads": torch_threads_per_worker(spec.resources.cpus_per_worker),
-                   "deterministic_algorithms": cpu, "deterministic_warn_only": DETERMINISTIC_WARN_ONLY if cpu else None},
+        "worker": {
+            "device": "cpu" if cpu else "cuda",
+            "torch_num_threads": torch_threads_per_worker(spec.resources.cpus_per_worker),
+            "deterministic_algorithms": cpu,
+            "deterministic_warn_only": DETERMINISTIC_WARN_ONLY if cpu else None,
+        },
     }

@@ -31,8 +31,13 @@ from urllib.parse import urlsplit
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.settings import Settings
 
-__all__ = ["RayUnreachable", "DEFAULT_CONNECT_TIMEOUT_S", "CONNECT_TIMEOUT_ENV", "ray_connect_timeout_s",
-           "probe_ray_address"]
+__all__ = [
+    "CONNECT_TIMEOUT_ENV",
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "RayUnreachable",
+    "probe_ray_address",
+    "ray_connect_timeout_s",
+]
 
 #: How long a given Ray address may take to answer when neither ``--connect-timeout-s`` nor
 #: :data:`CONNECT_TIMEOUT_ENV` says otherwise (seconds).
@@ -110,9 +115,10 @@ def probe_ray_address(address: str, timeout_s: float) -> None:
     tried = f"TCP connect to {host}:{port}"
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
-    except socket.timeout:
-        _fail(address, f"{tried}: no answer within {timeout_s:g} s (a host that is down, or a firewall)",
-              timed_out=True)
+    except TimeoutError:
+        _fail(
+            address, f"{tried}: no answer within {timeout_s:g} s (a host that is down, or a firewall)", timed_out=True
+        )
     except OSError as exc:
         refused = exc.errno == errno.ECONNREFUSED
         why = "refused (nothing listens there)" if refused else (exc.strerror or type(exc).__name__)
@@ -130,17 +136,24 @@ def probe_ray_address(address: str, timeout_s: float) -> None:
                 if not chunk:
                     break
                 answer += chunk
-        except socket.timeout:
-            _fail(address, f"{tried}: the connection opened but nothing answered within {timeout_s:g} s "
-                           "(a stopped or hung process)", timed_out=True)
+        except TimeoutError:
+            _fail(
+                address,
+                f"{tried}: the connection opened but nothing answered within {timeout_s:g} s "
+                "(a stopped or hung process)",
+                timed_out=True,
+            )
         except OSError as exc:
             _fail(address, f"{tried}: the connection broke ({exc.strerror or type(exc).__name__})")
     if len(answer) >= 4 and answer[3] == _H2_SETTINGS:
         return
     if answer.startswith((b"HTTP/", b"<")):  # a status line, or (to an HTTP/2.0 request line) an HTML page
-        _fail(address, f"{tried}: an HTTP/1 server answered, not Ray's GCS (the dashboard's job server? "
-                       "`critbatch run --address` takes the GCS address, HEAD:6379 by default; `critbatch submit` "
-                       "takes the job server, http://HEAD:8265)")
+        _fail(
+            address,
+            f"{tried}: an HTTP/1 server answered, not Ray's GCS (the dashboard's job server? "
+            "`critbatch run --address` takes the GCS address, HEAD:6379 by default; `critbatch submit` "
+            "takes the job server, http://HEAD:8265)",
+        )
     what = f"it answered {answer[:16]!r}" if answer else "it closed the connection without answering"
     _fail(address, f"{tried}: {what}, which no gRPC server does")
 
@@ -148,6 +161,8 @@ def probe_ray_address(address: str, timeout_s: float) -> None:
 def _fail(address: str, tried: str, *, timed_out: bool = False) -> NoReturn:
     """Raise :class:`RayUnreachable` for ``address`` with what was ``tried`` (and, after a wait, how to wait longer)."""
     wait = f"; wait longer with --connect-timeout-s or {CONNECT_TIMEOUT_ENV}" if timed_out else ""
-    raise RayUnreachable(address, f"cannot reach a Ray cluster at {address}: {tried}. Nothing was started. Check "
-                         f"--address (or RAY_ADDRESS) and that the cluster is up (`ray status --address {address}`)"
-                         + wait)
+    raise RayUnreachable(
+        address,
+        f"cannot reach a Ray cluster at {address}: {tried}. Nothing was started. Check "
+        f"--address (or RAY_ADDRESS) and that the cluster is up (`ray status --address {address}`)" + wait,
+    )

@@ -60,15 +60,22 @@ class PlacementGroupReaper(Callback):
         table = gcs_pb2.PlacementGroupTableData  # pyright: ignore[reportAttributeAccessIssue]
         n = 0
         for pg in placement_group_table():
-            candidate = (pg.state in (table.CREATED, table.PENDING)
-                         and not pg.is_detached and pg.creator_actor_id not in (b"", nil))
+            candidate = (
+                pg.state in (table.CREATED, table.PENDING)
+                and not pg.is_detached
+                and pg.creator_actor_id not in (b"", nil)
+            )
             # the group's own flag is not always set when its creator dies (sweeps._compat.actor_is_dead)
             orphan = candidate and (pg.creator_actor_dead or actor_is_dead(pg.creator_actor_id))
             if orphan:
                 pg_id = ray.PlacementGroupID(pg.placement_group_id)
                 ray.util.remove_placement_group(PlacementGroup(pg_id))
                 self.removed.append(pg_id.hex())
-                log.warning("removed placement group %s of job %s: its creator (a Ray Train controller) is gone "
-                            "(trial finished or stopped)", pg_id.hex(), pg.creator_job_id.hex())
+                log.warning(
+                    "removed placement group %s of job %s: its creator (a Ray Train controller) is gone "
+                    "(trial finished or stopped)",
+                    pg_id.hex(),
+                    pg.creator_job_id.hex(),
+                )
                 n += 1
         return n

@@ -18,14 +18,15 @@ from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
 from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_FAILED, TRIAL_PARAMS_SUFFIX, trial_error_line, trial_status
 
-__all__ = ["collect_records", "records_from_reports", "records_from_grid", "HYPERPARAMETER_KEYS"]
+__all__ = ["HYPERPARAMETER_KEYS", "collect_records", "records_from_grid", "records_from_reports"]
 
 #: the sampled hyperparameters a record keeps (the Tune config's keys)
 HYPERPARAMETER_KEYS = ("lr_rule", "lr_multiplier", "lr", "beta2", "beta2_half_life_tokens")
 
 
-def _record(trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str,
-            error: str | None = None) -> TrialRecord:
+def _record(
+    trial_id: str, cfg: dict[str, Any], curve: list[dict], last: dict, status: str, error: str | None = None
+) -> TrialRecord:
     """A :class:`TrialRecord` from a trial's Tune config and its reports (one per tokens value, in order);
     ``error`` is kept for a FAILED one only."""
     return TrialRecord(
@@ -105,8 +106,9 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
     return records
 
 
-def _trial_record(reports: Path, trial_id: str, cfg: dict, rows: list[dict], has_error: bool,
-                  pruned_while_paused: dict) -> TrialRecord:
+def _trial_record(
+    reports: Path, trial_id: str, cfg: dict, rows: list[dict], has_error: bool, pruned_while_paused: dict
+) -> TrialRecord:
     """One trial's record from its config, Tune's ``result.json`` rows and the driver's report log.
 
     The trial failed if its latest attempt ended with an error (``<trial id>.end.json``); without that
@@ -195,7 +197,11 @@ def records_from_grid(grid) -> list:
     for res in grid:
         df = res.metrics_dataframe
         rows = df.to_dict("records") if df is not None else []
-        by_tokens = {int(r["tokens_seen"]): r for r in rows if r.get("tokens_seen") == r.get("tokens_seen") and "tokens_seen" in r}
+        by_tokens = {
+            int(r["tokens_seen"]): r
+            for r in rows
+            if r.get("tokens_seen") == r.get("tokens_seen") and "tokens_seen" in r
+        }
         curve = [by_tokens[k] for k in sorted(by_tokens)]
         last = curve[-1] if curve else {}
         cfg = res.config or {}
@@ -204,6 +210,14 @@ def records_from_grid(grid) -> list:
             if curve:
                 curve[-1] = last
         tid = str((res.metrics or {}).get("trial_id") or Path(res.path).name)
-        out.append(_record(tid, cfg, curve, last, trial_status(last, failed=res.error is not None),
-                           trial_error_line(str(res.error)) if res.error is not None else None))
+        out.append(
+            _record(
+                tid,
+                cfg,
+                curve,
+                last,
+                trial_status(last, failed=res.error is not None),
+                trial_error_line(str(res.error)) if res.error is not None else None,
+            )
+        )
     return out

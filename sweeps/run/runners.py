@@ -33,7 +33,16 @@ from ray.tune import Callback
 from sweeps.run.exchange import TrialExchange, exchange_name
 from sweeps.settings import Settings
 
-__all__ = ["TrialRunners", "RunnerPool", "shared_runners", "sweep_runners", "active_pool", "runner_shape", "RunnerCancels", "RunnerHost"]
+__all__ = [
+    "RunnerCancels",
+    "RunnerHost",
+    "RunnerPool",
+    "TrialRunners",
+    "active_pool",
+    "runner_shape",
+    "shared_runners",
+    "sweep_runners",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +103,16 @@ class RunnerHost:
 
         trial_torch_trainer()
 
-    def run(self, *, exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str,
-            resources: dict[str, Any]) -> str:
+    def run(
+        self,
+        *,
+        exchange: str,
+        namespace: str,
+        runner_id: str,
+        run_name: str,
+        storage_path: str,
+        resources: dict[str, Any],
+    ) -> str:
         """Run the slot until the exchange shuts its runners down; returns how it ended."""
         import ray
 
@@ -119,8 +136,9 @@ class RunnerHost:
         return "gone"
 
 
-def _trainer(exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str,
-             resources: dict[str, Any]):
+def _trainer(
+    exchange: str, namespace: str, runner_id: str, run_name: str, storage_path: str, resources: dict[str, Any]
+):
     """One runner slot's Ray Train run (``TrialTorchTrainer`` running ``runner_fn_per_worker``)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig
@@ -134,10 +152,12 @@ def _trainer(exchange: str, namespace: str, runner_id: str, run_name: str, stora
         runner_fn_per_worker,
         train_loop_config={"exchange": exchange, "namespace": namespace, "runner_id": runner_id},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=resources["workers_per_trial"], use_gpu=use_gpu,
-                                     resources_per_worker=per_worker),
-        run_config=RunConfig(name=run_name, storage_path=storage_path,
-                             failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)),
+        scaling_config=ScalingConfig(
+            num_workers=resources["workers_per_trial"], use_gpu=use_gpu, resources_per_worker=per_worker
+        ),
+        run_config=RunConfig(
+            name=run_name, storage_path=storage_path, failure_config=FailureConfig(max_failures=RUNNER_MAX_FAILURES)
+        ),
     )
 
 
@@ -162,7 +182,7 @@ class TrialRunners:
         self._hosts: list[Any] = []
         self._runs: list[Any] = []
 
-    def prepare(self) -> "TrialRunners":
+    def prepare(self) -> TrialRunners:
         """Create the exchange and one :class:`RunnerHost` per slot, and let the hosts import what they
         need (:meth:`RunnerHost.warm`); nothing runs and no file is written until :meth:`start`."""
         import ray
@@ -174,15 +194,18 @@ class TrialRunners:
             ray.kill(ray.get_actor(self.name, namespace=namespace))
         except ValueError:
             pass
-        self.exchange = ray.remote(TrialExchange).options(name=self.name, namespace=namespace, num_cpus=0,
-                                                          max_concurrency=1).remote(self.spec.resources.max_failures)
+        self.exchange = (
+            ray.remote(TrialExchange)
+            .options(name=self.name, namespace=namespace, num_cpus=0, max_concurrency=1)
+            .remote(self.spec.resources.max_failures)
+        )
         host_cls = ray.remote(num_cpus=0, max_restarts=0)(RunnerHost)
         self._hosts = [host_cls.remote() for _ in range(self.count)]
         for host in self._hosts:
             host.warm.remote()
         return self
 
-    def start(self) -> "TrialRunners":
+    def start(self) -> TrialRunners:
         """Start every runner's Ray Train run (:meth:`prepare` first if it was not called); they take trials
         as soon as their workers are up. Runners already started (a :class:`RunnerPool`'s) are left as they are."""
         import ray
@@ -193,13 +216,23 @@ class TrialRunners:
         ray.get(self.exchange.set_runners.remote(self.count))  # up before any relay looks for it
         namespace = ray.get_runtime_context().namespace
         r = self.spec.resources
-        resources = {"workers_per_trial": r.workers_per_trial, "cpus_per_worker": r.cpus_per_worker,
-                     "gpus_per_worker": r.gpus_per_worker}
+        resources = {
+            "workers_per_trial": r.workers_per_trial,
+            "cpus_per_worker": r.cpus_per_worker,
+            "gpus_per_worker": r.gpus_per_worker,
+        }
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self._runs = [host.run.remote(exchange=self.name, namespace=namespace, runner_id=f"runner-{i}",
-                                      run_name=f"runner-{stamp}-{i}", storage_path=self.storage_path,
-                                      resources=resources)
-                      for i, host in enumerate(self._hosts)]
+        self._runs = [
+            host.run.remote(
+                exchange=self.name,
+                namespace=namespace,
+                runner_id=f"runner-{i}",
+                run_name=f"runner-{stamp}-{i}",
+                storage_path=self.storage_path,
+                resources=resources,
+            )
+            for i, host in enumerate(self._hosts)
+        ]
         return self
 
     def stop(self, timeout_s: float = 30.0, *, forced: bool = False) -> bool:
@@ -278,8 +311,9 @@ class RunnerPool:
             return self._runners
         self.close()
         self._made += 1
-        self._runners = TrialRunners(spec, sweep_id=f"{self.pool_id}.runners-{self._made}", count=count,
-                                     storage_path=storage_path)
+        self._runners = TrialRunners(
+            spec, sweep_id=f"{self.pool_id}.runners-{self._made}", count=count, storage_path=storage_path
+        )
         self._shape = shape
         return self._runners
 
@@ -300,8 +334,9 @@ def active_pool() -> RunnerPool | None:
 
 
 @contextmanager
-def sweep_runners(spec: Any, sweep_id: str, *, concurrency: int, storage_path: str,
-                  settings: Settings | None = None) -> Iterator[None]:
+def sweep_runners(
+    spec: Any, sweep_id: str, *, concurrency: int, storage_path: str, settings: Settings | None = None
+) -> Iterator[None]:
     """One sweep's run (``sweeps.run.driver``): its trial runners prepared at once (:meth:`TrialRunners.prepare`:
     the hosts import while the driver sets up MLflow), started by ``execute_sweep``, stopped when the block
     ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool. None
@@ -310,7 +345,7 @@ def sweep_runners(spec: Any, sweep_id: str, *, concurrency: int, storage_path: s
 
     count = min(concurrency, spec.max_trials)
     outer = active_pool()
-    with (nullcontext(outer) if outer is not None else shared_runners(sweep_id)) as pool:
+    with nullcontext(outer) if outer is not None else shared_runners(sweep_id) as pool:
         if use_trial_runners(spec, settings):
             pool.runners_for(spec, count=count, storage_path=storage_path).prepare()
         yield

@@ -8,7 +8,7 @@ import signal
 import threading
 from typing import Any
 
-__all__ = ["StopSignals", "FORCE_QUIT_DRAIN_S"]
+__all__ = ["FORCE_QUIT_DRAIN_S", "StopSignals"]
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,10 @@ class StopSignals:
         self.tune_running = False
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopSignals":  # noqa: PYI034 - typing.Self is Python 3.11+; the package runs on 3.10
+    def __enter__(self) -> StopSignals:  # noqa: PYI034 - typing.Self is Python 3.11+; the package runs on 3.10
         return self.install()
 
-    def install(self) -> "StopSignals":
+    def install(self) -> StopSignals:
         """(Re)install the handlers; the ones found first are restored on exit."""
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -77,10 +77,16 @@ class StopSignals:
             raise KeyboardInterrupt
         self.signum = signum
         tune_interrupt = signal.getsignal(signal.SIGUSR1)
-        if (self.tune_running and callable(tune_interrupt)
-                and getattr(tune_interrupt, "__name__", "") == "signal_interrupt_tune_run"):
-            log.warning("%s: stopping the sweep cleanly (trials keep their last checkpoint; `critbatch resume` "
-                        "continues it); send it again to force-quit", name)
+        if (
+            self.tune_running
+            and callable(tune_interrupt)
+            and getattr(tune_interrupt, "__name__", "") == "signal_interrupt_tune_run"
+        ):
+            log.warning(
+                "%s: stopping the sweep cleanly (trials keep their last checkpoint; `critbatch resume` "
+                "continues it); send it again to force-quit",
+                name,
+            )
             tune_interrupt(signum, frame)  # Tune ends fit() after one last experiment snapshot
             return
         self.forced = True

@@ -22,8 +22,15 @@ from sweeps.spec import SweepSpec
 from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
 
 __all__ = [
-    "SweepState", "SWEEP_STATUSES", "storage_root", "tune_experiment_dir", "tune_dir_of", "optuna_storage_url",
-    "write_json", "REPORTS_DIR", "PRUNED_WHILE_PAUSED",
+    "PRUNED_WHILE_PAUSED",
+    "REPORTS_DIR",
+    "SWEEP_STATUSES",
+    "SweepState",
+    "optuna_storage_url",
+    "storage_root",
+    "tune_dir_of",
+    "tune_experiment_dir",
+    "write_json",
 ]
 
 
@@ -90,7 +97,7 @@ class SweepState:
         return {**d, **self.extra}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SweepState":
+    def from_dict(cls, d: dict[str, Any]) -> SweepState:
         """Parse a ``sweep.json`` object of the current version (unknown keys kept in ``extra``;
         ``schema_version`` dropped, :meth:`to_dict` writes it).
 
@@ -105,7 +112,7 @@ class SweepState:
         return cls(**known, extra={k: v for k, v in d.items() if k not in names})
 
     @classmethod
-    def load(cls, output: Path) -> "SweepState":
+    def load(cls, output: Path) -> SweepState:
         """The state of the sweep in ``output``, its ``sweep.json`` upgraded to the current version
         (:func:`sweeps.run.migrations.read_sweep_json`).
 
@@ -115,8 +122,10 @@ class SweepState:
         """
         d = read_sweep_json(output / "sweep.json")
         if d.get("status") == "STARTING" or "parent_run_id" not in d:
-            raise InvalidInput(f"sweep '{d.get('sweep_id', '?')}' in {output} never started (its driver died while "
-                               f"starting): nothing to resume; `critbatch run SPEC --output {output}` starts it again")
+            raise InvalidInput(
+                f"sweep '{d.get('sweep_id', '?')}' in {output} never started (its driver died while "
+                f"starting): nothing to resume; `critbatch run SPEC --output {output}` starts it again"
+            )
         d.setdefault("storage_root", str(output))  # sweeps from before shared storage roots
         d.setdefault("optuna_storage", optuna_storage_url(output))
         try:

@@ -21,9 +21,9 @@ import ray.tune
 
 from sweeps._compat import without_idle_train_helpers
 from sweeps.pruning.rungs import rung_fractions
-from sweeps.spec import SweepSpec
 from sweeps.run.workload import workload_config
 from sweeps.settings import Settings
+from sweeps.spec import SweepSpec
 from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
@@ -43,9 +43,21 @@ from workloads.api import (
     torch_threads_per_worker,
 )
 
-__all__ = ["TrialTorchTrainer", "trial_torch_trainer", "use_trial_runners", "trial_config", "training_config",
-           "training_params", "make_trainable", "run_trial", "SweepTrials", "train_run_name", "batch_plan_params",
-           "reuse_trial_actors", "LAUNCHERS"]
+__all__ = [
+    "LAUNCHERS",
+    "SweepTrials",
+    "TrialTorchTrainer",
+    "batch_plan_params",
+    "make_trainable",
+    "reuse_trial_actors",
+    "run_trial",
+    "train_run_name",
+    "training_config",
+    "training_params",
+    "trial_config",
+    "trial_torch_trainer",
+    "use_trial_runners",
+]
 
 _trials_in_this_process = 0
 
@@ -136,9 +148,16 @@ def train_run_name(trial_id: str) -> str:
     return f"train-{trial_id}"
 
 
-def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data_path: str | None = None,
-                 shards: str | None = None, workload: WorkloadConfig | None = None,
-                 rung_gate_key: str | None = None) -> TrialConfig:
+def trial_config(
+    spec: SweepSpec,
+    config: dict[str, Any],
+    trial_id: str,
+    *,
+    data_path: str | None = None,
+    shards: str | None = None,
+    workload: WorkloadConfig | None = None,
+    rung_gate_key: str | None = None,
+) -> TrialConfig:
     """Build the workload's :class:`TrialConfig` from the spec and one Tune config (see ``search/searcher.py``).
 
     Args:
@@ -163,21 +182,35 @@ def trial_config(spec: SweepSpec, config: dict[str, Any], trial_id: str, *, data
         workload=workload if workload is not None else workload_config(spec, data_path=data_path, shards=shards),
         budget_tokens=budget,
         optimizer=OptimizerConfig(  # the spec's settings (OptimizerSettings), the LR and beta2 sampled for the batch
-            **OptimizerSettings.of(spec.optimizer).fields(), lr=float(config["lr"]), lr_rule=str(config["lr_rule"]),
-            beta2=float(config["beta2"]), beta2_half_life_tokens=float(config["beta2_half_life_tokens"])),
+            **OptimizerSettings.of(spec.optimizer).fields(),
+            lr=float(config["lr"]),
+            lr_rule=str(config["lr_rule"]),
+            beta2=float(config["beta2"]),
+            beta2_half_life_tokens=float(config["beta2_half_life_tokens"]),
+        ),
         schedule=ScheduleConfig.of(spec.schedule),
         batch=BatchConfig(
             batch_size_sequences=int(config["batch_size_sequences"]),
             micro_batch_size_sequences_max=spec.resources.micro_batch_size_sequences_max,
-            warmup=tuple((int(b), int(t)) for b, t in spec.batch_warmup.schedule) if spec.batch_warmup else None),
-        eval=EvalConfig(milestones_tokens=tuple(spec.milestones_tokens(budget)), eval_tokens=spec.eval.eval_tokens,
-                        stop_at_loss=float(stop) if stop is not None else None),
+            warmup=tuple((int(b), int(t)) for b, t in spec.batch_warmup.schedule) if spec.batch_warmup else None,
+        ),
+        eval=EvalConfig(
+            milestones_tokens=tuple(spec.milestones_tokens(budget)),
+            eval_tokens=spec.eval.eval_tokens,
+            stop_at_loss=float(stop) if stop is not None else None,
+        ),
         noise_scale=NoiseScaleConfig.of(spec.noise_scale),
         training=training_config(spec),
         seed=int(config["seed"]),
-        rung_gate=RungGateConfig(barrier_tokens=tuple(f * spec.budget_tokens for f in rung_fractions(
-            spec.pruning.grace_fraction, spec.pruning.reduction_factor)), key=rung_gate_key)
-        if gated and rung_gate_key is not None else None,
+        rung_gate=RungGateConfig(
+            barrier_tokens=tuple(
+                f * spec.budget_tokens
+                for f in rung_fractions(spec.pruning.grace_fraction, spec.pruning.reduction_factor)
+            ),
+            key=rung_gate_key,
+        )
+        if gated and rung_gate_key is not None
+        else None,
     )
 
 
@@ -196,11 +229,15 @@ def training_params(spec: SweepSpec) -> dict[str, Any]:
     """
     t = training_config(spec)
     y = t.sync
-    out = {schema.PARAM_PARALLELISM: t.parallelism, schema.PARAM_COMPILE: t.compile,
-           schema.PARAM_ACTIVATION_CHECKPOINTING: t.activation_checkpointing,
-           schema.PARAM_MIXED_PRECISION: t.mixed_precision, schema.PARAM_SYNC: y.mode,
-           schema.PARAM_SYNC_EVERY_STEPS: y.every_steps if y.local else 1,
-           schema.PARAM_REPLICAS: spec.resources.workers_per_trial}
+    out = {
+        schema.PARAM_PARALLELISM: t.parallelism,
+        schema.PARAM_COMPILE: t.compile,
+        schema.PARAM_ACTIVATION_CHECKPOINTING: t.activation_checkpointing,
+        schema.PARAM_MIXED_PRECISION: t.mixed_precision,
+        schema.PARAM_SYNC: y.mode,
+        schema.PARAM_SYNC_EVERY_STEPS: y.every_steps if y.local else 1,
+        schema.PARAM_REPLICAS: spec.resources.workers_per_trial,
+    }
     if y.mode == "diloco":
         out.update({schema.PARAM_OUTER_LR: y.outer_lr, schema.PARAM_OUTER_MOMENTUM: y.outer_momentum})
     return out
@@ -226,8 +263,9 @@ class SweepTrials:
     rung_gate_prefix: str | None = None
     exchange: str | None = None
 
-    def trial(self, config: dict[str, Any], trial_id: str, started_unix: float) -> tuple[SweepSpec, TrialConfig,
-                                                                                        TrialRunContext]:
+    def trial(
+        self, config: dict[str, Any], trial_id: str, started_unix: float
+    ) -> tuple[SweepSpec, TrialConfig, TrialRunContext]:
         """The spec, the trial's :class:`TrialConfig` (built once, here) and its :class:`TrialRunContext`."""
         from sweeps.pruning.rungs import rung_gate_key
 
@@ -238,12 +276,20 @@ class SweepTrials:
             started_unix=started_unix,
             torch_threads=torch_threads_per_worker(spec.resources.cpus_per_worker),  # sweeps/run/provenance.py
             save_dir=os.path.join(self.save_dir_root, trial_id) if self.save_dir_root else None,
-            checkpoint_dir=f"{self.storage_path}/{train_run_name(trial_id)}" if self.exchange else None)
+            checkpoint_dir=f"{self.storage_path}/{train_run_name(trial_id)}" if self.exchange else None,
+        )
         return spec, cfg, context
 
 
-def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: str, save_dir_root: str | None = None,
-                   rung_gate_prefix: str | None = None, exchange: str | None = None):
+def make_trainable(
+    spec: SweepSpec,
+    *,
+    workload: WorkloadConfig,
+    storage_path: str,
+    save_dir_root: str | None = None,
+    rung_gate_prefix: str | None = None,
+    exchange: str | None = None,
+):
     """:func:`run_trial` as this sweep's Tune function trainable, with its per-trial resource request.
 
     Args:
@@ -260,10 +306,17 @@ def make_trainable(spec: SweepSpec, *, workload: WorkloadConfig, storage_path: s
         exchange: the name of the sweep's trial exchange (``sweeps.run.runners``): the trainable is then
             a relay that hands its trial to the sweep's trial runners; None: it runs its own ``TorchTrainer``.
     """
-    trials = SweepTrials(spec_json=spec.model_dump_json(), workload=workload, storage_path=storage_path,
-                         save_dir_root=save_dir_root, rung_gate_prefix=rung_gate_prefix, exchange=exchange)
-    return ray.tune.with_resources(ray.tune.with_parameters(run_trial, trials=trials),
-                                   {"CPU": spec.resources.trial_driver_cpus})
+    trials = SweepTrials(
+        spec_json=spec.model_dump_json(),
+        workload=workload,
+        storage_path=storage_path,
+        save_dir_root=save_dir_root,
+        rung_gate_prefix=rung_gate_prefix,
+        exchange=exchange,
+    )
+    return ray.tune.with_resources(
+        ray.tune.with_parameters(run_trial, trials=trials), {"CPU": spec.resources.trial_driver_cpus}
+    )
 
 
 def run_trial(config: dict[str, Any], trials: SweepTrials) -> None:
@@ -299,7 +352,9 @@ def _fit_one_trial(spec: SweepSpec, cfg: TrialConfig, context: TrialRunContext, 
         train_fn_per_worker,
         train_loop_config=loop_config(cfg, context),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=res.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(
+            num_workers=res.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources
+        ),
         run_config=RunConfig(
             name=train_run_name(cfg.trial_id),
             storage_path=storage_path,
@@ -315,11 +370,14 @@ def _fit_one_trial(spec: SweepSpec, cfg: TrialConfig, context: TrialRunContext, 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:
     """Micro-batch size, accumulation steps and workers for a batch size (logged as trial params)."""
     r = spec.resources
-    plan = plan_batch(batch_size_sequences, r.workers_per_trial, r.micro_batch_size_sequences_max,
-                      min_micro_batches_total(spec.noise_scale.enabled, r.parallelism, r.workers_per_trial))
+    plan = plan_batch(
+        batch_size_sequences,
+        r.workers_per_trial,
+        r.micro_batch_size_sequences_max,
+        min_micro_batches_total(spec.noise_scale.enabled, r.parallelism, r.workers_per_trial),
+    )
     return {
         "micro_batch_size_sequences": plan.micro_batch_size_sequences,
         "grad_accum_steps": plan.grad_accum_steps,
         "workers": plan.workers,
     }
-

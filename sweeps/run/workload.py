@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from sweeps.errors import InvalidInput
-from sweeps.spec.hf_config import read_hf_config
 from sweeps.spec import SweepSpec
+from sweeps.spec.hf_config import read_hf_config
 from workloads.api import (
     FLOPS_CONVENTION,
     DataConfig,
@@ -27,8 +27,16 @@ from workloads.api import (
     replace,
 )
 
-__all__ = ["workload_config", "with_inputs", "model_config", "check_model", "finetune_config",
-           "flops_accounting", "tokens_per_sequence", "WorkloadFacts"]
+__all__ = [
+    "WorkloadFacts",
+    "check_model",
+    "finetune_config",
+    "flops_accounting",
+    "model_config",
+    "tokens_per_sequence",
+    "with_inputs",
+    "workload_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +74,15 @@ def check_model(spec: SweepSpec) -> dict[str, Any]:
 
     if spec.workload != "pretrain":
         if spec.model.hf_config is not None:
-            raise InvalidInput("model.hf_config: only pretraining builds a model from a config; fine-tuning "
-                               "reads it from finetune.checkpoint_dir")
+            raise InvalidInput(
+                "model.hf_config: only pretraining builds a model from a config; fine-tuning "
+                "reads it from finetune.checkpoint_dir"
+            )
         if spec.model.flops_per_token is not None:
-            raise InvalidInput("model.flops_per_token: only pretraining takes it; fine-tuning counts the "
-                               "checkpoint's FLOPs (Llama, Mistral, Qwen2, Qwen3, OLMo-2 and GPT-2 families)")
+            raise InvalidInput(
+                "model.flops_per_token: only pretraining takes it; fine-tuning counts the "
+                "checkpoint's FLOPs (Llama, Mistral, Qwen2, Qwen3, OLMo-2 and GPT-2 families)"
+            )
         return {}
     cfg = model_config(spec)
     try:
@@ -129,7 +141,7 @@ def flops_accounting(spec: SweepSpec, workload: WorkloadConfig | None = None) ->
     """
     try:
         return get_workload(spec.workload).flops_per_token(workload if workload is not None else workload_config(spec))
-    except Exception:  # noqa: BLE001 - reporting only
+    except Exception:
         log.exception("could not count FLOPs per token")
         return None, FLOPS_CONVENTION
 
@@ -141,7 +153,9 @@ def tokens_per_sequence(spec: SweepSpec, workload: WorkloadConfig | None = None)
     Args:
         workload: the spec's :func:`workload_config`, if already built.
     """
-    return float(get_workload(spec.workload).tokens_per_sequence(workload if workload is not None else workload_config(spec)))
+    return float(
+        get_workload(spec.workload).tokens_per_sequence(workload if workload is not None else workload_config(spec))
+    )
 
 
 class WorkloadFacts:

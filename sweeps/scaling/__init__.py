@@ -4,5 +4,15 @@ production budget and the published laws beside it."""
 from sweeps.scaling.law import LAW_STATUSES, PowerLaw, Prediction, StudyMember, fit_power_law, log_standard_error
 from sweeps.scaling.study import answer_sentence, member_from_cbs, member_from_csv, scale_result
 
-__all__ = ["LAW_STATUSES", "PowerLaw", "Prediction", "StudyMember", "fit_power_law", "log_standard_error",
-           "answer_sentence", "member_from_cbs", "member_from_csv", "scale_result"]
+__all__ = [
+    "LAW_STATUSES",
+    "PowerLaw",
+    "Prediction",
+    "StudyMember",
+    "answer_sentence",
+    "fit_power_law",
+    "log_standard_error",
+    "member_from_cbs",
+    "member_from_csv",
+    "scale_result",
+]

@@ -30,7 +30,7 @@ from scipy import stats
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["StudyMember", "PowerLaw", "Prediction", "fit_power_law", "log_standard_error", "LAW_STATUSES"]
+__all__ = ["LAW_STATUSES", "PowerLaw", "Prediction", "StudyMember", "fit_power_law", "log_standard_error"]
 
 #: the law's statuses, worst first: fewer than two members with an interval; a member whose own status is not
 #: ``ok`` (its interval enters, the status says so); a significant bend on log axes (four or more members);
@@ -66,7 +66,11 @@ class StudyMember:
         if self.batch_size_sequences is None or self.batch_size_ci_sequences is None:
             return False
         lo, hi = self.batch_size_ci_sequences
-        return all(math.isfinite(v) and v > 0 for v in (lo, hi, self.batch_size_sequences)) and lo <= self.batch_size_sequences <= hi and lo < hi
+        return (
+            all(math.isfinite(v) and v > 0 for v in (lo, hi, self.batch_size_sequences))
+            and lo <= self.batch_size_sequences <= hi
+            and lo < hi
+        )
 
 
 def log_standard_error(ci: tuple[float, float], level: float) -> float:
@@ -149,8 +153,13 @@ class PowerLaw:
         sd = math.sqrt(float(x @ self.cov @ x) + self.tau2)
         lo, hi = math.exp(mean - self.quantile * sd), math.exp(mean + self.quantile * sd)
         largest = max(m.tokens for m in self.members)
-        return Prediction(tokens=tokens, batch_size_sequences=math.exp(mean), interval=(lo, hi), level=self.level,
-                          extrapolation_factor=tokens / largest)
+        return Prediction(
+            tokens=tokens,
+            batch_size_sequences=math.exp(mean),
+            interval=(lo, hi),
+            level=self.level,
+            extrapolation_factor=tokens / largest,
+        )
 
 
 def _design(members: Sequence[StudyMember], tokens_ref: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -206,18 +215,22 @@ def _model_size_note(members: Sequence[StudyMember], level: float) -> str:
     ln_d = np.log(np.array([m.tokens for m in members]))
     r = float(np.corrcoef(ln_n, ln_d)[0, 1]) if len(members) > 2 else 1.0
     if len(members) < 4 or abs(r) >= 0.95:
-        return (f"model size varies with the budget (correlation of ln N and ln D {r:.2f} over {len(members)} "
-                "members): these data cannot tell data size from model size; the exponent is in D with N moving "
-                "along (Zhang et al. 2024 find D, not N, drives it, at fixed N or fixed D)")
+        return (
+            f"model size varies with the budget (correlation of ln N and ln D {r:.2f} over {len(members)} "
+            "members): these data cannot tell data size from model size; the exponent is in D with N moving "
+            "along (Zhang et al. 2024 find D, not N, drives it, at fixed N or fixed D)"
+        )
     x = np.column_stack([np.ones(len(members)), ln_d - ln_d.mean(), ln_n - ln_n.mean()])
     y = np.array([math.log(m.batch_size_sequences) for m in members])  # type: ignore[arg-type]  # usable members
     v = np.array([log_standard_error(m.batch_size_ci_sequences, m.level) ** 2 for m in members])  # type: ignore[arg-type]
     beta, cov, q = _wls(x, y, v)
     dof = len(members) - 3
     half = float(stats.t.ppf(0.5 + level / 2, dof)) * math.sqrt(cov[2, 2] * max(1.0, q / dof))
-    return (f"model size varies apart from the budget (correlation of ln N and ln D {r:.2f}): at fixed D, "
-            f"~ N^{beta[2]:.2f} ({100 * level:g} % interval [{beta[2] - half:.2f}, {beta[2] + half:.2f}]), "
-            f"and at fixed N ~ D^{beta[1]:.2f} (Zhang et al. 2024: N barely matters at fixed D)")
+    return (
+        f"model size varies apart from the budget (correlation of ln N and ln D {r:.2f}): at fixed D, "
+        f"~ N^{beta[2]:.2f} ({100 * level:g} % interval [{beta[2] - half:.2f}, {beta[2] + half:.2f}]), "
+        f"and at fixed N ~ D^{beta[1]:.2f} (Zhang et al. 2024: N barely matters at fixed D)"
+    )
 
 
 def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> PowerLaw:
@@ -239,12 +252,16 @@ def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> Pow
         raise InvalidInput(f"--level must lie in (0, 1), got {level}")
     for m in members:
         if not (math.isfinite(m.tokens) and m.tokens > 0):
-            raise InvalidInput(f"{m.label or 'a member'}: its budget must be a positive number of tokens, got {m.tokens}")
+            raise InvalidInput(
+                f"{m.label or 'a member'}: its budget must be a positive number of tokens, got {m.tokens}"
+            )
     used = sorted((m for m in members if m.usable()), key=lambda m: m.tokens)
     excluded = [f"{m.label or m.tokens}: status {m.status}, no interval" for m in members if not m.usable()]
     if len({m.tokens for m in used}) < 2:
-        raise InvalidInput(f"too_few_budgets: a law needs two budgets with a critical batch size and its interval; "
-                           f"{len(used)} of {len(members)} member(s) have one" + (f" ({'; '.join(excluded)})" if excluded else ""))
+        raise InvalidInput(
+            f"too_few_budgets: a law needs two budgets with a critical batch size and its interval; "
+            f"{len(used)} of {len(members)} member(s) have one" + (f" ({'; '.join(excluded)})" if excluded else "")
+        )
     tokens_ref = math.exp(sum(math.log(m.tokens) for m in used) / len(used))
     x, y, v = _design(used, tokens_ref)
     beta, cov, q = _wls(x, y, v)
@@ -266,12 +283,28 @@ def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> Pow
         caveats.append("left out (no interval): " + "; ".join(excluded))
     if status == "ok" and _curved(used, tokens_ref, v, level):
         status = "curvature"
-        caveats.append("the members bend on log axes (a quadratic term in ln D is significant): a power law is the "
-                       "wrong shape over this range, and predictions beyond it are doubtful")
+        caveats.append(
+            "the members bend on log axes (a quadratic term in ln D is significant): a power law is the "
+            "wrong shape over this range, and predictions beyond it are doubtful"
+        )
     if n == 2:
-        caveats.append("two budgets: the line goes through both, so the power-law form is assumed, not tested, and "
-                       "the exponent's interval comes from the two members' intervals alone")
-    return PowerLaw(b0=math.exp(float(beta[0])), tokens_ref=tokens_ref, gamma=gamma,
-                    gamma_ci=(gamma - quantile * se_gamma, gamma + quantile * se_gamma), level=level, cov=cov,
-                    tau2=tau2, quantile=quantile, residuals=residuals, members=list(used), excluded=excluded,
-                    status=status, caveats=caveats, n_params_note=_model_size_note(used, level))
+        caveats.append(
+            "two budgets: the line goes through both, so the power-law form is assumed, not tested, and "
+            "the exponent's interval comes from the two members' intervals alone"
+        )
+    return PowerLaw(
+        b0=math.exp(float(beta[0])),
+        tokens_ref=tokens_ref,
+        gamma=gamma,
+        gamma_ci=(gamma - quantile * se_gamma, gamma + quantile * se_gamma),
+        level=level,
+        cov=cov,
+        tau2=tau2,
+        quantile=quantile,
+        residuals=residuals,
+        members=list(used),
+        excluded=excluded,
+        status=status,
+        caveats=caveats,
+        n_params_note=_model_size_note(used, level),
+    )

@@ -22,8 +22,9 @@ def is_scale_result(path: Path) -> bool:
     return isinstance(data, dict) and "law" in data and "members" in data
 
 
-def plan_inputs_from_scale(path: Path, *, flops_per_token: float | None, params: float | None,
-                           tokens_per_sequence: float | None) -> dict[str, Any]:
+def plan_inputs_from_scale(
+    path: Path, *, flops_per_token: float | None, params: float | None, tokens_per_sequence: float | None
+) -> dict[str, Any]:
     """What ``sweeps.analysis.plan_files.make_plan`` takes, from a ``scale.json`` with a prediction.
 
     The steps-to-target hyperbola at the production budget D* is ``S(B) = S_min (1 + b_crit / B)`` with
@@ -43,22 +44,50 @@ def plan_inputs_from_scale(path: Path, *, flops_per_token: float | None, params:
     pred = data.get("prediction")
     if not pred:
         raise InvalidInput(f"plan: {p} holds no prediction: run critbatch scale with --predict-tokens D")
-    missing = [name for name, v in (("--flops-per-token", flops_per_token), ("--params", params),
-                                    ("--tokens-per-sequence", tokens_per_sequence)) if not v]
+    missing = [
+        name
+        for name, v in (
+            ("--flops-per-token", flops_per_token),
+            ("--params", params),
+            ("--tokens-per-sequence", tokens_per_sequence),
+        )
+        if not v
+    ]
     if missing:
-        raise InvalidInput(f"plan: {p} is a study's prediction for a production run, whose model it does not hold: "
-                           f"give {', '.join(missing)} (the production model's)")
+        raise InvalidInput(
+            f"plan: {p} is a study's prediction for a production run, whose model it does not hold: "
+            f"give {', '.join(missing)} (the production model's)"
+        )
     e_min = pred["tokens"] / float(tokens_per_sequence)  # type: ignore[arg-type]  # checked above
     quantity = data.get("quantity", "b_crit")
     lo, hi = pred["interval"]
-    fits = [{"group": label, "b_crit": b, "e_min": e_min, "s_min": e_min / b, "status": data.get("status"),
-             "target_loss": None, "swept": None, "message": ""}
-            for label, b in (("predicted", pred[quantity]), ("interval low", lo), ("interval high", hi))]
-    return {"source": str(p), "fits": fits, "headline_target_loss": None,
-            "tokens_per_sequence": float(tokens_per_sequence), "flops_per_token": float(flops_per_token),  # type: ignore[arg-type]
-            "n_params": float(params), "n_params_source": "--params", "spec_sync_every_steps": None,  # type: ignore[arg-type]
-            "out_dir": None,
-            "notes": [f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
-                      f"{pred['extrapolation_factor']:.3g}x beyond the largest budget the study swept (status "
-                      f"{data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
-                      "production loss, so a batch B needs D (1 + B / b_crit) tokens"]}
+    fits = [
+        {
+            "group": label,
+            "b_crit": b,
+            "e_min": e_min,
+            "s_min": e_min / b,
+            "status": data.get("status"),
+            "target_loss": None,
+            "swept": None,
+            "message": "",
+        }
+        for label, b in (("predicted", pred[quantity]), ("interval low", lo), ("interval high", hi))
+    ]
+    return {
+        "source": str(p),
+        "fits": fits,
+        "headline_target_loss": None,
+        "tokens_per_sequence": float(tokens_per_sequence),
+        "flops_per_token": float(flops_per_token),  # type: ignore[arg-type]
+        "n_params": float(params),
+        "n_params_source": "--params",
+        "spec_sync_every_steps": None,  # type: ignore[arg-type]
+        "out_dir": None,
+        "notes": [
+            f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
+            f"{pred['extrapolation_factor']:.3g}x beyond the largest budget the study swept (status "
+            f"{data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
+            "production loss, so a batch B needs D (1 + B / b_crit) tokens"
+        ],
+    }

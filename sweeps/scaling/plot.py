@@ -41,16 +41,33 @@ def plot_study(result: dict[str, Any], path: Path) -> Path:
     mean = math.log(result["b0"]) + result["gamma"] * x
     sd = np.sqrt(cov[0, 0] + 2 * cov[0, 1] * x + cov[1, 1] * x * x + result["tau2"])
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.fill_between(grid, np.exp(mean - q * sd), np.exp(mean + q * sd), alpha=0.2, color="C0",
-                    label=f"law, {100 * result['level']:g} % prediction band")
-    ax.plot(grid, np.exp(mean), color="C0",
-            label=f"{result['quantity']} ~ D^{result['gamma']:.2f} [{result['gamma_ci'][0]:.2f}, {result['gamma_ci'][1]:.2f}]")
+    ax.fill_between(
+        grid,
+        np.exp(mean - q * sd),
+        np.exp(mean + q * sd),
+        alpha=0.2,
+        color="C0",
+        label=f"law, {100 * result['level']:g} % prediction band",
+    )
+    ax.plot(
+        grid,
+        np.exp(mean),
+        color="C0",
+        label=f"{result['quantity']} ~ D^{result['gamma']:.2f} [{result['gamma_ci'][0]:.2f}, {result['gamma_ci'][1]:.2f}]",
+    )
     ax.errorbar(d, b, yerr=[b - lo, hi - b], fmt="o", color="k", capsize=3, label="members (their intervals)")
     if pred:
         p_lo, p_hi = pred["interval"]
         p_b = pred[result["quantity"]]
-        ax.errorbar([pred["tokens"]], [p_b], yerr=[[p_b - p_lo], [p_hi - p_b]], fmt="D", color="C3", capsize=3,
-                    label=f"prediction, {pred['extrapolation_factor']:.3g}x beyond the largest budget")
+        ax.errorbar(
+            [pred["tokens"]],
+            [p_b],
+            yerr=[[p_b - p_lo], [p_hi - p_b]],
+            fmt="D",
+            color="C3",
+            capsize=3,
+            label=f"prediction, {pred['extrapolation_factor']:.3g}x beyond the largest budget",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training tokens D")

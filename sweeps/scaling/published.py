@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PublishedLaw", "PUBLISHED_LAWS", "published_predictions"]
+__all__ = ["PUBLISHED_LAWS", "PublishedLaw", "published_predictions"]
 
 
 @dataclass(frozen=True)
@@ -35,15 +35,26 @@ class PublishedLaw:
 PUBLISHED_LAWS = (
     PublishedLaw("Power Lines b_crit", "Bergsma et al. 2025, arXiv 2505.13738: B_crit ~ D_min^0.5", "b_crit", 0.5),
     PublishedLaw("Power Lines b_opt", "Bergsma et al. 2025, arXiv 2505.13738: B_opt ~ D^0.383", "b_opt", 0.383),
-    PublishedLaw("Step Law b_opt", "Li et al. 2025, arXiv 2503.04715: B_opt = 0.58 D^0.571 (tokens)", "b_opt", 0.571,
-                 coefficient_tokens=0.58),
-    PublishedLaw("Zhang et al. 2024", "Zhang et al. 2024, arXiv 2410.21676: CBS grows with D; the authors' notebook "
-                 "fits about D^0.47 over a Chinchilla series", "b_crit", 0.47),
+    PublishedLaw(
+        "Step Law b_opt",
+        "Li et al. 2025, arXiv 2503.04715: B_opt = 0.58 D^0.571 (tokens)",
+        "b_opt",
+        0.571,
+        coefficient_tokens=0.58,
+    ),
+    PublishedLaw(
+        "Zhang et al. 2024",
+        "Zhang et al. 2024, arXiv 2410.21676: CBS grows with D; the authors' notebook "
+        "fits about D^0.47 over a Chinchilla series",
+        "b_crit",
+        0.47,
+    ),
 )
 
 
-def published_predictions(tokens: float, anchor_tokens: float, anchor_b_crit: float,
-                          tokens_per_sequence: float | None) -> list[dict]:
+def published_predictions(
+    tokens: float, anchor_tokens: float, anchor_b_crit: float, tokens_per_sequence: float | None
+) -> list[dict]:
     """Each :data:`PUBLISHED_LAWS` law at budget ``tokens`` (sequences where it can say).
 
     Args:
@@ -59,11 +70,20 @@ def published_predictions(tokens: float, anchor_tokens: float, anchor_b_crit: fl
     out = []
     for law in PUBLISHED_LAWS:
         if law.coefficient_tokens is not None:
-            batch_tokens = law.coefficient_tokens * tokens ** law.exponent
+            batch_tokens = law.coefficient_tokens * tokens**law.exponent
             seqs = batch_tokens / tokens_per_sequence if tokens_per_sequence else None
         else:
             seqs = anchor_b_crit * (tokens / anchor_tokens) ** law.exponent
             batch_tokens = seqs * tokens_per_sequence if tokens_per_sequence else None
-        out.append({"name": law.name, "source": law.source, "quantity": law.quantity, "exponent": law.exponent,
-                    "anchored": law.coefficient_tokens is None, "sequences": seqs, "tokens": batch_tokens})
+        out.append(
+            {
+                "name": law.name,
+                "source": law.source,
+                "quantity": law.quantity,
+                "exponent": law.exponent,
+                "anchored": law.coefficient_tokens is None,
+                "sequences": seqs,
+                "tokens": batch_tokens,
+            }
+        )
     return out

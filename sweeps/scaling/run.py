@@ -20,7 +20,7 @@ from sweeps.files import write_json
 from sweeps.spec import SweepSpec
 from sweeps.spec.tracking import STUDY_TAG_KEYS
 
-__all__ = ["member_spec", "run_study", "STUDY_FILE", "STUDY_TAG"]
+__all__ = ["STUDY_FILE", "STUDY_TAG", "member_spec", "run_study"]
 
 #: the study's record in its folder
 STUDY_FILE = "study.json"
@@ -71,22 +71,40 @@ def _claim(output: Path, spec: SweepSpec, budgets: list[int], predict_tokens: fl
     if path.is_file():
         study = json.loads(path.read_text(encoding="utf-8"))
         if study.get("fingerprint") != spec.fingerprint() or study.get("budgets_tokens") != budgets:
-            raise InvalidInput(f"{output} holds a study of another spec or other budgets (fingerprint "
-                               f"{study.get('fingerprint')}, budgets {study.get('budgets_tokens')}): choose another "
-                               "--output, or give the same spec and --budgets-tokens to continue it")
+            raise InvalidInput(
+                f"{output} holds a study of another spec or other budgets (fingerprint "
+                f"{study.get('fingerprint')}, budgets {study.get('budgets_tokens')}): choose another "
+                "--output, or give the same spec and --budgets-tokens to continue it"
+            )
         if predict_tokens is not None:
             study["predict_tokens"] = predict_tokens
         return study
     if output.exists() and any(output.iterdir()):
         raise InvalidInput(f"--output {output} is not empty and holds no study: choose a new folder")
-    return {"name": spec.name, "fingerprint": spec.fingerprint(), "budgets_tokens": budgets,
-            "predict_tokens": predict_tokens, "status": "RUNNING", "members": [],
-            "host": socket.gethostname(), "pid": os.getpid()}
+    return {
+        "name": spec.name,
+        "fingerprint": spec.fingerprint(),
+        "budgets_tokens": budgets,
+        "predict_tokens": predict_tokens,
+        "status": "RUNNING",
+        "members": [],
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
 
 
-def run_study(spec: SweepSpec, budgets_tokens: list[int], output: Path, *, predict_tokens: float | None = None,
-              tracking_uri: str | None = None, ray_address: str | None = None, show_progress: bool = True,
-              run_member=None, resume_member=None) -> dict[str, Any]:
+def run_study(
+    spec: SweepSpec,
+    budgets_tokens: list[int],
+    output: Path,
+    *,
+    predict_tokens: float | None = None,
+    tracking_uri: str | None = None,
+    ray_address: str | None = None,
+    show_progress: bool = True,
+    run_member=None,
+    resume_member=None,
+) -> dict[str, Any]:
     """Run (or continue) the study of ``spec`` at ``budgets_tokens`` into ``output``.
 
     Args:
@@ -131,8 +149,13 @@ def run_study(spec: SweepSpec, budgets_tokens: list[int], output: Path, *, predi
         else:
             if state is None:
                 record["start_lr"] = base_lr if base_lr is not None else spec.search.base_lr
-                result = run_member(member_spec(spec, b, base_lr), folder, tracking_uri=tracking_uri,
-                                    ray_address=ray_address, show_progress=show_progress)
+                result = run_member(
+                    member_spec(spec, b, base_lr),
+                    folder,
+                    tracking_uri=tracking_uri,
+                    ray_address=ray_address,
+                    show_progress=show_progress,
+                )
             else:
                 result = resume_member(folder, ray_address=ray_address, show_progress=show_progress)
             if result.exit_code:
@@ -140,10 +163,14 @@ def run_study(spec: SweepSpec, budgets_tokens: list[int], output: Path, *, predi
                 write_json(output / STUDY_FILE, study)
                 return study
             result_ok, cbs = result.ok, _read_cbs(folder)
-        record.update(status="SUCCEEDED" if result_ok else "FAILED", b_crit=cbs.get("b_crit"),
-                      b_crit_ci=cbs.get("b_crit_ci"), b_crit_status=cbs.get("status"),
-                      target_loss=cbs.get("target_loss"),
-                      best_lr_at_base=_best_lr_at_base(cbs, spec.search.base_batch_size_sequences))
+        record.update(
+            status="SUCCEEDED" if result_ok else "FAILED",
+            b_crit=cbs.get("b_crit"),
+            b_crit_ci=cbs.get("b_crit_ci"),
+            b_crit_status=cbs.get("status"),
+            target_loss=cbs.get("target_loss"),
+            best_lr_at_base=_best_lr_at_base(cbs, spec.search.base_batch_size_sequences),
+        )
         record.setdefault("start_lr", _start_lr(folder))
         members.append(record)
         base_lr = record["best_lr_at_base"] or base_lr

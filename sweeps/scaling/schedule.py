@@ -25,7 +25,7 @@ from typing import Any
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["Stage", "batch_size_ramp", "ramp_formats", "ceiling_sequences"]
+__all__ = ["Stage", "batch_size_ramp", "ceiling_sequences", "ramp_formats"]
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,9 @@ def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float)
     return None
 
 
-def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequence: int,
-                    max_batch_size_sequences: int | None = None) -> dict[str, Any]:
+def batch_size_ramp(
+    result: dict[str, Any], total_tokens: float, tokens_per_sequence: int, max_batch_size_sequences: int | None = None
+) -> dict[str, Any]:
     """The ramp for a run of ``total_tokens`` from a study's ``scale.json`` ``result``.
 
     The first stage is the largest power of two under the ceiling at the smallest budget the study measured (below
@@ -82,16 +83,23 @@ def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequ
         InvalidInput: a law that does not grow (``gamma <= 0``: no ramp to take home), or non-positive sizes.
     """
     if result["gamma"] <= 0:
-        raise InvalidInput(f"the study's exponent is {result['gamma']:.3g}: b_crit does not grow with the budget, "
-                           "so a fixed batch is the schedule")
+        raise InvalidInput(
+            f"the study's exponent is {result['gamma']:.3g}: b_crit does not grow with the budget, "
+            "so a fixed batch is the schedule"
+        )
     if not (total_tokens > 0 and tokens_per_sequence > 0):
         raise InvalidInput("--total-tokens and --tokens-per-sequence must be positive")
     smallest = min(m["tokens"] for m in result["members"])
     floor_at_start = ceiling_sequences(result, smallest)
     first = 2 ** math.floor(math.log2(floor_at_start)) if floor_at_start >= 1 else 1
-    notes = [] if floor_at_start >= 1 else [
-        f"the law's lower bound at the smallest budget studied is {floor_at_start:.2g} sequences, under one: the ramp "
-        "starts at 1 sequence, which the study cannot show to be under b_crit there"]
+    notes = (
+        []
+        if floor_at_start >= 1
+        else [
+            f"the law's lower bound at the smallest budget studied is {floor_at_start:.2g} sequences, under one: the ramp "
+            "starts at 1 sequence, which the study cannot show to be under b_crit there"
+        ]
+    )
     top = max_batch_size_sequences or 2 ** math.floor(math.log2(max(ceiling_sequences(result, total_tokens), first)))
     stages = [(0.0, first)]
     batch = first * 2
@@ -108,12 +116,18 @@ def batch_size_ramp(result: dict[str, Any], total_tokens: float, tokens_per_sequ
         n = math.ceil(max(end - pos, 0) / (b * tokens_per_sequence))
         steps, pos = steps + n, pos + n * b * tokens_per_sequence
     fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
-    return {"stages": [s.__dict__ for s in out], "steps": steps, "total_tokens": total_tokens,
-            "tokens_per_sequence": tokens_per_sequence, "fixed_batch_size_sequences": first, "fixed_steps": fixed_steps,
-            "steps_saved_fraction": 1 - steps / fixed_steps,
-            "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
-                    "reaches its batch size; the law was measured across budgets, not along one run",
-            "warnings": notes}
+    return {
+        "stages": [s.__dict__ for s in out],
+        "steps": steps,
+        "total_tokens": total_tokens,
+        "tokens_per_sequence": tokens_per_sequence,
+        "fixed_batch_size_sequences": first,
+        "fixed_steps": fixed_steps,
+        "steps_saved_fraction": 1 - steps / fixed_steps,
+        "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
+        "reaches its batch size; the law was measured across budgets, not along one run",
+        "warnings": notes,
+    }
 
 
 def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
@@ -124,9 +138,12 @@ def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
     stages = ramp["stages"]
     return {
         "megatron": " ".join(f"{s['start_tokens']}:{s['batch_size_sequences']}" for s in stages),
-        "olmo_core": {"batch_sizes": [s["batch_size_sequences"] * t for s in stages],
-                      "schedule": [{"value": s["start_tokens"], "unit": "tokens"} for s in stages]},
-        "levanter": {"train_batch_size": [{"start": s["start_step"], "value": s["batch_size_sequences"]}
-                                          for s in stages]},
+        "olmo_core": {
+            "batch_sizes": [s["batch_size_sequences"] * t for s in stages],
+            "schedule": [{"value": s["start_tokens"], "unit": "tokens"} for s in stages],
+        },
+        "levanter": {
+            "train_batch_size": [{"start": s["start_step"], "value": s["batch_size_sequences"]} for s in stages]
+        },
         "json": ramp,
     }

@@ -13,7 +13,7 @@ from sweeps.errors import InvalidInput
 from sweeps.scaling.law import PowerLaw, StudyMember, fit_power_law
 from sweeps.scaling.published import published_predictions
 
-__all__ = ["member_from_csv", "member_from_cbs", "scale_result", "answer_sentence", "QUANTITIES"]
+__all__ = ["QUANTITIES", "answer_sentence", "member_from_cbs", "member_from_csv", "scale_result"]
 
 #: what a study fits across budgets: McCandlish's b_crit = E_min / S_min, or Zhang et al.'s 20 % CBS
 #: (0.2 b_crit + 1.2 B0, which carries the constant of its reference batch B0)
@@ -25,8 +25,15 @@ def _check_quantity(quantity: str) -> None:
         raise InvalidInput(f"--quantity must be one of {', '.join(QUANTITIES)}, got {quantity!r}")
 
 
-def member_from_csv(path: Path, tokens: float, reference_batch: float, *, level: float = 0.95,
-                    n_params: float | None = None, quantity: str = "b_crit") -> StudyMember:
+def member_from_csv(
+    path: Path,
+    tokens: float,
+    reference_batch: float,
+    *,
+    level: float = 0.95,
+    n_params: float | None = None,
+    quantity: str = "b_crit",
+) -> StudyMember:
     """A member from a steps-to-target table (``batch_size,steps_to_target``, as ``critbatch analyze --csv``
     reads it) measured at budget ``tokens``.
 
@@ -42,8 +49,15 @@ def member_from_csv(path: Path, tokens: float, reference_batch: float, *, level:
     if "groups" in fit or "b_crit" not in fit:
         raise InvalidInput(f"{path}: a table with a group column is several members: split it, one file per budget")
     ci = fit.get(f"{quantity}_ci")
-    return StudyMember(tokens=tokens, batch_size_sequences=fit.get(quantity), batch_size_ci_sequences=tuple(ci) if ci else None, level=level,
-                       status=fit.get("status", "?"), label=str(path), n_params=n_params)
+    return StudyMember(
+        tokens=tokens,
+        batch_size_sequences=fit.get(quantity),
+        batch_size_ci_sequences=tuple(ci) if ci else None,
+        level=level,
+        status=fit.get("status", "?"),
+        label=str(path),
+        n_params=n_params,
+    )
 
 
 def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_crit") -> StudyMember:
@@ -62,8 +76,14 @@ def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_
     if tokens is None:
         tokens = _spec_budget_tokens(cbs_path.parent / "spec.yaml")
     ci = cbs.get(f"{quantity}_ci")
-    return StudyMember(tokens=float(tokens), batch_size_sequences=cbs.get(quantity), batch_size_ci_sequences=tuple(ci) if ci else None,
-                       status=cbs.get("status", "?"), label=str(cbs_path.parent), n_params=cbs.get("n_params"))
+    return StudyMember(
+        tokens=float(tokens),
+        batch_size_sequences=cbs.get(quantity),
+        batch_size_ci_sequences=tuple(ci) if ci else None,
+        status=cbs.get("status", "?"),
+        label=str(cbs_path.parent),
+        n_params=cbs.get("n_params"),
+    )
 
 
 def _spec_budget_tokens(spec_path: Path) -> float:
@@ -75,12 +95,19 @@ def _spec_budget_tokens(spec_path: Path) -> float:
         spec = yaml.safe_load(spec_path.read_text(encoding="utf-8")) or {}
         return float(spec["budget_tokens"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        raise InvalidInput(f"{spec_path}: no budget_tokens to read the member's budget from; give it "
-                           "(--cbs PATH:TOKENS)") from None
+        raise InvalidInput(
+            f"{spec_path}: no budget_tokens to read the member's budget from; give it (--cbs PATH:TOKENS)"
+        ) from None
 
 
-def scale_result(members: Sequence[StudyMember], *, predict_tokens: float | None = None, level: float = 0.95,
-                 tokens_per_sequence: float | None = None, quantity: str = "b_crit") -> dict[str, Any]:
+def scale_result(
+    members: Sequence[StudyMember],
+    *,
+    predict_tokens: float | None = None,
+    level: float = 0.95,
+    tokens_per_sequence: float | None = None,
+    quantity: str = "b_crit",
+) -> dict[str, Any]:
     """``scale.json``: the members, the law (eq. 1 of :mod:`sweeps.scaling.law`), its residuals and status, and
     the prediction at ``predict_tokens`` beside the published laws' (sequences; tokens where
     ``tokens_per_sequence`` is known).
@@ -93,42 +120,65 @@ def scale_result(members: Sequence[StudyMember], *, predict_tokens: float | None
         "answer": None,
         "quantity": quantity,
         "law": f"{quantity}(D) = b0 * (D / D0) ** gamma",
-        "gamma": law.gamma, "gamma_ci": list(law.gamma_ci), "level": law.level,
-        "b0": law.b0, "tokens_ref": law.tokens_ref, "tau2": law.tau2,
-        "cov_ln_b0_gamma": law.cov.tolist(), "quantile": law.quantile,
-        "status": law.status, "caveats": law.caveats, "model_size": law.n_params_note or None,
+        "gamma": law.gamma,
+        "gamma_ci": list(law.gamma_ci),
+        "level": law.level,
+        "b0": law.b0,
+        "tokens_ref": law.tokens_ref,
+        "tau2": law.tau2,
+        "cov_ln_b0_gamma": law.cov.tolist(),
+        "quantile": law.quantile,
+        "status": law.status,
+        "caveats": law.caveats,
+        "model_size": law.n_params_note or None,
         "members": [_member_json(m, r) for m, r in zip(law.members, law.residuals)],
-        "excluded": law.excluded, "prediction": None,
+        "excluded": law.excluded,
+        "prediction": None,
     }
     if predict_tokens is not None:
         p = law.predict(predict_tokens)
         largest = max(law.members, key=lambda m: m.tokens)
         result["prediction"] = {
-            "tokens": p.tokens, quantity: p.batch_size_sequences, "interval": list(p.interval), "level": p.level,
+            "tokens": p.tokens,
+            quantity: p.batch_size_sequences,
+            "interval": list(p.interval),
+            "level": p.level,
             "extrapolation_factor": p.extrapolation_factor,
             f"{quantity}_tokens": p.batch_size_sequences * tokens_per_sequence if tokens_per_sequence else None,
-            "published": published_predictions(p.tokens, largest.tokens, largest.batch_size_sequences or math.nan,
-                                               tokens_per_sequence),
+            "published": published_predictions(
+                p.tokens, largest.tokens, largest.batch_size_sequences or math.nan, tokens_per_sequence
+            ),
         }
     result["answer"] = answer_sentence(law, result["prediction"], quantity)
     return result
 
 
 def _member_json(m: StudyMember, residual: float) -> dict[str, Any]:
-    return {"label": m.label, "tokens": m.tokens, "batch_size_sequences": m.batch_size_sequences, "batch_size_ci_sequences": list(m.batch_size_ci_sequences or ()),
-            "level": m.level, "status": m.status, "n_params": m.n_params, "log_residual": residual}
+    return {
+        "label": m.label,
+        "tokens": m.tokens,
+        "batch_size_sequences": m.batch_size_sequences,
+        "batch_size_ci_sequences": list(m.batch_size_ci_sequences or ()),
+        "level": m.level,
+        "status": m.status,
+        "n_params": m.n_params,
+        "log_residual": residual,
+    }
 
 
 def answer_sentence(law: PowerLaw, prediction: dict[str, Any] | None, quantity: str = "b_crit") -> str:
     """The study in one sentence: the exponent with its interval, and the prediction with how far it extrapolates."""
     pct = f"{100 * law.level:g} %"
-    head = (f"{quantity} grows as D^{law.gamma:.2f} ({pct} interval [{law.gamma_ci[0]:.2f}, {law.gamma_ci[1]:.2f}], "
-            f"{len(law.members)} budgets, status {law.status})")
+    head = (
+        f"{quantity} grows as D^{law.gamma:.2f} ({pct} interval [{law.gamma_ci[0]:.2f}, {law.gamma_ci[1]:.2f}], "
+        f"{len(law.members)} budgets, status {law.status})"
+    )
     if prediction is None:
         return head
     lo, hi = prediction["interval"]
     factor = prediction["extrapolation_factor"]
-    where = (f"extrapolated {factor:.3g}x beyond the largest budget swept" if factor > 1
-             else "inside the budgets swept")
-    return (f"at {prediction['tokens']:.3g} tokens, {quantity} is most likely ~{prediction[quantity]:.3g} sequences, "
-            f"{pct} prediction interval [{lo:.3g}, {hi:.3g}], {where}; {head}")
+    where = f"extrapolated {factor:.3g}x beyond the largest budget swept" if factor > 1 else "inside the budgets swept"
+    return (
+        f"at {prediction['tokens']:.3g} tokens, {quantity} is most likely ~{prediction[quantity]:.3g} sequences, "
+        f"{pct} prediction interval [{lo:.3g}, {hi:.3g}], {where}; {head}"
+    )

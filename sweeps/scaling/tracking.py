@@ -9,22 +9,34 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["log_study", "STUDY_ROLE"]
+__all__ = ["STUDY_ROLE", "log_study"]
 
 #: ``critbatch.role`` of a study's run (a sweep's is ``sweep``, a trial's ``trial``)
 STUDY_ROLE = "study"
 
 
 def _metrics(result: dict[str, Any]) -> dict[str, float]:
-    out = {"gamma": result["gamma"], "gamma_ci_low": result["gamma_ci"][0], "gamma_ci_high": result["gamma_ci"][1],
-           "b0": result["b0"], "tokens_ref": result["tokens_ref"], "tau2": result["tau2"],
-           "n_members": float(len(result["members"]))}
+    out = {
+        "gamma": result["gamma"],
+        "gamma_ci_low": result["gamma_ci"][0],
+        "gamma_ci_high": result["gamma_ci"][1],
+        "b0": result["b0"],
+        "tokens_ref": result["tokens_ref"],
+        "tau2": result["tau2"],
+        "n_members": float(len(result["members"])),
+    }
     pred = result.get("prediction")
     if pred:
         q = result["quantity"]
-        out.update({f"predicted_{q}": pred[q], f"predicted_{q}_low": pred["interval"][0],
-                    f"predicted_{q}_high": pred["interval"][1], "predict_tokens": pred["tokens"],
-                    "extrapolation_factor": pred["extrapolation_factor"]})
+        out.update(
+            {
+                f"predicted_{q}": pred[q],
+                f"predicted_{q}_low": pred["interval"][0],
+                f"predicted_{q}_high": pred["interval"][1],
+                "predict_tokens": pred["tokens"],
+                "extrapolation_factor": pred["extrapolation_factor"],
+            }
+        )
     return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
 
@@ -50,10 +62,18 @@ def log_study(study_name: str, result: dict[str, Any], member_folders: list[Path
         return None
     uri, exp_id = where[0]["tracking_uri"], where[0]["experiment_id"]
     client = MlflowClient(uri)
-    found = client.search_runs([exp_id], filter_string=f"tags.`{TAG_ROLE}` = '{STUDY_ROLE}' and "
-                               f"tags.`critbatch.study` = '{study_name}'", max_results=1)
-    run_id = found[0].info.run_id if found else client.create_run(
-        exp_id, run_name=f"{study_name}-study", tags={TAG_ROLE: STUDY_ROLE, "critbatch.study": study_name}).info.run_id
+    found = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{TAG_ROLE}` = '{STUDY_ROLE}' and tags.`critbatch.study` = '{study_name}'",
+        max_results=1,
+    )
+    run_id = (
+        found[0].info.run_id
+        if found
+        else client.create_run(
+            exp_id, run_name=f"{study_name}-study", tags={TAG_ROLE: STUDY_ROLE, "critbatch.study": study_name}
+        ).info.run_id
+    )
     for key, value in _metrics(result).items():
         client.log_metric(run_id, key, value)
     client.set_tag(run_id, "critbatch.status", result["status"])

@@ -25,7 +25,14 @@ from sweeps.errors import InvalidInput
 from sweeps.pruning.rungs import rung_fractions
 from sweeps.spec import PruningSpec, SweepSpec
 
-__all__ = ["TrialPlan", "plan_trials", "apply_plan", "expected_trial_fraction", "paused_group_cost", "SweepBudgetStopper"]
+__all__ = [
+    "SweepBudgetStopper",
+    "TrialPlan",
+    "apply_plan",
+    "expected_trial_fraction",
+    "paused_group_cost",
+    "plan_trials",
+]
 
 
 def expected_trial_fraction(pruning: PruningSpec) -> float:
@@ -116,8 +123,14 @@ def plan_trials(spec: SweepSpec, flops_per_token: float | None) -> TrialPlan:
     budget = spec.budget.sweep_flops
     trial_flops = flops_per_token * spec.budget_tokens if flops_per_token else None
     if budget is None or trial_flops is None:
-        return TrialPlan(trials_per_batch_size=k_spec, n_trials=cells * k_spec, trial_flops=trial_flops,
-                         planned_flops=None, sweep_flops=budget, reduced=False)
+        return TrialPlan(
+            trials_per_batch_size=k_spec,
+            n_trials=cells * k_spec,
+            trial_flops=trial_flops,
+            planned_flops=None,
+            sweep_flops=budget,
+            reduced=False,
+        )
     frac = expected_trial_fraction(spec.pruning)
     paused = spec.pruning.enabled and spec.pruning.mode == "pause"
 
@@ -130,14 +143,21 @@ def plan_trials(spec: SweepSpec, flops_per_token: float | None) -> TrialPlan:
         raise InvalidInput(
             f"budget.sweep_flops ({budget:.3g}) cannot train one trial per batch size and seed: that needs "
             f"{cost(1):.3g} FLOPs ({cells} x {trial_flops:.3g}); raise the budget, or lower budget_tokens, "
-            f"the batch sizes or the seeds")
+            f"the batch sizes or the seeds"
+        )
     if paused:
         k = max(k for k in range(1, k_spec + 1) if k == 1 or cost(k) <= budget * (1 + 1e-9))
     else:
         k = 1 + int(math.floor((budget / (cells * trial_flops) - 1) / frac + 1e-9))
     k = min(k, k_spec)
-    return TrialPlan(trials_per_batch_size=k, n_trials=cells * k, trial_flops=trial_flops, planned_flops=cost(k),
-                     sweep_flops=budget, reduced=k < k_spec)
+    return TrialPlan(
+        trials_per_batch_size=k,
+        n_trials=cells * k,
+        trial_flops=trial_flops,
+        planned_flops=cost(k),
+        sweep_flops=budget,
+        reduced=k < k_spec,
+    )
 
 
 def apply_plan(spec: SweepSpec, plan: TrialPlan) -> SweepSpec:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["lattice_lr", "lattice_index", "snap_lr"]
+__all__ = ["lattice_index", "lattice_lr", "snap_lr"]
 
 
 def lattice_lr(base_lr: float, index: int, step_octaves: float) -> float:

@@ -21,15 +21,27 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
 
 from sweeps._compat import optuna_search_completed, optuna_search_study, optuna_search_trials
 from sweeps.analysis.targets import tokens_to_target
 
-__all__ = ["OBJECTIVE", "TOKENS_TO_TARGET", "FINAL_LOSS", "TIE_BREAK", "METRIC_NAMES", "common_target", "seed_value",
-           "name_metric", "curves_of", "label_group_trial", "tell_group"]
+__all__ = [
+    "FINAL_LOSS",
+    "METRIC_NAMES",
+    "OBJECTIVE",
+    "TIE_BREAK",
+    "TOKENS_TO_TARGET",
+    "common_target",
+    "curves_of",
+    "label_group_trial",
+    "name_metric",
+    "seed_value",
+    "tell_group",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +99,9 @@ def common_target(curves: Sequence[Curve | None]) -> float | None:
     return max(min(losses[:-1] or losses) for _, losses in finite)
 
 
-def seed_value(curve: Curve | None, final_loss: float, target: float | None, budget_tokens: float
-               ) -> tuple[float, float | None]:
+def seed_value(
+    curve: Curve | None, final_loss: float, target: float | None, budget_tokens: float
+) -> tuple[float, float | None]:
     """One seed's share of a group's told value, lower is better.
 
     Args:
@@ -135,8 +148,14 @@ def label_group_trial(sub: Any, batch_size: int, trial_id: str, lr: float) -> No
     trial.set_user_attr(BATCH_SIZE_ATTR, batch_size)
 
 
-def tell_group(sub: Any, group: Any, finals: dict[str, float], objectives: dict[int, dict[str, Any]],
-               records: Callable[[], list[Any]] | None, budget_tokens: float) -> None:
+def tell_group(
+    sub: Any,
+    group: Any,
+    finals: dict[str, float],
+    objectives: dict[int, dict[str, Any]],
+    records: Callable[[], list[Any]] | None,
+    budget_tokens: float,
+) -> None:
     """Tell ``group``'s Optuna trial its value and say in its user attributes (and its study's) what it is.
 
     Args:
@@ -155,16 +174,27 @@ def tell_group(sub: Any, group: Any, finals: dict[str, float], objectives: dict[
         try:
             curves = curves_of(records, list(finals))
             if len(curves) < len(finals):
-                log.warning("batch size %d: no record of trials %s; told as not reaching the target loss", b,
-                            sorted(set(finals) - set(curves)))
-        except Exception as exc:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
+                log.warning(
+                    "batch size %d: no record of trials %s; told as not reaching the target loss",
+                    b,
+                    sorted(set(finals) - set(curves)),
+                )
+        except Exception as exc:
             if state is None:
-                log.warning("batch size %d: the trials' records cannot be read (%r); its study is told the "
-                            "final validation loss, not tokens to a target", b, exc)
+                log.warning(
+                    "batch size %d: the trials' records cannot be read (%r); its study is told the "
+                    "final validation loss, not tokens to a target",
+                    b,
+                    exc,
+                )
                 state = objectives[b] = {"objective": FINAL_LOSS, "target_loss": None}
             else:
-                log.exception("batch size %d: the trials' records cannot be read; group %s is told as not "
-                              "reaching the target loss (ordered by its final loss)", b, group.primary)
+                log.exception(
+                    "batch size %d: the trials' records cannot be read; group %s is told as not "
+                    "reaching the target loss (ordered by its final loss)",
+                    b,
+                    group.primary,
+                )
     if state is None:
         state = objectives[b] = {"objective": TOKENS_TO_TARGET, "target_loss": None}
     if state["objective"] == FINAL_LOSS:
@@ -172,11 +202,14 @@ def tell_group(sub: Any, group: Any, finals: dict[str, float], objectives: dict[
     else:
         if state["target_loss"] is None:
             state["target_loss"] = common_target([curves.get(t) for t in finals])
-        seeds = [seed_value(curves.get(t), f, state["target_loss"], budget_tokens)
-                 for t, f in finals.items()]
+        seeds = [seed_value(curves.get(t), f, state["target_loss"], budget_tokens) for t, f in finals.items()]
         value = sum(v for v, _ in seeds) / len(seeds)
-        attrs = {OBJECTIVE_ATTR: TOKENS_TO_TARGET, TARGET_ATTR: state["target_loss"],
-                 TOKENS_ATTR: [tok for _, tok in seeds], FINAL_ATTR: mean_final}
+        attrs = {
+            OBJECTIVE_ATTR: TOKENS_TO_TARGET,
+            TARGET_ATTR: state["target_loss"],
+            TOKENS_ATTR: [tok for _, tok in seeds],
+            FINAL_ATTR: mean_final,
+        }
     if group.primary in optuna_search_completed(sub):
         return  # told before the searcher was last saved (a restored sweep ran its last seed again)
     study = optuna_search_study(sub)

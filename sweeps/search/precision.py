@@ -59,14 +59,24 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sweeps.analysis.targets import TrialRecord, tokens_to_target_by_trial
 from sweeps.spec.statuses import TrialStatus
 
-__all__ = ["Proposal", "Reallocation", "budgets_trained", "interval_ratio", "precise_enough", "nothing_completed",
-           "wave_summary", "propose", "MIN_PROBE_SPACING_OCTAVES"]
+__all__ = [
+    "MIN_PROBE_SPACING_OCTAVES",
+    "Proposal",
+    "Reallocation",
+    "budgets_trained",
+    "interval_ratio",
+    "nothing_completed",
+    "precise_enough",
+    "propose",
+    "wave_summary",
+]
 
 #: an LR probe closer than this (octaves) to an LR already tried at its batch size is not proposed
 MIN_PROBE_SPACING_OCTAVES = 0.25
@@ -92,8 +102,13 @@ class Proposal:
     stop_at_loss: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch_size_sequences": self.batch_size_sequences, "lr": self.lr, "reason": self.reason,
-                "budget_multiple": self.budget_multiple, "stop_at_loss": self.stop_at_loss}
+        return {
+            "batch_size_sequences": self.batch_size_sequences,
+            "lr": self.lr,
+            "reason": self.reason,
+            "budget_multiple": self.budget_multiple,
+            "stop_at_loss": self.stop_at_loss,
+        }
 
 
 @dataclass(frozen=True)
@@ -111,8 +126,9 @@ class Reallocation:
     max_budget_multiple: int
 
 
-def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation,
-                     centre_b: float) -> list[Proposal]:
+def _rerun_proposals(
+    analysis: dict[str, Any], trials: list[TrialRecord], realloc: Reallocation, centre_b: float
+) -> list[Proposal]:
     """Rule 2: each batch size the fit holds as censored at the lowest target (``analysis['targets']``'s entry
     at ``realloc.lowest_target``), nearest ``centre_b`` (the knee) first. Its best trial is the one with the lowest loss at the most
     tokens all its trials reached. When that trial ran at the highest (lowest) LR the batch size tried and the LR
@@ -121,34 +137,69 @@ def _rerun_proposals(analysis: dict[str, Any], trials: list[TrialRecord], reallo
     :mod:`workloads.train.determinism`) with twice the most tokens any of its trials trained, rounded to budgets
     (at most ``max_budget_multiple``). Its early part repeats the trial: a re-run from scratch, not a
     continuation from its checkpoint."""
-    entry = min((t for t in analysis.get("targets") or [] if t.get("target_loss") is not None),
-                key=lambda t: abs(float(t["target_loss"]) - realloc.lowest_target), default=None)
+    entry = min(
+        (t for t in analysis.get("targets") or [] if t.get("target_loss") is not None),
+        key=lambda t: abs(float(t["target_loss"]) - realloc.lowest_target),
+        default=None,
+    )
     if entry is None:
         return []
     out = []
-    for c in sorted(entry.get("censored_points") or [],
-                    key=lambda c: (abs(math.log(int(c["batch_size_sequences"]) / centre_b)), -int(c["batch_size_sequences"]))):
+    for c in sorted(
+        entry.get("censored_points") or [],
+        key=lambda c: (abs(math.log(int(c["batch_size_sequences"]) / centre_b)), -int(c["batch_size_sequences"])),
+    ):
         b = int(c["batch_size_sequences"])
-        ts = [t for t in trials if t.batch_size_sequences == b and t.tokens and t.hyperparameters.get("lr")
-              and t.val_loss and math.isfinite(t.val_loss[-1])]
+        ts = [
+            t
+            for t in trials
+            if t.batch_size_sequences == b
+            and t.tokens
+            and t.hyperparameters.get("lr")
+            and t.val_loss
+            and math.isfinite(t.val_loss[-1])
+        ]
         if not ts:
             continue  # every trial diverged: a longer run would not reach it
         common = min(max(t.tokens) for t in ts)
         best = min(ts, key=lambda t: (_loss_at(t, common), t.trial_id))
         had = max(1, round(max(max(t.tokens) for t in ts) / realloc.budget_tokens))
-        lr, lrs = float(best.hyperparameters["lr"]), sorted({float(t.hyperparameters["lr"]) for t in trials
-                                                             if t.batch_size_sequences == b and t.hyperparameters.get("lr")})
-        far = lambda x: all(abs(math.log2(x / y)) >= MIN_PROBE_SPACING_OCTAVES for y in lrs)  # noqa: E731
+        lr, lrs = (
+            float(best.hyperparameters["lr"]),
+            sorted(
+                {
+                    float(t.hyperparameters["lr"])
+                    for t in trials
+                    if t.batch_size_sequences == b and t.hyperparameters.get("lr")
+                }
+            ),
+        )
+
+        def far(x):
+            return all(abs(math.log2(x / y)) >= MIN_PROBE_SPACING_OCTAVES for y in lrs)
+
         side = "highest" if lr >= lrs[-1] and far(2 * lr) else "lowest" if lr <= lrs[0] and far(lr / 2) else None
         if side is not None:
-            out.append(Proposal(b, 2 * lr if side == "highest" else lr / 2,
-                                f"censored at the lowest target ({realloc.lowest_target:.4f}), its best trial at its "
-                                f"{side} LR: probe an octave {'above' if side == 'highest' else 'below'} before more "
-                                "tokens", budget_multiple=had))
+            out.append(
+                Proposal(
+                    b,
+                    2 * lr if side == "highest" else lr / 2,
+                    f"censored at the lowest target ({realloc.lowest_target:.4f}), its best trial at its "
+                    f"{side} LR: probe an octave {'above' if side == 'highest' else 'below'} before more "
+                    "tokens",
+                    budget_multiple=had,
+                )
+            )
         elif 2 * had <= realloc.max_budget_multiple:
-            out.append(Proposal(b, float(best.hyperparameters["lr"]),
-                                f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
-                                f"again, with {2 * had}x the budget", budget_multiple=2 * had))
+            out.append(
+                Proposal(
+                    b,
+                    float(best.hyperparameters["lr"]),
+                    f"censored at the lowest target ({realloc.lowest_target:.4f}): its best trial's LR "
+                    f"again, with {2 * had}x the budget",
+                    budget_multiple=2 * had,
+                )
+            )
     return out
 
 
@@ -181,8 +232,11 @@ def nothing_completed(trials: list[TrialRecord]) -> bool:
 def precise_enough(analysis: dict[str, Any], b_crit_ratio: float) -> bool:
     """Whether the headline ``b_crit`` is ``ok`` with a 95 % interval no wider than ``b_crit_ratio`` (upper/lower),
     measured with every LR bracket closed (no ``lr_brackets_open``)."""
-    return (analysis.get("status") == "ok" and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
-            and not analysis.get("lr_brackets_open"))
+    return (
+        analysis.get("status") == "ok"
+        and interval_ratio(analysis.get("b_crit_ci")) <= b_crit_ratio
+        and not analysis.get("lr_brackets_open")
+    )
 
 
 def wave_summary(analysis: dict[str, Any], n_trials: int) -> dict[str, Any]:
@@ -190,9 +244,15 @@ def wave_summary(analysis: dict[str, Any], n_trials: int) -> dict[str, Any]:
     lr_brackets_open}`` (``ratio`` None where unbounded; ``lr_brackets_open``: how many (batch size, side) brackets
     were open)."""
     ratio = interval_ratio(analysis.get("b_crit_ci"))
-    return {"trials": n_trials, "b_crit": analysis.get("b_crit"), "b_crit_ci": analysis.get("b_crit_ci"),
-            "ratio": ratio if math.isfinite(ratio) else None, "status": analysis.get("status"),
-            "target_loss": analysis.get("target_loss"), "lr_brackets_open": len(analysis.get("lr_brackets_open") or [])}
+    return {
+        "trials": n_trials,
+        "b_crit": analysis.get("b_crit"),
+        "b_crit_ci": analysis.get("b_crit_ci"),
+        "ratio": ratio if math.isfinite(ratio) else None,
+        "status": analysis.get("status"),
+        "target_loss": analysis.get("target_loss"),
+        "lr_brackets_open": len(analysis.get("lr_brackets_open") or []),
+    }
 
 
 def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
@@ -204,8 +264,9 @@ def _tried_lrs(trials: list[TrialRecord]) -> dict[int, list[float]]:
     return out
 
 
-def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool], *,
-                     fitted: list[int]) -> list[Proposal]:
+def _range_proposals(
+    analysis: dict[str, Any], batch_sizes: list[int], allowed: Callable[[int], bool], *, fitted: list[int]
+) -> list[Proposal]:
     """Rule 3. Upwards only while the largest swept batch size is in the fit (one that already misses the
     target would not be joined by a larger one), downwards likewise."""
     lo_b, hi_b = min(batch_sizes), max(batch_sizes)
@@ -215,16 +276,31 @@ def _range_proposals(analysis: dict[str, Any], batch_sizes: list[int], allowed: 
     down = no_fit or (lo_b in fitted and (status == "below_range" or bool(ci and (ci[0] is None or ci[0] < lo_b))))
     out = []
     if up and allowed(2 * hi_b):
-        out.append(Proposal(2 * hi_b, None, f"the interval reaches above the largest batch size ({hi_b})"
-                            if not no_fit else "no fit yet: widen the range"))
+        out.append(
+            Proposal(
+                2 * hi_b,
+                None,
+                f"the interval reaches above the largest batch size ({hi_b})"
+                if not no_fit
+                else "no fit yet: widen the range",
+            )
+        )
     if down and lo_b >= 2 and allowed(lo_b // 2):
-        out.append(Proposal(lo_b // 2, None, f"the interval reaches below the smallest batch size ({lo_b})"
-                            if not no_fit else "no fit yet: widen the range"))
+        out.append(
+            Proposal(
+                lo_b // 2,
+                None,
+                f"the interval reaches below the smallest batch size ({lo_b})"
+                if not no_fit
+                else "no fit yet: widen the range",
+            )
+        )
     return out
 
 
-def _midpoint_proposals(batch_sizes: list[int], fitted: list[int], centre_b: float,
-                        allowed: Callable[[int], bool]) -> list[Proposal]:
+def _midpoint_proposals(
+    batch_sizes: list[int], fitted: list[int], centre_b: float, allowed: Callable[[int], bool]
+) -> list[Proposal]:
     """Rule 4 of the module docstring: the geometric middle of each two neighbouring fitted batch sizes
     (rounded; only where it differs from both and is allowed), nearest the knee first."""
     fit = sorted(int(b) for b in fitted)
@@ -241,20 +317,31 @@ def _bracket_proposals(analysis: dict[str, Any], trials: list[TrialRecord], cent
     nearest the knee first; none within :data:`MIN_PROBE_SPACING_OCTAVES` of an LR already tried."""
     tried = _tried_lrs(trials)
     out = []
-    for e in sorted(analysis.get("lr_brackets_open") or [],
-                    key=lambda e: (abs(math.log(e["batch_size_sequences"] / centre_b)), e["batch_size_sequences"], e["side"])):
+    for e in sorted(
+        analysis.get("lr_brackets_open") or [],
+        key=lambda e: (abs(math.log(e["batch_size_sequences"] / centre_b)), e["batch_size_sequences"], e["side"]),
+    ):
         b, lr = int(e["batch_size_sequences"]), e.get("fastest_lr")
         if not lr:
             continue
         probe = lr * 2 if e["side"] == "above" else lr / 2
         if all(abs(math.log2(probe / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, [])):
-            out.append(Proposal(b, probe, f"its fastest trial at target(s) {', '.join(f'{t:.4g}' for t in e['targets'])} "
-                                          f"ran at its {'highest' if e['side'] == 'above' else 'lowest'} LR: probe an "
-                                          f"octave {e['side']}", stop_at_loss=min(e["targets"])))
+            out.append(
+                Proposal(
+                    b,
+                    probe,
+                    f"its fastest trial at target(s) {', '.join(f'{t:.4g}' for t in e['targets'])} "
+                    f"ran at its {'highest' if e['side'] == 'above' else 'lowest'} LR: probe an "
+                    f"octave {e['side']}",
+                    stop_at_loss=min(e["targets"]),
+                )
+            )
     return out
 
 
-def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float) -> tuple[list[Proposal], list[Proposal]]:
+def _lr_proposals(
+    trials: list[TrialRecord], target: float, fitted: list[int], centre_b: float
+) -> tuple[list[Proposal], list[Proposal]]:
     """Rule 5 of the module docstring (and, for an analysis without ``lr_brackets_open``, rule 1 at the headline
     target), nearest the knee first: ``(open brackets, closed ones)``."""
     tokens = tokens_to_target_by_trial(trials, target)
@@ -276,7 +363,10 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
         if not math.isfinite(speed[best]):
             continue  # none of its trials reached the target
         i = lrs.index(best)
-        far = lambda lr: all(abs(math.log2(lr / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, []))  # noqa: E731
+
+        def far(lr):
+            return all(abs(math.log2(lr / x)) >= MIN_PROBE_SPACING_OCTAVES for x in tried.get(b, []))
+
         if i == 0 and far(best / 2):
             open_.append(Proposal(b, best / 2, "its fastest trial ran at its lowest LR: probe an octave below"))
         if i == len(lrs) - 1 and far(best * 2):
@@ -289,9 +379,15 @@ def _lr_proposals(trials: list[TrialRecord], target: float, fitted: list[int], c
     return open_, closed
 
 
-def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
-            allowed_batch_size: Callable[[int], bool], lr_probes: bool = True,
-            reallocation: Reallocation | None = None) -> list[Proposal]:
+def propose(
+    analysis: dict[str, Any],
+    trials: list[TrialRecord],
+    n: int,
+    *,
+    allowed_batch_size: Callable[[int], bool],
+    lr_probes: bool = True,
+    reallocation: Reallocation | None = None,
+) -> list[Proposal]:
     """The next wave's trials (at most ``n``), by the rules of the module docstring.
 
     Args:
@@ -313,13 +409,21 @@ def propose(analysis: dict[str, Any], trials: list[TrialRecord], n: int, *,
         return []
     target, fitted = analysis.get("target_loss"), analysis.get("fitted_batch_sizes") or []
     b_crit = analysis.get("b_crit")
-    centre_b = (b_crit if b_crit and b_crit > 0 else math.sqrt(min(fitted) * max(fitted)) if fitted
-                else math.sqrt(batch_sizes[0] * batch_sizes[-1]))
-    range_ = _range_proposals(analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b),
-                              fitted=[int(b) for b in fitted])
+    centre_b = (
+        b_crit
+        if b_crit and b_crit > 0
+        else math.sqrt(min(fitted) * max(fitted))
+        if fitted
+        else math.sqrt(batch_sizes[0] * batch_sizes[-1])
+    )
+    range_ = _range_proposals(
+        analysis, batch_sizes, lambda b: b not in batch_sizes and allowed_batch_size(b), fitted=[int(b) for b in fitted]
+    )
     no_fit = b_crit is None and analysis.get("status") not in ("above_range", "below_range")
     out = range_ if no_fit else []  # without a fit, more batch sizes first: no bracket is judged at a fit's targets
-    reruns = _rerun_proposals(analysis, trials, reallocation, centre_b) if reallocation is not None and lr_probes else []
+    reruns = (
+        _rerun_proposals(analysis, trials, reallocation, centre_b) if reallocation is not None and lr_probes else []
+    )
     brackets = _bracket_proposals(analysis, trials, centre_b) if lr_probes else []
     out += [p for pair in itertools.zip_longest(brackets, reruns) for p in pair if p is not None]
     out += [] if no_fit else range_

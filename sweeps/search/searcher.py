@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import optuna
 from ray.tune.search import Searcher
@@ -28,24 +29,34 @@ from ray.tune.search.optuna import OptunaSearch
 
 from sweeps._compat import (
     optuna_search_completed,
-    optuna_trial_id,
     optuna_search_reattach,
     optuna_search_study,
     optuna_search_trials,
+    optuna_trial_id,
 )
-from sweeps.spec import SweepSpec
 from sweeps.files import write_atomic
 from sweeps.search.objective import OBJECTIVE, Curve, curves_of, label_group_trial, tell_group
 from sweeps.search.saved_state import composed_state
-from sweeps.search.strategies import (
-    INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_POINT_ATTR, SearchStrategy, strategy_for,
-)
-from sweeps.search.waves import PrecisionWaves
-from sweeps.search.transfer import fastest_to_targets, provisional_targets
 from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, study_storage, transfer_hyperparameters
+from sweeps.search.strategies import (
+    INITIAL_POINT_ATTR,
+    INITIAL_POINTS_ENQUEUED_ATTR,
+    TRANSFER_POINT_ATTR,
+    SearchStrategy,
+    strategy_for,
+)
+from sweeps.search.transfer import fastest_to_targets, provisional_targets
+from sweeps.search.waves import PrecisionWaves
+from sweeps.spec import SweepSpec
 
-__all__ = ["BatchSizeSearcher", "search_space", "hyperparameters_for", "transfer_hyperparameters", "OBJECTIVE",
-           "LR_OFFSET"]
+__all__ = [
+    "LR_OFFSET",
+    "OBJECTIVE",
+    "BatchSizeSearcher",
+    "hyperparameters_for",
+    "search_space",
+    "transfer_hyperparameters",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +72,9 @@ _STRATEGY_ATTRS = (INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_PO
 class _Group:
     """One Optuna suggestion, run once per seed."""
 
-    def __init__(self, primary: str, batch: int, params: dict[str, Any], n_seeds: int,
-                 initial_point: int | None = None):
+    def __init__(
+        self, primary: str, batch: int, params: dict[str, Any], n_seeds: int, initial_point: int | None = None
+    ):
         self.primary = primary
         self.batch = batch
         self.params = params
@@ -108,8 +120,14 @@ class BatchSizeSearcher(Searcher):
 
     _records = None  # default for a searcher unpickled from a sweep started before attach_records existed
 
-    def __init__(self, spec: SweepSpec, storage_url: str, study_prefix: str, fingerprint: str | None = None,
-                 scheduler: Any = None):
+    def __init__(
+        self,
+        spec: SweepSpec,
+        storage_url: str,
+        study_prefix: str,
+        fingerprint: str | None = None,
+        scheduler: Any = None,
+    ):
         super().__init__(metric=OBJECTIVE, mode="min")
         self.spec = spec
         self.storage_url = storage_url
@@ -205,8 +223,9 @@ class BatchSizeSearcher(Searcher):
                 except KeyError:
                     asked = 0
                 sampler = optuna.samplers.TPESampler(seed=(self.spec.seeds[0] * 7919 + b + asked) % (2**31))
-            sub = OptunaSearch(space=self.space, metric=OBJECTIVE, mode="min", storage=storage, study_name=name,
-                               sampler=sampler)
+            sub = OptunaSearch(
+                space=self.space, metric=OBJECTIVE, mode="min", storage=storage, study_name=name, sampler=sampler
+            )
             self._prepare_study(optuna_search_study(sub), b)
             self._subs[b] = sub
         return self._subs[b]
@@ -252,10 +271,18 @@ class BatchSizeSearcher(Searcher):
         point = getattr(group, "initial_point", None)
         stop, multiple = self.stop_at_loss(), getattr(group, "budget_multiple", 1)
         stop = (getattr(group, "stop_at_loss", None) or stop) if stop is not None else None  # a probe's own, if higher
-        extra = {"initial_point": point, "stop_at_loss": stop,  # token reallocation: the stop, a re-run's budget
-                 "budget_tokens": multiple * self.spec.budget_tokens if multiple > 1 else None}
-        return {"batch_size_sequences": b, "seed": seed, "group_id": group.primary, **hp,
-                **{k: v for k, v in extra.items() if v is not None}}
+        extra = {
+            "initial_point": point,
+            "stop_at_loss": stop,  # token reallocation: the stop, a re-run's budget
+            "budget_tokens": multiple * self.spec.budget_tokens if multiple > 1 else None,
+        }
+        return {
+            "batch_size_sequences": b,
+            "seed": seed,
+            "group_id": group.primary,
+            **hp,
+            **{k: v for k, v in extra.items() if v is not None},
+        }
 
     def _open_group(self, trial_id: str, b: int) -> _Group | None:
         """Ask ``b``'s study for a new group's values (at the strategy's point, where it places one); None when
@@ -291,7 +318,9 @@ class BatchSizeSearcher(Searcher):
             group.results[trial_id] = ("PRUNED", None)
         else:
             val = None if result is None else result.get(OBJECTIVE)
-            group.results[trial_id] = ("COMPLETE", float(val)) if val is not None and math.isfinite(val) else ("FAIL", None)
+            group.results[trial_id] = (
+                ("COMPLETE", float(val)) if val is not None and math.isfinite(val) else ("FAIL", None)
+            )
         if not group.finished():
             return
         states = [s for s, _ in group.results.values()]
@@ -336,10 +365,12 @@ class BatchSizeSearcher(Searcher):
             return None
         try:
             by_id = curves_of(self._records, [t for g in groups for t in g.trial_ids])
-            curves = [[by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
-                      for g in groups]
+            curves = [
+                [by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
+                for g in groups
+            ]
             i = fastest_to_targets(curves, self.selection_targets([c for g in curves for c in g]))
-        except Exception:  # noqa: BLE001 - unreadable records: the final loss decides, the sweep goes on
+        except Exception:
             log.exception("transfer: the trials' records could not be read; the lowest final loss picks the best LR")
             return None
         return groups[i] if i is not None else None
@@ -349,11 +380,15 @@ class BatchSizeSearcher(Searcher):
     def _state(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         subs = self._subs or {}
-        d["_subs_ot_trials"] = {b: {tid: optuna_trial_id(t) for tid, t in optuna_search_trials(s).items()} for b, s in subs.items()}
+        d["_subs_ot_trials"] = {
+            b: {tid: optuna_trial_id(t) for tid, t in optuna_search_trials(s).items()} for b, s in subs.items()
+        }
         d["_subs_completed"] = {b: set(optuna_search_completed(s)) for b, s in subs.items()}
         # the samplers' state (their RNG): a restored sweep then asks for what the uninterrupted one would have
-        d["_sampler_blobs"] = {**self._sampler_blobs,
-                               **{b: pickle.dumps(optuna_search_study(s).sampler) for b, s in subs.items()}}
+        d["_sampler_blobs"] = {
+            **self._sampler_blobs,
+            **{b: pickle.dumps(optuna_search_study(s).sampler) for b, s in subs.items()},
+        }
         d["_subs"] = None
         d["scheduler"] = None  # re-attached by the driver
         d["_records"] = None  # likewise (attach_records, attach_precision)
@@ -392,8 +427,17 @@ class BatchSizeSearcher(Searcher):
         policy = self.__dict__.get("wave_policy")
         attached = (policy._analyse, policy._report) if policy is not None else (None, None)
         # defaults for a state saved before the samplers, the fingerprint or the tokens-to-target objective
-        self.__dict__.update(composed_state({"_sampler_blobs": {}, "fingerprint": None, "objectives": {}, **state,
-                                             "scheduler": getattr(self, "scheduler", None),
-                                             "_records": getattr(self, "_records", None)}))
+        self.__dict__.update(
+            composed_state(
+                {
+                    "_sampler_blobs": {},
+                    "fingerprint": None,
+                    "objectives": {},
+                    **state,
+                    "scheduler": getattr(self, "scheduler", None),
+                    "_records": getattr(self, "_records", None),
+                }
+            )
+        )
         if attached != (None, None):
             self.wave_policy.attach(*attached)

@@ -18,7 +18,14 @@ from sweeps.search.transfer import MAX_PROBE_OFFSET_OCTAVES
 from sweeps.spec import SweepSpec
 from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
-__all__ = ["search_space", "hyperparameters_for", "transfer_hyperparameters", "LR_OFFSET", "study_storage", "study_connect_args"]
+__all__ = [
+    "LR_OFFSET",
+    "hyperparameters_for",
+    "search_space",
+    "study_connect_args",
+    "study_storage",
+    "transfer_hyperparameters",
+]
 
 
 #: the Optuna parameter of ``search.strategy: transfer``: a trial's LR offset from its batch size's
@@ -83,8 +90,9 @@ def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dic
     return {"lr_rule": rule, "lr_multiplier": mult, "lr": lr, "beta2": beta2, "beta2_half_life_tokens": t_half}
 
 
-def transfer_hyperparameters(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any],
-                             centre_lr: float) -> dict[str, Any]:
+def transfer_hyperparameters(
+    spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any], centre_lr: float
+) -> dict[str, Any]:
     """:func:`hyperparameters_for` under ``search.strategy: transfer``: ``lr = centre_lr 2^offset``
     (``offset``: ``sampled[LR_OFFSET]``, octaves), moved to the nearest point of the LR lattice
     (``search.lr_lattice_octaves``, :func:`sweeps.search.lattice.snap_lr`; not with null), ``lr_rule`` the spec's
@@ -97,5 +105,9 @@ def transfer_hyperparameters(spec: SweepSpec, batch_size_sequences: int, sampled
     if step:
         lr = snap_lr(lr, s.base_lr, step)
     rule = s.lr_rules[0]
-    return {**hp, "lr_rule": rule, "lr": lr,
-            "lr_multiplier": lr / scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, 1.0)}
+    return {
+        **hp,
+        "lr_rule": rule,
+        "lr": lr,
+        "lr_multiplier": lr / scaled_lr(s.base_lr, s.base_batch_size_sequences, batch_size_sequences, rule, 1.0),
+    }

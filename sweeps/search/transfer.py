@@ -31,7 +31,7 @@ Pure functions; :class:`sweeps.search.strategies.TransferStrategy` keeps the sta
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from sweeps.analysis.lr_scaling import lr_exponent_fit
 from sweeps.analysis.targets import tokens_to_target
@@ -39,9 +39,19 @@ from sweeps.search.lattice import snap_lr
 from sweeps.spec import SearchSpec
 from workloads.api import scaled_lr
 
-__all__ = ["PRIOR_ALPHA", "MAX_OFFSET_OCTAVES", "MAX_PROBE_OFFSET_OCTAVES", "MAX_EXTRAPOLATION_OCTAVES", "transfer_order",
-           "anchor_of", "lr_offsets_octaves", "transfer_centre", "fastest_to_targets",
-           "provisional_targets", "start_centre"]
+__all__ = [
+    "MAX_EXTRAPOLATION_OCTAVES",
+    "MAX_OFFSET_OCTAVES",
+    "MAX_PROBE_OFFSET_OCTAVES",
+    "PRIOR_ALPHA",
+    "anchor_of",
+    "fastest_to_targets",
+    "lr_offsets_octaves",
+    "provisional_targets",
+    "start_centre",
+    "transfer_centre",
+    "transfer_order",
+]
 
 #: the farthest a transferred centre may lie outside the range of the best LRs measured so far (octaves)
 MAX_EXTRAPOLATION_OCTAVES = 1.0
@@ -66,8 +76,12 @@ def anchor_of(batch_size: int, order: list[int]) -> int | None:
     start = order[0]
     if batch_size == start:
         return None
-    side = [b for b in order if (b < batch_size if batch_size > start else b > batch_size)
-            and (b >= start if batch_size > start else b <= start)]
+    side = [
+        b
+        for b in order
+        if (b < batch_size if batch_size > start else b > batch_size)
+        and (b >= start if batch_size > start else b <= start)
+    ]
     return min(side, key=lambda b: abs(math.log(batch_size / b)))
 
 
@@ -99,12 +113,13 @@ def transfer_centre(batch_size: int, anchor: int, best_lrs: dict[int, float]) ->
     fit = lr_exponent_fit(list(best_lrs), list(best_lrs.values())) if len(best_lrs) >= 3 else None
     alpha = min(max(fit["alpha"], 0.0), 1.0) if fit else PRIOR_ALPHA
     centre = best_lrs[anchor] * (batch_size / anchor) ** alpha
-    room = 2.0 ** MAX_EXTRAPOLATION_OCTAVES
+    room = 2.0**MAX_EXTRAPOLATION_OCTAVES
     return min(max(centre, min(best_lrs.values()) / room), max(best_lrs.values()) * room), alpha
 
 
-def start_centre(search: SearchSpec, batch_size: int, anchor: int | None, best_lrs: dict[int, float]
-                 ) -> tuple[float, float | None]:
+def start_centre(
+    search: SearchSpec, batch_size: int, anchor: int | None, best_lrs: dict[int, float]
+) -> tuple[float, float | None]:
     """Where a batch size's trials are centred when it starts: the first batch size (no ``anchor``) at the spec's
     starting LR (``base_lr`` scaled by the first LR rule at the geometric middle of ``lr_multiplier``), any other
     at :func:`transfer_centre`; on the LR lattice (``search.lr_lattice_octaves``, so that its trials' offsets land
@@ -115,8 +130,9 @@ def start_centre(search: SearchSpec, batch_size: int, anchor: int | None, best_l
     """
     if anchor is None:
         lo, hi = search.lr_multiplier
-        centre = scaled_lr(search.base_lr, search.base_batch_size_sequences, batch_size, search.lr_rules[0],
-                           math.sqrt(lo * hi))
+        centre = scaled_lr(
+            search.base_lr, search.base_batch_size_sequences, batch_size, search.lr_rules[0], math.sqrt(lo * hi)
+        )
         alpha = None
     else:
         centre, alpha = transfer_centre(batch_size, anchor, best_lrs)
@@ -144,8 +160,9 @@ def provisional_targets(curves: Sequence[tuple[Sequence[float], Sequence[float]]
     return [high - i * (high - low) / (n_targets - 1) for i in range(n_targets)]
 
 
-def fastest_to_targets(groups: Sequence[Sequence[tuple[Sequence[float], Sequence[float]]]], targets: list[float]
-                       ) -> int | None:
+def fastest_to_targets(
+    groups: Sequence[Sequence[tuple[Sequence[float], Sequence[float]]]], targets: list[float]
+) -> int | None:
     """Which of a batch size's groups (one LR each; a group's trials are its seeds) is best at the target losses
     the fit uses: the lowest mean over ``targets`` of the group's mean log tokens to each target
     (:func:`sweeps.analysis.targets.tokens_to_target`, interpolated in log tokens); a trial that does not reach

@@ -11,12 +11,18 @@ import logging
 from typing import Any, Protocol
 
 from sweeps.search.precision import (
-    Proposal, Reallocation, budgets_trained, nothing_completed, precise_enough, propose, wave_summary,
+    Proposal,
+    Reallocation,
+    budgets_trained,
+    nothing_completed,
+    precise_enough,
+    propose,
+    wave_summary,
 )
 from sweeps.search.strategies import SearchStrategy
 from sweeps.spec import PrecisionSpec, SweepSpec
 
-__all__ = ["PrecisionWaves", "Ledger"]
+__all__ = ["Ledger", "PrecisionWaves"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ class PrecisionWaves:
         self._analyse: Any = None  # attached by the driver (attach), never pickled
         self._report: Any = None
 
-    def detached(self) -> "PrecisionWaves":
+    def detached(self) -> PrecisionWaves:
         """A shallow copy without the attached analysis and report (what the searcher saves)."""
         out = copy.copy(self)
         out._analyse = out._report = None
@@ -98,10 +104,13 @@ class PrecisionWaves:
         # at the same ones, so a wave cannot narrow the interval by moving the headline to an easier target
         try:
             analysis, records = self._analyse(self.precision_targets)
-        except Exception:  # noqa: BLE001 - an analysis bug ends the waves, never the sweep (cbs.json says why)
+        except Exception:
             log.exception("search.precision: the wave's analysis failed; no more trials are added")
-            self.precision_outcome = {"stopped_because": "analysis_failed", "trials": sum(ledger.assigned.values()),
-                                      "b_crit_ratio_requested": self.precision.b_crit_ratio}
+            self.precision_outcome = {
+                "stopped_because": "analysis_failed",
+                "trials": sum(ledger.assigned.values()),
+                "b_crit_ratio_requested": self.precision.b_crit_ratio,
+            }
             self._tell_report(ledger)
             return False
         spent = budgets_trained(records, self.spec.budget_tokens, len(self.spec.seeds))
@@ -127,9 +136,18 @@ class PrecisionWaves:
             outcome = "max_trials"
         else:
             strategy = ledger.strategy
-            proposals = [p for p in propose(analysis, records, 100, allowed_batch_size=self.spec.sweepable_batch_size,
-                                            lr_probes=strategy.places_lr_probes, reallocation=realloc)
-                         if p.lr is None or strategy.places_probe(p.batch_size_sequences, p.lr)]
+            proposals = [
+                p
+                for p in propose(
+                    analysis,
+                    records,
+                    100,
+                    allowed_batch_size=self.spec.sweepable_batch_size,
+                    lr_probes=strategy.places_lr_probes,
+                    reallocation=realloc,
+                )
+                if p.lr is None or strategy.places_probe(p.batch_size_sequences, p.lr)
+            ]
             added = self._fit_to_room(proposals, room, saved, ledger.assigned)
             if not added:
                 outcome = "max_trials" if proposals else "nothing_to_add"
@@ -141,8 +159,13 @@ class PrecisionWaves:
         summary["trials_added"] = self._planned(ledger) - before
         self.waves.append(summary)
         if outcome is not None:
-            self.precision_outcome = {"stopped_because": outcome, "b_crit_ratio_requested": self.precision.b_crit_ratio,
-                                      "b_crit_ratio": summary["ratio"], "status": summary["status"], "trials": handed}
+            self.precision_outcome = {
+                "stopped_because": outcome,
+                "b_crit_ratio_requested": self.precision.b_crit_ratio,
+                "b_crit_ratio": summary["ratio"],
+                "status": summary["status"],
+                "trials": handed,
+            }
         self._tell_report(ledger)
         return outcome is None
 
@@ -161,8 +184,11 @@ class PrecisionWaves:
         p = self.precision
         if p is None or not getattr(p, "reallocate_tokens", False) or not self.precision_targets:
             return None
-        return Reallocation(lowest_target=min(self.precision_targets), budget_tokens=self.spec.budget_tokens,
-                            max_budget_multiple=p.max_budget_multiple)
+        return Reallocation(
+            lowest_target=min(self.precision_targets),
+            budget_tokens=self.spec.budget_tokens,
+            max_budget_multiple=p.max_budget_multiple,
+        )
 
     def stop_at_loss(self) -> float | None:
         """The loss at which a trial handed out now ends (token reallocation, after the first wave), or None."""
@@ -186,15 +212,20 @@ class PrecisionWaves:
         """The LRs of the groups the waves added at ``b`` (LR probes and re-runs), in order."""
         return self.extra_lrs.get(b, [])
 
-    def _fit_to_room(self, proposals: list[Proposal], room: float, saved: float, assigned: dict[int, int]
-                     ) -> list[Proposal]:
+    def _fit_to_room(
+        self, proposals: list[Proposal], room: float, saved: float, assigned: dict[int, int]
+    ) -> list[Proposal]:
         """The proposals, in order, that fit one wave: ``trials_per_wave`` groups (or the first proposal's
         cost, if larger: a new batch size takes ``trials_per_batch_size``, a re-run its budget multiple) plus
         ``saved`` (token reallocation: budgets earlier waves left unspent), and never more than ``room`` (what
         ``max_trials`` leaves). Under token reallocation each wave's allowance is added to ``budgets_allowed``."""
         assert self.precision is not None
-        cost = lambda p: (self.spec.search.trials_per_batch_size if p.batch_size_sequences not in assigned  # noqa: E731
-                          else p.budget_multiple)
+
+        def cost(p):
+            return (
+                self.spec.search.trials_per_batch_size if p.batch_size_sequences not in assigned else p.budget_multiple
+            )
+
         allowance = max(self.precision.trials_per_wave, cost(proposals[0]) if proposals else 0)
         wave = min(room, allowance + saved)
         out, used = [], 0

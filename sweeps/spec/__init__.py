@@ -10,16 +10,25 @@ sweep id and tracking-URI rules in :mod:`sweeps.spec.identity`.
 Plain data: imports neither torch nor Ray, so the REST service can use it.
 """
 
+from sweeps.spec.finetune import FinetuneSpec, LoraSpec
 from sweeps.spec.loading import (
     SpecError,
     load_spec,
     load_stored_spec,
     parse_spec,
-    parse_stored_spec,
     parse_spec_text,
+    parse_stored_spec,
     read_spec_text,
     resolved_spec_dict,
     spec_errors,
+)
+from sweeps.spec.search import (
+    SEARCH_STRATEGY_NAMES,
+    Beta2Spec,
+    InitialPointSpec,
+    PrecisionSpec,
+    SearchSpec,
+    SearchStrategyName,
 )
 from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES,
@@ -34,17 +43,42 @@ from sweeps.spec.sections import (
     ResourcesSpec,
     ScheduleSpec,
 )
-from sweeps.spec.search import (
-    SEARCH_STRATEGY_NAMES, Beta2Spec, InitialPointSpec, PrecisionSpec, SearchSpec, SearchStrategyName,
-)
-from sweeps.spec.finetune import FinetuneSpec, LoraSpec
-from sweeps.spec.tracking import TrackingSpec
 from sweeps.spec.sweep import ArmSpec, BranchSpec, BudgetSpec, PruningSpec, SweepSpec
+from sweeps.spec.tracking import TrackingSpec
 
 __all__ = [
-    "SpecError", "SweepSpec", "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec", "SearchSpec", "InitialPointSpec", "PrecisionSpec",
-    "Beta2Spec", "OptimizerSpec", "ResourcesSpec", "TrackingSpec", "FinetuneSpec", "LoraSpec", "NoiseScaleSpec",
-    "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "BatchWarmupSpec", "load_spec", "resolved_spec_dict", "parse_spec",
-    "parse_spec_text", "read_spec_text", "parse_stored_spec", "load_stored_spec", "spec_errors", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
-    "SearchStrategyName", "SEARCH_STRATEGY_NAMES",
+    "MAX_BATCH_SEQUENCES",
+    "MAX_TOKENS",
+    "MAX_WIDTH",
+    "SEARCH_STRATEGY_NAMES",
+    "ArmSpec",
+    "BatchWarmupSpec",
+    "Beta2Spec",
+    "BranchSpec",
+    "BudgetSpec",
+    "DataSpec",
+    "EvalSpec",
+    "FinetuneSpec",
+    "InitialPointSpec",
+    "LoraSpec",
+    "ModelSpec",
+    "NoiseScaleSpec",
+    "OptimizerSpec",
+    "PrecisionSpec",
+    "PruningSpec",
+    "ResourcesSpec",
+    "ScheduleSpec",
+    "SearchSpec",
+    "SearchStrategyName",
+    "SpecError",
+    "SweepSpec",
+    "TrackingSpec",
+    "load_spec",
+    "load_stored_spec",
+    "parse_spec",
+    "parse_spec_text",
+    "parse_stored_spec",
+    "read_spec_text",
+    "resolved_spec_dict",
+    "spec_errors",
 ]

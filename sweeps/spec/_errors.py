@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-__all__ = ["format_loc", "describe_errors", "describe_yaml_error"]
+__all__ = ["describe_errors", "describe_yaml_error", "format_loc"]
 
 #: the longest shown bad value (its repr), before it is cut
 _MAX_VALUE_CHARS = 60
@@ -62,8 +62,13 @@ def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
             origin, args = typing.get_origin(tp), typing.get_args(tp)
             if isinstance(origin, type) and issubclass(origin, Mapping) and len(args) == 2:
                 nxt.append(args[1])
-            elif (isinstance(origin, type) and issubclass(origin, Sequence) and not issubclass(origin, str)
-                  and isinstance(part, int) and args):
+            elif (
+                isinstance(origin, type)
+                and issubclass(origin, Sequence)
+                and not issubclass(origin, str)
+                and isinstance(part, int)
+                and args
+            ):
                 nxt.append(args[0])
         current = nxt
     names = {n for t in current for tp in _candidates(t) if _is_model(tp) for n in tp.model_fields}

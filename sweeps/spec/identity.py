@@ -19,9 +19,22 @@ from sweeps.errors import InvalidInput
 from sweeps.spec.sweep import SweepSpec
 
 __all__ = [
-    "SWEEP_ID_PATTERN", "DEFAULT_TRACKING_URI", "check_sweep_id", "is_valid_sweep_id", "default_sweep_id", "run_sweep_id",
-    "local_tracking_uri", "tracking_uri_source", "job_tracking_uri", "is_file_store", "ARTIFACTS_DIR_NAME", "experiment_artifact_location", "is_loopback_host", "is_loopback_address",
-    "redact_uri", "same_tracking_uri",
+    "ARTIFACTS_DIR_NAME",
+    "DEFAULT_TRACKING_URI",
+    "SWEEP_ID_PATTERN",
+    "check_sweep_id",
+    "default_sweep_id",
+    "experiment_artifact_location",
+    "is_file_store",
+    "is_loopback_address",
+    "is_loopback_host",
+    "is_valid_sweep_id",
+    "job_tracking_uri",
+    "local_tracking_uri",
+    "redact_uri",
+    "run_sweep_id",
+    "same_tracking_uri",
+    "tracking_uri_source",
 ]
 
 #: A sweep id: 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit. It is also the Ray
@@ -92,9 +105,9 @@ def experiment_artifact_location(tracking_uri: str | None) -> str | None:
     """
     if not tracking_uri or not tracking_uri.lower().startswith("sqlite:///"):
         return None
-    path = unquote(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+    path = unquote(tracking_uri[len("sqlite:///") :].split("?", 1)[0])
     if path.startswith("file:"):  # sqlite:///file:PATH?uri=true (SQLite URI filenames)
-        path = path[len("file:"):]
+        path = path[len("file:") :]
     if not path or path == ":memory:":
         return None
     return (Path(path).resolve().parent / ARTIFACTS_DIR_NAME).as_uri()
@@ -110,7 +123,7 @@ def local_tracking_uri(spec: SweepSpec, flag: str | None, env: str | None = None
     env = os.environ.get("MLFLOW_TRACKING_URI") if env is None else env
     uri = flag or spec.tracking.uri or env or DEFAULT_TRACKING_URI
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     elif "://" not in uri:
         uri = str(Path(uri).resolve())
     return uri

@@ -16,8 +16,17 @@ from sweeps.errors import InvalidInput
 from sweeps.spec._errors import describe_errors, describe_yaml_error
 from sweeps.spec.sweep import SweepSpec, deep_merge, with_stored_defaults
 
-__all__ = ["SpecError", "spec_errors", "parse_spec", "parse_spec_text", "load_spec", "resolved_spec_dict", "read_spec_text",
-           "parse_stored_spec", "load_stored_spec"]
+__all__ = [
+    "SpecError",
+    "load_spec",
+    "load_stored_spec",
+    "parse_spec",
+    "parse_spec_text",
+    "parse_stored_spec",
+    "read_spec_text",
+    "resolved_spec_dict",
+    "spec_errors",
+]
 
 
 class SpecError(InvalidInput):

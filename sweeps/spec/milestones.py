@@ -8,7 +8,7 @@ from __future__ import annotations
 from sweeps.errors import InvalidInput
 from sweeps.spec.sweep import SweepSpec
 
-__all__ = ["reported_milestones", "milestone_warnings", "most_milestones", "check_milestones"]
+__all__ = ["check_milestones", "milestone_warnings", "most_milestones", "reported_milestones"]
 
 
 def reported_milestones(milestones_tokens: list[int], step_tokens: int) -> list[int]:
@@ -43,7 +43,8 @@ def milestone_warnings(spec: SweepSpec) -> list[str]:
             out.append(
                 f"search.batch_sizes_sequences: batch size {b} ({step_tokens} tokens per optimizer step) reports at "
                 f"{len(got)} of the {len(milestones)} milestones (at {', '.join(str(t) for t in got)} tokens): its "
-                f"step is longer than the milestone spacing ({milestones[0]} tokens)")
+                f"step is longer than the milestone spacing ({milestones[0]} tokens)"
+            )
     return out
 
 
@@ -73,4 +74,5 @@ def check_milestones(spec: SweepSpec) -> None:
         raise InvalidInput(
             "; ".join(folded) + f". Use eval.milestones <= {most_milestones(spec)} (every batch size then reports once "
             "at every milestone), a larger budget_tokens or smaller batch sizes; or set eval.allow_folded_milestones: "
-            "true to accept fewer points for these batch sizes")
+            "true to accept fewer points for these batch sizes"
+        )

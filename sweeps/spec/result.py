@@ -15,15 +15,26 @@ with ``hi`` None when unbounded; a value the analysis could not give is None.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-__all__ = ["CbsResult", "TargetFit", "TargetPoint", "CensoredPoint", "BatchRecord", "NoiseScaleSeries", "LrAtBatch",
-           "TrialsByStatus", "MlflowRuns", "BestCheckpoint", "Interval"]
+__all__ = [
+    "BatchRecord",
+    "BestCheckpoint",
+    "CbsResult",
+    "CensoredPoint",
+    "Interval",
+    "LrAtBatch",
+    "MlflowRuns",
+    "NoiseScaleSeries",
+    "TargetFit",
+    "TargetPoint",
+    "TrialsByStatus",
+]
 
 #: ``[lo, hi]``: ``hi`` None when the interval is unbounded above (``lo`` None only where a record says so)
-Interval = list[Optional[float]]
+Interval = list[float | None]
 
 #: a count or amount read through from the trials' records, which hold it as an int or a float: the file
 #: writes it as it was read (``64`` and ``64.0`` are different bytes)
@@ -77,12 +88,12 @@ class TargetPoint(_Record):
     target at its first milestone (the steps are then at most this)."""
 
     batch_size_sequences: int
-    seed: Optional[int] = None
-    tokens_to_target: Optional[float] = None
+    seed: int | None = None
+    tokens_to_target: float | None = None
     steps_to_target: float
-    trial_id: Optional[str] = None
-    group_id: Optional[str] = None
-    upper_bound: Optional[bool] = None
+    trial_id: str | None = None
+    group_id: str | None = None
+    upper_bound: bool | None = None
 
 
 class CensoredPoint(_Record):
@@ -91,12 +102,12 @@ class CensoredPoint(_Record):
     without it gives it and ``fit_consistent`` whether that is more."""
 
     batch_size_sequences: int
-    seed: Optional[int] = None
-    tokens_lower_bound: Optional[float] = None
-    steps_lower_bound: Optional[float] = None
-    trial_id: Optional[str] = None
-    fit_steps: Optional[float] = None
-    fit_consistent: Optional[bool] = None
+    seed: int | None = None
+    tokens_lower_bound: float | None = None
+    steps_lower_bound: float | None = None
+    trial_id: str | None = None
+    fit_steps: float | None = None
+    fit_consistent: bool | None = None
 
 
 class TargetFit(_Record):
@@ -104,34 +115,34 @@ class TargetFit(_Record):
     ``b_crit = E_min / S_min`` of ``S(B) = S_min + E_min / B`` (McCandlish et al. 2018, arXiv 1812.06162,
     Eqs. 2.11-2.12), its interval and status, with the points it was fitted on."""
 
-    target_loss: Optional[float] = None
-    b_crit: Optional[float] = None
-    b_crit_ci: Optional[Interval] = None
+    target_loss: float | None = None
+    b_crit: float | None = None
+    b_crit_ci: Interval | None = None
     #: "< B" or "> B" when the knee lies outside the fitted batch sizes
-    b_crit_bound: Optional[str] = None
-    cbs_20: Optional[float] = None
-    cbs_20_ci: Optional[Interval] = None
-    s_min: Optional[float] = None
-    s_min_ci: Optional[Interval] = None
-    e_min: Optional[float] = None
-    e_min_ci: Optional[Interval] = None
-    status: Optional[str] = None
-    n_points: Optional[int] = None
-    n_batch_sizes: Optional[int] = None
-    fitted_batch_sizes: Optional[list[float]] = None
-    censored_in_fit: Optional[list[float]] = None
-    upper_bounded_in_fit: Optional[list[float]] = None
+    b_crit_bound: str | None = None
+    cbs_20: float | None = None
+    cbs_20_ci: Interval | None = None
+    s_min: float | None = None
+    s_min_ci: Interval | None = None
+    e_min: float | None = None
+    e_min_ci: Interval | None = None
+    status: str | None = None
+    n_points: int | None = None
+    n_batch_sizes: int | None = None
+    fitted_batch_sizes: list[float] | None = None
+    censored_in_fit: list[float] | None = None
+    upper_bounded_in_fit: list[float] | None = None
     # each seed's own fit, as sweeps.analysis.seed_effects reports it (its keys follow the fit that made it)
-    seed_fits: Optional[list[dict[str, Any]]] = None
-    between_seed_sd_log: Optional[float] = None
-    b_crit_ci_unwidened: Optional[Interval] = None
+    seed_fits: list[dict[str, Any]] | None = None
+    between_seed_sd_log: float | None = None
+    b_crit_ci_unwidened: Interval | None = None
     #: the gain in log steps an open LR bracket could give, by batch size (the JSON key is the batch size)
-    open_bracket_gains: Optional[dict[str, float]] = None
-    rms_log_residual: Optional[float] = None
-    message: Optional[str] = None
-    points: Optional[list[TargetPoint]] = None
-    excluded_batch_sizes: Optional[list[int]] = None
-    censored_points: Optional[list[CensoredPoint]] = None
+    open_bracket_gains: dict[str, float] | None = None
+    rms_log_residual: float | None = None
+    message: str | None = None
+    points: list[TargetPoint] | None = None
+    excluded_batch_sizes: list[int] | None = None
+    censored_points: list[CensoredPoint] | None = None
 
 
 class BatchRecord(_Record):
@@ -140,19 +151,19 @@ class BatchRecord(_Record):
     names follow the sweep's search space (hence a free-form mapping)."""
 
     batch_size_sequences: int
-    batch_size_tokens: Optional[float] = None
-    tokens_to_target: Optional[float] = None
-    steps_to_target: Optional[float] = None
-    flops_to_target: Optional[float] = None
-    trial_ids_to_target: Optional[list[str]] = None
-    config_to_target: Optional[dict[str, Any]] = None
-    best_config_at_budget: Optional[dict[str, Any]] = None
-    trial_ids_at_budget: Optional[list[str]] = None
-    seeds: Optional[list[int]] = None
-    loss_at_budget: Optional[float] = None
-    budget_tokens: Optional[Amount] = None
-    tokens_trained: Optional[Amount] = None
-    trials: Optional[int] = None
+    batch_size_tokens: float | None = None
+    tokens_to_target: float | None = None
+    steps_to_target: float | None = None
+    flops_to_target: float | None = None
+    trial_ids_to_target: list[str] | None = None
+    config_to_target: dict[str, Any] | None = None
+    best_config_at_budget: dict[str, Any] | None = None
+    trial_ids_at_budget: list[str] | None = None
+    seeds: list[int] | None = None
+    loss_at_budget: float | None = None
+    budget_tokens: Amount | None = None
+    tokens_trained: Amount | None = None
+    trials: int | None = None
 
 
 class NoiseScaleSeries(_Record):
@@ -160,8 +171,8 @@ class NoiseScaleSeries(_Record):
     size's best-at-budget trial against tokens trained."""
 
     batch_size_sequences: int
-    tokens: Optional[list[Optional[Amount]]] = None
-    b_simple: Optional[list[Optional[float]]] = None
+    tokens: list[Amount | None] | None = None
+    b_simple: list[float | None] | None = None
 
 
 class LrAtBatch(_Record):
@@ -169,20 +180,20 @@ class LrAtBatch(_Record):
     ``method`` "quadratic" or "first_to_target"; ``best_lr_bracket`` the tried LRs either side."""
 
     batch_size_sequences: int
-    n_trials_to_target: Optional[int] = None
-    n_trials: Optional[int] = None
-    best_lr: Optional[float] = None
-    method: Optional[str] = None
-    best_lr_bracket: Optional[Interval] = None
+    n_trials_to_target: int | None = None
+    n_trials: int | None = None
+    best_lr: float | None = None
+    method: str | None = None
+    best_lr_bracket: Interval | None = None
 
 
 class MlflowRuns(_Record):
     """Where the sweep's runs are in MLflow: the parent run and each trial's child run (trial id -> run id)."""
 
-    tracking_uri: Optional[str] = None
-    experiment_id: Optional[str] = None
-    parent_run_id: Optional[str] = None
-    child_runs: Optional[dict[str, str]] = None
+    tracking_uri: str | None = None
+    experiment_id: str | None = None
+    parent_run_id: str | None = None
+    child_runs: dict[str, str] | None = None
 
 
 class BestCheckpoint(_Record):
@@ -204,62 +215,62 @@ class CbsResult(_Record):
     Built by :func:`sweeps.analysis.analyze_trials` and :func:`sweeps.analysis.with_sweep_fields`.
     """
 
-    headline: Optional[str] = None
-    trials: Optional[TrialsByStatus] = None
-    reference_batch: Optional[float] = None
-    context_length_tokens: Optional[int] = None
-    tokens_per_sequence: Optional[float] = None
-    target_rule: Optional[str] = None
-    interval_method: Optional[str] = None
-    optimizer_state_bytes_per_param: Optional[float] = None
-    n_params: Optional[Amount] = None
-    targets: Optional[list[TargetFit]] = None
-    target_loss: Optional[float] = None
-    b_crit: Optional[float] = None
-    b_crit_tokens: Optional[float] = None
-    b_crit_ci: Optional[Interval] = None
-    b_crit_ci_tokens: Optional[Interval] = None
-    b_crit_bound: Optional[str] = None
-    cbs_20: Optional[float] = None
-    cbs_20_ci: Optional[Interval] = None
-    b_compute_overhead_20: Optional[float] = None
-    b_compute_overhead_20_ci: Optional[Interval] = None
-    s_min: Optional[float] = None
-    s_min_ci: Optional[Interval] = None
-    e_min: Optional[float] = None
-    e_min_ci: Optional[Interval] = None
-    e_min_tokens: Optional[float] = None
-    e_min_ci_tokens: Optional[Interval] = None
-    fitted_batch_sizes: Optional[list[float]] = None
-    censored_points: Optional[list[CensoredPoint]] = None
-    status: Optional[str] = None
-    message: Optional[str] = None
-    per_batch: Optional[list[BatchRecord]] = None
-    b_simple: Optional[list[NoiseScaleSeries]] = None
-    lr_per_batch: Optional[list[LrAtBatch]] = None
+    headline: str | None = None
+    trials: TrialsByStatus | None = None
+    reference_batch: float | None = None
+    context_length_tokens: int | None = None
+    tokens_per_sequence: float | None = None
+    target_rule: str | None = None
+    interval_method: str | None = None
+    optimizer_state_bytes_per_param: float | None = None
+    n_params: Amount | None = None
+    targets: list[TargetFit] | None = None
+    target_loss: float | None = None
+    b_crit: float | None = None
+    b_crit_tokens: float | None = None
+    b_crit_ci: Interval | None = None
+    b_crit_ci_tokens: Interval | None = None
+    b_crit_bound: str | None = None
+    cbs_20: float | None = None
+    cbs_20_ci: Interval | None = None
+    b_compute_overhead_20: float | None = None
+    b_compute_overhead_20_ci: Interval | None = None
+    s_min: float | None = None
+    s_min_ci: Interval | None = None
+    e_min: float | None = None
+    e_min_ci: Interval | None = None
+    e_min_tokens: float | None = None
+    e_min_ci_tokens: Interval | None = None
+    fitted_batch_sizes: list[float] | None = None
+    censored_points: list[CensoredPoint] | None = None
+    status: str | None = None
+    message: str | None = None
+    per_batch: list[BatchRecord] | None = None
+    b_simple: list[NoiseScaleSeries] | None = None
+    lr_per_batch: list[LrAtBatch] | None = None
     #: the batch sizes whose best LR is the highest (``above``) or lowest (``below``) tried
-    lr_optimum_beyond_tried: Optional[dict[str, list[int]]] = None
-    lr_scaling_exponent_fit: Optional[float] = None
-    lr_scaling_exponent_ci: Optional[Interval] = None
-    lr_scaling_rules_in_interval: Optional[list[str]] = None
+    lr_optimum_beyond_tried: dict[str, list[int]] | None = None
+    lr_scaling_exponent_fit: float | None = None
+    lr_scaling_exponent_ci: Interval | None = None
+    lr_scaling_rules_in_interval: list[str] | None = None
     # the exponent fitted on random LR picks (mean, sd, draws): a summary whose keys follow lr_scaling's
-    lr_scaling_exponent_by_chance: Optional[dict[str, Any]] = None
+    lr_scaling_exponent_by_chance: dict[str, Any] | None = None
     # where the fastest trial at a target ran at an end of its tried LRs; its entries follow lr_scaling's
-    lr_brackets_open: Optional[list[dict[str, Any]]] = None
-    caveats: Optional[list[str]] = None
-    sweep_id: Optional[str] = None
-    flops_per_token: Optional[Amount] = None
-    trials_planned: Optional[int] = None
-    optimizer: Optional[str] = None
+    lr_brackets_open: list[dict[str, Any]] | None = None
+    caveats: list[str] | None = None
+    sweep_id: str | None = None
+    flops_per_token: Amount | None = None
+    trials_planned: int | None = None
+    optimizer: str | None = None
     # the versions and thread settings the sweep ran with (sweeps.run.provenance): keys vary with the platform
-    provenance: Optional[dict[str, Any]] = None
-    mlflow: Optional[MlflowRuns] = None
+    provenance: dict[str, Any] | None = None
+    mlflow: MlflowRuns | None = None
     # search.precision's waves and outcome: its keys follow how the search stopped (the searcher's decision,
     # a budget or a signal) and the waves' additions, as precision.json holds them
-    precision: Optional[dict[str, Any]] = None
-    best_checkpoint: Optional[BestCheckpoint] = None
+    precision: dict[str, Any] | None = None
+    best_checkpoint: BestCheckpoint | None = None
     # the local critical batch size along training (critbatch branch): entries as sweeps.run.branching writes them
-    local_cbs: Optional[list[dict[str, Any]]] = None
+    local_cbs: list[dict[str, Any]] | None = None
 
     @property
     def fitted(self) -> bool:

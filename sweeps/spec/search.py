@@ -14,7 +14,14 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 
 from sweeps.spec.sections import MAX_BATCH_SEQUENCES, MAX_TOKENS, LrRule, PositiveInt, _Strict
 
-__all__ = ["SearchSpec", "InitialPointSpec", "Beta2Spec", "PrecisionSpec", "SearchStrategyName", "SEARCH_STRATEGY_NAMES"]
+__all__ = [
+    "SEARCH_STRATEGY_NAMES",
+    "Beta2Spec",
+    "InitialPointSpec",
+    "PrecisionSpec",
+    "SearchSpec",
+    "SearchStrategyName",
+]
 
 #: ``search.strategy``: the names of :data:`sweeps.search.strategies.STRATEGIES` (the spec is plain data and does
 #: not import the search; ``tests/test_name_owners.py`` holds the two equal)
@@ -31,19 +38,26 @@ class PrecisionSpec(_Strict):
     the lowest target counts its share, a re-run its multiple, and a wave may spend what earlier waves saved.
     """
 
-    b_crit_ratio: float = Field(gt=1, le=1e6, description="the widest 95 % interval asked for, as upper / lower (e.g. 3)")
+    b_crit_ratio: float = Field(
+        gt=1, le=1e6, description="the widest 95 % interval asked for, as upper / lower (e.g. 3)"
+    )
     max_trials: PositiveInt | None = Field(
-        default=None, le=100_000,
+        default=None,
+        le=100_000,
         description="trials in all, the planned ones included (default: twice the planned trials); with "
-                    "reallocate_tokens, full trials' worth of tokens")
+        "reallocate_tokens, full trials' worth of tokens",
+    )
     trials_per_wave: PositiveInt = Field(default=2, le=1000, description="trials each extra wave adds (per seed)")
     reallocate_tokens: bool = Field(
-        default=True, strict=True,
+        default=True,
+        strict=True,
         description="token reallocation: every trial a later wave adds ends once it reaches the lowest target "
-                    "the first wave declared, and a batch size censored at that target is re-run at its best "
-                    "trial's LR with twice the budget it had, paid from what those early stops saved")
+        "the first wave declared, and a batch size censored at that target is re-run at its best "
+        "trial's LR with twice the budget it had, paid from what those early stops saved",
+    )
     max_budget_multiple: PositiveInt = Field(
-        default=4, le=64, description="token reallocation: the longest re-run, in budget_tokens")
+        default=4, le=64, description="token reallocation: the longest re-run, in budget_tokens"
+    )
 
 
 class Beta2Spec(_Strict):
@@ -54,12 +68,12 @@ class Beta2Spec(_Strict):
     """
 
     values: list[Annotated[float, Field(gt=0.0, lt=1.0)]] | None = None
-    half_life_tokens: tuple[Annotated[float, Field(gt=0, le=MAX_TOKENS)], Annotated[float, Field(gt=0, le=MAX_TOKENS)]] | None = Field(
-        default=None, description="[low, high] in tokens (at most 1e13), searched log-uniformly"
-    )
+    half_life_tokens: (
+        tuple[Annotated[float, Field(gt=0, le=MAX_TOKENS)], Annotated[float, Field(gt=0, le=MAX_TOKENS)]] | None
+    ) = Field(default=None, description="[low, high] in tokens (at most 1e13), searched log-uniformly")
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Beta2Spec":
+    def _exactly_one(self) -> Beta2Spec:
         if (self.values is None) == (self.half_life_tokens is None):
             raise ValueError("give exactly one of 'values' and 'half_life_tokens'")
         if self.values is not None and not self.values:
@@ -79,15 +93,19 @@ class InitialPointSpec(_Strict):
     """
 
     lr_rule: LrRule | None = Field(default=None, description="one of search.lr_rules")
-    lr_multiplier: float | None = Field(default=None, gt=0, le=1000,
-                                        description="within search.lr_multiplier [low, high] (at most 1000)")
+    lr_multiplier: float | None = Field(
+        default=None, gt=0, le=1000, description="within search.lr_multiplier [low, high] (at most 1000)"
+    )
     beta2: float | None = Field(default=None, gt=0.0, lt=1.0, description="one of search.beta2.values")
     beta2_half_life_tokens: float | None = Field(
-        default=None, gt=0, le=MAX_TOKENS,
-        description="beta2 as a token half-life in tokens, within search.beta2.half_life_tokens (at most 1e13)")
+        default=None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="beta2 as a token half-life in tokens, within search.beta2.half_life_tokens (at most 1e13)",
+    )
 
     @model_validator(mode="after")
-    def _something(self) -> "InitialPointSpec":
+    def _something(self) -> InitialPointSpec:
         if all(v is None for v in (self.lr_rule, self.lr_multiplier, self.beta2, self.beta2_half_life_tokens)):
             raise ValueError("give at least one of lr_rule, lr_multiplier, beta2, beta2_half_life_tokens")
         if self.beta2 is not None and self.beta2_half_life_tokens is not None:
@@ -103,37 +121,48 @@ class SearchSpec(_Strict):
     """What is searched: batch sizes (a grid), and per batch size the LR rule, multiplier and beta2."""
 
     batch_sizes_sequences: list[Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]] = Field(
-        min_length=1, max_length=64, description="global batch sizes in sequences (1-64 of them, each at most 2^20)")
+        min_length=1, max_length=64, description="global batch sizes in sequences (1-64 of them, each at most 2^20)"
+    )
     base_lr: float = Field(gt=0, lt=10)
     base_batch_size_sequences: PositiveInt = Field(
         le=MAX_BATCH_SEQUENCES,
         description="the batch the base LR is for (sequences); under search.strategy transfer one of "
-                    "batch_sizes_sequences, the one the search starts at")
+        "batch_sizes_sequences, the one the search starts at",
+    )
     lr_rules: list[LrRule] = Field(default_factory=lambda: ["sqrt"], min_length=1)
     lr_multiplier: tuple[Annotated[float, Field(gt=0, le=1000)], Annotated[float, Field(gt=0, le=1000)]] = (1.0, 1.0)
     beta2: Beta2Spec = Field(default_factory=lambda: Beta2Spec(values=[0.99]))
-    trials_per_batch_size: PositiveInt = Field(default=1, le=1000, description="Optuna trials per batch size (at most 1000)")
+    trials_per_batch_size: PositiveInt = Field(
+        default=1, le=1000, description="Optuna trials per batch size (at most 1000)"
+    )
     algorithm: Literal["optuna"] = "optuna"
     strategy: SearchStrategyName = Field(
         default="transfer",
         description="transfer (the default): batch sizes run outward from base_batch_size_sequences, each "
-                    "centring its LRs on its anchor's (the neighbour one step nearer the base) best LR scaled by "
-                    "the measured exponent, beta2 not searched (sweeps/search/transfer.py); independent: each "
-                    "batch size's study samples the LR rule and multiplier on its own (the default where "
-                    "transfer cannot run: with initial_points or pruning.mode pause)")
+        "centring its LRs on its anchor's (the neighbour one step nearer the base) best LR scaled by "
+        "the measured exponent, beta2 not searched (sweeps/search/transfer.py); independent: each "
+        "batch size's study samples the LR rule and multiplier on its own (the default where "
+        "transfer cannot run: with initial_points or pruning.mode pause)",
+    )
     lr_lattice_octaves: float | None = Field(
-        default=0.5, gt=0, le=2,
+        default=0.5,
+        gt=0,
+        le=2,
         description="search.strategy transfer: every LR a trial runs at is base_lr * 2^(k * lr_lattice_octaves) for "
-                    "an integer k (sweeps/search/lattice.py), so a batch size's tried LRs sit exact lattice steps "
-                    "apart and a sweep replays against a grid of real curves; null: LRs as placed, unsnapped")
+        "an integer k (sweeps/search/lattice.py), so a batch size's tried LRs sit exact lattice steps "
+        "apart and a sweep replays against a grid of real curves; null: LRs as placed, unsnapped",
+    )
     precision: PrecisionSpec | None = Field(
         default=None,
         description="sweep until precise: after each wave of trials, refit, and add trials while b_crit's 95 % "
-                    "interval is wider than asked (sweeps/search/precision.py); None: run the planned trials only")
+        "interval is wider than asked (sweeps/search/precision.py); None: run the planned trials only",
+    )
     initial_points: list[InitialPointSpec] = Field(
-        default_factory=list, max_length=1000,
+        default_factory=list,
+        max_length=1000,
         description="configurations evaluated first at every batch size, in order, before Optuna samples "
-                    "(enqueued trials of each batch size's study); they count in trials_per_batch_size")
+        "(enqueued trials of each batch size's study); they count in trials_per_batch_size",
+    )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
@@ -162,7 +191,7 @@ class SearchSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _ranges(self) -> "SearchSpec":
+    def _ranges(self) -> SearchSpec:
         lo, hi = self.lr_multiplier
         if lo > hi:
             raise ValueError("lr_multiplier: low must be <= high")
@@ -170,13 +199,17 @@ class SearchSpec(_Strict):
         if self.strategy == "transfer" and self.initial_points:
             errs.append("initial_points: search.strategy transfer places every trial itself; use independent")
         if self.strategy == "transfer" and self.base_batch_size_sequences not in self.batch_sizes_sequences:
-            errs.append(f"base_batch_size_sequences: {self.base_batch_size_sequences} is not one of batch_sizes_sequences "
-                        f"{list(self.batch_sizes_sequences)}; search.strategy transfer starts at the base batch size, "
-                        "where base_lr holds, and carries its LR outward: sweep it too, or give one of the swept sizes "
-                        "(with base_lr for it), or use search.strategy independent")
+            errs.append(
+                f"base_batch_size_sequences: {self.base_batch_size_sequences} is not one of batch_sizes_sequences "
+                f"{list(self.batch_sizes_sequences)}; search.strategy transfer starts at the base batch size, "
+                "where base_lr holds, and carries its LR outward: sweep it too, or give one of the swept sizes "
+                "(with base_lr for it), or use search.strategy independent"
+            )
         if len(self.initial_points) > self.trials_per_batch_size:
-            errs.append(f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
-                        f"{self.trials_per_batch_size} (they count in it)")
+            errs.append(
+                f"initial_points: {len(self.initial_points)} point(s), more than trials_per_batch_size="
+                f"{self.trials_per_batch_size} (they count in it)"
+            )
         seen: dict[tuple, int] = {}
         for i, p in enumerate(self.initial_points):
             key = tuple(sorted(p.given().items()))
@@ -187,7 +220,7 @@ class SearchSpec(_Strict):
             raise ValueError("; ".join(errs))
         return self
 
-    def _outside(self, p: "InitialPointSpec") -> list[str]:
+    def _outside(self, p: InitialPointSpec) -> list[str]:
         """Why an initial point lies outside the searched space (one message per field)."""
         out = []
         if p.lr_rule is not None and p.lr_rule not in self.lr_rules:
@@ -206,6 +239,8 @@ class SearchSpec(_Strict):
             else:
                 lo2, hi2 = self.beta2.half_life_tokens
                 if not lo2 <= p.beta2_half_life_tokens <= hi2:
-                    out.append(f"beta2_half_life_tokens: {p.beta2_half_life_tokens:g} lies outside "
-                               f"beta2.half_life_tokens [{lo2:g}, {hi2:g}]")
+                    out.append(
+                        f"beta2_half_life_tokens: {p.beta2_half_life_tokens:g} lies outside "
+                        f"beta2.half_life_tokens [{lo2:g}, {hi2:g}]"
+                    )
         return out

@@ -28,11 +28,12 @@ from workloads.api import (
     MAX_WIDTH,
     MODEL_SHORTHAND_FIELDS,
     OPTIMIZER_NAMES,
-    ModelConfig,
+    TRAINING_FIELDS,
     ConfigSection,
     DataConfig,
     LrRule,
     MixedPrecision,
+    ModelConfig,
     NoiseScaleConfig,
     OptimizerName,
     OptimizerSettings,
@@ -40,22 +41,32 @@ from workloads.api import (
     PositiveInt,
     ScheduleConfig,
     SyncConfig,
-    TRAINING_FIELDS,
 )
 
 __all__ = [
-    "ModelSpec", "DataSpec", "EvalSpec", "ScheduleSpec",
-    "OptimizerSpec", "ResourcesSpec", "SyncSpec", "NoiseScaleSpec",
-    "BatchWarmupSpec", "LrRule", "OptimizerName", "OPTIMIZER_NAMES", "PositiveInt", "MAX_TOKENS",
-    "MAX_BATCH_SEQUENCES", "MAX_WIDTH", "MODEL_SHORTHAND_FIELDS",
+    "MAX_BATCH_SEQUENCES",
+    "MAX_TOKENS",
+    "MAX_WIDTH",
+    "MODEL_SHORTHAND_FIELDS",
+    "OPTIMIZER_NAMES",
+    "BatchWarmupSpec",
+    "DataSpec",
+    "EvalSpec",
+    "LrRule",
+    "ModelSpec",
+    "NoiseScaleSpec",
+    "OptimizerName",
+    "OptimizerSpec",
+    "PositiveInt",
+    "ResourcesSpec",
+    "ScheduleSpec",
+    "SyncSpec",
 ]
 
 
 #: every spec section is as strict as the trial config's (unknown fields refused, frozen, defaults validated);
 #: the optimizer names, ``PositiveInt`` and the ``MAX_`` bounds are ``workloads.sections``', re-exported here
 _Strict = ConfigSection
-
-
 
 
 class ModelSpec(ModelConfig):
@@ -81,8 +92,10 @@ class ModelSpec(ModelConfig):
         if data.get("hf_config") is not None:
             mixed = [k for k in MODEL_SHORTHAND_FIELDS if k in data]
             if mixed:
-                raise ValueError(f"hf_config defines the architecture: remove the shorthand field(s) {', '.join(mixed)} "
-                                 "(in a spec derived with base:, set them to null)")
+                raise ValueError(
+                    f"hf_config defines the architecture: remove the shorthand field(s) {', '.join(mixed)} "
+                    "(in a spec derived with base:, set them to null)"
+                )
         return data
 
     @model_serializer(mode="wrap")
@@ -112,8 +125,10 @@ class DataSpec(DataConfig):
             raise ValueError("must not be empty")
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", v):
             # every worker opens data.path as a local file: a URI validated, then failed every trial
-            raise ValueError(f"{v!r} is a URI; the workers read local files only: give a path every node can read, "
-                             "or prepare it with `critbatch prepare-data` and give data.shards")
+            raise ValueError(
+                f"{v!r} is a URI; the workers read local files only: give a path every node can read, "
+                "or prepare it with `critbatch prepare-data` and give data.shards"
+            )
         return v
 
     @field_validator("shards")
@@ -124,9 +139,11 @@ class DataSpec(DataConfig):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataSpec":
+    def _one_source(self) -> DataSpec:
         if (self.path is None) == (self.shards is None):
-            raise ValueError("give exactly one of 'path' (a raw text or JSON Lines file) and 'shards' (prepared token shards)")
+            raise ValueError(
+                "give exactly one of 'path' (a raw text or JSON Lines file) and 'shards' (prepared token shards)"
+            )
         return self
 
     @model_serializer(mode="wrap")
@@ -142,12 +159,20 @@ class EvalSpec(_Strict):
     """Evaluation on the held-out split at token milestones shared by every batch size (docs/design.md,
     "Milestones": a report is at the tokens seen after the step that reaches its milestone)."""
 
-    milestones: int = Field(default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens")
-    eval_tokens: PositiveInt = Field(default=16384, le=10**9,
-                                     description="held-out tokens per evaluation (a fixed set; at most 1e9)")
-    allow_folded_milestones: bool = Field(default=False, strict=True, description=(
-        "accept a batch size whose step (B x context_length_tokens) is longer than the milestone spacing: it reports "
-        "once for the milestones one step passes, so fewer points; false: validate and run refuse the spec"))
+    milestones: int = Field(
+        default=16, ge=2, le=200, strict=True, description="evaluations per trial, evenly spaced in tokens"
+    )
+    eval_tokens: PositiveInt = Field(
+        default=16384, le=10**9, description="held-out tokens per evaluation (a fixed set; at most 1e9)"
+    )
+    allow_folded_milestones: bool = Field(
+        default=False,
+        strict=True,
+        description=(
+            "accept a batch size whose step (B x context_length_tokens) is longer than the milestone spacing: it reports "
+            "once for the milestones one step passes, so fewer points; false: validate and run refuse the spec"
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _drop_default_fold(self, handler) -> dict[str, Any]:
@@ -200,12 +225,15 @@ class BatchWarmupSpec(_Strict):
     the trial's batch size). Multipliers are integers, increasing, each a factor of the next.
     """
 
-    schedule: list[tuple[Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)],
-                         Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)]]] = Field(
-        min_length=1, max_length=64, description="[tokens seen, multiplier] pairs (at most 64)")
+    schedule: list[
+        tuple[
+            Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)],
+            Annotated[int, Field(gt=0, le=MAX_BATCH_SEQUENCES, strict=True)],
+        ]
+    ] = Field(min_length=1, max_length=64, description="[tokens seen, multiplier] pairs (at most 64)")
 
     @model_validator(mode="after")
-    def _monotone(self) -> "BatchWarmupSpec":
+    def _monotone(self) -> BatchWarmupSpec:
         if self.schedule[0][0] != 0:
             raise ValueError("schedule must start at 0 tokens")
         for (t0, m0), (t1, m1) in zip(self.schedule, self.schedule[1:]):
@@ -247,11 +275,17 @@ class ResourcesSpec(_Strict):
     cpus_per_worker: float = Field(default=1.0, gt=0, le=512, description="CPUs per worker (at most 512)")
     gpus_per_worker: float = Field(default=0.0, ge=0, le=16, description="GPUs per worker (at most 16)")
     max_concurrent_trials: PositiveInt = Field(default=2, le=1024, description="trials running at once (at most 1024)")
-    micro_batch_size_sequences_max: PositiveInt = Field(default=64, le=MAX_BATCH_SEQUENCES,
-                                                        description="largest micro-batch one worker runs at once")
+    micro_batch_size_sequences_max: PositiveInt = Field(
+        default=64, le=MAX_BATCH_SEQUENCES, description="largest micro-batch one worker runs at once"
+    )
     trial_driver_cpus: float = Field(default=0.01, gt=0, le=1, description="CPU reserved for each trial's Tune driver")
-    max_failures: int = Field(default=2, ge=0, le=100, strict=True,
-                              description="worker-failure retries per trial (Ray Train FailureConfig; at most 100)")
+    max_failures: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        strict=True,
+        description="worker-failure retries per trial (Ray Train FailureConfig; at most 100)",
+    )
     storage_path: str | None = Field(
         default=None,
         description="Tune/Train state shared by every node (a folder or s3:// URI); default: env CRITBATCH_STORAGE_PATH, else the output folder",
@@ -260,12 +294,17 @@ class ResourcesSpec(_Strict):
     compile: bool = TRAINING_FIELDS["compile"]
     activation_checkpointing: bool = TRAINING_FIELDS["activation_checkpointing"]
     mixed_precision: MixedPrecision = TRAINING_FIELDS["mixed_precision"]
-    sync: SyncSpec = Field(default_factory=SyncSpec,
-                           description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)")
-    launcher: Launcher | None = Field(default=None, description=(
-        "how trials are launched: trial_runners (long-lived worker groups that take one trial after another) or "
-        "train_run_per_trial (a Ray Train run per trial); unset: trial_runners, or train_run_per_trial where the "
-        "driver's environment sets CRITBATCH_TRIAL_RUNNERS=0. The trials' results are the same either way"))
+    sync: SyncSpec = Field(
+        default_factory=SyncSpec, description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)"
+    )
+    launcher: Launcher | None = Field(
+        default=None,
+        description=(
+            "how trials are launched: trial_runners (long-lived worker groups that take one trial after another) or "
+            "train_run_per_trial (a Ray Train run per trial); unset: trial_runners, or train_run_per_trial where the "
+            "driver's environment sets CRITBATCH_TRIAL_RUNNERS=0. The trials' results are the same either way"
+        ),
+    )
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         # a section pickled before ``launcher`` existed (Tune's state of an older sweep) loads with it unset

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["SweepStatus", "TrialStatus", "SWEEP_STATUSES", "SERVED_STATUSES", "TERMINAL_STATUSES",
-           "FINISHED_STATUSES", "TRIAL_STATUSES", "COUNTED_TRIAL_STATUSES", "ENDED_TRIAL_STATUSES"]
+__all__ = [
+    "COUNTED_TRIAL_STATUSES",
+    "ENDED_TRIAL_STATUSES",
+    "FINISHED_STATUSES",
+    "SERVED_STATUSES",
+    "SWEEP_STATUSES",
+    "TERMINAL_STATUSES",
+    "TRIAL_STATUSES",
+    "SweepStatus",
+    "TrialStatus",
+]
 
 
 class SweepStatus(enum.StrEnum):
@@ -60,8 +69,11 @@ del S
 #: every trial status, in the order a trial may pass them
 TRIAL_STATUSES = tuple(s.value for s in TrialStatus)
 #: the trial statuses ``cbs.json``'s ``trials`` counts, in its order (no RUNNING or PAUSED trial is analysed)
-COUNTED_TRIAL_STATUSES = tuple(s.value for s in (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.FAILED,
-                                                 TrialStatus.PRUNED, TrialStatus.STOPPED))
+COUNTED_TRIAL_STATUSES = tuple(
+    s.value
+    for s in (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.FAILED, TrialStatus.PRUNED, TrialStatus.STOPPED)
+)
 #: a trial that has ended and will not run again on resume (a STOPPED one does)
-ENDED_TRIAL_STATUSES = tuple(s.value for s in (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.PRUNED,
-                                               TrialStatus.FAILED))
+ENDED_TRIAL_STATUSES = tuple(
+    s.value for s in (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.PRUNED, TrialStatus.FAILED)
+)

@@ -12,17 +12,27 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
-from sweeps.spec.sections import (
-    MAX_BATCH_SEQUENCES, MAX_TOKENS, BatchWarmupSpec, DataSpec, EvalSpec, ModelSpec, NoiseScaleSpec, OptimizerSpec,
-    PositiveInt, ResourcesSpec, ScheduleSpec, _Strict,
-)
-from sweeps.spec.search import SearchSpec
 from sweeps.spec._errors import describe_errors
 from sweeps.spec.finetune import FinetuneSpec
+from sweeps.spec.search import SearchSpec
+from sweeps.spec.sections import (
+    MAX_BATCH_SEQUENCES,
+    MAX_TOKENS,
+    BatchWarmupSpec,
+    DataSpec,
+    EvalSpec,
+    ModelSpec,
+    NoiseScaleSpec,
+    OptimizerSpec,
+    PositiveInt,
+    ResourcesSpec,
+    ScheduleSpec,
+    _Strict,
+)
 from sweeps.spec.tracking import COMPARISON_TAG_KEYS, TrackingSpec
 from workloads.api import WorkloadName, local_sync_error
 
-__all__ = ["SweepSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "ArmSpec", "deep_merge"]
+__all__ = ["ArmSpec", "BranchSpec", "BudgetSpec", "PruningSpec", "SweepSpec", "deep_merge"]
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -78,7 +88,9 @@ class ArmSpec(_Strict):
 class BranchSpec(_Strict):
     """Local critical batch size by branching (Merrill et al. 2025)."""
 
-    points_fraction: list[Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 1.0])
+    points_fraction: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=lambda: [0.0, 0.1, 0.25, 0.5, 1.0]
+    )
     multipliers: list[Annotated[float, Field(gt=0)]] = Field(default_factory=lambda: [0.5, 1, 2, 4, 8])
     window_tokens: PositiveInt = Field(default=32768, le=MAX_TOKENS)
     epsilon: float = Field(default=0.01, gt=0)
@@ -88,7 +100,9 @@ class BranchSpec(_Strict):
 class BudgetSpec(_Strict):
     """Sweep-wide limits; the sweep plans to fit and stops cleanly when one runs out."""
 
-    sweep_flops: float | None = Field(default=None, gt=0, le=1e30, description="FLOPs for the whole sweep (at most 1e30)")
+    sweep_flops: float | None = Field(
+        default=None, gt=0, le=1e30, description="FLOPs for the whole sweep (at most 1e30)"
+    )
     wall_clock_s: float | None = Field(default=None, gt=0, le=90 * 86400, description="seconds (at most 90 days)")
 
 
@@ -102,21 +116,26 @@ class PruningSpec(_Strict):
     rule: Literal["loss_at_rung", "predicted_final"] = Field(
         default="predicted_final",
         description="what a trial is judged on at a rung: its validation loss there, or its loss at the budget "
-                    "predicted from the rung's fit points (sweeps.pruning.scheduler, docs/search_efficiency.md)")
+        "predicted from the rung's fit points (sweeps.pruning.scheduler, docs/search_efficiency.md)",
+    )
     fit_fractions: list[Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=lambda: [0.5, 0.75, 1.0],
-        description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs")
+        description="predicted_final: where the loss is read for the fit, as fractions of the rung's FLOPs",
+    )
 
     mode: Literal["stop", "pause"] = Field(
         default="pause",
         description="stop: a trial is judged when it reaches a rung, against the values recorded there so far "
-                    "(asynchronous successive halving); pause: it waits paused at the rung until every trial of "
-                    "its batch size has reached it, then the best resume from their checkpoints (successive "
-                    "halving; fewer FLOPs, one restart per promoted trial)")
+        "(asynchronous successive halving); pause: it waits paused at the rung until every trial of "
+        "its batch size has reached it, then the best resume from their checkpoints (successive "
+        "halving; fewer FLOPs, one restart per promoted trial)",
+    )
     margin: float | None = Field(
-        default=None, ge=0,
+        default=None,
+        ge=0,
         description="if set: at a rung, the trials whose value is within this many nats of the best recorded "
-                    "there (same batch size) continue, instead of the top 1/reduction_factor")
+        "there (same batch size) continue, instead of the top 1/reduction_factor",
+    )
 
     @field_validator("fit_fractions")
     @classmethod
@@ -134,7 +153,9 @@ class SweepSpec(_Strict):
     model: ModelSpec = Field(default_factory=ModelSpec)
     data: DataSpec
     finetune: FinetuneSpec | None = None
-    budget_tokens: PositiveInt = Field(le=MAX_TOKENS, description="training tokens per trial (equal for every batch size; at most 1e13)")
+    budget_tokens: PositiveInt = Field(
+        le=MAX_TOKENS, description="training tokens per trial (equal for every batch size; at most 1e13)"
+    )
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     eval: EvalSpec = Field(default_factory=EvalSpec)
     search: SearchSpec
@@ -145,17 +166,22 @@ class SweepSpec(_Strict):
     pruning: PruningSpec = Field(default_factory=PruningSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]] = Field(
-        default_factory=lambda: [0], min_length=1, max_length=100, description="training seeds (1-100 of them)")
-    targets: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(max_length=20,
-        default=None, description="target validation losses; default: chosen from the curves (3-5 reached by the small batches)"
+        default_factory=lambda: [0], min_length=1, max_length=100, description="training seeds (1-100 of them)"
+    )
+    targets: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
+        max_length=20,
+        default=None,
+        description="target validation losses; default: chosen from the curves (3-5 reached by the small batches)",
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     arms: list[ArmSpec] = Field(
-        default_factory=list, max_length=16,
+        default_factory=list,
+        max_length=16,
         description="a comparison: each arm is this spec with its overrides, run as a sweep of its own into "
-                    "OUT/arms/NAME; OUT/cbs.json then sets the arms' critical batch sizes side by side "
-                    "(sweeps.run.compare). Empty: one sweep")
+        "OUT/arms/NAME; OUT/cbs.json then sets the arms' critical batch sizes side by side "
+        "(sweeps.run.compare). Empty: one sweep",
+    )
 
     @field_validator("name")
     @classmethod
@@ -172,7 +198,7 @@ class SweepSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "SweepSpec":
+    def _cross_field(self) -> SweepSpec:
         errs: list[str] = []
         w = self.resources.workers_per_trial
         bad = [b for b in self.search.batch_sizes_sequences if b % w]
@@ -191,16 +217,22 @@ class SweepSpec(_Strict):
         if self.workload == "pretrain" and self.finetune is not None:
             errs.append("finetune: only allowed when workload is 'finetune'")
         if self.search.strategy == "transfer" and self.pruning.enabled and self.pruning.mode == "pause":
-            errs.append("search.strategy: transfer starts a batch size when its neighbour's trials have ended; "
-                        "pruning.mode pause keeps trials waiting for others: use pruning.mode stop")
+            errs.append(
+                "search.strategy: transfer starts a batch size when its neighbour's trials have ended; "
+                "pruning.mode pause keeps trials waiting for others: use pruning.mode stop"
+            )
         precision = self.search.precision
         if precision is not None:
             if self.pruning.enabled and self.pruning.mode == "pause":
-                errs.append("search.precision waits for every trial of a wave to end; pruning.mode pause keeps "
-                            "trials waiting for others: use pruning.mode stop")
+                errs.append(
+                    "search.precision waits for every trial of a wave to end; pruning.mode pause keeps "
+                    "trials waiting for others: use pruning.mode stop"
+                )
             if precision.max_trials is not None and precision.max_trials < self.n_trials:
-                errs.append(f"search.precision.max_trials ({precision.max_trials}) is below the planned trials "
-                            f"({self.n_trials}: batch sizes x trials_per_batch_size x seeds)")
+                errs.append(
+                    f"search.precision.max_trials ({precision.max_trials}) is below the planned trials "
+                    f"({self.n_trials}: batch sizes x trials_per_batch_size x seeds)"
+                )
         errs += self._parallelism_errors()
         errs += self._sync_errors()
         errs += self._optimizer_errors()
@@ -218,7 +250,7 @@ class SweepSpec(_Strict):
         return {**data, "search": {**data["search"], "strategy": _strategy_default(data)}}
 
     @model_validator(mode="after")
-    def _arms_valid(self) -> "SweepSpec":
+    def _arms_valid(self) -> SweepSpec:
         if not self.arms:
             return self
         errs: list[str] = []
@@ -251,23 +283,27 @@ class SweepSpec(_Strict):
         # sweep's state then outlives a refactor of the spec's sections between its start and its resume.
         return _spec_from_dump, (self.model_dump(mode="json"),)
 
-    def _arm_spec(self, arm: ArmSpec) -> "SweepSpec":
+    def _arm_spec(self, arm: ArmSpec) -> SweepSpec:
         base = self.model_dump(mode="json")
         base.pop("arms", None)
         search_over = (arm.overrides or {}).get("search")
-        if not (isinstance(search_over, dict) and "strategy" in search_over) \
-                and base["search"].get("strategy") == _strategy_default({**base, "search": {
-                    k: v for k, v in base["search"].items() if k != "strategy"}}):
+        if not (isinstance(search_over, dict) and "strategy" in search_over) and base["search"].get(
+            "strategy"
+        ) == _strategy_default({**base, "search": {k: v for k, v in base["search"].items() if k != "strategy"}}):
             base["search"].pop("strategy")  # the default: chosen again for the arm (its pruning, initial points)
         derived = deep_merge(base, arm.overrides)
         derived["name"] = f"{self.name}.{arm.name}"
         tracking = dict(derived.get("tracking") or {})
         tracking["experiment"] = self.experiment_name  # every arm's runs in the comparison's experiment
-        tracking["tags"] = {**tracking.get("tags", {}), COMPARISON_TAG_KEYS[0]: self.name, COMPARISON_TAG_KEYS[1]: arm.name}
+        tracking["tags"] = {
+            **tracking.get("tags", {}),
+            COMPARISON_TAG_KEYS[0]: self.name,
+            COMPARISON_TAG_KEYS[1]: arm.name,
+        }
         derived["tracking"] = tracking
         return SweepSpec.model_validate(derived)
 
-    def arm_specs(self) -> list[tuple[str, "SweepSpec"]]:
+    def arm_specs(self) -> list[tuple[str, SweepSpec]]:
         """The comparison's arms as whole sweep specs, ``[(arm name, spec)]`` in the spec's order.
 
         Each is this spec (without ``arms``) with the arm's overrides deep-merged over it, named
@@ -283,13 +319,17 @@ class SweepSpec(_Strict):
             return []
         errs = []
         if r.workers_per_trial < 2:
-            errs.append(f"resources.parallelism: fsdp shards the model over a trial's workers and needs "
-                        f"workers_per_trial >= 2 (got {r.workers_per_trial}); use ddp with one worker")
+            errs.append(
+                f"resources.parallelism: fsdp shards the model over a trial's workers and needs "
+                f"workers_per_trial >= 2 (got {r.workers_per_trial}); use ddp with one worker"
+            )
         if self.workload != "pretrain":
             errs.append("resources.parallelism: fsdp is for the pretrain workload; finetune (full or LoRA) runs ddp")
         if self.branch is not None:
-            errs.append("resources.parallelism: fsdp cannot run branch (branched training runs each branch in one "
-                        "process); use ddp")
+            errs.append(
+                "resources.parallelism: fsdp cannot run branch (branched training runs each branch in one "
+                "process); use ddp"
+            )
         return errs
 
     def _sync_errors(self) -> list[str]:
@@ -308,31 +348,41 @@ class SweepSpec(_Strict):
         if self.workload != "pretrain":
             errs.append(f"resources.sync: {mode} is for the pretrain workload; finetune runs ddp")
         if self.branch is not None:
-            errs.append(f"resources.sync: {mode} cannot run branch (branched training runs each branch in one "
-                        f"process); use ddp")
+            errs.append(
+                f"resources.sync: {mode} cannot run branch (branched training runs each branch in one process); use ddp"
+            )
         if self.batch_warmup is not None:
             errs.append(f"resources.sync: {mode} cannot run with batch_warmup; use ddp")
         h, T = r.sync.every_steps, self.model.context_length_tokens
         steps = {b: self.budget_tokens // (b * T) for b in sorted(self.search.batch_sizes_sequences)}
         never = [b for b, n in steps.items() if n < h]
         if never:
-            errs.append(f"resources.sync.every_steps={h} is more than the optimizer steps of batch size(s) "
-                        f"{never} (budget_tokens / (batch x context) = {[steps[b] for b in never]}): "
-                        f"their replicas would never synchronise; lower every_steps or drop those batch sizes")
+            errs.append(
+                f"resources.sync.every_steps={h} is more than the optimizer steps of batch size(s) "
+                f"{never} (budget_tokens / (batch x context) = {[steps[b] for b in never]}): "
+                f"their replicas would never synchronise; lower every_steps or drop those batch sizes"
+            )
         return errs
 
     def _optimizer_errors(self) -> list[str]:
         """``optimizer.name`` against the searched beta2 and fsdp (docs/design.md, "Optimizers")."""
         o, r, b2 = self.optimizer, self.resources, self.search.beta2
         errs = []
-        searched = (b2.half_life_tokens is not None and b2.half_life_tokens[0] < b2.half_life_tokens[1]
-                    or len(b2.values or []) > 1)
+        searched = (
+            b2.half_life_tokens is not None
+            and b2.half_life_tokens[0] < b2.half_life_tokens[1]
+            or len(b2.values or []) > 1
+        )
         if not o.reads_beta2 and searched:
-            errs.append(f"optimizer.name={o.name} has no beta2: set search.beta2.values to a single value "
-                        "(it is not read) instead of searching beta2")
+            errs.append(
+                f"optimizer.name={o.name} has no beta2: set search.beta2.values to a single value "
+                "(it is not read) instead of searching beta2"
+            )
         if r.parallelism == "fsdp" and o.name in ("adafactor", "adamw_8bit"):
-            errs.append(f"optimizer.name={o.name} cannot run with resources.parallelism: fsdp (its state is not "
-                        "sharded like the parameters); use ddp, or adamw / sgd_momentum")
+            errs.append(
+                f"optimizer.name={o.name} cannot run with resources.parallelism: fsdp (its state is not "
+                "sharded like the parameters); use ddp, or adamw / sgd_momentum"
+            )
         return errs
 
     # ---- derived values -------------------------------------------------------------------------
@@ -373,8 +423,13 @@ class SweepSpec(_Strict):
         spacing = self.budget_tokens / self.eval.milestones
         steps = self.budget_tokens // (b * self.model.context_length_tokens)
         synced = self.resources.sync.mode == "ddp" or steps >= self.resources.sync.every_steps  # as _sync_errors asks
-        return 1 <= b <= MAX_BATCH_SEQUENCES and b % self.resources.workers_per_trial == 0 and synced \
-            and b * self.model.context_length_tokens <= spacing and steps >= 2
+        return (
+            1 <= b <= MAX_BATCH_SEQUENCES
+            and b % self.resources.workers_per_trial == 0
+            and synced
+            and b * self.model.context_length_tokens <= spacing
+            and steps >= 2
+        )
 
     def milestones_tokens(self, budget_tokens: int | None = None) -> list[int]:
         """Token counts at which a trial evaluates, evenly spaced, the last one the budget.

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_serializer
 
 from sweeps.spec.sections import _Strict
 
-__all__ = ["TrackingSpec", "COMPARISON_TAG_KEYS", "STUDY_TAG_KEYS"]
+__all__ = ["COMPARISON_TAG_KEYS", "STUDY_TAG_KEYS", "TrackingSpec"]
 
 #: ``tracking.tags`` keys a comparison (``arms``) sets on its arms' runs; every other ``critbatch.`` key is reserved
 COMPARISON_TAG_KEYS = ("critbatch.comparison", "critbatch.arm")
@@ -28,11 +28,15 @@ class TrackingSpec(_Strict):
     sets on its members (:data:`STUDY_TAG_KEYS`).
     """
 
-    uri: str | None = Field(default=None, description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI; default: --tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db",
+    )
     experiment: str | None = None
     checkpoint_artifact_max_mb: float = Field(default=50.0, ge=0, le=100_000)
     tags: dict[Annotated[str, Field(min_length=1, max_length=250)], Annotated[str, Field(max_length=5000)]] = Field(
-        default_factory=dict, max_length=100, description="extra MLflow tags on the parent run and every trial run")
+        default_factory=dict, max_length=100, description="extra MLflow tags on the parent run and every trial run"
+    )
 
     @field_validator("tags")
     @classmethod

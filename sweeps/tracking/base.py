@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Tracker", "CompositeTracker"]
+__all__ = ["CompositeTracker", "Tracker"]
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,15 @@ class Tracker(ABC):
         """Make each trial's record say how it ended by the sweep's records (``{trial id: status}``)."""
 
     @abstractmethod
-    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
-               drain_s: float | None = None, analysis: dict[str, Any] | None = None) -> bool:
+    def finish(
+        self,
+        status: str,
+        summary: dict[str, float],
+        artifacts_dir: str | None,
+        message: str = "",
+        drain_s: float | None = None,
+        analysis: dict[str, Any] | None = None,
+    ) -> bool:
         """End the sweep: ``summary``'s metrics, the files in ``artifacts_dir``, ``analysis`` (``cbs.json``'s
         content), ``message`` (why it did not succeed) and ``status`` (SUCCEEDED, FAILED or STOPPED); every
         trial still open ends STOPPED (FAILED when the sweep failed).
@@ -202,10 +209,19 @@ class CompositeTracker(Tracker):
         for t in self.trackers:
             t.settle_children(statuses)
 
-    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
-               drain_s: float | None = None, analysis: dict[str, Any] | None = None) -> bool:
-        done = [t.finish(status, summary, artifacts_dir, message=message, drain_s=drain_s, analysis=analysis)
-                for t in self.trackers]  # every sink ends, even after one that could not deliver
+    def finish(
+        self,
+        status: str,
+        summary: dict[str, float],
+        artifacts_dir: str | None,
+        message: str = "",
+        drain_s: float | None = None,
+        analysis: dict[str, Any] | None = None,
+    ) -> bool:
+        done = [
+            t.finish(status, summary, artifacts_dir, message=message, drain_s=drain_s, analysis=analysis)
+            for t in self.trackers
+        ]  # every sink ends, even after one that could not deliver
         return all(done)
 
     def flush(self) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["Outbox"]
 

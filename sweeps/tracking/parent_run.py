@@ -15,7 +15,7 @@ from typing import Any
 from sweeps.analysis.summary import headline
 from sweeps.tracking import schema
 
-__all__ = ["parent_fields", "read_analysis", "TAG_FIT_STATUS", "TAG_NOTE", "METRIC_CI_LOW", "METRIC_CI_HIGH"]
+__all__ = ["METRIC_CI_HIGH", "METRIC_CI_LOW", "TAG_FIT_STATUS", "TAG_NOTE", "parent_fields", "read_analysis"]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ TAG_FIT_STATUS = "critbatch.fit_status"
 TAG_NOTE = "mlflow.note.content"
 #: the parent-run metrics of ``cbs.json``'s ``b_crit_ci`` ends (sequences), each logged only when finite
 METRIC_CI_LOW, METRIC_CI_HIGH = "b_crit_ci_low", "b_crit_ci_high"
+
 
 def read_analysis(path: Path) -> dict[str, Any] | None:
     """``cbs.json``'s content, or None when it is missing or not a JSON object."""
@@ -40,8 +41,9 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def parent_fields(status: str, summary: dict[str, Any], message: str,
-                   analysis: dict[str, Any] | None) -> tuple[dict[str, float], dict[str, str]]:
+def parent_fields(
+    status: str, summary: dict[str, Any], message: str, analysis: dict[str, Any] | None
+) -> tuple[dict[str, float], dict[str, str]]:
     """The parent run's final ``(metrics, tags)``: ``summary``'s finite values, the interval's ends and the
     headline target loss from ``analysis``; the message, the fit's status and the description as tags."""
     metrics = {k: float(v) for k, v in summary.items() if _finite(v)}
@@ -66,7 +68,7 @@ def parent_fields(status: str, summary: dict[str, Any], message: str,
             tags[TAG_FIT_STATUS] = str(analysis["status"])
             try:
                 note = headline(analysis) + "".join(f"\n\n- {c}" for c in analysis.get("caveats") or [])
-            except Exception:  # noqa: BLE001 - a cbs.json of another shape must not keep the run open
+            except Exception:
                 log.exception("no headline for the parent run's description")
     if status != "SUCCEEDED" and message:
         note = f"{note}\n\nSweep {status.lower()}: {message}" if note else f"Sweep {status.lower()}: {message}"

@@ -37,8 +37,14 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "StoreRefused", "MlflowReader", "check_existing_store", "ping_store", "readable_here",
-    "mlflow_ui_links", "runs_table_url", "trial_rows",
+    "MlflowReader",
+    "StoreRefused",
+    "check_existing_store",
+    "mlflow_ui_links",
+    "ping_store",
+    "readable_here",
+    "runs_table_url",
+    "trial_rows",
 ]
 
 _DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
@@ -59,7 +65,7 @@ def readable_here(uri: str | None) -> tuple[bool, str | None]:
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
-        p = Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else Path("")
+        p = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else Path("")
     elif scheme == "file":
         p = Path(parts.path)
     elif scheme == "":
@@ -91,9 +97,9 @@ def _check_sql_store(uri: str, scheme: str) -> None:
 
     url = _sql_store_url(uri, scheme)
     try:
-        from mlflow.store.db.db_types import DATABASE_ENGINES  # noqa: F401 - MLflow's drivers
         import mlflow.store.tracking.dbmodels.models  # noqa: F401 - defines MLflow's tables on Base.metadata
         from mlflow.store.db.base_sql_model import Base
+        from mlflow.store.db.db_types import DATABASE_ENGINES  # noqa: F401 - MLflow's drivers
 
         engine = sqlalchemy.create_engine(url, connect_args={"connect_timeout": 10} if scheme != "sqlite" else {})
         try:
@@ -102,8 +108,10 @@ def _check_sql_store(uri: str, scheme: str) -> None:
             has_default = False
             if not missing:
                 with engine.connect() as conn:
-                    has_default = conn.execute(
-                        sqlalchemy.text("SELECT 1 FROM experiments WHERE experiment_id = 0")).first() is not None
+                    has_default = (
+                        conn.execute(sqlalchemy.text("SELECT 1 FROM experiments WHERE experiment_id = 0")).first()
+                        is not None
+                    )
         finally:
             engine.dispose()
     except Exception as exc:  # noqa: BLE001 - driver errors of any kind
@@ -172,8 +180,9 @@ def runs_table_url(ui_url: str, experiment_id: str, *, view: bool) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
 
 
-def mlflow_ui_links(ui_url: str | None, experiment_id: str | None, parent_run_id: str | None,
-                    trial_run_ids: list[str]) -> dict[str, Any]:
+def mlflow_ui_links(
+    ui_url: str | None, experiment_id: str | None, parent_run_id: str | None, trial_run_ids: list[str]
+) -> dict[str, Any]:
     """Links into the MLflow UI at ``ui_url``: ``experiment`` (its runs table, on MLflow 3's "Model training"
     side: :func:`runs_table_url`), ``parent_run`` and ``compare_trials`` (each present when
     its ids are); ``{}`` without a UI URL or an experiment."""

@@ -15,7 +15,7 @@ from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 from sweeps.tracking.base import CompositeTracker, Tracker
 
-__all__ = ["SINKS", "SinkContext", "build_tracker", "DEFAULT_SINKS"]
+__all__ = ["DEFAULT_SINKS", "SINKS", "SinkContext", "build_tracker"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +43,9 @@ def _mlflow(ctx: SinkContext) -> Tracker:
     from sweeps.tracking.writer import MlflowTracker, configure_mlflow_env
 
     configure_mlflow_env()
-    return MlflowTracker(MlflowClient(ctx.tracking_uri), ctx.spec, ctx.sweep_id, fingerprint=ctx.fingerprint,
-                         drain_s=ctx.drain_s)
+    return MlflowTracker(
+        MlflowClient(ctx.tracking_uri), ctx.spec, ctx.sweep_id, fingerprint=ctx.fingerprint, drain_s=ctx.drain_s
+    )
 
 
 #: sink name -> the function that builds it
@@ -64,7 +65,8 @@ def build_tracker(ctx: SinkContext, names: Sequence[str] = DEFAULT_SINKS) -> Tra
     """
     unknown = [n for n in names if n not in SINKS]
     if unknown or not names:
-        raise InvalidInput(f"CRITBATCH_TRACKING_SINKS: unknown tracking sink(s) {unknown or list(names)}; "
-                           f"known: {sorted(SINKS)}")
+        raise InvalidInput(
+            f"CRITBATCH_TRACKING_SINKS: unknown tracking sink(s) {unknown or list(names)}; known: {sorted(SINKS)}"
+        )
     trackers = [SINKS[n](ctx) for n in names]
     return trackers[0] if len(trackers) == 1 else CompositeTracker(trackers)

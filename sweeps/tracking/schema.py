@@ -20,20 +20,78 @@ from sweeps.spec.statuses import TRIAL_STATUSES, TrialStatus
 from workloads.api import COMM_METRICS, MLFLOW_METRICS, ONCE_PER_ATTEMPT, TrialOutcome
 
 __all__ = [
-    "TAG_PREFIX", "TAG_SWEEP_ID", "TAG_ROLE", "TAG_STATUS", "TAG_TRIAL_ID", "TAG_TRIALS_PLANNED", "TAG_FINGERPRINT",
-    "TAG_MESSAGE", "TAG_ERROR", "TAG_CLOSED_BY", "TAG_GROUP_ID", "TAG_INITIAL_POINT", "TAG_PARENT_RUN_ID",
-    "SCHEDULER_TAG_KEYS", "scheduler_tag", "TAG_PROVENANCE_PREFIX", "provenance_tags",
-    "ROLE_SWEEP", "ROLE_TRIAL", "ROLE_BRANCH_SWEEP", "ROLE_BRANCH",
-    "TRIAL_STATUSES", "TRIAL_RUNNING", "TRIAL_PAUSED", "TRIAL_COMPLETED", "TRIAL_DIVERGED", "TRIAL_PRUNED",
-    "TRIAL_FAILED", "TRIAL_STOPPED", "CLOSED_BY_JOBS", "trial_status", "TRIAL_PARAMS_SUFFIX", "TRIAL_END_SUFFIX",
-    "trial_error_line", "names_full_disk",
-    "METRIC_KEYS", "ONCE_METRIC_KEYS", "COMM_METRIC_KEYS", "METRIC_VAL_LOSS", "TAG_LR_RULES_IN_INTERVAL", "lr_scaling_fields", "SUMMARY_METRICS", "TRIAL_COUNT_PREFIX", "trial_count_metric",
-    "PARAM_BATCH_SIZE_SEQUENCES", "PARAM_LR", "PARAM_LR_RULE", "PARAM_BETA2", "PARAM_OPTIMIZER", "TRIAL_PARAMS",
-    "PARAM_PARALLELISM", "PARAM_COMPILE", "PARAM_ACTIVATION_CHECKPOINTING", "PARAM_MIXED_PRECISION", "TRAINING_PARAMS",
-    "PARAM_SYNC", "PARAM_SYNC_EVERY_STEPS", "PARAM_REPLICAS", "PARAM_OUTER_LR", "PARAM_OUTER_MOMENTUM", "SYNC_OUTER_PARAMS",
     "ARTIFACT_CBS",
-    "TAG_EXPERIMENT_KIND", "EXPERIMENT_KIND_MODEL_TRAINING", "TAG_SAVED_VIEW_PREFIX", "SAVED_VIEW_ID",
-    "META_SWEEP_ID", "META_NAME", "META_FINGERPRINT", "META_EXPERIMENT", "META_TRACKING_URI", "META_TRIALS_PLANNED",
+    "CLOSED_BY_JOBS",
+    "COMM_METRIC_KEYS",
+    "EXPERIMENT_KIND_MODEL_TRAINING",
+    "META_EXPERIMENT",
+    "META_FINGERPRINT",
+    "META_NAME",
+    "META_SWEEP_ID",
+    "META_TRACKING_URI",
+    "META_TRIALS_PLANNED",
+    "METRIC_KEYS",
+    "METRIC_VAL_LOSS",
+    "ONCE_METRIC_KEYS",
+    "PARAM_ACTIVATION_CHECKPOINTING",
+    "PARAM_BATCH_SIZE_SEQUENCES",
+    "PARAM_BETA2",
+    "PARAM_COMPILE",
+    "PARAM_LR",
+    "PARAM_LR_RULE",
+    "PARAM_MIXED_PRECISION",
+    "PARAM_OPTIMIZER",
+    "PARAM_OUTER_LR",
+    "PARAM_OUTER_MOMENTUM",
+    "PARAM_PARALLELISM",
+    "PARAM_REPLICAS",
+    "PARAM_SYNC",
+    "PARAM_SYNC_EVERY_STEPS",
+    "ROLE_BRANCH",
+    "ROLE_BRANCH_SWEEP",
+    "ROLE_SWEEP",
+    "ROLE_TRIAL",
+    "SAVED_VIEW_ID",
+    "SCHEDULER_TAG_KEYS",
+    "SUMMARY_METRICS",
+    "SYNC_OUTER_PARAMS",
+    "TAG_CLOSED_BY",
+    "TAG_ERROR",
+    "TAG_EXPERIMENT_KIND",
+    "TAG_FINGERPRINT",
+    "TAG_GROUP_ID",
+    "TAG_INITIAL_POINT",
+    "TAG_LR_RULES_IN_INTERVAL",
+    "TAG_MESSAGE",
+    "TAG_PARENT_RUN_ID",
+    "TAG_PREFIX",
+    "TAG_PROVENANCE_PREFIX",
+    "TAG_ROLE",
+    "TAG_SAVED_VIEW_PREFIX",
+    "TAG_STATUS",
+    "TAG_SWEEP_ID",
+    "TAG_TRIALS_PLANNED",
+    "TAG_TRIAL_ID",
+    "TRAINING_PARAMS",
+    "TRIAL_COMPLETED",
+    "TRIAL_COUNT_PREFIX",
+    "TRIAL_DIVERGED",
+    "TRIAL_END_SUFFIX",
+    "TRIAL_FAILED",
+    "TRIAL_PARAMS",
+    "TRIAL_PARAMS_SUFFIX",
+    "TRIAL_PAUSED",
+    "TRIAL_PRUNED",
+    "TRIAL_RUNNING",
+    "TRIAL_STATUSES",
+    "TRIAL_STOPPED",
+    "lr_scaling_fields",
+    "names_full_disk",
+    "provenance_tags",
+    "scheduler_tag",
+    "trial_count_metric",
+    "trial_error_line",
+    "trial_status",
 ]
 
 # ---- MLflow tags ---------------------------------------------------------------------------------
@@ -96,10 +154,13 @@ TAG_PROVENANCE_PREFIX = "critbatch.provenance."
 def provenance_tags(provenance: dict) -> dict[str, str]:
     """``cbs.json``'s ``provenance`` as parent-run tags: nested keys dotted under :data:`TAG_PROVENANCE_PREFIX`,
     values as strings (None as ``"None"``)."""
+
     def flat(d: dict, prefix: str) -> dict[str, str]:
         out: dict[str, str] = {}
         for key, value in d.items():
-            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": str(value)[:5000]})
+            out.update(
+                flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": str(value)[:5000]}
+            )
         return out
 
     return flat(provenance, TAG_PROVENANCE_PREFIX)
@@ -113,6 +174,7 @@ def lr_scaling_fields(analysis: dict) -> tuple[dict[str, float], dict[str, str]]
     """``cbs.json``'s measured LR scaling rule (:mod:`sweeps.analysis.lr_scaling`) as parent-run
     ``(metrics, tags)``: ``lr_scaling_exponent`` and its interval's ends ``lr_scaling_exponent_ci_low`` /
     ``_high`` (finite values only), and :data:`TAG_LR_RULES_IN_INTERVAL`; empty without a fitted exponent."""
+
     def finite(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -120,8 +182,10 @@ def lr_scaling_fields(analysis: dict) -> tuple[dict[str, float], dict[str, str]]
     if not finite(analysis.get("lr_scaling_exponent_fit")):
         return metrics, {}
     metrics["lr_scaling_exponent"] = float(analysis["lr_scaling_exponent_fit"])
-    for key, v in zip(("lr_scaling_exponent_ci_low", "lr_scaling_exponent_ci_high"),
-                      list(analysis.get("lr_scaling_exponent_ci") or [])[:2]):
+    for key, v in zip(
+        ("lr_scaling_exponent_ci_low", "lr_scaling_exponent_ci_high"),
+        list(analysis.get("lr_scaling_exponent_ci") or [])[:2],
+    ):
         if finite(v):
             metrics[key] = float(v)
     rules = analysis.get("lr_scaling_rules_in_interval") or []
@@ -139,8 +203,10 @@ def precision_tags(analysis: dict) -> dict[str, str]:
     p = analysis.get("precision")
     if not isinstance(p, dict):
         return {}
-    return {TAG_PRECISION_STOPPED_BECAUSE: str(p.get("stopped_because")),
-            TAG_PRECISION_REQUESTED: str(p.get("b_crit_ratio_requested"))}
+    return {
+        TAG_PRECISION_STOPPED_BECAUSE: str(p.get("stopped_because")),
+        TAG_PRECISION_REQUESTED: str(p.get("b_crit_ratio_requested")),
+    }
 
 
 ROLE_SWEEP = "sweep"
@@ -211,6 +277,8 @@ def trial_status(last: dict, *, failed: bool) -> TrialStatus:
     if failed:
         return TRIAL_FAILED
     return TRIAL_COMPLETED if last.get("done") else TRIAL_STOPPED
+
+
 #: The value of :data:`TAG_CLOSED_BY` a reader sets.
 CLOSED_BY_JOBS = "critbatch.jobs"
 
@@ -245,8 +313,18 @@ PARAM_BETA2 = "beta2"
 PARAM_OPTIMIZER = "optimizer"
 #: Every param the writer logs on a trial run (a workload may add its own, such as LoRA's rank).
 TRIAL_PARAMS = (
-    PARAM_BATCH_SIZE_SEQUENCES, "batch_size_tokens", PARAM_LR, PARAM_LR_RULE, "lr_multiplier", PARAM_BETA2,
-    "beta2_half_life_tokens", "seed", "budget_tokens", "context_length_tokens", "flops_convention", PARAM_OPTIMIZER,
+    PARAM_BATCH_SIZE_SEQUENCES,
+    "batch_size_tokens",
+    PARAM_LR,
+    PARAM_LR_RULE,
+    "lr_multiplier",
+    PARAM_BETA2,
+    "beta2_half_life_tokens",
+    "seed",
+    "budget_tokens",
+    "context_length_tokens",
+    "flops_convention",
+    PARAM_OPTIMIZER,
 )
 #: The trial params of ``resources``' training options (``sweeps.run.trainable.training_params``), logged on
 #: every trial run beside the batch plan: ``ddp``/``fsdp``, ``True``/``False``, ``auto``/``bf16``/``fp32``.
@@ -258,8 +336,15 @@ PARAM_MIXED_PRECISION = "mixed_precision"
 PARAM_SYNC = "sync"
 PARAM_SYNC_EVERY_STEPS = "sync_every_steps"
 PARAM_REPLICAS = "replicas"
-TRAINING_PARAMS = (PARAM_PARALLELISM, PARAM_COMPILE, PARAM_ACTIVATION_CHECKPOINTING, PARAM_MIXED_PRECISION,
-                   PARAM_SYNC, PARAM_SYNC_EVERY_STEPS, PARAM_REPLICAS)
+TRAINING_PARAMS = (
+    PARAM_PARALLELISM,
+    PARAM_COMPILE,
+    PARAM_ACTIVATION_CHECKPOINTING,
+    PARAM_MIXED_PRECISION,
+    PARAM_SYNC,
+    PARAM_SYNC_EVERY_STEPS,
+    PARAM_REPLICAS,
+)
 #: DiLoCo's outer SGD, logged beside :data:`TRAINING_PARAMS` on a diloco trial only
 PARAM_OUTER_LR = "outer_lr"
 PARAM_OUTER_MOMENTUM = "outer_momentum"

@@ -56,8 +56,17 @@ from sweeps.tracking.schema import (
 )
 
 __all__ = [
-    "VIEW_PARAMS", "VIEW_METRICS", "VIEW_NAME", "experiment_tags", "mark_experiment", "newest_sweep_experiment",
-    "UiConfig", "UiFailed", "UiServer", "start_ui", "stop_ui",
+    "VIEW_METRICS",
+    "VIEW_NAME",
+    "VIEW_PARAMS",
+    "UiConfig",
+    "UiFailed",
+    "UiServer",
+    "experiment_tags",
+    "mark_experiment",
+    "newest_sweep_experiment",
+    "start_ui",
+    "stop_ui",
 ]
 
 #: The trial parameters the saved view shows: what tells a sweep's trials apart.
@@ -88,11 +97,14 @@ def experiment_tags(*, now_ms: int | None = None) -> dict[str, str]:
         now_ms: the view's creation time, milliseconds since the epoch (default: now).
     """
     now_ms = int(time.time() * 1000) if now_ms is None else int(now_ms)
-    state = {"selectedColumns": [_column("params", p) for p in VIEW_PARAMS]
-             + [_column("metrics", m) for m in VIEW_METRICS]}
+    state = {
+        "selectedColumns": [_column("params", p) for p in VIEW_PARAMS] + [_column("metrics", m) for m in VIEW_METRICS]
+    }
     view = {"name": VIEW_NAME, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
-    return {TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_MODEL_TRAINING,
-            TAG_SAVED_VIEW_PREFIX + SAVED_VIEW_ID: json.dumps(view)}
+    return {
+        TAG_EXPERIMENT_KIND: EXPERIMENT_KIND_MODEL_TRAINING,
+        TAG_SAVED_VIEW_PREFIX + SAVED_VIEW_ID: json.dumps(view),
+    }
 
 
 def mark_experiment(client: Any, experiment: Any) -> list[str]:
@@ -123,8 +135,16 @@ def newest_sweep_experiment(client: Any) -> Any | None:
         whatever MLflow raises on searching (a server that is gone).
     """
     ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(ids, filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}'",
-                              order_by=["attributes.start_time DESC"], max_results=1) if ids else []
+    runs = (
+        client.search_runs(
+            ids,
+            filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_SWEEP}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if ids
+        else []
+    )
     return client.get_experiment(runs[0].info.experiment_id) if runs else None
 
 
@@ -161,11 +181,13 @@ class UiConfig:
         if not uri:
             raise InvalidInput("backend_store_uri is empty: give the MLflow store, e.g. sqlite:///mlflow.db")
         if urlsplit(uri).scheme.lower() in ("http", "https", "databricks"):
-            raise InvalidInput(f"backend_store_uri {redact_uri(uri)!r} is a tracking server, which serves its "
-                               "own UI: open it in a browser, or give the store it serves (sqlite:///..., "
-                               "postgresql://...)")
+            raise InvalidInput(
+                f"backend_store_uri {redact_uri(uri)!r} is a tracking server, which serves its "
+                "own UI: open it in a browser, or give the store it serves (sqlite:///..., "
+                "postgresql://...)"
+            )
         if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-            uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+            uri = "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
         elif "://" not in uri:
             uri = str(Path(uri).resolve())
         object.__setattr__(self, "backend_store_uri", uri)
@@ -177,8 +199,20 @@ class UiConfig:
 
     def command(self) -> list[str]:
         """The ``mlflow server`` command line (this Python's MLflow)."""
-        return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
-                "--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
+        return [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            self.backend_store_uri,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+        ]
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with MLflow's job runner off."""
@@ -200,8 +234,9 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError:
-            raise InvalidInput(f"port {port} on {host} is in use (another MLflow UI?): choose another with --port") \
-                from None
+            raise InvalidInput(
+                f"port {port} on {host} is in use (another MLflow UI?): choose another with --port"
+            ) from None
 
 
 def _log_tail(log: Path, chars: int = 3000) -> str:
@@ -229,17 +264,18 @@ def start_ui(config: UiConfig, *, log: Path, timeout_s: float = 180.0) -> UiServ
     """
     import requests
 
-
     try:
         check_existing_store(config.backend_store_uri)
     except StoreRefused as exc:
-        raise InvalidInput(f"{exc}; `make run` writes sqlite:///mlflow.db in the repository, or pass "
-                           "--backend-store-uri") from None
+        raise InvalidInput(
+            f"{exc}; `make run` writes sqlite:///mlflow.db in the repository, or pass --backend-store-uri"
+        ) from None
     _check_port_free(config.host, config.port)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(config.command(), env=config.env(), stdout=fh, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            config.command(), env=config.env(), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
     server = UiServer(proc=proc, url=config.url, log=log)
     deadline = time.monotonic() + timeout_s
     while True:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -28,7 +29,7 @@ from sweeps.tracking.parent_run import parent_fields, read_analysis
 from sweeps.tracking.ui import experiment_tags
 from workloads.api import FLOPS_CONVENTION
 
-__all__ = ["Outbox", "MlflowTracker", "MlflowTrialCallback", "configure_mlflow_env", "DEFAULT_DRAIN_S"]
+__all__ = ["DEFAULT_DRAIN_S", "MlflowTracker", "MlflowTrialCallback", "Outbox", "configure_mlflow_env"]
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,14 @@ class MlflowTracker(Tracker):
         drain_s: how long :meth:`finish` retries writes MLflow refuses, in seconds, unless it is given one.
     """
 
-    def __init__(self, client: MlflowClient, spec: SweepSpec, sweep_id: str, fingerprint: str | None = None,
-                 drain_s: float = DEFAULT_DRAIN_S):
+    def __init__(
+        self,
+        client: MlflowClient,
+        spec: SweepSpec,
+        sweep_id: str,
+        fingerprint: str | None = None,
+        drain_s: float = DEFAULT_DRAIN_S,
+    ):
         self.client = client
         self.drain_s = drain_s
         self.spec = spec
@@ -89,8 +96,11 @@ class MlflowTracker(Tracker):
         self.ended: set[str] = set()
         self.once_logged: dict[str, dict[str, float]] = {}  # tune trial id -> the once-metrics' values logged
         # one worker under ddp communicates nothing: its communication counters are constant zeros
-        self.skipped_metrics = frozenset(_SYNC_METRICS) if (
-            spec.resources.sync.mode == "ddp" and spec.resources.workers_per_trial == 1) else frozenset()
+        self.skipped_metrics = (
+            frozenset(_SYNC_METRICS)
+            if (spec.resources.sync.mode == "ddp" and spec.resources.workers_per_trial == 1)
+            else frozenset()
+        )
 
     def start_parent(self) -> str:
         """Create (or find) the experiment and create the sweep's parent run; returns its id.
@@ -98,8 +108,9 @@ class MlflowTracker(Tracker):
         Raises: whatever MLflow raises: a sweep does not start without its parent run.
         """
         exp = self.client.get_experiment_by_name(self.spec.experiment_name)
-        self.experiment_id = experiment_id = (exp.experiment_id if exp else
-                                              create_experiment(self.client, self.spec.experiment_name))
+        self.experiment_id = experiment_id = (
+            exp.experiment_id if exp else create_experiment(self.client, self.spec.experiment_name)
+        )
         run = self.client.create_run(
             experiment_id,
             run_name=self.sweep_id,
@@ -139,9 +150,16 @@ class MlflowTracker(Tracker):
     def find_sweep(self) -> tuple[str, str] | None:
         """``(experiment id, parent run id)`` of this sweep id's parent run in the spec's experiment, or None."""
         exp = self.client.get_experiment_by_name(self.spec.experiment_name)
-        parents = self.client.search_runs([exp.experiment_id], filter_string=(
-            f"tags.`{schema.TAG_SWEEP_ID}` = '{self.sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'")
-        ) if exp else []
+        parents = (
+            self.client.search_runs(
+                [exp.experiment_id],
+                filter_string=(
+                    f"tags.`{schema.TAG_SWEEP_ID}` = '{self.sweep_id}' and tags.`{schema.TAG_ROLE}` = '{schema.ROLE_SWEEP}'"
+                ),
+            )
+            if exp
+            else []
+        )
         return (exp.experiment_id, parents[0].info.run_id) if exp and parents else None
 
     def discard(self) -> None:
@@ -267,22 +285,30 @@ class MlflowTracker(Tracker):
         val_loss = result.get(schema.METRIC_VAL_LOSS)
         if val_loss is not None and val_loss != val_loss:  # NaN: logged, so that divergence shows in MLflow
             metrics.append(Metric(schema.METRIC_VAL_LOSS, float("nan"), ts, step))
-        self.outbox.put(f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics))
+        self.outbox.put(
+            f"metrics {trial_id}@{step}", lambda: self.client.log_batch(self._run_id(trial_id), metrics=metrics)
+        )
 
     def trial_paused(self, trial_id: str) -> None:
         """Tag a trial's run ``critbatch.status = PAUSED`` (it waits at a rung; the MLflow run stays open)."""
         if trial_id not in self.child_runs or trial_id in self.ended:
             return
-        self.outbox.put(f"pause {trial_id}", lambda: self.client.set_tag(self._run_id(trial_id), schema.TAG_STATUS,
-                                                                        schema.TRIAL_PAUSED))
+        self.outbox.put(
+            f"pause {trial_id}",
+            lambda: self.client.set_tag(self._run_id(trial_id), schema.TAG_STATUS, schema.TRIAL_PAUSED),
+        )
 
     def trial_ended(self, trial_id: str, status: str, error: str | None = None) -> None:
         """status: COMPLETED, DIVERGED, FAILED, PRUNED or STOPPED."""
         if trial_id in self.ended or trial_id not in self.child_runs:
             return
         self.ended.add(trial_id)
-        mlflow_status = {schema.TRIAL_COMPLETED: "FINISHED", schema.TRIAL_DIVERGED: "FINISHED",
-                         schema.TRIAL_PRUNED: "FINISHED", schema.TRIAL_FAILED: "FAILED"}.get(status, "KILLED")
+        mlflow_status = {
+            schema.TRIAL_COMPLETED: "FINISHED",
+            schema.TRIAL_DIVERGED: "FINISHED",
+            schema.TRIAL_PRUNED: "FINISHED",
+            schema.TRIAL_FAILED: "FAILED",
+        }.get(status, "KILLED")
 
         def end() -> None:
             rid = self._run_id(trial_id)
@@ -300,11 +326,12 @@ class MlflowTracker(Tracker):
 
     def prune_children(self, keep: set[str]) -> None:
         """Delete child runs of this sweep whose trial is not in ``keep`` (trials lost with a killed driver)."""
+
         def prune() -> None:
             experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
-                max_results=10000)
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'", max_results=10000
+            )
             for r in runs:
                 tid = r.data.tags.get(schema.TAG_TRIAL_ID)
                 if r.data.tags.get(schema.TAG_ROLE) == schema.ROLE_TRIAL and tid not in keep:
@@ -319,14 +346,17 @@ class MlflowTracker(Tracker):
         """Make each child run say how its trial ended by the sweep's records (``{trial id: status}``; only
         COMPLETED, DIVERGED, PRUNED and FAILED are settled): a crash ends every open child FAILED ("sweep
         ended before the trial"), and a trial Tune had already finished is not run again by the resume."""
-        wanted = {t: s for t, s in statuses.items() if s in (schema.TRIAL_COMPLETED, schema.TRIAL_DIVERGED,
-                                                             schema.TRIAL_PRUNED, schema.TRIAL_FAILED)}
+        wanted = {
+            t: s
+            for t, s in statuses.items()
+            if s in (schema.TRIAL_COMPLETED, schema.TRIAL_DIVERGED, schema.TRIAL_PRUNED, schema.TRIAL_FAILED)
+        }
 
         def settle() -> None:
             experiment_id, parent_run_id = self._parent()
             runs = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'",
-                max_results=10000)
+                [experiment_id], filter_string=f"tags.{schema.TAG_PARENT_RUN_ID} = '{parent_run_id}'", max_results=10000
+            )
             for r in runs:
                 want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID, ""))
                 if want is None or (r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != "RUNNING"):
@@ -334,14 +364,23 @@ class MlflowTracker(Tracker):
                 self.client.set_tag(r.info.run_id, schema.TAG_STATUS, want)
                 if want != schema.TRIAL_FAILED and schema.TAG_ERROR in r.data.tags:
                     self.client.delete_tag(r.info.run_id, schema.TAG_ERROR)
-                self.client.set_terminated(r.info.run_id, status="FAILED" if want == schema.TRIAL_FAILED else "FINISHED")
+                self.client.set_terminated(
+                    r.info.run_id, status="FAILED" if want == schema.TRIAL_FAILED else "FINISHED"
+                )
 
         self.outbox.put("settle child runs", settle)
 
     # ---- end of sweep -----------------------------------------------------------------------------
 
-    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
-               drain_s: float | None = None, analysis: dict[str, Any] | None = None) -> bool:
+    def finish(
+        self,
+        status: str,
+        summary: dict[str, float],
+        artifacts_dir: str | None,
+        message: str = "",
+        drain_s: float | None = None,
+        analysis: dict[str, Any] | None = None,
+    ) -> bool:
         """Log the summary and artifacts to the parent run and end it.
 
         Beside ``summary``'s metrics, from the analysis (``cbs.json``): the interval's finite ends as metrics
@@ -365,8 +404,11 @@ class MlflowTracker(Tracker):
         for tid in list(self.child_runs):
             if tid not in self.ended:
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
-                self.trial_ended(tid, schema.TRIAL_FAILED if status == "FAILED" else schema.TRIAL_STOPPED,
-                                 error="sweep ended before the trial")
+                self.trial_ended(
+                    tid,
+                    schema.TRIAL_FAILED if status == "FAILED" else schema.TRIAL_STOPPED,
+                    error="sweep ended before the trial",
+                )
 
         def summary_write() -> None:
             _, pid = self._parent()
@@ -408,7 +450,9 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.tracker.trial_result(trial.trial_id, result)
-        if trial.status == "PAUSED":  # waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
+        if (
+            trial.status == "PAUSED"
+        ):  # waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
             self.tracker.trial_paused(trial.trial_id)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -422,8 +466,9 @@ class MlflowTrialCallback(Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         err = read_tail(trial.error_file, 2000)  # Tune wrote it before calling back
         line = schema.trial_error_line(err)  # first what went wrong ("no space left on device ..."), then the traceback
-        self.tracker.trial_ended(trial.trial_id, schema.TRIAL_FAILED,
-                                 error=f"{line}\n\n{err}" if line else "trial raised")
+        self.tracker.trial_ended(
+            trial.trial_id, schema.TRIAL_FAILED, error=f"{line}\n\n{err}" if line else "trial raised"
+        )
 
     def on_step_end(self, iteration, trials, **info):
         self.tracker.flush()

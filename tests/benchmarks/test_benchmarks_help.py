@@ -26,8 +26,15 @@ def test_there_are_benchmarks_to_check():
 def test_a_benchmark_answers_help_and_exits_0(path):
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="127.0.0.1:9")
     # its own process group: one that ignored --help and started processes is stopped whole
-    proc = subprocess.Popen([sys.executable, str(path.relative_to(ROOT)), "--help"], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(path.relative_to(ROOT)), "--help"],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

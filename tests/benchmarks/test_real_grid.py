@@ -40,8 +40,14 @@ def test_a_cached_cell_is_the_curve_a_sweep_trial_gets_today(grid_mod):
     """B = 256 at a cached LR, trained now for one budget by the trial runners' code: its 16 milestones equal the
     cache's first 16 to the last bit (deterministic training; a 4-budget cell's start is the 1-budget trial)."""
     cells = grid_mod.read_grid()
-    key = next((k for k in sorted(cells) if k[1] == 256 and cells[k]["budget_multiple"] >= 2
-                and cells[k]["status"] == "completed"), None)
+    key = next(
+        (
+            k
+            for k in sorted(cells)
+            if k[1] == 256 and cells[k]["budget_multiple"] >= 2 and cells[k]["status"] == "completed"
+        ),
+        None,
+    )
     assert key is not None, "the committed grid has no B = 256 cell"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     now = grid_mod.train_cell(key[0], key[1], key[2], 1)
@@ -70,12 +76,17 @@ def test_the_reference_is_the_seed_mean_fastest_lattice_lr_per_batch_size():
                 steps = 100 * (1 + 12 / b) * slow * (1.05 if s else 0.95)
                 tok = [16384.0 * (i + 1) for i in range(64)]
                 # loss 3 exactly at `steps` steps: loss = 2 + (steps B 64 / t)^0.5
-                cells[(s, b, k)] = {"tokens": tok, "val_loss": [2 + (steps * b * 64 / t) ** 0.5 for t in tok],
-                                    "budget_multiple": 4, "status": "completed"}
+                cells[(s, b, k)] = {
+                    "tokens": tok,
+                    "val_loss": [2 + (steps * b * 64 / t) ** 0.5 for t in tok],
+                    "budget_multiple": 4,
+                    "status": "completed",
+                }
     ref = rc.reference(cells, 3.0, [0, 1])
     assert [p[2] for p in ref["points"]] == [1] * 5  # the seed-mean fastest LR
-    assert [p[1] for p in ref["points"]] == pytest.approx([100 * (1 + 12 / b) * math.sqrt(0.95 * 1.05)
-                                                           for b in (4, 8, 16, 32, 64)], rel=2e-3)  # milestones interpolated
+    assert [p[1] for p in ref["points"]] == pytest.approx(
+        [100 * (1 + 12 / b) * math.sqrt(0.95 * 1.05) for b in (4, 8, 16, 32, 64)], rel=2e-3
+    )  # milestones interpolated
     assert ref["b_crit"] == pytest.approx(12.0, rel=1e-2)
 
 
@@ -83,6 +94,11 @@ def test_the_reference_is_the_seed_mean_fastest_lattice_lr_per_batch_size():
 def test_the_coverage_benchmarks_answer_help(script):
     import subprocess
 
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True, text=True,
-                       timeout=120, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert r.returncode == 0 and "usage" in r.stdout, r.stderr[-2000:]

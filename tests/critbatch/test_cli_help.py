@@ -83,12 +83,12 @@ def test_help_at_80_columns_cuts_nothing(words, cmd):
     if hasattr(cmd, "commands"):
         for name, sub in cmd.commands.items():
             short = sub.get_short_help_str(limit=1000)
-            assert re.search(rf"^  {re.escape(name)}\s+{re.escape(short)}$", out, re.M), (name, short, out)
+            assert re.search(rf"^  {re.escape(name)}\s+{re.escape(short)}$", out, re.MULTILINE), (name, short, out)
 
 
 def test_the_main_help_lists_the_exit_codes():
     out = _help(())
-    epilog = out[out.index("Exit codes:"):]
+    epilog = out[out.index("Exit codes:") :]
     assert cli_common.EXIT_FAILED == 1 and cli_common.EXIT_INVALID == 2  # every command module exits with these
     for code, text in [
         (0, "success"),
@@ -97,8 +97,8 @@ def test_the_main_help_lists_the_exit_codes():
         (128 + signal.SIGINT, "stopped by Ctrl-C (SIGINT); `critbatch resume OUT` continues it"),
         (128 + signal.SIGTERM, "stopped by SIGTERM; `critbatch resume OUT` continues it"),
     ]:
-        assert re.search(rf"^\s+{code}\s+{re.escape(text)}", epilog, re.M), (code, epilog)
-    assert [int(c) for c in re.findall(r"^\s{4}(\d+)\s", epilog, re.M)] == [0, 1, 2, 130, 143], epilog
+        assert re.search(rf"^\s+{code}\s+{re.escape(text)}", epilog, re.MULTILINE), (code, epilog)
+    assert [int(c) for c in re.findall(r"^\s{4}(\d+)\s", epilog, re.MULTILINE)] == [0, 1, 2, 130, 143], epilog
 
 
 def test_version_prints_the_installed_version():

@@ -13,9 +13,22 @@ from typer.testing import CliRunner
 from critbatch.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ["--csv", str(ROOT / "data/zhang2024/chinchilla_85M.csv"), "--tokens", "1.7e9", "--n-params", "85e6",
-          "--csv", str(ROOT / "data/zhang2024/chinchilla_1.2B.csv"), "--tokens", "2.4e10", "--n-params", "1.2e9",
-          "--reference-batch", "256"]
+TABLES = [
+    "--csv",
+    str(ROOT / "data/zhang2024/chinchilla_85M.csv"),
+    "--tokens",
+    "1.7e9",
+    "--n-params",
+    "85e6",
+    "--csv",
+    str(ROOT / "data/zhang2024/chinchilla_1.2B.csv"),
+    "--tokens",
+    "2.4e10",
+    "--n-params",
+    "1.2e9",
+    "--reference-batch",
+    "256",
+]
 
 
 def _run(*args: str):
@@ -23,7 +36,9 @@ def _run(*args: str):
 
 
 def test_the_zhang_tables_give_an_exponent_with_an_interval_and_a_prediction(tmp_path):
-    res = _run(*TABLES, "--predict-tokens", "2e12", "--tokens-per-sequence", "512", "--output", str(tmp_path / "s.json"))
+    res = _run(
+        *TABLES, "--predict-tokens", "2e12", "--tokens-per-sequence", "512", "--output", str(tmp_path / "s.json")
+    )
     assert res.exit_code == 0, res.output
     got = json.loads((tmp_path / "s.json").read_text())
     assert got["gamma"] == pytest.approx(0.614, abs=0.001)
@@ -47,13 +62,16 @@ def test_zhang_et_als_own_quantity_grows_as_their_notebook_says():
     assert got["gamma_ci"][0] < 0.47 < got["gamma_ci"][1]
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--csv", "a.csv"], "one --tokens per --csv"),
-    (TABLES[:4], "--csv needs --reference-batch"),
-    (TABLES[:6] + ["--reference-batch", "256"], "too_few_budgets"),
-    ([], "give the study's members"),
-    (TABLES + ["--quantity", "b_opt"], "--quantity must be one of"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--csv", "a.csv"], "one --tokens per --csv"),
+        (TABLES[:4], "--csv needs --reference-batch"),
+        (TABLES[:6] + ["--reference-batch", "256"], "too_few_budgets"),
+        ([], "give the study's members"),
+        (TABLES + ["--quantity", "b_opt"], "--quantity must be one of"),
+    ],
+)
 def test_bad_input_exits_2_naming_what_is_wrong(args, says):
     res = _run(*args)
     assert res.exit_code == 2 and says in res.output, res.output
@@ -61,12 +79,23 @@ def test_bad_input_exits_2_naming_what_is_wrong(args, says):
 
 def test_plan_takes_the_studys_prediction_and_its_interval(tmp_path):
     assert _run(*TABLES, "--predict-tokens", "2e12", "--output", str(tmp_path / "scale.json")).exit_code == 0
-    plan = ["plan", str(tmp_path / "scale.json"), "--devices", "1024", "--peak-flops", "9.9e14", "--bandwidth", "5e10",
-            "--output", str(tmp_path / "plan")]
+    plan = [
+        "plan",
+        str(tmp_path / "scale.json"),
+        "--devices",
+        "1024",
+        "--peak-flops",
+        "9.9e14",
+        "--bandwidth",
+        "5e10",
+        "--output",
+        str(tmp_path / "plan"),
+    ]
     res = CliRunner().invoke(app, plan[:2] + plan[2:])
     assert res.exit_code == 2 and "--flops-per-token, --params, --tokens-per-sequence" in res.output
-    res = CliRunner().invoke(app, plan + ["--flops-per-token", "7.2e9", "--params", "1.2e9", "--tokens-per-sequence",
-                                          "2048"])
+    res = CliRunner().invoke(
+        app, plan + ["--flops-per-token", "7.2e9", "--params", "1.2e9", "--tokens-per-sequence", "2048"]
+    )
     assert res.exit_code == 0, res.output
     got = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert [t["group"] for t in got["targets"]] == ["predicted", "interval low", "interval high"]

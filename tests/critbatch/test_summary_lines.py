@@ -5,10 +5,20 @@ from __future__ import annotations
 from critbatch import main
 from critbatch.common import out
 
-CBS = {"target_loss": 2.4, "b_crit": 12.37, "b_crit_tokens": 791.7, "b_crit_ci": [9.27, 16.29], "status": "ok",
-       "b_compute_overhead_20": 2.47, "b_compute_overhead_20_ci": [1.85, 3.26], "cbs_20": 21.67,
-       "cbs_20_ci": [21.05, 22.46], "reference_batch": 16, "headline": "The answer in one sentence.",
-       "caveats": ["One training seed: run a second seed."]}
+CBS = {
+    "target_loss": 2.4,
+    "b_crit": 12.37,
+    "b_crit_tokens": 791.7,
+    "b_crit_ci": [9.27, 16.29],
+    "status": "ok",
+    "b_compute_overhead_20": 2.47,
+    "b_compute_overhead_20_ci": [1.85, 3.26],
+    "cbs_20": 21.67,
+    "cbs_20_ci": [21.05, 22.46],
+    "reference_batch": 16,
+    "headline": "The answer in one sentence.",
+    "caveats": ["One training seed: run a second seed."],
+}
 
 
 def test_the_summary_names_b_crit_for_sizing_and_explains_the_other_two(capsys):

@@ -67,7 +67,9 @@ class _Render:
         if s is None:
             return set(), set()
         provided = set(s.get("data") or {}) | set(s.get("stringData") or {})
-        declared = set(filter(None, (s["metadata"].get("annotations") or {}).get(REQUIRED_KEYS_ANNOTATION, "").split(",")))
+        declared = set(
+            filter(None, (s["metadata"].get("annotations") or {}).get(REQUIRED_KEYS_ANNOTATION, "").split(","))
+        )
         return provided, declared
 
     def need_secret(self, where: str, name: str, key: str | None) -> None:

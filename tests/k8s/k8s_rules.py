@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from k8s_references import pod_specs
 
 __all__ = [
-    "K8S_VERSION",
-    "KUBERAY_VERSION",
     "CRD_DIR",
     "CRD_FILES",
     "ENDINGS",
+    "K8S_VERSION",
+    "KUBERAY_VERSION",
     "api_server_rules",
     "cluster_deleted_when_ended",
     "kuberay_rules",
@@ -263,7 +262,7 @@ _SUFFIX = {
 }
 
 
-def parse_quantity(q: str | int | float) -> Decimal:
+def parse_quantity(q: str | float) -> Decimal:
     """A Kubernetes resource quantity ("500m", "2", "6Gi", "1e3") as a Decimal."""
     text = str(q)
     m = re.fullmatch(r"([+-]?(?:\d+\.?\d*|\.\d+))(.*)", text)

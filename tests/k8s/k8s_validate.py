@@ -32,8 +32,6 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import yaml
-from referencing import Registry, Resource
-
 from k8s_references import ident as _ident
 from k8s_references import pod_specs, reference_problems
 from k8s_rules import (
@@ -45,6 +43,7 @@ from k8s_rules import (
     kuberay_rules,
     parse_quantity,
 )
+from referencing import Registry, Resource
 
 __all__ = [
     "K8S_VERSION",
@@ -53,8 +52,8 @@ __all__ = [
     "crd_schema",
     "defaulted",
     "kuberay_rules",
-    "pod_specs",
     "parse_quantity",
+    "pod_specs",
     "reference_problems",
     "validate_objects",
 ]
@@ -157,7 +156,7 @@ def crd_schema(kind: str) -> dict:
     return schema
 
 
-def _list_type(validator, list_type, instance, schema):  # noqa: ANN001 - jsonschema keyword hook
+def _list_type(validator, list_type, instance, schema):
     if not isinstance(instance, list):
         return
     if list_type == "set":
@@ -177,18 +176,20 @@ def _list_type(validator, list_type, instance, schema):  # noqa: ANN001 - jsonsc
 #: The CEL rules of the vendored CRDs that this validator evaluates, by their exact text (the RayJob's
 #: ``deletionStrategy`` and its rules' ``condition``); any other rule is reported as not evaluated.
 _CEL_RULES = {
-    "!((has(self.onSuccess) || has(self.onFailure)) && has(self.deletionRules))":
-        lambda s: not (("onSuccess" in s or "onFailure" in s) and "deletionRules" in s),
-    "((has(self.onSuccess) && has(self.onFailure)) || has(self.deletionRules))":
-        lambda s: ("onSuccess" in s and "onFailure" in s) or "deletionRules" in s,
-    "!(has(self.jobStatus) && has(self.jobDeploymentStatus))":
-        lambda s: not ("jobStatus" in s and "jobDeploymentStatus" in s),
-    "has(self.jobStatus) || has(self.jobDeploymentStatus)":
-        lambda s: "jobStatus" in s or "jobDeploymentStatus" in s,
+    "!((has(self.onSuccess) || has(self.onFailure)) && has(self.deletionRules))": lambda s: (
+        not (("onSuccess" in s or "onFailure" in s) and "deletionRules" in s)
+    ),
+    "((has(self.onSuccess) && has(self.onFailure)) || has(self.deletionRules))": lambda s: (
+        ("onSuccess" in s and "onFailure" in s) or "deletionRules" in s
+    ),
+    "!(has(self.jobStatus) && has(self.jobDeploymentStatus))": lambda s: (
+        not ("jobStatus" in s and "jobDeploymentStatus" in s)
+    ),
+    "has(self.jobStatus) || has(self.jobDeploymentStatus)": lambda s: "jobStatus" in s or "jobDeploymentStatus" in s,
 }
 
 
-def _cel(validator, rules, instance, schema):  # noqa: ANN001
+def _cel(validator, rules, instance, schema):
     unknown = [r.get("rule", "?") for r in rules if r.get("rule") not in _CEL_RULES]
     if unknown:
         text = "; ".join(unknown)

@@ -9,7 +9,7 @@ from k8s_fixtures import K8S, ROOT, render
 from sweeps.remote.k8s import rayjob_name
 
 DOC = (ROOT / "docs" / "kubernetes.md").read_text()
-CODE = "\n".join(re.findall(r"```bash\n(.*?)```", DOC, flags=re.S))
+CODE = "\n".join(re.findall(r"```bash\n(.*?)```", DOC, flags=re.DOTALL))
 
 
 def test_paths_in_the_doc_exist():
@@ -43,7 +43,7 @@ def test_objects_the_doc_names_are_in_the_example_platform():
 
 def test_secret_commands_write_every_key_the_platform_needs():
     written: dict[str, set[str]] = {}
-    for line in re.findall(r"^printf '(.*?)' .*> ([\w-]+)\.env$", CODE, flags=re.M):
+    for line in re.findall(r"^printf '(.*?)' .*> ([\w-]+)\.env$", CODE, flags=re.MULTILINE):
         keys = set(re.findall(r"(?:^|\\n)(\w+)=", line[0]))
         written[line[1]] = keys
     example = {p.stem: p for p in (K8S / "overlays" / "example" / "secrets").glob("*.env")}
@@ -60,7 +60,7 @@ def test_name_example_and_image_tags_are_current():
     src, dst = re.search(r"`(\w+)` -> `([\w-]+)`", DOC).groups()
     assert rayjob_name(src) == dst
     dockerfile = (ROOT / "Dockerfile").read_text()
-    (mlflow_version,) = re.findall(r"^ARG MLFLOW_VERSION=(\S+)$", dockerfile, flags=re.M)
+    (mlflow_version,) = re.findall(r"^ARG MLFLOW_VERSION=(\S+)$", dockerfile, flags=re.MULTILINE)
     assert f"critbatch-mlflow:{mlflow_version}" in CODE
     for image in re.findall(r"`((?:docker\.io|quay\.io)/[^`]+)`", DOC):
         assert any(c_image == image for c_image in _all_images()), image

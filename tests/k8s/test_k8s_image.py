@@ -15,7 +15,7 @@ DOCKERIGNORE = (ROOT / ".dockerignore").read_text().splitlines()
 
 
 def _arg(name: str) -> str:
-    (value,) = re.findall(rf"^ARG {name}=(\S+)$", DOCKERFILE, flags=re.M)
+    (value,) = re.findall(rf"^ARG {name}=(\S+)$", DOCKERFILE, flags=re.MULTILINE)
     return value
 
 
@@ -54,20 +54,23 @@ def test_the_image_installs_the_locked_versions():
     """The image installs what the suite passed with (constraints.txt, as `make install` does), and the
     versions the Dockerfile names itself agree with the lock."""
     assert 'RUN pip install -c constraints.txt ".[sweep,service]" ' in DOCKERFILE
-    lock = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().splitlines()
-                if "==" in line and not line.startswith("#"))
+    lock = dict(
+        line.split("==", 1)
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
     assert lock["torch"] == _arg("TORCH_VERSION") and lock["mlflow"] == _arg("MLFLOW_VERSION")
 
 
 def test_default_target_is_critbatch_and_mlflow_target_matches_its_image_tag():
-    stages = re.findall(r"^FROM \S+ AS (\S+)$", DOCKERFILE, flags=re.M)
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", DOCKERFILE, flags=re.MULTILINE)
     assert stages[-1] == "critbatch" and "mlflow" in stages
     mlflow_images = {i for i in _images() if "critbatch-mlflow" in i}
     assert mlflow_images and all(i.endswith(f":{_arg('MLFLOW_VERSION')}") for i in mlflow_images)
 
 
 def test_everything_copied_exists_and_is_not_docker_ignored():
-    copied = [p for line in re.findall(r"^COPY (.+) \S+$", DOCKERFILE, flags=re.M) for p in line.split()]
+    copied = [p for line in re.findall(r"^COPY (.+) \S+$", DOCKERFILE, flags=re.MULTILINE) for p in line.split()]
     for path in copied:
         if path.endswith("*"):
             continue  # optional (README.md*)
@@ -80,7 +83,7 @@ def test_everything_copied_exists_and_is_not_docker_ignored():
 
 def test_image_runs_as_the_uid_the_pods_expect():
     assert DOCKERFILE.rstrip().splitlines()[-1].startswith("CMD")
-    users = re.findall(r"^USER (\S+)$", DOCKERFILE, flags=re.M)
+    users = re.findall(r"^USER (\S+)$", DOCKERFILE, flags=re.MULTILINE)
     assert users and all(u == "1000:1000" for u in users)
     checked = set()
     for rel in kustomizations():

@@ -14,7 +14,9 @@ from tests.conftest import write_spec
 def test_shards_under_out_are_named_with_the_pattern_and_what_to_do(tmp_path, tiny_spec_dict):
     d = dict(tiny_spec_dict, data={"shards": "out/wikitext-2-bpe", "tokenizer": "data/wikitext-2-raw/bpe-2048"})
     (w,) = image_data_warnings(parse_spec(d), ["out*", "tests"])
-    assert w.startswith("data.shards: out/wikitext-2-bpe is excluded from the image by .dockerignore ('out*' matches out)")
+    assert w.startswith(
+        "data.shards: out/wikitext-2-bpe is excluded from the image by .dockerignore ('out*' matches out)"
+    )
     assert "fsspec URI" in w and "mount a volume" in w
     r = CliRunner().invoke(app, ["k8s", "render", str(write_spec(tmp_path, d))])
     assert r.exit_code == 0, r.output

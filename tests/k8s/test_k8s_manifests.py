@@ -321,9 +321,12 @@ _FAILED = {"jobDeploymentStatus": "Failed"}
         (lambda: _rules(({"ttlSeconds": 5}, "DeleteCluster")), "either the JobStatus or the JobDeploymentStatus"),
         (lambda: _rules((_FAILED, "DeleteCluster"), shutdownAfterJobFinishes=True), "mutually exclusive"),
         (lambda: _rules((_FAILED, "DeleteCluster"), (_FAILED, "DeleteCluster")), "duplicate rule"),
-        (lambda: _rules(({**_FAILED, "ttlSeconds": 60}, "DeleteWorkers"),
-                        ({**_FAILED, "ttlSeconds": 30}, "DeleteCluster")),
-         "DeleteCluster TTL (30) must be >= DeleteWorkers TTL (60)"),
+        (
+            lambda: _rules(
+                ({**_FAILED, "ttlSeconds": 60}, "DeleteWorkers"), ({**_FAILED, "ttlSeconds": 30}, "DeleteCluster")
+            ),
+            "DeleteCluster TTL (30) must be >= DeleteWorkers TTL (60)",
+        ),
         (lambda: _rules((_FAILED, "DeleteEverything")), "is not one of"),
         (lambda: _rules(), "should be non-empty"),
     ],
@@ -334,12 +337,17 @@ def test_validator_rejects_bad_deletion_rules(obj, expected):
 
 
 def test_validator_accepts_good_deletion_rules_and_legacy_policies():
-    good = _rules(({"jobStatus": "SUCCEEDED"}, "DeleteCluster"), ({**_FAILED, "ttlSeconds": 300}, "DeleteCluster"),
-                  ({**_FAILED, "ttlSeconds": 600}, "DeleteSelf"))
+    good = _rules(
+        ({"jobStatus": "SUCCEEDED"}, "DeleteCluster"),
+        ({**_FAILED, "ttlSeconds": 300}, "DeleteCluster"),
+        ({**_FAILED, "ttlSeconds": 600}, "DeleteSelf"),
+    )
     assert validate_objects([good], references=False) == []
     legacy = _rayjob()
-    legacy["spec"]["deletionStrategy"] = {"onSuccess": {"policy": "DeleteCluster"},
-                                          "onFailure": {"policy": "DeleteNone"}}
+    legacy["spec"]["deletionStrategy"] = {
+        "onSuccess": {"policy": "DeleteCluster"},
+        "onFailure": {"policy": "DeleteNone"},
+    }
     assert any("DeleteNone with shutdownAfterJobFinishes" in p for p in validate_objects([legacy], references=False))
     legacy["spec"]["deletionStrategy"]["onFailure"]["policy"] = "DeleteCluster"
     assert validate_objects([legacy], references=False) == []

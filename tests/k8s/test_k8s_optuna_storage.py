@@ -65,9 +65,10 @@ def test_the_image_has_the_driver_the_url_names():
     driver = urlsplit(_example_url()).scheme.partition("+")[2]
     assert driver == "psycopg2"
     dockerfile = (ROOT / "Dockerfile").read_text()
-    critbatch_stage = dockerfile[dockerfile.index("AS critbatch"):]
-    (install,) = re.findall(r'^RUN pip install -c constraints\.txt "\.\[sweep,service\]" (.*)$', critbatch_stage,
-                            flags=re.M)
+    critbatch_stage = dockerfile[dockerfile.index("AS critbatch") :]
+    (install,) = re.findall(
+        r'^RUN pip install -c constraints\.txt "\.\[sweep,service\]" (.*)$', critbatch_stage, flags=re.MULTILINE
+    )
     assert '"psycopg2-binary>=2.9,<3"' in install
     assert "import torch, ray, mlflow, optuna, psycopg2" in critbatch_stage  # the build fails without it
 
@@ -99,8 +100,13 @@ def run_setup(tmp_path):
     assert c["command"][:2] == ["/bin/bash", "-c"]
 
     def run(url: str) -> tuple[int, str, str | None]:
-        env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "POSTGRES_USER": "mlflow", "POSTGRES_DB": "mlflow",
-               "PGPASSWORD": "admin", "OPTUNA_STORAGE_URL": url}
+        env = {
+            "PATH": f"{fake.parent}:{os.environ['PATH']}",
+            "POSTGRES_USER": "mlflow",
+            "POSTGRES_DB": "mlflow",
+            "PGPASSWORD": "admin",
+            "OPTUNA_STORAGE_URL": url,
+        }
         record.unlink(missing_ok=True)
         proc = subprocess.run(["bash", "-c", c["command"][2]], env=env, capture_output=True, text=True, timeout=30)
         return proc.returncode, proc.stdout + proc.stderr, record.read_text() if record.exists() else None

@@ -14,7 +14,6 @@ from k8s_validate import defaulted, reference_problems, validate_objects
 from typer.testing import CliRunner
 
 from sweeps.errors import InvalidInput
-from sweeps.spec import SpecError
 from sweeps.remote.k8s import (
     KUEUE_QUEUE_LABEL,
     MLFLOW_TRACKING_URI,
@@ -29,7 +28,7 @@ from sweeps.remote.k8s import (
     render_rayjob,
     trial_pod_resources,
 )
-from sweeps.spec import parse_spec, parse_spec_text
+from sweeps.spec import SpecError, parse_spec, parse_spec_text
 
 EXAMPLE_TEXT = EXAMPLE_SPEC.read_text()
 EXAMPLE = parse_spec_text(EXAMPLE_TEXT)
@@ -318,9 +317,13 @@ def test_the_head_has_room_for_each_trial_runners_host_and_controller():
     assert head_memory_gib(EXAMPLE) == 8 and head(EXAMPLE)["limits"]["memory"] == "8Gi"  # 2 at a time
     wide = EXAMPLE.model_copy(update={"resources": EXAMPLE.resources.model_copy(update={"max_concurrent_trials": 8})})
     assert head(wide)["requests"] == head(wide)["limits"] == {"cpu": "2", "memory": "14Gi"}
-    few = wide.model_copy(update={"search": wide.search.model_copy(update={"batch_sizes_sequences": [4, 8],
-                                                                          "trials_per_batch_size": 1,
-                                                                          "precision": None})})
+    few = wide.model_copy(
+        update={
+            "search": wide.search.model_copy(
+                update={"batch_sizes_sequences": [4, 8], "trials_per_batch_size": 1, "precision": None}
+            )
+        }
+    )
     assert head_memory_gib(few) == 6 + 2  # two trials in all: two runners
 
 
@@ -347,8 +350,10 @@ def test_the_head_reads_the_optuna_storage_from_the_platforms_secret(monkeypatch
     objs = list(_render())
     pods = _pods(objs[1])
     entry = _env(pods["head"])["CRITBATCH_OPTUNA_STORAGE"]
-    assert entry == {"name": "CRITBATCH_OPTUNA_STORAGE",
-                     "valueFrom": {"secretKeyRef": {"name": "critbatch-optuna", "key": "url"}}}
+    assert entry == {
+        "name": "CRITBATCH_OPTUNA_STORAGE",
+        "valueFrom": {"secretKeyRef": {"name": "critbatch-optuna", "key": "url"}},
+    }
     assert OPTUNA_STORAGE_SECRET == SecretKeyRef(name="critbatch-optuna", key="url")
     # trial code on the workers, and the submitter, get no database credentials
     assert "CRITBATCH_OPTUNA_STORAGE" not in _env(pods["worker"]) | _env(pods["submitter"])
@@ -460,10 +465,13 @@ def test_a_queue_name_labels_the_rayjob_for_kueue():
     assert rj["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a.gpu"
     # only the RayJob is queued: not its ConfigMap, nor its pods (Kueue admits the RayJob as one workload)
     assert KUEUE_QUEUE_LABEL not in cm["metadata"]["labels"]
-    assert all(KUEUE_QUEUE_LABEL not in pod_labels for pod_labels in (
-        rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"],
-        rj["spec"]["submitterPodTemplate"]["metadata"]["labels"],
-    ))
+    assert all(
+        KUEUE_QUEUE_LABEL not in pod_labels
+        for pod_labels in (
+            rj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["metadata"]["labels"],
+            rj["spec"]["submitterPodTemplate"]["metadata"]["labels"],
+        )
+    )
     # Kueue's webhook suspends it on creation until admitted; the manifest does not, so that a namespace Kueue does
     # not manage still runs it
     assert "suspend" not in rj["spec"]
@@ -488,14 +496,19 @@ def test_cli_queue_name_and_optuna_secret(cli):
         return [d for d in yaml.safe_load_all(result.stdout) if d]
 
     assert docs() == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch")  # the defaults are the renderer's
-    assert docs("--queue-name", "team-a") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch",
-                                                           queue_name="team-a")
+    assert docs("--queue-name", "team-a") == render_rayjob(
+        EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", queue_name="team-a"
+    )
     assert docs("--queue-name", "") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch")
     assert docs("--optuna-storage-secret", "db:u") == render_rayjob(
-        EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", optuna_storage=SecretKeyRef(name="db", key="u"))
-    assert docs("--optuna-storage-secret", "") == render_rayjob(EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch",
-                                                                optuna_storage=None)
-    for args, option in ((["--queue-name", "Team_A"], "--queue-name"),
-                         (["--optuna-storage-secret", "Bad_Secret"], "--optuna-storage-secret")):
+        EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", optuna_storage=SecretKeyRef(name="db", key="u")
+    )
+    assert docs("--optuna-storage-secret", "") == render_rayjob(
+        EXAMPLE, EXAMPLE_TEXT, IMAGE, "critbatch", optuna_storage=None
+    )
+    for args, option in (
+        (["--queue-name", "Team_A"], "--queue-name"),
+        (["--optuna-storage-secret", "Bad_Secret"], "--optuna-storage-secret"),
+    ):
         result = cli(EXAMPLE_SPEC, *args)
         assert result.exit_code == 2 and option in result.stderr and result.stdout == ""

@@ -17,12 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from harness import PINNED_DATE, base_env, free_port, pinned_date_env, start_group, stop_group, wait_http
-from svc_fakes import FakeReader, FakeRayJobs, fake_run
+from harness import base_env, free_port, start_group, stop_group, wait_http
+from svc_fakes import FakeRayJobs, FakeReader, fake_run
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -87,9 +87,19 @@ def backends(ray_head, mlflow_template: Path) -> Iterator[tuple[str, str, str]]:
     shutil.copyfile(mlflow_template, db)
     ml_port = free_port()
     ml_cmd = [
-        str(VENV_BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{db}",
-        "--serve-artifacts", "--artifacts-destination", str(ml_tmp / "artifacts"),
-        "--host", "127.0.0.1", "--port", str(ml_port), "--workers", "1",
+        str(VENV_BIN / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{db}",
+        "--serve-artifacts",
+        "--artifacts-destination",
+        str(ml_tmp / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(ml_port),
+        "--workers",
+        "1",
     ]
     # MLflow's job-execution backend (GenAI jobs) is not used here and slows the start.
     ml_env = dict(base_env(), MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
@@ -150,7 +160,11 @@ def service_url(cluster_env: dict[str, str]) -> Iterator[str]:
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "critbatch", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO,
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["FakeRayJobs", "FakeReader", "fake_run", "tiny_spec", "cluster_spec"]
+__all__ = ["FakeRayJobs", "FakeReader", "cluster_spec", "fake_run", "tiny_spec"]
 
 
 class FakeRayJobs:
@@ -28,16 +28,34 @@ class FakeRayJobs:
         self.stop_calls: list[str] = []
         self.clock = 1_700_000_000_000
 
-    def add(self, sweep_id: str, status: str = "RUNNING", *, metadata: dict[str, str] | None = None,
-            message: str | None = None, exit_code: int | None = None) -> SimpleNamespace:
+    def add(
+        self,
+        sweep_id: str,
+        status: str = "RUNNING",
+        *,
+        metadata: dict[str, str] | None = None,
+        message: str | None = None,
+        exit_code: int | None = None,
+    ) -> SimpleNamespace:
         self.clock += 1000
-        md = {"critbatch.sweep_id": sweep_id, "critbatch.name": sweep_id, "critbatch.experiment": "exp",
-              "critbatch.tracking_uri": "http://mlflow.invalid", "critbatch.trials_planned": "2",
-              "critbatch.fingerprint": "f" * 10}
+        md = {
+            "critbatch.sweep_id": sweep_id,
+            "critbatch.name": sweep_id,
+            "critbatch.experiment": "exp",
+            "critbatch.tracking_uri": "http://mlflow.invalid",
+            "critbatch.trials_planned": "2",
+            "critbatch.fingerprint": "f" * 10,
+        }
         md.update(metadata or {})
         job = SimpleNamespace(
-            submission_id=sweep_id, status=self.JobStatus(status), metadata=md, message=message,
-            start_time=self.clock, end_time=None, driver_exit_code=exit_code, entrypoint="",
+            submission_id=sweep_id,
+            status=self.JobStatus(status),
+            metadata=md,
+            message=message,
+            start_time=self.clock,
+            end_time=None,
+            driver_exit_code=exit_code,
+            entrypoint="",
         )
         self.jobs[sweep_id] = job
         return job
@@ -52,19 +70,37 @@ class FakeRayJobs:
 
     def submit_job(self, *, entrypoint: str, submission_id: str, runtime_env: dict, metadata: dict) -> str:
         if submission_id in self.jobs:
-            raise RuntimeError(f"Request failed with status code 500: Job with submission_id {submission_id} already exists.")
-        self.submitted.append(dict(entrypoint=entrypoint, submission_id=submission_id, runtime_env=runtime_env,
-                                   metadata=metadata, files=sorted(
-                                       str(p.relative_to(runtime_env["working_dir"]))
-                                       for p in Path(runtime_env["working_dir"]).rglob("*") if p.is_file())))
+            raise RuntimeError(
+                f"Request failed with status code 500: Job with submission_id {submission_id} already exists."
+            )
+        self.submitted.append(
+            dict(
+                entrypoint=entrypoint,
+                submission_id=submission_id,
+                runtime_env=runtime_env,
+                metadata=metadata,
+                files=sorted(
+                    str(p.relative_to(runtime_env["working_dir"]))
+                    for p in Path(runtime_env["working_dir"]).rglob("*")
+                    if p.is_file()
+                ),
+            )
+        )
         job = self.add(submission_id, "PENDING", metadata=metadata)
         job.entrypoint = entrypoint
         return submission_id
 
     def list_jobs(self) -> list[SimpleNamespace]:
         return list(self.jobs.values()) + [
-            SimpleNamespace(submission_id="not-a-sweep", status=self.JobStatus("RUNNING"), metadata={},
-                            message=None, start_time=1, end_time=None, driver_exit_code=None)
+            SimpleNamespace(
+                submission_id="not-a-sweep",
+                status=self.JobStatus("RUNNING"),
+                metadata={},
+                message=None,
+                start_time=1,
+                end_time=None,
+                driver_exit_code=None,
+            )
         ]
 
     def get_job_logs(self, job_id: str) -> str:
@@ -83,11 +119,24 @@ class FakeRayJobs:
         return True
 
 
-def fake_run(run_id: str, *, role: str, sweep_id: str, status: str = "RUNNING", tag_status: str = "RUNNING",
-             metrics: dict[str, float] | None = None, params: dict[str, str] | None = None,
-             tags: dict[str, str] | None = None, experiment_id: str = "1") -> SimpleNamespace:
-    all_tags = {"critbatch.sweep_id": sweep_id, "critbatch.role": role, "critbatch.status": tag_status,
-                "critbatch.trial_id": run_id if role == "trial" else ""}
+def fake_run(
+    run_id: str,
+    *,
+    role: str,
+    sweep_id: str,
+    status: str = "RUNNING",
+    tag_status: str = "RUNNING",
+    metrics: dict[str, float] | None = None,
+    params: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None,
+    experiment_id: str = "1",
+) -> SimpleNamespace:
+    all_tags = {
+        "critbatch.sweep_id": sweep_id,
+        "critbatch.role": role,
+        "critbatch.status": tag_status,
+        "critbatch.trial_id": run_id if role == "trial" else "",
+    }
     all_tags.update(tags or {})
     return SimpleNamespace(
         info=SimpleNamespace(run_id=run_id, status=status, experiment_id=experiment_id),
@@ -108,7 +157,7 @@ class FakeReader:
         self.artifacts: dict[str, Any] = {}
         self.fail_with: Exception | None = None
 
-    def __call__(self, uri: str) -> "FakeReader":
+    def __call__(self, uri: str) -> FakeReader:
         if self.fail_with is not None:
             raise self.fail_with
         return self
@@ -160,8 +209,12 @@ def cluster_spec(name: str, *, cpus_per_worker: float = 0.5, **over: Any) -> dic
         model={"family": "llama"},
         schedule={"ema_half_life_tokens": 1024},
         search={"batch_sizes_sequences": [4], "base_batch_size_sequences": 4, "trials_per_batch_size": 1},
-        resources={"workers_per_trial": 1, "cpus_per_worker": cpus_per_worker, "max_concurrent_trials": 1,
-                   "max_failures": 0},
+        resources={
+            "workers_per_trial": 1,
+            "cpus_per_worker": cpus_per_worker,
+            "max_concurrent_trials": 1,
+            "max_failures": 0,
+        },
     )
     d.update(over)
     return d

@@ -29,9 +29,16 @@ class SeededSweep:
         return self.client.get_run(self.parent_id if trial is None else self.trial_ids[trial])
 
 
-def seed_sweep(uri: str, sweep_id: str, trials: dict[str, tuple[str, str, dict[str, float] | None]], *,
-               experiment: str = "exp", planned: int = 2, parent: tuple[str, str] = ("RUNNING", "RUNNING"),
-               artifacts: dict[str, Any] | None = None) -> SeededSweep:
+def seed_sweep(
+    uri: str,
+    sweep_id: str,
+    trials: dict[str, tuple[str, str, dict[str, float] | None]],
+    *,
+    experiment: str = "exp",
+    planned: int = 2,
+    parent: tuple[str, str] = ("RUNNING", "RUNNING"),
+    artifacts: dict[str, Any] | None = None,
+) -> SeededSweep:
     """Write sweep ``sweep_id`` into the SQLite store ``uri``: a parent run (``parent``: its run
     status and ``critbatch.status`` tag) and one child run per entry of ``trials`` (``trial_id ->
     (run status, critbatch.status tag, metrics)``); a run status other than RUNNING ends the run
@@ -41,19 +48,40 @@ def seed_sweep(uri: str, sweep_id: str, trials: dict[str, tuple[str, str, dict[s
 
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp is not None else c.create_experiment(
-        experiment, artifact_location=(Path(uri[len("sqlite:///"):]).parent / "artifacts").as_uri())
+    exp_id = (
+        exp.experiment_id
+        if exp is not None
+        else c.create_experiment(
+            experiment, artifact_location=(Path(uri[len("sqlite:///") :]).parent / "artifacts").as_uri()
+        )
+    )
     base = {"critbatch.sweep_id": sweep_id}
-    run = c.create_run(exp_id, run_name=sweep_id, tags={**base, "critbatch.role": "sweep", "critbatch.status": parent[1],
-                                                        "critbatch.trials_planned": str(planned)})
+    run = c.create_run(
+        exp_id,
+        run_name=sweep_id,
+        tags={
+            **base,
+            "critbatch.role": "sweep",
+            "critbatch.status": parent[1],
+            "critbatch.trials_planned": str(planned),
+        },
+    )
     pid = run.info.run_id
     for name, value in (artifacts or {}).items():
         c.log_dict(pid, value, name)
     out = SeededSweep(c, exp_id, pid)
     for trial_id, (status, tag, metrics) in trials.items():
-        r = c.create_run(exp_id, run_name=trial_id, tags={
-            **base, "mlflow.parentRunId": pid, "critbatch.role": "trial", "critbatch.trial_id": trial_id,
-            "critbatch.status": tag})
+        r = c.create_run(
+            exp_id,
+            run_name=trial_id,
+            tags={
+                **base,
+                "mlflow.parentRunId": pid,
+                "critbatch.role": "trial",
+                "critbatch.trial_id": trial_id,
+                "critbatch.status": tag,
+            },
+        )
         for k, v in (metrics or {}).items():
             c.log_metric(r.info.run_id, k, v, step=100)
         c.log_param(r.info.run_id, "batch_size_sequences", "4")

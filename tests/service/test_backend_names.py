@@ -32,7 +32,7 @@ def hung_job_routes():
     release = threading.Event()
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             if self.path == "/api/version":
                 body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x", "session_name": "s"})
                 self.send_response(200)
@@ -44,7 +44,7 @@ def hung_job_routes():
             release.wait(120)  # a job route: no answer while the test runs
             self.send_error(503)
 
-        do_POST = do_GET  # noqa: N815
+        do_POST = do_GET
 
         def log_message(self, *args):
             pass
@@ -74,8 +74,13 @@ def test_a_submission_504_names_the_ray_job_server_and_the_request(hung_job_rout
     """The route's limit (5 s) passes before the job client's (30 s): the detail still says who and what."""
     app = create_app(settings(ray_address=hung_job_routes, tracking_uri=None, request_timeout_s=5.0, ray_timeout_s=30))
     with serving(app) as url:
-        r = httpx.post(f"{url}/v1/sweeps", params={"sweep_id": "one"}, content=SPEC, timeout=60,
-                       headers={**AUTH, "Content-Type": "application/yaml"})
+        r = httpx.post(
+            f"{url}/v1/sweeps",
+            params={"sweep_id": "one"},
+            content=SPEC,
+            timeout=60,
+            headers={**AUTH, "Content-Type": "application/yaml"},
+        )
     assert r.status_code == 504, r.text
     assert r.json()["detail"] == "the Ray job server did not answer within 5 s (waiting on get_job_info)", r.text
     assert "127.0.0.1" not in r.text
@@ -85,14 +90,24 @@ def test_a_submission_behind_a_stuck_one_504_names_the_wait(hung_job_routes):
     """Submissions are counted and submitted one at a time: the second waits for the first, which waits on Ray."""
     app = create_app(settings(ray_address=hung_job_routes, tracking_uri=None, request_timeout_s=6.0, ray_timeout_s=30))
     with serving(app) as url:
-        post = lambda sid: httpx.post(f"{url}/v1/sweeps", params={"sweep_id": sid}, content=SPEC,  # noqa: E731
-                                      headers={**AUTH, "Content-Type": "application/yaml"}, timeout=60)
+
+        def post(sid):
+            return httpx.post(
+                f"{url}/v1/sweeps",
+                params={"sweep_id": sid},
+                content=SPEC,
+                headers={**AUTH, "Content-Type": "application/yaml"},
+                timeout=60,
+            )
+
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(post, ["one", "two"]))
     details = sorted(a.json()["detail"] for a in answers)
     assert [a.status_code for a in answers] == [504, 504], [a.text for a in answers]
-    assert details == ["the Ray job server did not answer within 6 s (waiting on get_job_info)",
-                       "the Ray job server did not answer within 6 s (waiting on the submission ahead of this one)"], details
+    assert details == [
+        "the Ray job server did not answer within 6 s (waiting on get_job_info)",
+        "the Ray job server did not answer within 6 s (waiting on the submission ahead of this one)",
+    ], details
 
 
 def test_a_frozen_mlflow_504_names_mlflow(fake_ray, monkeypatch):
@@ -107,11 +122,15 @@ def test_a_frozen_mlflow_504_names_mlflow(fake_ray, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")  # past the route's limit
     jobs = SweepJobs("http://ray.invalid:8265", client=fake_ray)
     try:
-        with serving(create_app(settings(tracking_uri=ml, request_timeout_s=1.0, ready_timeout_s=1.0), jobs=jobs)) as url:
+        with serving(
+            create_app(settings(tracking_uri=ml, request_timeout_s=1.0, ready_timeout_s=1.0), jobs=jobs)
+        ) as url:
             r = httpx.get(f"{url}/v1/sweeps/s1", headers=AUTH, timeout=60)
             rz = httpx.get(f"{url}/readyz", timeout=60)
     finally:
         frozen.close()
-    assert r.status_code == 504 and r.json()["detail"].startswith("MLflow did not answer within 1 s (waiting on "), r.text
+    assert r.status_code == 504 and r.json()["detail"].startswith("MLflow did not answer within 1 s (waiting on "), (
+        r.text
+    )
     assert rz.status_code == 503 and rz.json()["ray"] == "ok", rz.text
     assert rz.json()["mlflow"].startswith("MLflow did not answer within 1 s"), rz.text

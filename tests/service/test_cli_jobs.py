@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 from svc_fakes import tiny_spec
+from typer.testing import CliRunner
 
 from critbatch.main import app
 
@@ -63,7 +63,7 @@ def test_dry_run_shows_the_job_and_submits_nothing(run, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
     r = run("submit", write(tmp_path, SPEC), "--address", DOWN, "--dry-run", "--sweep-id", "dry-1")
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
+    out = json.loads(r.output[r.output.index("{") :])
     assert out["sweep_id"] == "dry-1" and out["shipped"] == ["data.path"]
     assert "spec.yaml" in out["files"] and "inputs/data/input.txt" in out["files"]
     assert out["entrypoint"].endswith("--tracking-uri http://mlflow.example:5000")

@@ -17,8 +17,8 @@ import json
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -39,8 +39,9 @@ def tiny(name: str, **over) -> dict:
 
 
 def critbatch(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "critbatch", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "critbatch", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def mlflow_runs(tracking_uri: str, sweep_id: str) -> list:
@@ -85,8 +86,12 @@ def sweeps(cluster_env, service_url, tmp_path_factory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("specs")
     ids: dict[str, str] = {}
 
-    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/yaml"},
-                   content=yaml.safe_dump(tiny("svc-stop", budget_tokens=1_048_576)), timeout=120)
+    r = httpx.post(
+        f"{service_url}/v1/sweeps",
+        headers={**AUTH, "Content-Type": "application/yaml"},
+        content=yaml.safe_dump(tiny("svc-stop", budget_tokens=1_048_576)),
+        timeout=120,
+    )
     assert r.status_code == 201, r.text
     ids["stop"] = r.json()["id"]
 
@@ -106,13 +111,23 @@ def sweeps(cluster_env, service_url, tmp_path_factory) -> Iterator[dict]:
     again = critbatch(cluster_env, "submit", str(cli_spec))
     ids["cli_again"] = again.returncode, again.stdout + again.stderr
 
-    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
-                   content=json.dumps(tiny("svc-rest")), params={"sweep_id": "svc-rest-1"}, timeout=120)
+    r = httpx.post(
+        f"{service_url}/v1/sweeps",
+        headers={**AUTH, "Content-Type": "application/json"},
+        content=json.dumps(tiny("svc-rest")),
+        params={"sweep_id": "svc-rest-1"},
+        timeout=120,
+    )
     assert r.status_code == 201, r.text
     ids["rest"] = r.json()["id"]
     assert ids["rest"] == "svc-rest-1" and r.json()["status"] == "PENDING"
-    dup = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
-                     content=json.dumps(tiny("svc-rest")), params={"sweep_id": "svc-rest-1"}, timeout=120)
+    dup = httpx.post(
+        f"{service_url}/v1/sweeps",
+        headers={**AUTH, "Content-Type": "application/json"},
+        content=json.dumps(tiny("svc-rest")),
+        params={"sweep_id": "svc-rest-1"},
+        timeout=120,
+    )
     ids["rest_dup"] = dup.status_code, dup.json()
     yield ids
     for key in ("stop", "fail", "cli", "rest"):
@@ -121,8 +136,12 @@ def sweeps(cluster_env, service_url, tmp_path_factory) -> Iterator[dict]:
 
 def test_a_sweep_is_stopped_mid_run_without_orphan_runs(sweeps, service_url, cluster_env):
     sid = sweeps["stop"]
-    running = wait_rest(service_url, sid, lambda b: (b.get("trials") or {}).get("running", 0) >= 1 or b["status"] in
-                        ("SUCCEEDED", "FAILED", "STOPPED"), "a running trial")
+    running = wait_rest(
+        service_url,
+        sid,
+        lambda b: (b.get("trials") or {}).get("running", 0) >= 1 or b["status"] in ("SUCCEEDED", "FAILED", "STOPPED"),
+        "a running trial",
+    )
     assert running["status"] == "RUNNING" and running["trials"]["running"] >= 1, running
     r = httpx.delete(f"{service_url}/v1/sweeps/{sid}", headers=AUTH, params={"wait_s": 60}, timeout=120)
     assert r.status_code == 200, r.text
@@ -164,7 +183,10 @@ def test_rest_sweep_succeeds_and_serves_its_report(sweeps, service_url, cluster_
     assert code == 409 and dup["same_spec"] is True and dup["id"] == sid
 
     body = wait_rest(service_url, sid, lambda b: b["status"] in ("SUCCEEDED", "FAILED", "STOPPED"), "the end")
-    assert body["status"] == "SUCCEEDED", (body, httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH).text[-3000:])
+    assert body["status"] == "SUCCEEDED", (
+        body,
+        httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH).text[-3000:],
+    )
     assert body["trials"]["done"] == 1 and body["parent_run_id"]
     rep = httpx.get(f"{service_url}/v1/sweeps/{sid}/report", headers=AUTH, timeout=60)
     assert rep.status_code == 200, rep.text
@@ -179,7 +201,9 @@ def test_rest_sweep_succeeds_and_serves_its_report(sweeps, service_url, cluster_
     from mlflow import MlflowClient
 
     with tempfile.TemporaryDirectory() as t:
-        logged = json.loads(Path(MlflowClient(mlflow_url).download_artifacts(ml["parent_run_id"], "cbs.json", t)).read_text())
+        logged = json.loads(
+            Path(MlflowClient(mlflow_url).download_artifacts(ml["parent_run_id"], "cbs.json", t)).read_text()
+        )
     assert logged == report["cbs"]
     logs = httpx.get(f"{service_url}/v1/sweeps/{sid}/logs", headers=AUTH, params={"tail": 5}, timeout=60)
     assert logs.status_code == 200 and logs.headers["content-type"].startswith("text/plain")
@@ -205,7 +229,9 @@ def test_a_failed_trial_keeps_its_mlflow_run(sweeps, cluster_env):
     sid = sweeps["fail"]
     p = critbatch(cluster_env, "status", sid, "--wait", "--timeout-s", str(TIMEOUT_S), timeout=TIMEOUT_S + 60)
     assert p.returncode == 1, p.stdout + p.stderr
-    trials = [r for r in mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid) if r.data.tags.get("critbatch.role") == "trial"]
+    trials = [
+        r for r in mlflow_runs(cluster_env["MLFLOW_TRACKING_URI"], sid) if r.data.tags.get("critbatch.role") == "trial"
+    ]
     assert [(r.info.status, r.data.tags.get("critbatch.status")) for r in trials] == [("FAILED", "FAILED")], (
         "the failed trial's child run is missing or mis-tagged (sweeps.run.driver prunes child runs whose trial id "
         "collect_records could not read back)"
@@ -215,12 +241,16 @@ def test_a_failed_trial_keeps_its_mlflow_run(sweeps, cluster_env):
 def test_live_service_refuses_missing_and_wrong_tokens_and_big_bodies(service_url):
     assert httpx.get(f"{service_url}/healthz").status_code == 200
     assert httpx.get(f"{service_url}/v1/sweeps").status_code == 401
-    assert httpx.get(f"{service_url}/v1/sweeps", headers={"Authorization": "Bearer wrong-0123456789abc"}).status_code == 401
+    assert (
+        httpx.get(f"{service_url}/v1/sweeps", headers={"Authorization": "Bearer wrong-0123456789abc"}).status_code
+        == 401
+    )
     assert httpx.get(f"{service_url}/openapi.json").status_code == 401
     assert httpx.get(f"{service_url}/openapi.json", headers=AUTH).json()["info"]["title"] == "critbatch"
     big = b"name: x\n" + b"#" * (10 * 1024 * 1024)
-    r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/yaml"}, content=big,
-                   timeout=60)
+    r = httpx.post(
+        f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/yaml"}, content=big, timeout=60
+    )
     assert r.status_code == 413
     assert httpx.get(f"{service_url}/v1/sweeps/no-such-sweep", headers=AUTH).status_code == 404
 

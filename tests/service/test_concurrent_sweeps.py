@@ -53,8 +53,10 @@ def mlflow_trials(uri: str, sweep_id: str) -> tuple[list, list]:
     c = MlflowClient(uri)
     exps = [e.experiment_id for e in c.search_experiments()]
     runs = c.search_runs(exps, filter_string=f"tags.`critbatch.sweep_id` = '{sweep_id}'", max_results=1000)
-    return ([r for r in runs if r.data.tags.get("critbatch.role") == "sweep"],
-            [r for r in runs if r.data.tags.get("critbatch.role") == "trial"])
+    return (
+        [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"],
+        [r for r in runs if r.data.tags.get("critbatch.role") == "trial"],
+    )
 
 
 def check_own_trials(sweep_id: str, cbs: dict, trials: list[dict], uri: str, *, failing: bool) -> None:
@@ -93,14 +95,38 @@ def two_sweeps(cluster_env, ray_gcs_address, mlflow_server, service_url, tmp_pat
         out = tmp / name
         log = open(tmp / f"{name}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "critbatch", "run", str(path), "--output", str(out), "--sweep-id", name,
-             "--address", ray_gcs_address, "--tracking-uri", mlflow_server, "--no-progress"],
-            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "critbatch",
+                "run",
+                str(path),
+                "--output",
+                str(out),
+                "--sweep-id",
+                name,
+                "--address",
+                ray_gcs_address,
+                "--tracking-uri",
+                mlflow_server,
+                "--no-progress",
+            ],
+            cwd=tmp,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         local[name] = (proc, out, tmp / f"{name}.log", failing)
     rest = {}
     for name, failing in (("iso-rest-fail", True),):
-        r = httpx.post(f"{service_url}/v1/sweeps", headers={**AUTH, "Content-Type": "application/json"},
-                       content=json.dumps(spec(name, failing=failing)), params={"sweep_id": name}, timeout=120)
+        r = httpx.post(
+            f"{service_url}/v1/sweeps",
+            headers={**AUTH, "Content-Type": "application/json"},
+            content=json.dumps(spec(name, failing=failing)),
+            params={"sweep_id": name},
+            timeout=120,
+        )
         assert r.status_code == 201, r.text
         rest[name] = failing
     deadline = time.monotonic() + TIMEOUT_S  # for both together
@@ -118,7 +144,12 @@ def two_sweeps(cluster_env, ray_gcs_address, mlflow_server, service_url, tmp_pat
 
         for name in rest:
             try:
-                wait_for(functools.partial(ended, name), max(1.0, deadline - time.monotonic()), f"{name} to end", interval_s=1.0)
+                wait_for(
+                    functools.partial(ended, name),
+                    max(1.0, deadline - time.monotonic()),
+                    f"{name} to end",
+                    interval_s=1.0,
+                )
             except AssertionError as exc:
                 pytest.fail(f"{exc}; last status: {states.get(name)}")
     finally:

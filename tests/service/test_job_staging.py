@@ -18,8 +18,8 @@ from sweeps.remote import (
     stage_sweep,
     staged_sweep,
 )
-from sweeps.spec.identity import check_sweep_id, default_sweep_id, redact_uri
 from sweeps.spec import parse_spec
+from sweeps.spec.identity import check_sweep_id, default_sweep_id, redact_uri
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,8 +33,20 @@ def test_entrypoint_is_a_quoted_command_that_never_carries_the_spec():
     uri = "http://mlflow:5000/a b;rm -rf /'\""
     cmd = build_entrypoint(sweep_id="s-1", python="/opt/py thon/bin/python", tracking_uri=uri)
     assert shlex.split(cmd) == [
-        "/opt/py thon/bin/python", "-m", "critbatch", "run", "spec.yaml", "--output", "outputs/s-1",
-        "--sweep-id", "s-1", "--address", "auto", "--no-progress", "--tracking-uri", uri,
+        "/opt/py thon/bin/python",
+        "-m",
+        "critbatch",
+        "run",
+        "spec.yaml",
+        "--output",
+        "outputs/s-1",
+        "--sweep-id",
+        "s-1",
+        "--address",
+        "auto",
+        "--no-progress",
+        "--tracking-uri",
+        uri,
     ]
 
 
@@ -75,9 +87,12 @@ def test_working_dir_holds_only_code_spec_and_small_data(tmp_path):
     assert st.runtime_env["working_dir"] == str(tmp_path)
     assert st.runtime_env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert st.metadata == {
-        "critbatch.sweep_id": default_sweep_id(spec), "critbatch.name": "tiny",
-        "critbatch.fingerprint": spec.fingerprint(), "critbatch.experiment": "tiny",
-        "critbatch.tracking_uri": "http://mlflow:5000", "critbatch.trials_planned": "2",
+        "critbatch.sweep_id": default_sweep_id(spec),
+        "critbatch.name": "tiny",
+        "critbatch.fingerprint": spec.fingerprint(),
+        "critbatch.experiment": "tiny",
+        "critbatch.tracking_uri": "http://mlflow:5000",
+        "critbatch.trials_planned": "2",
     }
     assert "--tracking-uri" in shlex.split(st.entrypoint) and st.warnings == ()
 
@@ -104,7 +119,9 @@ def test_no_ship_data_sends_paths_as_they_are(tmp_path):
     big.write_bytes(b"x" * 3000)
     stage = tmp_path / "stage"
     stage.mkdir()
-    st = stage_sweep(tiny(data={"path": str(big)}), stage, ship_data=False, limits=StagingLimits(ship_data_max_bytes=10))
+    st = stage_sweep(
+        tiny(data={"path": str(big)}), stage, ship_data=False, limits=StagingLimits(ship_data_max_bytes=10)
+    )
     assert st.spec.data.path == str(big) and st.shipped == ()
     assert not (stage / "inputs").exists()
 
@@ -155,7 +172,9 @@ def test_tokenizer_directory_is_shipped_as_a_folder(tmp_path):
     stage.mkdir()
     st = stage_sweep(tiny(data={"path": str(REPO / "data/tinyshakespeare/input.txt"), "tokenizer": str(tok)}), stage)
     assert st.spec.data.tokenizer == "inputs/tokenizer"
-    assert (stage / "inputs/tokenizer/tokenizer.json").exists() and not (stage / "inputs/tokenizer/__pycache__").exists()
+    assert (stage / "inputs/tokenizer/tokenizer.json").exists() and not (
+        stage / "inputs/tokenizer/__pycache__"
+    ).exists()
 
 
 def test_staged_sweep_removes_its_folder():
@@ -215,8 +234,13 @@ def test_a_model_hf_config_file_is_shipped_and_the_staged_spec_names_it(tmp_path
     (tmp_path / "gqa.json").write_text('{"model_type": "llama", "num_key_value_heads": 2}')
     stage = tmp_path / "stage"
     stage.mkdir()
-    st = stage_sweep(tiny(data={"path": str(REPO / "data/tinyshakespeare/input.txt")},
-                          model={"hf_config": str(tmp_path / "gqa.json"), "context_length_tokens": 32}), stage)
+    st = stage_sweep(
+        tiny(
+            data={"path": str(REPO / "data/tinyshakespeare/input.txt")},
+            model={"hf_config": str(tmp_path / "gqa.json"), "context_length_tokens": 32},
+        ),
+        stage,
+    )
     assert st.spec.model.hf_config == "inputs/model/gqa.json"
     assert (stage / "inputs/model/gqa.json").read_text() == (tmp_path / "gqa.json").read_text()
 
@@ -224,8 +248,11 @@ def test_a_model_hf_config_file_is_shipped_and_the_staged_spec_names_it(tmp_path
 def test_a_spec_whose_batch_size_folds_milestones_is_refused_at_staging(tmp_path):
     """Refused when staged (the service answers 422), not minutes later inside the Ray job."""
     d = tiny_spec()
-    folded = tiny(budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024},
-                  search={**d["search"], "batch_sizes_sequences": [4, 256]})
+    folded = tiny(
+        budget_tokens=16384,
+        eval={"milestones": 4, "eval_tokens": 1024},
+        search={**d["search"], "batch_sizes_sequences": [4, 256]},
+    )
     with pytest.raises(InvalidInput, match=r"batch size 256 \(8192 tokens per optimizer step\) reports at 2 of the 4 "):
         stage_sweep(folded, tmp_path)
     assert not any(tmp_path.iterdir())

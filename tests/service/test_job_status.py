@@ -15,8 +15,8 @@ from sweeps.remote import (
     mlflow_ui_links,
     staged_sweep,
 )
-from sweeps.tracking.reader import MlflowReader
 from sweeps.spec import parse_spec
+from sweeps.tracking.reader import MlflowReader
 
 REPO = Path(__file__).resolve().parents[2]
 RAY_FAILED_MSG = (
@@ -26,12 +26,17 @@ RAY_FAILED_MSG = (
 
 
 def spec():
-    return parse_spec({
-        "name": "tiny", "data": {"path": "data/tinyshakespeare/input.txt"}, "budget_tokens": 8192,
-        "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
-        "schedule": {"warmup_tokens": 1024}, "eval": {"milestones": 4, "eval_tokens": 1024},
-        "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
-    })
+    return parse_spec(
+        {
+            "name": "tiny",
+            "data": {"path": "data/tinyshakespeare/input.txt"},
+            "budget_tokens": 8192,
+            "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context_length_tokens": 32},
+            "schedule": {"warmup_tokens": 1024},
+            "eval": {"milestones": 4, "eval_tokens": 1024},
+            "search": {"batch_sizes_sequences": [4, 8], "base_lr": 0.003, "base_batch_size_sequences": 4},
+        }
+    )
 
 
 def test_unknown_malformed_and_foreign_ids_are_not_found(fake_jobs, fake_ray):
@@ -57,9 +62,8 @@ def test_submit_passes_the_staged_arguments_and_refuses_a_second_job(fake_jobs, 
     assert len(fake_ray.submitted) == 1
     # the same id with a different spec is a conflict, not an idempotent resubmission
     other = parse_spec({**spec().model_dump(mode="json"), "seeds": [7]})
-    with staged_sweep(other, base_dir=REPO, sweep_id=st.sweep_id) as st2:
-        with pytest.raises(SweepExists) as e2:
-            fake_jobs.submit(st2)
+    with staged_sweep(other, base_dir=REPO, sweep_id=st.sweep_id) as st2, pytest.raises(SweepExists) as e2:
+        fake_jobs.submit(st2)
     assert not e2.value.same_spec and len(fake_ray.submitted) == 1
 
 
@@ -67,11 +71,31 @@ def test_status_counts_and_best_so_far(make_run, fake_jobs, fake_ray, fake_reade
     fake_ray.add("s1", "RUNNING")
     fake_reader.parents["s1"] = make_run("p", role="sweep", sweep_id="s1")
     fake_reader.trial_runs["s1"] = [
-        make_run("t1", role="trial", sweep_id="s1", status="FINISHED", tag_status="COMPLETED",
-                 metrics={"val_loss": 2.5}, params={"batch_size_sequences": "4", "lr": "0.003", "lr_rule": "sqrt"}),
-        make_run("t2", role="trial", sweep_id="s1", status="FINISHED", tag_status="DIVERGED", metrics={"val_loss": float("nan")}),
-        make_run("t3", role="trial", sweep_id="s1", tag_status="RUNNING", metrics={"val_loss": 2.1},
-                 params={"batch_size_sequences": "8", "lr": "0.004"}),
+        make_run(
+            "t1",
+            role="trial",
+            sweep_id="s1",
+            status="FINISHED",
+            tag_status="COMPLETED",
+            metrics={"val_loss": 2.5},
+            params={"batch_size_sequences": "4", "lr": "0.003", "lr_rule": "sqrt"},
+        ),
+        make_run(
+            "t2",
+            role="trial",
+            sweep_id="s1",
+            status="FINISHED",
+            tag_status="DIVERGED",
+            metrics={"val_loss": float("nan")},
+        ),
+        make_run(
+            "t3",
+            role="trial",
+            sweep_id="s1",
+            tag_status="RUNNING",
+            metrics={"val_loss": 2.1},
+            params={"batch_size_sequences": "8", "lr": "0.004"},
+        ),
         make_run("t4", role="trial", sweep_id="s1", status="FAILED", tag_status="FAILED"),
         make_run("t5", role="trial", sweep_id="s1", status="FINISHED", tag_status="PRUNED", metrics={"val_loss": 3.0}),
     ]
@@ -85,16 +109,23 @@ def test_status_counts_and_best_so_far(make_run, fake_jobs, fake_ray, fake_reade
 
 def test_exit_zero_is_not_enough_when_mlflow_says_failed(make_run, fake_jobs, fake_ray, fake_reader):
     fake_ray.add("a", "SUCCEEDED")
-    fake_reader.parents["a"] = make_run("pa", role="sweep", sweep_id="a", status="FAILED", tag_status="FAILED",
-                                        tags={"critbatch.message": "analysis impossible: one batch size reached no target"})
+    fake_reader.parents["a"] = make_run(
+        "pa",
+        role="sweep",
+        sweep_id="a",
+        status="FAILED",
+        tag_status="FAILED",
+        tags={"critbatch.message": "analysis impossible: one batch size reached no target"},
+    )
     s = fake_jobs.get("a")
     assert s.status == "FAILED" and s.ray_status == "SUCCEEDED"
     assert s.reason == "analysis impossible: one batch size reached no target"
 
     fake_ray.add("b", "SUCCEEDED")
     fake_reader.parents["b"] = make_run("pb", role="sweep", sweep_id="b", status="FINISHED", tag_status="SUCCEEDED")
-    fake_reader.trial_runs["b"] = [make_run(f"t{i}", role="trial", sweep_id="b", status="FAILED", tag_status="FAILED")
-                                   for i in range(2)]
+    fake_reader.trial_runs["b"] = [
+        make_run(f"t{i}", role="trial", sweep_id="b", status="FAILED", tag_status="FAILED") for i in range(2)
+    ]
     s = fake_jobs.get("b")
     assert s.status == "FAILED" and s.reason == "every trial failed"
 
@@ -108,9 +139,15 @@ def test_failed_job_reason_comes_from_the_drivers_last_error_line(fake_jobs, fak
     fake_ray.add("f", "FAILED", message=RAY_FAILED_MSG, exit_code=1)
     s = fake_jobs.get("f")
     assert s.status == "FAILED" and s.reason == "exit code 1: sweep failed: every trial failed (2 of 2)"
-    fake_ray.add("g", "FAILED", exit_code=2, message=(
-        "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
-        "error: invalid sweep spec (1 error(s))\n  data.path: corpus not found: /x\n"))
+    fake_ray.add(
+        "g",
+        "FAILED",
+        exit_code=2,
+        message=(
+            "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
+            "error: invalid sweep spec (1 error(s))\n  data.path: corpus not found: /x\n"
+        ),
+    )
     assert fake_jobs.get("g").reason == "invalid input (exit code 2): error: invalid sweep spec (1 error(s))"
     fake_ray.add("h", "FAILED", message="Job supervisor actor died: the node was lost")
     assert fake_jobs.get("h").reason == "Job supervisor actor died: the node was lost"
@@ -152,10 +189,20 @@ def test_report_needs_a_finished_sweep_with_cbs_json(make_run, fake_jobs, fake_r
         fake_jobs.report("run")
     assert e.value.status == "RUNNING"
     fake_ray.add("ok", "SUCCEEDED")
-    fake_reader.parents["ok"] = make_run("p", role="sweep", sweep_id="ok", status="FINISHED", tag_status="SUCCEEDED",
-                                         metrics={"b_crit": 12.5})
-    fake_reader.trial_runs["ok"] = [make_run("t1", role="trial", sweep_id="ok", status="FINISHED", tag_status="COMPLETED",
-                                             metrics={"val_loss": 2.0}, params={"batch_size_sequences": "4"})]
+    fake_reader.parents["ok"] = make_run(
+        "p", role="sweep", sweep_id="ok", status="FINISHED", tag_status="SUCCEEDED", metrics={"b_crit": 12.5}
+    )
+    fake_reader.trial_runs["ok"] = [
+        make_run(
+            "t1",
+            role="trial",
+            sweep_id="ok",
+            status="FINISHED",
+            tag_status="COMPLETED",
+            metrics={"val_loss": 2.0},
+            params={"batch_size_sequences": "4"},
+        )
+    ]
     with pytest.raises(ReportNotReady):
         fake_jobs.report("ok")  # no cbs.json artifact
     fake_reader.artifacts["p"] = {"b_crit": 12.5}
@@ -178,8 +225,11 @@ def test_ui_links_encode_the_comparison():
 def test_a_stopped_jobs_orphan_runs_are_closed_in_a_real_mlflow_store(fake_ray, mlflow_uri):
     """The reconciliation (``MlflowReader.close_orphans``) against real MLflow: once the job is
     STOPPED, no run of the sweep is left RUNNING; finished runs and other sweeps' runs are untouched."""
-    sw = seed_sweep(mlflow_uri, "sw", {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}),
-                                       "b": ("RUNNING", "RUNNING", {"val_loss": 2.4})})
+    sw = seed_sweep(
+        mlflow_uri,
+        "sw",
+        {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}), "b": ("RUNNING", "RUNNING", {"val_loss": 2.4})},
+    )
     other = seed_sweep(mlflow_uri, "other", {"x": ("RUNNING", "RUNNING", None)})
     fake_ray.add("sw", "STOPPED", metadata={"critbatch.tracking_uri": mlflow_uri})
     jobs = SweepJobs("http://ray.invalid", client=fake_ray)  # the real MlflowReader
@@ -189,7 +239,10 @@ def test_a_stopped_jobs_orphan_runs_are_closed_in_a_real_mlflow_store(fake_ray, 
     assert s.best["val_loss"] == 2.0 and s.best["run_id"] == sw.trial_ids["a"]
     b, p, a = sw.run("b"), sw.run(), sw.run("a")
     assert (b.info.status, b.data.tags["critbatch.status"], b.data.tags["critbatch.closed_by"]) == (
-        "KILLED", "STOPPED", "critbatch.jobs")
+        "KILLED",
+        "STOPPED",
+        "critbatch.jobs",
+    )
     assert (p.info.status, p.data.tags["critbatch.status"]) == ("KILLED", "STOPPED")
     assert p.data.tags["critbatch.message"] == "closed after the Ray job ended (STOPPED)"
     assert (a.info.status, a.data.tags["critbatch.status"]) == ("FINISHED", "COMPLETED")
@@ -266,9 +319,19 @@ def test_a_finished_sweeps_counts_come_from_the_drivers_summary(make_run, fake_j
     """The parent run's trials_* metrics are the driver's final word, even if a child run went missing."""
     fake_ray.add("fin", "FAILED", exit_code=1)
     fake_reader.parents["fin"] = make_run(
-        "p", role="sweep", sweep_id="fin", status="FAILED", tag_status="FAILED",
-        metrics={"trials_completed": 0.0, "trials_failed": 2.0, "trials_diverged": 0.0, "trials_pruned": 0.0,
-                 "trials_stopped": 0.0})
+        "p",
+        role="sweep",
+        sweep_id="fin",
+        status="FAILED",
+        tag_status="FAILED",
+        metrics={
+            "trials_completed": 0.0,
+            "trials_failed": 2.0,
+            "trials_diverged": 0.0,
+            "trials_pruned": 0.0,
+            "trials_stopped": 0.0,
+        },
+    )
     fake_reader.trial_runs["fin"] = []
     t = fake_jobs.get("fin").trials
     assert (t.planned, t.done, t.failed, t.running) == (2, 0, 2, 0)
@@ -285,9 +348,13 @@ def test_job_counts_take_a_paused_trial_as_live():
     from sweeps.remote.status import trial_counts
 
     def run(tag, status="RUNNING"):
-        return SimpleNamespace(data=SimpleNamespace(tags={"critbatch.status": tag}), info=SimpleNamespace(status=status))
+        return SimpleNamespace(
+            data=SimpleNamespace(tags={"critbatch.status": tag}), info=SimpleNamespace(status=status)
+        )
 
-    c = trial_counts([run("PAUSED"), run("RUNNING"), run("PRUNED", "FINISHED"), run("COMPLETED", "FINISHED")], planned=4)
+    c = trial_counts(
+        [run("PAUSED"), run("RUNNING"), run("PRUNED", "FINISHED"), run("COMPLETED", "FINISHED")], planned=4
+    )
     assert (c.running, c.pruned, c.done) == (2, 1, 1)
 
 
@@ -296,7 +363,10 @@ def test_the_names_read_back_are_the_ones_the_writer_uses():
     from sweeps.tracking import schema
 
     assert (schema.TAG_SWEEP_ID, schema.TAG_ROLE, schema.TAG_STATUS) == (
-        "critbatch.sweep_id", "critbatch.role", "critbatch.status")
+        "critbatch.sweep_id",
+        "critbatch.role",
+        "critbatch.status",
+    )
     assert schema.trial_count_metric(schema.TRIAL_COMPLETED) == "trials_completed"
     assert schema.scheduler_tag("pruned_rung") == "critbatch.pruned_rung"
     assert set(schema.SCHEDULER_TAG_KEYS) == {"pruned_at_flops", "pruned_rung", "rung_decisions"}
@@ -307,9 +377,13 @@ def test_a_finished_sweep_whose_experiment_was_deleted_says_so(fake_ray, mlflow_
     ``done: 0`` of 2, no parent run and no ``mlflow_error``; the status now says what happened."""
     from sweeps.remote.staging import META_EXPERIMENT
 
-    sw = seed_sweep(mlflow_uri, "gone", {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}),
-                                         "b": ("FINISHED", "COMPLETED", {"val_loss": 2.1})},
-                    experiment="exp-gone", parent=("FINISHED", "SUCCEEDED"))
+    sw = seed_sweep(
+        mlflow_uri,
+        "gone",
+        {"a": ("FINISHED", "COMPLETED", {"val_loss": 2.0}), "b": ("FINISHED", "COMPLETED", {"val_loss": 2.1})},
+        experiment="exp-gone",
+        parent=("FINISHED", "SUCCEEDED"),
+    )
     fake_ray.add("gone", "SUCCEEDED", metadata={"critbatch.tracking_uri": mlflow_uri, META_EXPERIMENT: "exp-gone"})
     jobs = SweepJobs("http://ray.invalid", client=fake_ray)
     assert jobs.get("gone").mlflow_error is None and jobs.get("gone").trials.done == 2

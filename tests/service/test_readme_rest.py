@@ -39,7 +39,7 @@ def readme_rest_lines() -> list[str]:
     end = post
     while lines[end].rstrip().endswith("\\"):
         end += 1
-    return lines[start:end + 1]
+    return lines[start : end + 1]
 
 
 def one_trial_example(tmp_path: Path) -> Path:
@@ -48,8 +48,12 @@ def one_trial_example(tmp_path: Path) -> Path:
     assert not Path(d["data"]["path"]).is_absolute()  # what makes CRITBATCH_DATA_DIR matter
     # 1024 steps: still running when stopped; the base batch size is the one swept (search.strategy transfer
     # starts there), base_lr the example's 0.003 at 16 scaled by its sqrt rule, so the trial's LR is as before
-    d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=1, base_batch_size_sequences=4,
-                       base_lr=d["search"]["base_lr"] * (4 / d["search"]["base_batch_size_sequences"]) ** 0.5)
+    d["search"].update(
+        batch_sizes_sequences=[4],
+        trials_per_batch_size=1,
+        base_batch_size_sequences=4,
+        base_lr=d["search"]["base_lr"] * (4 / d["search"]["base_batch_size_sequences"]) ** 0.5,
+    )
     p = tmp_path / "one-trial.yaml"
     p.write_text(yaml.safe_dump(d))
     return p
@@ -65,8 +69,14 @@ def test_readme_rest_example_runs_as_written(cluster_env, tmp_path):
     script += '\necho\necho "TOKEN=$CRITBATCH_API_TOKEN"\nwait\n'
     out = tmp_path / "readme.out"
     with open(out, "w") as fh:
-        proc = subprocess.Popen(["bash", "-c", script], cwd=REPO, env=dict(cluster_env), stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=REPO,
+            env=dict(cluster_env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     sid = auth = url = None
     try:
         # the service starts and the POST answers (or the script ends early: its output says why)
@@ -88,8 +98,12 @@ def test_readme_rest_example_runs_as_written(cluster_env, tmp_path):
             b = httpx.get(f"{url}/v1/sweeps/{sid}", headers=auth, timeout=60).json()
             return b if until(b) else None
 
-        body = wait_for(lambda: status(lambda b: b["status"] in TERMINAL or (b.get("trials") or {}).get("running")),
-                        TIMEOUT_S, f"{sid}: a running trial", interval_s=1.0)
+        body = wait_for(
+            lambda: status(lambda b: b["status"] in TERMINAL or (b.get("trials") or {}).get("running")),
+            TIMEOUT_S,
+            f"{sid}: a running trial",
+            interval_s=1.0,
+        )
         logs = httpx.get(f"{url}/v1/sweeps/{sid}/logs", headers=auth, timeout=60).text
         assert body["status"] == "RUNNING" and body["trials"]["running"] == 1, (body, logs[-3000:])
         assert "file not found" not in logs
@@ -98,16 +112,18 @@ def test_readme_rest_example_runs_as_written(cluster_env, tmp_path):
         r = httpx.delete(f"{url}/v1/sweeps/{sid}", headers=auth, params={"wait_s": 0}, timeout=120)
         assert r.status_code == 202, r.text
         assert r.json()["stop_sent"] is True and r.json()["status"] == "RUNNING", r.json()
-        stopped = wait_for(lambda: status(lambda b: b["status"] in TERMINAL), TIMEOUT_S,
-                           f"{sid} to end after DELETE", interval_s=1.0)
+        stopped = wait_for(
+            lambda: status(lambda b: b["status"] in TERMINAL), TIMEOUT_S, f"{sid} to end after DELETE", interval_s=1.0
+        )
         assert stopped["status"] == "STOPPED" and stopped["ray_status"] == "STOPPED", stopped
         assert stopped["trials"]["running"] == 0 and stopped["trials"]["stopped"] == 1, stopped
         assert stopped["mlflow_error"] is None and stopped["parent_run_id"], stopped
         from mlflow import MlflowClient
 
         c = MlflowClient(cluster_env["MLFLOW_TRACKING_URI"])
-        runs = c.search_runs([e.experiment_id for e in c.search_experiments()],
-                             filter_string=f"tags.`critbatch.sweep_id` = '{sid}'")
+        runs = c.search_runs(
+            [e.experiment_id for e in c.search_experiments()], filter_string=f"tags.`critbatch.sweep_id` = '{sid}'"
+        )
         assert sorted(r.data.tags["critbatch.role"] for r in runs) == ["sweep", "trial"], runs
         assert [(r.info.status, r.data.tags["critbatch.status"]) for r in runs if r.info.status == "RUNNING"] == []
         # once ended, DELETE answers 200 with the final state and sends nothing

@@ -30,22 +30,44 @@ def client(fake_jobs):
 
 
 def post_yaml(client, spec, **params):
-    return client.post("/v1/sweeps", content=yaml.safe_dump(spec), params=params,
-                       headers={**AUTH, "Content-Type": "application/yaml"})
+    return client.post(
+        "/v1/sweeps", content=yaml.safe_dump(spec), params=params, headers={**AUTH, "Content-Type": "application/yaml"}
+    )
 
 
 # ---- auth --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-0123456789"},
-                                     {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN},
-                                     {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": "Bearer "}])
-@pytest.mark.parametrize("method,path", [("GET", "/v1/sweeps"), ("GET", "/v1/sweeps/x"), ("DELETE", "/v1/sweeps/x"),
-                                         ("GET", "/v1/sweeps/x/logs"), ("GET", "/v1/sweeps/x/report"),
-                                         ("POST", "/v1/sweeps"), ("GET", "/openapi.json")])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-token-0123456789"},
+        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": TOKEN},
+        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": "Bearer "},
+    ],
+)
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/v1/sweeps"),
+        ("GET", "/v1/sweeps/x"),
+        ("DELETE", "/v1/sweeps/x"),
+        ("GET", "/v1/sweeps/x/logs"),
+        ("GET", "/v1/sweeps/x/report"),
+        ("POST", "/v1/sweeps"),
+        ("GET", "/openapi.json"),
+    ],
+)
 def test_every_route_but_health_needs_the_token(client, fake_ray, headers, method, path):
-    r = client.request(method, path, headers={**headers, "Content-Type": "application/yaml"},
-                       content=yaml.safe_dump(SPEC) if method == "POST" else None)
+    r = client.request(
+        method,
+        path,
+        headers={**headers, "Content-Type": "application/yaml"},
+        content=yaml.safe_dump(SPEC) if method == "POST" else None,
+    )
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
     assert fake_ray.submitted == [] and fake_ray.stop_calls == []
 
@@ -89,14 +111,20 @@ def test_submit_yaml_then_duplicate_is_409(client, fake_ray):
     r2 = post_yaml(client, SPEC)
     assert r2.status_code == 409 and r2.json()["same_spec"] is True and r2.json()["id"] == body["id"]
     # the REST client's parameter, not the CLI's option
-    assert r2.json()["detail"] == (f"sweep {body['id']!r} was already submitted (the same spec; status PENDING); no "
-                                   "second job started (choose another id with ?sweep_id= to run it again)")
+    assert r2.json()["detail"] == (
+        f"sweep {body['id']!r} was already submitted (the same spec; status PENDING); no "
+        "second job started (choose another id with ?sweep_id= to run it again)"
+    )
     assert len(fake_ray.submitted) == 1
 
 
 def test_submit_json_with_a_client_id(client, fake_ray):
-    r = client.post("/v1/sweeps", params={"sweep_id": "my-run.1"}, content=json.dumps(SPEC),
-                    headers={**AUTH, "Content-Type": "application/json; charset=utf-8"})
+    r = client.post(
+        "/v1/sweeps",
+        params={"sweep_id": "my-run.1"},
+        content=json.dumps(SPEC),
+        headers={**AUTH, "Content-Type": "application/json; charset=utf-8"},
+    )
     assert r.status_code == 201 and r.json()["id"] == "my-run.1"
     assert fake_ray.submitted[0]["submission_id"] == "my-run.1"
 
@@ -113,18 +141,21 @@ def test_invalid_specs_get_422_with_each_fields_path(client, fake_ray):
     assert fake_ray.submitted == []
 
 
-@pytest.mark.parametrize("content,ctype,path", [
-    (b"", "application/yaml", "<root>"),
-    (b"[1, 2]", "application/yaml", "<root>"),
-    (b"a: [", "application/yaml", "<root>"),
-    (b"\xff\xfe", "application/json", "<root>"),
-    (b'{"name": NaN}', "application/json", "<root>"),
-    (b"a: &x [1]\nb: *x\n", "application/yaml", "<root>"),
-    (b"[" * 100_000, "application/json", "<root>"),
-    (b"[" * 100_000, "application/yaml", "<root>"),
-    (b"[" * 5000 + b"]" * 5000, "application/json", "<root>"),
-    (b"name: " + b"[" * 5000 + b"]" * 5000, "application/yaml", "<root>"),
-])
+@pytest.mark.parametrize(
+    "content,ctype,path",
+    [
+        (b"", "application/yaml", "<root>"),
+        (b"[1, 2]", "application/yaml", "<root>"),
+        (b"a: [", "application/yaml", "<root>"),
+        (b"\xff\xfe", "application/json", "<root>"),
+        (b'{"name": NaN}', "application/json", "<root>"),
+        (b"a: &x [1]\nb: *x\n", "application/yaml", "<root>"),
+        (b"[" * 100_000, "application/json", "<root>"),
+        (b"[" * 100_000, "application/yaml", "<root>"),
+        (b"[" * 5000 + b"]" * 5000, "application/json", "<root>"),
+        (b"name: " + b"[" * 5000 + b"]" * 5000, "application/yaml", "<root>"),
+    ],
+)
 def test_unparseable_bodies_are_422_not_500(client, content, ctype, path):
     r = client.post("/v1/sweeps", content=content, headers={**AUTH, "Content-Type": ctype})
     assert r.status_code == 422, r.text
@@ -188,8 +219,9 @@ def test_get_list_logs_report(client, fake_ray, fake_reader, make_run):
     fake_ray.add("s1", "RUNNING")
     fake_ray.logs["s1"] = "line1\nline2\nline3\n"
     fake_reader.parents["s1"] = make_run("p", role="sweep", sweep_id="s1")
-    fake_reader.trial_runs["s1"] = [make_run("t1", role="trial", sweep_id="s1", metrics={"val_loss": 2.0},
-                                             params={"batch_size_sequences": "4"})]
+    fake_reader.trial_runs["s1"] = [
+        make_run("t1", role="trial", sweep_id="s1", metrics={"val_loss": 2.0}, params={"batch_size_sequences": "4"})
+    ]
     r = client.get("/v1/sweeps/s1", headers=AUTH)
     assert r.status_code == 200
     b = r.json()
@@ -205,7 +237,9 @@ def test_get_list_logs_report(client, fake_ray, fake_reader, make_run):
     assert page["total"] == 1 and page["items"][0]["id"] == "s1" and page["next_offset"] is None
 
     fake_ray.add("done", "SUCCEEDED")
-    fake_reader.parents["done"] = make_run("pd", role="sweep", sweep_id="done", status="FINISHED", tag_status="SUCCEEDED")
+    fake_reader.parents["done"] = make_run(
+        "pd", role="sweep", sweep_id="done", status="FINISHED", tag_status="SUCCEEDED"
+    )
     fake_reader.artifacts["pd"] = {"b_crit": 10.0, "s_min": float("nan")}
     rep = client.get("/v1/sweeps/done/report", headers=AUTH)
     assert rep.status_code == 200 and rep.json()["cbs"] == {"b_crit": 10.0, "s_min": None}
@@ -215,14 +249,21 @@ def test_get_list_logs_report(client, fake_ray, fake_reader, make_run):
 def test_delete_closes_the_stopped_sweeps_runs_in_a_real_mlflow_store(fake_ray, mlflow_uri):
     """DELETE stops the job, then the real reader closes the runs it left RUNNING (MLflow is read
     and written for real; only Ray's job server is the in-memory one)."""
-    sw = seed_sweep(mlflow_uri, "s1", {"t1": ("RUNNING", "RUNNING", {"val_loss": 2.0}),
-                                       "t2": ("FINISHED", "COMPLETED", {"val_loss": 2.5})})
+    sw = seed_sweep(
+        mlflow_uri,
+        "s1",
+        {"t1": ("RUNNING", "RUNNING", {"val_loss": 2.0}), "t2": ("FINISHED", "COMPLETED", {"val_loss": 2.5})},
+    )
     fake_ray.add("s1", "RUNNING", metadata={"critbatch.tracking_uri": mlflow_uri})
     settings = Settings(api_token=TOKEN, tracking_uri=mlflow_uri, data_dir=str(REPO))
     with TestClient(create_app(settings, jobs=SweepJobs("http://ray.invalid", client=fake_ray))) as c:
         live = c.get("/v1/sweeps/s1", headers=AUTH).json()
         assert (live["status"], live["trials"]["running"], live["trials"]["done"], live["mlflow_error"]) == (
-            "RUNNING", 1, 1, None), live
+            "RUNNING",
+            1,
+            1,
+            None,
+        ), live
         r = c.delete("/v1/sweeps/s1", headers=AUTH, params={"wait_s": 5})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -237,8 +278,17 @@ def test_delete_closes_the_stopped_sweeps_runs_in_a_real_mlflow_store(fake_ray, 
     assert (t2.info.status, t2.data.tags["critbatch.status"]) == ("FINISHED", "COMPLETED")
 
 
-@pytest.mark.parametrize("path", ["/v1/sweeps/nope", "/v1/sweeps/nope/logs", "/v1/sweeps/nope/report",
-                                  "/v1/sweeps/..", "/v1/sweeps/%2E%2E%2Fapi", "/v1/sweeps/a%20b"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/sweeps/nope",
+        "/v1/sweeps/nope/logs",
+        "/v1/sweeps/nope/report",
+        "/v1/sweeps/..",
+        "/v1/sweeps/%2E%2E%2Fapi",
+        "/v1/sweeps/a%20b",
+    ],
+)
 def test_unknown_ids_are_404(client, path):
     assert client.get(path, headers=AUTH).status_code == 404
 
@@ -263,8 +313,14 @@ def test_openapi_schema_is_published_behind_the_token(client):
     r = client.get("/openapi.json", headers=AUTH)
     assert r.status_code == 200
     s = r.json()
-    assert set(s["paths"]) == {"/healthz", "/readyz", "/v1/sweeps", "/v1/sweeps/{sweep_id}", "/v1/sweeps/{sweep_id}/logs",
-                               "/v1/sweeps/{sweep_id}/report"}
+    assert set(s["paths"]) == {
+        "/healthz",
+        "/readyz",
+        "/v1/sweeps",
+        "/v1/sweeps/{sweep_id}",
+        "/v1/sweeps/{sweep_id}/logs",
+        "/v1/sweeps/{sweep_id}/report",
+    }
     body = s["paths"]["/v1/sweeps"]["post"]["requestBody"]["content"]
     assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/SweepSpec"}
     assert "SearchSpec" in s["components"]["schemas"] and "HTTPBearer" in s["components"]["securitySchemes"]

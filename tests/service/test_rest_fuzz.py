@@ -35,11 +35,21 @@ def _app():
     # generated DELETE of it closes nothing either.
     ray.add("a", "RUNNING")
     for sid, status in ((EXAMPLE_SWEEP_ID, "SUCCEEDED"), ("c", "FAILED"), ("d", "STOPPED")):
-        ray.add(sid, status, message="Job entrypoint command failed with exit code 1, last available logs:\nsweep failed: x")
+        ray.add(
+            sid, status, message="Job entrypoint command failed with exit code 1, last available logs:\nsweep failed: x"
+        )
         reader.parents[sid] = fake_run(f"p{sid}", role="sweep", sweep_id=sid, status="FINISHED", tag_status=status)
-        reader.trial_runs[sid] = [fake_run(f"t{sid}", role="trial", sweep_id=sid, status="FINISHED",
-                                           tag_status="COMPLETED", metrics={"val_loss": 2.0},
-                                           params={"batch_size_sequences": "4", "lr": "0.001"})]
+        reader.trial_runs[sid] = [
+            fake_run(
+                f"t{sid}",
+                role="trial",
+                sweep_id=sid,
+                status="FINISHED",
+                tag_status="COMPLETED",
+                metrics={"val_loss": 2.0},
+                params={"batch_size_sequences": "4", "lr": "0.001"},
+            )
+        ]
     reader.artifacts[f"p{EXAMPLE_SWEEP_ID}"] = {"b_crit": 8.0, "nan": float("nan")}
     jobs = SweepJobs("http://ray.invalid:8265", client=ray, reader_factory=reader)
     return create_app(Settings(api_token=TOKEN, data_dir=str(REPO), tracking_uri="http://mlflow.invalid"), jobs=jobs)
@@ -64,7 +74,11 @@ class BearerToken:
 
 @pytest.mark.slow
 @schema.parametrize()
-@settings(max_examples=int(os.environ.get("CRITBATCH_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=int(os.environ.get("CRITBATCH_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
 def test_no_5xx_and_responses_match_the_schema(case):
     # Excluded: "schema-valid data must be accepted". A spec's JSON Schema cannot express its
     # validators (the name pattern, cross-field rules such as budget >= 2 steps of the largest

@@ -41,7 +41,12 @@ def test_the_service_extra_installs_and_serves_without_torch(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PIP_NO_CACHE_DIR")}
     install = subprocess.run(
         [python, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt"), f"{src}[service]"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     # from tmp_path, not the checkout: the installed packages are the ones imported (the first import of a
     # fresh venv compiles every module: minutes on a loaded 2-core machine)

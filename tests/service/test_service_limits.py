@@ -72,21 +72,27 @@ def health_latencies(url: str, while_running, *, at_least: int = 5) -> list[floa
 # ---- bounds and strict types -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path,patch", [
-    ("budget_tokens", {"budget_tokens": int("9" * 4000)}),
-    ("search.batch_sizes_sequences.0", {"search": {**SPEC["search"], "batch_sizes_sequences": [True, 8]}}),
-    ("search.base_batch_size_sequences", {"search": {**SPEC["search"], "base_batch_size_sequences": 4.0}}),
-    ("model.d_model", {"model": {**SPEC["model"], "d_model": 10**9}}),
-    ("eval.eval_tokens", {"eval": {**SPEC["eval"], "eval_tokens": 10**15}}),
-    ("resources.workers_per_trial", {"resources": {"workers_per_trial": 10**6}}),
-    ("resources.cpus_per_worker", {"resources": {"cpus_per_worker": 1e9}}),
-    ("resources.max_concurrent_trials", {"resources": {"max_concurrent_trials": 10**7}}),
-    ("seeds.0", {"seeds": [False]}),
-])
+@pytest.mark.parametrize(
+    "path,patch",
+    [
+        ("budget_tokens", {"budget_tokens": int("9" * 4000)}),
+        ("search.batch_sizes_sequences.0", {"search": {**SPEC["search"], "batch_sizes_sequences": [True, 8]}}),
+        ("search.base_batch_size_sequences", {"search": {**SPEC["search"], "base_batch_size_sequences": 4.0}}),
+        ("model.d_model", {"model": {**SPEC["model"], "d_model": 10**9}}),
+        ("eval.eval_tokens", {"eval": {**SPEC["eval"], "eval_tokens": 10**15}}),
+        ("resources.workers_per_trial", {"resources": {"workers_per_trial": 10**6}}),
+        ("resources.cpus_per_worker", {"resources": {"cpus_per_worker": 1e9}}),
+        ("resources.max_concurrent_trials", {"resources": {"max_concurrent_trials": 10**7}}),
+        ("seeds.0", {"seeds": [False]}),
+    ],
+)
 def test_numbers_out_of_bounds_and_booleans_for_integers_are_422(fake_jobs, fake_ray, path, patch):
     with TestClient(create_app(settings(), jobs=fake_jobs)) as c:
-        r = c.post("/v1/sweeps", content=yaml.safe_dump({**SPEC, **patch}),
-                   headers={**AUTH, "Content-Type": "application/yaml"})
+        r = c.post(
+            "/v1/sweeps",
+            content=yaml.safe_dump({**SPEC, **patch}),
+            headers={**AUTH, "Content-Type": "application/yaml"},
+        )
     assert r.status_code == 422 and [e["path"] for e in r.json()["errors"]] == [path], r.text
     assert fake_ray.submitted == []
 
@@ -96,7 +102,9 @@ def test_numbers_out_of_bounds_and_booleans_for_integers_are_422(fake_jobs, fake
 
 @pytest.mark.slow
 def test_large_yaml_bodies_do_not_block_healthz(fake_jobs):
-    big = (yaml.safe_dump(SPEC) + "".join(f"# {'x' * 60}\nk{i}: [{i}, {i + 1}, 'abc{i}']\n" for i in range(9000))).encode()
+    big = (
+        yaml.safe_dump(SPEC) + "".join(f"# {'x' * 60}\nk{i}: [{i}, {i + 1}, 'abc{i}']\n" for i in range(9000))
+    ).encode()
     assert 0.5 * 2**20 < len(big) < 2**20
     t0 = time.perf_counter()
     with pytest.raises(SpecError):
@@ -108,14 +116,21 @@ def test_large_yaml_bodies_do_not_block_healthz(fake_jobs):
     # reproduced alone with 3 M objects preloaded). Frozen, the collector skips that heap.
     gc.freeze()
     try:
-        with serving(create_app(settings(), jobs=fake_jobs)) as url:
-            with ThreadPoolExecutor(4) as pool:
-                started = time.perf_counter()
-                posts = [pool.submit(httpx.post, f"{url}/v1/sweeps", content=big, timeout=300,
-                                     headers={**AUTH, "Content-Type": "application/yaml"}) for _ in range(4)]
-                lat = health_latencies(url, lambda: not all(p.done() for p in posts))
-                codes = [p.result().status_code for p in posts]
-                busy_s = time.perf_counter() - started
+        with serving(create_app(settings(), jobs=fake_jobs)) as url, ThreadPoolExecutor(4) as pool:
+            started = time.perf_counter()
+            posts = [
+                pool.submit(
+                    httpx.post,
+                    f"{url}/v1/sweeps",
+                    content=big,
+                    timeout=300,
+                    headers={**AUTH, "Content-Type": "application/yaml"},
+                )
+                for _ in range(4)
+            ]
+            lat = health_latencies(url, lambda: not all(p.done() for p in posts))
+            codes = [p.result().status_code for p in posts]
+            busy_s = time.perf_counter() - started
     finally:
         gc.unfreeze()
     assert codes == [422] * 4  # unknown keys k0...: parsed, then refused
@@ -141,11 +156,10 @@ class BlockingRay:
 def test_healthz_answers_while_every_backend_thread_waits_on_ray():
     jobs = SweepJobs("http://ray.invalid:8265", client=BlockingRay(3.0))
     # 100 calls on 32 backend threads: 4 rounds of 3 s, well inside the route's 90 s
-    with serving(create_app(settings(request_timeout_s=90), jobs=jobs)) as url:
-        with ThreadPoolExecutor(100) as pool:
-            lists = [pool.submit(httpx.get, f"{url}/v1/sweeps", headers=AUTH, timeout=120) for _ in range(100)]
-            lat = health_latencies(url, lambda: not all(f.done() for f in lists))
-            codes = [f.result().status_code for f in lists]
+    with serving(create_app(settings(request_timeout_s=90), jobs=jobs)) as url, ThreadPoolExecutor(100) as pool:
+        lists = [pool.submit(httpx.get, f"{url}/v1/sweeps", headers=AUTH, timeout=120) for _ in range(100)]
+        lat = health_latencies(url, lambda: not all(f.done() for f in lists))
+        codes = [f.result().status_code for f in lists]
     assert codes == [200] * 100, sorted(set(codes))
     # queued behind the blocked calls (a sync /healthz in the request pool) it would wait >= 3 s;
     # the bound is relative because the machine running the tests may be loaded
@@ -184,8 +198,9 @@ def test_a_frozen_mlflow_server_marks_not_ready_and_sweeps_still_answer(fake_ray
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "1")  # what serve sets from CRITBATCH_MLFLOW_TIMEOUT_S
     jobs = SweepJobs("http://ray.invalid:8265", client=fake_ray)
-    with serving(create_app(settings(tracking_uri=frozen_server, ready_timeout_s=1.0, request_timeout_s=20.0),
-                            jobs=jobs)) as url:
+    with serving(
+        create_app(settings(tracking_uri=frozen_server, ready_timeout_s=1.0, request_timeout_s=20.0), jobs=jobs)
+    ) as url:
         rz = httpx.get(f"{url}/readyz", timeout=60)
         assert rz.status_code == 503 and rz.json()["ray"] == "ok" and rz.json()["mlflow"] != "ok"
         t0 = time.perf_counter()
@@ -217,8 +232,15 @@ def test_submissions_past_max_running_get_429_with_retry_after(fake_jobs, fake_r
     fake_ray.add("b", "PENDING")
     fake_ray.add("c", "SUCCEEDED")
     with TestClient(create_app(settings(max_running=2), jobs=fake_jobs)) as c:
-        post = lambda sid: c.post("/v1/sweeps", content=yaml.safe_dump(SPEC), params={"sweep_id": sid},  # noqa: E731
-                                  headers={**AUTH, "Content-Type": "application/yaml"})
+
+        def post(sid):
+            return c.post(
+                "/v1/sweeps",
+                content=yaml.safe_dump(SPEC),
+                params={"sweep_id": sid},
+                headers={**AUTH, "Content-Type": "application/yaml"},
+            )
+
         r = post("d")
         assert r.status_code == 429 and int(r.headers["retry-after"]) > 0, r.text
         assert fake_ray.submitted == []
@@ -230,11 +252,21 @@ def test_submissions_past_max_running_get_429_with_retry_after(fake_jobs, fake_r
 
 
 def test_concurrent_submissions_respect_the_cap(fake_jobs, fake_ray):
-    with serving(create_app(settings(max_running=2), jobs=fake_jobs)) as url:
-        with ThreadPoolExecutor(6) as pool:
-            codes = list(pool.map(lambda i: httpx.post(
-                f"{url}/v1/sweeps", content=yaml.safe_dump(SPEC), params={"sweep_id": f"s{i}"}, timeout=120,
-                headers={**AUTH, "Content-Type": "application/yaml"}).status_code, range(6)))
+    with serving(create_app(settings(max_running=2), jobs=fake_jobs)) as url, ThreadPoolExecutor(6) as pool:
+        codes = list(
+            pool.map(
+                lambda i: (
+                    httpx.post(
+                        f"{url}/v1/sweeps",
+                        content=yaml.safe_dump(SPEC),
+                        params={"sweep_id": f"s{i}"},
+                        timeout=120,
+                        headers={**AUTH, "Content-Type": "application/yaml"},
+                    ).status_code
+                ),
+                range(6),
+            )
+        )
     assert sorted(codes) == [201, 201, 429, 429, 429, 429], codes
     assert len(fake_ray.submitted) == 2
 

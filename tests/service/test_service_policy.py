@@ -19,6 +19,7 @@ from svc_fakes import tiny_spec
 
 from service.app import create_app
 from service.settings import Settings
+from sweeps.errors import InvalidInput
 from sweeps.remote import (
     StagingError,
     StagingLimits,
@@ -28,7 +29,6 @@ from sweeps.remote import (
     shippable_files,
     stage_sweep,
 )
-from sweeps.errors import InvalidInput
 from sweeps.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,8 +79,12 @@ def listener():
 
 
 def app_client(fake_jobs, **settings):
-    s = Settings(api_token=TOKEN, tracking_uri=settings.pop("tracking_uri", ML), data_dir=settings.pop("data_dir", str(REPO)),
-                 **settings)
+    s = Settings(
+        api_token=TOKEN,
+        tracking_uri=settings.pop("tracking_uri", ML),
+        data_dir=settings.pop("data_dir", str(REPO)),
+        **settings,
+    )
     return TestClient(create_app(s, jobs=fake_jobs))
 
 
@@ -127,7 +131,8 @@ def test_mlflow_errors_quote_neither_the_answer_nor_the_address(fake_ray, listen
     with app_client(jobs, tracking_uri=listener.url) as c:
         body = c.get("/v1/sweeps/s1", headers=AUTH).json()
     assert listener.requests and all(path.startswith("/api/2.0/mlflow/") for path, _ in listener.requests), (
-        listener.requests)  # the service's own server is read, through MLflow's REST API
+        listener.requests
+    )  # the service's own server is read, through MLflow's REST API
     err = body["mlflow_error"]
     assert err and "secret-marker" not in err and "127.0.0.1" not in err, err
     assert err.startswith("MLflow could not be read (")
@@ -149,7 +154,9 @@ def test_storage_path_is_refused_without_a_service_root_and_jobs_use_the_root(fa
         r = post(c, spec(resources={"storage_path": "/srv/cb/mine"}))
         assert r.status_code == 422 and paths(r) == ["resources.storage_path"]
     with app_client(fake_jobs, storage_root="s3://team-bucket/critbatch") as c:
-        assert post(c, spec(resources={"storage_path": "s3://team-bucket/critbatch/a"}), sweep_id="a").status_code == 201
+        assert (
+            post(c, spec(resources={"storage_path": "s3://team-bucket/critbatch/a"}), sweep_id="a").status_code == 201
+        )
         assert post(c, spec(), sweep_id="b").status_code == 201
     env = [s["runtime_env"]["env_vars"] for s in fake_ray.submitted]
     assert [e.get("CRITBATCH_STORAGE_PATH") for e in env] == ["s3://team-bucket/critbatch"] * 2
@@ -158,11 +165,19 @@ def test_storage_path_is_refused_without_a_service_root_and_jobs_use_the_root(fa
 # ---- data paths ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field,value", [
-    ("data.path", "file:///etc/passwd"), ("data.path", "s3://bucket/corpus.txt"), ("data.path", "/etc/passwd"),
-    ("data.path", "../outside.txt"), ("data.path", "data/../../outside.txt"), ("data.path", "data/no-such-file.txt"),
-    ("data.tokenizer", "/root/tok"), ("data.tokenizer", "file:///root/tok"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("data.path", "file:///etc/passwd"),
+        ("data.path", "s3://bucket/corpus.txt"),
+        ("data.path", "/etc/passwd"),
+        ("data.path", "../outside.txt"),
+        ("data.path", "data/../../outside.txt"),
+        ("data.path", "data/no-such-file.txt"),
+        ("data.tokenizer", "/root/tok"),
+        ("data.tokenizer", "file:///root/tok"),
+    ],
+)
 def test_input_paths_outside_the_data_roots_are_refused(fake_jobs, fake_ray, field, value):
     section, key = field.split(".")
     with app_client(fake_jobs, cluster_data_dir="/data") as c:
@@ -233,7 +248,7 @@ def test_the_reader_creates_no_database_and_migrates_none(tmp_path, fake_ray):
 
 
 def test_the_reader_opens_a_real_mlflow_store_without_writing_to_it(mlflow_uri):
-    db = Path(mlflow_uri[len("sqlite:///"):])
+    db = Path(mlflow_uri[len("sqlite:///") :])
     before = (db.read_bytes(), db.stat().st_mtime_ns)
     check_existing_store(mlflow_uri)  # no error
     from sweeps.tracking.reader import MlflowReader
@@ -266,7 +281,11 @@ def _tokenizer_dir(root: Path) -> Path:
 
 def test_staging_ships_no_dotfiles_caches_or_links_out(tmp_path):
     tok = _tokenizer_dir(tmp_path)
-    assert sorted(str(rel) for _src, rel in shippable_files(tok)) == ["inside-link.json", "sub/vocab.txt", "tokenizer.json"]
+    assert sorted(str(rel) for _src, rel in shippable_files(tok)) == [
+        "inside-link.json",
+        "sub/vocab.txt",
+        "tokenizer.json",
+    ]
     into = tmp_path / "stage"
     into.mkdir()
     s = parse_spec(spec(data={"path": str(REPO / "data/tinyshakespeare/input.txt"), "tokenizer": str(tok)}))
@@ -274,8 +293,11 @@ def test_staging_ships_no_dotfiles_caches_or_links_out(tmp_path):
     staged = stage_sweep(s, into, limits=StagingLimits(ship_data_max_bytes=2 * 1024 * 1024))
     files = sorted(str(p.relative_to(into)) for p in into.rglob("*") if p.is_file() or p.is_symlink())
     shipped_tok = [f for f in files if f.startswith("inputs/tokenizer/")]
-    assert shipped_tok == ["inputs/tokenizer/inside-link.json", "inputs/tokenizer/sub/vocab.txt",
-                           "inputs/tokenizer/tokenizer.json"]
+    assert shipped_tok == [
+        "inputs/tokenizer/inside-link.json",
+        "inputs/tokenizer/sub/vocab.txt",
+        "inputs/tokenizer/tokenizer.json",
+    ]
     assert not any("/." in f or f.startswith(".") or "__pycache__" in f for f in files), files
     assert not any(p.is_symlink() for p in into.rglob("*"))
     assert ("data.tokenizer", str(tok)) in staged.shipped
@@ -341,11 +363,14 @@ def _data_root(root: Path) -> None:
     corpus.write_text("To be, or not to be, that is the question.\n" * 100)
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("{not json", "is not JSON"),
-    ('["a list"]', "is not a transformers config"),
-    ('{"hidden_size": 32}', "is not a transformers config"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("{not json", "is not JSON"),
+        ('["a list"]', "is not a transformers config"),
+        ('{"hidden_size": 32}', "is not a transformers config"),
+    ],
+)
 def test_a_model_hf_config_file_that_does_not_parse_is_422_naming_it(fake_jobs, fake_ray, tmp_path, content, needle):
     """The config.json is read at submission, as the job would read it: a broken one was accepted (201) and the job
     failed half a minute later on the cluster."""

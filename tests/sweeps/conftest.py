@@ -17,8 +17,12 @@ def precision_spec_dict() -> dict:
 
     d = tiny_spec()
     d["name"] = "transfer"
-    d["search"].update(strategy="transfer", batch_sizes_sequences=[8, 16], trials_per_batch_size=2,
-                       precision={"b_crit_ratio": 1.5, "max_trials": 6})
+    d["search"].update(
+        strategy="transfer",
+        batch_sizes_sequences=[8, 16],
+        trials_per_batch_size=2,
+        precision={"b_crit_ratio": 1.5, "max_trials": 6},
+    )
     return d
 
 
@@ -45,7 +49,19 @@ def precision_sweep(tmp_path_factory, ray_head, mlflow_template) -> FinishedSwee
     tmp = tmp_path_factory.mktemp("precision-sweep")
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
     out = tmp / "out"
-    r = run_cli(["run", str(write_spec(tmp, precision_spec_dict())), "--output", str(out), "--tracking-uri", uri,
-                 "--no-progress", "--address", ray_head.gcs_address], timeout_s=400)
+    r = run_cli(
+        [
+            "run",
+            str(write_spec(tmp, precision_spec_dict())),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        timeout_s=400,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return FinishedSweep(out=out, tracking_uri=uri, stdout=r.stdout)

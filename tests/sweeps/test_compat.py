@@ -19,8 +19,11 @@ def _trainable(config):
 
 def test_reattach_restored_tuner_sets_the_live_callbacks_stopper_and_scheduler(tmp_path):
     searcher = ConcurrencyLimiter(OptunaSearch(metric="loss", mode="min", space={"x": tune.uniform(0, 1)}), 1)
-    tuner = tune.Tuner(_trainable, tune_config=tune.TuneConfig(search_alg=searcher, num_samples=1),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path)))
+    tuner = tune.Tuner(
+        _trainable,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path)),
+    )
     callbacks, stop, scheduler = [tune.Callback()], {"training_iteration": 3}, tune.schedulers.FIFOScheduler()
     search_alg = _compat.reattach_restored_tuner(tuner, callbacks=callbacks, stop=stop, scheduler=scheduler)
     local = tuner._local_tuner
@@ -130,8 +133,13 @@ def test_a_failed_snapshot_copy_to_local_storage_keeps_the_last_whole_snapshot(t
     old = json.dumps({"trial_data": []})
     (stored / "experiment_state-2026-12-05_06-00-00.json").write_text(old)
 
-    r = subprocess.run([sys.executable, "-c", _UPLOAD_UNDER_A_FILE_SIZE_LIMIT, upload, str(staged), str(stored)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _UPLOAD_UNDER_A_FILE_SIZE_LIMIT, upload, str(staged), str(stored)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "raised", r.stdout
     text = (stored / "experiment_state-2026-12-05_06-00-00.json").read_text()
@@ -181,7 +189,9 @@ def test_tunes_slow_result_processing_warnings_are_dropped_and_every_other_slow_
     from ray.tune.utils import util
 
     # the controller still times these two under these names and this message (else the filter is stale)
-    src = inspect.getsource(TuneController._on_training_result) + inspect.getsource(TuneController._process_trial_results)
+    src = inspect.getsource(TuneController._on_training_result) + inspect.getsource(
+        TuneController._process_trial_results
+    )
     assert 'warn_if_slow("process_trial_result")' in src and '"Processing trial results took {duration:.3f} s, "' in src
     monkeypatch.setattr(util, "START_OF_TIME", time.time() - 120)  # Tune is quiet in a process's first minute
     seen: list[str] = []
@@ -194,11 +204,17 @@ def test_tunes_slow_result_processing_warnings_are_dropped_and_every_other_slow_
         _compat.quiet_slow_result_processing()
         _compat.quiet_slow_result_processing()  # idempotent
         assert sum(isinstance(f, _compat._SlowResultProcessing) for f in log.filters) == 1
-        for name, message in (("process_trial_result", None),
-                              ("process_trial_results", "Processing trial results took {duration:.3f} s, which may be a "
-                                                        "performance bottleneck. Please consider reporting results "
-                                                        "less frequently to Ray Tune."),
-                              ("callbacks.on_trial_result", None), ("on_step_begin", None)):
+        for name, message in (
+            ("process_trial_result", None),
+            (
+                "process_trial_results",
+                "Processing trial results took {duration:.3f} s, which may be a "
+                "performance bottleneck. Please consider reporting results "
+                "less frequently to Ray Tune.",
+            ),
+            ("callbacks.on_trial_result", None),
+            ("on_step_begin", None),
+        ):
             with util.warn_if_slow(name, threshold=1e-6, message=message):
                 time.sleep(0.01)
     finally:

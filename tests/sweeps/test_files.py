@@ -95,10 +95,9 @@ def test_on_a_full_filesystem_writes_fail_whole_and_the_reserve_makes_room(tmp_p
         reserve = files.SpaceReserve(mnt)
         reserve.keep()
         files.write_json(mnt / "sweep.json", {"status": "RUNNING"})
-        with open(mnt / "filler", "wb", buffering=0) as f:
-            with pytest.raises(OSError):
-                while True:
-                    f.write(b"\0" * 4096)
+        with open(mnt / "filler", "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 4096)
         with pytest.raises(WriteFailed, match=f"no space left on device while writing {mnt}/sweep.json"):
             files.write_json(mnt / "sweep.json", {"status": "FAILED", "error": "x" * 8192})
         assert json.loads((mnt / "sweep.json").read_text()) == {"status": "RUNNING"}
@@ -121,4 +120,5 @@ def test_out_of_space_cause_names_the_write():
         assert files.out_of_space_cause(wrapped, "/o") == "no space left on device while writing /o/trials.json"
     assert files.out_of_space_cause(ValueError("a bug"), "/") is None
     assert "no space left on device in /o" in files.out_of_space_cause(
-        RuntimeError("OSError: [Errno 28] No space left on device"), "/o")
+        RuntimeError("OSError: [Errno 28] No space left on device"), "/o"
+    )

@@ -34,23 +34,46 @@ def test_every_name_has_an_entry_and_unknown_names_are_refused():
 
 
 def test_importing_the_api_loads_no_training_stack():
-    code = ("import sys, workloads.api\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'ray', 'peft'))\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys, workloads.api\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'ray', 'peft'))\n"
+        "assert not bad, bad\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
 
 
 #: the modules the public constants come from (they carry no ``__module__``)
-_CONSTANTS = {"WORKLOAD_NAMES": "workloads.config", "WorkloadName": "workloads.config",
-              "DETERMINISTIC_WARN_ONLY": "workloads.train.determinism",
-              "FLOPS_CONVENTION": "workloads.model.flops", "FLOPS_MODEL_TYPES": "workloads.model.flops",
-              "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",
-              **{n: "workloads.train.report" for n in ("REPORT_KEYS", "MLFLOW_METRICS", "ONCE_PER_ATTEMPT", "COMM_METRICS")},
-              **{n: "workloads.sections" for n in ("OPTIMIZER_NAMES", "OptimizerName", "LR_RULES", "LrRule", "SYNC_MODES", "SyncMode",
-                                                   "PARALLELISMS", "Parallelism", "MIXED_PRECISIONS", "MixedPrecision",
-                                                   "PositiveInt", "MAX_TOKENS", "MAX_BATCH_SEQUENCES", "MAX_WIDTH",
-                                                   "MODEL_SHORTHAND_FIELDS", "TRAINING_FIELDS")}}
+_CONSTANTS = {
+    "WORKLOAD_NAMES": "workloads.config",
+    "WorkloadName": "workloads.config",
+    "DETERMINISTIC_WARN_ONLY": "workloads.train.determinism",
+    "FLOPS_CONVENTION": "workloads.model.flops",
+    "FLOPS_MODEL_TYPES": "workloads.model.flops",
+    "GIVEN_FLOPS_CONVENTION": "workloads.model.flops",
+    **{n: "workloads.train.report" for n in ("REPORT_KEYS", "MLFLOW_METRICS", "ONCE_PER_ATTEMPT", "COMM_METRICS")},
+    **{
+        n: "workloads.sections"
+        for n in (
+            "OPTIMIZER_NAMES",
+            "OptimizerName",
+            "LR_RULES",
+            "LrRule",
+            "SYNC_MODES",
+            "SyncMode",
+            "PARALLELISMS",
+            "Parallelism",
+            "MIXED_PRECISIONS",
+            "MixedPrecision",
+            "PositiveInt",
+            "MAX_TOKENS",
+            "MAX_BATCH_SEQUENCES",
+            "MAX_WIDTH",
+            "MODEL_SHORTHAND_FIELDS",
+            "TRAINING_FIELDS",
+        )
+    },
+}
 
 
 def test_every_public_name_resolves():
@@ -62,12 +85,14 @@ def test_every_public_name_resolves():
         assert module.split(".")[0] == "workloads", (name, module)
         assert getattr(importlib.import_module(module), name) is obj, name
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
-        getattr(api, "nope")
+        api.nope
 
 
 def test_pretrain_entry_counts_flops_and_checks_the_corpus():
-    wc = WorkloadConfig(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32),
-                        data=DataConfig(path=str(ROOT / "data" / "tinyshakespeare" / "input.txt")))
+    wc = WorkloadConfig(
+        model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32),
+        data=DataConfig(path=str(ROOT / "data" / "tinyshakespeare" / "input.txt")),
+    )
     w = api.get_workload("pretrain")
     flops, convention = w.flops_per_token(wc)
     # llama (gated MLP), d = 32, 1 layer, d_ff = 64, n_ctx = 32, byte vocabulary 256:

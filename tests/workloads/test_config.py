@@ -29,8 +29,11 @@ from workloads.testing.faults import FaultPlan
 def full() -> TrialConfig:
     return TrialConfig(
         trial_id="t",
-        workload=WorkloadConfig(name="finetune", data=DataConfig(path="/x.jsonl"),
-                                finetune=FinetuneConfig(checkpoint_dir="/ck", lora=LoraConfig(rank=4))),
+        workload=WorkloadConfig(
+            name="finetune",
+            data=DataConfig(path="/x.jsonl"),
+            finetune=FinetuneConfig(checkpoint_dir="/ck", lora=LoraConfig(rank=4)),
+        ),
         budget_tokens=4096,
         optimizer=OptimizerConfig(lr=1e-3, beta2_half_life_tokens=2048.0, grad_clip_norm=None),
         batch=BatchConfig(batch_size_sequences=8, warmup=((0, 1), (1024, 2))),
@@ -79,8 +82,12 @@ def test_workload_names_and_the_finetune_section_are_checked_at_construction():
 
 
 def test_lora_to_dict_is_the_json_of_the_meta_file():
-    assert LoraConfig(rank=4, alpha=8.0).to_dict() == {"rank": 4, "alpha": 8.0, "dropout": 0.0,
-                                                        "target_modules": ["q_proj", "v_proj"]}
+    assert LoraConfig(rank=4, alpha=8.0).to_dict() == {
+        "rank": 4,
+        "alpha": 8.0,
+        "dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
 
 
 def test_fault_plan_fires_on_the_first_attempt_at_its_milestone_only(tmp_path):

@@ -18,10 +18,13 @@ def with_sections(base: TrialConfig, **changes: Any) -> TrialConfig:
     wl_changes = {k: changes.pop(k) for k in ("model", "data", "finetune", "name") if k in changes}
     if wl_changes:
         wl = base.workload
-        kw = {k: replace(getattr(wl, k), **v) if isinstance(v, dict) and getattr(wl, k) is not None else v
-              for k, v in wl_changes.items()}
+        kw = {
+            k: replace(getattr(wl, k), **v) if isinstance(v, dict) and getattr(wl, k) is not None else v
+            for k, v in wl_changes.items()
+        }
         # WorkloadConfig validates at construction: build it whole, not field by field
-        changes["workload"] = WorkloadConfig(**{**{f: getattr(wl, f) for f in ("name", "model", "data", "finetune")},
-                                                **kw})
+        changes["workload"] = WorkloadConfig(
+            **{**{f: getattr(wl, f) for f in ("name", "model", "data", "finetune")}, **kw}
+        )
     out = {k: replace(getattr(base, k), **v) if isinstance(v, dict) else v for k, v in changes.items()}
     return replace(base, **out)

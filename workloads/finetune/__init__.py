@@ -18,15 +18,15 @@ from workloads.finetune.workload import (
 )
 
 __all__ = [
+    "FINETUNE_META_FILE",
     "FinetuneWorkload",
     "build_finetune",
-    "run_finetune",
-    "save_finetuned",
-    "load_finetuned",
-    "load_checkpoint_model",
-    "init_checkpoint",
     "check_finetune_inputs",
     "finetune_flops",
     "finetune_tokens_per_sequence",
-    "FINETUNE_META_FILE",
+    "init_checkpoint",
+    "load_checkpoint_model",
+    "load_finetuned",
+    "run_finetune",
+    "save_finetuned",
 ]

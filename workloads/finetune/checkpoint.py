@@ -16,8 +16,15 @@ from workloads.config import ModelConfig
 from workloads.errors import DataError
 from workloads.model.hf import build_model
 
-__all__ = ["resolve_checkpoint", "load_checkpoint_config", "resolve_tokenizer", "check_context_length",
-           "load_checkpoint_model", "load_finetuned", "init_checkpoint"]
+__all__ = [
+    "check_context_length",
+    "init_checkpoint",
+    "load_checkpoint_config",
+    "load_checkpoint_model",
+    "load_finetuned",
+    "resolve_checkpoint",
+    "resolve_tokenizer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +39,7 @@ def resolve_checkpoint(checkpoint_dir: str) -> tuple[Path, Path | None]:
         DataError: the directory is missing, holds neither file, or the adapter's base is missing.
     """
     p = Path(checkpoint_dir).expanduser()
-    hint = ("build a tiny one with `critbatch init-checkpoint DIR`, or use a pretraining sweep's "
-            "OUT/best_checkpoint")
+    hint = "build a tiny one with `critbatch init-checkpoint DIR`, or use a pretraining sweep's OUT/best_checkpoint"
     if not p.is_dir():
         raise DataError(f"finetune.checkpoint_dir: directory not found: {checkpoint_dir} ({hint})")
     p = p.resolve()
@@ -46,9 +52,13 @@ def resolve_checkpoint(checkpoint_dir: str) -> tuple[Path, Path | None]:
             raise DataError(f"finetune.checkpoint_dir: unreadable adapter_config.json in {p}: {exc}") from None
         bp = Path(base) if Path(base).is_absolute() else (p / base)
         if not (bp / "config.json").is_file():
-            raise DataError(f"finetune.checkpoint_dir: the LoRA adapter in {p} needs its base model {base}, which is not a local checkpoint")
+            raise DataError(
+                f"finetune.checkpoint_dir: the LoRA adapter in {p} needs its base model {base}, which is not a local checkpoint"
+            )
         return bp.resolve(), p
-    raise DataError(f"finetune.checkpoint_dir: {checkpoint_dir} is not a Hugging Face checkpoint (no config.json) ({hint})")
+    raise DataError(
+        f"finetune.checkpoint_dir: {checkpoint_dir} is not a Hugging Face checkpoint (no config.json) ({hint})"
+    )
 
 
 def load_checkpoint_config(checkpoint_dir: str):
@@ -116,8 +126,12 @@ def check_context_length(hf_config, context_length_tokens: int) -> None:
             f"model.context_length_tokens={context_length_tokens} exceeds the checkpoint's learned positions "
             f"(n_positions={limit}); lower it to <= {limit}"
         )
-    log.warning("model.context_length_tokens=%d exceeds the checkpoint's max_position_embeddings=%d: "
-                "rotary positions beyond the pretraining context are extrapolated", context_length_tokens, limit)
+    log.warning(
+        "model.context_length_tokens=%d exceeds the checkpoint's max_position_embeddings=%d: "
+        "rotary positions beyond the pretraining context are extrapolated",
+        context_length_tokens,
+        limit,
+    )
 
 
 def load_checkpoint_model(checkpoint_dir: str, *, merge_adapter: bool = True) -> torch.nn.Module:
@@ -136,11 +150,13 @@ def load_checkpoint_model(checkpoint_dir: str, *, merge_adapter: bool = True) ->
     base, adapter = resolve_checkpoint(checkpoint_dir)
     try:
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32,
-                                                         attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_pretrained(
+                str(base), local_files_only=True, dtype=torch.float32, attn_implementation="sdpa"
+            )
         except ValueError:  # the architecture has no SDPA path
-            model = AutoModelForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32,
-                                                         attn_implementation="eager")
+            model = AutoModelForCausalLM.from_pretrained(
+                str(base), local_files_only=True, dtype=torch.float32, attn_implementation="eager"
+            )
     except (OSError, ValueError) as exc:
         raise DataError(f"finetune.checkpoint_dir: cannot load the model in {base}: {exc}") from None
     if adapter is not None:
@@ -150,7 +166,6 @@ def load_checkpoint_model(checkpoint_dir: str, *, merge_adapter: bool = True) ->
         if merge_adapter:
             model = model.merge_and_unload()
     return model
-
 
 
 def load_finetuned(checkpoint_dir: str) -> torch.nn.Module:
@@ -165,8 +180,18 @@ def load_finetuned(checkpoint_dir: str) -> torch.nn.Module:
     return load_checkpoint_model(checkpoint_dir, merge_adapter=False).eval()
 
 
-def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, context_length_tokens: int, *,
-                    d_ff: int | None = None, family: Literal["llama", "gpt2"] = "llama", seed: int = 0, overwrite: bool = False) -> Path:
+def init_checkpoint(
+    directory: str,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    context_length_tokens: int,
+    *,
+    d_ff: int | None = None,
+    family: Literal["llama", "gpt2"] = "llama",
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path:
     """Write a freshly initialised byte-level causal LM and its tokenizer: a checkpoint to fine-tune offline.
 
     Args:
@@ -198,8 +223,17 @@ def init_checkpoint(directory: str, d_model: int, n_layers: int, n_heads: int, c
     if d_ff is None:
         d_ff = 4 * d_model if family == "gpt2" else int(math.ceil(8 * d_model / 3 / 16) * 16)
     torch.manual_seed(seed)
-    model = build_model(ModelConfig(family=family, d_model=d_model, n_layers=n_layers, n_heads=n_heads, d_ff=d_ff,
-                                    context_length_tokens=context_length_tokens), BYTE_VOCAB_SIZE)
+    model = build_model(
+        ModelConfig(
+            family=family,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_ff=d_ff,
+            context_length_tokens=context_length_tokens,
+        ),
+        BYTE_VOCAB_SIZE,
+    )
     from transformers import PreTrainedModel
 
     assert isinstance(model, PreTrainedModel)  # build_model's

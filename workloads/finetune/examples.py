@@ -29,7 +29,7 @@ from workloads.config import FinetuneConfig
 from workloads.errors import DataError
 from workloads.finetune.packing import Example, PackedRows, pack_examples
 
-__all__ = ["FinetuneData", "read_records", "tokenize_examples", "load_finetune_data"]
+__all__ = ["FinetuneData", "load_finetune_data", "read_records", "tokenize_examples"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ class FinetuneData:
     train: PackedRows
     val: PackedRows
     stats: dict[str, Any]
-
 
 
 def read_records(path: str, prompt_field: str, response_field: str) -> list[tuple[int, str, str]]:
@@ -94,7 +93,12 @@ def read_records(path: str, prompt_field: str, response_field: str) -> list[tupl
 
 
 def tokenize_examples(
-    records: list[tuple[int, str, str]], tokenizer, opts: FinetuneConfig, *, context_length_tokens: int, vocab_size: int,
+    records: list[tuple[int, str, str]],
+    tokenizer,
+    opts: FinetuneConfig,
+    *,
+    context_length_tokens: int,
+    vocab_size: int,
     path: str = "data",
 ) -> tuple[list[Example], dict[str, Any]]:
     """Template and tokenize records; apply the context-length rule.
@@ -155,15 +159,25 @@ def tokenize_examples(
             f"{path}: every example was skipped: each prompt alone fills context_length_tokens={T}; raise it"
         )
     stats = {
-        "truncated": len(truncated), "skipped": len(skipped),
-        "truncated_lines": truncated[:_MAX_LISTED], "skipped_lines": skipped[:_MAX_LISTED],
+        "truncated": len(truncated),
+        "skipped": len(skipped),
+        "truncated_lines": truncated[:_MAX_LISTED],
+        "skipped_lines": skipped[:_MAX_LISTED],
     }
     return examples, stats
 
 
 @functools.lru_cache(maxsize=4)
-def _load_cached(path: str, mtime_ns: int, tokenizer_source: str, data_fields: tuple, T: int,
-                 validation_fraction: float, vocab_size: int, pad_id: int) -> FinetuneData:
+def _load_cached(
+    path: str,
+    mtime_ns: int,
+    tokenizer_source: str,
+    data_fields: tuple,
+    T: int,
+    validation_fraction: float,
+    vocab_size: int,
+    pad_id: int,
+) -> FinetuneData:
     from workloads.data.tokenizer import load_tokenizer
 
     opts = FinetuneConfig(checkpoint_dir="", **dict(data_fields))
@@ -177,18 +191,33 @@ def _load_cached(path: str, mtime_ns: int, tokenizer_source: str, data_fields: t
             f"{path}: {len(examples)} usable examples with validation_fraction={validation_fraction} leave "
             f"{len(examples) - n_val} for training and {n_val} for validation; each needs at least 1"
         )
-    train = pack_examples(examples[: len(examples) - n_val], context_length_tokens=T, packing=opts.packing, pad_id=pad_id)
+    train = pack_examples(
+        examples[: len(examples) - n_val], context_length_tokens=T, packing=opts.packing, pad_id=pad_id
+    )
     val = pack_examples(examples[len(examples) - n_val :], context_length_tokens=T, packing=opts.packing, pad_id=pad_id)
     stats.update(
-        examples=len(examples) + stats["skipped"], train_examples=len(examples) - n_val, validation_examples=n_val,
-        train_rows=len(train), validation_rows=len(val), train_real_tokens=int(train.real_tokens.sum()),
-        validation_real_tokens=int(val.real_tokens.sum()), tokenizer=tokenizer_source,
+        examples=len(examples) + stats["skipped"],
+        train_examples=len(examples) - n_val,
+        validation_examples=n_val,
+        train_rows=len(train),
+        validation_rows=len(val),
+        train_real_tokens=int(train.real_tokens.sum()),
+        validation_real_tokens=int(val.real_tokens.sum()),
+        tokenizer=tokenizer_source,
     )
     return FinetuneData(train=train, val=val, stats=stats)
 
 
-def load_finetune_data(path: str, *, tokenizer_source: str, opts: FinetuneConfig, context_length_tokens: int,
-                       validation_fraction: float, vocab_size: int, pad_id: int = 0) -> FinetuneData:
+def load_finetune_data(
+    path: str,
+    *,
+    tokenizer_source: str,
+    opts: FinetuneConfig,
+    context_length_tokens: int,
+    validation_fraction: float,
+    vocab_size: int,
+    pad_id: int = 0,
+) -> FinetuneData:
     """Read, tokenize, split (last ``validation_fraction`` of examples held out) and pack a data set.
 
     Cached per process by the file's path and modification time and the arguments.
@@ -203,11 +232,27 @@ def load_finetune_data(path: str, *, tokenizer_source: str, opts: FinetuneConfig
     p = Path(path)
     if not p.is_file():
         raise DataError(f"data.path: JSON Lines file not found: {path}")
-    data_fields = tuple((k, getattr(opts, k)) for k in ("prompt_field", "response_field", "prompt_template", "packing", "truncate"))
-    data = _load_cached(str(p.resolve()), p.stat().st_mtime_ns, tokenizer_source, data_fields, context_length_tokens,
-                        validation_fraction, vocab_size, pad_id)
+    data_fields = tuple(
+        (k, getattr(opts, k)) for k in ("prompt_field", "response_field", "prompt_template", "packing", "truncate")
+    )
+    data = _load_cached(
+        str(p.resolve()),
+        p.stat().st_mtime_ns,
+        tokenizer_source,
+        data_fields,
+        context_length_tokens,
+        validation_fraction,
+        vocab_size,
+        pad_id,
+    )
     if data.stats["truncated"] or data.stats["skipped"]:
-        log.warning("%s: %d example(s) truncated to context_length_tokens=%d (lines %s...), %d skipped (lines %s...)",
-                    path, data.stats["truncated"], context_length_tokens, data.stats["truncated_lines"],
-                    data.stats["skipped"], data.stats["skipped_lines"])
+        log.warning(
+            "%s: %d example(s) truncated to context_length_tokens=%d (lines %s...), %d skipped (lines %s...)",
+            path,
+            data.stats["truncated"],
+            context_length_tokens,
+            data.stats["truncated_lines"],
+            data.stats["skipped"],
+            data.stats["skipped_lines"],
+        )
     return data

@@ -12,8 +12,13 @@ from workloads.finetune.checkpoint import load_checkpoint_config
 from workloads.model.flops import FLOPS_CONVENTION, flops_per_token, lora_flops_per_token
 from workloads.model.hf import shape_of
 
-__all__ = ["lora_config", "count_adapter_params", "finetune_flops_per_token", "finetune_flops_convention",
-           "LORA_FLOPS_CONVENTION"]
+__all__ = [
+    "LORA_FLOPS_CONVENTION",
+    "count_adapter_params",
+    "finetune_flops_convention",
+    "finetune_flops_per_token",
+    "lora_config",
+]
 
 
 def lora_config(lora: LoraConfig):
@@ -24,8 +29,13 @@ def lora_config(lora: LoraConfig):
     from peft import LoraConfig as PeftLoraConfig
 
     # peft annotates lora_alpha as int; it only divides it by r, so a float alpha scales as written
-    return PeftLoraConfig(r=int(lora.rank), lora_alpha=float(lora.alpha),  # pyright: ignore[reportArgumentType] lora_dropout=float(lora.dropout),
-                          target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    return PeftLoraConfig(
+        r=int(lora.rank),
+        lora_alpha=float(lora.alpha),  # pyright: ignore[reportArgumentType] lora_dropout=float(lora.dropout),
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def count_adapter_params(hf_config, lora: LoraConfig) -> int:
@@ -47,15 +57,22 @@ def count_adapter_params(hf_config, lora: LoraConfig) -> int:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             peft_model = get_peft_model(model, lora_config(lora))
     except ValueError as exc:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) or
-                        type(m).__name__ == "Conv1D"})
+        names = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
+            }
+        )
         raise DataError(f"finetune.lora.target_modules: {exc} (this model's linear layers: {names})") from None
     return sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
 
 
 #: The LoRA counterpart of ``workloads.model.flops.FLOPS_CONVENTION`` (methodology section 9.4).
-LORA_FLOPS_CONVENTION = ("4*N_matmul + 6*N_adapter + 12*n_layer*n_ctx*d_attn + 4*d_model*vocab "
-                         "(frozen weights: fwd + activation grad; adapters: fwd + both grads; dense attention, no norms)")
+LORA_FLOPS_CONVENTION = (
+    "4*N_matmul + 6*N_adapter + 12*n_layer*n_ctx*d_attn + 4*d_model*vocab "
+    "(frozen weights: fwd + activation grad; adapters: fwd + both grads; dense attention, no norms)"
+)
 
 
 def finetune_flops_convention(lora: LoraConfig | None) -> str:

@@ -15,8 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Example", "PackedRows", "ModelInputs", "pack_examples", "block_causal_mask", "rows_batch", "IGNORE_INDEX",
-           "PAD_SEGMENT"]
+__all__ = [
+    "IGNORE_INDEX",
+    "PAD_SEGMENT",
+    "Example",
+    "ModelInputs",
+    "PackedRows",
+    "block_causal_mask",
+    "pack_examples",
+    "rows_batch",
+]
 
 IGNORE_INDEX = -100
 PAD_SEGMENT = -1
@@ -117,8 +125,9 @@ def pack_examples(examples: list[Example], *, context_length_tokens: int, packin
             at += n
         position_ids[r, at:] = torch.arange(T - at)
         real[r] = at
-    return PackedRows(input_ids=input_ids, targets=targets, position_ids=position_ids, segment_ids=segment_ids,
-                      real_tokens=real)
+    return PackedRows(
+        input_ids=input_ids, targets=targets, position_ids=position_ids, segment_ids=segment_ids, real_tokens=real
+    )
 
 
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -133,8 +142,9 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
-def rows_batch(rows: PackedRows, idx: torch.Tensor, *, float_mask_dtype: torch.dtype | None = None
-               ) -> tuple[ModelInputs, torch.Tensor]:
+def rows_batch(
+    rows: PackedRows, idx: torch.Tensor, *, float_mask_dtype: torch.dtype | None = None
+) -> tuple[ModelInputs, torch.Tensor]:
     """The micro-batch of rows ``idx``: model keyword arguments and targets ``[n, T]``.
 
     Args:
@@ -144,6 +154,10 @@ def rows_batch(rows: PackedRows, idx: torch.Tensor, *, float_mask_dtype: torch.d
     mask = block_causal_mask(rows.segment_ids[idx])
     if float_mask_dtype is not None:
         mask = torch.zeros(mask.shape, dtype=float_mask_dtype).masked_fill(~mask, torch.finfo(float_mask_dtype).min)
-    inputs = ModelInputs(input_ids=rows.input_ids[idx], attention_mask=mask, position_ids=rows.position_ids[idx],
-                         n_real_tokens=int(rows.real_tokens[idx].sum()))
+    inputs = ModelInputs(
+        input_ids=rows.input_ids[idx],
+        attention_mask=mask,
+        position_ids=rows.position_ids[idx],
+        n_real_tokens=int(rows.real_tokens[idx].sum()),
+    )
     return inputs, rows.targets[idx]

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -38,12 +39,20 @@ from workloads.finetune.lora import (
 )
 from workloads.finetune.packing import ModelInputs, rows_batch
 from workloads.model.flops import flops_per_token, lora_flops_per_token
-from workloads.train.loop import Reporter, TrainingOutcome, run_loop
-from workloads.train.hooks import MilestoneHook
 from workloads.model.hf import peak_flops_per_s, shape_of
+from workloads.train.hooks import MilestoneHook
+from workloads.train.loop import Reporter, TrainingOutcome, run_loop
 
-__all__ = ["FinetuneWorkload", "build_finetune", "run_finetune", "save_finetuned", "check_finetune_inputs",
-           "finetune_flops", "finetune_tokens_per_sequence", "FINETUNE_META_FILE"]
+__all__ = [
+    "FINETUNE_META_FILE",
+    "FinetuneWorkload",
+    "build_finetune",
+    "check_finetune_inputs",
+    "finetune_flops",
+    "finetune_tokens_per_sequence",
+    "run_finetune",
+    "save_finetuned",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +92,9 @@ class FinetuneWorkload:
     adapter_params: int = 0
     float_mask_dtype: torch.dtype | None = None
 
-    def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
-                    ) -> tuple[ModelInputs, torch.Tensor]:
+    def train_batch(
+        self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
+    ) -> tuple[ModelInputs, torch.Tensor]:
         """Rows ``start .. start+count`` of step ``step``'s global batch.
 
         The global batch is ``global_batch_size_sequences`` rows drawn uniformly with replacement
@@ -108,8 +118,10 @@ class FinetuneWorkload:
         n = int((cum < self.cfg.eval.eval_tokens).sum()) + 1
         n = min(n, len(self.data.val))
         per = max(1, min(_VAL_BATCH_ROWS, _VAL_BATCH_TOKENS // self.cfg.context_length_tokens))
-        return [rows_batch(self.data.val, torch.arange(i, min(i + per, n)), float_mask_dtype=self.float_mask_dtype)
-                for i in range(0, n, per)]
+        return [
+            rows_batch(self.data.val, torch.arange(i, min(i + per, n)), float_mask_dtype=self.float_mask_dtype)
+            for i in range(0, n, per)
+        ]
 
     def real_tokens(self, inputs: Any, targets: torch.Tensor) -> int:
         """Non-padding input positions of a micro-batch (prompt and response tokens)."""
@@ -140,8 +152,14 @@ def _load_inputs(wc: WorkloadConfig, data_path: str) -> tuple[FinetuneConfig, An
     check_context_length(hf, T)
     vocab = int(hf.vocab_size)
     source = resolve_tokenizer(opts.checkpoint_dir, wc.data.tokenizer, vocab)
-    data = load_finetune_data(data_path, tokenizer_source=source, opts=opts, context_length_tokens=T,
-                              validation_fraction=wc.data.validation_fraction, vocab_size=vocab)
+    data = load_finetune_data(
+        data_path,
+        tokenizer_source=source,
+        opts=opts,
+        context_length_tokens=T,
+        validation_fraction=wc.data.validation_fraction,
+        vocab_size=vocab,
+    )
     return opts, hf, vocab, source, data
 
 
@@ -175,13 +193,28 @@ def build_finetune(cfg: TrialConfig, device: torch.device) -> FinetuneWorkload:
     model.train()
     attn = getattr(model.config, "_attn_implementation", "sdpa")
     return FinetuneWorkload(
-        model=model, data=data, cfg=cfg, opts=opts, vocab_size=vocab, flops_per_token=c_tok, tokenizer_source=source,
-        base_dir=base_dir, adapter_params=adapters, float_mask_dtype=None if attn == "sdpa" else torch.float32,
+        model=model,
+        data=data,
+        cfg=cfg,
+        opts=opts,
+        vocab_size=vocab,
+        flops_per_token=c_tok,
+        tokenizer_source=source,
+        base_dir=base_dir,
+        adapter_params=adapters,
+        float_mask_dtype=None if attn == "sdpa" else torch.float32,
     )
 
 
-def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, resume_state: dict[str, Any] | None = None,
-                 save_dir: str | None = None, on_milestone: Sequence[MilestoneHook] = ()) -> TrainingOutcome:
+def run_finetune(
+    cfg: TrialConfig,
+    *,
+    device: torch.device,
+    report: Reporter,
+    resume_state: dict[str, Any] | None = None,
+    save_dir: str | None = None,
+    on_milestone: Sequence[MilestoneHook] = (),
+) -> TrainingOutcome:
     """Run one fine-tuning trial; if ``save_dir`` is given, save the result there at the end.
 
     Same contract as ``workloads.pretrain.run_pretrain`` (the ``finetune`` entry of
@@ -194,12 +227,21 @@ def run_finetune(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
         ValueError: ``training.parallelism: fsdp`` (fine-tuning runs ddp; the spec refuses it first).
     """
     if cfg.training.parallelism != "ddp":
-        raise ValueError("training.parallelism: the finetune workload (full or LoRA) runs ddp only, "
-                         f"got {cfg.training.parallelism!r}")
+        raise ValueError(
+            "training.parallelism: the finetune workload (full or LoRA) runs ddp only, "
+            f"got {cfg.training.parallelism!r}"
+        )
     work = build_finetune(cfg, device)
-    outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
-                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1,
-                       on_milestone=on_milestone)
+    outcome = run_loop(
+        cfg,
+        work,
+        device=device,
+        report=report,
+        resume_state=resume_state,
+        peak_flops_per_s=peak_flops_per_s(device),
+        attempt=0 if resume_state is None else 1,
+        on_milestone=on_milestone,
+    )
     if save_dir is not None and outcome.status == "completed":
         save_finetuned(work, save_dir)
     return outcome
@@ -274,9 +316,13 @@ def check_finetune_inputs(wc: WorkloadConfig) -> dict[str, Any]:
         adapters = count_adapter_params(hf, opts.lora)
         c_tok = lora_flops_per_token(shape, adapters, frozen_head=True)
     out = dict(data.stats)
-    out.update(flops_per_token=c_tok, flops_convention=finetune_flops_convention(opts.lora), adapter_params=adapters,
-               checkpoint_dir=str(Path(opts.checkpoint_dir).expanduser().resolve()),
-               mean_real_tokens_per_row=data.stats["train_real_tokens"] / max(data.stats["train_rows"], 1))
+    out.update(
+        flops_per_token=c_tok,
+        flops_convention=finetune_flops_convention(opts.lora),
+        adapter_params=adapters,
+        checkpoint_dir=str(Path(opts.checkpoint_dir).expanduser().resolve()),
+        mean_real_tokens_per_row=data.stats["train_real_tokens"] / max(data.stats["train_rows"], 1),
+    )
     return out
 
 
@@ -290,8 +336,10 @@ def finetune_flops(wc: WorkloadConfig) -> tuple[float, str]:
     if wc.finetune is None:
         raise DataError("the finetune workload needs a 'finetune' section (checkpoint_dir, fields, template)")
     lora = wc.finetune.lora
-    return (finetune_flops_per_token(wc.finetune.checkpoint_dir, wc.model.context_length_tokens, lora),
-            finetune_flops_convention(lora))
+    return (
+        finetune_flops_per_token(wc.finetune.checkpoint_dir, wc.model.context_length_tokens, lora),
+        finetune_flops_convention(lora),
+    )
 
 
 def finetune_tokens_per_sequence(wc: WorkloadConfig) -> float:

@@ -29,8 +29,18 @@ from typing import Any
 
 from workloads.errors import DataError
 
-__all__ = ["FLOPS_CONVENTION", "GIVEN_FLOPS_CONVENTION", "FLOPS_MODEL_TYPES", "MOE_CONFIG_KEYS", "TransformerShape",
-           "flops_per_token", "matmul_params", "lora_flops_per_token", "shape_of", "unknown_architecture"]
+__all__ = [
+    "FLOPS_CONVENTION",
+    "FLOPS_MODEL_TYPES",
+    "GIVEN_FLOPS_CONVENTION",
+    "MOE_CONFIG_KEYS",
+    "TransformerShape",
+    "flops_per_token",
+    "lora_flops_per_token",
+    "matmul_params",
+    "shape_of",
+    "unknown_architecture",
+]
 
 #: the convention logged when the spec gives ``model.flops_per_token`` itself (an architecture the formula does not know)
 GIVEN_FLOPS_CONVENTION = "given by the spec (model.flops_per_token)"
@@ -86,9 +96,7 @@ def flops_per_token(shape: TransformerShape) -> float:
     return float(6 * matmul_params(shape) + attention + head)
 
 
-def lora_flops_per_token(
-    shape: TransformerShape, adapter_params: int, *, frozen_head: bool = True
-) -> float:
+def lora_flops_per_token(shape: TransformerShape, adapter_params: int, *, frozen_head: bool = True) -> float:
     """Training FLOPs per token for LoRA fine-tuning (methodology note section 9.4).
 
     Frozen weights cost a forward (2N) and the activation gradient (2N), not a weight gradient:
@@ -102,7 +110,13 @@ def lora_flops_per_token(
 #: ``model_type`` values whose blocks the formula knows (dense decoders; see the module docstring)
 FLOPS_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "olmo2", "gpt2")
 #: config keys that mark a mixture of experts (per-token FLOPs depend on the routing: not counted here)
-MOE_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+MOE_CONFIG_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+)
 
 
 def unknown_architecture(config: dict[str, Any]) -> str | None:
@@ -118,7 +132,7 @@ def unknown_architecture(config: dict[str, Any]) -> str | None:
     """
     model_type = config.get("model_type")
     if model_type not in FLOPS_MODEL_TYPES:
-        return (f"model_type {model_type!r} is not one the FLOPs formula knows ({', '.join(FLOPS_MODEL_TYPES)})")
+        return f"model_type {model_type!r} is not one the FLOPs formula knows ({', '.join(FLOPS_MODEL_TYPES)})"
     moe = [k for k in MOE_CONFIG_KEYS if config.get(k)]
     if moe:
         return f"{moe[0]}={config[moe[0]]!r} makes it a mixture of experts, which the FLOPs formula does not count"
@@ -144,11 +158,24 @@ def shape_of(hf: Any, context_length_tokens: int | None = None) -> TransformerSh
     if hf.model_type == "gpt2":
         d, n_heads = hf.n_embd, hf.n_head
         return TransformerShape(
-            d_model=d, n_layers=hf.n_layer, n_heads=n_heads, n_kv_heads=n_heads, d_ff=hf.n_inner or 4 * d,
-            gated_mlp=False, vocab_size=hf.vocab_size, context_length_tokens=context_length_tokens or hf.n_positions)
+            d_model=d,
+            n_layers=hf.n_layer,
+            n_heads=n_heads,
+            n_kv_heads=n_heads,
+            d_ff=hf.n_inner or 4 * d,
+            gated_mlp=False,
+            vocab_size=hf.vocab_size,
+            context_length_tokens=context_length_tokens or hf.n_positions,
+        )
     d, n_heads = hf.hidden_size, hf.num_attention_heads
     return TransformerShape(
-        d_model=d, n_layers=hf.num_hidden_layers, n_heads=n_heads,
-        n_kv_heads=getattr(hf, "num_key_value_heads", None) or n_heads, d_ff=hf.intermediate_size, gated_mlp=True,
-        vocab_size=hf.vocab_size, context_length_tokens=context_length_tokens or hf.max_position_embeddings,
-        head_dim=getattr(hf, "head_dim", None) or d // n_heads)
+        d_model=d,
+        n_layers=hf.num_hidden_layers,
+        n_heads=n_heads,
+        n_kv_heads=getattr(hf, "num_key_value_heads", None) or n_heads,
+        d_ff=hf.intermediate_size,
+        gated_mlp=True,
+        vocab_size=hf.vocab_size,
+        context_length_tokens=context_length_tokens or hf.max_position_embeddings,
+        head_dim=getattr(hf, "head_dim", None) or d // n_heads,
+    )

@@ -12,10 +12,24 @@ import torch
 
 from workloads.config import ModelConfig
 from workloads.errors import DataError
-from workloads.model.flops import FLOPS_CONVENTION, GIVEN_FLOPS_CONVENTION, flops_per_token, shape_of, unknown_architecture
+from workloads.model.flops import (
+    FLOPS_CONVENTION,
+    GIVEN_FLOPS_CONVENTION,
+    flops_per_token,
+    shape_of,
+    unknown_architecture,
+)
 
-__all__ = ["hf_config", "build_model", "shape_of", "model_flops_per_token", "check_model_config", "model_vocab_size",
-           "peak_flops_per_s", "DEVICE_PEAK_BF16_FLOPS"]
+__all__ = [
+    "DEVICE_PEAK_BF16_FLOPS",
+    "build_model",
+    "check_model_config",
+    "hf_config",
+    "model_flops_per_token",
+    "model_vocab_size",
+    "peak_flops_per_s",
+    "shape_of",
+]
 
 #: keys of a saved ``config.json`` that describe a checkpoint, not the architecture: dropped, so a config
 #: saved in bf16 still trains with float32 weights (the precision is the training loop's choice)
@@ -25,16 +39,36 @@ _NOT_ARCHITECTURE = ("torch_dtype", "dtype", "architectures", "transformers_vers
 def _shorthand(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
     """``AutoConfig.for_model`` arguments of the five-number form (Llama or GPT-2), as built since the first version."""
     if cfg.family == "llama":
-        return {"model_type": "llama", "vocab_size": vocab_size, "hidden_size": cfg.d_model,
-                "intermediate_size": cfg.d_ff_resolved, "num_hidden_layers": cfg.n_layers,
-                "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads,
-                "max_position_embeddings": cfg.context_length_tokens, "tie_word_embeddings": cfg.tie_word_embeddings,
-                "bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        return {
+            "model_type": "llama",
+            "vocab_size": vocab_size,
+            "hidden_size": cfg.d_model,
+            "intermediate_size": cfg.d_ff_resolved,
+            "num_hidden_layers": cfg.n_layers,
+            "num_attention_heads": cfg.n_heads,
+            "num_key_value_heads": cfg.n_heads,
+            "max_position_embeddings": cfg.context_length_tokens,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+        }
     if cfg.family == "gpt2":
-        return {"model_type": "gpt2", "vocab_size": vocab_size, "n_embd": cfg.d_model, "n_inner": cfg.d_ff_resolved,
-                "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_positions": cfg.context_length_tokens,
-                "tie_word_embeddings": cfg.tie_word_embeddings, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
-                "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None}
+        return {
+            "model_type": "gpt2",
+            "vocab_size": vocab_size,
+            "n_embd": cfg.d_model,
+            "n_inner": cfg.d_ff_resolved,
+            "n_layer": cfg.n_layers,
+            "n_head": cfg.n_heads,
+            "n_positions": cfg.context_length_tokens,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": None,
+            "eos_token_id": None,
+        }
     raise ValueError(f"unknown model family {cfg.family!r}; expected 'llama' or 'gpt2'")
 
 
@@ -61,8 +95,10 @@ def model_vocab_size(cfg: ModelConfig, tokenizer_vocab_size: int) -> int:
     if given is None:
         return tokenizer_vocab_size
     if not isinstance(given, int) or isinstance(given, bool) or given < tokenizer_vocab_size:
-        raise DataError(f"model.hf_config.vocab_size: {given!r} is smaller than the tokenizer's vocabulary "
-                        f"({tokenizer_vocab_size} ids): the model could not embed every token")
+        raise DataError(
+            f"model.hf_config.vocab_size: {given!r} is smaller than the tokenizer's vocabulary "
+            f"({tokenizer_vocab_size} ids): the model could not embed every token"
+        )
     return given
 
 
@@ -112,8 +148,10 @@ def _fit_positions(hf, cfg: ModelConfig, config: dict[str, Any]) -> None:
     if given is None:
         hf.max_position_embeddings = cfg.context_length_tokens  # GPT-2 maps it to n_positions
     elif given < cfg.context_length_tokens:
-        raise DataError(f"model.hf_config.max_position_embeddings: {given} positions are fewer than "
-                        f"model.context_length_tokens={cfg.context_length_tokens}")
+        raise DataError(
+            f"model.hf_config.max_position_embeddings: {given} positions are fewer than "
+            f"model.context_length_tokens={cfg.context_length_tokens}"
+        )
 
 
 def build_model(cfg: ModelConfig, vocab_size: int) -> torch.nn.Module:
@@ -158,8 +196,12 @@ def check_model_config(cfg: ModelConfig, tokenizer_vocab_size: int) -> dict[str,
     """
     hf = hf_config(cfg, tokenizer_vocab_size)
     c_tok, convention = model_flops_per_token(cfg, hf)
-    return {"model_type": hf.model_type, "vocab_size": hf.vocab_size, "flops_per_token": c_tok,
-            "flops_convention": convention}
+    return {
+        "model_type": hf.model_type,
+        "vocab_size": hf.vocab_size,
+        "flops_per_token": c_tok,
+        "flops_convention": convention,
+    }
 
 
 #: Dense bf16 peak FLOP/s by CUDA device name (vendor data sheets, no sparsity). A device not

@@ -13,5 +13,12 @@ from workloads.pretrain.workload import (
     train_in_process,
 )
 
-__all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
-           "train_in_process", "save_pretrained_byte"]
+__all__ = [
+    "PretrainWorkload",
+    "build_pretrain",
+    "check_pretrain_inputs",
+    "pretrain_flops",
+    "run_pretrain",
+    "save_pretrained_byte",
+    "train_in_process",
+]

@@ -6,23 +6,37 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from workloads.config import TrialConfig, WorkloadConfig
-from workloads.data.corpus import Corpus, load_corpus, load_shard_corpus, tokenizer_vocab_size, validation_batches, window_batch
-from workloads.train.determinism import make_deterministic
+from workloads.data.corpus import (
+    Corpus,
+    load_corpus,
+    load_shard_corpus,
+    tokenizer_vocab_size,
+    validation_batches,
+    window_batch,
+)
 from workloads.errors import DataError
-from workloads.train.loop import Reporter, TrainingOutcome, run_loop
-from workloads.train.hooks import MilestoneHook
 from workloads.model.hf import build_model, hf_config, model_flops_per_token, peak_flops_per_s
+from workloads.train.determinism import make_deterministic
+from workloads.train.hooks import MilestoneHook
+from workloads.train.loop import Reporter, TrainingOutcome, run_loop
 from workloads.train.parallel import full_model_state, is_sharded
 from workloads.train.state_file import save_state
 
-__all__ = ["PretrainWorkload", "build_pretrain", "run_pretrain", "pretrain_flops", "check_pretrain_inputs",
-           "train_in_process"]
+__all__ = [
+    "PretrainWorkload",
+    "build_pretrain",
+    "check_pretrain_inputs",
+    "pretrain_flops",
+    "run_pretrain",
+    "train_in_process",
+]
 
 
 @dataclass
@@ -40,10 +54,16 @@ class PretrainWorkload:
 
     def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0):
         """Windows ``start .. start+count`` of step ``step``'s global batch (``workloads.data.corpus.window_batch``)."""
-        return window_batch(self.corpus.train_ids, seed=self.cfg.seed, step=step,
-                            global_batch_size_sequences=global_batch_size_sequences,
-                            context_length_tokens=self.cfg.context_length_tokens, start=start, count=count,
-                            stream=stream)
+        return window_batch(
+            self.corpus.train_ids,
+            seed=self.cfg.seed,
+            step=step,
+            global_batch_size_sequences=global_batch_size_sequences,
+            context_length_tokens=self.cfg.context_length_tokens,
+            start=start,
+            count=count,
+            stream=stream,
+        )
 
     def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
         """Every position of a window is a real token."""
@@ -51,8 +71,12 @@ class PretrainWorkload:
 
     def val_batches(self):
         """The fixed held-out windows (``workloads.data.corpus.validation_batches``), 64 per batch."""
-        return validation_batches(self.corpus.val_ids, eval_tokens=self.cfg.eval.eval_tokens,
-                                  context_length_tokens=self.cfg.context_length_tokens, batch_size_sequences=64)
+        return validation_batches(
+            self.corpus.val_ids,
+            eval_tokens=self.cfg.eval.eval_tokens,
+            context_length_tokens=self.cfg.context_length_tokens,
+            batch_size_sequences=64,
+        )
 
 
 def _load(wc: WorkloadConfig) -> Corpus:
@@ -84,10 +108,19 @@ def _check_shards(wc: WorkloadConfig) -> dict[str, Any]:
     except DataError as exc:
         raise DataError(f"data.tokenizer: {exc}") from None
     model_vocab = getattr(hf_config(wc.model, identity["vocab_size"]), "vocab_size", None)
-    check_index(index, tokenizer_sha256=identity["sha256"], tokenizer_name=wc.data.tokenizer,
-                model_vocab_size=model_vocab, min_tokens=wc.model.context_length_tokens + 1)
-    return {"train_tokens": index.tokens("train"), "validation_tokens": index.tokens("validation"),
-            "vocab_size": index.vocab_size, "mean_real_tokens_per_row": float(wc.model.context_length_tokens)}
+    check_index(
+        index,
+        tokenizer_sha256=identity["sha256"],
+        tokenizer_name=wc.data.tokenizer,
+        model_vocab_size=model_vocab,
+        min_tokens=wc.model.context_length_tokens + 1,
+    )
+    return {
+        "train_tokens": index.tokens("train"),
+        "validation_tokens": index.tokens("validation"),
+        "vocab_size": index.vocab_size,
+        "mean_real_tokens_per_row": float(wc.model.context_length_tokens),
+    }
 
 
 def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
@@ -103,8 +136,15 @@ def build_pretrain(cfg: TrialConfig, device: torch.device) -> PretrainWorkload:
     return PretrainWorkload(model=model, corpus=corpus, cfg=cfg, flops_per_token=c_tok)
 
 
-def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, resume_state=None,
-                 save_dir: str | None = None, on_milestone: Sequence[MilestoneHook] = ()) -> TrainingOutcome:
+def run_pretrain(
+    cfg: TrialConfig,
+    *,
+    device: torch.device,
+    report: Reporter,
+    resume_state=None,
+    save_dir: str | None = None,
+    on_milestone: Sequence[MilestoneHook] = (),
+) -> TrainingOutcome:
     """Run one pretraining trial; if ``save_dir`` is given, save a Hugging Face checkpoint there at the end.
 
     Under fsdp every rank gathers the full weights for it (rank 0, the one with ``save_dir``, saves);
@@ -112,9 +152,16 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
     ``on_milestone``: :func:`workloads.train.loop.run_loop`'s hooks (tests only).
     """
     work = build_pretrain(cfg, device)
-    outcome = run_loop(cfg, work, device=device, report=report, resume_state=resume_state,
-                       peak_flops_per_s=peak_flops_per_s(device), attempt=0 if resume_state is None else 1,
-                       on_milestone=on_milestone)
+    outcome = run_loop(
+        cfg,
+        work,
+        device=device,
+        report=report,
+        resume_state=resume_state,
+        peak_flops_per_s=peak_flops_per_s(device),
+        attempt=0 if resume_state is None else 1,
+        on_milestone=on_milestone,
+    )
     full = None
     if outcome.status == "completed" and is_sharded(work.model):  # a collective: on every rank
         full = full_model_state(work.model)
@@ -125,15 +172,16 @@ def run_pretrain(cfg: TrialConfig, *, device: torch.device, report: Reporter, re
     if save_dir is not None and outcome.status == "completed":
         try:
             save_pretrained_byte(work.model, cfg, save_dir, state_dict=full)
-        except Exception:  # noqa: BLE001 - the trial's results are already reported: never lose them here
+        except Exception:
             logging.getLogger(__name__).exception("could not save the Hugging Face checkpoint to %s", save_dir)
             # a half-written checkpoint (a full disk) must not pass for one: the driver copies it as the best
             shutil.rmtree(save_dir, ignore_errors=True)
     return outcome
 
 
-def save_pretrained_byte(model: torch.nn.Module, cfg: TrialConfig, save_dir: str,
-                         state_dict: dict[str, torch.Tensor] | None = None) -> None:
+def save_pretrained_byte(
+    model: torch.nn.Module, cfg: TrialConfig, save_dir: str, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
     """``save_pretrained`` (of ``state_dict`` when given: a sharded model's full weights) plus the
     tokenizer (a local HF tokenizer directory is copied; ``byte`` is written as a byte-level
     ``tokenizers`` model so the checkpoint fine-tunes offline)."""
@@ -177,16 +225,22 @@ def check_pretrain_inputs(wc: WorkloadConfig) -> dict[str, Any]:
     if not wc.data.path:
         raise DataError("data: give data.path (a text file) or data.shards (prepared token shards)")
     try:  # counted, not kept: the driver prepares the file into shards once (sweeps/run/dataprep.py)
-        corpus = load_corpus(wc.data.path, wc.data.tokenizer, wc.data.validation_fraction,
-                             wc.model.context_length_tokens, keep=False)
+        corpus = load_corpus(
+            wc.data.path, wc.data.tokenizer, wc.data.validation_fraction, wc.model.context_length_tokens, keep=False
+        )
     except DataError as exc:
         raise DataError(f"data.path: {exc}") from None
-    return {"train_tokens": len(corpus.train_ids), "validation_tokens": len(corpus.val_ids),
-            "vocab_size": corpus.vocab_size, "mean_real_tokens_per_row": float(wc.model.context_length_tokens)}
+    return {
+        "train_tokens": len(corpus.train_ids),
+        "validation_tokens": len(corpus.val_ids),
+        "vocab_size": corpus.vocab_size,
+        "mean_real_tokens_per_row": float(wc.model.context_length_tokens),
+    }
 
 
-def train_in_process(config: dict[str, Any], state_path: str | None, save_states: dict[int, str] | None
-                     ) -> dict[str, Any]:
+def train_in_process(
+    config: dict[str, Any], state_path: str | None, save_states: dict[int, str] | None
+) -> dict[str, Any]:
     """Run a pretraining loop on CPU in this process (a branched-training Ray task, ``sweeps/run/branching.py``).
 
     Args:
@@ -217,5 +271,9 @@ def train_in_process(config: dict[str, Any], state_path: str | None, save_states
 
     t0 = time.perf_counter()
     outcome = run_loop(cfg, work, device=torch.device("cpu"), report=report, resume_state=resume, attempt=1)
-    return {"status": outcome.status, "reports": reports, "flops_per_token": work.flops_per_token,
-            "wall_s": time.perf_counter() - t0}
+    return {
+        "status": outcome.status,
+        "reports": reports,
+        "flops_per_token": work.flops_per_token,
+        "wall_s": time.perf_counter() - t0,
+    }

@@ -14,22 +14,31 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import Any, Callable
-
-import torch
+from collections.abc import Callable
+from typing import Any
 
 import ray.train
 import ray.train.torch
+import torch
 
-from workloads.ray.compat import kv_get, train_storage_path
 from workloads.config import TrialConfig, TrialRunContext, from_loop_config
+from workloads.ray.compat import kv_get, train_storage_path
+from workloads.train.determinism import make_deterministic
 from workloads.train.hooks import milestone_hooks_from_env
 from workloads.train.report import TrialReport
-from workloads.train.determinism import make_deterministic
 from workloads.train.state_file import out_of_space_error, save_state
 
-__all__ = ["train_fn_per_worker", "run_trial", "RungGate", "STATE_FILE", "REPORTED_KEY", "WORKER_NODES_KEY", "reaches_rung",
-           "wait_for_rung_decision", "worker_nodes"]
+__all__ = [
+    "REPORTED_KEY",
+    "STATE_FILE",
+    "WORKER_NODES_KEY",
+    "RungGate",
+    "reaches_rung",
+    "run_trial",
+    "train_fn_per_worker",
+    "wait_for_rung_decision",
+    "worker_nodes",
+]
 
 STATE_FILE = "trial_state.pt"
 #: the key of the checkpointed state that holds every report so far (sent again by a restored worker group)
@@ -55,11 +64,18 @@ def reaches_rung(cfg: TrialConfig, tokens_seen: float, previous_tokens: float) -
     """
     if cfg.rung_gate is None or not cfg.rung_gate.barrier_tokens:
         return False
-    return any(previous_tokens < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_gate.barrier_tokens)
+    return any(
+        previous_tokens < r * (1 - 1e-12) and r * (1 - 1e-12) <= tokens_seen for r in cfg.rung_gate.barrier_tokens
+    )
 
 
-def wait_for_rung_decision(key: str, tokens_seen: float, timeout_s: float = RUNG_WAIT_TIMEOUT_S,
-                           poll_s: float = 0.1, cancelled: Callable[[], bool] | None = None) -> bool:
+def wait_for_rung_decision(
+    key: str,
+    tokens_seen: float,
+    timeout_s: float = RUNG_WAIT_TIMEOUT_S,
+    poll_s: float = 0.1,
+    cancelled: Callable[[], bool] | None = None,
+) -> bool:
     """Block until the Ray KV value under ``key`` (written by the sweep's scheduler) is >= ``tokens_seen``.
 
     Returns False if ``timeout_s`` passed first (the worker then goes on), or as soon as ``cancelled()``
@@ -120,8 +136,9 @@ class RungGate:
             return
         import logging
 
-        logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on", self.key,
-                                            RUNG_WAIT_TIMEOUT_S)
+        logging.getLogger(__name__).warning(
+            "no rung decision for %s after %.0f s: going on", self.key, RUNG_WAIT_TIMEOUT_S
+        )
 
 
 def worker_nodes() -> str:
@@ -193,13 +210,31 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                     raise error from exc
         gate.after(clean)
 
-    run_trial(cfg, context, device=device, settings=settings, rank=rank, nodes=nodes, entered=entered,
-              resume_state=resume_state, publish=publish)
+    run_trial(
+        cfg,
+        context,
+        device=device,
+        settings=settings,
+        rank=rank,
+        nodes=nodes,
+        entered=entered,
+        resume_state=resume_state,
+        publish=publish,
+    )
 
 
-def run_trial(cfg: TrialConfig, context: TrialRunContext, *, device: torch.device, settings: dict[str, Any], rank: int,
-              nodes: str, entered: float, resume_state: dict[str, Any] | None,
-              publish: Callable[[dict[str, Any], dict[str, Any] | None], None]) -> None:
+def run_trial(
+    cfg: TrialConfig,
+    context: TrialRunContext,
+    *,
+    device: torch.device,
+    settings: dict[str, Any],
+    rank: int,
+    nodes: str,
+    entered: float,
+    resume_state: dict[str, Any] | None,
+    publish: Callable[[dict[str, Any], dict[str, Any] | None], None],
+) -> None:
     """Run one trial's workload in this worker, handing every report (and rank 0's state) to ``publish``.
 
     Shared by the one-trial worker group (:func:`train_fn_per_worker`) and the trial runner
@@ -231,9 +266,11 @@ def run_trial(cfg: TrialConfig, context: TrialRunContext, *, device: torch.devic
         if first_step is not None and started is not None:
             worker.update(startup_s=first_step - started, startup_ray_s=entered - started)
         if first_step is not None:  # what this attempt's worker computed with (workloads.train.determinism)
-            worker.update(torch_num_threads=settings["torch_num_threads"],
-                          deterministic_algorithms=float(settings["deterministic_algorithms"]),
-                          worker_rss_mb=_rss_mb())
+            worker.update(
+                torch_num_threads=settings["torch_num_threads"],
+                deterministic_algorithms=float(settings["deterministic_algorithms"]),
+                worker_rss_mb=_rss_mb(),
+            )
         clean = {k: v for k, v in made.with_worker(**worker).to_dict().items() if v is not None}
         reported.append(clean)
         if state is not None:
@@ -245,6 +282,11 @@ def run_trial(cfg: TrialConfig, context: TrialRunContext, *, device: torch.devic
 
     from workloads.registry import get_workload
 
-    get_workload(cfg.workload.name).train(cfg, device=device, report=report, resume_state=resume_state,
-                                          save_dir=context.save_dir if rank == 0 else None,
-                                          on_milestone=milestone_hooks_from_env(cfg))
+    get_workload(cfg.workload.name).train(
+        cfg,
+        device=device,
+        report=report,
+        resume_state=resume_state,
+        save_dir=context.save_dir if rank == 0 else None,
+        on_milestone=milestone_hooks_from_env(cfg),
+    )

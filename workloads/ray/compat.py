@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["kv_get", "train_session", "drain_report_queue", "train_storage_path"]
+__all__ = ["drain_report_queue", "kv_get", "train_session", "train_storage_path"]
 
 
 def kv_get(key: str) -> bytes | None:

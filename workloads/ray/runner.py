@@ -36,21 +36,28 @@ import time
 import traceback
 from typing import Any
 
-import torch
-
 import ray
 import ray.exceptions
 import ray.train
 import ray.train.torch
+import torch
 
-from workloads.ray.adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.config import from_loop_config
+from workloads.errors import CritbatchError
+from workloads.ray.adapter import RUNG_WAIT_TIMEOUT_S, STATE_FILE, RungGate, run_trial, worker_nodes
 from workloads.train.determinism import make_deterministic
 from workloads.train.state_file import out_of_space_error, save_state
-from workloads.errors import CritbatchError
 
-__all__ = ["runner_fn_per_worker", "SHUTDOWN", "IDLE", "TrialCancelled", "latest_checkpoint", "load_checkpoint",
-           "checkpoint_candidates", "save_checkpoint"]
+__all__ = [
+    "IDLE",
+    "SHUTDOWN",
+    "TrialCancelled",
+    "checkpoint_candidates",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "runner_fn_per_worker",
+    "save_checkpoint",
+]
 
 #: what the exchange's ``take`` returns when the sweep is over
 SHUTDOWN = "shutdown"
@@ -237,7 +244,7 @@ def runner_fn_per_worker(config: dict[str, Any]) -> None:
             continue
         except ray.exceptions.RayActorError:
             return  # the exchange is gone mid-trial: the sweep is over
-        except Exception:  # noqa: BLE001 - the trial's error, not the runner's: hand it back
+        except Exception:
             if rank == 0 or not _multi_worker():
                 ray.get(exchange.failed.remote(runner_id, ticket, traceback.format_exc(limit=20)))
             if _multi_worker() or device.type == "cuda":
@@ -293,9 +300,19 @@ def _run_taken(exchange, ticket: int, trial: dict[str, Any], *, rank: int, devic
             if waited >= RUNG_WAIT_TIMEOUT_S:
                 import logging
 
-                logging.getLogger(__name__).warning("no rung decision for %s after %.0f s: going on",
-                                                    gate.key, RUNG_WAIT_TIMEOUT_S)
+                logging.getLogger(__name__).warning(
+                    "no rung decision for %s after %.0f s: going on", gate.key, RUNG_WAIT_TIMEOUT_S
+                )
                 return
 
-    run_trial(cfg, context, device=device, settings=settings, rank=rank, nodes=nodes, entered=entered,
-              resume_state=resume_state, publish=publish)
+    run_trial(
+        cfg,
+        context,
+        device=device,
+        settings=settings,
+        rank=rank,
+        nodes=nodes,
+        entered=entered,
+        resume_state=resume_state,
+        publish=publish,
+    )

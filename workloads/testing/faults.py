@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from workloads.config import TrialConfig
 from workloads.train.hooks import MilestoneHook
 
-__all__ = ["FaultPlan", "hold_from_env", "HOLD_HOOKS"]
+__all__ = ["HOLD_HOOKS", "FaultPlan", "hold_from_env"]
 
 #: the value of ``CRITBATCH_TEST_MILESTONE_HOOKS`` that turns on :func:`hold_from_env`
 HOLD_HOOKS = "workloads.testing.faults:hold_from_env"
@@ -43,7 +43,7 @@ class FaultPlan(MilestoneHook):
 
     def before_report(self, milestone_index: int, attempt: int) -> None:
         """Raises:
-            RuntimeError: at ``fail_at_milestone`` on attempt 0.
+        RuntimeError: at ``fail_at_milestone`` on attempt 0.
         """
         if self.fail_at_milestone is not None and attempt == 0 and milestone_index == self.fail_at_milestone:
             raise RuntimeError(f"injected fault at milestone {self.fail_at_milestone}")
@@ -68,5 +68,10 @@ def hold_from_env(cfg: TrialConfig) -> list[FaultPlan]:
     only = os.environ.get("CRITBATCH_TEST_HOLD_BATCH_SIZES")
     if only and cfg.batch.batch_size_sequences not in {int(b) for b in only.split(",")}:
         return []
-    return [FaultPlan(hold_at_milestone=int(hold_at) if hold_at else None, hold_file=hold_file,
-                      hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1")]
+    return [
+        FaultPlan(
+            hold_at_milestone=int(hold_at) if hold_at else None,
+            hold_file=hold_file,
+            hold_every_attempt=os.environ.get("CRITBATCH_TEST_HOLD_EVERY_ATTEMPT") == "1",
+        )
+    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BatchPlan", "plan_batch", "batch_schedule_steps", "min_micro_batches_total"]
+__all__ = ["BatchPlan", "batch_schedule_steps", "min_micro_batches_total", "plan_batch"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,10 @@ def plan_batch(
 
 
 def batch_schedule_steps(
-    budget_tokens: int, context_length_tokens: int, final_batch_size_sequences: int, schedule: list[tuple[int, int]] | None
+    budget_tokens: int,
+    context_length_tokens: int,
+    final_batch_size_sequences: int,
+    schedule: list[tuple[int, int]] | None,
 ) -> list[tuple[int, int]]:
     """Optimizer steps of a run with batch-size warmup, phase by phase.
 
@@ -96,7 +99,9 @@ def batch_schedule_steps(
     tokens = 0
     for i, (_, mult) in enumerate(sched):
         if (final_batch_size_sequences * mult) % last_mult:
-            raise ValueError(f"batch {final_batch_size_sequences} is not divisible by warmup factor {last_mult // mult}")
+            raise ValueError(
+                f"batch {final_batch_size_sequences} is not divisible by warmup factor {last_mult // mult}"
+            )
         b = final_batch_size_sequences * mult // last_mult
         end = sched[i + 1][0] if i + 1 < len(sched) else budget_tokens
         end = min(end, budget_tokens)

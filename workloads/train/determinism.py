@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["make_deterministic", "torch_threads_per_worker", "DETERMINISTIC_WARN_ONLY"]
+__all__ = ["DETERMINISTIC_WARN_ONLY", "make_deterministic", "torch_threads_per_worker"]
 
 #: ``torch.use_deterministic_algorithms(True, warn_only=...)`` on CPU workers: an op without a
 #: deterministic implementation warns instead of failing the trial (none is known on this CPU path).
@@ -54,6 +54,9 @@ def make_deterministic(device: torch.device, threads: int | None) -> dict[str, A
     torch.set_num_threads(int(threads))
     if device.type == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=DETERMINISTIC_WARN_ONLY)
-    return {"torch_num_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled()}
+    return {
+        "torch_num_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+    }

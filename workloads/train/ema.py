@@ -34,8 +34,13 @@ class WeightEMA:
         eval_model: the copy whose trainable parameters :meth:`load_into_eval_model` overwrites.
     """
 
-    def __init__(self, model: torch.nn.Module, params: list[torch.Tensor], half_life_tokens: float,
-                 eval_model: torch.nn.Module | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        params: list[torch.Tensor],
+        half_life_tokens: float,
+        eval_model: torch.nn.Module | None = None,
+    ):
         self.params = params
         self.half_life_tokens = half_life_tokens
         self.buffers = [torch.zeros_like(p, dtype=torch.float32) for p in params]

@@ -28,12 +28,16 @@ from workloads.train.schedule import BatchPhase, wsd_branch_steps, wsd_lr_scale
 from workloads.train.step import IGNORE_INDEX, StepOutcome, Stepper, forward_logits
 from workloads.train.sync import ReplicaSync
 
-__all__ = ["evaluate", "EvalResult", "MilestoneEvaluator"]
+__all__ = ["EvalResult", "MilestoneEvaluator", "evaluate"]
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device,
-             autocast_dtype: torch.dtype | None) -> float:
+def evaluate(
+    model: torch.nn.Module,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+) -> float:
     """Token-weighted mean cross-entropy (nats per token) of ``model`` on ``batches`` (a sharded model is
     resharded after them)."""
     was_training = model.training
@@ -45,14 +49,19 @@ def evaluate(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Ten
             logits = forward_logits(model, x, device)
         n = int((y != IGNORE_INDEX).sum())
         if n:
-            total += float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                           ignore_index=IGNORE_INDEX, reduction="sum"))
+            total += float(
+                F.cross_entropy(
+                    logits.float().reshape(-1, logits.shape[-1]),
+                    y.reshape(-1),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                )
+            )
             count += n
     model.train(was_training)
     if is_sharded(model):  # the FSDP root keeps its weights gathered after a forward: free them, or the next
-        model.reshard()    # forward after an in-place change (EMA weights, a restored WSD branch) would use stale ones
+        model.reshard()  # forward after an in-place change (EMA weights, a restored WSD branch) would use stale ones
     return total / max(count, 1)
-
 
 
 @dataclass(frozen=True)
@@ -85,9 +94,17 @@ class MilestoneEvaluator:
         sync: local_sgd / diloco replicas, whose mean weights are evaluated; None under ddp and fsdp.
     """
 
-    def __init__(self, cfg: TrialConfig, *, model: torch.nn.Module, ema: WeightEMA | None,
-                 val_set: list[tuple[Any, torch.Tensor]], flops_per_token: float, stepper: Stepper,
-                 sync: ReplicaSync | None = None):
+    def __init__(
+        self,
+        cfg: TrialConfig,
+        *,
+        model: torch.nn.Module,
+        ema: WeightEMA | None,
+        val_set: list[tuple[Any, torch.Tensor]],
+        flops_per_token: float,
+        stepper: Stepper,
+        sync: ReplicaSync | None = None,
+    ):
         self.cfg, self.model, self.ema, self.val_set = cfg, model, ema, val_set
         self.flops_per_token, self.stepper, self.sync = flops_per_token, stepper, sync
 
@@ -114,8 +131,9 @@ class MilestoneEvaluator:
         saved_model = copy.deepcopy(self.model.state_dict())
         saved_opt = copy.deepcopy(opt.state_dict())
         raw = self._loss(self.model)
-        n_steps = wsd_branch_steps(self.cfg.schedule.decay_fraction, tokens_seen, phase.batch_size_sequences,
-                                   self.cfg.context_length_tokens)
+        n_steps = wsd_branch_steps(
+            self.cfg.schedule.decay_fraction, tokens_seen, phase.batch_size_sequences, self.cfg.context_length_tokens
+        )
         branch_tokens, last = 0, None
         for i in range(n_steps):
             last = self.stepper.step(step + i, phase, tokens_seen, stream=1, lr_scale=wsd_lr_scale(i, n_steps))

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from workloads.config import TrialConfig
 
-__all__ = ["MilestoneHook", "MILESTONE_HOOKS_VAR", "milestone_hooks_from_env"]
+__all__ = ["MILESTONE_HOOKS_VAR", "MilestoneHook", "milestone_hooks_from_env"]
 
 #: ``module:factory``; ``factory(cfg: TrialConfig)`` returns the trial's hooks (a sequence, maybe empty)
 MILESTONE_HOOKS_VAR = "CRITBATCH_TEST_MILESTONE_HOOKS"

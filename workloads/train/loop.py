@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from workloads.config import TrialConfig
+from workloads.train.batching import min_micro_batches_total
 from workloads.train.ema import WeightEMA
 from workloads.train.evaluation import MilestoneEvaluator, evaluate
 from workloads.train.hooks import MilestoneHook
-from workloads.train.batching import min_micro_batches_total
 from workloads.train.noise_scale import NoiseScaleEMA
 from workloads.train.optim import build_optimizer, reads_beta2, state_bytes_per_param
+from workloads.train.parallel import (
+    autocast_dtype,
+    full_model_state,
+    full_optimizer_state,
+    full_tensors,
+    is_sharded,
+    load_model_state,
+    load_optimizer_state,
+    prepare_model,
+)
 from workloads.train.report import TrialOutcome, TrialReport
-from workloads.train.parallel import (autocast_dtype, full_model_state, full_optimizer_state, full_tensors,
-                                is_sharded, load_model_state, load_optimizer_state, prepare_model)
 from workloads.train.schedule import BatchPhase, Schedule, batch_phases
 from workloads.train.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
 from workloads.train.sync import CommCounters, ReplicaSync, to_cpu
 
-__all__ = ["Workload", "TrainingOutcome", "run_loop", "Reporter", "LoopCounters", "evaluate", "IGNORE_INDEX"]
+__all__ = ["IGNORE_INDEX", "LoopCounters", "Reporter", "TrainingOutcome", "Workload", "evaluate", "run_loop"]
 
 #: ``report(metrics, state)``: ``metrics`` is :meth:`TrialReport.to_dict`; ``state`` (rank 0, with a checkpoint)
 #: restores the run, else None.
@@ -45,8 +54,9 @@ class Workload(Protocol):
     vocab_size: int
     flops_per_token: float
 
-    def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_batch(
+        self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(inputs, targets)``: inputs are input ids ``[count, T]`` or a dict of model keyword
         arguments; targets ``[count, T]`` use -100 where no loss is taken."""
         ...
@@ -92,8 +102,13 @@ class LoopCounters:
     def state(self, ema_weight: float) -> dict[str, Any]:
         """The checkpoint's ``loop`` dict (with the weight EMA's ``ema_weight``, 0.0 without one)."""
         d = asdict(self)
-        return {"step": d.pop("step"), "tokens_seen": d.pop("tokens_seen"), "milestone_idx": d.pop("milestone_idx"),
-                "ema_weight": ema_weight, **d}
+        return {
+            "step": d.pop("step"),
+            "tokens_seen": d.pop("tokens_seen"),
+            "milestone_idx": d.pop("milestone_idx"),
+            "ema_weight": ema_weight,
+            **d,
+        }
 
     def pass_milestones(self, milestones: list[int]) -> bool:
         """Count the milestones (tokens, ascending) that ``tokens_seen`` has reached; whether any was new."""
@@ -103,7 +118,7 @@ class LoopCounters:
         return self.milestone_idx > before
 
     @classmethod
-    def from_state(cls, loop: dict[str, Any]) -> "LoopCounters":
+    def from_state(cls, loop: dict[str, Any]) -> LoopCounters:
         """Inverse of :meth:`state` (``ema_weight`` is left for the weight EMA)."""
         return cls(**{k: v for k, v in loop.items() if k != "ema_weight"})
 
@@ -160,12 +175,26 @@ def run_loop(
         now = time.perf_counter()
         tps = (c.tokens_seen - last_report_tokens) / max(now - last_report_wall, 1e-9)
         last_report_wall, last_report_tokens = now, c.tokens_seen
-        made = _report(c, val=val, raw=raw, last=last, ns=run.ns, work=work, batch=phase.batch_size_sequences,
-                       tps=tps, peak=peak_flops_per_s, world=run.stepper.world, status=status, done=done,
-                       comm=run.comm.metrics())
-        made = replace(made, stopped_at_loss=True if stopped else None,
-                       steps_saved_vs_initial_batch=run.steps_saved_vs_initial_batch(c)
-                       if done and cfg.batch.warmup else None)
+        made = _report(
+            c,
+            val=val,
+            raw=raw,
+            last=last,
+            ns=run.ns,
+            work=work,
+            batch=phase.batch_size_sequences,
+            tps=tps,
+            peak=peak_flops_per_s,
+            world=run.stepper.world,
+            status=status,
+            done=done,
+            comm=run.comm.metrics(),
+        )
+        made = replace(
+            made,
+            stopped_at_loss=True if stopped else None,
+            steps_saved_vs_initial_batch=run.steps_saved_vs_initial_batch(c) if done and cfg.batch.warmup else None,
+        )
         if first.unix_s:  # the attempt's first report; 0.0 after it
             made = first.take(made, run.n_params)
         metrics = made.to_dict()
@@ -184,8 +213,14 @@ def run_loop(
 def _no_step(cfg: TrialConfig) -> StepOutcome:
     """The outcome reported before any step of this call (NaN loss, the configured LR and beta2)."""
     o = cfg.optimizer
-    return StepOutcome(loss=math.nan, real_tokens=0, noise_estimates=None, lr=o.lr,
-                       beta2=o.beta2 if reads_beta2(o.name) else math.nan, grad_norm=math.nan)
+    return StepOutcome(
+        loss=math.nan,
+        real_tokens=0,
+        noise_estimates=None,
+        lr=o.lr,
+        beta2=o.beta2 if reads_beta2(o.name) else math.nan,
+        grad_norm=math.nan,
+    )
 
 
 @dataclass
@@ -204,8 +239,12 @@ class _FirstStep:
     def take(self, report: TrialReport, trainable_params: int) -> TrialReport:
         """``report`` with ``first_step_unix_s``, ``trainable_params`` and (with a state)
         ``optimizer_state_bytes_per_param``; ``unix_s`` is 0.0 after."""
-        out = replace(report, first_step_unix_s=self.unix_s, optimizer_state_bytes_per_param=self.state_bytes_per_param,
-                      trainable_params=trainable_params)
+        out = replace(
+            report,
+            first_step_unix_s=self.unix_s,
+            optimizer_state_bytes_per_param=self.state_bytes_per_param,
+            trainable_params=trainable_params,
+        )
         self.unix_s = 0.0
         return out
 
@@ -225,22 +264,43 @@ class _Training:
         eval_model = prepare_model(self.model, tr, world=world, eval_copy=with_ema, device=device)
         self.sharded = is_sharded(self.model)
         self.params: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad]
-        self.schedule = Schedule(cfg, batch_phases(
-            cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world)))
+        self.schedule = Schedule(
+            cfg, batch_phases(cfg, world, min_micro_batches_total(cfg.noise_scale.enabled, tr.parallelism, world))
+        )
         self.opt = build_optimizer(self.params, o, device)
-        self.ema = (WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens, eval_model=eval_model)
-                    if with_ema else None)
+        self.ema = (
+            WeightEMA(self.model, self.params, cfg.schedule.ema_half_life_tokens, eval_model=eval_model)
+            if with_ema
+            else None
+        )
         self.ns = NoiseScaleEMA(decay=cfg.noise_scale.ema_decay)
         self.sync = ReplicaSync(tr.sync, self.model, self.params) if tr.sync.local else None
         self.comm = CommCounters()
         self.diverge_at = o.divergence_loss_factor * math.log(work.vocab_size)
-        self.stepper = Stepper(model=self.model, params=self.params, opt=self.opt, work=work, schedule=self.schedule,
-                               device=device, beta1=o.beta1, grad_clip_norm=o.grad_clip_norm,
-                               diverge_at=self.diverge_at, noise_scale=cfg.noise_scale.enabled,
-                               autocast_dtype=autocast_dtype(tr.mixed_precision, device), sharded=self.sharded,
-                               sync=self.sync)
-        self.evaluator = MilestoneEvaluator(cfg, model=self.model, ema=self.ema, val_set=work.val_batches(),
-                                            flops_per_token=work.flops_per_token, stepper=self.stepper, sync=self.sync)
+        self.stepper = Stepper(
+            model=self.model,
+            params=self.params,
+            opt=self.opt,
+            work=work,
+            schedule=self.schedule,
+            device=device,
+            beta1=o.beta1,
+            grad_clip_norm=o.grad_clip_norm,
+            diverge_at=self.diverge_at,
+            noise_scale=cfg.noise_scale.enabled,
+            autocast_dtype=autocast_dtype(tr.mixed_precision, device),
+            sharded=self.sharded,
+            sync=self.sync,
+        )
+        self.evaluator = MilestoneEvaluator(
+            cfg,
+            model=self.model,
+            ema=self.ema,
+            val_set=work.val_batches(),
+            flops_per_token=work.flops_per_token,
+            stepper=self.stepper,
+            sync=self.sync,
+        )
 
     def train_step(self, c: LoopCounters, phase: BatchPhase) -> StepOutcome:
         """One optimizer step at ``c``'s position; advances ``c`` and the EMAs (not after a diverged step)."""
@@ -259,8 +319,9 @@ class _Training:
                 self.ema.update(out.real_tokens)
         return out
 
-    def evaluate(self, c: LoopCounters, phase: BatchPhase, last: StepOutcome
-                 ) -> tuple[float, float | None, StepOutcome, float]:
+    def evaluate(
+        self, c: LoopCounters, phase: BatchPhase, last: StepOutcome
+    ) -> tuple[float, float | None, StepOutcome, float]:
         """The milestone's evaluation (:class:`workloads.train.evaluation.MilestoneEvaluator`), its FLOPs added
         to ``c``: ``(val_loss, val_loss_raw, the last step, seconds it took)``; the last step is the
         decay branch's when one ran, else ``last``."""
@@ -268,8 +329,12 @@ class _Training:
         ev = self.evaluator(step=c.step, tokens_seen=c.tokens_seen, phase=phase)
         for flops in ev.flops:
             c.flops_measurement += flops
-        return (ev.val_loss, ev.val_loss_raw, ev.last_step if ev.last_step is not None else last,
-                time.perf_counter() - t_eval)
+        return (
+            ev.val_loss,
+            ev.val_loss_raw,
+            ev.last_step if ev.last_step is not None else last,
+            time.perf_counter() - t_eval,
+        )
 
     def steps_saved_vs_initial_batch(self, c: LoopCounters) -> int:
         """Optimizer steps a batch-size warmup saved: the steps ``c.tokens_seen`` takes at the first
@@ -326,26 +391,45 @@ class _Training:
             model, opt, ema_raw = self.model.state_dict(), self.opt.state_dict(), ema.buffers if ema is not None else []
         if self.rank != 0:
             return None
-        return {"model": model, "optimizer": opt, "ema_raw": ema_raw, "noise_scale": self.ns.state_dict(),
-                "loop": c.state(ema.weight if ema is not None else 0.0), "rng_cpu": torch.get_rng_state(),
-                "comm": self.comm.state_dict()}
+        return {
+            "model": model,
+            "optimizer": opt,
+            "ema_raw": ema_raw,
+            "noise_scale": self.ns.state_dict(),
+            "loop": c.state(ema.weight if ema is not None else 0.0),
+            "rng_cpu": torch.get_rng_state(),
+            "comm": self.comm.state_dict(),
+        }
 
     def _replica_checkpoint(self, c: LoopCounters) -> dict[str, Any] | None:
         """:meth:`checkpoint` under local_sgd / diloco: every replica's state gathered to rank 0."""
         import torch.distributed as dist
 
         ema = self.ema
-        mine = to_cpu({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                       "ema_raw": ema.buffers if ema is not None else [], "rng_cpu": torch.get_rng_state()})
+        mine = to_cpu(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "ema_raw": ema.buffers if ema is not None else [],
+                "rng_cpu": torch.get_rng_state(),
+            }
+        )
         gathered: list[Any] | None = [None] * self.stepper.world if self.rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         if self.rank != 0 or gathered is None or self.sync is None:  # rank 0 has both
             return None
         first = gathered[0]
-        return {"model": first["model"], "optimizer": first["optimizer"], "ema_raw": first["ema_raw"],
-                "noise_scale": self.ns.state_dict(), "loop": c.state(ema.weight if ema is not None else 0.0),
-                "rng_cpu": first["rng_cpu"], "comm": self.comm.state_dict(), "replicas": gathered,
-                "sync": self.sync.state_dict()}
+        return {
+            "model": first["model"],
+            "optimizer": first["optimizer"],
+            "ema_raw": first["ema_raw"],
+            "noise_scale": self.ns.state_dict(),
+            "loop": c.state(ema.weight if ema is not None else 0.0),
+            "rng_cpu": first["rng_cpu"],
+            "comm": self.comm.state_dict(),
+            "replicas": gathered,
+            "sync": self.sync.state_dict(),
+        }
 
     def restore(self, state: dict[str, Any]) -> LoopCounters:
         """Load a state saved with a report into the model, optimizer, EMAs and torch RNG; its counters.
@@ -358,8 +442,9 @@ class _Training:
         replicas = state.get("replicas")
         if replicas is not None:
             if len(replicas) != self.stepper.world:
-                raise ValueError(f"the checkpoint holds {len(replicas)} replicas, this trial runs "
-                                 f"{self.stepper.world} workers")
+                raise ValueError(
+                    f"the checkpoint holds {len(replicas)} replicas, this trial runs {self.stepper.world} workers"
+                )
             state = {**state, **replicas[self.rank]}
         if self.sync is not None:  # diloco refuses a state without its anchor
             self.sync.load_state_dict(state.get("sync", {}))
@@ -381,9 +466,22 @@ class _Training:
         return counters
 
 
-def _report(c: LoopCounters, *, val: float, raw: float | None, last: StepOutcome, ns: NoiseScaleEMA, work: Workload,
-            batch: int, tps: float, peak: float | None, world: int, status: TrialOutcome, done: bool,
-            comm: dict[str, Any]) -> TrialReport:
+def _report(
+    c: LoopCounters,
+    *,
+    val: float,
+    raw: float | None,
+    last: StepOutcome,
+    ns: NoiseScaleEMA,
+    work: Workload,
+    batch: int,
+    tps: float,
+    peak: float | None,
+    world: int,
+    status: TrialOutcome,
+    done: bool,
+    comm: dict[str, Any],
+) -> TrialReport:
     """One milestone's :class:`workloads.train.report.TrialReport` (see :func:`run_loop`)."""
     return TrialReport(
         tokens_seen=c.tokens_seen,

@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["step_estimates", "NoiseScaleEMA"]
+__all__ = ["NoiseScaleEMA", "step_estimates"]
 
 
-def step_estimates(mean_small_sq_norm: float, big_sq_norm: float, micro_batch_size: int, micro_batches: int) -> tuple[float, float]:
+def step_estimates(
+    mean_small_sq_norm: float, big_sq_norm: float, micro_batch_size: int, micro_batches: int
+) -> tuple[float, float]:
     """Unbiased one-step estimates of ``|G|^2`` and ``tr(Sigma)``.
 
     With ``n_s`` the mean over the ``K`` micro-batch gradients of their squared norms and ``n_b``
@@ -80,5 +82,8 @@ class NoiseScaleEMA:
 
     def load_state_dict(self, state: dict) -> None:
         self.decay, self.g2_ema, self.tr_sigma_ema, self.weight = (
-            state["decay"], state["g2_ema"], state["tr_sigma_ema"], state["weight"],
+            state["decay"],
+            state["g2_ema"],
+            state["tr_sigma_ema"],
+            state["weight"],
         )

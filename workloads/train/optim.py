@@ -39,7 +39,7 @@ from packaging.version import Version
 from workloads.config import OptimizerConfig
 from workloads.sections import reads_beta2  # re-exported: the one definition is beside the optimizer names
 
-__all__ = ["build_optimizer", "state_bytes_per_param", "reads_beta2", "BITSANDBYTES_HINT"]
+__all__ = ["BITSANDBYTES_HINT", "build_optimizer", "reads_beta2", "state_bytes_per_param"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ BITSANDBYTES_HINT = "pip install 'bitsandbytes>=0.50' (a dependency of critbatch
 #: the first bitsandbytes release with a CPU kernel for its block-wise 8-bit optimizer update
 #: (``bitsandbytes::optimizer_update_8bit_blockwise`` registered for ``cpu``; 0.49 has none)
 BITSANDBYTES_CPU_MIN = "0.50"
-
 
 
 def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -66,22 +65,35 @@ def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: to
     """
     name = cfg.name
     if not reads_beta2(name):
-        log.info("optimizer %s has no constant beta2: beta2=%g (half-life %g tokens) is not read%s", name, cfg.beta2,
-                 cfg.beta2_half_life_tokens, "; nor is eps" if name == "sgd_momentum" else "; nor are beta1 and eps")
+        log.info(
+            "optimizer %s has no constant beta2: beta2=%g (half-life %g tokens) is not read%s",
+            name,
+            cfg.beta2,
+            cfg.beta2_half_life_tokens,
+            "; nor is eps" if name == "sgd_momentum" else "; nor are beta1 and eps",
+        )
     if name == "adamw":
         from workloads.train.parallel import adamw_impl
 
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                 weight_decay=cfg.weight_decay, **adamw_impl(device))
+        return torch.optim.AdamW(
+            params,
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            **adamw_impl(device),
+        )
     if name == "sgd_momentum":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, nesterov=False, weight_decay=cfg.weight_decay,
-                               foreach=True)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.beta1, nesterov=False, weight_decay=cfg.weight_decay, foreach=True
+        )
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "adamw_8bit":
         bnb = _bitsandbytes(device)
-        return bnb.optim.AdamW8bit(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-                                   weight_decay=cfg.weight_decay)
+        return bnb.optim.AdamW8bit(
+            params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
     raise ValueError(f"unknown optimizer {name!r}")
 
 
@@ -106,8 +118,10 @@ def _bitsandbytes(device: torch.device):
     finally:
         quiet.setLevel(level)
     if device.type == "cpu" and Version(bnb.__version__) < Version(BITSANDBYTES_CPU_MIN):
-        raise ValueError(f"optimizer adamw_8bit on CPU needs bitsandbytes >= 0.50 (its CPU kernel for the 8-bit "
-                         f"update), found {bnb.__version__}: {BITSANDBYTES_HINT}")
+        raise ValueError(
+            f"optimizer adamw_8bit on CPU needs bitsandbytes >= 0.50 (its CPU kernel for the 8-bit "
+            f"update), found {bnb.__version__}: {BITSANDBYTES_HINT}"
+        )
     return bnb
 
 

@@ -25,9 +25,21 @@ import torch.distributed as dist
 
 from workloads.config import TrainingConfig
 
-__all__ = ["autocast_dtype", "adamw_impl", "prepare_model", "is_sharded", "decoder_layers", "full_model_state",
-           "load_model_state", "full_optimizer_state", "load_optimizer_state", "full_tensors", "copy_full_into",
-           "global_sq_norm", "fsdp_bytes_per_micro_batch"]
+__all__ = [
+    "adamw_impl",
+    "autocast_dtype",
+    "copy_full_into",
+    "decoder_layers",
+    "fsdp_bytes_per_micro_batch",
+    "full_model_state",
+    "full_optimizer_state",
+    "full_tensors",
+    "global_sq_norm",
+    "is_sharded",
+    "load_model_state",
+    "load_optimizer_state",
+    "prepare_model",
+]
 
 
 def autocast_dtype(mixed_precision: str, device: torch.device) -> torch.dtype | None:
@@ -63,13 +75,16 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"training: cannot find the decoder layers of {type(model).__name__} "
-                         f"(_no_split_modules={sorted(names)}): fsdp and compile need them")
+        raise ValueError(
+            f"training: cannot find the decoder layers of {type(model).__name__} "
+            f"(_no_split_modules={sorted(names)}): fsdp and compile need them"
+        )
     return layers
 
 
-def prepare_model(model: torch.nn.Module, training: TrainingConfig, *, world: int, eval_copy: bool,
-                  device: torch.device) -> torch.nn.Module | None:
+def prepare_model(
+    model: torch.nn.Module, training: TrainingConfig, *, world: int, eval_copy: bool, device: torch.device
+) -> torch.nn.Module | None:
     """Apply ``training`` to ``model`` in place; the weight EMA's evaluation copy when ``eval_copy``.
 
     In order: activation checkpointing (``transformers``' ``activation_checkpointing_enable``, every
@@ -87,13 +102,15 @@ def prepare_model(model: torch.nn.Module, training: TrainingConfig, *, world: in
     """
     sharded = training.parallelism == "fsdp"
     if sharded and world < 2:
-        raise ValueError(f"training.parallelism 'fsdp' needs a process group of at least 2 ranks, got {world}: "
-                         f"use 'ddp' (the same mathematics) or more workers")
+        raise ValueError(
+            f"training.parallelism 'fsdp' needs a process group of at least 2 ranks, got {world}: "
+            f"use 'ddp' (the same mathematics) or more workers"
+        )
     if training.activation_checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     copy_ = copy.deepcopy(model) if eval_copy else None
     if training.compile:
-        for m in (decoder_layers(model) if sharded else [model]):
+        for m in decoder_layers(model) if sharded else [model]:
             m.compile()
     if sharded:
         from torch.distributed.device_mesh import init_device_mesh
@@ -160,8 +177,10 @@ def full_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> 
     if not full:
         return {}
     index = {n: i for i, n in enumerate(_trainable_names(model))}
-    return {"state": {index[n]: s for n, s in full["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
+    return {
+        "state": {index[n]: s for n, s in full["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]],
+    }
 
 
 def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -169,8 +188,10 @@ def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, sta
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     names = _trainable_names(model)
-    full = {"state": {names[i]: dict(s) for i, s in state["state"].items()},  # copies: ``state`` is left as it was
-            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    full = {
+        "state": {names[i]: dict(s) for i, s in state["state"].items()},  # copies: ``state`` is left as it was
+        "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]],
+    }
     set_optimizer_state_dict(model, opt, full, options=_options(gather=False))
 
 
@@ -222,8 +243,7 @@ def fsdp_bytes_per_micro_batch(model: torch.nn.Module) -> int:
         return t.numel() * t.element_size()
 
     # the sharded decoder layers: every FSDP module but the root (fully_shard renames their classes)
-    in_layers = {id(p) for m in model.modules() if isinstance(m, FSDPModule) and m is not model
-                 for p in m.parameters()}
+    in_layers = {id(p) for m in model.modules() if isinstance(m, FSDPModule) and m is not model for p in m.parameters()}
     params = list(model.parameters())
     forward = sum(local_bytes(p) for p in params)
     backward = sum(local_bytes(p) for p in params if id(p) in in_layers)

@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TrialReport", "TrialOutcome", "REPORT_KEYS", "MLFLOW_METRICS", "ONCE_PER_ATTEMPT", "COMM_METRICS"]
+__all__ = ["COMM_METRICS", "MLFLOW_METRICS", "ONCE_PER_ATTEMPT", "REPORT_KEYS", "TrialOutcome", "TrialReport"]
 
 
 class TrialOutcome(enum.StrEnum):
@@ -119,7 +119,7 @@ class TrialReport:
         return out
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> "TrialReport":
+    def from_dict(cls, row: dict[str, Any]) -> TrialReport:
         """Read a report row (a Tune result or a line of ``OUT/reports/*.jsonl``, of this version or an older
         one): the keys of other records (Tune's, the scheduler's) are ignored, missing ones are None.
 
@@ -128,7 +128,7 @@ class TrialReport:
         """
         return cls(**{name: row[name] for name in REPORT_KEYS if name in row})
 
-    def with_worker(self, **fields: Any) -> "TrialReport":
+    def with_worker(self, **fields: Any) -> TrialReport:
         """This report with the Ray adapter's fields (``startup_s``, ``worker_nodes``, ...) set."""
         return dataclasses.replace(self, **fields)
 

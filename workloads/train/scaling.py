@@ -11,11 +11,11 @@ import math
 
 __all__ = [
     "LR_RULE_EXPONENTS",
-    "scaled_lr",
     "beta2_from_half_life",
     "half_life_from_beta2",
-    "warmup_length_tokens",
+    "scaled_lr",
     "warmup_factor",
+    "warmup_length_tokens",
 ]
 
 #: exponent alpha of ``lr(B) = lr0 * (B / B0) ** alpha`` for each named rule.

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workloads.train.batching import BatchPlan, plan_batch
 from workloads.config import TrialConfig
+from workloads.train.batching import BatchPlan, plan_batch
 from workloads.train.scaling import beta2_from_half_life, scaled_lr, warmup_factor, warmup_length_tokens
 
 __all__ = ["BatchPhase", "Schedule", "batch_phases", "wsd_branch_steps", "wsd_lr_scale"]
@@ -61,8 +61,9 @@ class Schedule:
         T = cfg.context_length_tokens
         # the warmup is at least warmup_min_steps steps of the batch the run starts with (the one in
         # force during the ramp; with batch-size warmup the ramp does not restart when the batch grows)
-        self.warmup_len_tokens = warmup_length_tokens(cfg.schedule.warmup_tokens, cfg.schedule.warmup_min_steps,
-                                                      phases[0].batch_size_sequences * T)
+        self.warmup_len_tokens = warmup_length_tokens(
+            cfg.schedule.warmup_tokens, cfg.schedule.warmup_min_steps, phases[0].batch_size_sequences * T
+        )
 
     def phase_at(self, tokens_seen: int) -> BatchPhase:
         """The phase in force at ``tokens_seen``: the last whose threshold it has reached."""
@@ -80,14 +81,18 @@ class Schedule:
         ``beta2 = 0.5 ** (b * T / beta2_half_life_tokens)`` (Marek et al. 2025).
         """
         opt = self.cfg.optimizer
-        lr = (scaled_lr(opt.lr, self.cfg.batch.batch_size_sequences, batch_size_sequences, opt.lr_rule)
-              * warmup_factor(tokens_after_step, self.warmup_len_tokens) * lr_scale)
+        lr = (
+            scaled_lr(opt.lr, self.cfg.batch.batch_size_sequences, batch_size_sequences, opt.lr_rule)
+            * warmup_factor(tokens_after_step, self.warmup_len_tokens)
+            * lr_scale
+        )
         beta2 = beta2_from_half_life(opt.beta2_half_life_tokens, batch_size_sequences, self.cfg.context_length_tokens)
         return lr, beta2
 
 
-def wsd_branch_steps(decay_fraction: float, tokens_seen: int, batch_size_sequences: int,
-                     context_length_tokens: int) -> int:
+def wsd_branch_steps(
+    decay_fraction: float, tokens_seen: int, batch_size_sequences: int, context_length_tokens: int
+) -> int:
     """Optimizer steps of a WSD decay branch: ``max(1, round(decay_fraction * tokens_seen / (b * T)))``."""
     return max(1, round(decay_fraction * tokens_seen / (batch_size_sequences * context_length_tokens)))
 

@@ -20,7 +20,7 @@ import torch
 
 from workloads.errors import OutOfSpace
 
-__all__ = ["save_state", "out_of_space_error", "NEARLY_FULL_BYTES"]
+__all__ = ["NEARLY_FULL_BYTES", "out_of_space_error", "save_state"]
 
 #: the errnos of a full filesystem and of a spent quota, and how each reads
 _CAUSES = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
@@ -45,15 +45,17 @@ def save_state(state: dict[str, Any], path: str, *, shown_as: str | None = None)
         with open(path, "wb") as f:
             torch.save(state, f)
     except (OSError, RuntimeError) as exc:
-        error = out_of_space_error(exc, f"the checkpoint to {shown_as or path}", os.path.dirname(path) or ".",
-                                   by="torch")
+        error = out_of_space_error(
+            exc, f"the checkpoint to {shown_as or path}", os.path.dirname(path) or ".", by="torch"
+        )
         if error is None:
             raise
         raise error from exc
 
 
-def out_of_space_error(exc: BaseException, what: str, folder: str | None, *, by: str | None = None
-                       ) -> OutOfSpace | None:
+def out_of_space_error(
+    exc: BaseException, what: str, folder: str | None, *, by: str | None = None
+) -> OutOfSpace | None:
     """An :class:`OutOfSpace` saying "no space left on device while writing WHAT (BY: EXC'S WORDS)" if
     ``exc`` came of a full filesystem, else None. ``by``: who raised ``exc`` (default its type's name).
 
@@ -87,8 +89,9 @@ def out_of_space_error(exc: BaseException, what: str, folder: str | None, *, by:
     return _error(errno.ENOSPC, what, exc, by, note=f"{free} bytes free")
 
 
-def _error(code: int, what: str, exc: BaseException, by: str | None, *, found: BaseException | None = None,
-           note: str = "") -> OutOfSpace:
+def _error(
+    code: int, what: str, exc: BaseException, by: str | None, *, found: BaseException | None = None, note: str = ""
+) -> OutOfSpace:
     """The :class:`OutOfSpace`, with the words of the error raised (unless it is the ``OSError`` itself)."""
     words = "" if found is exc else _words(exc, by)
     detail = "; ".join(x for x in (note, words) if x)

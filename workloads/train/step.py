@@ -19,8 +19,9 @@ slice's gradient (:func:`step_gradient` with ``reduce=False``) and the replicas 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +30,17 @@ from workloads.train.noise_scale import step_estimates
 from workloads.train.schedule import BatchPhase, Schedule
 from workloads.train.sync import ReplicaSync, dist_info, payload_bytes, timed_all_reduce
 
-__all__ = ["IGNORE_INDEX", "StepGradient", "step_gradient", "sharded_step_gradient", "StepOutcome", "Stepper", "TrainBatches", "dist_info",
-           "forward_logits"]
+__all__ = [
+    "IGNORE_INDEX",
+    "StepGradient",
+    "StepOutcome",
+    "Stepper",
+    "TrainBatches",
+    "dist_info",
+    "forward_logits",
+    "sharded_step_gradient",
+    "step_gradient",
+]
 
 IGNORE_INDEX = -100
 
@@ -45,8 +55,9 @@ def forward_logits(model: torch.nn.Module, inputs, device: torch.device) -> torc
 
 def _token_loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum of the per-token cross-entropies over the positions whose target is not -100."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
 
 
 @dataclass(frozen=True)
@@ -78,11 +89,14 @@ class StepGradient:
     comm_time_s: float = 0.0
 
 
-def _loss_tokens(micro_batches: list[tuple[Any, torch.Tensor]], real_tokens: Callable[[Any, torch.Tensor], int]
-                 ) -> tuple[list[int], int]:
+def _loss_tokens(
+    micro_batches: list[tuple[Any, torch.Tensor]], real_tokens: Callable[[Any, torch.Tensor], int]
+) -> tuple[list[int], int]:
     """Per micro-batch, its loss tokens (targets other than -100); and the real tokens of all of them."""
-    return ([int((y != IGNORE_INDEX).sum()) for _, y in micro_batches],
-            sum(int(real_tokens(x, y)) for x, y in micro_batches))
+    return (
+        [int((y != IGNORE_INDEX).sum()) for _, y in micro_batches],
+        sum(int(real_tokens(x, y)) for x, y in micro_batches),
+    )
 
 
 def _accumulate(
@@ -133,18 +147,34 @@ def _accumulate(
     return acc, sums
 
 
-def _step_result(acc: list[torch.Tensor], sums: torch.Tensor, *, n_global: int, real_global: int, k_global: int,
-                 sq_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None, comm_bytes: int, comm_time_s: float
-                 ) -> StepGradient:
+def _step_result(
+    acc: list[torch.Tensor],
+    sums: torch.Tensor,
+    *,
+    n_global: int,
+    real_global: int,
+    k_global: int,
+    sq_norm: Callable[[list[torch.Tensor]], torch.Tensor] | None,
+    comm_bytes: int,
+    comm_time_s: float,
+) -> StepGradient:
     """The :class:`StepGradient` of reduced ``sums`` (:func:`_accumulate`); ``sq_norm`` (None: the
     estimator is off) gives the squared norm of the summed gradient."""
     small_mean = big_sq = None
     if sq_norm is not None:
         small_mean = float(sums[0]) / k_global if k_global else float("nan")
         big_sq = float(sq_norm(acc))
-    return StepGradient(grads=acc, loss=float(sums[1]) / n_global if n_global else float("nan"), loss_tokens=n_global,
-                        real_tokens=real_global, small_sq_norm_mean=small_mean, big_sq_norm=big_sq,
-                        micro_batches=k_global, comm_bytes=comm_bytes, comm_time_s=comm_time_s)
+    return StepGradient(
+        grads=acc,
+        loss=float(sums[1]) / n_global if n_global else float("nan"),
+        loss_tokens=n_global,
+        real_tokens=real_global,
+        small_sq_norm_mean=small_mean,
+        big_sq_norm=big_sq,
+        micro_batches=k_global,
+        comm_bytes=comm_bytes,
+        comm_time_s=comm_time_s,
+    )
 
 
 def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -189,10 +219,18 @@ def step_gradient(
         comm_s += timed_all_reduce(counts)
         comm_bytes += payload_bytes(counts)
     n_global, real_global, k_global = (int(v) for v in counts.tolist())
-    acc, sums = _accumulate(model, micro_batches, n_loss, n_global=n_global,
-                            grads_of=lambda loss: torch.autograd.grad(loss, params),
-                            first=lambda grads: [g.float() for g in grads], local=lambda g: g,
-                            device=device, autocast_dtype=autocast_dtype, noise_scale=noise_scale)
+    acc, sums = _accumulate(
+        model,
+        micro_batches,
+        n_loss,
+        n_global=n_global,
+        grads_of=lambda loss: torch.autograd.grad(loss, params),
+        first=lambda grads: [g.float() for g in grads],
+        local=lambda g: g,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        noise_scale=noise_scale,
+    )
     if world > 1:  # one all-reduce: the gradients, then the sums
         flat = torch.cat([g.reshape(-1) for g in acc] + [sums])
         comm_s += timed_all_reduce(flat)
@@ -200,11 +238,19 @@ def step_gradient(
         offset = 0
         for g in acc:
             n = g.numel()
-            g.copy_(flat[offset:offset + n].view_as(g))
+            g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
         sums = flat[-2:]
-    return _step_result(acc, sums, n_global=n_global, real_global=real_global, k_global=k_global,
-                        sq_norm=_sq_norm if noise_scale else None, comm_bytes=comm_bytes, comm_time_s=comm_s)
+    return _step_result(
+        acc,
+        sums,
+        n_global=n_global,
+        real_global=real_global,
+        k_global=k_global,
+        sq_norm=_sq_norm if noise_scale else None,
+        comm_bytes=comm_bytes,
+        comm_time_s=comm_s,
+    )
 
 
 def sharded_step_gradient(
@@ -249,22 +295,40 @@ def sharded_step_gradient(
             p.grad = None
         return grads
 
-    acc, sums = _accumulate(model, micro_batches, n_group, n_global=n_global, grads_of=reduce_scattered,
-                            first=list, local=lambda g: g.to_local(), device=device,
-                            autocast_dtype=autocast_dtype, noise_scale=noise_scale)
+    acc, sums = _accumulate(
+        model,
+        micro_batches,
+        n_group,
+        n_global=n_global,
+        grads_of=reduce_scattered,
+        first=list,
+        local=lambda g: g.to_local(),
+        device=device,
+        autocast_dtype=autocast_dtype,
+        noise_scale=noise_scale,
+    )
     comm_s += timed_all_reduce(sums)
     sq_norm = None
     if noise_scale:
         from workloads.train.parallel import global_sq_norm as sq_norm
-    return _step_result(acc, sums, n_global=n_global, real_global=real_global, k_global=sum(1 for n in n_group if n),
-                        sq_norm=sq_norm, comm_bytes=payload_bytes(counts) + payload_bytes(sums), comm_time_s=comm_s)
+    return _step_result(
+        acc,
+        sums,
+        n_global=n_global,
+        real_global=real_global,
+        k_global=sum(1 for n in n_group if n),
+        sq_norm=sq_norm,
+        comm_bytes=payload_bytes(counts) + payload_bytes(sums),
+        comm_time_s=comm_s,
+    )
 
 
 class TrainBatches(Protocol):
     """What the stepper needs of a workload (``workloads.train.loop.Workload``)."""
 
-    def train_batch(self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
-                    ) -> tuple[Any, torch.Tensor]: ...
+    def train_batch(
+        self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
+    ) -> tuple[Any, torch.Tensor]: ...
 
     def real_tokens(self, inputs: Any, targets: torch.Tensor) -> int: ...
 
@@ -323,11 +387,23 @@ class Stepper:
             gradient). None: ddp or fsdp.
     """
 
-    def __init__(self, *, model: torch.nn.Module, params: list[torch.Tensor], opt: torch.optim.Optimizer,
-                 work: TrainBatches, schedule: Schedule, device: torch.device, beta1: float,
-                 grad_clip_norm: float | None, diverge_at: float, noise_scale: bool,
-                 autocast_dtype: torch.dtype | None | str = "auto", sharded: bool = False,
-                 sync: ReplicaSync | None = None):
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        params: list[torch.Tensor],
+        opt: torch.optim.Optimizer,
+        work: TrainBatches,
+        schedule: Schedule,
+        device: torch.device,
+        beta1: float,
+        grad_clip_norm: float | None,
+        diverge_at: float,
+        noise_scale: bool,
+        autocast_dtype: torch.dtype | None | str = "auto",
+        sharded: bool = False,
+        sync: ReplicaSync | None = None,
+    ):
         self.model, self.params, self.opt, self.work, self.schedule = model, params, opt, work, schedule
         self.device, self.beta1, self.grad_clip_norm = device, beta1, grad_clip_norm
         self.diverge_at, self.noise_scale, self.sharded = diverge_at, noise_scale and sync is None, sharded
@@ -343,8 +419,9 @@ class Stepper:
 
             self._fsdp_bytes = fsdp_bytes_per_micro_batch(model)
 
-    def step(self, step: int, phase: BatchPhase, tokens_before: int, *, stream: int = 0, lr_scale: float = 1.0
-             ) -> StepOutcome:
+    def step(
+        self, step: int, phase: BatchPhase, tokens_before: int, *, stream: int = 0, lr_scale: float = 1.0
+    ) -> StepOutcome:
         """Forward/backward/all-reduce/update for optimizer step ``step`` of ``phase``'s batch.
 
         The LR is set once the step's tokens are known: its warmup factor counts them (tokens seen
@@ -353,13 +430,27 @@ class Stepper:
         b, plan = phase.batch_size_sequences, phase.plan
         k, micro = plan.grad_accum_steps, plan.micro_batch_size_sequences
         per_worker = b // self.world
-        batches = [self.work.train_batch(step=step, global_batch_size_sequences=b,
-                                         start=self.rank * per_worker + j * micro, count=micro, stream=stream)
-                   for j in range(k)]
+        batches = [
+            self.work.train_batch(
+                step=step,
+                global_batch_size_sequences=b,
+                start=self.rank * per_worker + j * micro,
+                count=micro,
+                stream=stream,
+            )
+            for j in range(k)
+        ]
         if self.sync is not None:
             return self._local_step(step, b, batches, tokens_before, stream=stream, lr_scale=lr_scale)
-        sg = self._gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
-                            autocast_dtype=self.autocast_dtype, noise_scale=self.noise_scale)
+        sg = self._gradient(
+            self.model,
+            self.params,
+            batches,
+            device=self.device,
+            real_tokens=self.work.real_tokens,
+            autocast_dtype=self.autocast_dtype,
+            noise_scale=self.noise_scale,
+        )
         est = None
         if self.noise_scale and sg.micro_batches >= 2:  # fsdp: the small batch is one micro-batch of every worker
             b_small = micro * self.world if self.sharded else micro
@@ -373,9 +464,17 @@ class Stepper:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
         else:
             grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
-        out = StepOutcome(loss=sg.loss, real_tokens=sg.real_tokens, noise_estimates=est, lr=lr, beta2=beta2,
-                          grad_norm=grad_norm, comm_bytes=sg.comm_bytes + self._fsdp_bytes * len(batches),
-                          comm_time_s=sg.comm_time_s, synced=self.world > 1)
+        out = StepOutcome(
+            loss=sg.loss,
+            real_tokens=sg.real_tokens,
+            noise_estimates=est,
+            lr=lr,
+            beta2=beta2,
+            grad_norm=grad_norm,
+            comm_bytes=sg.comm_bytes + self._fsdp_bytes * len(batches),
+            comm_time_s=sg.comm_time_s,
+            synced=self.world > 1,
+        )
         if not out.diverged(self.diverge_at):
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -392,16 +491,25 @@ class Stepper:
                 beta2 = float("nan")  # not reported (the writer skips a NaN metric)
         return lr, beta2
 
-    def _local_step(self, step: int, b: int, batches: list, tokens_before: int, *, stream: int, lr_scale: float
-                    ) -> StepOutcome:
+    def _local_step(
+        self, step: int, b: int, batches: list, tokens_before: int, *, stream: int, lr_scale: float
+    ) -> StepOutcome:
         """A local_sgd / diloco replica's step: its own gradient, clipped, its own update, a sync when due.
 
         One small all-reduce per step (float64 ``[loss sum, loss tokens, real tokens, replicas with a
         non-finite gradient norm]``) gives every rank the global loss and tokens seen, so the loop's
         LR, milestones and divergence decision are the same on every rank.
         """
-        sg = step_gradient(self.model, self.params, batches, device=self.device, real_tokens=self.work.real_tokens,
-                           autocast_dtype=self.autocast_dtype, noise_scale=False, reduce=False)
+        sg = step_gradient(
+            self.model,
+            self.params,
+            batches,
+            device=self.device,
+            real_tokens=self.work.real_tokens,
+            autocast_dtype=self.autocast_dtype,
+            noise_scale=False,
+            reduce=False,
+        )
         for p, g in zip(self.params, sg.grads):
             p.grad = g
         if self.grad_clip_norm is not None:
@@ -409,14 +517,23 @@ class Stepper:
         else:
             grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
         loss_sum = sg.loss * sg.loss_tokens if sg.loss_tokens else 0.0
-        counts = torch.tensor([loss_sum, sg.loss_tokens, sg.real_tokens, 0.0 if math.isfinite(grad_norm) else 1.0],
-                              dtype=torch.float64, device=self.device)
+        counts = torch.tensor(
+            [loss_sum, sg.loss_tokens, sg.real_tokens, 0.0 if math.isfinite(grad_norm) else 1.0],
+            dtype=torch.float64,
+            device=self.device,
+        )
         comm_s = timed_all_reduce(counts)
         comm_bytes = payload_bytes(counts)
         total, n_loss, real, bad = counts.tolist()
         lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + int(real), lr_scale))
-        out = StepOutcome(loss=total / n_loss if n_loss else float("nan"), real_tokens=int(real), noise_estimates=None,
-                          lr=lr, beta2=beta2, grad_norm=grad_norm if not bad else float("nan"))
+        out = StepOutcome(
+            loss=total / n_loss if n_loss else float("nan"),
+            real_tokens=int(real),
+            noise_estimates=None,
+            lr=lr,
+            beta2=beta2,
+            grad_norm=grad_norm if not bad else float("nan"),
+        )
         diverged = out.diverged(self.diverge_at)
         if not diverged:
             self.opt.step()
@@ -425,8 +542,17 @@ class Stepper:
         if synced:
             nbytes, seconds = self.sync.synchronize()
             comm_bytes, comm_s = comm_bytes + nbytes, comm_s + seconds
-        return StepOutcome(loss=out.loss, real_tokens=out.real_tokens, noise_estimates=None, lr=lr, beta2=beta2,
-                           grad_norm=out.grad_norm, comm_bytes=comm_bytes, comm_time_s=comm_s, synced=synced)
+        return StepOutcome(
+            loss=out.loss,
+            real_tokens=out.real_tokens,
+            noise_estimates=None,
+            lr=lr,
+            beta2=beta2,
+            grad_norm=out.grad_norm,
+            comm_bytes=comm_bytes,
+            comm_time_s=comm_s,
+            synced=synced,
+        )
 
     def _sharded_grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The global norm of the sharded gradient (an all-reduce), clipped in place when asked."""

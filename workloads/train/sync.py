@@ -44,8 +44,15 @@ import torch.distributed as dist
 
 from workloads.config import SyncConfig
 
-__all__ = ["ReplicaSync", "CommCounters", "timed_all_reduce", "payload_bytes", "to_cpu", "replica_mean_state_dict",
-           "dist_info"]
+__all__ = [
+    "CommCounters",
+    "ReplicaSync",
+    "dist_info",
+    "payload_bytes",
+    "replica_mean_state_dict",
+    "timed_all_reduce",
+    "to_cpu",
+]
 
 
 def dist_info() -> tuple[int, int]:
@@ -97,8 +104,12 @@ class CommCounters:
 
     def metrics(self) -> dict[str, float | int]:
         """``comm_bytes_per_step`` (mean over the steps so far), ``comm_bytes_total``, ``comm_time_s``, ``syncs``."""
-        return {"comm_bytes_per_step": self.bytes_total / self.steps if self.steps else 0.0,
-                "comm_bytes_total": self.bytes_total, "comm_time_s": self.time_s, "syncs": self.syncs}
+        return {
+            "comm_bytes_per_step": self.bytes_total / self.steps if self.steps else 0.0,
+            "comm_bytes_total": self.bytes_total,
+            "comm_time_s": self.time_s,
+            "syncs": self.syncs,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,16 +146,18 @@ class ReplicaSync:
             raise ValueError("ReplicaSync is for training.sync.mode local_sgd or diloco")
         self.rank, self.world = dist_info()
         if self.world < 2:
-            raise ValueError(f"training.sync.mode {cfg.mode!r} needs a process group of at least 2 replicas, "
-                             f"got {self.world}")
+            raise ValueError(
+                f"training.sync.mode {cfg.mode!r} needs a process group of at least 2 replicas, got {self.world}"
+            )
         self.cfg, self.model, self.params = cfg, model, params
         self.anchor: list[torch.Tensor] = []
         self.outer: torch.optim.Optimizer | None = None
         if cfg.mode == "diloco":  # the initialisation (identical on every rank: the same seed)
             self.anchor = [p.detach().clone().float() for p in params]
             # Nesterov needs a momentum: outer_momentum 0 is plain SGD (and with outer_lr 1, local SGD)
-            self.outer = torch.optim.SGD(self.anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
-                                         nesterov=cfg.outer_momentum > 0)
+            self.outer = torch.optim.SGD(
+                self.anchor, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_momentum > 0
+            )
         self._scratch: torch.nn.Module | None = None
 
     def due(self, step: int) -> bool:
@@ -193,8 +206,10 @@ class ReplicaSync:
         """The anchor and the outer optimizer (diloco; ``{}`` for local_sgd), on CPU."""
         if self.outer is None:
             return {}
-        return {"anchor": [a.detach().cpu().clone() for a in self.anchor],
-                "outer_optimizer": to_cpu(self.outer.state_dict())}
+        return {
+            "anchor": [a.detach().cpu().clone() for a in self.anchor],
+            "outer_optimizer": to_cpu(self.outer.state_dict()),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Inverse of :meth:`state_dict`.
@@ -221,8 +236,10 @@ def replica_mean_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     flat = torch.cat([p.detach().reshape(-1).float() for p in params])
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
-    mean_of = {p.data_ptr(): m.view_as(p).to("cpu", p.dtype)
-               for p, m in zip(params, torch.split(flat, [p.numel() for p in params]))}
+    mean_of = {
+        p.data_ptr(): m.view_as(p).to("cpu", p.dtype)
+        for p, m in zip(params, torch.split(flat, [p.numel() for p in params]))
+    }
     live = model.state_dict()
     out = to_cpu(live)
     for name, tensor in live.items():  # by storage: a tied lm_head gets the same mean as the embedding

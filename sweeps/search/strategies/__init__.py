@@ -13,8 +13,16 @@ from sweeps.search.strategies.independent import INITIAL_POINTS_ENQUEUED_ATTR, I
 from sweeps.search.strategies.transfer import TRANSFER_POINT_ATTR, TransferStrategy
 from sweeps.spec import SweepSpec
 
-__all__ = ["SearchStrategy", "STRATEGIES", "strategy_for", "IndependentStrategy", "TransferStrategy",
-           "INITIAL_POINT_ATTR", "INITIAL_POINTS_ENQUEUED_ATTR", "TRANSFER_POINT_ATTR"]
+__all__ = [
+    "INITIAL_POINTS_ENQUEUED_ATTR",
+    "INITIAL_POINT_ATTR",
+    "STRATEGIES",
+    "TRANSFER_POINT_ATTR",
+    "IndependentStrategy",
+    "SearchStrategy",
+    "TransferStrategy",
+    "strategy_for",
+]
 
 #: every search strategy, by its ``search.strategy`` name
 STRATEGIES: dict[str, type[SearchStrategy]] = {

@@ -11,13 +11,14 @@ the searcher (``save`` / ``restore`` and Tune's experiment state). The names liv
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
 
 import optuna
 
 from sweeps.spec import SweepSpec
 
-__all__ = ["SearchStrategy", "Group", "INITIAL_POINT_ATTR"]
+__all__ = ["INITIAL_POINT_ATTR", "Group", "SearchStrategy"]
 
 #: Optuna user attribute of an enqueued ``search.initial_points`` trial: the point's index
 INITIAL_POINT_ATTR = "critbatch.initial_point"
@@ -66,7 +67,9 @@ class SearchStrategy:
     def prepare_study(self, study: optuna.Study, space: dict[str, Any]) -> None:
         """Called once per opened study (new or restored), after the searcher recorded its fingerprint."""
 
-    def point(self, batch_size: int, index: int, probe_lrs: Sequence[float]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def point(
+        self, batch_size: int, index: int, probe_lrs: Sequence[float]
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The values to enqueue in ``batch_size``'s study for its group number ``index`` (0-based) and their Optuna
         user attributes, or None to let the sampler choose. ``probe_lrs``: the LRs of the groups
         ``search.precision`` added at this batch size, in order, after the ``trials_per_batch_size`` planned ones."""
@@ -77,8 +80,9 @@ class SearchStrategy:
         ``beta2_half_life_tokens``) from its study's sampled ``params``."""
         raise NotImplementedError
 
-    def group_ended(self, group: Group, objective: float | None, batch_groups: list[Any] | None,
-                    fastest: Callable[[list[Any]], Any]) -> None:
+    def group_ended(
+        self, group: Group, objective: float | None, batch_groups: list[Any] | None, fastest: Callable[[list[Any]], Any]
+    ) -> None:
         """A group ended (every seed). ``objective``: the mean of its seeds' objectives, None if one was pruned or
         none completed; ``batch_groups``: every group of its batch size once all its trials were handed out and
         ended, else None; ``fastest(groups)``: the group fastest at the fit's target losses, or None."""

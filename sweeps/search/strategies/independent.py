@@ -4,7 +4,8 @@ study."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import optuna
 
@@ -12,7 +13,7 @@ from sweeps.search.space import hyperparameters_for
 from sweeps.search.strategies.base import INITIAL_POINT_ATTR, SearchStrategy
 from sweeps.spec import SweepSpec
 
-__all__ = ["IndependentStrategy", "INITIAL_POINTS_ENQUEUED_ATTR"]
+__all__ = ["INITIAL_POINTS_ENQUEUED_ATTR", "IndependentStrategy"]
 
 #: study user attribute: how many initial points were enqueued (so a restored study does not enqueue them again)
 INITIAL_POINTS_ENQUEUED_ATTR = "critbatch.initial_points_enqueued"
@@ -45,8 +46,7 @@ class IndependentStrategy(SearchStrategy):
         if not points or study.user_attrs.get(INITIAL_POINTS_ENQUEUED_ATTR) or study.get_trials(deepcopy=False):
             return
         for i, p in enumerate(points):
-            study.enqueue_trial({k: v for k, v in p.given().items() if k in space},
-                                user_attrs={INITIAL_POINT_ATTR: i})
+            study.enqueue_trial({k: v for k, v in p.given().items() if k in space}, user_attrs={INITIAL_POINT_ATTR: i})
         study.set_user_attr(INITIAL_POINTS_ENQUEUED_ATTR, len(points))
 
     def hyperparameters(self, batch_size: int, params: dict[str, Any]) -> dict[str, Any]:

@@ -5,16 +5,21 @@ functions, this class keeps their state and places each group in its study."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sweeps.search.space import LR_OFFSET, search_space, transfer_hyperparameters
 from sweeps.search.strategies.base import Group, SearchStrategy
 from sweeps.search.transfer import (
-    MAX_PROBE_OFFSET_OCTAVES, anchor_of, lr_offsets_octaves, start_centre, transfer_order,
+    MAX_PROBE_OFFSET_OCTAVES,
+    anchor_of,
+    lr_offsets_octaves,
+    start_centre,
+    transfer_order,
 )
 from sweeps.spec import SweepSpec
 
-__all__ = ["TransferStrategy", "TRANSFER_POINT_ATTR"]
+__all__ = ["TRANSFER_POINT_ATTR", "TransferStrategy"]
 
 #: Optuna user attribute of a trial enqueued by ``search.strategy: transfer``: its index among its batch size's
 TRANSFER_POINT_ATTR = "critbatch.transfer_point"
@@ -82,29 +87,38 @@ class TransferStrategy(SearchStrategy):
         if index < k:
             offset = lr_offsets_octaves(k)[index]
         else:  # a search.precision probe at a chosen LR
-            offset = min(max(math.log2(probe_lrs[index - k] / state["centre_lr"]), -MAX_PROBE_OFFSET_OCTAVES),
-                         MAX_PROBE_OFFSET_OCTAVES)
+            offset = min(
+                max(math.log2(probe_lrs[index - k] / state["centre_lr"]), -MAX_PROBE_OFFSET_OCTAVES),
+                MAX_PROBE_OFFSET_OCTAVES,
+            )
         return {LR_OFFSET: offset, **state["carried"]}, {TRANSFER_POINT_ATTR: index}
 
     def hyperparameters(self, batch_size: int, params: dict[str, Any]) -> dict[str, Any]:
         """:func:`sweeps.search.space.transfer_hyperparameters` around the batch size's centre LR."""
         return transfer_hyperparameters(self.spec, batch_size, params, self.transfer_state[batch_size]["centre_lr"])
 
-    def group_ended(self, group: Group, objective: float | None, batch_groups: list[Any] | None,
-                    fastest: Callable[[list[Any]], Any]) -> None:
+    def group_ended(
+        self, group: Group, objective: float | None, batch_groups: list[Any] | None, fastest: Callable[[list[Any]], Any]
+    ) -> None:
         """Keep the batch size's best LR once every group has ended: its fastest group's at the fit's targets
         (``best_by: tokens_to_targets``), else the lowest objective's (``final_loss``); a batch size whose
         trials all failed keeps its centre."""
         state = self.transfer_state.setdefault(group.batch, {})
         if objective is not None and objective < state.get("best_objective", math.inf):
-            state.update(best_objective=objective, best_params=dict(group.params),
-                         best_group_lr=state["centre_lr"] * 2.0 ** float(group.params.get(LR_OFFSET, 0.0)))
+            state.update(
+                best_objective=objective,
+                best_params=dict(group.params),
+                best_group_lr=state["centre_lr"] * 2.0 ** float(group.params.get(LR_OFFSET, 0.0)),
+            )
         if batch_groups is None:
             return
         best = fastest(batch_groups)
         if best is not None:  # what the fit uses: tokens to its target losses
-            state.update(best_params=dict(best.params), best_by="tokens_to_targets",
-                         best_group_lr=state["centre_lr"] * 2.0 ** float(best.params.get(LR_OFFSET, 0.0)))
+            state.update(
+                best_params=dict(best.params),
+                best_by="tokens_to_targets",
+                best_group_lr=state["centre_lr"] * 2.0 ** float(best.params.get(LR_OFFSET, 0.0)),
+            )
         else:
             state["best_by"] = "final_loss"
         state["best_lr"] = state.get("best_group_lr", state["centre_lr"])

@@ -15,7 +15,7 @@ _PIN = os.environ.get("CRITBATCH_TEST_PIN_DATE")
 
 
 class _PinDate(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):  # noqa: ANN001 - importlib protocol
+    def find_spec(self, name, path, target=None):
         if name != "ray.tune.utils":
             return None
         sys.meta_path.remove(self)
@@ -27,7 +27,7 @@ class _PinDate(importlib.abc.MetaPathFinder):
             return spec
         exec_module = spec.loader.exec_module
 
-        def exec_pinned(module):  # noqa: ANN001
+        def exec_pinned(module):
             exec_module(module)
             module.date_str = lambda: _PIN
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from critbatch.main import app
 from sweeps.analysis import (
     INTERVAL_METHOD,
     TARGET_RULE,
@@ -21,7 +22,6 @@ from sweeps.analysis import (
     steps_to_target_points,
     tokens_to_target,
 )
-from critbatch.main import app
 
 B = np.array([4, 8, 16, 32, 64, 128, 256], dtype=float)
 
@@ -44,7 +44,10 @@ def test_cbs_20_closed_form():
     # Check it is the batch whose steps exceed linear scaling from B0 by exactly 20 %.
     s_min, e_min, b0 = 100.0, 6400.0, 16.0
     bstar = cbs_20(e_min / s_min, b0)
-    steps = lambda b: s_min + e_min / b  # noqa: E731
+
+    def steps(b):
+        return s_min + e_min / b
+
     assert steps(bstar) == pytest.approx(1.2 * steps(b0) * b0 / bstar)
 
 
@@ -120,7 +123,7 @@ def test_interval_hand_computed_profile_threshold():
     s = (1000 + 64000 / B) * np.exp(rng.normal(0, 0.1, len(B)))
     lo, hi = interval_b_crit(B, s)
     fit = fit_hyperbola(B, s)
-    sse_min = fit.rms_log_residual ** 2 * len(B)
+    sse_min = fit.rms_log_residual**2 * len(B)
     thr = sse_min * (1 + f_dist.ppf(0.95, 1, 5) / 5)
     y = np.log(s)
     for edge in (lo, hi):
@@ -140,10 +143,12 @@ def test_s_min_and_e_min_intervals_are_the_profile_region_of_a_brute_force_grid(
     fit = fit_hyperbola(B, s)
     assert s_lo < fit.s_min < s_hi and e_lo < fit.e_min < e_hi
     y = np.log(s)
-    thr = fit.rms_log_residual ** 2 * len(B) * (1 + f_dist.ppf(0.95, 1, 5) / 5)
+    thr = fit.rms_log_residual**2 * len(B) * (1 + f_dist.ppf(0.95, 1, 5) / 5)
     ls = np.linspace(math.log(200), math.log(5000), 1601)  # log S_min
     le = np.linspace(math.log(5e3), math.log(1e6), 1601)  # log E_min
-    sse = ((y[None, None, :] - np.log(np.exp(ls)[:, None, None] + np.exp(le)[None, :, None] / B[None, None, :])) ** 2).sum(-1)
+    sse = (
+        (y[None, None, :] - np.log(np.exp(ls)[:, None, None] + np.exp(le)[None, :, None] / B[None, None, :])) ** 2
+    ).sum(-1)
     inside_s = ls[sse.min(axis=1) <= thr]
     inside_e = le[sse.min(axis=0) <= thr]
     step = ls[1] - ls[0], le[1] - le[0]
@@ -201,10 +206,20 @@ def _synthetic_trials(b_crit_true=32.0, seeds=(0, 1), T=64):
             # loss(tokens) = 1 + 100 / (tokens_eff)^0.5 with tokens_eff = tokens / (1 + B/b_crit)
             eff = milestones / (1 + b / b_crit_true)
             loss = 1.0 + 30.0 / np.sqrt(eff) * (1 + 0.002 * seed)
-            trials.append(TrialRecord(
-                trial_id=f"t{b}-{seed}", batch_size_sequences=b, seed=seed, group_id=f"g{b}", status="COMPLETED",
-                hyperparameters={"lr": 1e-3 * math.sqrt(b), "lr_rule": "sqrt"}, tokens=list(milestones),
-                val_loss=list(loss), flops=list(milestones * 10.0), b_simple=[1.0] * len(milestones)))
+            trials.append(
+                TrialRecord(
+                    trial_id=f"t{b}-{seed}",
+                    batch_size_sequences=b,
+                    seed=seed,
+                    group_id=f"g{b}",
+                    status="COMPLETED",
+                    hyperparameters={"lr": 1e-3 * math.sqrt(b), "lr_rule": "sqrt"},
+                    tokens=list(milestones),
+                    val_loss=list(loss),
+                    flops=list(milestones * 10.0),
+                    b_simple=[1.0] * len(milestones),
+                )
+            )
     return trials
 
 
@@ -240,8 +255,7 @@ def test_padded_rows_count_their_real_tokens_per_sequence():
     same token curves give 64/40 times more steps, the same knee in sequences, and b_crit in tokens
     is that knee times 40, not 64."""
     packed = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16)
-    padded = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16,
-                            tokens_per_sequence=40.0)
+    padded = analyze_trials(_synthetic_trials(), context_length_tokens=64, reference_batch=16, tokens_per_sequence=40.0)
     assert padded["tokens_per_sequence"] == 40.0 and packed["tokens_per_sequence"] == 64
     assert padded["b_crit"] == pytest.approx(packed["b_crit"], rel=1e-6)
     assert padded["s_min"] == pytest.approx(packed["s_min"] * 64 / 40, rel=1e-6)
@@ -271,7 +285,8 @@ def test_cli_analyze_csv_repeated_batch_sizes_with_seed_column(tmp_path):
     rng = np.random.default_rng(0)
     p = tmp_path / "points.csv"
     rows = ["batch_size,steps_to_target,seed"] + [
-        f"{int(b)},{(1000 + 64000 / b) * math.exp(rng.normal(0, 0.05))},{seed}" for b in B for seed in (0, 1)]
+        f"{int(b)},{(1000 + 64000 / b) * math.exp(rng.normal(0, 0.05))},{seed}" for b in B for seed in (0, 1)
+    ]
     p.write_text("\n".join(rows) + "\n")
     r = CliRunner().invoke(app, ["analyze", "--csv", str(p), "--reference-batch", "16"])
     assert r.exit_code == 0, r.output
@@ -305,13 +320,16 @@ def test_cli_analyze_csv_groups(tmp_path):
     assert out["b"]["b_crit"] == pytest.approx(8, rel=0.01)
 
 
-@pytest.mark.parametrize("content,msg", [
-    ("batch,steps\n1,2\n", "missing column"),
-    ("batch_size,steps_to_target\n4,abc\n", "must be numbers"),
-    ("batch_size,steps_to_target\n4,-1\n8,3\n", "positive"),
-    ("batch_size,steps_to_target\n4,10\n", "at least 2 distinct"),
-    ("batch_size,steps_to_target\n4,10\n4,11\n", "at least 2 distinct"),
-])
+@pytest.mark.parametrize(
+    "content,msg",
+    [
+        ("batch,steps\n1,2\n", "missing column"),
+        ("batch_size,steps_to_target\n4,abc\n", "must be numbers"),
+        ("batch_size,steps_to_target\n4,-1\n8,3\n", "positive"),
+        ("batch_size,steps_to_target\n4,10\n", "at least 2 distinct"),
+        ("batch_size,steps_to_target\n4,10\n4,11\n", "at least 2 distinct"),
+    ],
+)
 def test_cli_analyze_bad_csv_exits_2(tmp_path, content, msg):
     p = tmp_path / "bad.csv"
     p.write_text(content)
@@ -326,9 +344,17 @@ def test_cli_analyze_missing_file_exits_2(tmp_path):
 
 
 def _rec(tid, b, tokens, loss, *, seed=0, status="COMPLETED", lr=1e-3):
-    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=seed, group_id=tid, status=status,
-                       hyperparameters={"lr": lr}, tokens=[float(t) for t in tokens], val_loss=[float(v) for v in loss],
-                       flops=[float(t) * 10 for t in tokens])
+    return TrialRecord(
+        trial_id=tid,
+        batch_size_sequences=b,
+        seed=seed,
+        group_id=tid,
+        status=status,
+        hyperparameters={"lr": lr},
+        tokens=[float(t) for t in tokens],
+        val_loss=[float(v) for v in loss],
+        flops=[float(t) * 10 for t in tokens],
+    )
 
 
 def test_steps_to_target_is_the_minimum_over_trials_per_target():
@@ -347,7 +373,7 @@ def test_steps_to_target_is_the_minimum_over_trials_per_target():
     assert pts[0]["tokens_to_target"] == pytest.approx(math.sqrt(1000 * 2000))
     assert pts[0]["steps_to_target"] == pytest.approx(math.sqrt(1000 * 2000) / (8 * 16))
     pts, _ = steps_to_target_points([a, b], 2.2, 16)
-    assert pts[0]["trial_id"] == "b" and pts[0]["tokens_to_target"] == pytest.approx(4000 * 2 ** 0.8)
+    assert pts[0]["trial_id"] == "b" and pts[0]["tokens_to_target"] == pytest.approx(4000 * 2**0.8)
 
 
 def test_a_pruned_trials_curve_counts_up_to_its_rung():
@@ -356,7 +382,7 @@ def test_a_pruned_trials_curve_counts_up_to_its_rung():
     pruned = _rec("pruned", 4, tok[:2], [3.4, 2.9], status="PRUNED")
     pts, _ = steps_to_target_points([full, pruned], 3.0, 16)
     assert pts[0]["trial_id"] == "pruned"
-    assert pts[0]["tokens_to_target"] == pytest.approx(1000 * 2 ** 0.8)
+    assert pts[0]["tokens_to_target"] == pytest.approx(1000 * 2**0.8)
 
 
 def test_a_crossing_at_the_last_milestone_counts():
@@ -366,7 +392,7 @@ def test_a_crossing_at_the_last_milestone_counts():
     tok = [1000, 2000, 4000]
     t = _rec("x", 16, tok, [3.0, 2.6, 2.4])
     pts, excluded = steps_to_target_points([t], 2.5, 16)
-    assert excluded == [] and pts[0]["tokens_to_target"] == pytest.approx(2000 * 2 ** 0.5)
+    assert excluded == [] and pts[0]["tokens_to_target"] == pytest.approx(2000 * 2**0.5)
     pts, excluded = steps_to_target_points([t], 2.3, 16)
     assert pts == [] and excluded == [16]
 
@@ -376,8 +402,11 @@ def test_choose_targets_are_reached_before_the_last_milestone():
     targets = choose_targets(trials)
     last = {t.batch_size_sequences: t.tokens[-1] for t in trials}
     lowest = min(targets)
-    reaching = [t.batch_size_sequences for t in trials if any(
-        loss <= lowest for tok, loss in zip(t.tokens, t.val_loss) if tok < last[t.batch_size_sequences])]
+    reaching = [
+        t.batch_size_sequences
+        for t in trials
+        if any(loss <= lowest for tok, loss in zip(t.tokens, t.val_loss) if tok < last[t.batch_size_sequences])
+    ]
     assert len(reaching) >= math.ceil(0.7 * 7)
     res = analyze_trials(trials, context_length_tokens=64, reference_batch=16, targets=targets)
     for entry in res["targets"]:
@@ -441,8 +470,9 @@ def test_analyze_trials_file_uses_the_targets_the_sweeps_spec_fixed(tmp_path):
     from sweeps.analysis.targets import TARGET_RULE_GIVEN
 
     trials = _synthetic_trials()
-    cbs = finite_json(analyze_trials(trials, context_length_tokens=64, reference_batch=16, flops_per_token=10.0,
-                                     targets=[1.6, 1.5]))
+    cbs = finite_json(
+        analyze_trials(trials, context_length_tokens=64, reference_batch=16, flops_per_token=10.0, targets=[1.6, 1.5])
+    )
     cbs |= {"sweep_id": "s1", "flops_per_token": 10.0, "trials_planned": 14}
     assert cbs["target_rule"] == TARGET_RULE_GIVEN != TARGET_RULE
     (tmp_path / "cbs.json").write_text(json.dumps(cbs))
@@ -456,16 +486,20 @@ def test_analyze_trials_file_uses_the_targets_the_sweeps_spec_fixed(tmp_path):
     assert [t["target_loss"] for t in auto["targets"]] != [1.6, 1.5] and auto["target_rule"] == TARGET_RULE
 
 
-@pytest.mark.parametrize("args,msg", [
-    ([], "exactly one of --csv, --trials or --comparison"),
-    (["--trials", "nope.json"], "not found"),
-    (["--comparison", "nope", "--target", "2"], "takes no --target"),
-    (["--comparison", "nope"], "holds no comparison"),
-    (["--csv", "x.csv"], "needs --reference-batch"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        ([], "exactly one of --csv, --trials or --comparison"),
+        (["--trials", "nope.json"], "not found"),
+        (["--comparison", "nope", "--target", "2"], "takes no --target"),
+        (["--comparison", "nope"], "holds no comparison"),
+        (["--csv", "x.csv"], "needs --reference-batch"),
+    ],
+)
 def test_cli_analyze_bad_flags_exit_2(tmp_path, args, msg):
-    r = CliRunner().invoke(app, ["analyze", *[str(tmp_path / a) if a.endswith((".json", ".csv")) or a == "nope" else a
-                                              for a in args]])
+    r = CliRunner().invoke(
+        app, ["analyze", *[str(tmp_path / a) if a.endswith((".json", ".csv")) or a == "nope" else a for a in args]]
+    )
     assert r.exit_code == 2 and msg in r.output
 
 
@@ -484,10 +518,22 @@ def test_an_interval_past_the_swept_range_is_edge_not_ok():
 def test_lr_exponent_by_chance_does_not_depend_on_the_order_of_the_trials():
     from sweeps.analysis.lr_scaling import lr_exponent_by_chance as _lr_exponent_by_chance
 
-    trials = [TrialRecord(trial_id=f"t{b}-{i}", batch_size_sequences=b, seed=0, group_id=f"t{b}-{i}",
-                          status="COMPLETED", hyperparameters={"lr": 1e-3 * (b ** 0.5) * m}, tokens=[1.0],
-                          val_loss=[1.0], flops=[1.0], b_simple=[None])
-              for b in (4, 8, 16, 32) for i, m in enumerate((0.5, 1.0, 2.0))]
+    trials = [
+        TrialRecord(
+            trial_id=f"t{b}-{i}",
+            batch_size_sequences=b,
+            seed=0,
+            group_id=f"t{b}-{i}",
+            status="COMPLETED",
+            hyperparameters={"lr": 1e-3 * (b**0.5) * m},
+            tokens=[1.0],
+            val_loss=[1.0],
+            flops=[1.0],
+            b_simple=[None],
+        )
+        for b in (4, 8, 16, 32)
+        for i, m in enumerate((0.5, 1.0, 2.0))
+    ]
     forward = _lr_exponent_by_chance(trials, {4, 8, 16, 32})
     assert forward == _lr_exponent_by_chance(list(reversed(trials)), {4, 8, 16, 32})
     assert forward["mean"] == pytest.approx(0.5, abs=0.05)  # multipliers spread evenly around the sqrt rule
@@ -504,8 +550,9 @@ def test_a_comparison_row_gives_steps_tokens_and_synchronizations_to_target_each
     targets = [t["target_loss"] for t in ref["targets"]]
     local = analyze_trials(noisy, context_length_tokens=64, reference_batch=16, targets=targets)
     info = {"sync": "ddp", "sync_every_steps": 1, "replicas": 1, "optimizer": "adamw", "status": "SUCCEEDED"}
-    out = compare_arms([("ddp", info, ref), ("local", {**info, "sync": "local_sgd", "sync_every_steps": 4,
-                                                       "replicas": 4}, local)])
+    out = compare_arms(
+        [("ddp", info, ref), ("local", {**info, "sync": "local_sgd", "sync_every_steps": 4, "replicas": 4}, local)]
+    )
     row = next(r for r in out["arms"][1]["targets"] if r["s_min"] is not None and r["s_min_ci"][1] is not None)
     lo, hi = row["s_min_ci"]
     assert lo < row["s_min"] < hi
@@ -521,20 +568,32 @@ def test_a_batch_size_short_of_the_target_is_a_censored_point_with_the_steps_it_
     budget for one that ended above it, its last milestone for a pruned one; a diverged trial sets none. A trial
     that crosses at the last milestone is a point."""
     tok = [1000, 2000, 4000]
-    above = _rec("above", 16, tok, [3.0, 2.8, 2.6])            # ends above 2.5: needs more than 4000 tokens
-    slow = _rec("slow", 32, tok, [3.0, 2.8, 2.7])              # ends above it: more than 4000...
-    pruned = _rec("pruned", 32, tok[:1], [3.1], status="PRUNED")  # ...but this one stopped at 1000: the bound falls to 1000
-    at_last = _rec("at_last", 128, tok, [3.0, 2.8, 2.4])       # crosses at the last milestone: a point, not censored
+    above = _rec("above", 16, tok, [3.0, 2.8, 2.6])  # ends above 2.5: needs more than 4000 tokens
+    slow = _rec("slow", 32, tok, [3.0, 2.8, 2.7])  # ends above it: more than 4000...
+    pruned = _rec(
+        "pruned", 32, tok[:1], [3.1], status="PRUNED"
+    )  # ...but this one stopped at 1000: the bound falls to 1000
+    at_last = _rec("at_last", 128, tok, [3.0, 2.8, 2.4])  # crosses at the last milestone: a point, not censored
     diverged = _rec("diverged", 64, tok[:2], [3.0, float("nan")], status="DIVERGED")
-    fast = _rec("fast", 64, tok, [3.0, 2.9, 2.7])               # B = 64's bound comes from this one: 4000
-    reached = _rec("reached", 8, tok, [2.9, 2.4, 2.2])          # crosses at 2000: a point, not censored
+    fast = _rec("fast", 64, tok, [3.0, 2.9, 2.7])  # B = 64's bound comes from this one: 4000
+    reached = _rec("reached", 8, tok, [2.9, 2.4, 2.2])  # crosses at 2000: a point, not censored
     cens = censored_points([above, slow, pruned, diverged, fast, reached, at_last], 2.5, 16)
     assert [(c["batch_size_sequences"], c["tokens_lower_bound"], c["trial_id"]) for c in cens] == [
-        (16, 4000.0, "above"), (32, 1000.0, "pruned"), (64, 4000.0, "fast")]
+        (16, 4000.0, "above"),
+        (32, 1000.0, "pruned"),
+        (64, 4000.0, "fast"),
+    ]
     assert cens[0]["steps_lower_bound"] == pytest.approx(4000 / (16 * 16))
     alone = censored_points([diverged], 2.5, 16)
-    assert alone == [{"batch_size_sequences": 64, "seed": 0, "tokens_lower_bound": None, "steps_lower_bound": None,
-                      "trial_id": "diverged"}]
+    assert alone == [
+        {
+            "batch_size_sequences": 64,
+            "seed": 0,
+            "tokens_lower_bound": None,
+            "steps_lower_bound": None,
+            "trial_id": "diverged",
+        }
+    ]
     assert censored_points([at_last], 2.9, 16) == []  # crosses 2.9 at 2000 tokens
 
 
@@ -548,8 +607,12 @@ def test_cbs_json_names_its_censored_points_and_whether_the_fit_agrees_with_them
     for t in trials:  # B = 128 and 256 get a quarter of the tokens: they miss the lowest targets
         if t.batch_size_sequences >= 128:
             keep = len(t.tokens) // 4
-            t.tokens, t.val_loss, t.flops, t.b_simple = (t.tokens[:keep], t.val_loss[:keep], t.flops[:keep],
-                                                         t.b_simple[:keep])
+            t.tokens, t.val_loss, t.flops, t.b_simple = (
+                t.tokens[:keep],
+                t.val_loss[:keep],
+                t.flops[:keep],
+                t.b_simple[:keep],
+            )
         cut.append(t)
     res = analyze_trials(cut, context_length_tokens=64, reference_batch=16)
     primary = next(t for t in res["targets"] if t["target_loss"] == res["target_loss"])
@@ -571,9 +634,19 @@ def test_cbs_json_names_its_censored_points_and_whether_the_fit_agrees_with_them
     # fit gives it): its bound enters the fit and pulls S_min up
     slow = [t for t in cut if t.batch_size_sequences != 256]
     t256 = next(t for t in cut if t.batch_size_sequences == 256)
-    slow.append(TrialRecord(trial_id="slow", batch_size_sequences=256, seed=0, group_id="slow", status="COMPLETED",
-                            hyperparameters=t256.hyperparameters, tokens=[4 * x for x in trials[0].tokens],
-                            val_loss=[v + 5.0 for v in trials[0].val_loss], flops=list(trials[0].flops)))
+    slow.append(
+        TrialRecord(
+            trial_id="slow",
+            batch_size_sequences=256,
+            seed=0,
+            group_id="slow",
+            status="COMPLETED",
+            hyperparameters=t256.hyperparameters,
+            tokens=[4 * x for x in trials[0].tokens],
+            val_loss=[v + 5.0 for v in trials[0].val_loss],
+            flops=list(trials[0].flops),
+        )
+    )
     res2 = analyze_trials(slow, context_length_tokens=64, reference_batch=16, targets=[res["target_loss"]])
     c256 = next(c for c in res2["censored_points"] if c["batch_size_sequences"] == 256)
     assert c256["steps_lower_bound"] > res["s_min"] + res["e_min"] / 256  # more than the first fit gave it
@@ -590,7 +663,9 @@ def test_a_contradicting_censored_point_says_which_way_b_crit_would_move():
     (it reads low); with no b_crit (a knee outside the range) no direction; each batch size named once."""
     from sweeps.analysis.sweep import _contradiction_note
 
-    cell = lambda b, ok: {"batch_size_sequences": b, "fit_consistent": ok}  # noqa: E731
+    def cell(b, ok):
+        return {"batch_size_sequences": b, "fit_consistent": ok}
+
     assert _contradiction_note([cell(128, True)], 17.0) == ""
     above = _contradiction_note([cell(256, False), cell(256, False)], 17.0)
     assert "size(s) 256 did" in above and "overstated (above the knee)" in above and "understated" not in above

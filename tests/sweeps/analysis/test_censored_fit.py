@@ -36,16 +36,30 @@ def test_without_censored_points_it_is_the_least_squares_fit_and_its_intervals(s
 
 def _brute_force(pts: CensoredPoints) -> float:
     """The maximum-likelihood log b_crit by a general-purpose optimiser on the censored log-likelihood."""
+
     def nll(p: np.ndarray) -> float:
         m, u, s = p
         mu_o = m + np.log1p(math.exp(u) / pts.b_obs)
         mu_c = m + np.log1p(math.exp(u) / pts.b_cens)
         sig = math.exp(s)
-        return float(len(pts.b_obs) * s + ((pts.y_obs - mu_o) ** 2).sum() / (2 * sig * sig)
-                     - log_ndtr((mu_c - pts.c_cens) / sig).sum())
-    best = min((minimize(nll, np.array([5.0, u0, -2.0]), method="Nelder-Mead",
-                         options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 20000}) for u0 in (1.0, 2.5, 4.0)),
-               key=lambda r: r.fun)
+        return float(
+            len(pts.b_obs) * s
+            + ((pts.y_obs - mu_o) ** 2).sum() / (2 * sig * sig)
+            - log_ndtr((mu_c - pts.c_cens) / sig).sum()
+        )
+
+    best = min(
+        (
+            minimize(
+                nll,
+                np.array([5.0, u0, -2.0]),
+                method="Nelder-Mead",
+                options={"xatol": 1e-9, "fatol": 1e-12, "maxiter": 20000},
+            )
+            for u0 in (1.0, 2.5, 4.0)
+        ),
+        key=lambda r: r.fun,
+    )
     return float(best.x[1])
 
 

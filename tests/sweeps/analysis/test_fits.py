@@ -7,8 +7,16 @@ from typing import Any
 
 import pytest
 
-from sweeps.analysis import (DEFAULT_FIT, Fit, TrialRecord, analyze_points, analyze_trials, fit_names, get_fit,
-                             register_fit)
+from sweeps.analysis import (
+    DEFAULT_FIT,
+    Fit,
+    TrialRecord,
+    analyze_points,
+    analyze_trials,
+    fit_names,
+    get_fit,
+    register_fit,
+)
 from sweeps.analysis import fits as fits_module
 from sweeps.analysis.fit import INTERVAL_METHOD
 from sweeps.analysis.hyperbola import Hyperbola
@@ -20,9 +28,19 @@ def _trials() -> list[TrialRecord]:
     for b in (4, 8, 16, 32, 64, 128):
         steps = 40.0 * (1 + 16.0 / b)
         tokens = [t * b * 8.0 for t in (steps / 4, steps / 2, steps, steps * 2)]
-        out.append(TrialRecord(trial_id=f"t{b}", batch_size_sequences=b, seed=0, group_id=f"t{b}", status="COMPLETED",
-                               hyperparameters={"lr": 1e-3}, tokens=tokens, val_loss=[4.0, 3.5, 3.0, 2.5],
-                               flops=[t * 1.0 for t in tokens]))
+        out.append(
+            TrialRecord(
+                trial_id=f"t{b}",
+                batch_size_sequences=b,
+                seed=0,
+                group_id=f"t{b}",
+                status="COMPLETED",
+                hyperparameters={"lr": 1e-3},
+                tokens=tokens,
+                val_loss=[4.0, 3.5, 3.0, 2.5],
+                flops=[t * 1.0 for t in tokens],
+            )
+        )
     return out
 
 

@@ -24,8 +24,18 @@ TOKENS = list(np.geomspace(1e3, 1e6, 30))
 def _trial(tid: str, b: int, lr: float, slowdown: float, seed: int = 0) -> TrialRecord:
     """A curve ``loss = 1 + 30 / sqrt(tokens / slowdown)``: its tokens to any target scale with ``slowdown``."""
     loss = [1 + 30 / math.sqrt(t / slowdown) for t in TOKENS]
-    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=seed, group_id=tid, status="COMPLETED",
-                       hyperparameters={"lr": lr}, tokens=TOKENS, val_loss=loss, flops=TOKENS, b_simple=[None] * 30)
+    return TrialRecord(
+        trial_id=tid,
+        batch_size_sequences=b,
+        seed=seed,
+        group_id=tid,
+        status="COMPLETED",
+        hyperparameters={"lr": lr},
+        tokens=TOKENS,
+        val_loss=loss,
+        flops=TOKENS,
+        b_simple=[None] * 30,
+    )
 
 
 def test_the_exponent_interval_covers_the_planted_exponent():
@@ -42,7 +52,9 @@ def test_the_exponent_interval_covers_the_planted_exponent():
 
 
 def test_the_rules_in_the_interval_are_named():
-    sqrt_rule = lr_exponent_fit([4, 8, 16, 32, 64], [1e-3 * b ** 0.5 * (1 + 0.01 * (-1) ** b) for b in [4, 8, 16, 32, 64]])
+    sqrt_rule = lr_exponent_fit(
+        [4, 8, 16, 32, 64], [1e-3 * b**0.5 * (1 + 0.01 * (-1) ** b) for b in [4, 8, 16, 32, 64]]
+    )
     assert sqrt_rule["alpha"] == pytest.approx(0.5, abs=0.01) and sqrt_rule["rules_in_interval"] == ["sqrt"]
     noisy = lr_exponent_fit([4, 8, 16], [1e-3, 3e-3, 1.5e-3])  # 1 degree of freedom: wide
     assert set(noisy["rules_in_interval"]) == {"linear", "sqrt", "none"}
@@ -53,7 +65,7 @@ def test_three_or_more_lrs_give_the_quadratic_vertex_and_two_give_the_first_to_t
     """B = 16: five LRs around 4e-3 on a symmetric response in log LR -> the vertex, bracketed by the tried
     LRs either side of the fastest; B = 32: two LRs reach it -> the faster one, bracketed by the other and
     by a third LR that never reached the target (slower than any that did)."""
-    trials = [_trial(f"a{i}", 16, 4e-3 * 2.0 ** k, 1 + 0.3 * k * k) for i, k in enumerate((-2, -1, 0.25, 1, 2))]
+    trials = [_trial(f"a{i}", 16, 4e-3 * 2.0**k, 1 + 0.3 * k * k) for i, k in enumerate((-2, -1, 0.25, 1, 2))]
     trials += [_trial("b0", 32, 2e-3, 1.5), _trial("b1", 32, 8e-3, 1.2), _trial("b2", 32, 32e-3, 1e6)]
     rows = {r["batch_size_sequences"]: r for r in best_lr_per_batch(trials, target=1.5)}
     a, b = rows[16], rows[32]
@@ -80,7 +92,7 @@ def test_on_an_asymmetric_response_the_vertex_is_biased_and_the_bracket_still_ho
     bias, hits = [], 0
     for _ in range(2000):
         x = math.log(2) * np.array([-1.5, -1, -0.5, 0.5, 1, 1.5]) + rng.normal(0, 0.2, 6)
-        y = 10 + np.where(x < 0, 1.18, 0.39) * x ** 2 + rng.normal(0, 0.03, 6)
+        y = 10 + np.where(x < 0, 1.18, 0.39) * x**2 + rng.normal(0, 0.03, 6)
         vertex = _quadratic_optimum(list(x), list(y))
         if vertex is not None:
             bias.append(vertex / math.log(2))
@@ -102,7 +114,9 @@ def test_analyze_trials_reports_the_lr_scaling_keys():
     assert res["lr_scaling_exponent_fit"] == pytest.approx(0.5, abs=1e-9)
     assert res["lr_scaling_exponent_ci"] == pytest.approx([0.5, 0.5], abs=1e-6)
     assert res["lr_scaling_rules_in_interval"] == ["sqrt"]
-    assert [r["best_lr"] for r in res["lr_per_batch"]] == pytest.approx([1e-3 * math.sqrt(b) for b in (4, 8, 16, 32, 64)])
+    assert [r["best_lr"] for r in res["lr_per_batch"]] == pytest.approx(
+        [1e-3 * math.sqrt(b) for b in (4, 8, 16, 32, 64)]
+    )
     assert all(r["best_lr_bracket"] == [None, pytest.approx(r["best_lr"] * 4)] for r in res["lr_per_batch"])
     assert lr_scaling(trials, res["target_loss"])["lr_per_batch"] == res.to_json_dict()["lr_per_batch"]
 
@@ -117,12 +131,20 @@ def test_open_brackets_on_either_side_block_precision_at_every_declared_target()
     trials = []
     for b, fast_high in ((4, True), (8, True), (16, False), (32, False), (64, True)):
         lo, hi = 1e-3, 2e-3
-        trials += [_trial(f"lo{b}", b, lo, 1.0 if not fast_high else 1.3), _trial(f"hi{b}", b, hi, 1.0 if fast_high else 1.3)]
+        trials += [
+            _trial(f"lo{b}", b, lo, 1.0 if not fast_high else 1.3),
+            _trial(f"hi{b}", b, hi, 1.0 if fast_high else 1.3),
+        ]
     res = analyze_trials(trials, context_length_tokens=64, reference_batch=16)
     targets = [t["target_loss"] for t in res["targets"]]
     opened = open_lr_brackets(trials, targets)
     assert [(e["batch_size_sequences"], e["side"]) for e in opened] == [
-        (4, "above"), (8, "above"), (16, "below"), (32, "below"), (64, "above")]
+        (4, "above"),
+        (8, "above"),
+        (16, "below"),
+        (32, "below"),
+        (64, "above"),
+    ]
     assert all(e["targets"] == sorted(targets, reverse=True) for e in opened)
     assert opened[0]["fastest_lr"] == pytest.approx(2e-3) and opened[2]["fastest_lr"] == pytest.approx(1e-3)
     assert res["lr_brackets_open"] == opened
@@ -132,7 +154,17 @@ def test_open_brackets_on_either_side_block_precision_at_every_declared_target()
     assert precise_enough(narrow, 3.0) and not precise_enough({**narrow, "lr_brackets_open": opened}, 3.0)
     # a probe an octave above B=4's fastest LR that is slower closes its bracket; one that diverged does too
     closed = trials + [_trial("p4", 4, 4e-3, 1.6)]
-    diverged = trials + [TrialRecord(trial_id="d4", batch_size_sequences=4, seed=0, group_id="d4", status="DIVERGED",
-                                     hyperparameters={"lr": 4e-3}, tokens=[1024.0, 2048.0], val_loss=[9.0, math.nan])]
+    diverged = trials + [
+        TrialRecord(
+            trial_id="d4",
+            batch_size_sequences=4,
+            seed=0,
+            group_id="d4",
+            status="DIVERGED",
+            hyperparameters={"lr": 4e-3},
+            tokens=[1024.0, 2048.0],
+            val_loss=[9.0, math.nan],
+        )
+    ]
     for more in (closed, diverged):
         assert (4, "above") not in [(e["batch_size_sequences"], e["side"]) for e in open_lr_brackets(more, targets)]

@@ -21,13 +21,23 @@ from tests.conftest import invoke_cli
 T = 64  # tokens per sequence
 
 
-def _trial(tid: str, b: int, steps_to_half: float, *, seed: int = 0, milestones: int = 16,
-           spacing_tokens: float = 16384.0) -> TrialRecord:
+def _trial(
+    tid: str, b: int, steps_to_half: float, *, seed: int = 0, milestones: int = 16, spacing_tokens: float = 16384.0
+) -> TrialRecord:
     """A curve ``loss = 2 + (tokens / (B T steps_to_half))^-0.5``: loss 3 at ``steps_to_half`` steps."""
     tokens = [spacing_tokens * (i + 1) for i in range(milestones)]
     loss = [2.0 + (t / (b * T * steps_to_half)) ** -0.5 for t in tokens]
-    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=seed, group_id=tid, status="COMPLETED",
-                       hyperparameters={"lr": 1e-3}, tokens=tokens, val_loss=loss, flops=tokens)
+    return TrialRecord(
+        trial_id=tid,
+        batch_size_sequences=b,
+        seed=seed,
+        group_id=tid,
+        status="COMPLETED",
+        hyperparameters={"lr": 1e-3},
+        tokens=tokens,
+        val_loss=loss,
+        flops=tokens,
+    )
 
 
 def test_a_batch_size_below_the_target_at_its_first_milestone_is_an_upper_bound_not_a_point():
@@ -120,8 +130,9 @@ def test_analyze_compares_several_sweeps_at_the_first_ones_targets(tmp_path):
         out.mkdir()
         trials = [_trial(f"{name}{x}", x, 40.0 * (1 + bc / x)) for x in (4, 8, 16, 32, 64, 128)]
         (out / "trials.json").write_text(json.dumps([t.to_dict() for t in trials]))
-        res = analyze_trials(trials, context_length_tokens=T, reference_batch=16,
-                             targets=[3.2, 3.0] if name == "a" else [2.9, 2.8])
+        res = analyze_trials(
+            trials, context_length_tokens=T, reference_batch=16, targets=[3.2, 3.0] if name == "a" else [2.9, 2.8]
+        )
         (out / "cbs.json").write_text(json.dumps(res.to_json_dict()))
         outs.append(out)
     r = invoke_cli(["analyze", "--trials", str(outs[0] / "trials.json"), "--trials", str(outs[1] / "trials.json")])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from critbatch.main import app
 from sweeps.analysis.fit import analyze_points
 from sweeps.analysis.plan import (
     ClusterSpec,
@@ -26,7 +27,6 @@ from sweeps.analysis.plan import (
 )
 from sweeps.analysis.plan_files import load_plan_inputs, make_plan, spec_sync_every_steps
 from sweeps.analysis.report import _plan_section
-from critbatch.main import app
 from sweeps.spec.result import TargetFit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "wikitext_cbs.json"
@@ -35,8 +35,9 @@ MODEL = dict(tokens_per_sequence=10.0, flops_per_token=600.0, gradient_bytes=1e6
 
 
 def cluster(**kw) -> ClusterSpec:
-    return ClusterSpec(**{"devices": 4, "peak_flops_per_s": 1e6, "mfu": 0.5, "bandwidth_bytes_per_s": 1e9,
-                          "latency_s": 1e-5, **kw})
+    return ClusterSpec(
+        **{"devices": 4, "peak_flops_per_s": 1e6, "mfu": 0.5, "bandwidth_bytes_per_s": 1e9, "latency_s": 1e-5, **kw}
+    )
 
 
 def rows_by(rows):
@@ -44,7 +45,7 @@ def rows_by(rows):
 
 
 def test_steps_to_target_is_the_hyperbola():
-    assert steps_to_target(8, 100.0, 1600.0) == pytest.approx(300.0)   # 100 + 1600/8
+    assert steps_to_target(8, 100.0, 1600.0) == pytest.approx(300.0)  # 100 + 1600/8
     assert steps_to_target(16, 100.0, 1600.0) == pytest.approx(200.0)  # = 2 S_min at B = b_crit
     assert steps_to_target(64, 100.0, 1600.0) == pytest.approx(125.0)  # = 1.25 S_min at 4 b_crit
 
@@ -66,7 +67,7 @@ def test_rows_by_hand():
     one = r[(8, 1)]
     assert one["compute_s_per_step"] == pytest.approx(0.096)
     assert one["allreduce_s"] == 0.0 and one["comm_s_per_step"] == 0.0
-    assert one["time_to_target_s"] == pytest.approx(300 * 0.096)               # 28.8 s
+    assert one["time_to_target_s"] == pytest.approx(300 * 0.096)  # 28.8 s
     assert one["device_hours"] == pytest.approx(28.8 / 3600)
     # N=4: compute 0.096/4 = 0.024 s + ring 1.56e-3 s = 0.02556 s a step; 300 steps = 7.668 s; 4 devices
     four = r[(8, 4)]
@@ -79,22 +80,31 @@ def test_rows_by_hand():
 
 
 def test_local_sgd_divides_the_allreduce_and_overlap_takes_the_max():
-    h4 = rows_by(plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(), batch_sizes_sequences=[8],
-                           sync_every_steps=4, **MODEL))[(8, 4)]
-    assert h4["comm_s_per_step"] == pytest.approx(1.56e-3 / 4)                  # one all-reduce per 4 steps
+    h4 = rows_by(
+        plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(), batch_sizes_sequences=[8], sync_every_steps=4, **MODEL)
+    )[(8, 4)]
+    assert h4["comm_s_per_step"] == pytest.approx(1.56e-3 / 4)  # one all-reduce per 4 steps
     assert h4["step_s"] == pytest.approx(0.024 + 3.9e-4)
-    ov = rows_by(plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(overlap=True), batch_sizes_sequences=[8],
-                           **MODEL))[(8, 4)]
-    assert ov["step_s"] == pytest.approx(0.024)                                  # max(0.024, 0.00156)
+    ov = rows_by(
+        plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(overlap=True), batch_sizes_sequences=[8], **MODEL)
+    )[(8, 4)]
+    assert ov["step_s"] == pytest.approx(0.024)  # max(0.024, 0.00156)
     with pytest.raises(ValueError):
         plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(), batch_sizes_sequences=[8], sync_every_steps=0, **MODEL)
 
 
 def test_devices_never_exceed_the_batch_and_micro_batch_sets_accumulation():
-    r = rows_by(plan_rows(s_min=100.0, e_min=1600.0, cluster=cluster(micro_batch_size_sequences_max=1),
-                          batch_sizes_sequences=[2, 8], **MODEL))
-    assert sorted(r) == [(2, 1), (2, 2), (8, 1), (8, 2), (8, 4)]                # N <= B
-    assert r[(8, 2)]["grad_accum_steps"] == 4                                     # 8/2 = 4 sequences, 1 at a time
+    r = rows_by(
+        plan_rows(
+            s_min=100.0,
+            e_min=1600.0,
+            cluster=cluster(micro_batch_size_sequences_max=1),
+            batch_sizes_sequences=[2, 8],
+            **MODEL,
+        )
+    )
+    assert sorted(r) == [(2, 1), (2, 2), (8, 1), (8, 2), (8, 4)]  # N <= B
+    assert r[(8, 2)]["grad_accum_steps"] == 4  # 8/2 = 4 sequences, 1 at a time
     # MFU is constant in the per-device batch, so accumulation does not change the time
     assert r[(8, 2)]["compute_s_per_step"] == pytest.approx(0.048)
 
@@ -127,8 +137,14 @@ def test_the_cap_moves_the_best_plan():
 def test_communication_bound_knee():
     # a 1e8-byte gradient: ring at N=2 = 0.1 + 2e-5 s, at N=4 = 0.15 + 6e-5 s; compute at B=8 0.048, 0.024 s.
     # time: N=1 300*0.096 = 28.8; N=2 300*0.14802 = 44.4; N=4 300*0.17406 = 52.2 -> 1 device is fastest.
-    t = plan_target(FIT, cluster=cluster(), batch_sizes_sequences=[8], tokens_per_sequence=10.0,
-                    flops_per_token=600.0, gradient_bytes=1e8)
+    t = plan_target(
+        FIT,
+        cluster=cluster(),
+        batch_sizes_sequences=[8],
+        tokens_per_sequence=10.0,
+        flops_per_token=600.0,
+        gradient_bytes=1e8,
+    )
     assert t["knee"]["devices"] == 1 and t["best"]["devices"] == 1
     assert rows_by(t["rows"])[(8, 2)]["time_to_target_s"] == pytest.approx(300 * (0.048 + 0.10002))
 
@@ -138,8 +154,14 @@ def test_grids_and_extrapolation_flags():
     # swept 4..64: from 4 to 8 x 64 = 512 (above 64 devices and 4 b_crit = 44)
     assert default_batch_grid((4.0, 64.0), 64, 11.0) == [4, 8, 16, 32, 64, 128, 256, 512]
     assert default_batch_grid((5.0, 64.0), 1024, None)[0] == 4 and default_batch_grid((5.0, 64.0), 1024)[-1] == 1024
-    assert [extrapolation(b, (4.0, 64.0)) for b in (1, 2, 4, 64, 128, 256)] == ["far", "near", "inside", "inside",
-                                                                                 "near", "far"]
+    assert [extrapolation(b, (4.0, 64.0)) for b in (1, 2, 4, 64, 128, 256)] == [
+        "far",
+        "near",
+        "inside",
+        "inside",
+        "near",
+        "far",
+    ]
     assert extrapolation(8, None) is None
 
 
@@ -164,7 +186,7 @@ def test_inputs_from_a_cbs_json_and_its_spec(tmp_path):
     assert plan["inputs"]["sync_every_steps"] == 8
     assert plan["inputs"]["sync_every_steps_source"] == "spec resources.sync.every_steps"
     assert any("replica count" in n and "does not model" in n for n in plan["notes"])
-    assert [t["headline"] for t in plan["targets"]] == [False, False, False, True]   # cbs.json's target_loss
+    assert [t["headline"] for t in plan["targets"]] == [False, False, False, True]  # cbs.json's target_loss
     assert plan["targets"][0]["status"] == "above_range" and plan["targets"][0]["b_crit"] is None
     (sweep / "spec.yaml").write_text("resources:\n  sync:\n    every_steps: many\n", encoding="utf-8")
     assert spec_sync_every_steps(sweep / "spec.yaml") is None
@@ -206,31 +228,51 @@ def test_cli_on_a_sweep_folder_writes_plan_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     section = _plan_section(sweep)
     assert "Cluster plan" in section and "data:image/png;base64," in section
-    assert _plan_section(tmp_path) == ""          # no plan.json: the report is as before
+    assert _plan_section(tmp_path) == ""  # no plan.json: the report is as before
 
 
 def test_cli_cluster_yaml_and_analyze_csv_result(tmp_path):
     res = analyze_points([64, 128, 256, 512, 1024], [46000, 23000, 13282, 7000, 3840], 256.0)
     (tmp_path / "fit.json").write_text(json.dumps(res))
     (tmp_path / "cluster.yaml").write_text("devices: 8\npeak_flops_per_s: 989.0e12\nbandwidth_bytes_per_s: 5.0e10\n")
-    args = [str(tmp_path / "fit.json"), "--cluster", str(tmp_path / "cluster.yaml"), "--flops-per-token", "5.1e8",
-            "--params", "8.5e7", "--tokens-per-sequence", "512", "--grad-bytes-per-param", "2",
-            "--swept-range", "64,1024", "--output", str(tmp_path / "plan"), "--json"]
+    args = [
+        str(tmp_path / "fit.json"),
+        "--cluster",
+        str(tmp_path / "cluster.yaml"),
+        "--flops-per-token",
+        "5.1e8",
+        "--params",
+        "8.5e7",
+        "--tokens-per-sequence",
+        "512",
+        "--grad-bytes-per-param",
+        "2",
+        "--swept-range",
+        "64,1024",
+        "--output",
+        str(tmp_path / "plan"),
+        "--json",
+    ]
     out = _cli(args)
     assert out.exit_code == 0, out.output
     plan = json.loads(out.stdout)
     assert plan["inputs"]["gradient_bytes"] == 1.7e8 and plan["cluster"]["mfu"] == 0.4
     assert plan["targets"][0]["rows"][0]["extrapolation"] == "inside"
-    assert json.loads((tmp_path / "plan" / "plan.json").read_text()) == plan   # --output holds what was printed
+    assert json.loads((tmp_path / "plan" / "plan.json").read_text()) == plan  # --output holds what was printed
     assert (tmp_path / "plan" / "plots" / "plan.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--flops-per-token", "5e8"], "--params, --tokens-per-sequence"),
-    ([], "--flops-per-token, --params, --tokens-per-sequence"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--flops-per-token", "5e8"], "--params, --tokens-per-sequence"),
+        ([], "--flops-per-token, --params, --tokens-per-sequence"),
+    ],
+)
 def test_cli_analyze_result_needs_the_model(tmp_path, extra, message):
-    (tmp_path / "fit.json").write_text(json.dumps(analyze_points([64, 128, 256, 512], [46000, 23000, 13282, 7000], 256.0)))
+    (tmp_path / "fit.json").write_text(
+        json.dumps(analyze_points([64, 128, 256, 512], [46000, 23000, 13282, 7000], 256.0))
+    )
     res = _cli([str(tmp_path / "fit.json"), *H100, *extra])
     assert res.exit_code == 2 and message in res.output
 
@@ -238,9 +280,9 @@ def test_cli_analyze_result_needs_the_model(tmp_path, extra, message):
 def test_cli_bad_input_exits_2(tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    assert _cli([str(sweep), *H100]).exit_code == 2                               # a folder without cbs.json
+    assert _cli([str(sweep), *H100]).exit_code == 2  # a folder without cbs.json
     shutil.copy(FIXTURE, sweep / "cbs.json")
-    res = _cli([str(sweep), "--peak-flops", "1e15", "--bandwidth", "1e9"])       # no --devices
+    res = _cli([str(sweep), "--peak-flops", "1e15", "--bandwidth", "1e9"])  # no --devices
     assert res.exit_code == 2 and "devices" in res.output
     (tmp_path / "c.yaml").write_text("devices: 4\npeak_flops_per_s: 1e15\nbandwidth_bytes_per_s: 1e9\nnics: 2\n")
     res = _cli([str(sweep), "--cluster", str(tmp_path / "c.yaml")])
@@ -255,9 +297,17 @@ def test_cli_bad_input_exits_2(tmp_path):
 def test_cli_on_a_comparison_names_the_arm_folders_to_plan(tmp_path):
     comparison = tmp_path / "cmp"
     comparison.mkdir()
-    (comparison / "cbs.json").write_text(json.dumps({"kind": "comparison", "reference_arm": "ddp",
-                                                     "targets": [3.2, 3.0], "target_loss": 3.2,
-                                                     "arms": [{"name": "ddp"}, {"name": "diloco-m4-h16"}]}))
+    (comparison / "cbs.json").write_text(
+        json.dumps(
+            {
+                "kind": "comparison",
+                "reference_arm": "ddp",
+                "targets": [3.2, 3.0],
+                "target_loss": 3.2,
+                "arms": [{"name": "ddp"}, {"name": "diloco-m4-h16"}],
+            }
+        )
+    )
     res = _cli([str(comparison), *H100])
     assert res.exit_code == 2, res.output
     assert "a comparison of arms ['ddp', 'diloco-m4-h16']" in res.output

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from sweeps.analysis.report import PLOT_CAPTIONS, _b_crit_by_target, write_report
-from sweeps.spec.result import CbsResult
 from sweeps.analysis.summary import describe_status, headline
 from sweeps.analysis.targets import TrialRecord
 from sweeps.spec import load_spec
+from sweeps.spec.result import CbsResult
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -43,7 +43,9 @@ def test_the_report_leads_with_the_headline_and_the_status_in_words(report):
     assert first == headline(cbs)
     text = _text(page)
     assert f"Status edge: {describe_status('edge')}." in text
-    assert "Analysis message: The 95 % interval reaches below the smallest and above the largest swept batch size" in text
+    assert (
+        "Analysis message: The 95 % interval reaches below the smallest and above the largest swept batch size" in text
+    )
 
 
 def test_interval_ends_past_the_swept_range_are_shown_as_bounds(report):
@@ -55,8 +57,12 @@ def test_interval_ends_past_the_swept_range_are_shown_as_bounds(report):
     assert "0.6751" not in text and "70.34" not in text  # the raw ends stay in cbs.json only
     rows = re.findall(r"<tr>(<td>.*?)</tr>", page.split("<h2>Per target loss</h2>", 1)[1].split("</table>", 1)[0])
     cells = [[html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r)] for r in rows]
-    assert [c[1:4] for c in cells] == [["> 128", "35", "> 128"], ["44", "9.6", "> 128"],
-                                       ["12.2", "< 4", "> 64"], ["11.06", "< 4", "> 64"]]
+    assert [c[1:4] for c in cells] == [
+        ["> 128", "35", "> 128"],
+        ["44", "9.6", "> 128"],
+        ["12.2", "< 4", "> 64"],
+        ["11.06", "< 4", "> 64"],
+    ]
 
 
 def test_every_plot_has_a_caption_saying_how_to_read_it(report):
@@ -65,7 +71,9 @@ def test_every_plot_has_a_caption_saying_how_to_read_it(report):
     assert {n for n, _ in figures} == {"loss_vs_flops", "steps_to_target", "tokens_to_target", "b_crit_by_target"}
     for name, caption in figures:
         assert html.unescape(caption).endswith(PLOT_CAPTIONS[name]), name
-    assert "Where the points fall with slope -1, doubling the batch halves the steps" in PLOT_CAPTIONS["steps_to_target"]
+    assert (
+        "Where the points fall with slope -1, doubling the batch halves the steps" in PLOT_CAPTIONS["steps_to_target"]
+    )
     text = _text(page)
     assert "Two definitions of the critical batch size, not comparable numbers:" in text
     assert "b_compute_overhead_20: 0.2 b_crit, in sequences" in text
@@ -93,11 +101,29 @@ def test_the_plan_section_says_still_falling_at_the_cap(tmp_path):
 
     sweep = tmp_path / "sweep"
     sweep.mkdir()
-    for src, dst in (("wikitext_cbs.json", "cbs.json"), ("wikitext_trials.json", "trials.json"),
-                     ("wikitext_spec.yaml", "spec.yaml")):
+    for src, dst in (
+        ("wikitext_cbs.json", "cbs.json"),
+        ("wikitext_trials.json", "trials.json"),
+        ("wikitext_spec.yaml", "spec.yaml"),
+    ):
         shutil.copy(FIXTURES / src, sweep / dst)
-    res = CliRunner().invoke(app, ["plan", str(sweep), "--devices", "64", "--peak-flops", "1e15", "--bandwidth",
-                                   "4.5e11", "--flops-per-token", "1e12", "--params", "1e6"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(sweep),
+            "--devices",
+            "64",
+            "--peak-flops",
+            "1e15",
+            "--bandwidth",
+            "4.5e11",
+            "--flops-per-token",
+            "1e12",
+            "--params",
+            "1e6",
+        ],
+    )
     assert res.exit_code == 0, res.output
     text = _text((sweep / "report.html").read_text())
     assert "No knee: time still falling at the cap (64 devices)" in text
@@ -111,8 +137,17 @@ def test_the_loss_plot_places_each_trials_loss_at_the_tokens_it_reported_it_at()
     from sweeps.analysis.report import _envelopes
 
     def rec(tid, tokens, losses):
-        return TrialRecord(trial_id=tid, batch_size_sequences=8, seed=0, group_id=tid, status="COMPLETED",
-                           hyperparameters={}, tokens=tokens, val_loss=losses, flops=[6.0 * t for t in tokens])
+        return TrialRecord(
+            trial_id=tid,
+            batch_size_sequences=8,
+            seed=0,
+            group_id=tid,
+            status="COMPLETED",
+            hyperparameters={},
+            tokens=tokens,
+            val_loss=losses,
+            flops=[6.0 * t for t in tokens],
+        )
 
     a, b = rec("a", [100.0, 200.0, 300.0], [3.0, 2.0, 1.0]), rec("b", [150.0, 250.0], [2.5, 1.5])
     tok, flops, loss = _envelopes([a, b])[8]
@@ -134,7 +169,9 @@ def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
     # b_crit 11.06 [0.675, 70.34], B0 = 16: cbs_20 = 0.2 b + 19.2 -> 21.41 [19.34, 33.27]; 0.2 b -> 2.212 [0.135, 14.07]
     assert "21.41 [19.34, 33.27] sequences" in text
-    assert "2.212 [0.135, 14.07] sequences (below the smallest fitted batch size, 4: an extrapolation of the fit)" in text
+    assert (
+        "2.212 [0.135, 14.07] sequences (below the smallest fitted batch size, 4: an extrapolation of the fit)" in text
+    )
     # one number is named for sizing; the other two are explained as following from it
     assert "Size data parallelism with b_crit" in text
     assert "looks narrower only by its constant 1.2 B0" in text
@@ -143,15 +180,27 @@ def test_the_20_percent_batch_sizes_are_shown_with_their_intervals(tmp_path):
 def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(tmp_path):
     cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
     b0 = cbs["per_batch"][0]["batch_size_sequences"]
-    cbs |= {"lr_scaling_exponent_fit": 0.42, "lr_scaling_exponent_ci": [0.1, 0.74],
-            "lr_scaling_rules_in_interval": ["sqrt"], "lr_scaling_exponent_by_chance": {"mean": 0.5, "sd": 0.2},
-            "lr_per_batch": [{"batch_size_sequences": b0, "best_lr": 0.004, "method": "quadratic",
-                              "best_lr_bracket": [0.002, None], "n_trials_to_target": 3}]}
+    cbs |= {
+        "lr_scaling_exponent_fit": 0.42,
+        "lr_scaling_exponent_ci": [0.1, 0.74],
+        "lr_scaling_rules_in_interval": ["sqrt"],
+        "lr_scaling_exponent_by_chance": {"mean": 0.5, "sd": 0.2},
+        "lr_per_batch": [
+            {
+                "batch_size_sequences": b0,
+                "best_lr": 0.004,
+                "method": "quadratic",
+                "best_lr_bracket": [0.002, None],
+                "n_trials_to_target": 3,
+            }
+        ],
+    }
     records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
     page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
-    assert ("best LR ~ B^alpha with alpha = 0.42 [0.10, 0.74] (95 %); rules inside the interval: square root (0.5)."
-            in text)
+    assert (
+        "best LR ~ B^alpha with alpha = 0.42 [0.10, 0.74] (95 %); rules inside the interval: square root (0.5)." in text
+    )
     assert "picked at random gives 0.5 ± 0.2" in text
     assert "0.004 (quadratic) [0.002, ?]" in text
 
@@ -159,12 +208,28 @@ def test_the_report_gives_the_measured_lr_exponent_and_each_batch_sizes_best_lr(
 def test_the_report_says_what_search_precision_did_and_names_open_lr_brackets(tmp_path):
     cbs = json.loads((FIXTURES / "wikitext_cbs.json").read_text())
     records = [TrialRecord.from_dict(r) for r in json.loads((FIXTURES / "wikitext_trials.json").read_text())]
-    cbs["lr_brackets_open"] = [{"batch_size_sequences": 4, "side": "above", "fastest_lr": 0.01, "targets": [6.4]},
-                               {"batch_size_sequences": 64, "side": "below", "fastest_lr": 0.01, "targets": [6.4]}]
-    cbs["precision"] = {"b_crit_ratio_requested": 4.0, "max_trials": 24, "stopped_because": "max_trials", "waves": [
-        {"trials": 12, "b_crit": 13.2, "b_crit_ci": [4.9, 33.4], "target_loss": 6.363,
-         "added": [{"batch_size_sequences": 16, "lr": 0.0085, "reason": "r"}, {"batch_size_sequences": 24, "lr": None, "reason": "r"}]},
-        {"trials": 15, "b_crit": 20.0, "b_crit_ci": [10.0, 40.0], "target_loss": 6.363, "added": []}]}
+    cbs["lr_brackets_open"] = [
+        {"batch_size_sequences": 4, "side": "above", "fastest_lr": 0.01, "targets": [6.4]},
+        {"batch_size_sequences": 64, "side": "below", "fastest_lr": 0.01, "targets": [6.4]},
+    ]
+    cbs["precision"] = {
+        "b_crit_ratio_requested": 4.0,
+        "max_trials": 24,
+        "stopped_because": "max_trials",
+        "waves": [
+            {
+                "trials": 12,
+                "b_crit": 13.2,
+                "b_crit_ci": [4.9, 33.4],
+                "target_loss": 6.363,
+                "added": [
+                    {"batch_size_sequences": 16, "lr": 0.0085, "reason": "r"},
+                    {"batch_size_sequences": 24, "lr": None, "reason": "r"},
+                ],
+            },
+            {"trials": 15, "b_crit": 20.0, "b_crit_ci": [10.0, 40.0], "target_loss": 6.363, "added": []},
+        ],
+    }
     page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
     assert "Open LR brackets: B=4 above its tried LRs, B=64 below its tried LRs" in text
@@ -175,10 +240,14 @@ def test_the_report_says_what_search_precision_did_and_names_open_lr_brackets(tm
 def test_the_targets_table_says_what_each_censored_point_needs_more_than_and_where_the_fit_disagrees():
     from sweeps.analysis.summary import censored_text
 
-    t = {"excluded_batch_sizes": [128, 256, 512], "censored_points": [
-        {"batch_size_sequences": 128, "steps_lower_bound": 32.0, "fit_steps": 45.2, "fit_consistent": True},
-        {"batch_size_sequences": 256, "steps_lower_bound": 16.0, "fit_steps": 12.5, "fit_consistent": False},
-        {"batch_size_sequences": 512, "steps_lower_bound": None, "fit_steps": None, "fit_consistent": None}]}
+    t = {
+        "excluded_batch_sizes": [128, 256, 512],
+        "censored_points": [
+            {"batch_size_sequences": 128, "steps_lower_bound": 32.0, "fit_steps": 45.2, "fit_consistent": True},
+            {"batch_size_sequences": 256, "steps_lower_bound": 16.0, "fit_steps": 12.5, "fit_consistent": False},
+            {"batch_size_sequences": 512, "steps_lower_bound": None, "fit_steps": None, "fit_consistent": None},
+        ],
+    }
     assert censored_text(t) == "128 (> 32 steps; fit 45.2), 256 (> 16 steps; fit 12.5, contradicts), 512 (diverged)"
     assert censored_text({"excluded_batch_sizes": [128]}) == "128"  # a cbs.json from before censored points
 
@@ -200,9 +269,11 @@ def test_the_budget_sentence_says_what_each_batch_size_trained_when_budgets_diff
     page = write_report(tmp_path, cbs, records, load_spec(FIXTURES / "wikitext_spec.yaml")).read_text()
     text = _text(re.sub(r"data:image/png;base64,[^\"]+", "IMG", page))
     assert "equal for every batch size" not in text
-    assert ("Budget 196,608 tokens per trial in the spec; the batch sizes' trials trained different amounts, at most "
-            "per trial: B = 4: 32,768 tokens (65,536 in all); B = 8: 393,216 tokens (589,824 in all); "
-            "B = 16: 196,608 tokens (393,216 in all)") in text
+    assert (
+        "Budget 196,608 tokens per trial in the spec; the batch sizes' trials trained different amounts, at most "
+        "per trial: B = 4: 32,768 tokens (65,536 in all); B = 8: 393,216 tokens (589,824 in all); "
+        "B = 16: 196,608 tokens (393,216 in all)"
+    ) in text
 
 
 def test_the_wide_tables_scroll_inside_their_own_box(report):

@@ -54,8 +54,16 @@ def test_a_cbs_json_of_an_earlier_version_loads_with_its_extra_keys():
 def test_the_sweeps_additions_take_their_place_whatever_the_order_given():
     text = (FIXTURES / "shakespeare_cbs.json").read_text()
     full = json.loads(text)
-    added = ("sweep_id", "flops_per_token", "trials_planned", "optimizer", "provenance", "mlflow", "precision",
-             "best_checkpoint")
+    added = (
+        "sweep_id",
+        "flops_per_token",
+        "trials_planned",
+        "optimizer",
+        "provenance",
+        "mlflow",
+        "precision",
+        "best_checkpoint",
+    )
     base = CbsResult.model_validate({k: v for k, v in full.items() if k not in added})
     rebuilt = with_sweep_fields(base, best_checkpoint=full["best_checkpoint"], precision=full["precision"])
     rebuilt = with_sweep_fields(rebuilt, **{k: full[k] for k in reversed(added[:6])})

@@ -27,9 +27,24 @@ def _cal(**over):
     """A hand-made calibration: b_crit 12 and S_min 40 steps at every loss... scaled so that lower losses need
     more steps (S_min doubles per 0.5 nat)."""
     losses = [2.2 + 0.1 * i for i in range(15)]
-    cal = {"table": {"loss": losses, "b_crit": [12.0] * len(losses), "s_min": [40.0 * 2 ** ((2.6 - L) / 0.5) for L in losses]},
-           "x0": math.log2(0.006), "a": 0.0, "m": 1.0, "k_above": 0.3, "k_below": 0.2, "sd_seed": 0.0, "sd_cell": 0.0,
-           "diverge_octaves": 3.0, "seeds": 12, "lattice_octaves": 0.5, "base_lr": 0.003}
+    cal = {
+        "table": {
+            "loss": losses,
+            "b_crit": [12.0] * len(losses),
+            "s_min": [40.0 * 2 ** ((2.6 - L) / 0.5) for L in losses],
+        },
+        "x0": math.log2(0.006),
+        "a": 0.0,
+        "m": 1.0,
+        "k_above": 0.3,
+        "k_below": 0.2,
+        "sd_seed": 0.0,
+        "sd_cell": 0.0,
+        "diverge_octaves": 3.0,
+        "seeds": 12,
+        "lattice_octaves": 0.5,
+        "base_lr": 0.003,
+    }
     cal.update(over)
     return cal
 
@@ -72,8 +87,9 @@ def test_a_seed_moves_every_batch_size_the_same_way(bench):
 
 
 def test_one_simulated_sweep_runs_through_the_products_replay(bench):
-    out = bench.simulate(_cal(sd_seed=0.05, sd_cell=0.05), ROOT / "sweeps" / "examples" / "shakespeare-char.yaml", 1,
-                         False, 0)
+    out = bench.simulate(
+        _cal(sd_seed=0.05, sd_cell=0.05), ROOT / "sweeps" / "examples" / "shakespeare-char.yaml", 1, False, 0
+    )
     assert sorted(out["rows"]) == [2.4, 2.5, 2.6, 2.7, 2.8]  # the main job's fixed targets
     assert all(rows[0][0] == pytest.approx(12.0) for rows in out["rows"].values())  # the truth
     assert 14 <= out["compute"] <= 21 + 1e-9

@@ -15,7 +15,14 @@ import pytest
 from sweeps.analysis import analyze_csv, analyze_trials
 from sweeps.analysis.fit import STATUSES, analyze_points
 from sweeps.analysis.summary import (
-    STATUS_TEXT, SWEEP_STATUSES, definitions_text, describe_status, headline, interval_ends_text, swept_range)
+    STATUS_TEXT,
+    SWEEP_STATUSES,
+    definitions_text,
+    describe_status,
+    headline,
+    interval_ends_text,
+    swept_range,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURE = Path(__file__).parent / "fixtures" / "wikitext_cbs.json"
@@ -43,8 +50,11 @@ def _status_literals(path: Path) -> set[str]:
 
 def test_every_status_the_analysis_sets_has_words():
     assert set(STATUS_TEXT) == set(STATUSES) | set(SWEEP_STATUSES)
-    set_in_code = (_status_literals(ROOT / "sweeps/analysis/fit.py") | _status_literals(ROOT / "sweeps/analysis/sweep.py")
-                   | _status_literals(ROOT / "sweeps/run/finish.py"))
+    set_in_code = (
+        _status_literals(ROOT / "sweeps/analysis/fit.py")
+        | _status_literals(ROOT / "sweeps/analysis/sweep.py")
+        | _status_literals(ROOT / "sweeps/run/finish.py")
+    )
     assert "no_completed_trials" in set_in_code and "analysis_failed" in set_in_code  # the scan sees them
     assert set_in_code <= set(STATUS_TEXT), set_in_code - set(STATUS_TEXT)
     assert describe_status("ok").startswith("the knee (b_crit) and its whole 95 % interval lie inside")
@@ -63,28 +73,40 @@ def test_headline_of_the_wikitext_sweep_says_where_how_wide_and_what_to_add():
         "most likely near 11; this sweep cannot pin it closer "
         "than a factor of 16 (the interval's width within the fitted batch sizes; it is wider beyond); to narrow it, "
         "add batch sizes 2 and 1 (below 4) and raise budget_tokens so that batch size 128, swept but short "
-        "of this target within its budget (in the fit only as a lower bound), reaches it.")
+        "of this target within its budget (in the fit only as a lower bound), reaches it."
+    )
     assert swept_range(cbs) == (4.0, 64.0)  # the primary target's points, not per_batch's 128
 
 
 def test_headline_of_each_status():
     t = _fixture()["targets"]
-    assert headline(t[0]).startswith("At target loss 6.656, the knee lies above the largest batch size that reached the target, 128 "
-                                     "sequences (95 % interval from 35 up)")
+    assert headline(t[0]).startswith(
+        "At target loss 6.656, the knee lies above the largest batch size that reached the target, 128 "
+        "sequences (95 % interval from 35 up)"
+    )
     assert headline(t[0]).endswith("to find the knee, add batch sizes 256 and 512.")
-    assert "lies above 9.6 sequences (95 % interval), possibly above the largest of the fitted batch sizes " \
-        "(4-128 sequences, those that reached the target), most likely " \
-           "near 44" in headline(t[1])
+    assert (
+        "lies above 9.6 sequences (95 % interval), possibly above the largest of the fitted batch sizes "
+        "(4-128 sequences, those that reached the target), most likely "
+        "near 44" in headline(t[1])
+    )
     assert headline(t[1]).endswith("add batch sizes 256 and 512 (above 128).")
     below = analyze_points([4, 8, 16, 32], [100, 100, 100, 100.5], 8)
     assert below["status"] == "below_range"
-    assert headline(below).startswith("The knee lies below the smallest batch size that reached the target, 4 sequences")
+    assert headline(below).startswith(
+        "The knee lies below the smallest batch size that reached the target, 4 sequences"
+    )
     assert headline(below).endswith("to find it, add batch sizes 2 and 1.")
     two = analyze_points([4, 8], [10, 6], 8)
-    assert headline(two) == ("No knee can be identified: only 2 batch size(s) reached the target and the fit needs "
-                             "at least 3; run more batch sizes to the target (more trials, or a longer budget).")
-    for status, start in (("no_completed_trials", "No trial completed"), ("no_targets", "No target loss could"),
-                          ("analysis_failed", "The analysis failed (boom)")):
+    assert headline(two) == (
+        "No knee can be identified: only 2 batch size(s) reached the target and the fit needs "
+        "at least 3; run more batch sizes to the target (more trials, or a longer budget)."
+    )
+    for status, start in (
+        ("no_completed_trials", "No trial completed"),
+        ("no_targets", "No target loss could"),
+        ("analysis_failed", "The analysis failed (boom)"),
+    ):
         assert headline({"status": status, "message": "boom"}).startswith(start)
 
 
@@ -97,7 +119,8 @@ def test_headline_of_a_measured_knee_gives_the_20_percent_batch():
     assert headline(fit) == (
         f"The critical batch size b_crit lies between {lo:.0f} and {hi:.0f} sequences (95 % interval), most likely "
         f"near {fit['b_crit']:.0f}: batches up to about {0.2 * fit['b_crit']:.1f} sequences (0.2 b_crit) cost at most "
-        f"20 % more compute than the least, and batches well above {fit['b_crit']:.0f} buy few steps for their compute.")
+        f"20 % more compute than the least, and batches well above {fit['b_crit']:.0f} buy few steps for their compute."
+    )
 
 
 def test_headline_of_the_zhang_2024_points():
@@ -105,8 +128,10 @@ def test_headline_of_the_zhang_2024_points():
     fit = analyze_csv(ROOT / "data" / "zhang2024" / "chinchilla_1.2B.csv", 256)
     assert fit["status"] == "edge"
     text = headline(fit)
-    assert text.startswith("The knee (b_crit) lies between 9,418 and 13,332 sequences (95 % interval), most likely "
-                           "near 11,131; it rests on fewer than 2 fitted batch sizes on its larger side")
+    assert text.startswith(
+        "The knee (b_crit) lies between 9,418 and 13,332 sequences (95 % interval), most likely "
+        "near 11,131; it rests on fewer than 2 fitted batch sizes on its larger side"
+    )
     assert text.endswith("to narrow it, add batch sizes 32,768 and 65,536 (above 16,384).")
 
 
@@ -118,9 +143,19 @@ def test_a_sweep_records_its_headline_and_fitted_batch_sizes():
     for b in (4, 8, 16, 32, 64):
         steps = 50 + 800 / b
         curve = [3.0 - 1.5 * min(1.0, t / (steps * b * 8)) for t in tokens]
-        trials.append(TrialRecord(trial_id=f"t{b}", batch_size_sequences=b, seed=0, group_id=f"g{b}",
-                                  status="COMPLETED", hyperparameters={"lr": 1e-3}, tokens=tokens, val_loss=curve,
-                                  flops=[t * 10 for t in tokens]))
+        trials.append(
+            TrialRecord(
+                trial_id=f"t{b}",
+                batch_size_sequences=b,
+                seed=0,
+                group_id=f"g{b}",
+                status="COMPLETED",
+                hyperparameters={"lr": 1e-3},
+                tokens=tokens,
+                val_loss=curve,
+                flops=[t * 10 for t in tokens],
+            )
+        )
     cbs = analyze_trials(trials, context_length_tokens=8, reference_batch=8, targets=[2.0])
     assert cbs["headline"] == headline(cbs)
     assert cbs["fitted_batch_sizes"] == cbs["targets"][0]["fitted_batch_sizes"]
@@ -157,9 +192,11 @@ def test_a_knee_at_the_cap_with_time_still_falling_is_no_knee():
 
     assert knee_label(knee_devices({1: 10.0, 2: 6.0, 4: 3.0})) == "no knee: time still falling at the cap (4 devices)"
     assert knee_label(knee_devices({1: 10.0, 2: 5.0, 4: 4.9})) == (
-        "knee: 2 devices (time still falls up to the cap of 4 devices, by less than 5 %)")
+        "knee: 2 devices (time still falls up to the cap of 4 devices, by less than 5 %)"
+    )
     assert knee_label(knee_devices({1: 10.0, 2: 8.0, 4: 5.0, 8: 5.1})) == (
-        "knee: 4 devices (more buy less than 5 % of the time)")
+        "knee: 4 devices (more buy less than 5 % of the time)"
+    )
     assert knee_label(None) == "no knee: no device count fits the device-hours cap"
 
 
@@ -187,7 +224,7 @@ def test_plan_summary_is_one_line_naming_the_fastest_plan_and_the_knee():
 def test_the_zhang_csvs_keep_their_published_fit(name):
     # fitted_batch_sizes is new in the result; the numbers stay as data/zhang2024/SOURCES.md checks them
     fit = analyze_csv(ROOT / "data" / "zhang2024" / f"chinchilla_{name}.csv", 256)
-    assert fit["fitted_batch_sizes"] == [2.0 ** k for k in range(6, 15)]
+    assert fit["fitted_batch_sizes"] == [2.0**k for k in range(6, 15)]
     assert fit["cbs_20"] == pytest.approx({"85M": 745.3201466381583, "1.2B": 2533.4108017868743}[name], rel=1e-6)
 
 
@@ -195,8 +232,9 @@ def test_the_note_beside_analyze_output_names_each_group(tmp_path):
     from sweeps.analysis.summary import analyze_note
 
     csv = tmp_path / "p.csv"
-    rows = ["batch_size,steps_to_target,group"] + [f"{b},{100 + 2000 / b:.3f},{g}" for g in ("a", "b")
-                                                  for b in (4, 8, 16, 32, 64, 128, 256)]
+    rows = ["batch_size,steps_to_target,group"] + [
+        f"{b},{100 + 2000 / b:.3f},{g}" for g in ("a", "b") for b in (4, 8, 16, 32, 64, 128, 256)
+    ]
     csv.write_text("\n".join(rows) + "\n")
     grouped = analyze_csv(csv, 16)
     note = analyze_note(grouped).splitlines()
@@ -221,5 +259,7 @@ def test_the_run_summary_shows_the_interval_as_the_report_does(capsys, monkeypat
     monkeypatch.setattr(main, "out", Console(soft_wrap=True, width=400))
     main._print_summary({"cbs": cbs, "output": "OUT"})
     text = capsys.readouterr().out
-    assert "95 % interval [< 4, > 64] (cbs.json: the raw ends), status edge, at target loss 6.371 (a global batch" in text
+    assert (
+        "95 % interval [< 4, > 64] (cbs.json: the raw ends), status edge, at target loss 6.371 (a global batch" in text
+    )
     assert "[0.7" not in text and "70.3" not in text

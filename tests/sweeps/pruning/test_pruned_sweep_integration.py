@@ -50,10 +50,18 @@ def synthetic_trainable(config):
     level = 2.0 + abs(math.log(config["lr_multiplier"]))
     for i in range(1, 9):
         f = i / 8
-        loss = level + 0.5 * f ** -0.5
+        loss = level + 0.5 * f**-0.5
         done = i == 8
-        tune.report({"tokens_seen": f * budget, "flops": C_TOK * f * budget, "val_loss": loss, "objective": loss,
-                     "status": "completed" if done else "running", "done": done})
+        tune.report(
+            {
+                "tokens_seen": f * budget,
+                "flops": C_TOK * f * budget,
+                "val_loss": loss,
+                "objective": loss,
+                "status": "completed" if done else "running",
+                "done": done,
+            }
+        )
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +112,18 @@ def _tune_sweep(tmp, mode: str, study_prefix: str, mlflow_template) -> dict:
     tuner = tune.Tuner(
         tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
         param_space={"_budget_tokens": spec.budget_tokens},
-        tune_config=tune.TuneConfig(search_alg=searcher, scheduler=scheduler, num_samples=spec.n_trials,
-                                    max_concurrent_trials=2 if mode == "stop" else None),
-        run_config=tune.RunConfig(name="tune", storage_path=str(tmp), verbose=0,
-                                  callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})]),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            scheduler=scheduler,
+            num_samples=spec.n_trials,
+            max_concurrent_trials=2 if mode == "stop" else None,
+        ),
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=str(tmp),
+            verbose=0,
+            callbacks=[scheduler.annotator(), MlflowTrialCallback(tracker, lambda cfg: {})],
+        ),
     )
     grid = tuner.fit()
     tracker.outbox.drain(timeout_s=30)
@@ -133,7 +149,11 @@ def test_tune_pruned_trials_carry_the_decision_in_last_result_and_result_json(tu
             rows = [json.loads(line) for line in f if line.strip()]
         assert rows[-1]["pruned"] is True and rows[-1]["pruned_at_flops"] == m["pruned_at_flops"]
     # every batch size keeps a trial that trained its whole budget
-    full = {r.config["batch_size_sequences"] for r in results if not r.metrics.get("pruned") and r.metrics["flops"] == budget_flops}
+    full = {
+        r.config["batch_size_sequences"]
+        for r in results
+        if not r.metrics.get("pruned") and r.metrics["flops"] == budget_flops
+    }
     assert full == {4, 8}
 
 
@@ -176,7 +196,10 @@ def test_tune_pause_keeps_the_top_half_of_each_batch_size_at_each_rung(tune_swee
         assert [r.metrics["flops"] for r in by_dist[:2]] == [budget_flops, budget_flops]
         for r in by_dist[2:]:
             m = r.metrics
-            assert m["pruned"] is True and m["flops"] == m["pruned_at_flops"] == (0.25, 0.5)[m["pruned_rung"]] * budget_flops
+            assert (
+                m["pruned"] is True
+                and m["flops"] == m["pruned_at_flops"] == (0.25, 0.5)[m["pruned_rung"]] * budget_flops
+            )
             decisions = m["rung_decisions"].split(";")
             assert len(decisions) == m["pruned_rung"] + 1 and ":stop(" in decisions[-1]
             assert all(":continue(" in d for d in decisions[:-1])
@@ -213,7 +236,9 @@ def test_tune_pause_mode_refuses_tunes_concurrency_limiter(ray_local, tmp_path):
         tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
         param_space={"_budget_tokens": 1000, "lr_multiplier": tune.grid_search([1.0, 2.0]), "batch_size_sequences": 4},
         tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=1, metric="val_loss", mode="min"),
-        run_config=tune.RunConfig(name="limiter", storage_path=str(tmp_path), verbose=0, callbacks=[scheduler.annotator()]),
+        run_config=tune.RunConfig(
+            name="limiter", storage_path=str(tmp_path), verbose=0, callbacks=[scheduler.annotator()]
+        ),
     )
     with pytest.raises(Exception, match="max_concurrent_trials"):
         tuner.fit()
@@ -228,7 +253,10 @@ def test_tune_budget_stopper_ends_the_experiment(ray_local, tmp_path):
     stopper = SweepBudgetStopper(2.5 * C_TOK * budget_tokens)
     tuner = tune.Tuner(
         tune.with_resources(synthetic_trainable, {"cpu": 0.5}),
-        param_space={"_budget_tokens": budget_tokens, "lr_multiplier": tune.grid_search([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])},
+        param_space={
+            "_budget_tokens": budget_tokens,
+            "lr_multiplier": tune.grid_search([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        },
         tune_config=tune.TuneConfig(max_concurrent_trials=1),
         run_config=tune.RunConfig(name="budget", storage_path=str(tmp_path), stop=stopper, verbose=0),
     )
@@ -262,8 +290,11 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     ray.kill(c)
     # the GCS learns of the death asynchronously; on the suite's shared head a pass may first remove what earlier
     # sweeps left (any job's dead creator's), so wait for this group by its id, not for any removal
-    wait_for(lambda: reaper.reap() >= 0 and orphan.id.hex() in reaper.removed, 60, "the reaper to see the dead "
-             "controller's group")
+    wait_for(
+        lambda: reaper.reap() >= 0 and orphan.id.hex() in reaper.removed,
+        60,
+        "the reaper to see the dead controller's group",
+    )
     assert mine.id.hex() not in reaper.removed
     assert placement_group_table(orphan)["state"] == "REMOVED"
     assert placement_group_table(mine)["state"] == "CREATED"
@@ -289,6 +320,7 @@ def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_t
             def loop():
                 while True:
                     placement_group([{"CPU": 0.001}])
+
             threading.Thread(target=loop, daemon=True).start()
 
     trial = placement_group([{"CPU": 0.01}])
@@ -356,9 +388,15 @@ def test_the_reaper_removes_another_finished_jobs_orphaned_groups(ray_local, ray
     from sweeps._compat import actor_is_dead, placement_group_table
     from sweeps.run.reaper import PlacementGroupReaper
 
-    proc = subprocess.Popen([sys.executable, "-c", _LEAKING_DRIVER, ray_head.gcs_address], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
-                            env=dict(os.environ, RAY_AUTH_MODE="disabled"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LEAKING_DRIVER, ray_head.gcs_address],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=str(ROOT),
+        env=dict(os.environ, RAY_AUTH_MODE="disabled"),
+    )
     try:
         line = proc.stdout.readline()  # the controller's id, once it is dead: its job goes on
         assert line.strip(), "the leaking driver printed no controller id"
@@ -375,8 +413,11 @@ def test_the_reaper_removes_another_finished_jobs_orphaned_groups(ray_local, ray
         proc.stdin.close()
         proc.wait(timeout=60)
     assert reaper.removed, "the other job's controller left no orphaned group, so nothing was tested"
-    assert all(pg.creator_job_id.hex() != mine for pg in placement_group_table()
-               if ray.PlacementGroupID(pg.placement_group_id).hex() in reaper.removed)
+    assert all(
+        pg.creator_job_id.hex() != mine
+        for pg in placement_group_table()
+        if ray.PlacementGroupID(pg.placement_group_id).hex() in reaper.removed
+    )
 
 
 # ---- CLI level: a real pruned sweep ---------------------------------------------------------------------
@@ -401,8 +442,21 @@ def cli_sweep(tmp_path_factory, ray_head, mlflow_template):
     spec = write_spec(tmp, d)
     out = tmp / "out"
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
-    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "pruned-it", "--no-progress",
-              "--address", ray_head.gcs_address])
+    r = _run(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "pruned-it",
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ]
+    )
     return {"result": r, "out": out, "uri": uri}
 
 
@@ -418,7 +472,9 @@ def test_cli_pruned_sweep_succeeds_with_every_batch_size(cli_sweep):
 def _restarts(out, trial_id: str) -> int:
     """How often a trial started again from a checkpoint: a restarted trial first sends the reports
     of its checkpoint again (workloads/ray/adapter.py), so its report log goes back in tokens."""
-    rows = [json.loads(line) for line in (out / "reports" / f"{trial_id}.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line) for line in (out / "reports" / f"{trial_id}.jsonl").read_text().splitlines() if line.strip()
+    ]
     return sum(1 for a, b in zip(rows, rows[1:]) if b["tokens_seen"] <= a["tokens_seen"])
 
 
@@ -463,7 +519,9 @@ def test_cli_pruned_trials_are_pruned_in_the_optuna_study(cli_sweep):
         states = [t.state for t in study.get_trials(deepcopy=False)]
         expected = sum(1 for t in trials if t["batch_size_sequences"] == b and t["status"] == "PRUNED")
         assert expected == 1
-        assert sorted(states, key=str) == sorted([optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED], key=str)
+        assert sorted(states, key=str) == sorted(
+            [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED], key=str
+        )
 
 
 @cli_timeout
@@ -473,7 +531,12 @@ def test_cli_pruned_trials_have_the_decision_tags_in_mlflow(cli_sweep):
     exp = c.get_experiment_by_name("tiny-pruned")
     children = c.search_runs([exp.experiment_id], filter_string="tags.`critbatch.role` = 'trial'")
     assert len(children) == 4
-    assert sorted(run.data.tags["critbatch.status"] for run in children) == ["COMPLETED", "COMPLETED", "PRUNED", "PRUNED"]
+    assert sorted(run.data.tags["critbatch.status"] for run in children) == [
+        "COMPLETED",
+        "COMPLETED",
+        "PRUNED",
+        "PRUNED",
+    ]
     for run in children:
         tags = run.data.tags
         t = trials[tags["critbatch.trial_id"]]
@@ -510,7 +573,9 @@ def test_cli_pruned_cbs_json_counts_pruned_curves_in_the_minimum(cli_sweep, tmp_
             t["val_loss"] = [full["val_loss"][full["tokens"].index(x)] - 0.05 for x in t["tokens"]]
     (tmp_path / "trials.json").write_text(json.dumps(trials))
     (tmp_path / "cbs.json").write_text(json.dumps(cbs))
-    moved = finite_json(analyze_trials_file(tmp_path / "trials.json", targets=[e["target_loss"] for e in cbs["targets"]]))
+    moved = finite_json(
+        analyze_trials_file(tmp_path / "trials.json", targets=[e["target_loss"] for e in cbs["targets"]])
+    )
     (tmp_path / "cbs.json").write_text(json.dumps(moved))
     assert assert_steps_are_minimum_over_trials(tmp_path) >= 2
     pruned_ids = {t["trial_id"] for t in trials if t["status"] == "PRUNED"}

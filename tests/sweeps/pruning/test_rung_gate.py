@@ -7,7 +7,6 @@ import pytest
 
 from sweeps.pruning.rungs import rung_gate_key
 from sweeps.pruning.scheduler import EqualComputeScheduler
-from workloads.ray.adapter import reaches_rung, wait_for_rung_decision
 from workloads.config import (
     BatchConfig,
     DataConfig,
@@ -17,13 +16,19 @@ from workloads.config import (
     TrialConfig,
     WorkloadConfig,
 )
+from workloads.ray.adapter import reaches_rung, wait_for_rung_decision
 
 
 def cfg(milestones, rungs=None) -> TrialConfig:
-    return TrialConfig(trial_id="t", workload=WorkloadConfig(data=DataConfig(path="x")), budget_tokens=milestones[-1],
-                       optimizer=OptimizerConfig(lr=1e-3, beta2_half_life_tokens=8192.0),
-                       batch=BatchConfig(batch_size_sequences=4), eval=EvalConfig(milestones_tokens=tuple(milestones)),
-                       rung_gate=RungGateConfig(barrier_tokens=tuple(rungs), key="k") if rungs is not None else None)
+    return TrialConfig(
+        trial_id="t",
+        workload=WorkloadConfig(data=DataConfig(path="x")),
+        budget_tokens=milestones[-1],
+        optimizer=OptimizerConfig(lr=1e-3, beta2_half_life_tokens=8192.0),
+        batch=BatchConfig(batch_size_sequences=4),
+        eval=EvalConfig(milestones_tokens=tuple(milestones)),
+        rung_gate=RungGateConfig(barrier_tokens=tuple(rungs), key="k") if rungs is not None else None,
+    )
 
 
 def gated(c: TrialConfig, reports: list[float]) -> list[float]:
@@ -51,9 +56,11 @@ def test_the_gate_holds_a_trial_wherever_the_scheduler_pauses_it_reports_off_the
     from sweeps.pruning.halving import SuccessiveHalving
 
     every_500 = [500 * (i + 1) for i in range(6)]
-    for milestones, reports in (([1000, 2000, 3000], [1200.0, 2400.0, 3000.0]),
-                                ([1000, 2000, 3000], [700.0, 1400.0, 2100.0, 2800.0, 3500.0]),
-                                (every_500, [1200.0, 2400.0, 3600.0])):  # steps of 1200 pass two milestones each
+    for milestones, reports in (
+        ([1000, 2000, 3000], [1200.0, 2400.0, 3000.0]),
+        ([1000, 2000, 3000], [700.0, 1400.0, 2100.0, 2800.0, 3500.0]),
+        (every_500, [1200.0, 2400.0, 3600.0]),
+    ):  # steps of 1200 pass two milestones each
         c = cfg(milestones, [750.0, 1500.0])
         s = SuccessiveHalving(budget_tokens=3000, mode="pause", trials_per_group=2)
         s.add_member("b", 4)

@@ -24,8 +24,12 @@ BUDGET_FLOPS = BUDGET_TOKENS * C_TOK
 
 
 def make_scheduler(**kw) -> EqualComputeScheduler:
-    kw = {"budget_tokens": BUDGET_TOKENS, "grace_fraction": 0.25, "reduction_factor": 2.0,
-          "min_trials_per_rung": 2} | kw
+    kw = {
+        "budget_tokens": BUDGET_TOKENS,
+        "grace_fraction": 0.25,
+        "reduction_factor": 2.0,
+        "min_trials_per_rung": 2,
+    } | kw
     s = EqualComputeScheduler(**kw)
     s.annotator().setup()
     return s
@@ -37,7 +41,7 @@ def trial(tid: str, batch: int):
 
 def curve(a: float, b: float):
     """A smooth power-law loss curve in the fraction of the budget trained."""
-    return lambda f: a + b * f ** -0.5
+    return lambda f: a + b * f**-0.5
 
 
 def cadence(n: int) -> list[float]:
@@ -78,12 +82,12 @@ def line(a: float, b: float):
 # is not the best at the end), so where each is compared matters. Hand-computed outcomes
 # (rungs at 0.25 and 0.5 of the budget; reduction factor 2; 2 values needed to stop anyone):
 LINES = {
-    "first": line(2.20, 0.5),   # r0 2.075, r1 1.95: alone at each rung, continues
-    "fast": line(2.00, 0.2),    # r0 1.95 (best of 2), r1 1.90 (best of 2): continues
-    "steep": line(2.35, 0.9),   # r0 2.125: 2 of 3 better, keep 2: stopped at r0 (it would have ended best)
-    "good": line(2.10, 0.5),    # r0 1.975: 1 of 4 better; r1 1.85: best of 3: continues
-    "bad": line(2.50, 0.3),     # r0 2.425: 4 of 5 better, keep 3: stopped at r0
-    "late": line(2.16, 0.5),    # r0 2.035: 2 of 6 better, keep 3; r1 1.91: 2 of 4 better, keep 2: stopped at r1
+    "first": line(2.20, 0.5),  # r0 2.075, r1 1.95: alone at each rung, continues
+    "fast": line(2.00, 0.2),  # r0 1.95 (best of 2), r1 1.90 (best of 2): continues
+    "steep": line(2.35, 0.9),  # r0 2.125: 2 of 3 better, keep 2: stopped at r0 (it would have ended best)
+    "good": line(2.10, 0.5),  # r0 1.975: 1 of 4 better; r1 1.85: best of 3: continues
+    "bad": line(2.50, 0.3),  # r0 2.425: 4 of 5 better, keep 3: stopped at r0
+    "late": line(2.16, 0.5),  # r0 2.035: 2 of 6 better, keep 3; r1 1.91: 2 of 4 better, keep 2: stopped at r1
 }
 EXPECTED = {
     "first": [(0, False), (1, False)],
@@ -129,8 +133,9 @@ def test_rungs_are_in_flops_of_the_trial_budget():
 
 
 def test_from_spec_reads_the_pruning_section(tiny_spec_dict):
-    d = tiny_spec_dict | {"pruning": {"enabled": True, "grace_fraction": 0.125, "reduction_factor": 3,
-                                      "min_trials_per_rung": 3}}
+    d = tiny_spec_dict | {
+        "pruning": {"enabled": True, "grace_fraction": 0.125, "reduction_factor": 3, "min_trials_per_rung": 3}
+    }
     s = EqualComputeScheduler.from_spec(parse_spec(d))
     assert s.budget_tokens == 8192 and s.min_trials_per_rung == 3 and s.reduction_factor == 3.0
     assert s.fractions == pytest.approx([0.125, 0.375])
@@ -143,8 +148,9 @@ def test_rung_value_is_interpolated_between_the_bracketing_reports():
     s = make_scheduler()
     feed(s, trial("a", 8), lambda f: 3.0 - f, [0.2, 0.3])  # rung 0 at 0.25: 3.0 - 0.25
     (d,) = s.decisions("a")
-    assert d == RungDecision(rung=0, flops=0.25 * BUDGET_FLOPS, value=pytest.approx(2.75), better=0, peers=1,
-                             keep=1, stop=False)
+    assert d == RungDecision(
+        rung=0, flops=0.25 * BUDGET_FLOPS, value=pytest.approx(2.75), better=0, peers=1, keep=1, stop=False
+    )
 
 
 def test_decision_waits_for_a_report_at_or_past_the_rung():
@@ -172,12 +178,14 @@ def test_top_one_over_reduction_factor_continues_once_enough_peers():
     # same batch size, arriving one after the other; losses at rung 0: 2.0, 1.0, 3.0, 1.5
     for tid, loss in [("a", 2.0), ("b", 1.0), ("c", 3.0), ("d", 1.5)]:
         feed(s, trial(tid, 8), lambda f, v=loss: v, [0.25])
-    got = {tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep,
-                 s.decisions(tid)[0].stop) for tid in "abcd"}
+    got = {
+        tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep, s.decisions(tid)[0].stop)
+        for tid in "abcd"
+    }
     assert got == {
         "a": (0, 1, 1, False),  # alone: fewer than min_trials_per_rung peers
         "b": (0, 2, 2, False),
-        "c": (2, 3, 2, True),   # 3 peers: keep ceil(3/2) = 2; two are better
+        "c": (2, 3, 2, True),  # 3 peers: keep ceil(3/2) = 2; two are better
         "d": (1, 4, 2, False),  # 4 peers: keep 2; one is better
     }
 
@@ -317,8 +325,9 @@ def test_trials_of_different_batch_sizes_are_never_compared():
     assert s.decisions("b4-b")[0].peers == 2
     # and the B=8 rungs never saw a B=4 value
     assert all(d.peers <= 3 for tid in ("b8-x", "b8-y", "b8-z") for d in s.decisions(tid))
-    assert s.decisions("b8-z")[0] == RungDecision(rung=0, flops=0.25 * BUDGET_FLOPS, value=1.2, better=2, peers=3,
-                                                  keep=2, stop=True)
+    assert s.decisions("b8-z")[0] == RungDecision(
+        rung=0, flops=0.25 * BUDGET_FLOPS, value=1.2, better=2, peers=3, keep=2, stop=True
+    )
 
 
 def test_every_batch_size_keeps_a_trial_that_completes():
@@ -370,7 +379,9 @@ def test_predict_final_log_linear_hand_values():
     assert predict_final_log_linear([0.5, 1.0], [2.0, 1.8], 4.0) == pytest.approx(1.4)
     # points on L = 3 - 0.5 ln(x): exact at any horizon; the order of the points does not matter
     xs = [0.25, 1.0, 0.5, 0.75]
-    assert predict_final_log_linear(xs, [3 - 0.5 * math.log(x) for x in xs], 8.0) == pytest.approx(3 - 0.5 * math.log(8))
+    assert predict_final_log_linear(xs, [3 - 0.5 * math.log(x) for x in xs], 8.0) == pytest.approx(
+        3 - 0.5 * math.log(8)
+    )
     # least squares: (ln .5, 1), (ln .75, 0), (0, 1) -> slope 0.3795..., mean; at 1: 2/3 + s * (0 - mean u)
     u = [math.log(0.5), math.log(0.75), 0.0]
     um = sum(u) / 3
@@ -457,34 +468,48 @@ def test_margin_keeps_the_values_close_to_the_best():
     s = make_scheduler(margin=0.25)  # binary-exact values: the boundary case is exact
     for tid, loss in [("a", 3.0), ("b", 1.0), ("c", 1.125), ("d", 1.5), ("e", 1.25)]:
         feed(s, trial(tid, 8), lambda f, v=loss: v, [0.25])
-    got = {tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep,
-                 s.decisions(tid)[0].stop) for tid in "abcde"}
+    got = {
+        tid: (s.decisions(tid)[0].better, s.decisions(tid)[0].peers, s.decisions(tid)[0].keep, s.decisions(tid)[0].stop)
+        for tid in "abcde"
+    }
     assert got == {
         "a": (0, 1, 1, False),  # alone
         "b": (0, 2, 1, False),  # the best; a (3.0) is not within 0.25 of it: keep 1
         "c": (1, 3, 2, False),  # within 0.25 of the best (1.0): b and c are kept
-        "d": (2, 4, 2, True),   # 0.5 behind: stopped
+        "d": (2, 4, 2, True),  # 0.5 behind: stopped
         "e": (2, 5, 3, False),  # exactly at best + margin: kept
     }
 
 
 def test_margin_zero_keeps_only_the_best_so_far():
     s = make_scheduler(margin=0.0)
-    stops = [feed(s, trial(t, 8), lambda f, v=v: v, [0.25])[0] for t, v in [("a", 2.0), ("b", 1.5), ("c", 1.6), ("d", 1.4)]]
+    stops = [
+        feed(s, trial(t, 8), lambda f, v=v: v, [0.25])[0] for t, v in [("a", 2.0), ("b", 1.5), ("c", 1.6), ("d", 1.4)]
+    ]
     assert stops == [TrialScheduler.CONTINUE, TrialScheduler.CONTINUE, TrialScheduler.STOP, TrialScheduler.CONTINUE]
 
 
 def test_from_spec_reads_the_rule_fit_fractions_and_margin(tiny_spec_dict):
-    d = tiny_spec_dict | {"pruning": {"enabled": True, "rule": "predicted_final", "fit_fractions": [1.0, 0.25, 0.5],
-                                      "margin": 0.02}}
+    d = tiny_spec_dict | {
+        "pruning": {"enabled": True, "rule": "predicted_final", "fit_fractions": [1.0, 0.25, 0.5], "margin": 0.02}
+    }
     s = EqualComputeScheduler.from_spec(parse_spec(d))
     assert s.rule == "predicted_final" and s.fit_fractions == (0.25, 0.5, 1.0) and s.margin == 0.02
     default = EqualComputeScheduler.from_spec(parse_spec(tiny_spec_dict | {"pruning": {"enabled": True}}))
     assert default.rule == "predicted_final" and default.margin is None  # the spec default
 
 
-@pytest.mark.parametrize("bad", [{"rule": "median"}, {"fit_fractions": [0.5, 0.5]}, {"fit_fractions": [1.0]},
-                                 {"fit_fractions": [0.0, 1.0]}, {"fit_fractions": [0.5, 1.5]}, {"margin": -0.1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"rule": "median"},
+        {"fit_fractions": [0.5, 0.5]},
+        {"fit_fractions": [1.0]},
+        {"fit_fractions": [0.0, 1.0]},
+        {"fit_fractions": [0.5, 1.5]},
+        {"margin": -0.1},
+    ],
+)
 def test_spec_rejects_bad_pruning_rules(tiny_spec_dict, bad):
     from sweeps.spec import SpecError
 
@@ -587,20 +612,34 @@ class PausedSweep:
             self.fill()
         return self.trained
 
-    def resume(self, s2: EqualComputeScheduler) -> "PausedSweep":
+    def resume(self, s2: EqualComputeScheduler) -> PausedSweep:
         """The driver died: a new scheduler learns the sweep from the trials' reports (as the driver's
         ``critbatch resume`` does); Tune restarts every unfinished trial the scheduler does not hold."""
         for tid, (b, loss, fr) in self.spec.items():
             done = fr[: self.nxt[tid]]
-            s2.observe(tid, b, [f * BUDGET_TOKENS for f in done], [C_TOK * f * BUDGET_TOKENS for f in done],
-                       [loss(f) for f in done], ended=tid in self.trained, pruning=self.pruned.get(tid))
+            s2.observe(
+                tid,
+                b,
+                [f * BUDGET_TOKENS for f in done],
+                [C_TOK * f * BUDGET_TOKENS for f in done],
+                [loss(f) for f in done],
+                ended=tid in self.trained,
+                pruning=self.pruned.get(tid),
+            )
         s2.restore_decisions()
         for tid in self.failed:  # Tune.restore(resume_errored=True) retries the failed trials
             s2.reopen(tid)
         new = PausedSweep.__new__(PausedSweep)
-        new.__dict__.update(self.__dict__, s=s2, events=[], running=set(), failed=set(), fail_at={},
-                            trained={t: f for t, f in self.trained.items() if t not in self.failed},
-                            pruned=dict(self.pruned))
+        new.__dict__.update(
+            self.__dict__,
+            s=s2,
+            events=[],
+            running=set(),
+            failed=set(),
+            fail_at={},
+            trained={t: f for t, f in self.trained.items() if t not in self.failed},
+            pruned=dict(self.pruned),
+        )
         started = [tid for tid in self.spec if tid not in self.queue]
         new.queue = [t for t in started if t not in new.trained and not s2.held(t)] + list(self.queue)
         return new
@@ -642,8 +681,11 @@ def test_pause_decisions_depend_on_neither_cadence_nor_arrival_order(seed):
         s = make_pause_scheduler(6, rule="loss_at_rung")
         # a report between the last rung and the budget (as milestones are): a report that jumps from before
         # a rung to the budget finishes the trial, which then cannot be judged there
-        run_paused(s, [(t, b, loss, sorted(random_cadence(rng) + [rng.uniform(0.51, 0.99)])) for t, b, loss, _ in order],
-                   concurrency=rng.randint(1, 4))
+        run_paused(
+            s,
+            [(t, b, loss, sorted(random_cadence(rng) + [rng.uniform(0.51, 0.99)])) for t, b, loss, _ in order],
+            concurrency=rng.randint(1, 4),
+        )
         got = outcomes(s, [t for t, *_ in trials])
         reference = reference or got
         assert got == reference
@@ -655,8 +697,12 @@ def test_pause_decisions_depend_on_neither_cadence_nor_arrival_order(seed):
 
 def test_pause_compares_only_trials_of_the_same_batch_size():
     s = make_pause_scheduler(2)
-    trials = [("b4-good", 4, line(1.0, 0.1), cadence(8)), ("b8-bad", 8, line(9.0, 0.1), cadence(8)),
-              ("b4-bad", 4, line(2.0, 0.1), cadence(8)), ("b8-worse", 8, line(9.5, 0.1), cadence(8))]
+    trials = [
+        ("b4-good", 4, line(1.0, 0.1), cadence(8)),
+        ("b8-bad", 8, line(9.0, 0.1), cadence(8)),
+        ("b4-bad", 4, line(2.0, 0.1), cadence(8)),
+        ("b8-worse", 8, line(9.5, 0.1), cadence(8)),
+    ]
     trained = run_paused(s, trials)
     # each batch size keeps its own best, however much worse than the other batch size's
     assert trained == {"b4-good": 1.0, "b8-bad": 1.0, "b4-bad": 0.25, "b8-worse": 0.25}
@@ -693,8 +739,11 @@ def test_pause_a_report_past_two_rungs_waits_at_the_second_after_promotion_witho
     assert s.waiting == {"coarse": 1} and s.to_resume == []
     assert s.report("f2", 8, C_TOK * 0.5 * BUDGET_TOKENS, 0.5 * BUDGET_TOKENS, 2.4) == "stop"  # 2.2 < 2.4
     assert s.to_resume == ["coarse"]
-    assert outcomes(s, ["coarse", "f1", "f2"]) == {"coarse": [(0, False), (1, False)], "f1": [(0, True)],
-                                                    "f2": [(0, False), (1, True)]}
+    assert outcomes(s, ["coarse", "f1", "f2"]) == {
+        "coarse": [(0, False), (1, False)],
+        "f1": [(0, True)],
+        "f2": [(0, False), (1, True)],
+    }
 
 
 def test_pause_a_trial_that_reports_its_budget_is_done_not_paused():
@@ -773,9 +822,16 @@ def test_pause_a_driver_killed_at_any_report_resumes_to_the_same_decisions(seed,
     from the reports alone and the sweep ends exactly as without the kill: the same trials pruned at
     the same rungs, the same FLOPs trained (a waiting trial is held, not restarted past its rung)."""
     rng = random.Random(seed)
-    trials = [(f"b{b}-t{i}", b, line(3.0 + 0.1 * i + 0.01 * b, 0.4 + 0.17 * ((i * 5 + b) % 6)),
-               sorted(set(rng.choice([cadence(8), cadence(6), random_cadence(rng)]))))
-              for b in (4, 8) for i in range(4)]
+    trials = [
+        (
+            f"b{b}-t{i}",
+            b,
+            line(3.0 + 0.1 * i + 0.01 * b, 0.4 + 0.17 * ((i * 5 + b) % 6)),
+            sorted(set(rng.choice([cadence(8), cadence(6), random_cadence(rng)]))),
+        )
+        for b in (4, 8)
+        for i in range(4)
+    ]
     rng.shuffle(trials)
     concurrency = rng.randint(1, 3)
     whole = PausedSweep(make_pause_scheduler(4, rule=rule), trials, concurrency)
@@ -790,7 +846,9 @@ def test_pause_a_driver_killed_at_any_report_resumes_to_the_same_decisions(seed,
         first.run(max_reports=kill_after)
         second = first.resume(make_pause_scheduler(4, rule=rule))
         assert second.run() == reference, f"killed after {kill_after} reports"
-        assert {t: a["pruned_rung"] for t, a in second.pruned.items()} == pruned_at, f"killed after {kill_after} reports"
+        assert {t: a["pruned_rung"] for t, a in second.pruned.items()} == pruned_at, (
+            f"killed after {kill_after} reports"
+        )
 
 
 def test_pause_resume_holds_the_waiting_trials_and_resumes_the_promoted_ones():
@@ -798,13 +856,23 @@ def test_pause_resume_holds_the_waiting_trials_and_resumes_the_promoted_ones():
     promoted); a's last report is at the rung (held, to resume), b had been let go past it (restarts by
     itself); rung 0 of batch size 4 waits for its second trial (x held, waiting)."""
     s = make_pause_scheduler(3)
-    F = lambda f: (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)
+
+    def F(f):
+        return (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)
+
     def obs(tid, b, fr, losses, **kw):
         s.observe(tid, b, [F(f)[0] for f in fr], [F(f)[1] for f in fr], losses, **kw)
+
     obs("a", 8, [0.125, 0.25], [3.0, 2.0])
     obs("b", 8, [0.125, 0.25, 0.375], [3.0, 2.1, 2.0])
-    obs("c", 8, [0.125, 0.25], [3.0, 2.5], ended=True,
-        pruning={"pruned": True, "pruned_rung": 0, "pruned_at_flops": F(0.25)[1], "rung_decisions": "r0:stop"})
+    obs(
+        "c",
+        8,
+        [0.125, 0.25],
+        [3.0, 2.5],
+        ended=True,
+        pruning={"pruned": True, "pruned_rung": 0, "pruned_at_flops": F(0.25)[1], "rung_decisions": "r0:stop"},
+    )
     obs("x", 4, [0.125, 0.25], [3.0, 2.2])
     obs("y", 4, [0.125], [3.1])
     obs("z", 4, [], [])
@@ -830,7 +898,10 @@ def test_pause_on_trial_add_keeps_a_held_restored_trial_paused():
             self.status = status
 
     s = make_pause_scheduler(2)
-    F = lambda f: (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)  # noqa: E731
+
+    def F(f):
+        return (f * BUDGET_TOKENS, C_TOK * f * BUDGET_TOKENS)
+
     s.observe("w", 8, [F(0.25)[0]], [F(0.25)[1]], [2.0])  # waits at rung 0 for its peer
     s.observe("r", 8, [F(0.125)[0]], [F(0.125)[1]], [2.5])  # mid-way to rung 0: restarts
     s.restore_decisions()
@@ -903,8 +974,11 @@ def test_pause_failures_and_a_driver_kill_never_hang_nor_train_past_an_undecided
     report: the sweep ends, every batch size keeps a trial that trains its whole budget, and every
     trial that was not pruned trained to the budget, and every pruned one to its rung's report."""
     rng = random.Random(100 + seed)
-    trials = [(f"b{b}-t{i}", b, line(3.0 + 0.1 * rng.random(), 0.2 + rng.random()), cadence(rng.choice([6, 8])))
-              for b in (4, 8) for i in range(4)]
+    trials = [
+        (f"b{b}-t{i}", b, line(3.0 + 0.1 * rng.random(), 0.2 + rng.random()), cadence(rng.choice([6, 8])))
+        for b in (4, 8)
+        for i in range(4)
+    ]
     first = PausedSweep(make_pause_scheduler(4), trials, rng.randint(1, 3))
     first.fail_at = {t: rng.randint(0, 5) for t, *_ in rng.sample(trials, 3)}
     first.run(max_reports=rng.randint(1, 40))

@@ -4,8 +4,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from sweeps.run.branching import local_cbs_multiplier
 from critbatch.main import app
+from sweeps.run.branching import local_cbs_multiplier
 from tests.conftest import write_spec
 
 
@@ -21,7 +21,12 @@ def test_local_cbs_multiplier_by_hand():
 @pytest.mark.slow
 def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_spec_dict, mlflow_uri):
     d = dict(tiny_spec_dict)
-    d["branch"] = {"points_fraction": [0.0, 0.5, 1.0], "multipliers": [0.5, 1, 2], "window_tokens": 1024, "epsilon": 0.01}
+    d["branch"] = {
+        "points_fraction": [0.0, 0.5, 1.0],
+        "multipliers": [0.5, 1, 2],
+        "window_tokens": 1024,
+        "epsilon": 0.01,
+    }
     spec = write_spec(tmp_path, d)
     uri = mlflow_uri
     r = CliRunner().invoke(app, ["branch", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri])
@@ -33,7 +38,9 @@ def test_branching_on_a_tiny_model_produces_a_local_cbs_series(tmp_path, tiny_sp
         assert p["k_star"] in (0.5, 1, 2)
         assert p["local_cbs_sequences"] == p["k_star"] * 8
         assert all(v is not None for v in p["losses"].values())
-        assert p["tokens_seen_at_loss"] == {str(k): p["tokens_seen"] + 1024 for k in (0.5, 1.0, 2.0)}  # every branch ends on the window
+        assert p["tokens_seen_at_loss"] == {
+            str(k): p["tokens_seen"] + 1024 for k in (0.5, 1.0, 2.0)
+        }  # every branch ends on the window
     assert res["flops_measurement"] > 0
     c = MlflowClient(uri)
     runs = c.search_runs([c.get_experiment_by_name("tiny").experiment_id])
@@ -66,9 +73,14 @@ def test_branching_refuses_a_window_a_branch_cannot_end_on(tmp_path, tiny_spec_d
     d = dict(tiny_spec_dict)
     d["branch"] = {"points_fraction": [0.0, 0.5], "multipliers": [0.5, 1, 2], "window_tokens": 1280}
     spec = write_spec(tmp_path, d)
-    r = CliRunner().invoke(app, ["branch", str(spec), "--output", str(tmp_path / "out"),
-                                 "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"])
+    r = CliRunner().invoke(
+        app,
+        ["branch", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"],
+    )
     assert r.exit_code == 2, r.output
-    assert "branch.window_tokens 1280 is not a multiple of the optimizer step of multiplier(s) 2 (512 tokens per step)" in r.output
+    assert (
+        "branch.window_tokens 1280 is not a multiple of the optimizer step of multiplier(s) 2 (512 tokens per step)"
+        in r.output
+    )
     assert "use a multiple of 512 tokens" in r.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "ml.db").exists()

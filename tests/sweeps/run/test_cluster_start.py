@@ -26,7 +26,6 @@ def _failing_init(monkeypatch, failures: list[BaseException]):
         calls.append(kw.get("address"))
         if failures:
             raise failures.pop(0)
-        return None
 
     monkeypatch.setattr(ray, "init", fake_init)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
@@ -43,7 +42,9 @@ def test_an_eoferror_at_start_is_retried_then_the_start_succeeds(monkeypatch, sp
 
 def test_every_attempt_failing_ends_in_one_line_that_says_what_to_do(monkeypatch, spec):
     calls = _failing_init(monkeypatch, [EOFError()] * cluster.LOCAL_START_ATTEMPTS)
-    with pytest.raises(CritbatchError, match=r"Ray did not start in this process \(3 attempts; the last: EOFError") as e:
+    with pytest.raises(
+        CritbatchError, match=r"Ray did not start in this process \(3 attempts; the last: EOFError"
+    ) as e:
         cluster.init_ray(None, spec)
     assert "--address" in str(e.value) and "\n" not in str(e.value)
     assert len(calls) == cluster.LOCAL_START_ATTEMPTS
@@ -65,13 +66,16 @@ def test_a_local_start_keeps_token_authentication_without_rays_warning(tmp_path)
     import subprocess
     import sys
 
-    code = ("import os, ray, yaml; from sweeps.run import cluster; from sweeps.spec import parse_spec; "
-            f"d = yaml.safe_load(open({str(TINY)!r})); d['data']['path'] = 'x.txt'; "
-            "assert cluster.init_ray(None, parse_spec(d)); print('mode', os.environ.get('RAY_AUTH_MODE')); ray.shutdown()")
+    code = (
+        "import os, ray, yaml; from sweeps.run import cluster; from sweeps.spec import parse_spec; "
+        f"d = yaml.safe_load(open({str(TINY)!r})); d['data']['path'] = 'x.txt'; "
+        "assert cluster.init_ray(None, parse_spec(d)); print('mode', os.environ.get('RAY_AUTH_MODE')); ray.shutdown()"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
     env["HOME"] = str(tmp_path)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
-                       cwd=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180, cwd=str(ROOT)
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "mode token" in r.stdout
     assert (tmp_path / ".ray" / "auth_token").is_file()

@@ -28,20 +28,43 @@ def _wait_for(pred, timeout_s: float, proc) -> None:
         time.sleep(0.5)
 
 
-def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_targets(tmp_path, tiny_spec_dict,
-                                                                                       ray_head, mlflow_uri):
+def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_targets(
+    tmp_path, tiny_spec_dict, ray_head, mlflow_uri
+):
     d = dict(tiny_spec_dict, name="tiny-cmp")
     # 2 batch sizes per arm (a comparison at common targets needs no more), one trial at a time (two trial
     # runners starting at once cost ~7 s a sweep on 2 cores): the stop lands after the second arm's first report
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8])
     d["resources"] = {"max_concurrent_trials": 1}
-    d["arms"] = [{"name": "sqrt", "search": {"lr_rules": ["sqrt"]}}, {"name": "linear", "search": {"lr_rules": ["linear"]}}]
+    d["arms"] = [
+        {"name": "sqrt", "search": {"lr_rules": ["sqrt"]}},
+        {"name": "linear", "search": {"lr_rules": ["linear"]}},
+    ]
     out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen([sys.executable, "-m", "critbatch", "run", str(spec), "-o", str(out), "--tracking-uri", uri,
-                             "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "critbatch",
+            "run",
+            str(spec),
+            "-o",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         # stop it once the second arm has a trial report: the first arm is finished, the second half-done
         _wait_for(lambda: any((out / "arms" / "linear" / "reports").glob("*.jsonl")), 400, proc)
@@ -83,7 +106,10 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
     arms_of = {(x.data.tags.get("critbatch.role"), x.data.tags.get("critbatch.arm")) for x in runs}
     assert arms_of == {("sweep", "sqrt"), ("sweep", "linear"), ("trial", "sqrt"), ("trial", "linear")}
     assert {x.data.tags.get("critbatch.comparison") for x in runs} == {"tiny-cmp"}
-    assert {x.data.params.get("lr_rule") for x in runs if x.data.tags.get("critbatch.role") == "trial"} == {"sqrt", "linear"}
+    assert {x.data.params.get("lr_rule") for x in runs if x.data.tags.get("critbatch.role") == "trial"} == {
+        "sqrt",
+        "linear",
+    }
 
     again = invoke_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
     assert again.returncode == 2 and "already finished" in again.stdout + again.stderr
@@ -93,7 +119,9 @@ def test_a_comparison_runs_each_arm_stops_in_one_resumes_and_compares_at_common_
     r = invoke_cli(["analyze", "--comparison", str(out)])  # no Ray: in this process
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout) == json.loads((out / "cbs.json").read_text()) == cbs
-    assert [(out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")] == states
+    assert [
+        (out / p).read_text() for p in ("comparison.json", "arms/sqrt/sweep.json", "arms/linear/sweep.json")
+    ] == states
     for arm in cbs["arms"]:
         for row in arm["targets"]:
             if row.get("s_min") is not None:

@@ -23,8 +23,20 @@ SHAKESPEARE = ROOT / "data" / "tinyshakespeare" / "input.txt"
 def shards(tmp_path_factory) -> Path:
     """Tiny Shakespeare prepared by `critbatch prepare-data` (paragraphs as documents, byte tokenizer)."""
     out = tmp_path_factory.mktemp("shards") / "shakespeare"
-    r = run_cli(["prepare-data", str(SHAKESPEARE), "--output", str(out), "--text-documents", "paragraph",
-                 "--num-proc", "2", "--no-progress"], timeout_s=300)
+    r = run_cli(
+        [
+            "prepare-data",
+            str(SHAKESPEARE),
+            "--output",
+            str(out),
+            "--text-documents",
+            "paragraph",
+            "--num-proc",
+            "2",
+            "--no-progress",
+        ],
+        timeout_s=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote" in r.stdout and "uint16" in r.stdout
     return out
@@ -82,16 +94,30 @@ def test_another_tokenizer_than_the_shards_is_refused(tiny_spec_dict, tmp_path, 
 
     tok = Tokenizer(models.WordLevel(vocab={"<unk>": 0, "<eos>": 1, "a": 2}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(tmp_path / "tok")
-    with pytest.raises(InvalidInput, match=r"data.tokenizer: .* is not the tokenizer the shards were made with \('byte'"):
-        check_data_files(parse_spec(_with_data(tiny_spec_dict, {"shards": str(shards), "tokenizer": str(tmp_path / "tok")})))
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>").save_pretrained(
+        tmp_path / "tok"
+    )
+    with pytest.raises(
+        InvalidInput, match=r"data.tokenizer: .* is not the tokenizer the shards were made with \('byte'"
+    ):
+        check_data_files(
+            parse_spec(_with_data(tiny_spec_dict, {"shards": str(shards), "tokenizer": str(tmp_path / "tok")}))
+        )
 
 
 def test_a_model_embedding_smaller_than_the_shards_vocabulary_is_refused(tiny_spec_dict, tmp_path, shards):
     d = _with_data(tiny_spec_dict, {"shards": str(shards)})
-    d["model"] = {"context_length_tokens": 32, "hf_config": {
-        "model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "vocab_size": 200}}
+    d["model"] = {
+        "context_length_tokens": 32,
+        "hf_config": {
+            "model_type": "llama",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vocab_size": 200,
+        },
+    }
     with pytest.raises(InvalidInput, match="vocab"):
         check_data_files(parse_spec(d))
 
@@ -127,8 +153,9 @@ def test_the_driver_prepares_a_raw_file_once_and_a_second_call_writes_nothing(ti
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # ~1 min idle
-def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_shards(tiny_spec_dict, tmp_path,
-                                                                                     monkeypatch, ray_head, mlflow_uri):
+def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_shards(
+    tiny_spec_dict, tmp_path, monkeypatch, ray_head, mlflow_uri
+):
     """A real sweep (Ray Tune, Train, MLflow): the driver prepares data.path once, then the file is moved
     away; every trial still completes, so the workers read the shards, not the file."""
     import shutil
@@ -151,8 +178,14 @@ def test_a_sweep_on_a_raw_file_prepares_it_once_and_the_workers_read_only_the_sh
         return res
 
     monkeypatch.setattr(workloads.api, "prepare_text_file", counting, raising=False)  # what dataprep imports
-    result = run_sweep(parse_spec(d), tmp_path / "out", tracking_uri=mlflow_uri, sweep_id="prep-once",
-                       show_progress=False, ray_address=ray_head.gcs_address)
+    result = run_sweep(
+        parse_spec(d),
+        tmp_path / "out",
+        tracking_uri=mlflow_uri,
+        sweep_id="prep-once",
+        show_progress=False,
+        ray_address=ray_head.gcs_address,
+    )
     assert len(calls) == 1
     trials = json.loads((tmp_path / "out" / "trials.json").read_text())
     statuses = [t["status"] for t in (trials["trials"] if isinstance(trials, dict) else trials)]

@@ -20,13 +20,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, write_spec
+from tests.conftest import write_spec
 from tests.sweeps.run.test_faults import ENV, children, spec_dict, stop_group, wait_for
 from tests.sweeps.run.test_interrupts import start, tail
 from workloads.testing.faults import HOLD_HOOKS
@@ -43,8 +42,9 @@ def small_fs(tmp_path):
     """A ``TMPFS_SIZE`` tmpfs mounted at ``tmp_path/fs`` (unmounted at the end); skips without the right to mount."""
     mnt = tmp_path / "fs"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}): needs root")
     try:
@@ -76,16 +76,19 @@ def fill(path: Path, leave_bytes: int = 0) -> None:
 def report_rows(out: Path) -> dict[str, list[dict]]:
     """``OUT/reports/<trial id>.jsonl``: every report the driver received, per trial (a torn line, which
     a failed append used to leave for the next row to run into, fails the test)."""
-    return {f.stem: [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-            for f in sorted((out / "reports").glob("*.jsonl"))}
+    return {
+        f.stem: [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        for f in sorted((out / "reports").glob("*.jsonl"))
+    }
 
 
 def _rows_so_far(out: Path) -> list[list[str]]:
     return [f.read_text().splitlines() for f in (out / "reports").glob("*.jsonl")]
 
 
-def _start_held_sweep(tmp_path: Path, small_fs: Path, name: str, resources: dict, hold_at: int, ray_head,
-                      mlflow_uri: str):
+def _start_held_sweep(
+    tmp_path: Path, small_fs: Path, name: str, resources: dict, hold_at: int, ray_head, mlflow_uri: str
+):
     """``critbatch run`` of a two-trial sweep (B = 4 and 8, one at a time, a 100 kB corpus) into
     ``small_fs/out`` on the suite's head, every trial's first attempt held after milestone ``hold_at`` while the
     returned hold file exists: ``(out, tracking uri, log path, hold file, process)``."""
@@ -97,10 +100,27 @@ def _start_held_sweep(tmp_path: Path, small_fs: Path, name: str, resources: dict
     d["resources"] = {"max_concurrent_trials": 1, **resources}
     out, hold, log = small_fs / "out", tmp_path / "hold", tmp_path / "run.log"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE=str(hold_at), CRITBATCH_TEST_HOLD_FILE=str(hold))
-    proc = start(["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", mlflow_uri,
-                  "--no-progress", "--address", ray_head.gcs_address], log, env=env)
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE=str(hold_at),
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+    )
+    proc = start(
+        [
+            "run",
+            str(write_spec(tmp_path, d)),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            mlflow_uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        log,
+        env=env,
+    )
     return out, mlflow_uri, log, hold, proc
 
 
@@ -111,8 +131,12 @@ def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs,
     COMPLETED in its reports, ``trials.json``, ``cbs.json`` and MLflow, each batch size in the analysis."""
     out, uri, log, hold, proc = _start_held_sweep(tmp_path, small_fs, "diskfull", {}, 2, ray_head, mlflow_uri)
     try:
-        wait_for(lambda: any(len(rows) >= 3 for rows in _rows_so_far(out)), 600,
-                 "the first trial's third report", diagnose=lambda: tail(log))
+        wait_for(
+            lambda: any(len(rows) >= 3 for rows in _rows_so_far(out)),
+            600,
+            "the first trial's third report",
+            diagnose=lambda: tail(log),
+        )
         fill(small_fs / "filler")
         hold.unlink()
         rc = proc.wait(timeout=600)
@@ -135,8 +159,9 @@ def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs,
         json.loads(path.read_text())
 
     (small_fs / "filler").unlink()
-    r = start(["resume", str(out), "--no-progress", "--address", ray_head.gcs_address], tmp_path / "resume.log",
-              env=ENV)
+    r = start(
+        ["resume", str(out), "--no-progress", "--address", ray_head.gcs_address], tmp_path / "resume.log", env=ENV
+    )
     try:
         rc = r.wait(timeout=600)
     finally:
@@ -163,19 +188,25 @@ def test_disk_full_mid_sweep_then_resume_every_record_agrees(tmp_path, small_fs,
     assert fitted == {4, 8}, cbs["per_batch"]
 
 
-def test_a_disk_too_full_for_checkpoints_is_named_on_every_trial_and_the_sweep(tmp_path, small_fs, ray_head,
-                                                                                mlflow_uri):
+def test_a_disk_too_full_for_checkpoints_is_named_on_every_trial_and_the_sweep(
+    tmp_path, small_fs, ray_head, mlflow_uri
+):
     """The disk nearly full before the trials write their checkpoints (room left for the driver's records,
     not for one more checkpoint): every trial FAILED with "no space left on device while writing the
     checkpoint to ..." in ``trials.json`` and its MLflow child's ``critbatch.error`` tag, and the sweep's
     message (the command line's, the MLflow parent's ``critbatch.message``) says so; before, each trial's
     error was torch's "unexpected pos" and the sweep said only "no trial completed"."""
     # the first trial waits after its first report, whose checkpoint shows how large one is
-    out, uri, log, hold, proc = _start_held_sweep(tmp_path, small_fs, "diskfull-ckpt", {"max_failures": 0}, 0,
-                                                  ray_head, mlflow_uri)
+    out, uri, log, hold, proc = _start_held_sweep(
+        tmp_path, small_fs, "diskfull-ckpt", {"max_failures": 0}, 0, ray_head, mlflow_uri
+    )
     try:
-        wait_for(lambda: any(rows for rows in _rows_so_far(out)), 600, "the first trial's first report",
-                 diagnose=lambda: tail(log))
+        wait_for(
+            lambda: any(rows for rows in _rows_so_far(out)),
+            600,
+            "the first trial's first report",
+            diagnose=lambda: tail(log),
+        )
         ckpt = next((out / "train").glob("train-*/ckpt-*/trial_state.pt"))  # about 0.5 MB
         fill(small_fs / "filler", leave_bytes=ckpt.stat().st_size - 16 * 1024)
         hold.unlink()

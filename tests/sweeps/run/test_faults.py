@@ -73,12 +73,28 @@ def start_ray_head(env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     workers = 20000 + 1000 * random.randrange(10)
     temp = tempfile.mkdtemp(prefix="cbf", dir="/tmp")  # short: Ray's socket paths are length-limited
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=3",
-                             f"--min-worker-port={workers}", f"--max-worker-port={workers + 999}",
-                             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-                             "--disable-usage-stats", "--include-dashboard=false", f"--temp-dir={temp}"],
-                            env=env or ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    head = subprocess.Popen(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=3",
+            f"--min-worker-port={workers}",
+            f"--max-worker-port={workers + 999}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+        ],
+        env=env or ENV,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: port_open(port), 120, "the Ray head")
     except BaseException:
@@ -118,8 +134,11 @@ def children(run_uri: str, experiment: str):
     c = MlflowClient(run_uri)
     exp = c.get_experiment_by_name(experiment)
     runs = c.search_runs([exp.experiment_id], max_results=1000)
-    return c, [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"], [
-        r for r in runs if r.data.tags.get("critbatch.role") == "trial"]
+    return (
+        c,
+        [r for r in runs if r.data.tags.get("critbatch.role") == "sweep"],
+        [r for r in runs if r.data.tags.get("critbatch.role") == "trial"],
+    )
 
 
 def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlflow_uri):
@@ -138,13 +157,36 @@ def test_killed_training_worker_resumes_from_checkpoint(tmp_path, ray_head, mlfl
     # mid-trial however fast the machine is (workloads/train/loop.py, fault-injection hook)
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="1",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+    )
     log = open(tmp_path / "driver.log", "w")  # a file, not a pipe: nobody reads a pipe while we poll
-    proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                   "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, text=True)
-    diagnose = lambda: (tmp_path / "driver.log").read_text()[-3000:]  # noqa: E731
+    proc = subprocess.Popen(
+        CLI
+        + [
+            "run",
+            str(write_spec(tmp_path, d)),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def diagnose():
+        return (tmp_path / "driver.log").read_text()[-3000:]
+
     try:
         wait_for(lambda: len(result_rows(out)) >= 2, 600, "two milestone reports", diagnose=diagnose)
         workers = wait_for(lambda: [p for p in pids_named("RayTrainWorker") if p not in before], 60, "the Train worker")
@@ -171,24 +213,40 @@ def test_killed_driver_then_resume_has_exactly_the_planned_trials(tmp_path, ray_
     address = ray_head.gcs_address
     d = spec_dict(name="fault-driver")
     d["search"].update(batch_sizes_sequences=[4, 8], trials_per_batch_size=2)
-    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
+    d["resources"] = {
+        "max_concurrent_trials": 1
+    }  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     uri = mlflow_uri
     out = tmp_path / "out"
     spec = write_spec(tmp_path, d)
     log = open(tmp_path / "driver.log", "w")
-    proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                                   "--address", address], cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress", "--address", address],
+        cwd=ROOT,
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_for(lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
-                 900, "one finished trial and another under way",
-                 diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+        wait_for(
+            lambda: sum(1 for r in result_rows(out) if r.get("done")) >= 1 and len(result_rows(out)) >= 6,
+            900,
+            "one finished trial and another under way",
+            diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:],
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        CLI + ["resume", str(out), "--address", address, "--no-progress"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     cbs = json.loads((out / "cbs.json").read_text())
     assert cbs["trials"]["COMPLETED"] == 4
@@ -224,9 +282,28 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path, ray_head, mlflow_templa
 
     def start_server():
         return subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--serve-artifacts",
-             "--artifacts-destination", str(arts), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{db}",
+                "--serve-artifacts",
+                "--artifacts-destination",
+                str(arts),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def up():
         import urllib.request
@@ -247,12 +324,32 @@ def test_mlflow_outage_mid_trial_loses_nothing(tmp_path, ray_head, mlflow_templa
         d["eval"] = {"milestones": 8, "eval_tokens": 1024}
         d["resources"] = {"max_concurrent_trials": 1}
         log = open(tmp_path / "driver.log", "w")
-        proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                       "--no-progress", "--address", ray_head.gcs_address], cwd=ROOT, env=ENV,
-                                stdout=log, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            CLI
+            + [
+                "run",
+                str(write_spec(tmp_path, d)),
+                "--output",
+                str(out),
+                "--tracking-uri",
+                uri,
+                "--no-progress",
+                "--address",
+                ray_head.gcs_address,
+            ],
+            cwd=ROOT,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
-            wait_for(lambda: len(result_rows(out)) >= 1, 600,
-                     "the first milestone", diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+            wait_for(
+                lambda: len(result_rows(out)) >= 1,
+                600,
+                "the first milestone",
+                diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:],
+            )
             os.killpg(server.pid, signal.SIGKILL)  # the server dies at once, as in a crash
             server.wait(timeout=60)
             wait_for(lambda: not up(), 60, "the MLflow server to be gone")
@@ -300,19 +397,32 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, ray_hea
     # resumed after a pause: no trial can finish before the kill, however fast trials start (workloads/testing/faults.py)
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE="2", CRITBATCH_TEST_HOLD_FILE=str(hold),
-               CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1")
-    proc = subprocess.Popen(CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                                   "--address", address], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            text=True)
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="2",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+        CRITBATCH_TEST_HOLD_EVERY_ATTEMPT="1",
+    )
+    proc = subprocess.Popen(
+        CLI + ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress", "--address", address],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
     def at_rung() -> int:  # trials that reported the first rung's milestone (25 % = 2048 tokens)
         return len({r["trial_id"] for r in result_rows(out) if r.get("tokens_seen", 0) >= 2048})
 
     try:
-        wait_for(lambda: at_rung() >= 2, 400, "two trials at the first rung",
-                 diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:])
+        wait_for(
+            lambda: at_rung() >= 2,
+            400,
+            "two trials at the first rung",
+            diagnose=lambda: (tmp_path / "driver.log").read_text()[-3000:],
+        )
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -320,8 +430,14 @@ def test_killed_driver_while_trials_wait_at_a_rung_then_resume(tmp_path, ray_hea
         hold.unlink(missing_ok=True)
     # killed with no trial trained to its end (Tune's `done` also marks a trial pruned at the first rung)
     assert all(r["tokens_seen"] < d["budget_tokens"] for r in result_rows(out) if "tokens_seen" in r)
-    r = subprocess.run(CLI + ["resume", str(out), "--address", address, "--no-progress"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=500)
+    r = subprocess.run(
+        CLI + ["resume", str(out), "--address", address, "--no-progress"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     trials = json.loads((out / "trials.json").read_text())
     assert len(trials) == 3 and len({t["trial_id"] for t in trials}) == 3

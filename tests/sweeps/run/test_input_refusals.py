@@ -80,8 +80,9 @@ def test_an_output_folder_under_a_missing_tree_leaves_no_folder_behind(tmp_path,
     assert not (tmp_path / "x").exists() and not (tmp_path / "mlruns").exists()
 
 
-@pytest.mark.parametrize("uri_of", [lambda t: f"file://{t / 'mlruns'}", lambda t: str(t / "mlruns")],
-                         ids=["file-uri", "bare-folder"])
+@pytest.mark.parametrize(
+    "uri_of", [lambda t: f"file://{t / 'mlruns'}", lambda t: str(t / "mlruns")], ids=["file-uri", "bare-folder"]
+)
 def test_a_file_store_without_mlflows_opt_in_is_refused(tmp_path, tiny_spec_dict, uri_of):
     r = _run(tmp_path, tiny_spec_dict, "--tracking-uri", uri_of(tmp_path), env={"MLFLOW_ALLOW_FILE_STORE": None})
     _assert_refused(r, "--tracking-uri", "MLFLOW_ALLOW_FILE_STORE=true")

@@ -30,8 +30,9 @@ def test_a_file_is_its_bytes_and_a_folder_its_names_and_bytes(tmp_path):
 
 def _check(pinned, spec, tmp_path) -> None:
     """The resume's gate: ``spec``'s inputs now against ``pinned``."""
-    check_inputs_unchanged(pinned, pin_inputs(resolve_paths(parse_spec(spec)), missing_ok=True),
-                           since=f"the sweep in {tmp_path} started")
+    check_inputs_unchanged(
+        pinned, pin_inputs(resolve_paths(parse_spec(spec)), missing_ok=True), since=f"the sweep in {tmp_path} started"
+    )
 
 
 def test_the_spec_inputs_are_pinned_and_a_change_or_a_removal_is_refused(tmp_path, tiny_spec_dict):
@@ -44,8 +45,11 @@ def test_the_spec_inputs_are_pinned_and_a_change_or_a_removal_is_refused(tmp_pat
     _check(None, d, tmp_path)  # a sweep from before pinning: not checked
     old = pinned["data.path"]["sha256"]
     corpus.write_text(corpus.read_text() + "more")
-    with pytest.raises(InvalidInput, match=rf"data.path {corpus} changed since the sweep in .* \(sha256 {old} then, "
-                                           rf"[0-9a-f]{{64}} now\)"):
+    with pytest.raises(
+        InvalidInput,
+        match=rf"data.path {corpus} changed since the sweep in .* \(sha256 {old} then, "
+        rf"[0-9a-f]{{64}} now\)",
+    ):
         _check(pinned, d, tmp_path)
     corpus.unlink()
     with pytest.raises(InvalidInput, match=rf"data.path {corpus} is gone since the sweep"):
@@ -69,8 +73,15 @@ def test_a_shard_rewritten_under_an_unchanged_index_is_refused(tmp_path, tiny_sp
     folder.mkdir()
     shard = folder / "train-00000.bin"
     shard.write_bytes(bytes(range(256)) * 4)
-    (folder / "index.json").write_text(json.dumps(
-        {"shards": [{"file": shard.name, "split": "train", "sha256": hashlib.sha256(shard.read_bytes()).hexdigest()}]}))
+    (folder / "index.json").write_text(
+        json.dumps(
+            {
+                "shards": [
+                    {"file": shard.name, "split": "train", "sha256": hashlib.sha256(shard.read_bytes()).hexdigest()}
+                ]
+            }
+        )
+    )
     d = dict(tiny_spec_dict, data={"shards": str(folder)})
     pinned = pin_inputs(resolve_paths(parse_spec(d)))
     assert set(pinned) == {"data.shards", "data.shards files"}
@@ -79,8 +90,11 @@ def test_a_shard_rewritten_under_an_unchanged_index_is_refused(tmp_path, tiny_sp
     os.utime(shard, ns=(1, 1))  # touched, same bytes: hashed, matches its index, passes
     _check(pinned, d, tmp_path)
     shard.write_bytes(bytes(reversed(range(256))) * 4)  # same size, other content
-    with pytest.raises(InvalidInput, match=rf"data.shards {shard} changed since the sweep in .* \(sha256 [0-9a-f]{{64}} "
-                                           rf"in its index, [0-9a-f]{{64}} now\)"):
+    with pytest.raises(
+        InvalidInput,
+        match=rf"data.shards {shard} changed since the sweep in .* \(sha256 [0-9a-f]{{64}} "
+        rf"in its index, [0-9a-f]{{64}} now\)",
+    ):
         _check(pinned, d, tmp_path)
     shard.unlink()
     with pytest.raises(InvalidInput, match=rf"data.shards {shard} is gone since the sweep"):
@@ -95,10 +109,21 @@ def _inputs_at(folder, *, vocab: int = 300, intermediate: int = 64):
     (folder / "corpus.txt").write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200)
     (folder / "tok").mkdir(exist_ok=True)
     (folder / "tok" / "tokenizer.json").write_text(json.dumps({"model": {"vocab_size": vocab}}))
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1,
-                                                    "num_attention_heads": 2, "intermediate_size": intermediate}))
-    return {"data": {"path": str(folder / "corpus.txt"), "tokenizer": str(folder / "tok")},
-            "model": {"hf_config": str(folder / "config.json"), "context_length_tokens": 32}}
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": intermediate,
+            }
+        )
+    )
+    return {
+        "data": {"path": str(folder / "corpus.txt"), "tokenizer": str(folder / "tok")},
+        "model": {"hf_config": str(folder / "config.json"), "context_length_tokens": 32},
+    }
 
 
 def _pin(tiny_spec_dict, fields):
@@ -122,16 +147,22 @@ def test_the_pinned_inputs_follow_their_content_not_their_path(tmp_path, tiny_sp
         check_inputs_unchanged(first, changed, since="sweep 'x' started")
     msg = str(exc.value)
     for field in ("data.tokenizer", "model.hf_config"):
-        assert (f"{field} {changed[field]['path']} changed since sweep 'x' started (sha256 {first[field]['sha256']} "
-                f"then, {changed[field]['sha256']} now)") in msg, msg
+        assert (
+            f"{field} {changed[field]['path']} changed since sweep 'x' started (sha256 {first[field]['sha256']} "
+            f"then, {changed[field]['sha256']} now)"
+        ) in msg, msg
     assert "data.path" not in msg
     # a config file rewritten with the same content in another layout is the same model
     cfg = tmp_path / "b" / "config.json"
     import json
 
     cfg.write_text(json.dumps(dict(reversed(list(json.loads(cfg.read_text()).items()))), indent=4))
-    assert _pin(tiny_spec_dict, {"model": {"hf_config": str(cfg), "context_length_tokens": 32}})["model.hf_config"][
-        "sha256"] == changed["model.hf_config"]["sha256"]
+    assert (
+        _pin(tiny_spec_dict, {"model": {"hf_config": str(cfg), "context_length_tokens": 32}})["model.hf_config"][
+            "sha256"
+        ]
+        == changed["model.hf_config"]["sha256"]
+    )
 
 
 def test_an_hf_config_read_into_spec_yaml_pins_the_same_on_resume(tmp_path, tiny_spec_dict):
@@ -156,8 +187,11 @@ def test_a_retried_job_is_checked_against_the_inputs_its_storage_root_recorded(t
     from sweeps.run.prepare import prepare_sweep
 
     fields = _inputs_at(tmp_path / "in")
-    d = dict(tiny_spec_dict, data={"path": fields["data"]["path"]},
-             resources={**tiny_spec_dict.get("resources", {}), "storage_path": str(tmp_path / "storage")})
+    d = dict(
+        tiny_spec_dict,
+        data={"path": fields["data"]["path"]},
+        resources={**tiny_spec_dict.get("resources", {}), "storage_path": str(tmp_path / "storage")},
+    )
     uri = f"sqlite:///{tmp_path}/ml.db"
     first = prepare_sweep(parse_spec(d), tmp_path / "out1", tracking_uri=uri, sweep_id="retry-1")
     assert first.shared_storage and set(first.inputs) == {"data.path"}
@@ -168,11 +202,18 @@ def test_a_retried_job_is_checked_against_the_inputs_its_storage_root_recorded(t
     corpus = tmp_path / "in" / "corpus.txt"
     corpus.write_text(corpus.read_text() + "ROMEO:\nA line the first trials never saw.\n")
     now, then = hashlib.sha256(corpus.read_bytes()).hexdigest(), first.inputs["data.path"]["sha256"]
-    with pytest.raises(InvalidInput, match=rf"data.path {corpus} changed since sweep 'retry-1' started \(recorded in "
-                                           rf"{root}/critbatch-sweep.json\) \(sha256 {then} then, {now} now\).*"
-                                           rf"another --sweep-id"):
+    with pytest.raises(
+        InvalidInput,
+        match=rf"data.path {corpus} changed since sweep 'retry-1' started \(recorded in "
+        rf"{root}/critbatch-sweep.json\) \(sha256 {then} then, {now} now\).*"
+        rf"another --sweep-id",
+    ):
         prepare_sweep(parse_spec(d), tmp_path / "out2", tracking_uri=uri, sweep_id="retry-1")
     assert not (tmp_path / "out2").exists()
     write_storage_binding(root, "retry-1", first.fingerprint)  # a root from before inputs were recorded
-    assert prepare_sweep(parse_spec(d), tmp_path / "out2", tracking_uri=uri, sweep_id="retry-1").inputs["data.path"][
-        "sha256"] == now
+    assert (
+        prepare_sweep(parse_spec(d), tmp_path / "out2", tracking_uri=uri, sweep_id="retry-1").inputs["data.path"][
+            "sha256"
+        ]
+        == now
+    )

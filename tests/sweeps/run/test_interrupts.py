@@ -23,8 +23,17 @@ import pytest
 
 from tests.conftest import ROOT, write_spec
 from tests.harness import copy_mlflow_store
-from tests.sweeps.run.test_faults import (CLI, ENV, children, result_rows, spec_dict, start_ray_head, stop_group,
-                                          stop_head, wait_for)
+from tests.sweeps.run.test_faults import (
+    CLI,
+    ENV,
+    children,
+    result_rows,
+    spec_dict,
+    start_ray_head,
+    stop_group,
+    stop_head,
+    wait_for,
+)
 from workloads.testing.faults import HOLD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # each 1-3 min idle (a sweep, an interrupt, a resume)
@@ -35,8 +44,16 @@ MILESTONES = [MILESTONE_TOKENS * (i + 1) for i in range(8)]
 #: keys that identify a run or the process that ran it, not its results: ``provenance`` records the driver's
 #: environment (its ``OMP_NUM_THREADS`` is what the launching process had: a test's subprocess inherits whatever
 #: earlier tests in the same pytest process left in ``os.environ``)
-IDENTITY_KEYS = {"sweep_id", "mlflow", "best_checkpoint", "trial_id", "group_id", "trial_ids_to_target",
-                 "trial_ids_at_budget", "provenance"}
+IDENTITY_KEYS = {
+    "sweep_id",
+    "mlflow",
+    "best_checkpoint",
+    "trial_id",
+    "group_id",
+    "trial_ids_to_target",
+    "trial_ids_at_budget",
+    "provenance",
+}
 
 
 def interrupt_spec(name: str) -> dict:
@@ -63,15 +80,20 @@ def hold_env(hold: Path) -> dict:
     """The environment in which every trial's first attempt waits after its second milestone while ``hold``
     exists (``workloads/testing/faults.py::hold_from_env``, named by ``CRITBATCH_TEST_MILESTONE_HOOKS``); creates ``hold``."""
     hold.touch()
-    return dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-                CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    return dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="1",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+    )
 
 
 def start(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """``critbatch ARGS`` in its own process group (as a terminal runs it), its output to a file."""
     log = open(log_path, "w")
-    return subprocess.Popen(CLI + args, cwd=ROOT, env=env or ENV, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        CLI + args, cwd=ROOT, env=env or ENV, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def tail(path: Path, n: int = 4000) -> str:
@@ -99,7 +121,7 @@ def checkpoint_tokens(out: Path) -> dict[str, float]:
             state = torch.load(f, weights_only=False, map_location="cpu")
         except Exception:  # noqa: BLE001 - being written, or just replaced by the next one
             continue
-        tid = f.parent.parent.name[len("train-"):]
+        tid = f.parent.parent.name[len("train-") :]
         got[tid] = max(got.get(tid, 0.0), float(state["loop"]["tokens_seen"]))
     return got
 
@@ -108,8 +130,12 @@ def freeze_until_reports_are_only_in_a_checkpoint(proc: subprocess.Popen, out: P
     """Wait until Tune has the two reports of a trial held at its second milestone, SIGSTOP the driver,
     release the hold, and wait until a trial's Train checkpoint is two milestones past what Tune has;
     returns that trial's id (the driver stays stopped)."""
-    wait_for(lambda: any(v >= 2 * MILESTONE_TOKENS for v in tune_tokens(out).values()), 900,
-             "a trial with two milestones in Tune", diagnose=lambda: tail(log))
+    wait_for(
+        lambda: any(v >= 2 * MILESTONE_TOKENS for v in tune_tokens(out).values()),
+        900,
+        "a trial with two milestones in Tune",
+        diagnose=lambda: tail(log),
+    )
     os.kill(proc.pid, signal.SIGSTOP)
     frozen = tune_tokens(out)
     hold.unlink()
@@ -170,8 +196,20 @@ def reference(tmp_path_factory, ray_head, mlflow_template) -> dict:
     tmp = tmp_path_factory.mktemp("reference")
     out, uri = tmp / "out", copy_mlflow_store(mlflow_template, tmp / "ml.db")
     spec = write_spec(tmp, interrupt_spec("intr-ref"))
-    proc = start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                  "--address", ray_head.gcs_address], tmp / "run.log")
+    proc = start(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        tmp / "run.log",
+    )
     try:
         rc = proc.wait(timeout=400)
     finally:
@@ -187,8 +225,9 @@ def test_ctrl_c_mid_trial_stops_cleanly_and_resume_ends_as_uninterrupted(tmp_pat
     out, uri, log = tmp_path / "out", mlflow_uri, tmp_path / "run.log"
     spec = write_spec(tmp_path, interrupt_spec("intr-int"))
     hold = tmp_path / "hold"
-    proc = start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress"], log,
-                 env=hold_env(hold))
+    proc = start(
+        ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress"], log, env=hold_env(hold)
+    )
     try:
         tid = freeze_until_reports_are_only_in_a_checkpoint(proc, out, log, hold)
         os.killpg(proc.pid, signal.SIGINT)
@@ -212,8 +251,11 @@ def test_sigterm_mid_trial_on_a_cluster_then_resume_ends_as_uninterrupted(tmp_pa
     address = ray_head.gcs_address
     out, uri, log = tmp_path / "out", mlflow_uri, tmp_path / "run.log"
     spec = write_spec(tmp_path, interrupt_spec("intr-term"))
-    proc = start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                  "--address", address], log, env=hold_env(hold))
+    proc = start(
+        ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress", "--address", address],
+        log,
+        env=hold_env(hold),
+    )
     try:
         tid = freeze_until_reports_are_only_in_a_checkpoint(proc, out, log, hold)
         os.kill(proc.pid, signal.SIGTERM)
@@ -238,11 +280,16 @@ def test_a_second_ctrl_c_force_quits_and_the_sweep_still_resumes(tmp_path, refer
     try:
         out, uri, log = tmp_path / "out", mlflow_uri, tmp_path / "run.log"
         spec = write_spec(tmp_path, interrupt_spec("intr-force"))
-        proc = start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                      "--address", address], log)
+        proc = start(
+            ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress", "--address", address], log
+        )
         try:
-            wait_for(lambda: any(v >= 2 * MILESTONE_TOKENS for v in tune_tokens(out).values()), 900,
-                     "a trial with two milestones in Tune", diagnose=lambda: tail(log))
+            wait_for(
+                lambda: any(v >= 2 * MILESTONE_TOKENS for v in tune_tokens(out).values()),
+                900,
+                "a trial with two milestones in Tune",
+                diagnose=lambda: tail(log),
+            )
             os.killpg(proc.pid, signal.SIGINT)
             wait_for(lambda: "stopping the sweep cleanly" in log.read_text(), 60, "the clean stop to begin")
             os.killpg(proc.pid, signal.SIGINT)

@@ -29,11 +29,19 @@ OLD_TUNE_STATE = Path(__file__).parent / "data" / "tune_state_e6ea0bf"
 
 #: ``sweep.json`` of a sweep stopped by the code before the version key (version 1), as it wrote it
 V1 = {
-    "sweep_id": "tiny-20261205-213124-ddb5c4", "fingerprint": "32bf3579dd", "tracking_uri": "file:///tmp/mlruns",
-    "experiment_id": "1", "parent_run_id": "abc", "data_path": "/data/input.txt", "ray_address": None,
-    "storage_root": "/tmp/out", "optuna_storage": "sqlite:////tmp/out/optuna.db", "status": "STOPPED",
-    "created": 1764970284.5, "mlflow_complete": True, "inputs": {"data.path": {"path": "/data/input.txt",
-                                                                               "sha256": "00"}},
+    "sweep_id": "tiny-20261205-213124-ddb5c4",
+    "fingerprint": "32bf3579dd",
+    "tracking_uri": "file:///tmp/mlruns",
+    "experiment_id": "1",
+    "parent_run_id": "abc",
+    "data_path": "/data/input.txt",
+    "ray_address": None,
+    "storage_root": "/tmp/out",
+    "optuna_storage": "sqlite:////tmp/out/optuna.db",
+    "status": "STOPPED",
+    "created": 1764970284.5,
+    "mlflow_complete": True,
+    "inputs": {"data.path": {"path": "/data/input.txt", "sha256": "00"}},
     "pinned_by": "a key of a later version, kept",
 }
 
@@ -106,9 +114,18 @@ def test_the_three_names_the_main_jobs_tune_state_holds_load_as_the_moved_functi
     from workloads.ray.compat import drain_report_queue
     from workloads.train.determinism import torch_threads_per_worker
 
-    blob = b"(" + b"".join(_old_global(m, n)[:-1] for m, n in [
-        ("workloads._ray_adapter", "train_fn_per_worker"), ("workloads._ray_compat", "drain_report_queue"),
-        ("workloads.determinism", "torch_threads_per_worker")]) + b"t."
+    blob = (
+        b"("
+        + b"".join(
+            _old_global(m, n)[:-1]
+            for m, n in [
+                ("workloads._ray_adapter", "train_fn_per_worker"),
+                ("workloads._ray_compat", "drain_report_queue"),
+                ("workloads.determinism", "torch_threads_per_worker"),
+            ]
+        )
+        + b"t."
+    )
     assert load_old_pickle(blob)[0] == (train_fn_per_worker, drain_report_queue, torch_threads_per_worker)
 
 
@@ -139,8 +156,10 @@ def _old_searcher_state() -> bytes:
     state["tracking_class"] = importlib.import_module("sweeps.spec.tracking").TrackingSpec
     state["train_fn"] = importlib.import_module("workloads.ray.adapter").train_fn_per_worker
     blob = pickle.dumps(state, protocol=2)  # GLOBAL opcodes: their paths are lines, safe to replace
-    for new, old in [(b"csweeps.spec.tracking\nTrackingSpec\n", b"csweeps.spec.sections\nTrackingSpec\n"),
-                     (b"cworkloads.ray.adapter\n", b"cworkloads._ray_adapter\n")]:
+    for new, old in [
+        (b"csweeps.spec.tracking\nTrackingSpec\n", b"csweeps.spec.sections\nTrackingSpec\n"),
+        (b"cworkloads.ray.adapter\n", b"cworkloads._ray_adapter\n"),
+    ]:
         assert new in blob
         blob = blob.replace(new, old)
     return blob
@@ -158,14 +177,20 @@ def test_an_old_tune_folder_is_rewritten_with_the_current_paths_and_its_original
     assert (tmp_path / ("tuner.pkl" + BACKUP_SUFFIX)).read_bytes() == (OLD_TUNE_STATE / "tuner.pkl").read_bytes()
     assert Path(str(searcher_file) + BACKUP_SUFFIX).read_bytes() == old
     state = pickle.loads(searcher_file.read_bytes())  # no table needed any more
-    assert state["train_fn"].__module__ == "workloads.ray.adapter" and state["spec"].search.batch_sizes_sequences == [4, 8]
+    assert state["train_fn"].__module__ == "workloads.ray.adapter" and state["spec"].search.batch_sizes_sequences == [
+        4,
+        8,
+    ]
     # tuner.pkl's searcher had none of the attributes added since e6ea0bf: it has them now, at their defaults
     searcher = pickle.loads((tmp_path / "tuner.pkl").read_bytes())["_tune_config"].search_alg
-    assert searcher.objectives == {} and searcher.wave_policy.extra_budget_multiples == {} and searcher.trials_for(8) == 1
+    assert (
+        searcher.objectives == {} and searcher.wave_policy.extra_budget_multiples == {} and searcher.trials_for(8) == 1
+    )
     assert not hasattr(searcher, "transfer")  # the old layout, composed into a strategy and a wave policy
     assert migrate_tune_state(tmp_path) == []  # once is enough
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["tuner.pkl", "tuner.pkl" + BACKUP_SUFFIX, searcher_file.name, searcher_file.name + BACKUP_SUFFIX])
+        ["tuner.pkl", "tuner.pkl" + BACKUP_SUFFIX, searcher_file.name, searcher_file.name + BACKUP_SUFFIX]
+    )
 
 
 def test_a_pickle_naming_a_path_nobody_knows_is_refused_and_nothing_is_changed(tmp_path):

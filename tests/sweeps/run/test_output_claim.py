@@ -7,7 +7,6 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.preflight import check_output_folder
 from sweeps.run.claims import (
     LOCK_FILE,
     check_sweep_id_binding,
@@ -16,6 +15,7 @@ from sweeps.run.claims import (
     read_storage_binding,
     write_storage_binding,
 )
+from sweeps.run.preflight import check_output_folder
 
 
 def test_a_claimed_folder_refuses_a_second_claim_and_a_resume_naming_the_holder(tmp_path):

@@ -46,12 +46,22 @@ def started(out: Path, batch: int) -> dict[str, int]:
 
 def curves(trials: list[dict]) -> list[tuple]:
     """Each trial as what it ran and what it measured, in a stable order (trial ids left out)."""
-    return sorted((t["batch_size_sequences"], t["seed"], t["hyperparameters"]["lr"], t["status"],
-                   tuple(t["tokens"]), tuple(t["val_loss"])) for t in trials)
+    return sorted(
+        (
+            t["batch_size_sequences"],
+            t["seed"],
+            t["hyperparameters"]["lr"],
+            t["status"],
+            tuple(t["tokens"]),
+            tuple(t["val_loss"]),
+        )
+        for t in trials
+    )
 
 
-def test_a_precision_sweep_stopped_mid_second_wave_resumes_to_the_uninterrupted_answer(tmp_path, precision_sweep,
-                                                                                        ray_head, mlflow_template):
+def test_a_precision_sweep_stopped_mid_second_wave_resumes_to_the_uninterrupted_answer(
+    tmp_path, precision_sweep, ray_head, mlflow_template
+):
     """Ctrl-C (SIGINT to the driver) once the first wave's analysis has added batch size 32 and both its trials
     are held after their second of four milestones: exit 130, the sweep STOPPED, ``cbs.json`` says
     ``interrupted``. ``critbatch resume`` then finishes those trials, ends the second wave (the searcher's
@@ -59,21 +69,46 @@ def test_a_precision_sweep_stopped_mid_second_wave_resumes_to_the_uninterrupted_
     status, targets, every wave and why it stopped; ids aside), ``precision.json`` and trials."""
     hold = tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
-               CRITBATCH_TEST_HOLD_BATCH_SIZES=str(WAVE_2_BATCH))
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="1",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+        CRITBATCH_TEST_HOLD_BATCH_SIZES=str(WAVE_2_BATCH),
+    )
     out, log = tmp_path / "out", tmp_path / "run.log"
     uri = copy_mlflow_store(mlflow_template, tmp_path / "mlflow.db")
     spec = write_spec(tmp_path, precision_spec_dict())
-    proc = start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                  "--address", ray_head.gcs_address], log, env=env)
+    proc = start(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        log,
+        env=env,
+    )
     try:
-        wait_for(lambda: (lambda s: len(s) == 2 and min(s.values()) >= 2)(started(out, WAVE_2_BATCH)), 300,
-                 "both trials of the second wave held after their second milestone", interval_s=0.2,
-                 diagnose=lambda: tail(log))
+        wait_for(
+            lambda: (lambda s: len(s) == 2 and min(s.values()) >= 2)(started(out, WAVE_2_BATCH)),
+            300,
+            "both trials of the second wave held after their second milestone",
+            interval_s=0.2,
+            diagnose=lambda: tail(log),
+        )
         os.kill(proc.pid, signal.SIGINT)
-        wait_for(lambda: "stopping the sweep cleanly" in log.read_text(), 60, "the clean stop to begin",
-                 diagnose=lambda: tail(log))
+        wait_for(
+            lambda: "stopping the sweep cleanly" in log.read_text(),
+            60,
+            "the clean stop to begin",
+            diagnose=lambda: tail(log),
+        )
         hold.unlink()  # the held workers go on to their next report, where the stop reaches them
         rc = proc.wait(timeout=300)
     finally:

@@ -64,16 +64,20 @@ def test_output_folder_rules(tmp_path):
         check_output_folder(tmp_path / "file")
 
 
-@pytest.mark.parametrize("schedule,batch_warmup,warned", [
-    ({"warmup_tokens": 1024}, None, False),                          # default 4 steps floor: 2048 tokens
-    ({"warmup_tokens": 1024, "warmup_min_steps": 0}, None, True),    # 2 steps of 16 x 32
-    ({"warmup_tokens": 2048, "warmup_min_steps": 0}, None, False),   # exactly 4 steps
-    ({"warmup_tokens": 0, "warmup_min_steps": 3}, None, True),
-    # with batch warmup the ramp runs at the largest trial's first batch, 16 / 4 = 4 sequences (128 tokens)
-    ({"warmup_tokens": 512, "warmup_min_steps": 0}, {"schedule": [[0, 1], [2048, 4]]}, False),
-])
-def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(tiny_spec_dict, schedule, batch_warmup,
-                                                                               warned):
+@pytest.mark.parametrize(
+    "schedule,batch_warmup,warned",
+    [
+        ({"warmup_tokens": 1024}, None, False),  # default 4 steps floor: 2048 tokens
+        ({"warmup_tokens": 1024, "warmup_min_steps": 0}, None, True),  # 2 steps of 16 x 32
+        ({"warmup_tokens": 2048, "warmup_min_steps": 0}, None, False),  # exactly 4 steps
+        ({"warmup_tokens": 0, "warmup_min_steps": 3}, None, True),
+        # with batch warmup the ramp runs at the largest trial's first batch, 16 / 4 = 4 sequences (128 tokens)
+        ({"warmup_tokens": 512, "warmup_min_steps": 0}, {"schedule": [[0, 1], [2048, 4]]}, False),
+    ],
+)
+def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(
+    tiny_spec_dict, schedule, batch_warmup, warned
+):
     d = copy.deepcopy(tiny_spec_dict)
     d["schedule"] = {**d["schedule"], **schedule}
     if batch_warmup:
@@ -81,7 +85,10 @@ def test_spec_warnings_for_a_warmup_of_fewer_than_4_steps_of_the_largest_batch(t
     warnings = [w for w in spec_warnings(parse_spec(d)) if w.startswith("schedule:")]
     assert len(warnings) == int(warned)
     if warned:
-        assert "schedule.warmup_min_steps >= 4" in warnings[0] and "largest batch (16 sequences x 32 tokens)" in warnings[0]
+        assert (
+            "schedule.warmup_min_steps >= 4" in warnings[0]
+            and "largest batch (16 sequences x 32 tokens)" in warnings[0]
+        )
 
 
 # ---- a locked Optuna storage ---------------------------------------------------------------------
@@ -96,9 +103,11 @@ def locked_sqlite(tmp_path):
     from tests.harness import wait_for
 
     db, marker = tmp_path / "optuna.db", tmp_path / "locked"
-    code = ("import sqlite3, sys, time, pathlib; c = sqlite3.connect(sys.argv[1]); "
-            "c.execute('create table if not exists t (x)'); c.commit(); c.execute('BEGIN EXCLUSIVE'); "
-            "pathlib.Path(sys.argv[2]).touch(); time.sleep(600)")
+    code = (
+        "import sqlite3, sys, time, pathlib; c = sqlite3.connect(sys.argv[1]); "
+        "c.execute('create table if not exists t (x)'); c.commit(); c.execute('BEGIN EXCLUSIVE'); "
+        "pathlib.Path(sys.argv[2]).touch(); time.sleep(600)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code, str(db), str(marker)])
     try:
         wait_for(marker.exists, 30, "the lock holder")
@@ -112,8 +121,11 @@ def test_a_locked_optuna_storage_is_refused_naming_the_file(locked_sqlite):
     from sweeps.errors import InvalidInput
     from sweeps.run.preflight import check_optuna_storage
 
-    with pytest.raises(InvalidInput, match=r"CRITBATCH_OPTUNA_STORAGE: the Optuna study storage .*optuna.db cannot be "
-                                           r"written \(database is locked; waited 0.2 s\)"):
+    with pytest.raises(
+        InvalidInput,
+        match=r"CRITBATCH_OPTUNA_STORAGE: the Optuna study storage .*optuna.db cannot be "
+        r"written \(database is locked; waited 0.2 s\)",
+    ):
         check_optuna_storage(f"sqlite:///{locked_sqlite}", source="CRITBATCH_OPTUNA_STORAGE", wait_s=0.2)
 
 
@@ -133,13 +145,26 @@ def test_a_free_or_missing_optuna_storage_passes_and_is_not_written(tmp_path):
     check_optuna_storage("postgresql://u@127.0.0.1:9/optuna", source="x")  # not checked: left to Optuna
 
 
-def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(tmp_path, tiny_spec_dict, locked_sqlite):
+def test_run_with_a_locked_shared_optuna_storage_exits_2_before_anything_starts(
+    tmp_path, tiny_spec_dict, locked_sqlite
+):
     from tests.conftest import invoke_cli, write_spec
 
     out = tmp_path / "out"
-    r = invoke_cli(["run", str(write_spec(tmp_path, tiny_spec_dict)), "--output", str(out), "--no-progress",
-                    "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}", "--address", "127.0.0.1:9"],
-                   env={"CRITBATCH_OPTUNA_STORAGE": f"sqlite:///{locked_sqlite}"})
+    r = invoke_cli(
+        [
+            "run",
+            str(write_spec(tmp_path, tiny_spec_dict)),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'ml.db'}",
+            "--address",
+            "127.0.0.1:9",
+        ],
+        env={"CRITBATCH_OPTUNA_STORAGE": f"sqlite:///{locked_sqlite}"},
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "optuna.db cannot be written" in lines[0] and "database is locked" in lines[0], r.stderr
@@ -160,14 +185,16 @@ def test_reported_milestones_fold_the_milestones_one_step_passes():
 def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_path, tiny_spec_dict):
     """B = 256 of 32 tokens steps 8192 tokens, twice the milestone spacing, and would report
     at 2 of the 4 milestones: validate and run refuse it (exit 2, the numbers named, nothing created)."""
-    from sweeps.spec.milestones import milestone_warnings
     from sweeps.spec import parse_spec
+    from sweeps.spec.milestones import milestone_warnings
     from tests.conftest import invoke_cli, write_spec
 
     d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024})
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256], base_batch_size_sequences=4)
     (w,) = milestone_warnings(parse_spec(d))
-    assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones (at 8192, 16384 tokens)" in w
+    assert (
+        "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones (at 8192, 16384 tokens)" in w
+    )
     assert "milestone spacing (4096 tokens)" in w
     path = write_spec(tmp_path, d)
     r = invoke_cli(["validate", str(path)])
@@ -175,8 +202,19 @@ def test_a_batch_size_that_skips_milestones_is_refused_by_validate_and_run(tmp_p
     assert "batch size 256 (8192 tokens per optimizer step) reports at 2 of the 4 milestones" in r.stderr
     assert "eval.milestones <= 2" in r.stderr and "eval.allow_folded_milestones: true" in r.stderr
     out = tmp_path / "out"
-    r = invoke_cli(["run", str(path), "--output", str(out), "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}",
-                    "--address", "127.0.0.1:9", "--no-progress"])
+    r = invoke_cli(
+        [
+            "run",
+            str(path),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'ml.db'}",
+            "--address",
+            "127.0.0.1:9",
+            "--no-progress",
+        ]
+    )
     assert r.returncode == 2 and "reports at 2 of the 4 milestones" in r.stderr, r.stdout + r.stderr
     assert not out.exists() and not (tmp_path / "ml.db").exists()
     assert milestone_warnings(parse_spec(tiny_spec_dict)) == []  # 16 x 32 = 512 tokens per step, spacing 2048
@@ -186,12 +224,18 @@ def test_folded_milestones_are_accepted_with_the_opt_in_and_still_named(tmp_path
     from sweeps.spec import parse_spec
     from tests.conftest import invoke_cli, write_spec
 
-    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 4, "eval_tokens": 1024,
-                                                        "allow_folded_milestones": True})
+    d = dict(
+        tiny_spec_dict,
+        budget_tokens=16384,
+        eval={"milestones": 4, "eval_tokens": 1024, "allow_folded_milestones": True},
+    )
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 256], base_batch_size_sequences=4)
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "warning: search.batch_sizes_sequences: batch size 256 (8192 tokens per optimizer step) reports at 2" in r.stdout + r.stderr
+    assert (
+        "warning: search.batch_sizes_sequences: batch size 256 (8192 tokens per optimizer step) reports at 2"
+        in r.stdout + r.stderr
+    )
     # the opt-in is part of the spec (and its fingerprint) only when set: older specs keep their sweep ids
     plain = parse_spec(tiny_spec_dict)
     assert "allow_folded_milestones" not in plain.model_dump()["eval"]
@@ -203,8 +247,8 @@ def test_the_main_job_and_every_example_keep_one_report_per_milestone():
     size's step lands on each), and no example spec folds milestones."""
     from pathlib import Path
 
-    from sweeps.spec.milestones import check_milestones, reported_milestones
     from sweeps.spec import load_spec
+    from sweeps.spec.milestones import check_milestones, reported_milestones
 
     root = Path(__file__).resolve().parents[3]
     main = load_spec(root / "sweeps" / "examples" / "shakespeare-char.yaml")
@@ -213,7 +257,7 @@ def test_the_main_job_and_every_example_keep_one_report_per_milestone():
         assert reported_milestones(main.milestones_tokens(), b * 64) == main.milestones_tokens()
     for path in sorted((root / "sweeps" / "examples").glob("*.yaml")):
         s = load_spec(path)
-        for one in ([arm for _, arm in s.arm_specs()] if s.arms else [s]):
+        for one in [arm for _, arm in s.arm_specs()] if s.arms else [s]:
             check_milestones(one)  # raises for a folded one
 
 
@@ -226,7 +270,10 @@ def test_a_sweep_of_fewer_than_3_batch_sizes_is_told_no_b_crit_will_come_out(tmp
     (w,) = [x for x in spec_warnings(parse_spec(d)) if x.startswith("search.batch_sizes_sequences")]
     assert "2 batch sizes cannot give b_crit" in w and "needs at least 3" in w and "no b_crit" in w
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
-    assert r.returncode == 0 and "warning: search.batch_sizes_sequences: 2 batch sizes cannot give b_crit" in r.stdout + r.stderr
+    assert (
+        r.returncode == 0
+        and "warning: search.batch_sizes_sequences: 2 batch sizes cannot give b_crit" in r.stdout + r.stderr
+    )
     assert not [x for x in spec_warnings(parse_spec(tiny_spec_dict)) if "cannot give b_crit" in x]  # 3: a fit
 
 
@@ -254,13 +301,16 @@ def test_a_batch_larger_than_the_corpus_training_windows_is_named_by_validate(tm
 
     corpus = tmp_path / "small.txt"
     corpus.write_text(("To be, or not to be, that is the question.\n" * 80)[:3000])
-    d = dict(tiny_spec_dict, budget_tokens=16384, eval={"milestones": 2, "eval_tokens": 256},
-             data={"path": str(corpus)})
+    d = dict(
+        tiny_spec_dict, budget_tokens=16384, eval={"milestones": 2, "eval_tokens": 256}, data={"path": str(corpus)}
+    )
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 128, 256])
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert ("warning: search.batch_sizes_sequences: batch sizes 128, 256 draw more sequences per optimizer step than "
-            "the corpus holds non-overlapping training windows of 32 tokens (2700 training tokens) (84)") in r.stdout + r.stderr
+    assert (
+        "warning: search.batch_sizes_sequences: batch sizes 128, 256 draw more sequences per optimizer step than "
+        "the corpus holds non-overlapping training windows of 32 tokens (2700 training tokens) (84)"
+    ) in r.stdout + r.stderr
     assert "batch sizes <= 84" in r.stdout + r.stderr
     d["search"] = dict(d["search"], batch_sizes_sequences=[4, 8, 64])
     r = invoke_cli(["validate", str(write_spec(tmp_path, d))])

@@ -21,16 +21,30 @@ from sweeps.spec import parse_spec
 
 
 def test_a_result_is_the_seven_keys_the_cli_printed_in_their_order():
-    r = SweepResult(ok=True, status="SUCCEEDED", sweep_id="s-1", cbs={"b_crit": 3.0}, output="/o", message="m",
-                    exit_code=None)
+    r = SweepResult(
+        ok=True, status="SUCCEEDED", sweep_id="s-1", cbs={"b_crit": 3.0}, output="/o", message="m", exit_code=None
+    )
     d = r.to_dict()
     assert list(d) == ["ok", "status", "sweep_id", "cbs", "output", "message", "exit_code"]
-    assert d == {"ok": True, "status": "SUCCEEDED", "sweep_id": "s-1", "cbs": {"b_crit": 3.0}, "output": "/o",
-                 "message": "m", "exit_code": None}
+    assert d == {
+        "ok": True,
+        "status": "SUCCEEDED",
+        "sweep_id": "s-1",
+        "cbs": {"b_crit": 3.0},
+        "output": "/o",
+        "message": "m",
+        "exit_code": None,
+    }
     assert d["cbs"] is r.cbs  # not copied
     assert SweepResult.stopped("s-2", Path("/x"), "stopped", 130).to_dict() == {
-        "ok": False, "status": "STOPPED", "sweep_id": "s-2", "cbs": None, "output": "/x", "message": "stopped",
-        "exit_code": 130}
+        "ok": False,
+        "status": "STOPPED",
+        "sweep_id": "s-2",
+        "cbs": None,
+        "output": "/x",
+        "message": "stopped",
+        "exit_code": 130,
+    }
     with pytest.raises(AttributeError):
         r.ok = False  # frozen
 
@@ -62,13 +76,15 @@ def test_the_workers_config_is_what_workload_config_gives_with_their_inputs(tiny
     base = workload_config(spec)
     for data_path, shards in ((spec.data.path, None), (spec.data.path, "/root/data"), ("/elsewhere.txt", None)):
         assert with_inputs(base, data_path=data_path, shards=shards) == workload_config(
-            spec, data_path=data_path, shards=shards)
+            spec, data_path=data_path, shards=shards
+        )
     d = copy.deepcopy(tiny_spec_dict)
     d["data"] = {"shards": str(tmp_path / "shards")}
     sharded = parse_spec(d)
     for shards in (None, "/root/data"):
         assert with_inputs(workload_config(sharded), data_path="/x", shards=shards) == workload_config(
-            sharded, data_path="/x", shards=shards)
+            sharded, data_path="/x", shards=shards
+        )
 
 
 def test_the_workload_facts_are_counted_once(tiny_spec_dict, monkeypatch):
@@ -91,8 +107,17 @@ def test_the_workload_facts_are_counted_once(tiny_spec_dict, monkeypatch):
 def test_a_run_hands_on_the_prepared_sweep(tiny_spec_dict, tmp_path):
     spec = resolve_paths(parse_spec(tiny_spec_dict))
     out = tmp_path / "out"
-    state = SweepState(sweep_id="s", fingerprint="f", tracking_uri="u", experiment_id="1", parent_run_id="r",
-                       data_path=spec.data.path, ray_address=None, storage_root=str(out), optuna_storage="o")
+    state = SweepState(
+        sweep_id="s",
+        fingerprint="f",
+        tracking_uri="u",
+        experiment_id="1",
+        parent_run_id="r",
+        data_path=spec.data.path,
+        ray_address=None,
+        storage_root=str(out),
+        optuna_storage="o",
+    )
     settings = Settings(trial_runners=False)
     p = prepare_module.resumed_sweep(spec, out, state, settings)
     assert (p.sweep_id, p.fingerprint, p.storage_root, p.workload) == ("s", "f", str(out), workload_config(spec))

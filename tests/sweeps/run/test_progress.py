@@ -25,12 +25,27 @@ def test_a_resumed_sweep_counts_the_trials_it_had_already_ended():
     from sweeps.analysis import TrialRecord
 
     def rec(tid, b, status, losses):
-        return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status=status,
-                           hyperparameters={}, tokens=[1.0] * len(losses), val_loss=losses)
+        return TrialRecord(
+            trial_id=tid,
+            batch_size_sequences=b,
+            seed=0,
+            group_id=tid,
+            status=status,
+            hyperparameters={},
+            tokens=[1.0] * len(losses),
+            val_loss=losses,
+        )
 
     p = ProgressCallback(6, [4, 8], 1, console=Console(record=True, width=200, force_terminal=False))
-    p.replay([rec("a", 4, "COMPLETED", [3.0, 2.5]), rec("b", 8, "PRUNED", [3.2]), rec("c", 8, "DIVERGED", [float("nan")]),
-              rec("d", 4, "FAILED", [2.9]), rec("e", 8, "STOPPED", [3.1])])
+    p.replay(
+        [
+            rec("a", 4, "COMPLETED", [3.0, 2.5]),
+            rec("b", 8, "PRUNED", [3.2]),
+            rec("c", 8, "DIVERGED", [float("nan")]),
+            rec("d", 4, "FAILED", [2.9]),
+            rec("e", 8, "STOPPED", [3.1]),
+        ]
+    )
     # FAILED and STOPPED trials run again after Tuner.restore: not counted as ended
     assert p.counts() == {"done": 2, "running": 0, "paused": 0, "failed": 0, "diverged": 1}
     assert p.best == {4: 2.5, 8: 3.1}

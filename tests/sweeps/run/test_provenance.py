@@ -27,8 +27,12 @@ def _spec(tiny_spec_dict: dict, **resources):
 @pytest.mark.parametrize("cpus, threads", [(1.0, 1), (0.5, 1), (2.5, 2), (4, 4)])
 def test_cpu_workers_get_a_fixed_thread_count_and_deterministic_algorithms(tiny_spec_dict, cpus, threads):
     prov = sweep_provenance(_spec(tiny_spec_dict, cpus_per_worker=cpus))
-    assert prov["worker"] == {"device": "cpu", "torch_num_threads": threads, "deterministic_algorithms": True,
-                              "deterministic_warn_only": True}
+    assert prov["worker"] == {
+        "device": "cpu",
+        "torch_num_threads": threads,
+        "deterministic_algorithms": True,
+        "deterministic_warn_only": True,
+    }
     assert prov["python"] == platform.python_version()
     assert prov["packages"] == {n: importlib.metadata.version(n) for n in PROVENANCE_PACKAGES}
     assert set(prov["driver"]) == {"omp_num_threads", "torch_num_threads"}
@@ -43,8 +47,13 @@ def test_gpu_workers_keep_torch_defaults_and_say_so(tiny_spec_dict):
 
 def test_the_parent_run_carries_the_provenance_of_cbs_json(tiny_spec_dict, mlflow_uri, tmp_path):
     spec = _spec(tiny_spec_dict)
-    cbs = {"status": "no_targets", "b_crit": None, "b_crit_ci": None, "target_loss": None,
-           "provenance": sweep_provenance(spec)}
+    cbs = {
+        "status": "no_targets",
+        "b_crit": None,
+        "b_crit_ci": None,
+        "target_loss": None,
+        "provenance": sweep_provenance(spec),
+    }
     art = tmp_path / "art"
     art.mkdir()
     (art / schema.ARTIFACT_CBS).write_text(json.dumps(cbs))  # as finish_sweep hands it over

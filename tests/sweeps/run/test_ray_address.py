@@ -25,11 +25,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from tests.conftest import ROOT, invoke_cli, run_cli, tiny_spec, write_spec
-from tests.harness import base_env, free_port, stop_group
-
 from sweeps.errors import InvalidInput
 from sweeps.run.reach import CONNECT_TIMEOUT_ENV, RayUnreachable, probe_ray_address, ray_connect_timeout_s
+from tests.conftest import ROOT, invoke_cli, run_cli, tiny_spec, write_spec
+from tests.harness import base_env, free_port, stop_group
 
 
 def _closed_port() -> int:
@@ -39,8 +38,19 @@ def _closed_port() -> int:
 
 def _run_args(tmp_path: Path, address: str, uri: str, timeout_s: float) -> list[str]:
     spec = write_spec(tmp_path, tiny_spec())
-    return ["run", str(spec), "--output", str(tmp_path / "out"), "--no-progress", "--tracking-uri", uri,
-            "--address", address, "--connect-timeout-s", f"{timeout_s:g}"]
+    return [
+        "run",
+        str(spec),
+        "--output",
+        str(tmp_path / "out"),
+        "--no-progress",
+        "--tracking-uri",
+        uri,
+        "--address",
+        address,
+        "--connect-timeout-s",
+        f"{timeout_s:g}",
+    ]
 
 
 def _assert_nothing_started(tmp_path: Path, uri: str) -> None:
@@ -98,9 +108,14 @@ def test_a_driver_killed_while_it_connects_leaves_nothing(tmp_path, mlflow_uri, 
     """``kill -9`` while the driver waits for the address (it used to leave ``sweep.json`` STARTING and the lock)."""
     silent_listener.settimeout(120)
     address = f"127.0.0.1:{silent_listener.getsockname()[1]}"
-    proc = subprocess.Popen([sys.executable, "-m", "critbatch", *_run_args(tmp_path, address, mlflow_uri, 300)],
-                            cwd=ROOT, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "critbatch", *_run_args(tmp_path, address, mlflow_uri, 300)],
+        cwd=ROOT,
+        env=base_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         conn, _ = silent_listener.accept()  # the driver is in the probe now: everything before it has run
         conn.close()

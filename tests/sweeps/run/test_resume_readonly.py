@@ -33,8 +33,12 @@ def _unprivileged(probe_dir: Path) -> list[str]:
     if setpriv is None:
         pytest.skip("running as root, where chmod does not stop writes, and setpriv is not installed")
     prefix = [setpriv, f"--bounding-set={_DROP}", f"--inh-caps={_DROP}"]
-    probe = subprocess.run([*prefix, sys.executable, "-c", f"open({str(probe_dir / 'probe')!r}, 'w')"],
-                           capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", f"open({str(probe_dir / 'probe')!r}, 'w')"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if probe.returncode == 0 or "PermissionError" not in probe.stderr:
         pytest.skip(f"running as root, and setpriv could not drop CAP_DAC_OVERRIDE: {probe.stderr[-300:]}")
     return prefix
@@ -54,20 +58,40 @@ def _minimal_sweep(out: Path, spec: dict) -> None:
     """An interrupted sweep's folder as far as resume reads it before Ray: ``sweep.json`` and ``spec.yaml``."""
     out.mkdir()
     (out / "spec.yaml").write_text(yaml.safe_dump(spec))
-    (out / "sweep.json").write_text(json.dumps({
-        "sweep_id": "tiny-ro", "fingerprint": parse_spec(spec).fingerprint(), "tracking_uri": f"sqlite:///{out}/mlflow.db",
-        "experiment_id": "1", "parent_run_id": "0" * 32, "data_path": spec["data"]["path"], "ray_address": None,
-        "storage_root": str(out), "optuna_storage": f"sqlite:///{out}/optuna.db", "status": "RUNNING"}))
+    (out / "sweep.json").write_text(
+        json.dumps(
+            {
+                "sweep_id": "tiny-ro",
+                "fingerprint": parse_spec(spec).fingerprint(),
+                "tracking_uri": f"sqlite:///{out}/mlflow.db",
+                "experiment_id": "1",
+                "parent_run_id": "0" * 32,
+                "data_path": spec["data"]["path"],
+                "ray_address": None,
+                "storage_root": str(out),
+                "optuna_storage": f"sqlite:///{out}/optuna.db",
+                "status": "RUNNING",
+            }
+        )
+    )
 
 
 def _minimal_comparison(out: Path, spec: dict) -> None:
     out.mkdir()
     spec = {**spec, "arms": [{"name": "a"}, {"name": "b", "search": {"lr_rules": ["linear"]}}]}
     (out / "spec.yaml").write_text(yaml.safe_dump(spec))
-    (out / "comparison.json").write_text(json.dumps({
-        "comparison_id": "tiny-ro", "fingerprint": parse_spec(spec).fingerprint(), "status": "RUNNING",
-        "tracking_uri": None, "ray_address": None,
-        "arms": [{"name": n, "sweep_id": f"tiny-ro.{n}", "output": str(out / "arms" / n)} for n in ("a", "b")]}))
+    (out / "comparison.json").write_text(
+        json.dumps(
+            {
+                "comparison_id": "tiny-ro",
+                "fingerprint": parse_spec(spec).fingerprint(),
+                "status": "RUNNING",
+                "tracking_uri": None,
+                "ray_address": None,
+                "arms": [{"name": n, "sweep_id": f"tiny-ro.{n}", "output": str(out / "arms" / n)} for n in ("a", "b")],
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("make", [_minimal_sweep, _minimal_comparison], ids=["sweep", "comparison"])
@@ -78,8 +102,14 @@ def test_resume_of_a_read_only_folder_is_one_line_naming_it_and_exit_2(tmp_path,
     try:
         prefix = _unprivileged(out)
         env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_ADDRESS="127.0.0.1:9")
-        r = subprocess.run([*prefix, sys.executable, "-m", "critbatch", "resume", str(out), "--no-progress"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [*prefix, sys.executable, "-m", "critbatch", "resume", str(out), "--no-progress"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         _writable(out)  # so that pytest can remove it
     said = (r.stdout + r.stderr).strip()
@@ -87,4 +117,5 @@ def test_resume_of_a_read_only_folder_is_one_line_naming_it_and_exit_2(tmp_path,
     assert said.count("\n") == 0 and "Traceback" not in said, said
     assert said.startswith("error: cannot resume: output folder ") and f"{out} is not writable" in said, said
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["spec.yaml", "sweep.json" if make is _minimal_sweep else "comparison.json"])  # nothing written
+        ["spec.yaml", "sweep.json" if make is _minimal_sweep else "comparison.json"]
+    )  # nothing written

@@ -25,8 +25,13 @@ from workloads.testing.faults import HOLD_HOOKS
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # about 2-3 min idle
 
 #: the tiny spec's model as a transformers config file (what the operator's retry changed: intermediate_size)
-HF_CONFIG = {"model_type": "llama", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-             "intermediate_size": 64}
+HF_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
 
 
 def _reports(out: Path) -> dict[str, dict]:
@@ -36,8 +41,11 @@ def _reports(out: Path) -> dict[str, dict]:
         tid = params.name[: -len(".params.json")]
         log, end = out / "reports" / f"{tid}.jsonl", out / "reports" / f"{tid}.end.json"
         rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
-        got[tid] = {"batch": json.loads(params.read_text())["batch_size_sequences"], "rows": rows,
-                    "ended": json.loads(end.read_text()) if end.is_file() else None}
+        got[tid] = {
+            "batch": json.loads(params.read_text())["batch_size_sequences"],
+            "rows": rows,
+            "ended": json.loads(end.read_text()) if end.is_file() else None,
+        }
     return got
 
 
@@ -47,7 +55,8 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, str]]:
 
 
 def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_rerunning_when_none_did(
-        tmp_path, ray_head, mlflow_uri):
+    tmp_path, ray_head, mlflow_uri
+):
     """Driver 1 (`run --sweep-id retry-1`, shared storage) is killed with SIGKILL 2 s after batch size 8 (the
     transfer anchor, so the first) completed; batch size 4 (held after its second of four milestones, should it
     get that far) has not.
@@ -69,22 +78,42 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
     spec = write_spec(tmp_path, d)
 
     def args(out: Path) -> list[str]:
-        return ["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "retry-1",
-                "--no-progress", "--address", address]
+        return [
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "retry-1",
+            "--no-progress",
+            "--address",
+            address,
+        ]
 
     out1, out2, hold = tmp_path / "out1", tmp_path / "out2", tmp_path / "hold"
     hold.touch()
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold),
-               CRITBATCH_TEST_HOLD_BATCH_SIZES="4")
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="1",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+        CRITBATCH_TEST_HOLD_BATCH_SIZES="4",
+    )
     first = start(args(out1), tmp_path / "driver1.log", env=env)
 
     def completed_trial():
         return next((t for t, v in _reports(out1).items() if v["batch"] == 8 and v["ended"] == {"failed": False}), None)
 
     try:
-        completed = wait_for(completed_trial, 600, "batch size 8 to complete", interval_s=0.1,
-                             diagnose=lambda: tail(tmp_path / "driver1.log"))
+        completed = wait_for(
+            completed_trial,
+            600,
+            "batch size 8 to complete",
+            interval_s=0.1,
+            diagnose=lambda: tail(tmp_path / "driver1.log"),
+        )
         # well inside Tune's snapshot period (TUNE_GLOBAL_CHECKPOINT_S, 5 s), which left a trial that had just
         # completed RUNNING in the snapshot and a retry ran it again (before sweeps._compat.snapshot_when_a_trial_ends)
         time.sleep(2)
@@ -109,10 +138,15 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
     text = r.stdout + r.stderr
     assert r.returncode == 2, text[-4000:]
     new_corpus = hashlib.sha256(corpus.read_bytes()).hexdigest()
-    assert (f"data.path {corpus} changed since sweep 'retry-1' started (recorded in {tmp_path / 'storage' / 'retry-1'}"
-            f"/critbatch-sweep.json) (sha256 {pinned['data.path']['sha256']} then, {new_corpus} now)") in text, text
-    m = re.search(rf"model\.hf_config {re.escape(str(cfg))} changed since sweep 'retry-1' started \(recorded in "
-                  rf".*?\) \(sha256 {pinned['model.hf_config']['sha256']} then, ([0-9a-f]{{64}}) now\)", text)
+    assert (
+        f"data.path {corpus} changed since sweep 'retry-1' started (recorded in {tmp_path / 'storage' / 'retry-1'}"
+        f"/critbatch-sweep.json) (sha256 {pinned['data.path']['sha256']} then, {new_corpus} now)"
+    ) in text, text
+    m = re.search(
+        rf"model\.hf_config {re.escape(str(cfg))} changed since sweep 'retry-1' started \(recorded in "
+        rf".*?\) \(sha256 {pinned['model.hf_config']['sha256']} then, ([0-9a-f]{{64}}) now\)",
+        text,
+    )
     assert m and m.group(1) != pinned["model.hf_config"]["sha256"], text
     assert "resuming" not in text and "Traceback" not in text
     assert not out2.exists()
@@ -131,8 +165,14 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
     assert cbs["trials"]["COMPLETED"] == 2
     again = _reports(out2)
     assert completed not in again  # not started again: no config, no report, in the retry's log
-    finals = [r for log in (_reports(out1), again) for tid, v in log.items() if tid == completed
-              for r in v["rows"] if r.get("done")]
+    finals = [
+        r
+        for log in (_reports(out1), again)
+        for tid, v in log.items()
+        if tid == completed
+        for r in v["rows"]
+        if r.get("done")
+    ]
     assert len(finals) == 1
     # batch size 4: its trial restored from its checkpoint, or (when Tune's last snapshot was taken before it
     # started) asked again by the restored searcher as a new trial; either way it ran to its end in the retry
@@ -147,7 +187,21 @@ def test_a_retried_job_is_refused_when_an_input_changed_and_resumes_without_reru
 
     # and the resumed answer is the uninterrupted one: the same spec run once through, under another sweep id
     ref = tmp_path / "out-ref"
-    r = run_cli(["run", str(spec), "--output", str(ref), "--tracking-uri", uri, "--sweep-id", "retry-ref",
-                 "--no-progress", "--address", address], timeout_s=600)
+    r = run_cli(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(ref),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "retry-ref",
+            "--no-progress",
+            "--address",
+            address,
+        ],
+        timeout_s=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert results_only(cbs) == results_only(json.loads((ref / "cbs.json").read_text()))

@@ -130,8 +130,11 @@ def test_a_runner_pool_keeps_one_shape_and_a_new_shape_stops_the_kept_runners():
     from sweeps.run.runners import RunnerPool, active_pool, shared_runners
 
     def spec(workers=1, cpus=1.0, failures=2):
-        return SimpleNamespace(resources=SimpleNamespace(workers_per_trial=workers, cpus_per_worker=cpus,
-                                                         gpus_per_worker=0.0, max_failures=failures))
+        return SimpleNamespace(
+            resources=SimpleNamespace(
+                workers_per_trial=workers, cpus_per_worker=cpus, gpus_per_worker=0.0, max_failures=failures
+            )
+        )
 
     assert active_pool() is None
     with shared_runners("cmp") as pool:
@@ -171,14 +174,27 @@ def test_runner_checkpoints_keep_only_the_last_and_a_one_trial_groups_checkpoint
 
 # ---- real runners on the suite's Ray head ---------------------------------------------------------------
 
-_TIMING = {"startup_s", "startup_ray_s", "worker_rss_mb", "worker_nodes", "wall_s", "step_time_s", "tokens_per_s",
-           "time_total_s", "mfu", "flops_per_s", "eval_s"}
+_TIMING = {
+    "startup_s",
+    "startup_ray_s",
+    "worker_rss_mb",
+    "worker_nodes",
+    "wall_s",
+    "step_time_s",
+    "tokens_per_s",
+    "time_total_s",
+    "mfu",
+    "flops_per_s",
+    "eval_s",
+}
 
 
 def _curve(rows: list[dict]) -> list[dict]:
     """A trial's reports without what depends on the clock, the process or the node."""
-    return [{k: v for k, v in r.items() if k not in _TIMING and not k.endswith("_s") and not k.endswith("_per_s")}
-            for r in rows]
+    return [
+        {k: v for k, v in r.items() if k not in _TIMING and not k.endswith("_s") and not k.endswith("_per_s")}
+        for r in rows
+    ]
 
 
 def _run(runners, trials: list[tuple[str, dict]], timeout_s: float = 300.0) -> list[list[dict]]:
@@ -202,7 +218,8 @@ def _run(runners, trials: list[tuple[str, dict]], timeout_s: float = 300.0) -> l
 
 @pytest.mark.slow
 def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_memory_does_not_grow(
-        ray_head, tiny_spec_dict, tmp_path):
+    ray_head, tiny_spec_dict, tmp_path
+):
     """The same trial as the first of a fresh runner and as the third of a reused one: identical curves,
     bit for bit (seeds, RNG states, thread settings, data order: nothing leaks between trials). Then 20
     trials through one runner (and one that raises on every attempt, which ends alone): its worker's
@@ -219,34 +236,58 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     d = dict(tiny_spec_dict, budget_tokens=4096)
     d["eval"] = {"milestones": 2, "eval_tokens": 512}
     spec = SweepSpec.model_validate(d)
-    data = str(Path(d["data"]["path"]).resolve()) if Path(d["data"]["path"]).is_absolute() else str(
-        (Path(__file__).resolve().parents[3] / d["data"]["path"]))
+    data = (
+        str(Path(d["data"]["path"]).resolve())
+        if Path(d["data"]["path"]).is_absolute()
+        else str(Path(__file__).resolve().parents[3] / d["data"]["path"])
+    )
 
     def trial(i: int, batch: int, lr: float, seed: int = 0) -> tuple[str, dict]:
         tid = f"t{i:02d}"
-        cfg = trial_config(spec, {"batch_size_sequences": batch, "lr": lr, "lr_rule": "sqrt", "beta2": 0.99,
-                                  "beta2_half_life_tokens": 4096.0, "seed": seed}, tid, data_path=data)
+        cfg = trial_config(
+            spec,
+            {
+                "batch_size_sequences": batch,
+                "lr": lr,
+                "lr_rule": "sqrt",
+                "beta2": 0.99,
+                "beta2_half_life_tokens": 4096.0,
+                "seed": seed,
+            },
+            tid,
+            data_path=data,
+        )
         return tid, _loop_config(cfg, str(tmp_path / "train" / f"train-{tid}"))
 
     ray.init(address=ray_head.gcs_address, namespace=f"runners-{uuid.uuid4().hex[:8]}", log_to_driver=False)
     try:
-        reused = TrialRunners(spec, sweep_id=f"reused-{uuid.uuid4().hex[:6]}", count=1,
-                              storage_path=str(tmp_path / "runs")).start()
+        reused = TrialRunners(
+            spec, sweep_id=f"reused-{uuid.uuid4().hex[:6]}", count=1, storage_path=str(tmp_path / "runs")
+        ).start()
         a = trial(0, 8, 0.003)
-        first = _run(reused, [trial(1, 4, 0.006, seed=1), trial(2, 16, 0.001, seed=2),
-                              (a[0] + "x", _loop_config(a[1]["trial"], a[1]["context"].checkpoint_dir + "x"))])
+        first = _run(
+            reused,
+            [
+                trial(1, 4, 0.006, seed=1),
+                trial(2, 16, 0.001, seed=2),
+                (a[0] + "x", _loop_config(a[1]["trial"], a[1]["context"].checkpoint_dir + "x")),
+            ],
+        )
         bad_id, bad = trial(99, 8, 0.003)
         w = bad["trial"].workload  # a corpus that is not there: raises in the worker, every attempt
-        bad = _loop_config(replace(bad["trial"], workload=replace(w, data=replace(w.data, path=str(
-            tmp_path / "no-such-corpus.txt")))), bad["context"].checkpoint_dir)
+        bad = _loop_config(
+            replace(bad["trial"], workload=replace(w, data=replace(w.data, path=str(tmp_path / "no-such-corpus.txt")))),
+            bad["context"].checkpoint_dir,
+        )
         ticket = ray.get(reused.exchange.submit.remote(bad_id, bad))
         more = _run(reused, [trial(i, (4, 8, 16)[i % 3], 0.003, seed=i) for i in range(3, 20)])
         rows, state, error = ray.get(reused.exchange.poll.remote(ticket, 0))
         # fine-tuning in the same warm runner: the checkpoint loaded per trial (a LoRA adapter trained by the first
         # must not be in the second's model), so the same trial twice gives the same curve
         ft = _finetune_trial(tmp_path)
-        tuned = _run(reused, [(t, _loop_config(replace(ft, trial_id=t), str(tmp_path / f"train-{t}")))
-                              for t in ("ft-a", "ft-b")])
+        tuned = _run(
+            reused, [(t, _loop_config(replace(ft, trial_id=t), str(tmp_path / f"train-{t}"))) for t in ("ft-a", "ft-b")]
+        )
         # a runner whose Ray Train run ends with an error (its controller killed) is started again by its host
         killed = _kill_train_controllers(ray.get_runtime_context().namespace, ray_head.dashboard_url)
         deadline = time.monotonic() + 180  # the next trial once the slot's second run has begun (a trial taken
@@ -254,8 +295,9 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
             time.sleep(0.5)  # run would fail with it: runner_lost fails the trial in flight)
         after = _run(reused, [trial(20, 8, 0.003, seed=20)])
         assert reused.stop()  # every runner's Ray Train run ended (its groups released)
-        fresh = TrialRunners(spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1,
-                             storage_path=str(tmp_path / "runs2")).start()
+        fresh = TrialRunners(
+            spec, sweep_id=f"fresh-{uuid.uuid4().hex[:6]}", count=1, storage_path=str(tmp_path / "runs2")
+        ).start()
         alone = _run(fresh, [a])
         assert fresh.stop()
     finally:
@@ -295,21 +337,40 @@ def _finetune_trial(tmp_path: Path):
     from workloads.api import init_checkpoint
 
     root = Path(__file__).resolve().parents[3]
-    ckpt = init_checkpoint(str(tmp_path / "ft-ckpt"), d_model=32, n_layers=1, n_heads=2, context_length_tokens=128,
-                           d_ff=64)
+    ckpt = init_checkpoint(
+        str(tmp_path / "ft-ckpt"), d_model=32, n_layers=1, n_heads=2, context_length_tokens=128, d_ff=64
+    )
     qa = tmp_path / "qa.jsonl"
-    qa.write_text("".join(json.dumps({"question": f"What is {3 * i + 1} plus {7 * i + 2}?",
-                                      "answer": f"#### {10 * i + 3}"}) + "\n" for i in range(40)))
+    qa.write_text(
+        "".join(
+            json.dumps({"question": f"What is {3 * i + 1} plus {7 * i + 2}?", "answer": f"#### {10 * i + 3}"}) + "\n"
+            for i in range(40)
+        )
+    )
     d = yaml.safe_load((root / "sweeps" / "examples" / "gsm8k-finetune.yaml").read_text())
     d["model"] = {"context_length_tokens": 96}
     d["data"] = {"path": str(qa), "validation_fraction": 0.2}
     d["finetune"].update(checkpoint_dir=str(ckpt), truncate=False, lora={"rank": 4, "alpha": 8})
-    d.update(budget_tokens=3072, schedule={"kind": "constant_ema", "warmup_tokens": 0, "ema_half_life_tokens": 1024},
-             eval={"milestones": 2, "eval_tokens": 512})
+    d.update(
+        budget_tokens=3072,
+        schedule={"kind": "constant_ema", "warmup_tokens": 0, "ema_half_life_tokens": 1024},
+        eval={"milestones": 2, "eval_tokens": 512},
+    )
     d["search"].update(batch_sizes_sequences=[4], base_batch_size_sequences=4)
     spec = SweepSpec.model_validate(d)
-    cfg = trial_config(spec, {"batch_size_sequences": 4, "lr": 0.003, "lr_rule": "sqrt", "beta2": 0.99,
-                              "beta2_half_life_tokens": 4096.0, "seed": 0}, "ft", data_path=str(qa))
+    cfg = trial_config(
+        spec,
+        {
+            "batch_size_sequences": 4,
+            "lr": 0.003,
+            "lr_rule": "sqrt",
+            "beta2": 0.99,
+            "beta2_half_life_tokens": 4096.0,
+            "seed": 0,
+        },
+        "ft",
+        data_path=str(qa),
+    )
     return cfg
 
 
@@ -322,8 +383,9 @@ def _kill_train_controllers(namespace: str, dashboard_url: str) -> int:
 
     from ray.util.state import list_actors
 
-    actors = list_actors(address=dashboard_url, filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")],
-                         detail=True)
+    actors = list_actors(
+        address=dashboard_url, filters=[("class_name", "=", "TrainController"), ("state", "=", "ALIVE")], detail=True
+    )
     mine = [a for a in actors if getattr(a, "ray_namespace", None) == namespace]
     for a in mine:
         os.kill(a.pid, signal.SIGKILL)

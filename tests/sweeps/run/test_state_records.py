@@ -8,13 +8,23 @@ from pathlib import Path
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.tracking.schema import trial_status
 from sweeps.run.migrations import SWEEP_JSON_VERSION
 from sweeps.run.state import SweepState
+from sweeps.tracking.schema import trial_status
 
-STATE = {"sweep_id": "s-1", "fingerprint": "abc", "tracking_uri": "sqlite:////tmp/m.db", "experiment_id": "1",
-         "parent_run_id": "r", "data_path": "/d.txt", "ray_address": None, "storage_root": "/out",
-         "optuna_storage": "sqlite:////out/optuna.db", "status": "RUNNING", "created": 1.5}
+STATE = {
+    "sweep_id": "s-1",
+    "fingerprint": "abc",
+    "tracking_uri": "sqlite:////tmp/m.db",
+    "experiment_id": "1",
+    "parent_run_id": "r",
+    "data_path": "/d.txt",
+    "ray_address": None,
+    "storage_root": "/out",
+    "optuna_storage": "sqlite:////out/optuna.db",
+    "status": "RUNNING",
+    "created": 1.5,
+}
 
 
 def test_sweep_state_writes_the_file_it_reads(tmp_path):
@@ -26,8 +36,13 @@ def test_sweep_state_writes_the_file_it_reads(tmp_path):
     written = json.loads((tmp_path / "sweep.json").read_text())
     # its schema version first (sweeps/run/migrations.py), then the key order of every sweep.json so far
     assert list(written)[:12] == ["schema_version", *STATE]
-    assert written == {"schema_version": SWEEP_JSON_VERSION, **STATE, "status": "SUCCEEDED", "mlflow_complete": True,
-                       "from_a_newer_version": 7}
+    assert written == {
+        "schema_version": SWEEP_JSON_VERSION,
+        **STATE,
+        "status": "SUCCEEDED",
+        "mlflow_complete": True,
+        "from_a_newer_version": 7,
+    }
     assert "mlflow_incomplete_writes" not in written  # only when a write was lost
 
 
@@ -46,16 +61,19 @@ def test_a_sweep_that_never_started_is_refused(tmp_path, content):
         SweepState.load(tmp_path)
 
 
-@pytest.mark.parametrize("last, failed, status", [
-    ({"pruned": True, "done": False}, False, "PRUNED"),
-    ({"pruned": True}, True, "PRUNED"),
-    ({"status": "diverged"}, False, "DIVERGED"),
-    ({"done": True}, False, "COMPLETED"),
-    ({"done": True}, True, "FAILED"),  # an error after its last report still fails it
-    ({"done": False}, True, "FAILED"),
-    ({"done": False}, False, "STOPPED"),
-    ({}, False, "STOPPED"),
-])
+@pytest.mark.parametrize(
+    "last, failed, status",
+    [
+        ({"pruned": True, "done": False}, False, "PRUNED"),
+        ({"pruned": True}, True, "PRUNED"),
+        ({"status": "diverged"}, False, "DIVERGED"),
+        ({"done": True}, False, "COMPLETED"),
+        ({"done": True}, True, "FAILED"),  # an error after its last report still fails it
+        ({"done": False}, True, "FAILED"),
+        ({"done": False}, False, "STOPPED"),
+        ({}, False, "STOPPED"),
+    ],
+)
 def test_trial_status(last, failed, status):
     assert trial_status(last, failed=failed) == status
 
@@ -101,16 +119,24 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
 
     from sweeps.analysis import analyze_trials
     from sweeps.run.records import collect_records
+    from sweeps.run.reportlog import ReportLog
     from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
     from sweeps.spec.loading import load_spec
-    from sweeps.run.reportlog import ReportLog
 
     spec = load_spec("sweeps/examples/shakespeare-char.yaml")
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
     tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
     log = ReportLog(tmp_path / REPORTS_DIR)
-    config = {"batch_size_sequences": 8, "seed": 0, "group_id": "g1", "lr": 1e-3, "lr_rule": "linear",
-              "lr_multiplier": 1.0, "beta2": 0.95, "beta2_half_life_tokens": 1e4}
+    config = {
+        "batch_size_sequences": 8,
+        "seed": 0,
+        "group_id": "g1",
+        "lr": 1e-3,
+        "lr_rule": "linear",
+        "lr_multiplier": 1.0,
+        "beta2": 0.95,
+        "beta2_half_life_tokens": 1e4,
+    }
     for i, tid in enumerate(["aaaa0001", "aaaa0002"]):
         trial = types.SimpleNamespace(trial_id=tid, config={**config, "group_id": f"g{i}"})
         log.on_trial_start(0, [], trial)
@@ -127,8 +153,9 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
     assert set(records) == {"aaaa0001", "aaaa0002"}
     assert records["aaaa0001"].status == "COMPLETED" and records["aaaa0002"].status == "FAILED"
     assert records["aaaa0002"].group_id == "g1" and records["aaaa0002"].tokens == []
-    analysis = analyze_trials(list(records.values()), context_length_tokens=spec.model.context_length_tokens,
-                              reference_batch=16.0)
+    analysis = analyze_trials(
+        list(records.values()), context_length_tokens=spec.model.context_length_tokens, reference_batch=16.0
+    )
     assert analysis["trials"]["FAILED"] == 1 and analysis["trials"]["COMPLETED"] == 1
     assert analysis["status"] == "no_targets" and "targets" in analysis["message"]  # one point: nothing to fit
 
@@ -155,9 +182,19 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
     tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
     log = ReportLog(tmp_path / REPORTS_DIR)
-    trial = types.SimpleNamespace(trial_id="bbbb0001", config={
-        "batch_size_sequences": 8, "seed": 0, "group_id": "g", "lr": 1e-3, "lr_rule": "linear", "lr_multiplier": 1.0,
-        "beta2": 0.95, "beta2_half_life_tokens": 1e4})
+    trial = types.SimpleNamespace(
+        trial_id="bbbb0001",
+        config={
+            "batch_size_sequences": 8,
+            "seed": 0,
+            "group_id": "g",
+            "lr": 1e-3,
+            "lr_rule": "linear",
+            "lr_multiplier": 1.0,
+            "beta2": 0.95,
+            "beta2_half_life_tokens": 1e4,
+        },
+    )
     d = tune_dir / "run_trial_bbbb0001_1_batch_size_sequences=8_2026-12-05_00-00-00"
     d.mkdir(parents=True)
     trial.error_file = str(d / "error.txt")  # where Tune writes a trial's error before calling back
@@ -167,7 +204,8 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
     (d / "error.txt").write_text("OSError: [Errno 28] No space left on device")  # the first attempt
     log.on_trial_error(0, [], trial)
     assert [(r.status, r.error) for r in collect_records(tmp_path, spec)] == [
-        ("FAILED", "OSError: [Errno 28] No space left on device")]
+        ("FAILED", "OSError: [Errno 28] No space left on device")
+    ]
     log.on_trial_start(0, [], trial)  # the resume retries it: still running, not failed
     assert [r.status for r in collect_records(tmp_path, spec)] == ["STOPPED"]
     log.on_trial_result(0, [], trial, {"trial_id": "bbbb0001", "tokens_seen": 4096, "val_loss": 3.0, "done": True})
@@ -192,18 +230,29 @@ def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_p
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
     tune_dir = Path(tune_experiment_dir(str(tmp_path), "s-1"))
     log = ReportLog(tmp_path / REPORTS_DIR)
-    config = {"batch_size_sequences": 16, "seed": 0, "group_id": "g", "lr": 1e-3, "lr_rule": "linear",
-              "lr_multiplier": 1.0, "beta2": 0.95, "beta2_half_life_tokens": 1e4}
+    config = {
+        "batch_size_sequences": 16,
+        "seed": 0,
+        "group_id": "g",
+        "lr": 1e-3,
+        "lr_rule": "linear",
+        "lr_multiplier": 1.0,
+        "beta2": 0.95,
+        "beta2_half_life_tokens": 1e4,
+    }
     for tid in ("cccc0001", "cccc0002"):
         log.on_trial_start(0, [], types.SimpleNamespace(trial_id=tid, config=config))
     # cccc0002 started after Tune's last snapshot; cccc0003 was created by the searcher, not started yet
     # (PENDING: no folder, no config in OUT/reports)
-    _tune_snapshot(tune_dir, [("cccc0001", "RUNNING", config),
-                              ("cccc0003", "PENDING", {**config, "batch_size_sequences": 32})])
+    _tune_snapshot(
+        tune_dir, [("cccc0001", "RUNNING", config), ("cccc0003", "PENDING", {**config, "batch_size_sequences": 32})]
+    )
     records = {r.trial_id: r for r in collect_records(tmp_path, spec)}
     assert sorted(records) == ["cccc0001", "cccc0003"]
     assert [(r.status, r.batch_size_sequences, r.tokens, r.val_loss) for r in records.values()] == [
-        ("STOPPED", 16, [], []), ("STOPPED", 32, [], [])]
+        ("STOPPED", 16, [], []),
+        ("STOPPED", 32, [], []),
+    ]
 
 
 def test_tunes_warning_about_trials_without_results_is_silenced_and_others_are_not():
@@ -219,11 +268,15 @@ def test_tunes_warning_about_trials_without_results_is_silenced_and_others_are_n
     assert len(logger.filters) == 1
 
     def passes(msg: str) -> bool:
-        return all(f.filter(logging.LogRecord(logger.name, logging.WARNING, __file__, 1, msg, None, None))
-                   for f in logger.filters)
+        return all(
+            f.filter(logging.LogRecord(logger.name, logging.WARNING, __file__, 1, msg, None, None))
+            for f in logger.filters
+        )
 
-    no_result = ("- run_trial_ab12cd34: FileNotFoundError('Could not fetch metrics for run_trial_ab12cd34: both "
-                 "result.json and progress.csv were not found at /o/tune/s/run_trial_ab12cd34')")
+    no_result = (
+        "- run_trial_ab12cd34: FileNotFoundError('Could not fetch metrics for run_trial_ab12cd34: both "
+        "result.json and progress.csv were not found at /o/tune/s/run_trial_ab12cd34')"
+    )
     assert not passes(f"Failed to fetch metrics for 1 trial(s):\n{no_result}")
     assert passes(f"Failed to fetch metrics for 2 trial(s):\n{no_result}\n- run_trial_x: ValueError('bad json')")
     assert passes("another warning")

@@ -28,19 +28,40 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
     import shutil
 
     d = spec_dict(name="race")
-    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
+    d["resources"] = {
+        "max_concurrent_trials": 1
+    }  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     corpus = tmp_path / "corpus.txt"
     shutil.copy(d["data"]["path"], corpus)
     d["data"]["path"] = str(corpus)
     out, uri = tmp_path / "out", mlflow_uri
     spec = write_spec(tmp_path, d)
-    procs = {sid: start(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                         "--sweep-id", sid, "--address", ray_head.gcs_address], tmp_path / f"{sid}.log")
-             for sid in ("race-a", "race-b")}
+    procs = {
+        sid: start(
+            [
+                "run",
+                str(spec),
+                "--output",
+                str(out),
+                "--tracking-uri",
+                uri,
+                "--no-progress",
+                "--sweep-id",
+                sid,
+                "--address",
+                ray_head.gcs_address,
+            ],
+            tmp_path / f"{sid}.log",
+        )
+        for sid in ("race-a", "race-b")
+    }
     try:
-        loser = wait_for(lambda: next((s for s, p in procs.items() if p.poll() is not None), None), 600,
-                         "one of the two runs to exit",
-                         diagnose=lambda: "\n".join(tail(tmp_path / f"{s}.log", 1500) for s in procs))
+        loser = wait_for(
+            lambda: next((s for s, p in procs.items() if p.poll() is not None), None),
+            600,
+            "one of the two runs to exit",
+            diagnose=lambda: "\n".join(tail(tmp_path / f"{s}.log", 1500) for s in procs),
+        )
         winner = next(s for s in procs if s != loser)
         text = (tmp_path / f"{loser}.log").read_text()
         assert procs[loser].returncode == 2, text
@@ -49,8 +70,12 @@ def test_two_runs_racing_for_one_new_folder(tmp_path, ray_head, mlflow_uri):
         assert procs[winner].poll() is None, tail(tmp_path / f"{winner}.log")
         # the winner's claim, then its running sweep: the folder is its own from the start
         assert json.loads((out / "sweep.json").read_text())["sweep_id"] == winner
-        wait_for(lambda: json.loads((out / "sweep.json").read_text()).get("status") == "RUNNING", 600,
-                 "the winner's sweep to start", diagnose=lambda: tail(tmp_path / f"{winner}.log"))
+        wait_for(
+            lambda: json.loads((out / "sweep.json").read_text()).get("status") == "RUNNING",
+            600,
+            "the winner's sweep to start",
+            diagnose=lambda: tail(tmp_path / f"{winner}.log"),
+        )
         r = invoke_cli(["resume", str(out), "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
         assert r.returncode == 2 and f"sweep '{winner}'" in r.stderr and "is running there" in r.stderr, r.stderr
         os.killpg(procs[winner].pid, signal.SIGINT)
@@ -83,12 +108,29 @@ def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow
     storage = tmp_path / "storage"
     uri = mlflow_uri
     d = spec_dict(name="bind")
-    d["search"].update(batch_sizes_sequences=[4], trials_per_batch_size=1,
-                       initial_points=[{"lr_rule": "linear", "lr_multiplier": 1.5, "beta2_half_life_tokens": 4096.0}])
+    d["search"].update(
+        batch_sizes_sequences=[4],
+        trials_per_batch_size=1,
+        initial_points=[{"lr_rule": "linear", "lr_multiplier": 1.5, "beta2_half_life_tokens": 4096.0}],
+    )
     d["resources"] = {"max_concurrent_trials": 1, "storage_path": str(storage)}
     first = tmp_path / "out1"
-    r = run_cli(["run", str(write_spec(tmp_path, d, "a.yaml")), "--output", str(first), "--tracking-uri", uri,
-                 "--sweep-id", "bind-1", "--no-progress", "--address", ray_head.gcs_address], timeout_s=400)
+    r = run_cli(
+        [
+            "run",
+            str(write_spec(tmp_path, d, "a.yaml")),
+            "--output",
+            str(first),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "bind-1",
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        timeout_s=400,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert json.loads((storage / "bind-1" / "critbatch-sweep.json").read_text())["sweep_id"] == "bind-1"
 
@@ -101,10 +143,25 @@ def test_a_changed_spec_under_one_sweep_id_is_refused(tmp_path, ray_head, mlflow
     assert trial.user_attrs["critbatch.initial_point"] == 0 and trial.state == optuna.trial.TrialState.COMPLETE
 
     changed = dict(d, search={**d["search"], "batch_sizes_sequences": [8]})
-    for name, spec_d, out in [("shared storage", changed, tmp_path / "out2"),
-                              ("MLflow", {**changed, "resources": {"max_concurrent_trials": 1}}, tmp_path / "out3")]:
-        r = invoke_cli(["run", str(write_spec(tmp_path, spec_d, "b.yaml")), "--output", str(out), "--tracking-uri", uri,
-                        "--sweep-id", "bind-1", "--no-progress", "--address", "127.0.0.1:9"])  # refused before Ray
+    for name, spec_d, out in [
+        ("shared storage", changed, tmp_path / "out2"),
+        ("MLflow", {**changed, "resources": {"max_concurrent_trials": 1}}, tmp_path / "out3"),
+    ]:
+        r = invoke_cli(
+            [
+                "run",
+                str(write_spec(tmp_path, spec_d, "b.yaml")),
+                "--output",
+                str(out),
+                "--tracking-uri",
+                uri,
+                "--sweep-id",
+                "bind-1",
+                "--no-progress",
+                "--address",
+                "127.0.0.1:9",
+            ]
+        )  # refused before Ray
         assert r.returncode == 2, (name, r.stdout[-2000:], r.stderr[-3000:])
         assert "--sweep-id 'bind-1' already runs another spec" in r.stderr, (name, r.stderr)
         assert "resuming" not in r.stdout + r.stderr and not out.exists(), name

@@ -12,7 +12,10 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import ROOT, invoke_cli, run_cli, write_spec
 from tests.harness import copy_mlflow_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # each ~10-60 s idle; the module fixture's sweep is in the first
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]  # each ~10-60 s idle; the module fixture's sweep is in the first
 
 CLI = [sys.executable, "-m", "critbatch"]
 
@@ -30,14 +33,30 @@ def tiny_sweep(tmp_path_factory, ray_head, mlflow_template):
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
     d["data"]["path"] = str(ROOT / d["data"]["path"])
-    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
+    d["resources"] = {
+        "max_concurrent_trials": 1
+    }  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     spec = write_spec(tmp, d)
     out = tmp / "out"
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
     cwd = tmp / "cwd"
     cwd.mkdir()
-    r = _run(["run", str(spec), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "tiny-it", "--no-progress",
-              "--address", ray_head.gcs_address], cwd=cwd)
+    r = _run(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "tiny-it",
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        cwd=cwd,
+    )
     return {"result": r, "out": out, "uri": uri, "spec": spec, "tmp": tmp, "cwd": cwd}
 
 
@@ -52,7 +71,17 @@ def test_sweep_succeeds_and_writes_cbs_json(tiny_sweep):
     r = tiny_sweep["result"]
     assert r.returncode == 0, r.stdout + r.stderr
     cbs = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
-    for key in ("b_crit", "b_crit_tokens", "cbs_20", "s_min", "e_min", "target_loss", "per_batch", "targets", "b_simple"):
+    for key in (
+        "b_crit",
+        "b_crit_tokens",
+        "cbs_20",
+        "s_min",
+        "e_min",
+        "target_loss",
+        "per_batch",
+        "targets",
+        "b_simple",
+    ):
         assert key in cbs
     assert cbs["trials"]["COMPLETED"] == 3
     assert [p["batch_size_sequences"] for p in cbs["per_batch"]] == [4, 8, 16]
@@ -96,8 +125,18 @@ def test_mlflow_has_one_parent_and_one_child_per_trial(tiny_sweep):
     for ch in children:
         assert ch.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert ch.info.status == "FINISHED" and ch.data.tags["critbatch.status"] == "COMPLETED"
-        for p in ("batch_size_sequences", "micro_batch_size_sequences", "grad_accum_steps", "workers", "lr",
-                  "lr_rule", "beta2", "beta2_half_life_tokens", "seed", "flops_convention"):
+        for p in (
+            "batch_size_sequences",
+            "micro_batch_size_sequences",
+            "grad_accum_steps",
+            "workers",
+            "lr",
+            "lr_rule",
+            "beta2",
+            "beta2_half_life_tokens",
+            "seed",
+            "flops_convention",
+        ):
             assert p in ch.data.params
         hist = c.get_metric_history(ch.info.run_id, "val_loss")
         assert [m.step for m in sorted(hist, key=lambda m: m.step)] == [2048, 4096, 6144, 8192]
@@ -134,8 +173,18 @@ def test_optuna_study_per_batch_size_in_rdb(tiny_sweep):
 
 
 def test_output_folder_of_another_sweep_is_refused(tiny_sweep):
-    r = invoke_cli(["run", str(tiny_sweep["spec"]), "--output", str(tiny_sweep["out"]), "--tracking-uri",
-                    tiny_sweep["uri"], "--address", "127.0.0.1:9"])  # refused before Ray: in this process
+    r = invoke_cli(
+        [
+            "run",
+            str(tiny_sweep["spec"]),
+            "--output",
+            str(tiny_sweep["out"]),
+            "--tracking-uri",
+            tiny_sweep["uri"],
+            "--address",
+            "127.0.0.1:9",
+        ]
+    )  # refused before Ray: in this process
     assert r.returncode == 2
     assert "already holds sweep 'tiny-it'" in r.stderr and "critbatch resume" in r.stderr
     c = MlflowClient(tiny_sweep["uri"])
@@ -148,15 +197,29 @@ def test_sweep_where_every_trial_diverges_ends_failed(tmp_path, ray_head, mlflow
 
     d = yaml.safe_load((ROOT / "tests" / "specs" / "tiny.yaml").read_text())
     d["name"] = "tiny-diverge"
-    d["search"].update(batch_sizes_sequences=[4, 8], base_lr=9.0, lr_rules=["none"], lr_multiplier=[1.0, 1.0],
-                       beta2={"values": [0.99]})
+    d["search"].update(
+        batch_sizes_sequences=[4, 8], base_lr=9.0, lr_rules=["none"], lr_multiplier=[1.0, 1.0], beta2={"values": [0.99]}
+    )
     d["optimizer"] = {"grad_clip_norm": None}
     d["schedule"]["warmup_tokens"] = 0
-    d["resources"] = {"max_concurrent_trials": 1}  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
+    d["resources"] = {
+        "max_concurrent_trials": 1
+    }  # one trial runner: two starting at once on 2 cores cost ~7 s a sweep (docs/benchmarks.md, the suite)
     spec = write_spec(tmp_path, d)
     uri = mlflow_uri
-    r = _run(["run", str(spec), "--output", str(tmp_path / "out"), "--tracking-uri", uri, "--no-progress",
-              "--address", ray_head.gcs_address])
+    r = _run(
+        [
+            "run",
+            str(spec),
+            "--output",
+            str(tmp_path / "out"),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ]
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "no trial completed" in r.stdout
     c = MlflowClient(uri)
@@ -211,8 +274,21 @@ def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, m
     tmp = tiny_sweep["tmp"] / "again"
     tmp.mkdir()
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
-    r = _run(["run", str(tiny_sweep["spec"]), "--output", str(tmp / "out"), "--tracking-uri", uri, "--sweep-id",
-              "tiny-it", "--no-progress", "--address", ray_head.gcs_address])
+    r = _run(
+        [
+            "run",
+            str(tiny_sweep["spec"]),
+            "--output",
+            str(tmp / "out"),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "tiny-it",
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     first = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
     second = json.loads((tmp / "out" / "cbs.json").read_text())
@@ -229,11 +305,16 @@ def test_cbs_json_and_the_parent_run_say_what_the_numbers_were_computed_with(tin
     cbs = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
     prov = cbs["provenance"]
     assert prov["python"] == platform.python_version()
-    assert prov["packages"] == {n: importlib.metadata.version(n) for n in ("torch", "ray", "transformers", "optuna",
-                                                                          "mlflow")}
+    assert prov["packages"] == {
+        n: importlib.metadata.version(n) for n in ("torch", "ray", "transformers", "optuna", "mlflow")
+    }
     # the tiny spec's 1-CPU workers: one intra-op thread, deterministic algorithms on CPU (warnings only)
-    assert prov["worker"] == {"device": "cpu", "torch_num_threads": 1, "deterministic_algorithms": True,
-                              "deterministic_warn_only": True}
+    assert prov["worker"] == {
+        "device": "cpu",
+        "torch_num_threads": 1,
+        "deterministic_algorithms": True,
+        "deterministic_warn_only": True,
+    }
     c = MlflowClient(tiny_sweep["uri"])
     parent = c.get_run(cbs["mlflow"]["parent_run_id"])
     tags = parent.data.tags

@@ -16,8 +16,14 @@ from workloads.config import from_loop_config
 from workloads.testing.faults import HOLD_HOOKS, FaultPlan, hold_from_env
 from workloads.train.hooks import MILESTONE_HOOKS_VAR, milestone_hooks_from_env
 
-HP = {"batch_size_sequences": 8, "seed": 3, "lr": 1e-3, "lr_rule": "linear", "beta2": 0.99,
-      "beta2_half_life_tokens": 4096.0}
+HP = {
+    "batch_size_sequences": 8,
+    "seed": 3,
+    "lr": 1e-3,
+    "lr_rule": "linear",
+    "beta2": 0.99,
+    "beta2_half_life_tokens": 4096.0,
+}
 
 
 def test_trial_config_takes_each_section_from_the_spec_and_the_sampled_point(tiny_spec_dict):
@@ -38,12 +44,18 @@ def test_trial_config_takes_each_section_from_the_spec_and_the_sampled_point(tin
 def test_the_trial_is_built_once_and_travels_with_its_run_context(tiny_spec_dict):
     spec = parse_spec(copy.deepcopy(tiny_spec_dict))
     wc = workload_config(spec, data_path="/abs/input.txt")
-    trials = SweepTrials(spec_json=spec.model_dump_json(), workload=wc, storage_path="/st", save_dir_root="/save",
-                         exchange="ex")
+    trials = SweepTrials(
+        spec_json=spec.model_dump_json(), workload=wc, storage_path="/st", save_dir_root="/save", exchange="ex"
+    )
     _, cfg, context = trials.trial(HP, "t0", 12.5)
     assert cfg == trial_config(spec, HP, "t0", workload=wc)
-    assert context == TrialRunContext(started_unix=12.5, torch_threads=context.torch_threads, save_dir="/save/t0",
-                                      checkpoint_dir="/st/train-t0") and context.torch_threads >= 1
+    assert (
+        context
+        == TrialRunContext(
+            started_unix=12.5, torch_threads=context.torch_threads, save_dir="/save/t0", checkpoint_dir="/st/train-t0"
+        )
+        and context.torch_threads >= 1
+    )
     assert from_loop_config(loop_config(cfg, context)) == (cfg, context)
     _, _, alone = SweepTrials(spec_json=spec.model_dump_json(), workload=wc, storage_path="/st").trial(HP, "t0", 1.0)
     assert alone.save_dir is None and alone.checkpoint_dir is None  # a one-trial worker group: Ray Train keeps them
@@ -59,8 +71,12 @@ def test_the_finetune_section_and_its_lora_convert(tiny_spec_dict):
 
 
 def test_the_hold_plan_comes_from_the_environment_only_when_a_test_names_its_hooks(tiny_spec_dict, monkeypatch):
-    for name in ("CRITBATCH_TEST_HOLD_AT_MILESTONE", "CRITBATCH_TEST_HOLD_FILE", "CRITBATCH_TEST_HOLD_BATCH_SIZES",
-                 MILESTONE_HOOKS_VAR):
+    for name in (
+        "CRITBATCH_TEST_HOLD_AT_MILESTONE",
+        "CRITBATCH_TEST_HOLD_FILE",
+        "CRITBATCH_TEST_HOLD_BATCH_SIZES",
+        MILESTONE_HOOKS_VAR,
+    ):
         monkeypatch.delenv(name, raising=False)
     spec = parse_spec(copy.deepcopy(tiny_spec_dict))
     c8, c32 = (trial_config(spec, dict(HP, batch_size_sequences=b), "t") for b in (8, 32))
@@ -81,8 +97,9 @@ def test_the_hold_plan_comes_from_the_environment_only_when_a_test_names_its_hoo
         milestone_hooks_from_env(c8)
 
 
-def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_trial_ends_early(tiny_spec_dict,
-                                                                                                 monkeypatch):
+def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_trial_ends_early(
+    tiny_spec_dict, monkeypatch
+):
     pruned = []
     for mode in ("pause", "stop"):
         d = copy.deepcopy(tiny_spec_dict)
@@ -96,7 +113,9 @@ def test_tune_reuses_trial_processes_with_trial_runners_and_else_only_when_no_tr
     assert not any(reuse_trial_actors(s) for s in pruned)
     off = Settings(trial_runners=False)  # the settings a sweep carries decide, not the environment read later
     monkeypatch.delenv("CRITBATCH_TRIAL_RUNNERS")
-    assert not use_trial_runners(parse_spec(tiny_spec_dict), off) and not any(reuse_trial_actors(s, off) for s in pruned)
+    assert not use_trial_runners(parse_spec(tiny_spec_dict), off) and not any(
+        reuse_trial_actors(s, off) for s in pruned
+    )
 
 
 def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_two_seconds(monkeypatch):
@@ -109,7 +128,9 @@ def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_t
     from sweeps.run.cluster import trial_env
 
     # the installed Tune still reads this variable where it resets a reused actor
-    assert 'os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S"' in inspect.getsource(function_trainable.FunctionTrainable.reset_config)
+    assert 'os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S"' in inspect.getsource(
+        function_trainable.FunctionTrainable.reset_config
+    )
     monkeypatch.delenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", raising=False)
     assert int(trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"]) >= 60
     monkeypatch.setenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", "900")  # an operator's own setting wins

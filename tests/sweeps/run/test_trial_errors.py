@@ -30,20 +30,23 @@ Traceback (most recent call last):
 workloads.errors.OutOfSpace: no space left on device while writing the checkpoint to /o/train/train-39eb3385/ckpt-000002/trial_state.pt (torch: unexpected pos 161472 vs 161360)
 
 """
-LINE = ("workloads.errors.OutOfSpace: no space left on device while writing the checkpoint to "
-        "/o/train/train-39eb3385/ckpt-000002/trial_state.pt (torch: unexpected pos 161472 vs 161360)")
+LINE = (
+    "workloads.errors.OutOfSpace: no space left on device while writing the checkpoint to "
+    "/o/train/train-39eb3385/ckpt-000002/trial_state.pt (torch: unexpected pos 161472 vs 161360)"
+)
 
 
 def test_the_error_line_is_the_last_line_of_the_trials_error_without_colour_codes():
     assert trial_error_line(TUNE_ERROR) == LINE
     assert trial_error_line("\x1b[31mRuntimeError: injected fault at milestone 1\x1b[0m\n") == (
-        "RuntimeError: injected fault at milestone 1")
+        "RuntimeError: injected fault at milestone 1"
+    )
     assert trial_error_line("") is None and trial_error_line(None) is None and trial_error_line("\n \n") is None
     assert len(trial_error_line("x" * 5000)) == 1000
 
 
 def test_a_full_disk_is_found_in_any_words_and_quoted_from_them():
-    assert names_full_disk(LINE) == LINE[len("workloads.errors.OutOfSpace: "):]
+    assert names_full_disk(LINE) == LINE[len("workloads.errors.OutOfSpace: ") :]
     assert names_full_disk("OSError: [Errno 28] No space left on device: '/o/x'") == "No space left on device: '/o/x'"
     assert names_full_disk("OSError: [Errno 122] Disk quota exceeded") == "Disk quota exceeded"
     assert names_full_disk("RuntimeError: unexpected pos 1 vs 0") is None and names_full_disk(None) is None
@@ -71,16 +74,22 @@ def test_a_failed_trials_error_reaches_its_record_and_trials_json(tmp_path):
 
 
 def _record(tid: str, status: str, error: str | None = None) -> TrialRecord:
-    return TrialRecord(trial_id=tid, batch_size_sequences=4, seed=0, group_id=tid, status=status, hyperparameters={},
-                       error=error)
+    return TrialRecord(
+        trial_id=tid, batch_size_sequences=4, seed=0, group_id=tid, status=status, hyperparameters={}, error=error
+    )
 
 
 def test_the_sweeps_message_says_how_many_failed_trials_found_their_disk_full():
-    records = [_record("a", "FAILED", LINE), _record("b", "FAILED", "RuntimeError: boom"),
-               _record("c", "FAILED", "OSError: [Errno 28] No space left on device: '/o/x'"),
-               _record("d", "COMPLETED"), _record("e", "DIVERGED")]
+    records = [
+        _record("a", "FAILED", LINE),
+        _record("b", "FAILED", "RuntimeError: boom"),
+        _record("c", "FAILED", "OSError: [Errno 28] No space left on device: '/o/x'"),
+        _record("d", "COMPLETED"),
+        _record("e", "DIVERGED"),
+    ]
     assert full_disk_note(records) == (
         "2 of the 3 failed trial(s) found their disk full (trial a: no space left on device while writing the "
-        "checkpoint to /o/train/train-39eb3385/ckpt-000002/trial_state.pt (torch: unexpected pos 161472 vs 161360))")
+        "checkpoint to /o/train/train-39eb3385/ckpt-000002/trial_state.pt (torch: unexpected pos 161472 vs 161360))"
+    )
     assert full_disk_note([_record("b", "FAILED", "RuntimeError: boom"), _record("d", "COMPLETED")]) == ""
     assert full_disk_note([]) == ""

@@ -16,8 +16,12 @@ from tests.conftest import ROOT, run_cli, write_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~2-3 min idle
 
-_TWO_WORKERS = {"max_concurrent_trials": 1, "workers_per_trial": 2, "cpus_per_worker": 0.9,
-                "micro_batch_size_sequences_max": 2}
+_TWO_WORKERS = {
+    "max_concurrent_trials": 1,
+    "workers_per_trial": 2,
+    "cpus_per_worker": 0.9,
+    "micro_batch_size_sequences_max": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +38,30 @@ def kinds(tmp_path_factory, ray_head, mlflow_template):
         {"name": "diloco", "resources": dict(_TWO_WORKERS, sync={"mode": "diloco", "every_steps": 4})},
         # d_model 64: the attention and MLP weights (64 x 64 and larger) reach bitsandbytes' 4,096-element
         # threshold for 8-bit moments; the tiny spec's d_model 32 would leave most of them float32
-        {"name": "adamw-8bit", "optimizer": {"name": "adamw_8bit"}, "search": {"lr_rules": ["sqrt"]},
-         "model": {"family": "llama", "d_model": 64, "n_layers": 1, "n_heads": 2, "context_length_tokens": 32},
-         "resources": {"max_concurrent_trials": 1}},
+        {
+            "name": "adamw-8bit",
+            "optimizer": {"name": "adamw_8bit"},
+            "search": {"lr_rules": ["sqrt"]},
+            "model": {"family": "llama", "d_model": 64, "n_layers": 1, "n_heads": 2, "context_length_tokens": 32},
+            "resources": {"max_concurrent_trials": 1},
+        },
     ]
     out, uri = tmp / "out", copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
-    r = run_cli(["run", str(write_spec(tmp, d)), "--output", str(out), "--tracking-uri", uri, "--no-progress",
-                 "--address", ray_head.gcs_address], timeout_s=540, cwd=tmp)
+    r = run_cli(
+        [
+            "run",
+            str(write_spec(tmp, d)),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        timeout_s=540,
+        cwd=tmp,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-8000:]
     c = MlflowClient(uri)
     runs = c.search_runs([c.get_experiment_by_name("tiny-kinds").experiment_id], max_results=100)
@@ -64,7 +85,11 @@ def test_an_fsdp_trial_completes_with_its_params_noise_scale_and_checkpoint(kind
     trial, out = kinds["trials"]["fsdp"], kinds["out"] / "arms" / "fsdp"
     p = trial.data.params
     assert (p["parallelism"], p["compile"], p["activation_checkpointing"], p["mixed_precision"]) == (
-        "fsdp", "False", "False", "auto")
+        "fsdp",
+        "False",
+        "False",
+        "auto",
+    )
     assert (p["micro_batch_size_sequences"], p["grad_accum_steps"], p["workers"]) == ("2", "2", "2")
     assert trial.data.tags["critbatch.status"] == "COMPLETED"
     assert trial.data.metrics["b_simple"] > 0  # estimated over worker groups
@@ -78,7 +103,12 @@ def test_a_diloco_trial_completes_with_its_sync_params_and_comm_metrics(kinds):
     trial, c = kinds["trials"]["diloco"], kinds["client"]
     p, m = trial.data.params, trial.data.metrics
     assert (p["sync"], p["sync_every_steps"], p["replicas"], p["outer_lr"], p["outer_momentum"]) == (
-        "diloco", "4", "2", "0.7", "0.9")
+        "diloco",
+        "4",
+        "2",
+        "0.7",
+        "0.9",
+    )
     assert trial.data.tags["critbatch.status"] == "COMPLETED"
     steps = 8192 // (8 * 32)  # budget / tokens per step
     assert m["syncs"] == steps // 4

@@ -36,20 +36,40 @@ def _start_node(env: dict, log: Path, *, head_port: int | None = None, port: int
     """``ray start --block`` with 1 CPU in its own process group: the head (``port``) or a node joining
     ``head_port``; every port it opens outside 10002-19999 (see ``test_faults.start_ray_head``)."""
     workers = 20000 + 1000 * random.randrange(10)
-    role = ["--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
+    role = (
+        [
+            "--head",
+            f"--port={port}",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port()}",
             f"--ray-client-server-port={free_port()}",
-            f"--temp-dir={tempfile.mkdtemp(prefix='cbn', dir='/tmp')}"] if head_port is None else [
-        f"--address=127.0.0.1:{head_port}"]
-    cmd = [RAY, "start", "--block", "--num-cpus=1", *role, f"--min-worker-port={workers}",
-           f"--max-worker-port={workers + 999}", f"--node-manager-port={free_port()}",
-           f"--object-manager-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-           f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
-           f"--runtime-env-agent-port={free_port()}", "--disable-usage-stats"]
+            f"--temp-dir={tempfile.mkdtemp(prefix='cbn', dir='/tmp')}",
+        ]
+        if head_port is None
+        else [f"--address=127.0.0.1:{head_port}"]
+    )
+    cmd = [
+        RAY,
+        "start",
+        "--block",
+        "--num-cpus=1",
+        *role,
+        f"--min-worker-port={workers}",
+        f"--max-worker-port={workers + 999}",
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        "--disable-usage-stats",
+    ]
     # a loaded machine starts the raylet's dashboard agent slowly: the raylet waits for its port file
     # this long (seen: it gave up after 18 s at load average 16, and the node never came up)
     env = {"RAY_agent_register_timeout_ms": "120000", **env}
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def _started(log: Path) -> bool:
@@ -61,8 +81,12 @@ def _start_until_up(env: dict, log: Path, what: str, **where) -> subprocess.Pope
     can time out during startup ("The current node timed out during startup"), as ``ray.init`` does."""
     for attempt in range(3):
         node = _start_node(env, log, **where)
-        up = wait_for(lambda: _started(log) or node.poll() is not None, 180, what,
-                      diagnose=lambda: log.read_text(errors="replace")[-2000:])
+        up = wait_for(
+            lambda: _started(log) or node.poll() is not None,
+            180,
+            what,
+            diagnose=lambda: log.read_text(errors="replace")[-2000:],
+        )
         if up and node.poll() is None:
             return node
         stop_group(node, first=signal.SIGKILL)
@@ -103,14 +127,26 @@ def _stop_all(nodes: list[subprocess.Popen], grace_s: float = 10.0) -> None:
 
 def _report_rows(out: Path) -> dict[str, list[dict]]:
     """Every report Tune received, per trial, in order (``OUT/reports/<trial id>.jsonl``)."""
-    return {f.stem: [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-            for f in sorted((out / "reports").glob("*.jsonl"))}
+    return {
+        f.stem: [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        for f in sorted((out / "reports").glob("*.jsonl"))
+    }
 
 
 def _worker_fields(row: dict) -> dict:
     """What the workers reported (Tune adds its own bookkeeping: times, iteration counts, paths)."""
-    keys = ("tokens_seen", "step", "val_loss", "val_loss_raw", "train_loss", "tokens_per_s", "b_simple", "grad_norm",
-            "flops_measurement", "worker_nodes")
+    keys = (
+        "tokens_seen",
+        "step",
+        "val_loss",
+        "val_loss_raw",
+        "train_loss",
+        "tokens_per_s",
+        "b_simple",
+        "grad_norm",
+        "flops_measurement",
+        "worker_nodes",
+    )
     return {k: row.get(k) for k in keys}
 
 
@@ -121,8 +157,12 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
     hold = tmp_path / "hold"
     hold.touch()
     # the trial processes run under the nodes' environment: the hold plan (workloads/testing/faults.py) goes there
-    env = dict(ENV, CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
-               CRITBATCH_TEST_HOLD_AT_MILESTONE="1", CRITBATCH_TEST_HOLD_FILE=str(hold))
+    env = dict(
+        ENV,
+        CRITBATCH_TEST_MILESTONE_HOOKS=HOLD_HOOKS,
+        CRITBATCH_TEST_HOLD_AT_MILESTONE="1",
+        CRITBATCH_TEST_HOLD_FILE=str(hold),
+    )
     port = free_port()
     nodes = [_start_until_up(env, tmp_path / "head.log", "the Ray head", port=port)]
     try:
@@ -131,22 +171,60 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
         d["data"] = {"shards": str(shards), "tokenizer": "byte"}
         # two twins: independent studies with nothing to sample give both trials the same configuration
         # (transfer, the default, would place them half an octave apart)
-        d["search"].update(batch_sizes_sequences=[8], lr_rules=["sqrt"], lr_multiplier=[1, 1], beta2={"values": [0.99]},
-                           trials_per_batch_size=2, strategy="independent")
-        d["resources"] = {"workers_per_trial": 2, "cpus_per_worker": 0.75, "trial_driver_cpus": 0.25,
-                          "max_concurrent_trials": 1, "max_failures": 2, "storage_path": str(storage)}
+        d["search"].update(
+            batch_sizes_sequences=[8],
+            lr_rules=["sqrt"],
+            lr_multiplier=[1, 1],
+            beta2={"values": [0.99]},
+            trials_per_batch_size=2,
+            strategy="independent",
+        )
+        d["resources"] = {
+            "workers_per_trial": 2,
+            "cpus_per_worker": 0.75,
+            "trial_driver_cpus": 0.25,
+            "max_concurrent_trials": 1,
+            "max_failures": 2,
+            "storage_path": str(storage),
+        }
         uri = mlflow_uri
         out = tmp_path / "out"
         log = open(tmp_path / "driver.log", "w")
-        proc = subprocess.Popen(CLI + ["run", str(write_spec(tmp_path, d)), "--output", str(out), "--tracking-uri", uri,
-                                       "--no-progress", "--address", f"127.0.0.1:{port}"],
-                                cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT, text=True)
-        diagnose = lambda: (tmp_path / "driver.log").read_text()[-3000:]  # noqa: E731
+        proc = subprocess.Popen(
+            CLI
+            + [
+                "run",
+                str(write_spec(tmp_path, d)),
+                "--output",
+                str(out),
+                "--tracking-uri",
+                uri,
+                "--no-progress",
+                "--address",
+                f"127.0.0.1:{port}",
+            ],
+            cwd=ROOT,
+            env=ENV,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def diagnose():
+            return (tmp_path / "driver.log").read_text()[-3000:]
+
         try:
-            rows = wait_for(lambda: [r for r in _report_rows(out).values() if len(r) >= 2], 300,
-                            "two milestone reports", diagnose=diagnose)
-            per_node = wait_for(lambda: (lambda w: w if all(len(x) == 1 for x in w) else None)(
-                [_train_workers_of(n) for n in nodes]), 60, "one Train worker under each node")
+            rows = wait_for(
+                lambda: [r for r in _report_rows(out).values() if len(r) >= 2],
+                300,
+                "two milestone reports",
+                diagnose=diagnose,
+            )
+            per_node = wait_for(
+                lambda: (lambda w: w if all(len(x) == 1 for x in w) else None)([_train_workers_of(n) for n in nodes]),
+                60,
+                "one Train worker under each node",
+            )
             assert len(rows) == 1 and len(rows[0]) == 2  # held after milestone 1: the trial is mid-way
             killed_at = time.time()
             os.kill(per_node[1][0], signal.SIGKILL)  # the worker on the second node
@@ -179,7 +257,9 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5), (a["tokens_seen"], a["val_loss"], b["val_loss"])
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
     # the checkpoint the restart read lies on the shared storage path (the last one is kept)
-    folder = storage / sweep_id / "train" / f"train-{killed}"  # a runner's ckpt-<n> (Ray Train's checkpoint_<time> without)
+    folder = (
+        storage / sweep_id / "train" / f"train-{killed}"
+    )  # a runner's ckpt-<n> (Ray Train's checkpoint_<time> without)
     ckpts = [*folder.glob("ckpt-*/trial_state.pt"), *folder.glob("checkpoint_*/trial_state.pt")]
     assert ckpts, sorted(str(p.relative_to(storage)) for p in storage.rglob("*"))[:40]
     assert min(p.stat().st_mtime for p in ckpts) > killed_at  # written after the restart: it trained on
@@ -188,5 +268,6 @@ def test_two_workers_on_two_nodes_a_killed_worker_resumes_from_the_checkpoint(tm
     assert len(parents) == 1 and parents[0].data.tags["critbatch.status"] == "SUCCEEDED" and len(kids) == 2
     for kid in kids:
         assert kid.data.tags["critbatch.status"] == "COMPLETED"
-        assert [m.step for m in sorted(client.get_metric_history(kid.info.run_id, "val_loss"), key=lambda m: m.step)] == [
-            2048, 4096, 6144, 8192]
+        assert [
+            m.step for m in sorted(client.get_metric_history(kid.info.run_id, "val_loss"), key=lambda m: m.step)
+        ] == [2048, 4096, 6144, 8192]

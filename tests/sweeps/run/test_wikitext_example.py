@@ -29,7 +29,7 @@ def _stated_hashes() -> list[str]:
 
 def _prepare_command() -> list[str]:
     """The example header's `critbatch prepare-data ...` command, as arguments after `critbatch`."""
-    m = re.search(r"#\s+critbatch (prepare-data .*?)\n#\s+critbatch run", EXAMPLE.read_text(), re.S)
+    m = re.search(r"#\s+critbatch (prepare-data .*?)\n#\s+critbatch run", EXAMPLE.read_text(), re.DOTALL)
     return m.group(1).replace("\\\n#", " ").split()
 
 
@@ -41,8 +41,13 @@ def clone(tmp_path_factory) -> Path:
     (root / "data").symlink_to(ROOT / "data")
     args = _prepare_command()
     out = args[args.index("--output") + 1]
-    res = prepare_data([str(ROOT / args[1])], root / out, tokenizer=str(ROOT / args[args.index("--tokenizer") + 1]),
-                       text_documents=args[args.index("--text-documents") + 1], num_proc=1)
+    res = prepare_data(
+        [str(ROOT / args[1])],
+        root / out,
+        tokenizer=str(ROOT / args[args.index("--tokenizer") + 1]),
+        text_documents=args[args.index("--text-documents") + 1],
+        num_proc=1,
+    )
     assert not res.up_to_date
     return root
 
@@ -59,7 +64,11 @@ def test_prepare_data_on_the_bundled_wikitext_gives_the_index_the_example_expect
     spec = yaml.safe_load(EXAMPLE.read_text())
     index = yaml.safe_load((clone / spec["data"]["shards"] / "index.json").read_text())
     assert index["tokenizer"]["sha256"] == _stated_hashes()[1] and index["vocab_size"] == 2048
-    assert index["dtype"] == "uint16" and index["split"] == {"method": "documents", "seed": 0, "validation_fraction": 0.1}
+    assert index["dtype"] == "uint16" and index["split"] == {
+        "method": "documents",
+        "seed": 0,
+        "validation_fraction": 0.1,
+    }
     assert index["inputs"][0]["sha256"] == "4f3e427e4aff23acff917a8a51aeae21bf12832256e26914c8fc250dcef4103c"
     t = index["totals"]
     assert (t["train"]["documents"], t["validation"]["documents"]) == (2602, 289)  # 2,891 lines, 10 % held out
@@ -89,7 +98,9 @@ def test_another_tokenizer_or_a_smaller_model_vocabulary_is_refused_by_field(clo
     d = yaml.safe_load(EXAMPLE.read_text())
     byte = copy.deepcopy(d)
     byte["data"]["tokenizer"] = "byte"
-    assert re.search(r"data.tokenizer: .*is not the tokenizer the shards were made with", _refused(clone, byte, monkeypatch))
+    assert re.search(
+        r"data.tokenizer: .*is not the tokenizer the shards were made with", _refused(clone, byte, monkeypatch)
+    )
     small = copy.deepcopy(d)
     small["model"]["hf_config"]["vocab_size"] = 1024
     assert "vocab" in _refused(clone, small, monkeypatch)

@@ -20,8 +20,12 @@ REPLAY_WIDTHS = (1.93, 2.49, 3.49, 3.47, 3.63)
 
 def _member(tokens: float, ln_b: float, width: float, status: str = "ok") -> StudyMember:
     half = math.log(width) / 2
-    return StudyMember(tokens=tokens, batch_size_sequences=math.exp(ln_b),
-                       batch_size_ci_sequences=(math.exp(ln_b - half), math.exp(ln_b + half)), status=status)
+    return StudyMember(
+        tokens=tokens,
+        batch_size_sequences=math.exp(ln_b),
+        batch_size_ci_sequences=(math.exp(ln_b - half), math.exp(ln_b + half)),
+        status=status,
+    )
 
 
 def _study(rng, gamma: float, budgets, b0: float = 12.0, d0: float = 2.6e5) -> list[StudyMember]:
@@ -54,7 +58,7 @@ def test_the_exponents_interval_covers_at_its_level_on_simulated_studies(n_budge
     """Each member errs as much as its interval says (the replay of real training measured its intervals to
     cover at least that: 60 of 60); the exponent's 95 % interval must then cover the true exponent in >= 93 %."""
     rng = np.random.default_rng(n_budgets)
-    budgets = [1.3e5 * 2.0 ** k for k in range(n_budgets)]
+    budgets = [1.3e5 * 2.0**k for k in range(n_budgets)]
     trials = 1000
     covered = 0
     for _ in range(trials):
@@ -66,7 +70,7 @@ def test_the_exponents_interval_covers_at_its_level_on_simulated_studies(n_budge
 def test_a_random_exponent_is_not_found_where_there_is_none():
     """Against chance: with no growth (gamma = 0), the interval holds 0 as often as its level says."""
     rng = np.random.default_rng(7)
-    budgets = [1.3e5 * 2.0 ** k for k in range(4)]
+    budgets = [1.3e5 * 2.0**k for k in range(4)]
     holds_zero = sum(fit_power_law(_study(rng, 0.0, budgets)).gamma_ci[0] <= 0.0 for _ in range(1000))
     assert holds_zero / 1000 >= 0.93
 
@@ -93,18 +97,25 @@ def test_two_budgets_give_an_interval_from_the_members_alone_and_say_the_form_is
 def test_statuses_too_few_budgets_member_not_ok_and_curvature():
     with pytest.raises(InvalidInput, match="too_few_budgets"):
         fit_power_law([_member(1e6, 2.0, 2.0), StudyMember(2e6, None, None, status="above_range", label="big")])
-    law = fit_power_law([_member(1e6, 2.0, 2.0), _member(2e6, 2.4, 2.0, status="edge"),
-                         StudyMember(4e6, None, None, status="above_range", label="big")])
+    law = fit_power_law(
+        [
+            _member(1e6, 2.0, 2.0),
+            _member(2e6, 2.4, 2.0, status="edge"),
+            StudyMember(4e6, None, None, status="above_range", label="big"),
+        ]
+    )
     assert law.status == "member_not_ok" and law.excluded == ["big: status above_range, no interval"]
-    bent = [_member(1e6 * 2.0 ** k, 2.0 + 0.6 * k - 0.15 * k * k, 1.05) for k in range(5)]
+    bent = [_member(1e6 * 2.0**k, 2.0 + 0.6 * k - 0.15 * k * k, 1.05) for k in range(5)]
     assert fit_power_law(bent).status == "curvature"
-    straight = [_member(1e6 * 2.0 ** k, 2.0 + 0.6 * k, 1.05) for k in range(5)]
+    straight = [_member(1e6 * 2.0**k, 2.0 + 0.6 * k, 1.05) for k in range(5)]
     assert fit_power_law(straight).status == "ok"
 
 
 def test_model_size_moving_with_the_budget_is_said_to_be_inseparable():
-    members = [StudyMember(20 * n, 100 * (n / 1e8) ** 0.5, (80 * (n / 1e8) ** 0.5, 125 * (n / 1e8) ** 0.5), n_params=n)
-               for n in (1e8, 4e8, 1.6e9)]
+    members = [
+        StudyMember(20 * n, 100 * (n / 1e8) ** 0.5, (80 * (n / 1e8) ** 0.5, 125 * (n / 1e8) ** 0.5), n_params=n)
+        for n in (1e8, 4e8, 1.6e9)
+    ]
     assert "cannot tell data size from model size" in fit_power_law(members).n_params_note
 
 

@@ -17,8 +17,10 @@ from sweeps.scaling.schedule import batch_size_ramp, ceiling_sequences, ramp_for
 
 
 def _result(gamma: float = 0.5):
-    members = [StudyMember(d, 16 * (d / 2.6e5) ** gamma, (12 * (d / 2.6e5) ** gamma, 21 * (d / 2.6e5) ** gamma))
-               for d in (1.3e5, 2.6e5, 5.2e5, 1.05e6)]
+    members = [
+        StudyMember(d, 16 * (d / 2.6e5) ** gamma, (12 * (d / 2.6e5) ** gamma, 21 * (d / 2.6e5) ** gamma))
+        for d in (1.3e5, 2.6e5, 5.2e5, 1.05e6)
+    ]
     return scale_result(members, predict_tokens=1e8)
 
 
@@ -32,7 +34,8 @@ def test_each_stage_doubles_and_starts_under_the_lower_bound():
         assert ceiling_sequences(result, s["start_tokens"]) >= s["batch_size_sequences"]
         # a stage starts on a whole step of the one before it
         assert (s["start_tokens"] - prev["start_tokens"]) == (s["start_step"] - prev["start_step"]) * prev[
-            "batch_size_sequences"] * 64
+            "batch_size_sequences"
+        ] * 64
     assert ramp["steps"] < ramp["fixed_steps"] == math.ceil(1e8 / (stages[0]["batch_size_sequences"] * 64))
 
 
@@ -65,19 +68,47 @@ def test_the_command_writes_the_four_formats(tmp_path):
     import json
 
     (tmp_path / "scale.json").write_text(json.dumps(_result()))
-    res = CliRunner().invoke(app, ["schedule", str(tmp_path / "scale.json"), "--total-tokens", "1e8",
-                                   "--tokens-per-sequence", "64", "--output", str(tmp_path / "s")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "schedule",
+            str(tmp_path / "scale.json"),
+            "--total-tokens",
+            "1e8",
+            "--tokens-per-sequence",
+            "64",
+            "--output",
+            str(tmp_path / "s"),
+        ],
+    )
     assert res.exit_code == 0, res.output
-    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["levanter.yaml", "megatron.txt", "olmo_core.json",
-                                                                  "schedule.json"]
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "levanter.yaml",
+        "megatron.txt",
+        "olmo_core.json",
+        "schedule.json",
+    ]
     assert (tmp_path / "s" / "megatron.txt").read_text().startswith('--step-batch-size-schedule "0:')
-    res = CliRunner().invoke(app, ["schedule", str(tmp_path / "nope.json"), "--total-tokens", "1e8",
-                                   "--tokens-per-sequence", "64", "--output", str(tmp_path / "t")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "schedule",
+            str(tmp_path / "nope.json"),
+            "--total-tokens",
+            "1e8",
+            "--tokens-per-sequence",
+            "64",
+            "--output",
+            str(tmp_path / "t"),
+        ],
+    )
     assert res.exit_code == 2 and "not a study's scale.json" in res.output and not (tmp_path / "t").exists()
 
 
 def test_a_lower_bound_under_one_sequence_starts_the_ramp_at_one_and_says_so():
-    members = [StudyMember(d, 2 * (d / 2.6e5) ** 0.5, (0.3 * (d / 2.6e5) ** 0.5, 12 * (d / 2.6e5) ** 0.5))
-               for d in (1.3e5, 2.6e5)]
+    members = [
+        StudyMember(d, 2 * (d / 2.6e5) ** 0.5, (0.3 * (d / 2.6e5) ** 0.5, 12 * (d / 2.6e5) ** 0.5))
+        for d in (1.3e5, 2.6e5)
+    ]
     ramp = batch_size_ramp(scale_result(members), 1e8, 64)
     assert ramp["stages"][0]["batch_size_sequences"] == 1 and "under one" in ramp["warnings"][0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import pytest
 
@@ -31,13 +30,29 @@ def _study_spec(tiny_spec_dict: dict) -> dict:
 def test_a_stopped_study_finishes_when_run_again(tmp_path, tiny_spec_dict, ray_head, mlflow_uri):
     spec = write_spec(tmp_path, _study_spec(tiny_spec_dict))
     out, log, hold = tmp_path / "study", tmp_path / "run.log", tmp_path / "hold"
-    args = ["scale", str(spec), "--budgets-tokens", BUDGETS, "--predict-tokens", "1e6", "--output", str(out),
-            "--tracking-uri", mlflow_uri, "--address", ray_head.gcs_address]
+    args = [
+        "scale",
+        str(spec),
+        "--budgets-tokens",
+        BUDGETS,
+        "--predict-tokens",
+        "1e6",
+        "--output",
+        str(out),
+        "--tracking-uri",
+        mlflow_uri,
+        "--address",
+        ray_head.gcs_address,
+    ]
     proc = start(args, log, env=hold_env(hold))
     reports = out / "members" / "tokens-8192" / "reports"
     try:
-        wait_for(lambda: reports.is_dir() and any(reports.glob("*.jsonl")), 300, "the first member's first report",
-                 diagnose=lambda: tail(log))
+        wait_for(
+            lambda: reports.is_dir() and any(reports.glob("*.jsonl")),
+            300,
+            "the first member's first report",
+            diagnose=lambda: tail(log),
+        )
         os.kill(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=300)
     finally:

@@ -29,9 +29,18 @@ class Members:
 
     def _finish(self, folder: Path, spec_lr: float, b_crit: float) -> None:
         (folder / "sweep.json").write_text(json.dumps({"status": "SUCCEEDED"}))
-        (folder / "cbs.json").write_text(json.dumps({
-            "b_crit": b_crit, "b_crit_ci": [b_crit / 1.5, b_crit * 1.5], "status": "ok", "target_loss": 2.4,
-            "tokens_per_sequence": 64.0, "lr_per_batch": [{"batch_size_sequences": 16, "best_lr": 2 * spec_lr}]}))
+        (folder / "cbs.json").write_text(
+            json.dumps(
+                {
+                    "b_crit": b_crit,
+                    "b_crit_ci": [b_crit / 1.5, b_crit * 1.5],
+                    "status": "ok",
+                    "target_loss": 2.4,
+                    "tokens_per_sequence": 64.0,
+                    "lr_per_batch": [{"batch_size_sequences": 16, "best_lr": 2 * spec_lr}],
+                }
+            )
+        )
         (folder / "spec.yaml").write_text(f"search:\n  base_lr: {spec_lr}\n")
 
     def run(self, spec, folder: Path, **_):
@@ -40,18 +49,21 @@ class Members:
         if self.stop_at == spec.budget_tokens:
             (folder / "sweep.json").write_text(json.dumps({"status": "STOPPED"}))
             (folder / "spec.yaml").write_text(f"search:\n  base_lr: {spec.search.base_lr}\n")
-            return SweepResult(ok=False, status="STOPPED", sweep_id="x", output=str(folder), cbs=None, message="",
-                               exit_code=130)
+            return SweepResult(
+                ok=False, status="STOPPED", sweep_id="x", output=str(folder), cbs=None, message="", exit_code=130
+            )
         self._finish(folder, spec.search.base_lr, 10 * (spec.budget_tokens / 262144) ** 0.5)
-        return SweepResult(ok=True, status="SUCCEEDED", sweep_id="x", output=str(folder), cbs=None, message="",
-                           exit_code=None)
+        return SweepResult(
+            ok=True, status="SUCCEEDED", sweep_id="x", output=str(folder), cbs=None, message="", exit_code=None
+        )
 
     def resume(self, folder: Path, **_):
         self.resumed.append(folder)
         lr = float((folder / "spec.yaml").read_text().split()[-1])
         self._finish(folder, lr, 10 * (int(folder.name.split("-")[1]) / 262144) ** 0.5)
-        return SweepResult(ok=True, status="SUCCEEDED", sweep_id="x", output=str(folder), cbs=None, message="",
-                           exit_code=None)
+        return SweepResult(
+            ok=True, status="SUCCEEDED", sweep_id="x", output=str(folder), cbs=None, message="", exit_code=None
+        )
 
 
 def test_a_member_is_the_spec_at_its_budget_in_the_studys_experiment():

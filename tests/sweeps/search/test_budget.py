@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from sweeps.search.budget import SweepBudgetStopper, apply_plan, expected_trial_fraction, plan_trials
 from sweeps.errors import InvalidInput
+from sweeps.search.budget import SweepBudgetStopper, apply_plan, expected_trial_fraction, plan_trials
 from sweeps.spec import PruningSpec, parse_spec
 
 C_TOK = 1.0e5  # FLOPs per token (any value: the plan scales with it)
 
 
 def spec_with(d: dict, *, sweep_flops=None, pruning=True, trials=4, seeds=(0,), mode="stop"):
-    d = d | {"pruning": {"enabled": pruning, "mode": mode}, "budget": {"sweep_flops": sweep_flops}, "seeds": list(seeds)}
+    d = d | {
+        "pruning": {"enabled": pruning, "mode": mode},
+        "budget": {"sweep_flops": sweep_flops},
+        "seeds": list(seeds),
+    }
     d["search"] = d["search"] | {"trials_per_batch_size": trials}
     return parse_spec(d)
 
@@ -163,8 +167,22 @@ def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path, ray_head
     assert (plan.trials_per_batch_size, plan.n_trials) == (2, 4) and plan.planned_flops <= budget < 4 * trial
     path = write_spec(tmp_path, d)
     out, uri = tmp_path / "out", mlflow_uri
-    r = run_cli(["run", str(path), "--output", str(out), "--tracking-uri", uri, "--sweep-id", "budget-it",
-                 "--no-progress", "--address", ray_head.gcs_address], timeout_s=200)
+    r = run_cli(
+        [
+            "run",
+            str(path),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            uri,
+            "--sweep-id",
+            "budget-it",
+            "--no-progress",
+            "--address",
+            ray_head.gcs_address,
+        ],
+        timeout_s=200,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cbs = json.loads((out / "cbs.json").read_text())
     assert cbs["trials_planned"] == 4
@@ -183,5 +201,9 @@ def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path, ray_head
     assert parent.data.tags["critbatch.trials_planned"] == "4"
     assert parent.data.tags["critbatch.status"] == "SUCCEEDED" and parent.info.status == "FINISHED"
     assert f"the sweep's FLOP budget ({budget:.3g}) ran out" in parent.data.tags["critbatch.message"]
-    stopped = [x for x in runs if x.data.tags.get("critbatch.role") == "trial" and x.data.tags.get("critbatch.status") == "STOPPED"]
+    stopped = [
+        x
+        for x in runs
+        if x.data.tags.get("critbatch.role") == "trial" and x.data.tags.get("critbatch.status") == "STOPPED"
+    ]
     assert len(stopped) == sum(1 for t in trials if t["status"] == "STOPPED")

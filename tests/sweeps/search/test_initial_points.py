@@ -24,19 +24,24 @@ def _errors(tiny_spec_dict, points, **search) -> str:
     return "\n".join(f"{p}: {m}" for p, m in ei.value.errors)
 
 
-@pytest.mark.parametrize("points,needle", [
-    ([{"lr_rule": "none"}], "initial_points.0.lr_rule: 'none' is not one of lr_rules"),
-    ([{"lr_multiplier": 5.0}], "initial_points.0.lr_multiplier: 5 lies outside lr_multiplier [0.5, 2]"),
-    ([{"beta2": 0.95}], "initial_points.0.beta2: the spec searches beta2.half_life_tokens"),
-    ([{"beta2_half_life_tokens": 100.0}], "initial_points.0.beta2_half_life_tokens: 100 lies outside"),
-    ([{"lr_rule": "sqrt"}, {"lr_rule": "sqrt"}], "initial_points.1: the same point as initial_points.0"),
-    ([{"lr_rule": "sqrt"}, {"lr_rule": "linear"}, {"lr_multiplier": 1.0}, {"lr_multiplier": 0.5}],
-     "initial_points: 4 point(s), more than trials_per_batch_size=3"),
-    ([{}], "search.initial_points.0: give at least one of"),
-    ([{"lr_rule": "sqrt", "lr": 0.01}], "search.initial_points.0.lr"),
-    ([{"beta2": 0.9, "beta2_half_life_tokens": 4096}], "give beta2 or beta2_half_life_tokens, not both"),
-    ([{"lr_multiplier": -1}], "search.initial_points.0.lr_multiplier"),
-])
+@pytest.mark.parametrize(
+    "points,needle",
+    [
+        ([{"lr_rule": "none"}], "initial_points.0.lr_rule: 'none' is not one of lr_rules"),
+        ([{"lr_multiplier": 5.0}], "initial_points.0.lr_multiplier: 5 lies outside lr_multiplier [0.5, 2]"),
+        ([{"beta2": 0.95}], "initial_points.0.beta2: the spec searches beta2.half_life_tokens"),
+        ([{"beta2_half_life_tokens": 100.0}], "initial_points.0.beta2_half_life_tokens: 100 lies outside"),
+        ([{"lr_rule": "sqrt"}, {"lr_rule": "sqrt"}], "initial_points.1: the same point as initial_points.0"),
+        (
+            [{"lr_rule": "sqrt"}, {"lr_rule": "linear"}, {"lr_multiplier": 1.0}, {"lr_multiplier": 0.5}],
+            "initial_points: 4 point(s), more than trials_per_batch_size=3",
+        ),
+        ([{}], "search.initial_points.0: give at least one of"),
+        ([{"lr_rule": "sqrt", "lr": 0.01}], "search.initial_points.0.lr"),
+        ([{"beta2": 0.9, "beta2_half_life_tokens": 4096}], "give beta2 or beta2_half_life_tokens, not both"),
+        ([{"lr_multiplier": -1}], "search.initial_points.0.lr_multiplier"),
+    ],
+)
 def test_initial_points_outside_the_searched_space_are_refused_by_field(tiny_spec_dict, points, needle):
     assert needle in _errors(tiny_spec_dict, points)
 
@@ -48,8 +53,10 @@ def test_beta2_points_need_a_beta2_values_spec(tiny_spec_dict):
 
 
 def test_initial_points_are_the_first_trials_of_every_batch_size_and_enqueued_in_optuna(tiny_spec_dict, tmp_path):
-    points = [{"lr_rule": "linear", "lr_multiplier": 1.25, "beta2_half_life_tokens": 4096.0},
-              {"lr_multiplier": 0.75}]  # a partial point: lr_rule and the half-life are sampled
+    points = [
+        {"lr_rule": "linear", "lr_multiplier": 1.25, "beta2_half_life_tokens": 4096.0},
+        {"lr_multiplier": 0.75},
+    ]  # a partial point: lr_rule and the half-life are sampled
     s = _spec(tiny_spec_dict, points)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     searcher = BatchSizeSearcher(s, url, "ip", fingerprint=s.fingerprint())
@@ -70,8 +77,11 @@ def test_initial_points_are_the_first_trials_of_every_batch_size_and_enqueued_in
         study = optuna.load_study(study_name=f"ip-B{b}", storage=url)
         trials = study.get_trials(deepcopy=False)
         assert [t.user_attrs.get("critbatch.initial_point") for t in trials] == [0, 1, None]
-        assert trials[0].system_attrs["fixed_params"] == {"lr_rule": "linear", "lr_multiplier": 1.25,
-                                                          "beta2_half_life_tokens": 4096.0}
+        assert trials[0].system_attrs["fixed_params"] == {
+            "lr_rule": "linear",
+            "lr_multiplier": 1.25,
+            "beta2_half_life_tokens": 4096.0,
+        }
         assert "fixed_params" not in trials[2].system_attrs  # sampled
         assert study.user_attrs["critbatch.fingerprint"] == s.fingerprint()
 

@@ -15,12 +15,14 @@ from sweeps.spec import parse_spec, parse_stored_spec
 
 
 def test_lattice_points_are_one_expression_and_snapping_goes_to_the_nearest():
-    assert lattice_lr(0.003, 2, 0.5) == 0.003 * 2.0 ** 1.0 == 0.006
+    assert lattice_lr(0.003, 2, 0.5) == 0.003 * 2.0**1.0 == 0.006
     assert lattice_lr(0.003, -1, 0.5) == pytest.approx(0.003 / math.sqrt(2))
     assert lattice_index(0.0059, 0.003, 0.5) == 2 and lattice_index(0.0031, 0.003, 0.5) == 0
     # a point reached another way (centre times 2^offset) snaps back to the very same float
-    assert snap_lr(0.003 * 2.0 ** 0.5 * 2.0 ** 0.5, 0.003, 0.5) == lattice_lr(0.003, 2, 0.5)
-    assert snap_lr(0.003 * 2 ** 0.24, 0.003, 0.5) == 0.003 and snap_lr(0.003 * 2 ** 0.26, 0.003, 0.5) == lattice_lr(0.003, 1, 0.5)
+    assert snap_lr(0.003 * 2.0**0.5 * 2.0**0.5, 0.003, 0.5) == lattice_lr(0.003, 2, 0.5)
+    assert snap_lr(0.003 * 2**0.24, 0.003, 0.5) == 0.003 and snap_lr(0.003 * 2**0.26, 0.003, 0.5) == lattice_lr(
+        0.003, 1, 0.5
+    )
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="lr"):
             lattice_index(bad, 0.003, 0.5)
@@ -37,15 +39,24 @@ def test_a_transferred_centre_never_leaves_the_measured_lrs_by_more_than_an_octa
     centre, alpha = transfer_centre(128, 64, best)
     assert alpha == pytest.approx(1.0) and centre == pytest.approx(0.016)
     far, _ = transfer_centre(512, 64, best)
-    assert far == pytest.approx(0.008 * 2 ** MAX_EXTRAPOLATION_OCTAVES) and far < 0.008 * 8
+    assert far == pytest.approx(0.008 * 2**MAX_EXTRAPOLATION_OCTAVES) and far < 0.008 * 8
     low, _ = transfer_centre(2, 16, best)
-    assert low == pytest.approx(0.002 / 2 ** MAX_EXTRAPOLATION_OCTAVES)
+    assert low == pytest.approx(0.002 / 2**MAX_EXTRAPOLATION_OCTAVES)
 
 
 def test_the_searcher_places_every_transfer_trial_on_the_lattice(tiny_spec_dict, tmp_path):
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update({"strategy": "transfer", "batch_sizes_sequences": [8, 16], "base_batch_size_sequences": 8,
-                        "trials_per_batch_size": 3, "base_lr": 0.003, "lr_rules": ["sqrt"], "lr_multiplier": [0.7, 1.3]})
+    d["search"].update(
+        {
+            "strategy": "transfer",
+            "batch_sizes_sequences": [8, 16],
+            "base_batch_size_sequences": 8,
+            "trials_per_batch_size": 3,
+            "base_lr": 0.003,
+            "lr_rules": ["sqrt"],
+            "lr_multiplier": [0.7, 1.3],
+        }
+    )
     spec = parse_spec(d)
     assert spec.search.lr_lattice_octaves == 0.5
     searcher = BatchSizeSearcher(spec, f"sqlite:///{tmp_path / 'o.db'}", "lat")

@@ -41,9 +41,16 @@ class _Records:
         self.by_id: dict[str, TrialRecord] = {}
 
     def add(self, tid: str, cfg: dict, losses: list[float]) -> None:
-        self.by_id[tid] = TrialRecord(trial_id=tid, batch_size_sequences=cfg["batch_size_sequences"],
-                                      seed=cfg["seed"], group_id=cfg["group_id"], status="COMPLETED",
-                                      hyperparameters={}, tokens=list(TOKENS), val_loss=list(losses))
+        self.by_id[tid] = TrialRecord(
+            trial_id=tid,
+            batch_size_sequences=cfg["batch_size_sequences"],
+            seed=cfg["seed"],
+            group_id=cfg["group_id"],
+            status="COMPLETED",
+            hyperparameters={},
+            tokens=list(TOKENS),
+            val_loss=list(losses),
+        )
 
     def __call__(self) -> list[TrialRecord]:
         return list(self.by_id.values())
@@ -69,7 +76,8 @@ def test_the_seed_value_is_log_tokens_to_the_target_and_never_reaching_it_is_wor
     never = seed_value((TOKENS, NEVER_HIGH), 2.5, 2.3, BUDGET)
     assert never == pytest.approx((math.log(8192) + 1 + 2.5, None))
     assert seed_value((TOKENS, [3.0, math.nan]), math.log(65), 2.3, BUDGET)[0] == pytest.approx(
-        math.log(8192) + 1 + math.log(65))  # diverged: its objective is ln(vocab)
+        math.log(8192) + 1 + math.log(65)
+    )  # diverged: its objective is ln(vocab)
     assert seed_value(None, 2.2, 2.3, BUDGET)[1] is None  # no record: not reached
     assert seed_value((TOKENS, FIRST), 2.2, None, BUDGET)[1] is None  # no target yet
 
@@ -89,7 +97,9 @@ def test_a_group_faster_to_the_target_is_told_better_though_its_final_loss_is_wo
             _run(searcher, records, tid, searcher.suggest(tid), [x - 0.01 * seed for x in losses])
     assert searcher.objectives == {8: {"objective": TOKENS_TO_TARGET, "target_loss": 2.3}}
     study, trials = _told(url, "obj-B8")
-    assert study.user_attrs["critbatch.objective"] == TOKENS_TO_TARGET and study.user_attrs["critbatch.target_loss"] == 2.3
+    assert (
+        study.user_attrs["critbatch.objective"] == TOKENS_TO_TARGET and study.user_attrs["critbatch.target_loss"] == 2.3
+    )
     by_group = dict(zip("abcd", [t.value for t in sorted(trials, key=lambda t: t.number)]))
     assert by_group["b"] < by_group["a"] < by_group["d"] < by_group["c"]
     # a: seed 0 at exactly 6 Ki; seed 1 (0.01 lower) from 2.49 at 4 Ki to 2.29 at 6 Ki: 95 % of the way in log tokens
@@ -121,8 +131,9 @@ def test_optuna_dashboard_shows_the_objective_by_name_and_each_trials_lr_and_bat
     offset from the batch size's centre LR): the study names its metric, and each group's Optuna trial carries
     the LR it trained at and its batch size as user attributes."""
     url = f"sqlite:///{tmp_path / 'o.db'}"
-    searcher = BatchSizeSearcher(_spec(tiny_spec_dict, strategy="transfer", batches=(8, 16), trials=2, seeds=(0, 1)),
-                                 url, "dash")
+    searcher = BatchSizeSearcher(
+        _spec(tiny_spec_dict, strategy="transfer", batches=(8, 16), trials=2, seeds=(0, 1)), url, "dash"
+    )
     records = _Records()
     searcher.attach_records(records)
     cfgs = {t: searcher.suggest(t) for t in ("a0", "a1", "b0", "b1")}  # two groups of two seeds at B = 8
@@ -130,14 +141,19 @@ def test_optuna_dashboard_shows_the_objective_by_name_and_each_trials_lr_and_bat
     study = optuna.load_study(study_name="dash-B8", storage=url)
     assert study.metric_names == ["ln_tokens_to_target_loss"]  # from its first trial on
     asked = sorted(study.get_trials(), key=lambda t: t.number)
-    assert [t.user_attrs["critbatch.lr"] for t in asked] == [pytest.approx(cfgs["a0"]["lr"]), pytest.approx(cfgs["b0"]["lr"])]
+    assert [t.user_attrs["critbatch.lr"] for t in asked] == [
+        pytest.approx(cfgs["a0"]["lr"]),
+        pytest.approx(cfgs["b0"]["lr"]),
+    ]
     assert [t.user_attrs["critbatch.batch_size_sequences"] for t in asked] == [8, 8]
     assert cfgs["a0"]["lr"] != cfgs["b0"]["lr"] and "critbatch.lr" not in asked[0].params
     for tid, losses in (("a0", FIRST), ("a1", FIRST), ("b0", FASTER), ("b1", FASTER)):
         _run(searcher, records, tid, cfgs[tid], losses)
     study, trials = _told(url, "dash-B8")
     assert len(trials) == 2 and study.metric_names == ["ln_tokens_to_target_loss"]
-    assert sorted(t.user_attrs["critbatch.lr"] for t in trials) == pytest.approx(sorted([cfgs["a0"]["lr"], cfgs["b0"]["lr"]]))
+    assert sorted(t.user_attrs["critbatch.lr"] for t in trials) == pytest.approx(
+        sorted([cfgs["a0"]["lr"], cfgs["b0"]["lr"]])
+    )
 
 
 def test_without_records_the_study_is_told_the_final_loss_for_good(tiny_spec_dict, tmp_path, caplog):
@@ -159,8 +175,10 @@ def test_without_records_the_study_is_told_the_final_loss_for_good(tiny_spec_dic
     with caplog.at_level(logging.WARNING, logger="sweeps.search.objective"):
         searcher.on_trial_complete(by_b[16][0], {OBJECTIVE: 2.4})
     assert "the report log is gone" in caplog.text
-    assert searcher.objectives == {8: {"objective": FINAL_LOSS, "target_loss": None},
-                                   16: {"objective": FINAL_LOSS, "target_loss": None}}
+    assert searcher.objectives == {
+        8: {"objective": FINAL_LOSS, "target_loss": None},
+        16: {"objective": FINAL_LOSS, "target_loss": None},
+    }
     study, trials = _told(url, "fb-B8")
     assert sorted(t.value for t in trials) == [2.2, 2.28] and study.user_attrs["critbatch.objective"] == FINAL_LOSS
     assert study.metric_names == ["final_val_loss"]  # what optuna-dashboard calls its values

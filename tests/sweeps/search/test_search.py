@@ -80,6 +80,7 @@ def test_outbox_keeps_order_and_retries():
             if fail["on"]:
                 raise ConnectionError("down")
             calls.append(x)
+
         return fn
 
     box = Outbox()
@@ -100,8 +101,14 @@ def test_pause_mode_gate_and_pruned_while_paused(tiny_spec_dict, tmp_path):
     from sweeps.pruning.scheduler import EqualComputeScheduler
 
     s, searcher, url = make(tiny_spec_dict, tmp_path, trials_per_batch_size=2, batch_sizes_sequences=[4])
-    s = parse_spec({**s.model_dump(), "seeds": [0], "pruning": {"enabled": True, "mode": "pause"},
-                    "resources": {"max_concurrent_trials": 1}})
+    s = parse_spec(
+        {
+            **s.model_dump(),
+            "seeds": [0],
+            "pruning": {"enabled": True, "mode": "pause"},
+            "resources": {"max_concurrent_trials": 1},
+        }
+    )
     searcher = BatchSizeSearcher(s, url, "gate")
     sched = EqualComputeScheduler.from_spec(s)
     searcher.scheduler = sched
@@ -136,7 +143,10 @@ def test_a_restored_searcher_does_not_repeat_the_hyperparameters_already_asked(t
     restored = BatchSizeSearcher(s, url, "again")
     restored.restore(str(path))
     later = [restored.suggest(t) for t in ("c", "d")]
-    key = lambda c: (c["lr_rule"], c["lr_multiplier"], c["beta2"])  # noqa: E731
+
+    def key(c):
+        return (c["lr_rule"], c["lr_multiplier"], c["beta2"])
+
     assert len({key(c) for c in first + later}) == 4
     # a fresh study is seeded as before: the same spec proposes the same first trial
     fresh = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'other.db'}", "again")

@@ -17,8 +17,19 @@ from sweeps.spec import parse_spec
 
 OLD = Path(__file__).parents[1] / "run" / "data" / "tune_state_e6ea0bf"
 #: the searcher attributes of the older layout, now the strategy's or the wave policy's
-OLD_KEYS = {"transfer", "transfer_state", "_rr", "precision", "extra_groups", "extra_lrs", "waves",
-            "precision_outcome", "precision_targets", "_analyse", "_report"}
+OLD_KEYS = {
+    "transfer",
+    "transfer_state",
+    "_rr",
+    "precision",
+    "extra_groups",
+    "extra_lrs",
+    "waves",
+    "precision_outcome",
+    "precision_targets",
+    "_analyse",
+    "_report",
+}
 
 
 @pytest.mark.parametrize("name, cls", [("independent", IndependentStrategy), ("transfer", TransferStrategy)])
@@ -50,8 +61,12 @@ def test_an_old_layout_searcher_pickled_whole_unpickles_composed(tiny_spec_dict,
     searcher = BatchSizeSearcher(parse_spec(d), f"sqlite:///{tmp_path / 'o.db'}", "st")
     searcher.suggest("a")
     old = {k: v for k, v in searcher.get_state().items() if k not in ("strategy", "wave_policy")}
-    old.update(transfer=False, transfer_state={}, _rr=searcher.strategy._rr,
-               **{k: v for k, v in vars(searcher.wave_policy).items() if k != "spec"})
+    old.update(
+        transfer=False,
+        transfer_state={},
+        _rr=searcher.strategy._rr,
+        **{k: v for k, v in vars(searcher.wave_policy).items() if k != "spec"},
+    )
     stale = BatchSizeSearcher.__new__(BatchSizeSearcher)
     stale.__dict__.update(old)  # as an older revision pickled it
     loaded = pickle.loads(pickle.dumps(stale))

@@ -35,9 +35,18 @@ def test_the_centre_scales_by_the_square_root_rule_until_three_batch_sizes_have_
 
 def _spec(tiny_spec_dict, **search):
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update({"strategy": "transfer", "batch_sizes_sequences": [4, 8, 16, 32], "base_batch_size_sequences": 8,
-                        "base_lr": 2e-3, "lr_rules": ["sqrt", "linear"], "lr_multiplier": [0.5, 2.0],
-                        "trials_per_batch_size": 2, **search})
+    d["search"].update(
+        {
+            "strategy": "transfer",
+            "batch_sizes_sequences": [4, 8, 16, 32],
+            "base_batch_size_sequences": 8,
+            "base_lr": 2e-3,
+            "lr_rules": ["sqrt", "linear"],
+            "lr_multiplier": [0.5, 2.0],
+            "trials_per_batch_size": 2,
+            **search,
+        }
+    )
     d["seeds"] = [0]
     return parse_spec(d)
 
@@ -51,8 +60,8 @@ def test_transfer_waits_for_each_anchor_and_centres_on_its_best_lr(tiny_spec_dic
     searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "tr")
     a, b = searcher.suggest("a"), searcher.suggest("b")
     assert a["batch_size_sequences"] == b["batch_size_sequences"] == 8
-    assert [a["lr"], b["lr"]] == pytest.approx([2e-3 * 2 ** -0.5, 2e-3 * 2 ** 0.5])  # the start: base LR x 1
-    assert a["lr_rule"] == "sqrt" and a["lr_multiplier"] == pytest.approx(2 ** -0.5)
+    assert [a["lr"], b["lr"]] == pytest.approx([2e-3 * 2**-0.5, 2e-3 * 2**0.5])  # the start: base LR x 1
+    assert a["lr_rule"] == "sqrt" and a["lr_multiplier"] == pytest.approx(2**-0.5)
     assert searcher.suggest("c") is None  # 4 and 16 wait for 8
     _finish(searcher, "a", 2.0)
     assert searcher.suggest("c") is None  # one of 8's two trials still runs
@@ -70,7 +79,7 @@ def test_transfer_waits_for_each_anchor_and_centres_on_its_best_lr(tiny_spec_dic
     alpha = searcher.transfer_state[32]["alpha"]
     assert alpha == pytest.approx(min(max(math.log(best[16] / best[4]) / math.log(4), 0.0), 1.0), abs=0.02)
     assert g["batch_size_sequences"] == 32 and searcher.transfer_state[32]["anchor"] == 16
-    assert g["lr"] == pytest.approx(best[16] * 2 ** alpha * 2 ** -0.5)
+    assert g["lr"] == pytest.approx(best[16] * 2**alpha * 2**-0.5)
     searcher.suggest("h")
     assert searcher.suggest("i") == Searcher.FINISHED
 
@@ -146,8 +155,14 @@ def test_a_searcher_restored_from_a_save_older_than_its_last_ask_asks_the_same_p
 
 def test_two_seeds_run_each_point_twice_and_beta2_is_carried(tiny_spec_dict, tmp_path):
     d = copy.deepcopy(tiny_spec_dict)
-    d["search"].update({"strategy": "transfer", "batch_sizes_sequences": [8, 16], "base_batch_size_sequences": 8,
-                        "trials_per_batch_size": 2})
+    d["search"].update(
+        {
+            "strategy": "transfer",
+            "batch_sizes_sequences": [8, 16],
+            "base_batch_size_sequences": 8,
+            "trials_per_batch_size": 2,
+        }
+    )
     d["seeds"] = [0, 1]
     s = parse_spec(d)
     searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "seeds")
@@ -210,7 +225,7 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     by_b = {b: [t for t in trials if t["batch_size_sequences"] == b] for b in (8, 16, 32)}
     assert [len(v) for v in by_b.values()] == [2, 2, 2] and all(t["status"] == "COMPLETED" for t in trials)
     lrs8 = sorted(t["hyperparameters"]["lr"] for t in by_b[8])
-    assert lrs8 == pytest.approx([3e-3 * 2 ** -0.5, 3e-3 * 2 ** 0.5])  # base_lr at the start batch size
+    assert lrs8 == pytest.approx([3e-3 * 2**-0.5, 3e-3 * 2**0.5])  # base_lr at the start batch size
     from sweeps.search.transfer import fastest_to_targets, provisional_targets
 
     def best_lr(ts):  # the searcher's rule in the first wave: fastest over a band of early losses (no spec targets)
@@ -219,10 +234,10 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
 
     best8 = best_lr(by_b[8])
     lrs16 = sorted(t["hyperparameters"]["lr"] for t in by_b[16])
-    assert lrs16 == pytest.approx([best8 * math.sqrt(2) * 2 ** -0.5, best8 * math.sqrt(2) * 2 ** 0.5])
+    assert lrs16 == pytest.approx([best8 * math.sqrt(2) * 2**-0.5, best8 * math.sqrt(2) * 2**0.5])
     best16 = best_lr(by_b[16])
     lrs32 = sorted(t["hyperparameters"]["lr"] for t in by_b[32])
-    assert lrs32 == pytest.approx([best16 * math.sqrt(2) * 2 ** -0.5, best16 * math.sqrt(2) * 2 ** 0.5])
+    assert lrs32 == pytest.approx([best16 * math.sqrt(2) * 2**-0.5, best16 * math.sqrt(2) * 2**0.5])
     cbs = json.loads((out / "cbs.json").read_text())
     assert cbs["trials"]["COMPLETED"] == 6
     precision = cbs["precision"]
@@ -245,8 +260,9 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
     spent = sum(t["tokens"][-1] for t in trials) / by_b[8][0]["tokens"][-1]
     assert precision["budgets_spent"] == pytest.approx(spent) and spent <= 6
     client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("transfer").experiment_id],
-                              "tags.`critbatch.role` = 'trial'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("transfer").experiment_id], "tags.`critbatch.role` = 'trial'"
+    )
     params = {r.data.tags["critbatch.trial_id"]: r.data.params for r in runs}
     assert all(float(params[t["trial_id"]]["stop_at_loss"]) == pytest.approx(stop) for t in by_b[32])
     assert all("stop_at_loss" not in params[t["trial_id"]] for t in by_b[8] + by_b[16])
@@ -264,13 +280,21 @@ def test_a_transfer_sweep_runs_the_anchor_first_and_centres_the_next_batch_size_
 def _record(tid, b, lr, losses):
     from sweeps.analysis.targets import TrialRecord
 
-    return TrialRecord(trial_id=tid, batch_size_sequences=b, seed=0, group_id=tid, status="COMPLETED",
-                       hyperparameters={"lr": lr}, tokens=[1024.0 * (i + 1) for i in range(len(losses))],
-                       val_loss=list(losses))
+    return TrialRecord(
+        trial_id=tid,
+        batch_size_sequences=b,
+        seed=0,
+        group_id=tid,
+        status="COMPLETED",
+        hyperparameters={"lr": lr},
+        tokens=[1024.0 * (i + 1) for i in range(len(losses))],
+        val_loss=list(losses),
+    )
 
 
-def test_the_best_lr_is_the_fastest_at_the_fits_targets_not_at_the_lowest_loss_every_trial_reached(tiny_spec_dict,
-                                                                                                   tmp_path):
+def test_the_best_lr_is_the_fastest_at_the_fits_targets_not_at_the_lowest_loss_every_trial_reached(
+    tiny_spec_dict, tmp_path
+):
     """The fastest LR moves with the target loss: a higher LR is faster early (the targets the fit uses), a lower
     one catches up late (the lowest loss every trial reached). The old rule ranked at that low common loss and
     carried the lower LR outward; the searcher ranks at the spec's targets (else the declared ones, else a
@@ -293,8 +317,18 @@ def test_the_best_lr_is_the_fastest_at_the_fits_targets_not_at_the_lowest_loss_e
 
     d = copy.deepcopy(tiny_spec_dict)
     d["targets"] = [2.8, 2.6, 2.4]
-    s = parse_spec({**d, "search": {**d["search"], "strategy": "transfer", "batch_sizes_sequences": [8, 16, 32],
-                                    "base_batch_size_sequences": 8, "trials_per_batch_size": 2}})
+    s = parse_spec(
+        {
+            **d,
+            "search": {
+                **d["search"],
+                "strategy": "transfer",
+                "batch_sizes_sequences": [8, 16, 32],
+                "base_batch_size_sequences": 8,
+                "trials_per_batch_size": 2,
+            },
+        }
+    )
     searcher = BatchSizeSearcher(s, f"sqlite:///{tmp_path / 'o.db'}", "tr")
     a, b = searcher.suggest("a"), searcher.suggest("b")
     assert a["lr"] > b["lr"] or a["lr"] < b["lr"]

@@ -11,8 +11,14 @@ from critbatch.main import app
 from sweeps.spec import SpecError, load_spec, parse_spec
 from tests.conftest import ROOT, write_spec
 
-GQA = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-       "num_attention_heads": 4, "num_key_value_heads": 2}
+GQA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def _with_model(d: dict, model: dict) -> dict:
@@ -30,13 +36,21 @@ def _errors(d: dict) -> dict[str, str]:
 def test_a_shorthand_model_dumps_as_before_hf_config(tiny_spec_dict):
     dumped = parse_spec(tiny_spec_dict).model.model_dump(mode="json")
     # the fields a spec had before hf_config: same dump, so the same fingerprint and sweep id
-    assert dumped == {"family": "llama", "d_model": 32, "n_layers": 1, "n_heads": 2, "d_ff": None,
-                      "context_length_tokens": 32, "tie_word_embeddings": False}
+    assert dumped == {
+        "family": "llama",
+        "d_model": 32,
+        "n_layers": 1,
+        "n_heads": 2,
+        "d_ff": None,
+        "context_length_tokens": 32,
+        "tie_word_embeddings": False,
+    }
 
 
 def test_an_hf_config_spec_dumps_one_form_and_round_trips(tiny_spec_dict):
-    s = parse_spec(_with_model(tiny_spec_dict, {"hf_config": GQA, "context_length_tokens": 32,
-                                                "flops_per_token": 1.0e6}))
+    s = parse_spec(
+        _with_model(tiny_spec_dict, {"hf_config": GQA, "context_length_tokens": 32, "flops_per_token": 1.0e6})
+    )
     assert s.model.model_dump(mode="json") == {"context_length_tokens": 32, "hf_config": GQA, "flops_per_token": 1.0e6}
     assert parse_spec(s.model_dump(mode="json")) == s
 
@@ -54,19 +68,23 @@ def test_a_derived_spec_clears_its_base_shorthand_with_null(tmp_path, tiny_spec_
         load_spec(tmp_path / "mixed.yaml")
     (tmp_path / "child.yaml").write_text(
         "base: base.yaml\nmodel:\n  family: null\n  d_model: null\n  n_layers: null\n  n_heads: null\n"
-        f"  hf_config: {json.dumps(GQA)}\n")
+        f"  hf_config: {json.dumps(GQA)}\n"
+    )
     m = load_spec(tmp_path / "child.yaml").model
     assert m.hf_config == GQA and m.context_length_tokens == 32  # the base's context length is kept
 
 
-@pytest.mark.parametrize("hf_config, message", [
-    ({"hidden_size": 32}, "an inline config needs model_type"),
-    ({"model_type": ""}, "an inline config needs model_type"),
-    (7, "give a mapping with model_type or the path of a config.json, not int"),
-    (["llama"], "not list"),
-    ("  ", "must not be empty"),
-    ("s3://bucket/config.json", "is a URI"),
-])
+@pytest.mark.parametrize(
+    "hf_config, message",
+    [
+        ({"hidden_size": 32}, "an inline config needs model_type"),
+        ({"model_type": ""}, "an inline config needs model_type"),
+        (7, "give a mapping with model_type or the path of a config.json, not int"),
+        (["llama"], "not list"),
+        ("  ", "must not be empty"),
+        ("s3://bucket/config.json", "is a URI"),
+    ],
+)
 def test_bad_hf_config_values(tiny_spec_dict, hf_config, message):
     errs = _errors(_with_model(tiny_spec_dict, {"hf_config": hf_config}))
     assert message in errs["model.hf_config"]
@@ -87,13 +105,19 @@ def _validate(tmp_path, d: dict):
     return CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"hf_config": {"model_type": "lama"}}, "model.hf_config.model_type: 'lama' is not a transformers model type"),
-    ({"hf_config": {"model_type": "mixtral"}}, "model.hf_config: model_type 'mixtral' is not one the FLOPs formula knows"),
-    ({"hf_config": {**GQA, "num_experts": 4}}, "model.hf_config: num_experts=4 makes it a mixture of experts"),
-    ({"hf_config": {**GQA, "vocab_size": 128}}, "model.hf_config.vocab_size: 128 is smaller than the tokenizer's"),
-    ({"hf_config": "missing/config.json"}, "model.hf_config: file not found: missing/config.json"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"hf_config": {"model_type": "lama"}}, "model.hf_config.model_type: 'lama' is not a transformers model type"),
+        (
+            {"hf_config": {"model_type": "mixtral"}},
+            "model.hf_config: model_type 'mixtral' is not one the FLOPs formula knows",
+        ),
+        ({"hf_config": {**GQA, "num_experts": 4}}, "model.hf_config: num_experts=4 makes it a mixture of experts"),
+        ({"hf_config": {**GQA, "vocab_size": 128}}, "model.hf_config.vocab_size: 128 is smaller than the tokenizer's"),
+        ({"hf_config": "missing/config.json"}, "model.hf_config: file not found: missing/config.json"),
+    ],
+)
 def test_cli_validate_refuses_what_cannot_be_built_or_counted(tmp_path, tiny_spec_dict, model, message):
     r = _validate(tmp_path, _with_model(tiny_spec_dict, {**model, "context_length_tokens": 32}))
     assert r.exit_code == 2, r.output
@@ -106,12 +130,22 @@ def test_cli_validate_a_config_json_and_a_given_flops_per_token(tmp_path, tiny_s
     assert r.exit_code == 2 and "is not JSON" in r.output, r.output
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "config.json").write_text(json.dumps(GQA))
-    r = _validate(tmp_path, _with_model(tiny_spec_dict, {"hf_config": str(tmp_path / "ck"), "context_length_tokens": 32}))
+    r = _validate(
+        tmp_path, _with_model(tiny_spec_dict, {"hf_config": str(tmp_path / "ck"), "context_length_tokens": 32})
+    )
     assert r.exit_code == 0, r.output  # a folder: its config.json
-    moe = {"model_type": "mixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "num_key_value_heads": 1, "num_local_experts": 4}
-    r = _validate(tmp_path, _with_model(tiny_spec_dict, {"hf_config": moe, "flops_per_token": 2.0e6,
-                                                         "context_length_tokens": 32}))
+    moe = {
+        "model_type": "mixtral",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_local_experts": 4,
+    }
+    r = _validate(
+        tmp_path, _with_model(tiny_spec_dict, {"hf_config": moe, "flops_per_token": 2.0e6, "context_length_tokens": 32})
+    )
     assert r.exit_code == 0, r.output
 
 

@@ -7,17 +7,22 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from sweeps.analysis import TrialRecord, analyze_trials
-from sweeps.analysis import finite_json
 from critbatch.main import app
+from sweeps.analysis import TrialRecord, analyze_trials, finite_json
 from sweeps.run.records import _record
 from sweeps.run.trainable import trial_config
 from sweeps.spec import SpecError, parse_spec
 from sweeps.tracking import schema
 from workloads.config import TrialConfig
 
-HP = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
-      "beta2_half_life_tokens": 4096.0}
+HP = {
+    "batch_size_sequences": 8,
+    "seed": 0,
+    "lr": 1e-3,
+    "lr_rule": "sqrt",
+    "beta2": 0.99,
+    "beta2_half_life_tokens": 4096.0,
+}
 FIXED_BETA2 = {"values": [0.99]}
 
 
@@ -41,7 +46,13 @@ def test_the_default_is_adamw_and_dumps_and_fingerprints_as_before(tiny_spec_dic
     s = parse_spec(tiny_spec_dict)
     assert s.optimizer.name == "adamw"
     # spec.yaml and the sweep id as before the field existed: the same keys
-    assert set(s.model_dump()["optimizer"]) == {"beta1", "eps", "weight_decay", "grad_clip_norm", "divergence_loss_factor"}
+    assert set(s.model_dump()["optimizer"]) == {
+        "beta1",
+        "eps",
+        "weight_decay",
+        "grad_clip_norm",
+        "divergence_loss_factor",
+    }
     explicit = parse_spec(_with(tiny_spec_dict, optimizer={"name": "adamw"}))
     assert explicit == s and explicit.fingerprint() == s.fingerprint()
     assert trial_config(s, HP, "t0", data_path="x").optimizer.name == "adamw"
@@ -77,11 +88,18 @@ def test_adamw_8bit_is_accepted_on_cpu_and_searches_beta2(tiny_spec_dict):
     assert (spec.optimizer.name, spec.optimizer.reads_beta2, spec.resources.gpus_per_worker) == ("adamw_8bit", True, 0)
 
 
-@pytest.mark.parametrize("name,refused", [("adafactor", True), ("adamw_8bit", True), ("sgd_momentum", False),
-                                          ("adamw", False)])
+@pytest.mark.parametrize(
+    "name,refused", [("adafactor", True), ("adamw_8bit", True), ("sgd_momentum", False), ("adamw", False)]
+)
 def test_fsdp_takes_adamw_and_sgd_momentum_only(tiny_spec_dict, name, refused):
-    d = _with(tiny_spec_dict, optimizer={"name": name}, beta2=FIXED_BETA2, parallelism="fsdp", workers_per_trial=2,
-              gpus_per_worker=1.0)
+    d = _with(
+        tiny_spec_dict,
+        optimizer={"name": name},
+        beta2=FIXED_BETA2,
+        parallelism="fsdp",
+        workers_per_trial=2,
+        gpus_per_worker=1.0,
+    )
     d["search"]["batch_sizes_sequences"] = [4, 8, 16]
     if refused:
         assert f"optimizer.name={name} cannot run with resources.parallelism: fsdp" in _error(d)
@@ -109,8 +127,10 @@ def test_the_optimizer_is_a_trial_param_and_its_state_bytes_a_metric():
 
 
 def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tmp_path):
-    curve = [{"tokens_seen": 100, "val_loss": 3.0, "optimizer_state_bytes_per_param": 4.0, "trainable_params": 1234},
-             {"tokens_seen": 200, "val_loss": 2.0}]
+    curve = [
+        {"tokens_seen": 100, "val_loss": 3.0, "optimizer_state_bytes_per_param": 4.0, "trainable_params": 1234},
+        {"tokens_seen": 200, "val_loss": 2.0},
+    ]
     cfg = {"batch_size_sequences": 8, "seed": 0, **HP}
     rec = _record("t1", cfg, curve, curve[-1], "COMPLETED")
     assert rec.optimizer_state_bytes_per_param == 4.0 and rec.trainable_params == 1234
@@ -121,9 +141,18 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
 
     def trial(i: int, b: int, bytes_: float | None) -> TrialRecord:
         tokens = [1e3, 2e3, 4e3, 8e3]
-        return TrialRecord(trial_id=f"t{i}", batch_size_sequences=b, seed=0, group_id=f"g{i}", status="COMPLETED",
-                           hyperparameters={"lr": 1e-3}, tokens=tokens, val_loss=[4.0 - 0.3 * k * 8 / b for k in range(4)],
-                           flops=[t * 10 for t in tokens], optimizer_state_bytes_per_param=bytes_)
+        return TrialRecord(
+            trial_id=f"t{i}",
+            batch_size_sequences=b,
+            seed=0,
+            group_id=f"g{i}",
+            status="COMPLETED",
+            hyperparameters={"lr": 1e-3},
+            tokens=tokens,
+            val_loss=[4.0 - 0.3 * k * 8 / b for k in range(4)],
+            flops=[t * 10 for t in tokens],
+            optimizer_state_bytes_per_param=bytes_,
+        )
 
     trials = [trial(0, 4, 8.0), trial(1, 8, 8.5), trial(2, 16, 9.5), trial(3, 16, None)]
     cbs = analyze_trials(trials, context_length_tokens=32, reference_batch=8)
@@ -132,7 +161,9 @@ def test_records_keep_the_first_reports_state_bytes_and_cbs_json_their_median(tm
     with_n = [TrialRecord(**{**t.to_dict(), "trainable_params": 1234.0}) for t in trials]
     assert analyze_trials(with_n, context_length_tokens=32, reference_batch=8)["n_params"] == 1234.0
     no_bytes = [trial(i, b, None) for i, b in enumerate([4, 8, 16])]
-    assert "optimizer_state_bytes_per_param" not in analyze_trials(no_bytes, context_length_tokens=32, reference_batch=8)
+    assert "optimizer_state_bytes_per_param" not in analyze_trials(
+        no_bytes, context_length_tokens=32, reference_batch=8
+    )
     # critbatch analyze --trials keeps the driver's optimizer and recomputes the median from trials.json
     (tmp_path / "cbs.json").write_text(json.dumps(finite_json({**cbs.to_json_dict(), "optimizer": "sgd_momentum"})))
     (tmp_path / "trials.json").write_text(json.dumps(finite_json([t.to_dict() for t in trials])))
@@ -152,8 +183,9 @@ def test_a_trial_run_logs_the_optimizer_param_and_the_state_bytes_metric(tiny_sp
     tracker = MlflowTracker(client, s, "sweep-1")
     tracker.start_parent()
     tracker.trial_started("t1", {**HP, "lr_multiplier": 1.0}, {})
-    tracker.trial_result("t1", {"tokens_seen": 256, "val_loss": 3.0, "beta2": float("nan"),
-                                "optimizer_state_bytes_per_param": 4.0})
+    tracker.trial_result(
+        "t1", {"tokens_seen": 256, "val_loss": 3.0, "beta2": float("nan"), "optimizer_state_bytes_per_param": 4.0}
+    )
     assert tracker.outbox.flush()
     run = client.get_run(tracker._run_id("t1"))
     assert run.data.params["optimizer"] == "sgd_momentum"

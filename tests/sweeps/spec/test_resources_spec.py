@@ -6,14 +6,20 @@ import pytest
 from typer.testing import CliRunner
 
 from critbatch.main import app
-from sweeps.run.trainable import batch_plan_params, trial_config, training_params
+from sweeps.run.trainable import batch_plan_params, training_params, trial_config
 from sweeps.spec import SpecError, parse_spec
 from sweeps.tracking import schema
 from tests.conftest import write_spec
 
 NEW = ("parallelism", "compile", "activation_checkpointing", "mixed_precision")
-HP = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
-      "beta2_half_life_tokens": 4096.0}
+HP = {
+    "batch_size_sequences": 8,
+    "seed": 0,
+    "lr": 1e-3,
+    "lr_rule": "sqrt",
+    "beta2": 0.99,
+    "beta2_half_life_tokens": 4096.0,
+}
 
 
 def _with(d: dict, **resources) -> dict:
@@ -34,13 +40,26 @@ def test_defaults_are_todays_path_and_leave_the_dump_and_fingerprint_as_before(t
 
 
 def test_the_options_reach_the_trial_config_and_the_mlflow_params(tiny_spec_dict):
-    d = _with(tiny_spec_dict, parallelism="fsdp", workers_per_trial=2, compile=True, activation_checkpointing=True,
-              mixed_precision="bf16")
+    d = _with(
+        tiny_spec_dict,
+        parallelism="fsdp",
+        workers_per_trial=2,
+        compile=True,
+        activation_checkpointing=True,
+        mixed_precision="bf16",
+    )
     s = parse_spec(d)
     t = trial_config(s, HP, "t0", data_path="x").training
     assert (t.parallelism, t.compile, t.activation_checkpointing, t.mixed_precision) == ("fsdp", True, True, "bf16")
-    assert training_params(s) == {"parallelism": "fsdp", "compile": True, "activation_checkpointing": True,
-                                  "mixed_precision": "bf16", "sync": "ddp", "sync_every_steps": 1, "replicas": 2}
+    assert training_params(s) == {
+        "parallelism": "fsdp",
+        "compile": True,
+        "activation_checkpointing": True,
+        "mixed_precision": "bf16",
+        "sync": "ddp",
+        "sync_every_steps": 1,
+        "replicas": 2,
+    }
     assert tuple(training_params(s)) == schema.TRAINING_PARAMS
 
 
@@ -51,14 +70,20 @@ def test_fsdp_with_the_noise_scale_plans_two_micro_batches_per_worker(tiny_spec_
     assert batch_plan_params(fsdp, 8) == {"micro_batch_size_sequences": 2, "grad_accum_steps": 2, "workers": 2}
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"parallelism": "fsdp", "workers_per_trial": 1}, "resources.parallelism: fsdp shards the model over a trial's "
-                                                      "workers and needs workers_per_trial >= 2 (got 1)"),
-    ({"parallelism": "zero3"}, "resources.parallelism"),
-    ({"mixed_precision": "fp16"}, "resources.mixed_precision"),
-    ({"compile": "yes"}, "resources.compile"),
-    ({"activation_checkpointing": 1}, "resources.activation_checkpointing"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        (
+            {"parallelism": "fsdp", "workers_per_trial": 1},
+            "resources.parallelism: fsdp shards the model over a trial's "
+            "workers and needs workers_per_trial >= 2 (got 1)",
+        ),
+        ({"parallelism": "zero3"}, "resources.parallelism"),
+        ({"mixed_precision": "fp16"}, "resources.mixed_precision"),
+        ({"compile": "yes"}, "resources.compile"),
+        ({"activation_checkpointing": 1}, "resources.activation_checkpointing"),
+    ],
+)
 def test_bad_options_are_refused_naming_the_field(tiny_spec_dict, changes, message):
     with pytest.raises(SpecError) as e:
         parse_spec(_with(tiny_spec_dict, **changes))

@@ -28,8 +28,13 @@ def wikitext_shards(repo_root):
     from workloads.api import prepare_data
 
     wiki = ROOT / "data" / "wikitext-2-raw"
-    return prepare_data([str(wiki / "wiki.test.raw")], ROOT / "out" / "wikitext-2-bpe", tokenizer=str(wiki / "bpe-2048"),
-                        text_documents="line", num_proc=1).folder
+    return prepare_data(
+        [str(wiki / "wiki.test.raw")],
+        ROOT / "out" / "wikitext-2-bpe",
+        tokenizer=str(wiki / "bpe-2048"),
+        text_documents="line",
+        num_proc=1,
+    ).folder
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -67,15 +72,18 @@ def test_every_invalid_field_is_named_by_path(tiny_spec_dict):
     assert "unknown_field" in errs
 
 
-@pytest.mark.parametrize("mutate,path", [
-    (lambda d: d["search"]["beta2"].update(values=[0.9]), "search.beta2"),
-    (lambda d: d["search"].update(lr_multiplier=[2.0, 1.0]), "search"),
-    (lambda d: d.update(budget_tokens=100), "<root>"),
-    (lambda d: d.update(name="bad name!"), "name"),
-    (lambda d: d.pop("data"), "data"),
-    (lambda d: d["model"].update(n_heads=3), "model"),
-    (lambda d: d["resources"].update(workers_per_trial=3), "<root>"),
-])
+@pytest.mark.parametrize(
+    "mutate,path",
+    [
+        (lambda d: d["search"]["beta2"].update(values=[0.9]), "search.beta2"),
+        (lambda d: d["search"].update(lr_multiplier=[2.0, 1.0]), "search"),
+        (lambda d: d.update(budget_tokens=100), "<root>"),
+        (lambda d: d.update(name="bad name!"), "name"),
+        (lambda d: d.pop("data"), "data"),
+        (lambda d: d["model"].update(n_heads=3), "model"),
+        (lambda d: d["resources"].update(workers_per_trial=3), "<root>"),
+    ],
+)
 def test_cross_field_errors(tiny_spec_dict, mutate, path):
     d = copy.deepcopy(tiny_spec_dict)
     mutate(d)
@@ -98,8 +106,14 @@ def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
 
     d = copy.deepcopy(tiny_spec_dict)
     d["schedule"]["warmup_min_steps"] = 7
-    hp = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
-          "beta2_half_life_tokens": 4096.0}
+    hp = {
+        "batch_size_sequences": 8,
+        "seed": 0,
+        "lr": 1e-3,
+        "lr_rule": "sqrt",
+        "beta2": 0.99,
+        "beta2_half_life_tokens": 4096.0,
+    }
     c = trial_config(parse_spec(d), hp, "t0", data_path="x")
     assert (c.schedule.warmup_tokens, c.schedule.warmup_min_steps) == (1024, 7)
 
@@ -110,8 +124,14 @@ def test_a_re_run_trial_config_carries_its_own_budget_and_stop_loss(tiny_spec_di
     from sweeps.run.trainable import trial_config
 
     spec = parse_spec(copy.deepcopy(tiny_spec_dict))  # 8192 tokens, 4 milestones
-    hp = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "beta2": 0.99,
-          "beta2_half_life_tokens": 4096.0}
+    hp = {
+        "batch_size_sequences": 8,
+        "seed": 0,
+        "lr": 1e-3,
+        "lr_rule": "sqrt",
+        "beta2": 0.99,
+        "beta2_half_life_tokens": 4096.0,
+    }
     plain = trial_config(spec, hp, "t0", data_path="x")
     assert plain.budget_tokens == 8192 and plain.eval.milestones_tokens == (2048, 4096, 6144, 8192)
     assert plain.eval.stop_at_loss is None
@@ -182,8 +202,17 @@ def test_cli_run_bad_spec_starts_nothing(tmp_path, tiny_spec_dict):
     d = copy.deepcopy(tiny_spec_dict)
     d["search"]["base_lr"] = -1
     out = tmp_path / "out"
-    r = CliRunner().invoke(app, ["run", str(write_spec(tmp_path, d)), "--output", str(out),
-                                 "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"])
+    r = CliRunner().invoke(
+        app,
+        [
+            "run",
+            str(write_spec(tmp_path, d)),
+            "--output",
+            str(out),
+            "--tracking-uri",
+            f"sqlite:///{tmp_path / 'ml.db'}",
+        ],
+    )
     assert r.exit_code == 2 and "search.base_lr" in r.output
     assert not out.exists() and not (tmp_path / "ml.db").exists()
 
@@ -198,7 +227,9 @@ def test_spec_round_trips_through_yaml(tiny_spec_dict):
 
 def test_spec_derived_from_a_base(tmp_path, tiny_spec_dict):
     write_spec(tmp_path, tiny_spec_dict, "base.yaml")
-    (tmp_path / "child.yaml").write_text("base: base.yaml\nname: child\nseeds: [0, 1]\nsearch:\n  trials_per_batch_size: 2\n")
+    (tmp_path / "child.yaml").write_text(
+        "base: base.yaml\nname: child\nseeds: [0, 1]\nsearch:\n  trials_per_batch_size: 2\n"
+    )
     s = load_spec(tmp_path / "child.yaml")
     assert s.name == "child" and s.seeds == [0, 1] and s.search.trials_per_batch_size == 2
     assert s.search.batch_sizes_sequences == [4, 8, 16]  # inherited, deep-merged
@@ -237,6 +268,8 @@ def test_transfer_refuses_a_base_batch_size_that_is_not_swept(tmp_path, tiny_spe
     assert "base_batch_size_sequences: 32 is not one of batch_sizes_sequences [4, 8, 16]" in errs["search"]
     assert "search.strategy independent" in errs["search"]
     r = CliRunner().invoke(app, ["validate", str(write_spec(tmp_path, d))])
-    assert r.exit_code == 2 and "base_batch_size_sequences: 32 is not one of batch_sizes_sequences" in r.output, r.output
+    assert r.exit_code == 2 and "base_batch_size_sequences: 32 is not one of batch_sizes_sequences" in r.output, (
+        r.output
+    )
     d["search"]["strategy"] = "independent"  # each study scales base_lr from 32 by its rule: nothing starts there
     assert parse_spec(d).search.base_batch_size_sequences == 32

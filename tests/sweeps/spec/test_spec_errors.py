@@ -85,28 +85,37 @@ def test_a_bad_list_element_shows_its_path_and_value(tmp_path, tiny_spec_dict):
     d = copy.deepcopy(tiny_spec_dict)
     d["search"]["lr_rules"] = ["sqrt", "cubic"]
     code, lines = validate(write_spec(tmp_path, d))
-    assert (code, lines) == (2, ["error: invalid sweep spec: search.lr_rules.1: "
-                                 "Input should be 'linear', 'sqrt' or 'none', got 'cubic'"]), lines
+    assert (code, lines) == (
+        2,
+        ["error: invalid sweep spec: search.lr_rules.1: Input should be 'linear', 'sqrt' or 'none', got 'cubic'"],
+    ), lines
 
 
 def test_a_misspelt_required_field_is_one_error_with_a_suggestion(tmp_path, tiny_spec_dict):
     d = dict(tiny_spec_dict)
     d["budget_tokns"] = d.pop("budget_tokens")
     assert validate(write_spec(tmp_path, d)) == (
-        2, ["error: invalid sweep spec: budget_tokns: unknown field; did you mean `budget_tokens`, which is required?"])
+        2,
+        ["error: invalid sweep spec: budget_tokns: unknown field; did you mean `budget_tokens`, which is required?"],
+    )
 
 
-@pytest.mark.parametrize("section,typo,field", [
-    ("search", "trials_per_batchsize", "trials_per_batch_size"),
-    ("model", "nlayers", "n_layers"),
-    ("schedule", "warmup_token", "warmup_tokens"),
-])
+@pytest.mark.parametrize(
+    "section,typo,field",
+    [
+        ("search", "trials_per_batchsize", "trials_per_batch_size"),
+        ("model", "nlayers", "n_layers"),
+        ("schedule", "warmup_token", "warmup_tokens"),
+    ],
+)
 def test_an_unknown_field_gets_the_closest_field_of_its_section(tmp_path, tiny_spec_dict, section, typo, field):
     d = copy.deepcopy(tiny_spec_dict)
     d[section][typo] = d[section].get(field, 1)
     d[section].pop(field, None)
     assert validate(write_spec(tmp_path, d)) == (
-        2, [f"error: invalid sweep spec: {section}.{typo}: unknown field; did you mean `{field}`?"])
+        2,
+        [f"error: invalid sweep spec: {section}.{typo}: unknown field; did you mean `{field}`?"],
+    )
 
 
 def test_suggestions_follow_lists_and_optional_sections(tmp_path, tiny_spec_dict):
@@ -125,14 +134,21 @@ def test_an_unknown_field_without_a_close_one_lists_its_section(tmp_path, tiny_s
     d = copy.deepcopy(tiny_spec_dict)
     d["search"]["zzz"] = 1
     code, lines = validate(write_spec(tmp_path, d))
-    assert (code, lines) == (2, ["error: invalid sweep spec: search.zzz: unknown field; search takes "
-                                 + ", ".join(sorted(SearchSpec.model_fields))]), lines
+    assert (code, lines) == (
+        2,
+        [
+            "error: invalid sweep spec: search.zzz: unknown field; search takes "
+            + ", ".join(sorted(SearchSpec.model_fields))
+        ],
+    ), lines
 
 
 def test_an_arms_unknown_field_gets_a_suggestion(tmp_path, tiny_spec_dict):
     d = {**tiny_spec_dict, "arms": [{"name": "a", "search": {"bas_lr": 0.01}}, {"name": "b"}]}
     assert validate(write_spec(tmp_path, d)) == (
-        2, ["error: arms.0 (a): search.bas_lr: unknown field; did you mean `base_lr`?"])
+        2,
+        ["error: arms.0 (a): search.bas_lr: unknown field; did you mean `base_lr`?"],
+    )
 
 
 def test_several_errors_are_counted_one_a_line(tmp_path, tiny_spec_dict):
@@ -152,4 +168,3 @@ def test_a_spec_error_pickles_with_its_errors():
     back = pickle.loads(pickle.dumps(exc))
     assert back.errors == exc.errors and str(back) == str(exc)
     assert str(exc) == "invalid sweep spec: search.base_lr: Input should be greater than 0, got -1"
-

@@ -14,12 +14,17 @@ from tests.conftest import TINY
 BASE = yaml.safe_load(TINY.read_text())
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-10**12, max_value=10**12),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**12), max_value=10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
 )
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                        st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                      max_leaves=10)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=10,
+)
 
 
 def _paths(d, prefix=()):
@@ -29,8 +34,16 @@ def _paths(d, prefix=()):
             yield from _paths(v, prefix + (k,))
 
 
-ALL_PATHS = list(_paths(BASE)) + [("resources", "max_concurrent_trials"), ("optimizer", "beta1"), ("seeds",),
-                                  ("targets",), ("branch",), ("batch_warmup",), ("pruning",), ("budget",)]
+ALL_PATHS = list(_paths(BASE)) + [
+    ("resources", "max_concurrent_trials"),
+    ("optimizer", "beta1"),
+    ("seeds",),
+    ("targets",),
+    ("branch",),
+    ("batch_warmup",),
+    ("pruning",),
+    ("budget",),
+]
 
 
 def _check(outcome):

@@ -9,7 +9,6 @@ import pytest
 
 from sweeps.spec.identity import ARTIFACTS_DIR_NAME, experiment_artifact_location
 
-
 # ---- the rule --------------------------------------------------------------------------------------
 
 
@@ -29,11 +28,22 @@ def test_relative_sqlite_store_is_resolved_against_the_working_directory_at_call
     assert experiment_artifact_location("sqlite:///ml.db") == (tmp_path.resolve() / "mlartifacts").as_uri()
 
 
-@pytest.mark.parametrize("uri", [
-    "/abs/mlruns", "mlruns", "file:///abs/mlruns",  # file stores: MLflow's default is inside the store
-    "http://127.0.0.1:5000", "https://mlflow.example.com", "databricks",  # servers decide
-    "postgresql://u@h/db", "sqlite://", "sqlite:///:memory:", "", None,
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "/abs/mlruns",
+        "mlruns",
+        "file:///abs/mlruns",  # file stores: MLflow's default is inside the store
+        "http://127.0.0.1:5000",
+        "https://mlflow.example.com",
+        "databricks",  # servers decide
+        "postgresql://u@h/db",
+        "sqlite://",
+        "sqlite:///:memory:",
+        "",
+        None,
+    ],
+)
 def test_file_stores_servers_and_other_databases_get_no_location(uri):
     assert experiment_artifact_location(uri) is None
 
@@ -58,13 +68,14 @@ def test_the_tracker_passes_no_location_to_a_server(tiny_spec_dict):
 
 
 def test_tracker_artifacts_land_beside_the_sqlite_store_not_in_the_working_directory(
-        tiny_spec_dict, mlflow_uri, tmp_path, monkeypatch):
+    tiny_spec_dict, mlflow_uri, tmp_path, monkeypatch
+):
     from mlflow.tracking import MlflowClient
 
     from sweeps.spec import parse_spec
     from sweeps.tracking.writer import MlflowTracker
 
-    store_dir = Path(mlflow_uri[len("sqlite:///"):]).parent
+    store_dir = Path(mlflow_uri[len("sqlite:///") :]).parent
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     out = tmp_path / "out"
@@ -90,7 +101,9 @@ def test_tracker_artifacts_land_beside_the_sqlite_store_not_in_the_working_direc
 
     spec2 = parse_spec({**tiny_spec_dict, "name": "art-branching"})
     _log_branches(client, spec2, BranchSpec(), 8, {}, None, 0.0)
-    assert client.get_experiment_by_name(spec2.experiment_name).artifact_location == (store_dir / "mlartifacts").as_uri()
+    assert (
+        client.get_experiment_by_name(spec2.experiment_name).artifact_location == (store_dir / "mlartifacts").as_uri()
+    )
 
     kept = client.create_experiment("kept", artifact_location=(tmp_path / "own").as_uri())
     spec3 = parse_spec({**tiny_spec_dict, "tracking": {**tiny_spec_dict.get("tracking", {}), "experiment": "kept"}})

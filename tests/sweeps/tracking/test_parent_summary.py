@@ -57,8 +57,11 @@ def test_the_parent_reads_cbs_json_from_its_artifacts_and_logs_no_open_end(tiny_
 
 
 def test_the_parent_run_holds_the_measured_lr_exponent_and_the_rules_its_interval_holds(tiny_spec_dict, mlflow_uri):
-    cbs = json.loads(FIXTURE.read_text()) | {"lr_scaling_exponent_fit": 0.42, "lr_scaling_exponent_ci": [0.1, 0.74],
-                                             "lr_scaling_rules_in_interval": ["sqrt"]}
+    cbs = json.loads(FIXTURE.read_text()) | {
+        "lr_scaling_exponent_fit": 0.42,
+        "lr_scaling_exponent_ci": [0.1, 0.74],
+        "lr_scaling_rules_in_interval": ["sqrt"],
+    }
     tracker = _tracker(mlflow_uri, tiny_spec_dict, "summary-lr")
     assert tracker.finish("SUCCEEDED", {}, None, drain_s=5, analysis=cbs)
     run = tracker.client.get_run(tracker.parent_run_id)
@@ -77,13 +80,28 @@ def test_a_crashed_sweep_is_described_by_its_message(tiny_spec_dict, mlflow_uri)
 
 
 def _report(tokens: int, **extra) -> dict:
-    return {"tokens_seen": tokens, "val_loss": 3.0 - tokens / 1e5, "flops": 10.0 * tokens, "syncs": 0,
-            "comm_bytes_per_step": 0.0, "comm_bytes_total": 0, "comm_time_s": 0.0, **extra}
+    return {
+        "tokens_seen": tokens,
+        "val_loss": 3.0 - tokens / 1e5,
+        "flops": 10.0 * tokens,
+        "syncs": 0,
+        "comm_bytes_per_step": 0.0,
+        "comm_bytes_total": 0,
+        "comm_time_s": 0.0,
+        **extra,
+    }
 
 
 def _run_trial(tracker: MlflowTracker, reports: list[dict]) -> str:
-    config = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "lr_multiplier": 1.0,
-              "beta2": 0.99, "beta2_half_life_tokens": 2048.0}
+    config = {
+        "batch_size_sequences": 8,
+        "seed": 0,
+        "lr": 1e-3,
+        "lr_rule": "sqrt",
+        "lr_multiplier": 1.0,
+        "beta2": 0.99,
+        "beta2_half_life_tokens": 2048.0,
+    }
     tracker.trial_started("t1", config, {})
     for r in reports:
         tracker.trial_result("t1", r)
@@ -92,12 +110,17 @@ def _run_trial(tracker: MlflowTracker, reports: list[dict]) -> str:
 
 
 def test_once_per_attempt_values_are_logged_when_they_change_and_lone_ddp_workers_log_no_sync(
-        tiny_spec_dict, mlflow_uri):
+    tiny_spec_dict, mlflow_uri
+):
     tracker = _tracker(mlflow_uri, tiny_spec_dict, "metrics-ddp1")
     first = dict(startup_s=12.5, startup_ray_s=3.0, trainable_params=29792, optimizer_state_bytes_per_param=8.0)
     # a worker-group restart at 4096 tokens: a new start-up time, the same model
-    reports = [_report(2048, **first), _report(4096, startup_s=7.0, startup_ray_s=2.0, trainable_params=29792),
-               _report(6144, trainable_params=29792), _report(8192)]
+    reports = [
+        _report(2048, **first),
+        _report(4096, startup_s=7.0, startup_ray_s=2.0, trainable_params=29792),
+        _report(6144, trainable_params=29792),
+        _report(8192),
+    ]
     rid = _run_trial(tracker, reports)
     c = tracker.client
     assert [m.step for m in c.get_metric_history(rid, "val_loss")] == [2048, 4096, 6144, 8192]
@@ -110,8 +133,14 @@ def test_once_per_attempt_values_are_logged_when_they_change_and_lone_ddp_worker
 
 
 def test_replicas_that_synchronise_log_their_counters_at_every_milestone(tiny_spec_dict, mlflow_uri):
-    spec = {**tiny_spec_dict, "resources": {**tiny_spec_dict["resources"], "workers_per_trial": 2,
-                                            "sync": {"mode": "local_sgd", "every_steps": 4}}}
+    spec = {
+        **tiny_spec_dict,
+        "resources": {
+            **tiny_spec_dict["resources"],
+            "workers_per_trial": 2,
+            "sync": {"mode": "local_sgd", "every_steps": 4},
+        },
+    }
     tracker = _tracker(mlflow_uri, spec, "metrics-local")
     rid = _run_trial(tracker, [_report(2048, syncs=2), _report(4096, syncs=4)])
     assert [m.value for m in sorted(tracker.client.get_metric_history(rid, "syncs"), key=lambda m: m.step)] == [2, 4]
@@ -123,4 +152,7 @@ def test_precision_reaches_the_parent_as_tags_only_when_asked_for():
 
     assert schema.precision_tags({"b_crit": 3.0}) == {}
     tags = schema.precision_tags({"precision": {"stopped_because": "max_trials", "b_crit_ratio_requested": 3.0}})
-    assert tags == {"critbatch.precision.stopped_because": "max_trials", "critbatch.precision.b_crit_ratio_requested": "3.0"}
+    assert tags == {
+        "critbatch.precision.stopped_because": "max_trials",
+        "critbatch.precision.b_crit_ratio_requested": "3.0",
+    }

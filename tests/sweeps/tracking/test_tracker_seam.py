@@ -16,8 +16,15 @@ from sweeps.tracking.base import CompositeTracker, Tracker
 from sweeps.tracking.registry import SinkContext, build_tracker
 from sweeps.tracking.writer import MlflowTracker
 
-CONFIG = {"batch_size_sequences": 8, "seed": 0, "lr": 1e-3, "lr_rule": "sqrt", "lr_multiplier": 1.0, "beta2": 0.99,
-          "beta2_half_life_tokens": 2048.0}
+CONFIG = {
+    "batch_size_sequences": 8,
+    "seed": 0,
+    "lr": 1e-3,
+    "lr_rule": "sqrt",
+    "lr_multiplier": 1.0,
+    "beta2": 0.99,
+    "beta2_half_life_tokens": 2048.0,
+}
 
 
 class EventLog(Tracker):
@@ -49,8 +56,15 @@ class EventLog(Tracker):
     def settle_children(self, statuses: dict[str, str]) -> None:
         self.events.append(("settle_children", statuses))
 
-    def finish(self, status: str, summary: dict[str, float], artifacts_dir: str | None, message: str = "",
-               drain_s: float | None = None, analysis: dict[str, Any] | None = None) -> bool:
+    def finish(
+        self,
+        status: str,
+        summary: dict[str, float],
+        artifacts_dir: str | None,
+        message: str = "",
+        drain_s: float | None = None,
+        analysis: dict[str, Any] | None = None,
+    ) -> bool:
         self.events.append(("finish", (status, summary, message)))
         return self.complete
 
@@ -82,7 +96,8 @@ def test_a_second_sink_receives_the_events_mlflow_records(tiny_spec_dict, mlflow
     assert log.events == [
         ("start_parent", None),
         ("trial_started", ("t1", 8, {"flops_per_token": 100.0})),
-        ("trial_result", ("t1", 2048, 3.0)), ("trial_result", ("t1", 4096, 2.5)),
+        ("trial_result", ("t1", 2048, 3.0)),
+        ("trial_result", ("t1", 4096, 2.5)),
         ("log_trial_tag", ("t1", "critbatch.scheduler.rung", "1")),
         ("trial_ended", ("t1", "COMPLETED", None)),
         ("trial_started", ("t2", 16, {})),
@@ -113,8 +128,13 @@ def test_the_sweep_is_complete_only_when_every_sink_is(tiny_spec_dict, mlflow_ur
 
 
 def test_sinks_are_chosen_by_name(tiny_spec_dict, mlflow_uri, monkeypatch):
-    ctx = SinkContext(tracking_uri=mlflow_uri, spec=parse_spec(tiny_spec_dict), sweep_id="seam-names",
-                      fingerprint="f" * 16, drain_s=7.0)
+    ctx = SinkContext(
+        tracking_uri=mlflow_uri,
+        spec=parse_spec(tiny_spec_dict),
+        sweep_id="seam-names",
+        fingerprint="f" * 16,
+        drain_s=7.0,
+    )
     one = build_tracker(ctx)
     assert isinstance(one, MlflowTracker) and (one.drain_s, one.fingerprint) == (7.0, "f" * 16)
     monkeypatch.setitem(registry.SINKS, "events", lambda ctx: EventLog())

@@ -45,9 +45,18 @@ def test_a_new_experiment_is_model_training_with_a_view_of_the_columns_trials_di
     assert tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3's "Machine learning" kind
     view = _view(tags)
     assert view["name"] == VIEW_NAME and view["createdAt"] == view["updatedAt"] == 1_700_000_000_000
-    assert view["state"] == {"selectedColumns": [
-        "params.`batch_size_sequences`", "params.`lr`", "params.`lr_rule`", "params.`beta2`", "params.`seed`",
-        "metrics.`val_loss`", "metrics.`target_loss`", "metrics.`b_crit`"]}
+    assert view["state"] == {
+        "selectedColumns": [
+            "params.`batch_size_sequences`",
+            "params.`lr`",
+            "params.`lr_rule`",
+            "params.`beta2`",
+            "params.`seed`",
+            "metrics.`val_loss`",
+            "metrics.`target_loss`",
+            "metrics.`b_crit`",
+        ]
+    }
     # the names are the ones the writer logs: trial params and metrics, the parent run's summary
     assert set(VIEW_PARAMS) <= set(schema.TRIAL_PARAMS)
     assert set(VIEW_METRICS) <= set(schema.METRIC_KEYS) | set(schema.SUMMARY_METRICS)
@@ -90,13 +99,16 @@ def test_marking_sets_only_the_tags_an_experiment_lacks():
 
 def test_the_runs_table_address_is_on_the_model_training_side():
     assert runs_table_url("http://127.0.0.1:5000/", "7", view=True) == (
-        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=critbatch")
+        "http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=critbatch"
+    )
     assert runs_table_url("http://h:1", "7", view=False) == (
-        "http://h:1/#/experiments/7/runs?workflowType=machine_learning")
+        "http://h:1/#/experiments/7/runs?workflowType=machine_learning"
+    )
     from sweeps.tracking.reader import mlflow_ui_links
 
     assert mlflow_ui_links("http://ui:5000", "1", None, [])["experiment"] == (
-        "http://ui:5000/#/experiments/1/runs?workflowType=machine_learning")
+        "http://ui:5000/#/experiments/1/runs?workflowType=machine_learning"
+    )
 
 
 # ---- the server's command line ---------------------------------------------------------------------
@@ -108,18 +120,32 @@ def test_the_server_has_one_worker_no_job_runner_and_listens_on_this_machine_onl
     assert c.backend_store_uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"  # `make run`'s store, absolute
     cmd = c.command()
     assert cmd[1:4] == ["-m", "mlflow", "server"]
-    assert cmd[4:] == ["--backend-store-uri", c.backend_store_uri, "--host", "127.0.0.1", "--port", "5123",
-                       "--workers", "1"]
+    assert cmd[4:] == [
+        "--backend-store-uri",
+        c.backend_store_uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "5123",
+        "--workers",
+        "1",
+    ]
     assert c.env({"A": "1"}) == {"A": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     assert c.url == "http://127.0.0.1:5123"
     assert UiConfig(backend_store_uri="sqlite:////abs/x.db").backend_store_uri == "sqlite:////abs/x.db"
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"port": 0}, "port"), ({"port": 65536}, "port"), ({"port": True}, "port"), ({"port": "5000"}, "port"),
-    ({"backend_store_uri": ""}, "backend_store_uri"),
-    ({"backend_store_uri": "http://127.0.0.1:5000"}, "backend_store_uri"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"port": 0}, "port"),
+        ({"port": 65536}, "port"),
+        ({"port": True}, "port"),
+        ({"port": "5000"}, "port"),
+        ({"backend_store_uri": ""}, "backend_store_uri"),
+        ({"backend_store_uri": "http://127.0.0.1:5000"}, "backend_store_uri"),
+    ],
+)
 def test_bad_settings_are_refused_by_field(kwargs, field):
     with pytest.raises(InvalidInput, match=field):
         UiConfig(**kwargs)
@@ -139,7 +165,7 @@ def test_critbatch_ui_opens_the_sweeps_runs_table_with_its_parent_and_children(p
 
     from tests.harness import base_env, free_port, start_group, stop_group, wait_for
 
-    src = Path(precision_sweep.tracking_uri[len("sqlite:///"):])
+    src = Path(precision_sweep.tracking_uri[len("sqlite:///") :])
     db = tmp_path / "mlflow.db"
     shutil.copyfile(src, db)
     state = precision_sweep.read("sweep.json")
@@ -150,12 +176,17 @@ def test_critbatch_ui_opens_the_sweeps_runs_table_with_its_parent_and_children(p
 
     port = free_port()  # the OS's ephemeral range: never Ray's 10002-19999
     log = tmp_path / "ui.log"
-    proc = start_group(["critbatch", "ui", "--backend-store-uri", f"sqlite:///{db}", "--port", str(port),
-                        "--start-timeout-s", "400"], log, base_env(), tmp_path)
+    proc = start_group(
+        ["critbatch", "ui", "--backend-store-uri", f"sqlite:///{db}", "--port", str(port), "--start-timeout-s", "400"],
+        log,
+        base_env(),
+        tmp_path,
+    )
     try:
+
         def printed_url():
             assert proc.poll() is None, log.read_text()[-3000:]
-            return re.search(r"^http://127\.0\.0\.1:\d+/#/experiments/\S+$", log.read_text(), flags=re.M)
+            return re.search(r"^http://127\.0\.0\.1:\d+/#/experiments/\S+$", log.read_text(), flags=re.MULTILINE)
 
         url = wait_for(printed_url, 420, "critbatch ui's address", interval_s=1.0).group(0)
         base = f"http://127.0.0.1:{port}"
@@ -172,8 +203,11 @@ def test_critbatch_ui_opens_the_sweeps_runs_table_with_its_parent_and_children(p
         columns = _view(tags)["state"]["selectedColumns"]
 
         def search(filter_string: str) -> list[dict]:
-            r = requests.post(f"{api}/runs/search", json={"experiment_ids": [exp_id], "filter": filter_string,
-                                                          "max_results": 1000}, timeout=30)
+            r = requests.post(
+                f"{api}/runs/search",
+                json={"experiment_ids": [exp_id], "filter": filter_string, "max_results": 1000},
+                timeout=30,
+            )
             assert r.status_code == 200, r.text
             return r.json().get("runs", [])
 

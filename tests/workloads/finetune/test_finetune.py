@@ -11,12 +11,12 @@ import torch
 from workloads.api import get_workload
 from workloads.config import LoraConfig
 from workloads.errors import DataError
-from workloads.train.evaluation import evaluate
 from workloads.finetune import FINETUNE_META_FILE, build_finetune, load_finetuned, run_finetune, save_finetuned
 from workloads.finetune.lora import finetune_flops_per_token
 from workloads.model.flops import flops_per_token, lora_flops_per_token, matmul_params
-from workloads.train.loop import run_loop
 from workloads.model.hf import shape_of
+from workloads.train.evaluation import evaluate
+from workloads.train.loop import run_loop
 
 from .conftest import CONTEXT, ft_cfg
 
@@ -50,8 +50,14 @@ def test_full_finetune_counts_real_tokens_and_saves_a_checkpoint(ckpt, qa_file, 
     assert [r["status"] for r in m][-1] == "completed" and len(m) == 2
     # tokens seen are the real tokens of the batches drawn, never B * T
     steps = m[-1]["step"]
-    assert m[-1]["tokens_seen"] == sum(work.train_batch(step=s, global_batch_size_sequences=4, start=0, count=4)[0].n_real_tokens
-                                       for s in range(steps)) >= cfg.budget_tokens
+    assert (
+        m[-1]["tokens_seen"]
+        == sum(
+            work.train_batch(step=s, global_batch_size_sequences=4, start=0, count=4)[0].n_real_tokens
+            for s in range(steps)
+        )
+        >= cfg.budget_tokens
+    )
     assert m[-1]["flops"] == pytest.approx(work.flops_per_token * m[-1]["tokens_seen"])
     # it learns: both losses fall between the two reports (by about 0.4 and 0.6 nats here)
     assert m[-1]["val_loss"] < m[0]["val_loss"] - 0.1 and m[-1]["train_loss"] < m[0]["train_loss"] - 0.1
@@ -119,8 +125,8 @@ def test_lora_flops_per_token_against_a_hand_count(ckpt):
     n_matmul = 2 * (4096 + 6144)
     hf = __import__("transformers").AutoConfig.from_pretrained(str(ckpt))
     assert matmul_params(shape_of(hf, T)) == n_matmul == 20480
-    attention = 12 * 2 * T * 32           # 12 n_layer n_ctx d_attn
-    frozen_head = 4 * 32 * 256            # forward + activation gradient of the LM head
+    attention = 12 * 2 * T * 32  # 12 n_layer n_ctx d_attn
+    frozen_head = 4 * 32 * 256  # forward + activation gradient of the LM head
     hand = 4 * n_matmul + 6 * ADAPTER_PARAMS + attention + frozen_head
     assert hand == 145408
     assert finetune_flops_per_token(str(ckpt), T, LORA) == hand

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 import torch
 import torch.nn.functional as F
+from pydantic import ValidationError
 
 from workloads.config import FinetuneConfig, LoraConfig
+from workloads.data.tokenizer import byte_tokenizer
 from workloads.errors import DataError
 from workloads.finetune.examples import load_finetune_data, read_records, tokenize_examples
 from workloads.finetune.packing import Example, pack_examples, rows_batch
-from workloads.data.tokenizer import byte_tokenizer
 
 from .conftest import CONTEXT, TEMPLATE, qa_records, write_jsonl
 
@@ -40,7 +40,7 @@ def test_loss_is_taken_on_response_tokens_only(packing):
     exs = examples(6)
     rows = pack_examples(exs, context_length_tokens=CONTEXT, packing=packing)
     # the loss-carrying targets are exactly the response tokens, in order
-    want = np.concatenate([ex.ids[ex.prompt_len:] for ex in exs])
+    want = np.concatenate([ex.ids[ex.prompt_len :] for ex in exs])
     got = rows.targets[rows.targets != -100].numpy()
     assert np.array_equal(got, want)
     # prompt and padding positions get exactly zero gradient from the loss
@@ -75,8 +75,9 @@ def test_packed_example_logits_equal_the_example_alone(family):
     from workloads.model.hf import build_model
 
     torch.manual_seed(0)
-    model = build_model(ModelConfig(family=family, d_model=32, n_layers=2, n_heads=2, d_ff=64,
-                                    context_length_tokens=CONTEXT), 256).eval()
+    model = build_model(
+        ModelConfig(family=family, d_model=32, n_layers=2, n_heads=2, d_ff=64, context_length_tokens=CONTEXT), 256
+    ).eval()
     exs = examples(6)
     rows = pack_examples(exs, context_length_tokens=CONTEXT, packing="packed")
     assert int(rows.segment_ids.max()) >= 1  # some row holds more than one example
@@ -95,7 +96,8 @@ def test_packed_example_logits_equal_the_example_alone(family):
                 # and the same loss
                 tgt = targets[r, at : at + n]
                 assert F.cross_entropy(packed_logits[r, at : at + n], tgt, ignore_index=-100).item() == pytest.approx(
-                    F.cross_entropy(alone, tgt, ignore_index=-100).item(), rel=1e-5)
+                    F.cross_entropy(alone, tgt, ignore_index=-100).item(), rel=1e-5
+                )
                 at += n
                 k += 1
     assert k == len(exs)
@@ -135,12 +137,15 @@ def test_missing_field_names_the_line_and_field(tmp_path):
         read_records(str(p), "prompt", "answer")
 
 
-@pytest.mark.parametrize("line,msg", [
-    ("{not json", r"line 2: not valid JSON"),
-    ("[1, 2]", r"line 2: expected a JSON object"),
-    ('{"question": "q", "answer": 5}', r"line 2: field 'answer' must be a string"),
-    ('{"question": "q", "answer": ""}', r"line 2: field 'answer' is empty"),
-])
+@pytest.mark.parametrize(
+    "line,msg",
+    [
+        ("{not json", r"line 2: not valid JSON"),
+        ("[1, 2]", r"line 2: expected a JSON object"),
+        ('{"question": "q", "answer": 5}', r"line 2: field 'answer' must be a string"),
+        ('{"question": "q", "answer": ""}', r"line 2: field 'answer' is empty"),
+    ],
+)
 def test_malformed_lines_are_named(tmp_path, line, msg):
     p = write_jsonl(tmp_path / "x.jsonl", [qa_records(1)[0], line])
     with pytest.raises(DataError, match=msg):
@@ -149,12 +154,15 @@ def test_malformed_lines_are_named(tmp_path, line, msg):
 
 def test_over_long_example_is_refused_or_truncated_and_counted(tmp_path):
     recs = qa_records(10)
-    recs[3] = {"question": "short?", "answer": "x" * 200}           # truncated: its prompt fits
-    recs[6] = {"question": "q" * 200, "answer": "y"}                # skipped: the prompt alone fills T
+    recs[3] = {"question": "short?", "answer": "x" * 200}  # truncated: its prompt fits
+    recs[6] = {"question": "q" * 200, "answer": "y"}  # skipped: the prompt alone fills T
     p = write_jsonl(tmp_path / "x.jsonl", recs)
     kw = dict(tokenizer_source="byte", context_length_tokens=CONTEXT, validation_fraction=0.2, vocab_size=256)
-    with pytest.raises(DataError, match=r"line 4: example is \d+ tokens .* longer than context_length_tokens \+ 1 = 97; "
-                                        r"2 of 10 examples are too long \(lines 4, 7\).*finetune.truncate"):
+    with pytest.raises(
+        DataError,
+        match=r"line 4: example is \d+ tokens .* longer than context_length_tokens \+ 1 = 97; "
+        r"2 of 10 examples are too long \(lines 4, 7\).*finetune.truncate",
+    ):
         load_finetune_data(str(p), opts=OPTS, **kw)
     trunc = FinetuneConfig(checkpoint_dir="unused", prompt_template=TEMPLATE, truncate=True)
     data = load_finetune_data(str(p), opts=trunc, **kw)
@@ -180,12 +188,20 @@ def _spec(ckpt, data, **ft):
     from sweeps.run.workload import workload_config
     from sweeps.spec import parse_spec
 
-    return workload_config(parse_spec({
-        "name": "ft", "workload": "finetune", "model": {"context_length_tokens": CONTEXT},
-        "data": {"path": str(data), "validation_fraction": 0.2},
-        "finetune": {"checkpoint_dir": str(ckpt), "prompt_template": TEMPLATE, **ft},
-        "budget_tokens": 4096, "schedule": {"warmup_tokens": 0}, "search": {"batch_sizes_sequences": [2, 4], "base_lr": 1e-3, "base_batch_size_sequences": 2},
-    }))
+    return workload_config(
+        parse_spec(
+            {
+                "name": "ft",
+                "workload": "finetune",
+                "model": {"context_length_tokens": CONTEXT},
+                "data": {"path": str(data), "validation_fraction": 0.2},
+                "finetune": {"checkpoint_dir": str(ckpt), "prompt_template": TEMPLATE, **ft},
+                "budget_tokens": 4096,
+                "schedule": {"warmup_tokens": 0},
+                "search": {"batch_sizes_sequences": [2, 4], "base_lr": 1e-3, "base_batch_size_sequences": 2},
+            }
+        )
+    )
 
 
 def test_check_finetune_inputs_reports_the_data_and_flops(ckpt, qa_file):
@@ -196,8 +212,9 @@ def test_check_finetune_inputs_reports_the_data_and_flops(ckpt, qa_file):
     out = check_finetune_inputs(_spec(ckpt, qa_file, lora=lora))
     assert (out["examples"], out["train_examples"], out["validation_examples"]) == (40, 32, 8)
     assert out["adapter_params"] == 2 * 2 * 4 * (32 + 32)
-    assert out["flops_per_token"] == finetune_flops_per_token(str(ckpt), CONTEXT, LoraConfig(
-        rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "v_proj")))
+    assert out["flops_per_token"] == finetune_flops_per_token(
+        str(ckpt), CONTEXT, LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=("q_proj", "v_proj"))
+    )
     assert out["tokenizer"] == str(ckpt)
 
 

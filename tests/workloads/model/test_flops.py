@@ -50,8 +50,11 @@ def _counted_flops_per_token(hf) -> float:
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_flops_per_token_matches_torch_flop_counter(name):
-    mc = (ModelConfig(family="gpt2", d_model=64, n_layers=2, n_heads=4, d_ff=256, context_length_tokens=T)
-          if FAMILIES[name] is None else ModelConfig(context_length_tokens=T, hf_config=FAMILIES[name]))
+    mc = (
+        ModelConfig(family="gpt2", d_model=64, n_layers=2, n_heads=4, d_ff=256, context_length_tokens=T)
+        if FAMILIES[name] is None
+        else ModelConfig(context_length_tokens=T, hf_config=FAMILIES[name])
+    )
     hf = hf_config(mc, V)
     counted = _counted_flops_per_token(hf)
     ours = flops_per_token(shape_of(hf, T))
@@ -70,20 +73,31 @@ def test_gqa_head_dim_and_gating_enter_the_shape():
     assert (g.n_kv_heads, g.gated_mlp, matmul_params(g)) == (4, False, 2 * (4 * 64 * 64 + 2 * 64 * 128))
 
 
-@pytest.mark.parametrize("config, reason", [
-    ({"model_type": "mixtral"}, "model_type 'mixtral' is not one the FLOPs formula knows"),
-    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe'"),
-    ({"model_type": "llama", "num_experts": 8}, "num_experts=8 makes it a mixture of experts"),
-    ({"model_type": "mistral", "num_local_experts": 4}, "num_local_experts=4"),
-])
+@pytest.mark.parametrize(
+    "config, reason",
+    [
+        ({"model_type": "mixtral"}, "model_type 'mixtral' is not one the FLOPs formula knows"),
+        ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe'"),
+        ({"model_type": "llama", "num_experts": 8}, "num_experts=8 makes it a mixture of experts"),
+        ({"model_type": "mistral", "num_local_experts": 4}, "num_local_experts=4"),
+    ],
+)
 def test_architectures_the_formula_does_not_know(config, reason):
     assert reason in unknown_architecture(config)
     assert unknown_architecture({"model_type": "qwen3", "num_experts": 0}) is None  # 0 experts: dense
 
 
 def test_flops_by_hand():
-    s = TransformerShape(d_model=128, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512, gated_mlp=False,
-                         vocab_size=65, context_length_tokens=128)
+    s = TransformerShape(
+        d_model=128,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=512,
+        gated_mlp=False,
+        vocab_size=65,
+        context_length_tokens=128,
+    )
     # N = 12 * L * d^2 when d_ff = 4d (Kaplan Table 1)
     assert matmul_params(s) == 12 * 4 * 128**2
     expected = 6 * 12 * 4 * 128**2 + 12 * 4 * 128 * 128 + 6 * 128 * 65
@@ -92,7 +106,15 @@ def test_flops_by_hand():
 
 
 def test_lora_flops_by_hand():
-    s = TransformerShape(d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=256, gated_mlp=False,
-                         vocab_size=100, context_length_tokens=32)
+    s = TransformerShape(
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=256,
+        gated_mlp=False,
+        vocab_size=100,
+        context_length_tokens=32,
+    )
     n = matmul_params(s)
     assert lora_flops_per_token(s, 1000) == 4 * n + 6 * 1000 + 12 * 2 * 32 * 64 + 4 * 64 * 100

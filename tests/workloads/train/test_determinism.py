@@ -45,8 +45,14 @@ def _child(threads: int, env_threads: str | None = None, train: bool = True) -> 
     env.pop("OMP_NUM_THREADS", None)
     if env_threads is not None:
         env["OMP_NUM_THREADS"] = env_threads
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(threads), "train" if train else "settings"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(threads), "train" if train else "settings"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -54,8 +60,12 @@ def _child(threads: int, env_threads: str | None = None, train: bool = True) -> 
 def test_deterministic_algorithms_leave_the_cpu_loop_s_numbers_unchanged_to_the_last_digit():
     out = _child(1)
     assert out["before"] == {"deterministic": False}
-    assert out["settings"] == {"torch_num_threads": 1, "omp_num_threads": None, "deterministic_algorithms": True,
-                               "deterministic_warn_only": True}
+    assert out["settings"] == {
+        "torch_num_threads": 1,
+        "omp_num_threads": None,
+        "deterministic_algorithms": True,
+        "deterministic_warn_only": True,
+    }
     assert out["det"] == out["plain"]  # floats through JSON: equal to the last digit
     assert len(out["det"]) == 2 and all(v == v for row in out["det"] for v in row)
     assert not [w for w in out["warnings"] if "deterministic" in w.lower()]  # no op fell back to a warning

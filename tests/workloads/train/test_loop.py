@@ -11,7 +11,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from workloads.train.batching import batch_schedule_steps, plan_batch
+from tests.conftest import ROOT
+from tests.workloads.ranks import leave_group_and_exit
+from tests.workloads.trial import with_sections
 from workloads.config import (
     BatchConfig,
     DataConfig,
@@ -25,17 +27,17 @@ from workloads.config import (
 )
 from workloads.pretrain import build_pretrain, run_pretrain
 from workloads.testing.faults import FaultPlan
+from workloads.train.batching import batch_schedule_steps, plan_batch
 from workloads.train.scaling import warmup_factor, warmup_length_tokens
 from workloads.train.step import IGNORE_INDEX, step_gradient
-from tests.conftest import ROOT
-from tests.workloads.trial import with_sections
-from tests.workloads.ranks import leave_group_and_exit
 
 DATA = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
 BASE = TrialConfig(
     trial_id="t",
-    workload=WorkloadConfig(model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32),
-                            data=DataConfig(path=DATA)),
+    workload=WorkloadConfig(
+        model=ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, context_length_tokens=32),
+        data=DataConfig(path=DATA),
+    ),
     budget_tokens=4096,
     optimizer=OptimizerConfig(lr=3e-3, beta2=0.99, beta2_half_life_tokens=8 * 32 * math.log(0.5) / math.log(0.99)),
     schedule=ScheduleConfig(warmup_tokens=512, ema_half_life_tokens=1024),
@@ -81,19 +83,27 @@ def run(c: TrialConfig, resume=None, on_milestone=()):
     reports = []
     torch.manual_seed(123)
     # the adapter serialises the state at once; keep a copy as it does
-    out = run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
-                       resume_state=resume, on_milestone=on_milestone)
+    out = run_pretrain(
+        c,
+        device=torch.device("cpu"),
+        report=lambda m, s: reports.append((m, copy.deepcopy(s))),
+        resume_state=resume,
+        on_milestone=on_milestone,
+    )
     return out, reports
 
 
-@pytest.mark.parametrize("B,W,mx,kmin,expect", [
-    (8, 1, 64, 1, (8, 1)),
-    (8, 1, 64, 2, (4, 2)),
-    (256, 1, 64, 2, (64, 4)),
-    (256, 2, 64, 2, (64, 2)),
-    (4, 2, 64, 2, (2, 1)),
-    (12, 1, 5, 1, (4, 3)),
-])
+@pytest.mark.parametrize(
+    "B,W,mx,kmin,expect",
+    [
+        (8, 1, 64, 1, (8, 1)),
+        (8, 1, 64, 2, (4, 2)),
+        (256, 1, 64, 2, (64, 4)),
+        (256, 2, 64, 2, (64, 2)),
+        (4, 2, 64, 2, (2, 1)),
+        (12, 1, 5, 1, (4, 3)),
+    ],
+)
 def test_plan_batch(B, W, mx, kmin, expect):
     p = plan_batch(B, W, mx, kmin)
     assert (p.micro_batch_size_sequences, p.grad_accum_steps) == expect
@@ -109,8 +119,12 @@ def test_batch_warmup_takes_the_exact_number_of_steps():
     # 4096 tokens, T = 32; batch 4 (128 tok/step) until 1024 tokens, 8 until 2048, then 16 (512 tok/step)
     phases = batch_schedule_steps(4096, 32, 16, [(0, 1), (1024, 2), (2048, 4)])
     assert phases == [(4, 8), (8, 4), (16, 4)]
-    out, reports = run(cfg(batch={"batch_size_sequences": 16, "warmup": ((0, 1), (1024, 2), (2048, 4))},
-                           optimizer={"beta2_half_life_tokens": 4096.0}))
+    out, reports = run(
+        cfg(
+            batch={"batch_size_sequences": 16, "warmup": ((0, 1), (1024, 2), (2048, 4))},
+            optimizer={"beta2_half_life_tokens": 4096.0},
+        )
+    )
     assert out.status == "completed"
     final = reports[-1][0]
     assert final["step"] == 8 + 4 + 4 and final["tokens_seen"] == 4096
@@ -131,7 +145,7 @@ def test_reports_at_milestones_only_with_monotone_tokens(monkeypatch):
     # report is that of the steps up to it
     assert [n[2:] for n in norms] == [(4, 2)] * 16 and [r["step"] for r, _ in reports] == [4, 8, 12, 16]
     for r, _ in reports:
-        assert r["b_simple"] == pytest.approx(expected_b_simple(norms[:r["step"]], 0.95), rel=1e-9)
+        assert r["b_simple"] == pytest.approx(expected_b_simple(norms[: r["step"]], 0.95), rel=1e-9)
     assert m["b_simple"] > 0
     assert m["val_loss"] < math.log(256)
     assert m["mfu"] is None  # CPU: no MFU, never a guess
@@ -173,7 +187,9 @@ def test_a_longer_budget_repeats_the_curve_and_stop_at_loss_ends_it_at_the_first
     assert [m["tokens_seen"] for m, _ in stopped] == [1024, 2048, 3072]
     last = stopped[-1][0]
     assert out.status == "completed" and last["done"] and last["status"] == "completed" and last["stopped_at_loss"]
-    assert last["val_loss"] <= stop < stopped[1][0]["val_loss"] and not any("stopped_at_loss" in m for m, _ in stopped[:-1])
+    assert last["val_loss"] <= stop < stopped[1][0]["val_loss"] and not any(
+        "stopped_at_loss" in m for m, _ in stopped[:-1]
+    )
 
 
 def test_divergence_is_a_named_outcome():
@@ -197,7 +213,8 @@ def test_wsd_schedule_runs_decay_branches_and_counts_their_flops():
     # validation tokens, and a branch of round(0.25 x tokens / 256) steps of 8 x 32 tokens: 1, 2, 3, 4 steps
     per_milestone = [2 * fpt / 3 * 1024 + fpt * n * 256 for n in (1, 2, 3, 4)]
     assert [m["flops_measurement"] for m, _ in reports] == pytest.approx(
-        [sum(per_milestone[:i + 1]) for i in range(4)], rel=1e-12)
+        [sum(per_milestone[: i + 1]) for i in range(4)], rel=1e-12
+    )
     # the raw weights are the stable branch, untouched by the branches: a constant-LR run's raw weights
     _, constant = run(cfg(eval={"raw_every_milestone": True}))
     raw = [m["val_loss_raw"] for m, _ in reports]
@@ -242,11 +259,16 @@ def test_warmup_at_a_small_batch_is_linear_in_tokens_after_the_step():
 
 def test_the_loop_sets_each_step_lr_from_the_tokens_after_it():
     # B = 8 x T = 32 = 256 tokens per step, warmup_tokens 256 < 4 steps: the LR ramps over 1024 tokens
-    c = cfg(schedule={"warmup_tokens": 256}, budget_tokens=1536,
-            eval={"milestones_tokens": (256, 512, 768, 1024, 1280, 1536), "eval_tokens": 256})
+    c = cfg(
+        schedule={"warmup_tokens": 256},
+        budget_tokens=1536,
+        eval={"milestones_tokens": (256, 512, 768, 1024, 1280, 1536), "eval_tokens": 256},
+    )
     out, reports = run(c)
     assert [m["tokens_seen"] for m, _ in reports] == [256, 512, 768, 1024, 1280, 1536]
-    assert [m["lr"] for m, _ in reports] == pytest.approx([c.optimizer.lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)])
+    assert [m["lr"] for m, _ in reports] == pytest.approx(
+        [c.optimizer.lr * f for f in (0.25, 0.5, 0.75, 1.0, 1.0, 1.0)]
+    )
 
 
 # ---- token-weighted gradient of one step ---------------------------------------------------------
@@ -275,7 +297,7 @@ def _micro_batches(case: dict, work, start: int, count: int, micro: int) -> list
         else:
             from workloads.finetune.packing import rows_batch
 
-            out.append(rows_batch(work.data.train, case["rows"][s:s + micro]))
+            out.append(rows_batch(work.data.train, case["rows"][s : s + micro]))
     return out
 
 
@@ -284,8 +306,9 @@ def _params(work) -> list[torch.Tensor]:
 
 
 def _step(case: dict, work, micro_batches: list):
-    return step_gradient(work.model, _params(work), micro_batches, device=CPU, real_tokens=work.real_tokens,
-                         noise_scale=True)
+    return step_gradient(
+        work.model, _params(work), micro_batches, device=CPU, real_tokens=work.real_tokens, noise_scale=True
+    )
 
 
 def _logits(work, x) -> torch.Tensor:
@@ -318,8 +341,15 @@ def _gloo_worker(rank: int, world: int, init_file: str, cases: dict, splits: dic
             per = 8 // world
             for sname, micro in splits.items():
                 sg = _step(case, work, _micro_batches(case, work, rank * per, per, micro))
-                res[(cname, sname)] = (sg.grads, sg.loss, sg.loss_tokens, sg.real_tokens, sg.small_sq_norm_mean,
-                                       sg.big_sq_norm, sg.micro_batches)
+                res[(cname, sname)] = (
+                    sg.grads,
+                    sg.loss,
+                    sg.loss_tokens,
+                    sg.real_tokens,
+                    sg.small_sq_norm_mean,
+                    sg.big_sq_norm,
+                    sg.micro_batches,
+                )
         torch.save(res, f"{out_dir}/rank{rank}.pt")
     except BaseException:
         dist.destroy_process_group()
@@ -337,10 +367,20 @@ def step_cases(tmp_path_factory):
     recs = [{"question": f"long {i}?", "answer": f"{i} " * 30} for i in range(10)]
     recs += [{"question": f"short {i}?", "answer": f"{i % 10}"} for i in range(10)]
     (tmp / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    ft = cfg(name="finetune", data={"path": str(tmp / "mixed.jsonl"), "validation_fraction": 0.2},
-             model={"context_length_tokens": FT_CONTEXT},
-             finetune=FinetuneConfig(checkpoint_dir=str(ckpt), prompt_field="question", response_field="answer",
-                                     prompt_template="Q: {prompt}\nA: ", packing="padded", truncate=False, lora=None))
+    ft = cfg(
+        name="finetune",
+        data={"path": str(tmp / "mixed.jsonl"), "validation_fraction": 0.2},
+        model={"context_length_tokens": FT_CONTEXT},
+        finetune=FinetuneConfig(
+            checkpoint_dir=str(ckpt),
+            prompt_field="question",
+            response_field="answer",
+            prompt_template="Q: {prompt}\nA: ",
+            packing="padded",
+            truncate=False,
+            lora=None,
+        ),
+    )
     rows = build_finetune(ft, CPU).data.train
     n_loss = (rows.targets != IGNORE_INDEX).sum(1)
     order = torch.argsort(n_loss, descending=True)
@@ -354,8 +394,9 @@ def step_cases(tmp_path_factory):
 def two_workers(step_cases, tmp_path_factory):
     """The step gradients computed by a real 2-process gloo group: 2 workers x 4 rows, and 2 x (2 x 2)."""
     tmp = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_gloo_worker, args=(2, str(tmp / "init"), step_cases, {"2x4": 4, "2x2x2": 2}, str(tmp)), nprocs=2,
-             join=True)
+    mp.spawn(
+        _gloo_worker, args=(2, str(tmp / "init"), step_cases, {"2x4": 4, "2x2x2": 2}, str(tmp)), nprocs=2, join=True
+    )
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -363,12 +404,14 @@ def two_workers(step_cases, tmp_path_factory):
 def test_step_gradient_is_the_token_mean_for_every_split(step_cases, two_workers, case_name):
     case = step_cases[case_name]
     work = _build(case)
-    (x, y), = _micro_batches(case, work, 0, 8, 8)
+    ((x, y),) = _micro_batches(case, work, 0, 8, 8)
     # direct: sum of token losses over the 8 rows / their loss tokens
     n_tokens = int((y != IGNORE_INDEX).sum())
     logits = _logits(work, x)
-    direct_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX,
-                                  reduction="sum") / n_tokens
+    direct_loss = (
+        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+        / n_tokens
+    )
     direct = list(torch.autograd.grad(direct_loss, _params(work)))
     for micro in (8, 4, 2):  # 1 x 8, 2 x 4 and 4 x 2 (accumulation)
         sg = _step(case, work, _micro_batches(case, work, 0, 8, micro))
@@ -409,7 +452,7 @@ def test_noise_scale_norms_are_those_of_each_micro_batch_mean_gradient(step_case
 def test_a_micro_batch_without_loss_tokens_adds_nothing(step_cases):
     case = step_cases["pretrain"]
     work = _build(case)
-    (x, y), = _micro_batches(case, work, 0, 4, 4)
+    ((x, y),) = _micro_batches(case, work, 0, 4, 4)
     alone = _step(case, work, [(x, y)])
     silent = _step(case, work, [(x, y), (x, torch.full_like(y, IGNORE_INDEX))])
     assert _rel(silent.grads, alone.grads) < 1e-6 and silent.loss == pytest.approx(alone.loss, rel=1e-6)
@@ -423,8 +466,9 @@ def test_a_planned_fault_fires_before_its_report_on_the_first_attempt_only():
     c, hooks = cfg(), [FaultPlan(fail_at_milestone=1)]
     reports = []
     with pytest.raises(RuntimeError, match="injected fault at milestone 1"):
-        run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
-                     on_milestone=hooks)
+        run_pretrain(
+            c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))), on_milestone=hooks
+        )
     assert [m["tokens_seen"] for m, _ in reports] == [1024]  # milestone 1 was never reported
     # a restored worker group (attempt 1) runs clean from the state of milestone 0
     out, resumed = run(c, resume=reports[0][1], on_milestone=hooks)

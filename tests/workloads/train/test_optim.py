@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workloads.config import OptimizerConfig, TrainingConfig, TrialConfig
-from workloads.train.optim import build_optimizer, reads_beta2, state_bytes_per_param
-from workloads.pretrain import build_pretrain, run_pretrain
+from tests.workloads.ranks import leave_group_and_exit
 from tests.workloads.train.test_loop import BASE, cfg, run
 from tests.workloads.trial import with_sections
-from tests.workloads.ranks import leave_group_and_exit
+from workloads.config import OptimizerConfig, TrainingConfig, TrialConfig
+from workloads.pretrain import build_pretrain, run_pretrain
+from workloads.train.optim import build_optimizer, reads_beta2, state_bytes_per_param
 
 #: a peak LR at which each optimizer learns on the tiny model (Adafactor's is a relative step size)
 LR = {"adamw": 3e-3, "adamw_8bit": 3e-3, "sgd_momentum": 0.3, "adafactor": 3e-2}
@@ -72,8 +72,10 @@ def _n_params(name: str) -> tuple[int, float]:
         # bitsandbytes (Dettmers et al. 2022): tensors of 4,096+ elements keep both moments in uint8 with a
         # float32 scale per block of 256 and a 256-entry float32 quantile map per moment; smaller tensors keep
         # float32 moments; the step is a Python int
-        b = sum(2 * p.numel() + 2 * 4 * math.ceil(p.numel() / 256) + 2 * 256 * 4 if p.numel() >= 4096
-                else 8 * p.numel() for p in params)
+        b = sum(
+            2 * p.numel() + 2 * 4 * math.ceil(p.numel() / 256) + 2 * 256 * 4 if p.numel() >= 4096 else 8 * p.numel()
+            for p in params
+        )
         return n, b / n
     # adafactor: a row and a column factor for 2-D weights, a full variance otherwise, a float32 step each
     b = sum(4 * (p.shape[0] + p.shape[1]) if p.dim() == 2 else 4 * p.numel() for p in params) + 4 * len(params)
@@ -87,8 +89,12 @@ def test_the_first_report_carries_the_measured_state_bytes_per_param(full_runs, 
     n, expected = _n_params(name)
     assert first == pytest.approx(expected, rel=1e-9)
     # adamw_8bit: under AdamW's 8 although most tensors of this tiny model are under 4,096 elements (float32)
-    assert {"adamw": 7.9 < first < 8.1, "adamw_8bit": 2.0 < first < 7.0, "sgd_momentum": first == 4.0,
-            "adafactor": first < 2.0}[name], first
+    assert {
+        "adamw": 7.9 < first < 8.1,
+        "adamw_8bit": 2.0 < first < 7.0,
+        "sgd_momentum": first == 4.0,
+        "adafactor": first < 2.0,
+    }[name], first
     assert all("optimizer_state_bytes_per_param" not in m for m, _ in reports[1:])
     assert reports[0][0]["trainable_params"] == n  # what critbatch plan's all-reduce bytes are made of
     _, resumed = run(_cfg(name), resume=reports[1][1])  # a new attempt measures it again
@@ -97,8 +103,9 @@ def test_the_first_report_carries_the_measured_state_bytes_per_param(full_runs, 
 
 def test_state_bytes_are_zero_before_the_first_step():
     p = torch.nn.Parameter(torch.ones(4, 4))
-    opt = build_optimizer([p], OptimizerConfig(name="sgd_momentum", lr=0.1, beta2_half_life_tokens=1.0),
-                          torch.device("cpu"))
+    opt = build_optimizer(
+        [p], OptimizerConfig(name="sgd_momentum", lr=0.1, beta2_half_life_tokens=1.0), torch.device("cpu")
+    )
     assert state_bytes_per_param(opt, 16) == 0.0
     p.grad = torch.ones(4, 4)
     opt.step()
@@ -112,29 +119,47 @@ def test_the_builder_makes_each_class_with_the_configs_hyperparameters():
     adamw = build_optimizer(params, o, cpu)
     assert type(adamw) is torch.optim.AdamW
     assert {k: adamw.param_groups[0][k] for k in ("lr", "betas", "eps", "weight_decay", "foreach", "fused")} == {
-        "lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-7, "weight_decay": 0.1, "foreach": True, "fused": None}
+        "lr": 0.01,
+        "betas": (0.8, 0.95),
+        "eps": 1e-7,
+        "weight_decay": 0.1,
+        "foreach": True,
+        "fused": None,
+    }
     sgd = build_optimizer(params, OptimizerConfig(**{**o.__dict__, "name": "sgd_momentum"}), cpu)
     assert type(sgd) is torch.optim.SGD
     assert {k: sgd.param_groups[0][k] for k in ("lr", "momentum", "nesterov", "weight_decay", "dampening")} == {
-        "lr": 0.01, "momentum": 0.8, "nesterov": False, "weight_decay": 0.1, "dampening": 0}
+        "lr": 0.01,
+        "momentum": 0.8,
+        "nesterov": False,
+        "weight_decay": 0.1,
+        "dampening": 0,
+    }
     ada = build_optimizer(params, OptimizerConfig(**{**o.__dict__, "name": "adafactor"}), cpu)
     assert type(ada) is torch.optim.Adafactor
     assert "betas" not in ada.param_groups[0]
     assert (ada.param_groups[0]["lr"], ada.param_groups[0]["weight_decay"]) == (0.01, 0.1)
 
 
-@pytest.mark.parametrize("device", [
-    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))])
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
 def test_adamw_8bit_is_bitsandbytes_with_uint8_moments(device):
     p = torch.nn.Parameter(torch.randn(64, 128, device=device))
-    o = OptimizerConfig(name="adamw_8bit", lr=0.01, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.1,
-                        beta2_half_life_tokens=1.0)
+    o = OptimizerConfig(
+        name="adamw_8bit", lr=0.01, beta1=0.8, beta2=0.95, eps=1e-7, weight_decay=0.1, beta2_half_life_tokens=1.0
+    )
     opt = build_optimizer([p], o, torch.device(device))
     import bitsandbytes as bnb
 
     assert type(opt) is bnb.optim.AdamW8bit
     assert {k: opt.param_groups[0][k] for k in ("lr", "betas", "eps", "weight_decay")} == {
-        "lr": 0.01, "betas": (0.8, 0.95), "eps": 1e-7, "weight_decay": 0.1}
+        "lr": 0.01,
+        "betas": (0.8, 0.95),
+        "eps": 1e-7,
+        "weight_decay": 0.1,
+    }
     p.grad = torch.randn(64, 128, device=device)
     opt.step()
     state = opt.state[p]
@@ -169,15 +194,20 @@ def test_the_optimizer_name_round_trips_and_an_unknown_one_is_refused():
 
 # ---- sgd_momentum under fsdp: 2 ranks, gloo ---------------------------------------------------------
 
-TWO = with_sections(BASE, batch={"micro_batch_size_sequences_max": 2}, budget_tokens=2048,
-                    eval={"milestones_tokens": (512, 1024, 1536, 2048), "eval_tokens": 512},
-                    optimizer={"name": "sgd_momentum", "lr": LR["sgd_momentum"]})
+TWO = with_sections(
+    BASE,
+    batch={"micro_batch_size_sequences_max": 2},
+    budget_tokens=2048,
+    eval={"milestones_tokens": (512, 1024, 1536, 2048), "eval_tokens": 512},
+    optimizer={"name": "sgd_momentum", "lr": LR["sgd_momentum"]},
+)
 
 
 def _run(c, resume=None):
     reports = []
-    run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
-                 resume_state=resume)
+    run_pretrain(
+        c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))), resume_state=resume
+    )
     return reports
 
 

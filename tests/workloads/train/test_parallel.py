@@ -10,24 +10,33 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workloads.train.batching import min_micro_batches_total
-from workloads.config import TrainingConfig
-from workloads.train.parallel import autocast_dtype
-from workloads.pretrain import run_pretrain
+from tests.workloads.ranks import leave_group_and_exit
 from tests.workloads.train.test_loop import BASE
 from tests.workloads.trial import with_sections
-from tests.workloads.ranks import leave_group_and_exit
+from workloads.config import TrainingConfig
+from workloads.pretrain import run_pretrain
+from workloads.train.batching import min_micro_batches_total
+from workloads.train.parallel import autocast_dtype
 
 # 8 sequences per step, micro-batches of 2: 2 accumulation steps on each of 2 workers; 8 steps
-TWO = with_sections(BASE, batch={"micro_batch_size_sequences_max": 2}, budget_tokens=2048,
-                    eval={"milestones_tokens": (512, 1024, 1536, 2048), "eval_tokens": 512})
+TWO = with_sections(
+    BASE,
+    batch={"micro_batch_size_sequences_max": 2},
+    budget_tokens=2048,
+    eval={"milestones_tokens": (512, 1024, 1536, 2048), "eval_tokens": 512},
+)
 FSDP = TrainingConfig(parallelism="fsdp")
 
 
 def _run(c, resume=None, save_dir=None):
     reports = []
-    out = run_pretrain(c, device=torch.device("cpu"), report=lambda m, s: reports.append((m, copy.deepcopy(s))),
-                       resume_state=resume, save_dir=save_dir)
+    out = run_pretrain(
+        c,
+        device=torch.device("cpu"),
+        report=lambda m, s: reports.append((m, copy.deepcopy(s))),
+        resume_state=resume,
+        save_dir=save_dir,
+    )
     return out, reports
 
 
@@ -43,11 +52,15 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
     # a copy each: a loaded optimizer keeps (and steps) the very tensors it was given
     res["fsdp_resumed"] = _run(with_sections(TWO, training=FSDP), resume=copy.deepcopy(state[0]))[1]
     res["ddp_from_fsdp"] = _run(TWO, resume=copy.deepcopy(state[0]))[1]
-    wsd = {"schedule": {"kind": "wsd", "decay_fraction": 0.25}, "noise_scale": {"enabled": False},
-           "optimizer": {"grad_clip_norm": None}}
+    wsd = {
+        "schedule": {"kind": "wsd", "decay_fraction": 0.25},
+        "noise_scale": {"enabled": False},
+        "optimizer": {"grad_clip_norm": None},
+    }
     res["ddp_wsd"] = _run(with_sections(TWO, **wsd))[1]
-    res["fsdp_wsd_ac"] = _run(with_sections(TWO, **wsd, training=TrainingConfig(parallelism="fsdp",
-                                                                                activation_checkpointing=True)))[1]
+    res["fsdp_wsd_ac"] = _run(
+        with_sections(TWO, **wsd, training=TrainingConfig(parallelism="fsdp", activation_checkpointing=True))
+    )[1]
     if rank == 0:
         torch.save(res, f"{out_dir}/runs.pt")
     leave_group_and_exit()  # ranks.py: together, and past the teardown where gloo aborted a rank now and then
@@ -80,12 +93,17 @@ def test_the_fsdp_checkpoint_has_the_ddp_format_and_weights(runs):
     for k in d["model"]:
         assert torch.allclose(d["model"][k], f["model"][k], atol=1e-6), k
     assert d["optimizer"]["state"].keys() == f["optimizer"]["state"].keys()
-    assert [g["params"] for g in d["optimizer"]["param_groups"]] == [g["params"] for g in f["optimizer"]["param_groups"]]
+    assert [g["params"] for g in d["optimizer"]["param_groups"]] == [
+        g["params"] for g in f["optimizer"]["param_groups"]
+    ]
     for i, s in d["optimizer"]["state"].items():
         for k, v in s.items():
             assert torch.allclose(v, f["optimizer"]["state"][i][k], atol=1e-6), (i, k)
     assert [e.shape for e in d["ema_raw"]] == [e.shape for e in f["ema_raw"]]
-    timeless = lambda loop: {k: v for k, v in loop.items() if k != "train_time_s"}  # noqa: E731
+
+    def timeless(loop):
+        return {k: v for k, v in loop.items() if k != "train_time_s"}
+
     assert timeless(d["loop"]) == timeless(f["loop"]) and d["noise_scale"].keys() == f["noise_scale"].keys()
 
 
@@ -100,14 +118,16 @@ def test_an_fsdp_resume_equals_the_uninterrupted_run_and_ddp_resumes_it_too(runs
 def test_fsdp_saves_the_full_hugging_face_checkpoint(runs):
     from transformers import AutoModelForCausalLM
 
-    from workloads.train.evaluation import evaluate
     from workloads.pretrain import build_pretrain
+    from workloads.train.evaluation import evaluate
 
     res, tmp = runs
     model = AutoModelForCausalLM.from_pretrained(tmp / "hf")
     val = build_pretrain(TWO, torch.device("cpu")).val_batches()
     end = res["fsdp"][-1][0]
-    assert end["done"] and evaluate(model, val, torch.device("cpu"), None) == pytest.approx(end["val_loss_raw"], rel=1e-6)
+    assert end["done"] and evaluate(model, val, torch.device("cpu"), None) == pytest.approx(
+        end["val_loss_raw"], rel=1e-6
+    )
 
 
 def test_fsdp_plans_two_micro_batches_per_worker_for_the_noise_scale():
@@ -151,9 +171,14 @@ def test_compile_gives_the_same_losses():
     assert _losses(compiled, "val_loss") == pytest.approx(_losses(plain, "val_loss"), rel=1e-4)
 
 
-@pytest.mark.parametrize("kw,field", [({"parallelism": "zero"}, "parallelism"),
-                                      ({"mixed_precision": "fp16"}, "mixed_precision"),
-                                      ({"compile": "yes"}, "compile")])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"parallelism": "zero"}, "parallelism"),
+        ({"mixed_precision": "fp16"}, "mixed_precision"),
+        ({"compile": "yes"}, "compile"),
+    ],
+)
 def test_training_config_refuses_bad_values(kw, field):
     with pytest.raises(ValueError, match=rf"for TrainingConfig\n{field}\n"):  # pydantic names the field
         TrainingConfig(**kw)
@@ -164,7 +189,10 @@ def test_fsdp_counts_its_all_gathers_and_reduce_scatters(runs):
 
     res, _ = runs
     named = dict(build_pretrain(TWO, torch.device("cpu")).model.named_parameters())
-    half = lambda p: -(-p.shape[0] // 2) * p[0].numel() * 4 if p.shape[0] > 1 else 0  # noqa: E731  rank 0's dim-0 shard
+
+    def half(p):
+        return -(-p.shape[0] // 2) * p[0].numel() * 4 if p.shape[0] > 1 else 0
+
     forward = sum(half(p) for p in named.values())
     backward = sum(half(p) for n, p in named.items() if ".layers." in n)  # the root stays gathered for backward
     reduce_scatter = sum(4 * p.numel() for p in named.values())

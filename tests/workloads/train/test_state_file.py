@@ -57,8 +57,9 @@ def test_a_state_written_into_a_full_filesystem_names_the_disk_and_the_file(full
     exc = info.value
     assert exc.errno == errno.ENOSPC and isinstance(exc, OSError) and isinstance(exc, CritbatchError)
     text = str(exc)
-    assert text.startswith("no space left on device while writing the checkpoint to "
-                           "/sweep/out/train/train-1/ckpt-000002/trial_state.pt ("), text
+    assert text.startswith(
+        "no space left on device while writing the checkpoint to /sweep/out/train/train-1/ckpt-000002/trial_state.pt ("
+    ), text
     assert "(torch: " in text and "enforce fail" not in text, text  # torch's own words kept, its prefix not
     again = pickle.loads(pickle.dumps(exc))  # a worker's error crosses Ray pickled
     assert type(again) is OutOfSpace and again.errno == errno.ENOSPC and str(again) == text
@@ -92,15 +93,18 @@ def test_the_rule_reads_the_errno_in_the_chain_and_the_words_of_a_copy():
         except BaseException as e:  # noqa: BLE001
             return e
 
-    torch_error = raised(RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
-                         OSError(errno.ENOSPC, "No space left on device"))
+    torch_error = raised(
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+        OSError(errno.ENOSPC, "No space left on device"),
+    )
     said = out_of_space_error(torch_error, "the checkpoint to P", None, by="torch")
     assert str(said) == "no space left on device while writing the checkpoint to P (torch: unexpected pos 704 vs 598)"
     quota = out_of_space_error(OSError(errno.EDQUOT, "Disk quota exceeded"), "the checkpoint to P", None)
     assert quota.errno == errno.EDQUOT and str(quota) == "disk quota exceeded while writing the checkpoint to P"
     copy = OSError("When uploading part for key 'x': IOError: No space left on device")  # no errno: pyarrow's way
     assert str(out_of_space_error(copy, "the checkpoint to s3://b/x", None)).startswith(
-        "no space left on device while writing the checkpoint to s3://b/x (OSError: When uploading")
+        "no space left on device while writing the checkpoint to s3://b/x (OSError: When uploading"
+    )
     assert out_of_space_error(RuntimeError("unexpected pos 1 vs 0"), "the checkpoint to P", None) is None  # no folder
     assert out_of_space_error(ValueError("bad state"), "the checkpoint to P", "/") is None
     assert out_of_space_error(said, "something else", None) is said  # said once, not wrapped again
@@ -108,8 +112,9 @@ def test_the_rule_reads_the_errno_in_the_chain_and_the_words_of_a_copy():
 
 def test_a_runner_checkpoint_on_a_full_disk_names_its_file_and_leaves_no_temporary_folder(full_fs):
     trial = full_fs / "train-1"
-    with pytest.raises(OutOfSpace, match="no space left on device while writing the checkpoint to "
-                       f"{trial}/ckpt-000001/trial_state.pt"):
+    with pytest.raises(
+        OutOfSpace, match=f"no space left on device while writing the checkpoint to {trial}/ckpt-000001/trial_state.pt"
+    ):
         save_checkpoint(str(trial), 1, big_state())
     assert os.listdir(trial) == []  # the temporary ".ckpt-000001-*" folder is gone
     folder = save_checkpoint(str(trial), 2, {"step": 2})  # a small one still fits

@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.workloads.ranks import leave_group_and_exit
+from tests.workloads.train.test_parallel import TWO, _run
+from tests.workloads.trial import with_sections
 from workloads.config import SyncConfig, TrainingConfig
 from workloads.pretrain import build_pretrain
 from workloads.train.sync import replica_mean_state_dict
-from tests.workloads.train.test_parallel import TWO, _run
-from tests.workloads.trial import with_sections
-from tests.workloads.ranks import leave_group_and_exit
 
 SGD = {"name": "sgd_momentum", "lr": 0.3, "grad_clip_norm": None}
 NO_CLIP = {"grad_clip_norm": None}
@@ -42,8 +42,9 @@ def _two_rank_runs(rank: int, init_file: str, out_dir: str) -> None:
         res[mode + "_resumed"] = _run(c, resume=copy.deepcopy(state[0]))[1]
     # an outer step of lr 1 without momentum lands on the replicas' mean: DiLoCo is then local SGD
     res["diloco_plain"] = _run(with_sections(TWO, training=_sync("diloco", 4, outer_lr=1.0, outer_momentum=0.0)))[1]
-    res["local_wsd"] = _run(with_sections(TWO, schedule={"kind": "wsd", "decay_fraction": 0.25},
-                                          training=_sync("local_sgd", 2)))[1]
+    res["local_wsd"] = _run(
+        with_sections(TWO, schedule={"kind": "wsd", "decay_fraction": 0.25}, training=_sync("local_sgd", 2))
+    )[1]
     tied = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 3), "head": torch.nn.Linear(3, 4, bias=False)})
     tied["head"].weight = tied["emb"].weight  # an lm_head tied to the embedding: one parameter, two state_dict keys
     with torch.no_grad():
@@ -134,7 +135,9 @@ def test_the_noise_scale_is_off_for_replicas_and_wsd_runs(runs):
 def test_the_saved_replica_mean_gives_a_tied_head_the_embedding_s_mean(runs):
     mean = runs["tied_mean"]
     assert set(mean) == {"emb.weight", "head.weight"}
-    assert torch.equal(mean["emb.weight"], torch.full((4, 3), 1.5)) and torch.equal(mean["head.weight"], mean["emb.weight"])
+    assert torch.equal(mean["emb.weight"], torch.full((4, 3), 1.5)) and torch.equal(
+        mean["head.weight"], mean["emb.weight"]
+    )
 
 
 def test_replicas_in_one_process_are_refused():
