@@ -326,6 +326,7 @@ def analyze(
     from sweeps.analysis.summary import analyze_note
 
     for one in result["sweeps"] if trials and len(trials) > 1 else [result]:
+        one = one if isinstance(one, dict) else one.to_json_dict()  # a CbsResult: its cbs.json mapping
         console.print(
             (f"{one['path']}: " if "path" in one else "") + analyze_note(one), markup=False, highlight=False
         )  # stderr: stdout stays JSON

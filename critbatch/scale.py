@@ -45,15 +45,9 @@ def _members(
         raise InvalidInput("--csv needs --reference-batch (the B0 of each table's 20 % CBS)")
     if not csv and not cbs:
         raise InvalidInput("give the study's members: --csv FILE --tokens D (repeat) and/or --cbs SWEEP[:TOKENS]")
+    ref = reference_batch if reference_batch is not None else 0.0  # given whenever there is a --csv (above)
     members = [
-        member_from_csv(
-            path,
-            d,
-            reference_batch,
-            level=level,
-            quantity=quantity,  # type: ignore[arg-type]
-            n_params=n_params[i] if n_params else None,
-        )
+        member_from_csv(path, d, ref, level=level, quantity=quantity, n_params=n_params[i] if n_params else None)
         for i, (path, d) in enumerate(zip(csv, tokens))
     ]
     return members + [_cbs_member(text, quantity) for text in cbs]
@@ -191,6 +185,7 @@ def scale(
             raise InvalidInput("--tokens-per-sequence must be positive")
         if spec_path is not None:
             study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
+            assert output is not None  # _run_study refuses a study without --output
             if study["status"] != "SUCCEEDED":
                 console.print(f"study {study['status']}: {output / 'study.json'}", markup=False, highlight=False)
                 raise typer.Exit(study.get("exit_code") or 1)

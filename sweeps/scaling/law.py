@@ -85,7 +85,7 @@ def log_standard_error(ci: tuple[float, float], level: float) -> float:
         raise InvalidInput(f"an interval must be positive and increasing, got [{lo}, {hi}]")
     if not 0 < level < 1:
         raise InvalidInput(f"a confidence level must lie in (0, 1), got {level}")
-    return (math.log(hi) - math.log(lo)) / (2 * stats.norm.ppf(0.5 + level / 2))
+    return (math.log(hi) - math.log(lo)) / (2 * float(stats.norm.ppf(0.5 + level / 2)))
 
 
 @dataclass(frozen=True)

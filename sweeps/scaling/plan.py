@@ -58,7 +58,8 @@ def plan_inputs_from_scale(
             f"plan: {p} is a study's prediction for a production run, whose model it does not hold: "
             f"give {', '.join(missing)} (the production model's)"
         )
-    e_min = pred["tokens"] / float(tokens_per_sequence)  # type: ignore[arg-type]  # checked above
+    assert tokens_per_sequence and flops_per_token and params  # each checked above
+    e_min = pred["tokens"] / float(tokens_per_sequence)
     quantity = data.get("quantity", "b_crit")
     lo, hi = pred["interval"]
     fits = [
@@ -79,10 +80,10 @@ def plan_inputs_from_scale(
         "fits": fits,
         "headline_target_loss": None,
         "tokens_per_sequence": float(tokens_per_sequence),
-        "flops_per_token": float(flops_per_token),  # type: ignore[arg-type]
+        "flops_per_token": float(flops_per_token),
         "n_params": float(params),
         "n_params_source": "--params",
-        "spec_sync_every_steps": None,  # type: ignore[arg-type]
+        "spec_sync_every_steps": None,
         "out_dir": None,
         "notes": [
             f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
