@@ -15,8 +15,8 @@ an evaluation collective, not counted as communication); the training state is u
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ from workloads.config import TrialConfig
 from workloads.train.ema import WeightEMA
 from workloads.train.parallel import is_sharded
 from workloads.train.schedule import BatchPhase, wsd_branch_steps, wsd_lr_scale
-from workloads.train.step import IGNORE_INDEX, StepOutcome, Stepper, forward_logits
+from workloads.train.step import IGNORE_INDEX, ModelInput, StepOutcome, Stepper, forward_logits
 from workloads.train.sync import ReplicaSync
 
 __all__ = ["EvalResult", "MilestoneEvaluator", "evaluate"]
@@ -34,7 +34,7 @@ __all__ = ["EvalResult", "MilestoneEvaluator", "evaluate"]
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: Sequence[tuple[ModelInput, torch.Tensor]],
     device: torch.device,
     autocast_dtype: torch.dtype | None,
 ) -> float:
@@ -100,7 +100,7 @@ class MilestoneEvaluator:
         *,
         model: torch.nn.Module,
         ema: WeightEMA | None,
-        val_set: list[tuple[Any, torch.Tensor]],
+        val_set: Sequence[tuple[ModelInput, torch.Tensor]],
         flops_per_token: float,
         stepper: Stepper,
         sync: ReplicaSync | None = None,

@@ -37,7 +37,7 @@ from workloads.train.parallel import (
 )
 from workloads.train.report import TrialOutcome, TrialReport
 from workloads.train.schedule import BatchPhase, Schedule, batch_phases
-from workloads.train.step import IGNORE_INDEX, StepOutcome, Stepper, dist_info
+from workloads.train.step import IGNORE_INDEX, ModelInput, StepOutcome, Stepper, dist_info
 from workloads.train.sync import CommCounters, ReplicaSync, to_cpu
 
 __all__ = ["IGNORE_INDEX", "LoopCounters", "Reporter", "TrainingOutcome", "Workload", "evaluate", "run_loop"]
@@ -51,21 +51,25 @@ class Workload(Protocol):
     """What a workload gives the loop."""
 
     model: torch.nn.Module
-    vocab_size: int
     flops_per_token: float
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's number of ids (read only: an attribute or a property)."""
+        ...
 
     def train_batch(
         self, *, step: int, global_batch_size_sequences: int, start: int, count: int, stream: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[ModelInput, torch.Tensor]:
         """``(inputs, targets)``: inputs are input ids ``[count, T]`` or a dict of model keyword
         arguments; targets ``[count, T]`` use -100 where no loss is taken."""
         ...
 
-    def val_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def val_batches(self) -> Sequence[tuple[ModelInput, torch.Tensor]]:
         """The fixed held-out set."""
         ...
 
-    def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    def real_tokens(self, inputs: ModelInput, targets: torch.Tensor) -> int:
         """Tokens actually computed in a micro-batch (padding excluded): the unit of tokens seen and FLOPs."""
         ...
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +32,7 @@ from workloads.train.sync import ReplicaSync, dist_info, payload_bytes, timed_al
 
 __all__ = [
     "IGNORE_INDEX",
+    "ModelInput",
     "StepGradient",
     "StepOutcome",
     "Stepper",
@@ -44,8 +45,14 @@ __all__ = [
 
 IGNORE_INDEX = -100
 
+#: A micro-batch's model inputs: input ids ``[n, T]``, or a dict of model keyword arguments.
+ModelInput = torch.Tensor | dict[str, torch.Tensor]
 
-def forward_logits(model: torch.nn.Module, inputs, device: torch.device) -> torch.Tensor:
+#: A list of tensors as the ``torch._foreach_*`` kernels take it.
+TensorList = list[torch.Tensor] | tuple[torch.Tensor, ...]
+
+
+def forward_logits(model: torch.nn.Module, inputs: ModelInput, device: torch.device) -> torch.Tensor:
     """Logits for ``inputs``: a tensor of input ids, or a dict of model keyword arguments
     (``input_ids`` plus e.g. a 4-D ``attention_mask`` and ``position_ids`` for packed sequences)."""
     if isinstance(inputs, dict):
@@ -105,8 +112,8 @@ def _accumulate(
     loss_tokens: list[int],
     *,
     n_global: int,
-    grads_of: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-    first: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+    grads_of: Callable[[torch.Tensor], TensorList],
+    first: Callable[[TensorList], list[torch.Tensor]],
     local: Callable[[torch.Tensor], torch.Tensor],
     device: torch.device,
     autocast_dtype: torch.dtype | None,
@@ -136,11 +143,11 @@ def _accumulate(
         grads = grads_of(token_sum * scale)
         if noise_scale and n_j:
             parts = [local(g) for g in grads]
-            sums[0] += torch.stack(torch._foreach_norm(parts)).float().pow(2).sum() * (n_global / n_j) ** 2
+            sums[0] += torch.stack(torch._foreach_norm(parts))  # pyright: ignore[reportPrivateImportUsage]  # torch's private foreach API.float().pow(2).sum() * (n_global / n_j) ** 2
         if acc is None:
             acc = first(grads)
         else:
-            torch._foreach_add_(acc, grads)
+            torch._foreach_add_(acc, grads)  # pyright: ignore[reportPrivateImportUsage]  # torch's private foreach API
         sums[1] += token_sum.detach().float()
     if acc is None:
         raise ValueError("a step needs at least one micro-batch")
@@ -178,7 +185,7 @@ def _step_result(
 
 
 def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(torch._foreach_norm(tensors)).float().pow(2).sum()
+    return torch.stack(torch._foreach_norm(tensors)).float()  # pyright: ignore[reportPrivateImportUsage]  # private foreach API.pow(2).sum()
 
 
 def step_gradient(
@@ -290,7 +297,8 @@ def sharded_step_gradient(
 
     def reduce_scattered(loss: torch.Tensor) -> list[torch.Tensor]:
         loss.backward()  # FSDP reduce-scatters this micro-batch's gradient as its backward ends
-        grads = [p.grad for p in params]
+        # every trainable parameter takes part in the forward, so FSDP has set each one's sharded gradient
+        grads = cast(list[torch.Tensor], [p.grad for p in params])
         for p in params:
             p.grad = None
         return grads
@@ -302,7 +310,7 @@ def sharded_step_gradient(
         n_global=n_global,
         grads_of=reduce_scattered,
         first=list,
-        local=lambda g: g.to_local(),
+        local=lambda g: g.to_local(),  # pyright: ignore[reportAttributeAccessIssue]  # DTensors under FSDP2
         device=device,
         autocast_dtype=autocast_dtype,
         noise_scale=noise_scale,
@@ -400,7 +408,7 @@ class Stepper:
         grad_clip_norm: float | None,
         diverge_at: float,
         noise_scale: bool,
-        autocast_dtype: torch.dtype | None | str = "auto",
+        autocast_dtype: torch.dtype | None | Literal["auto"] = "auto",
         sharded: bool = False,
         sync: ReplicaSync | None = None,
     ):
@@ -441,7 +449,7 @@ class Stepper:
             for j in range(k)
         ]
         if self.sync is not None:
-            return self._local_step(step, b, batches, tokens_before, stream=stream, lr_scale=lr_scale)
+            return self._local_step(self.sync, step, b, batches, tokens_before, stream=stream, lr_scale=lr_scale)
         sg = self._gradient(
             self.model,
             self.params,
@@ -452,9 +460,10 @@ class Stepper:
             noise_scale=self.noise_scale,
         )
         est = None
-        if self.noise_scale and sg.micro_batches >= 2:  # fsdp: the small batch is one micro-batch of every worker
-            b_small = micro * self.world if self.sharded else micro
-            est = step_estimates(sg.small_sq_norm_mean, sg.big_sq_norm, b_small, sg.micro_batches)
+        small_sq, big_sq = sg.small_sq_norm_mean, sg.big_sq_norm  # both set when noise_scale
+        if self.noise_scale and sg.micro_batches >= 2 and small_sq is not None and big_sq is not None:
+            b_small = micro * self.world if self.sharded else micro  # fsdp: one micro-batch of every worker
+            est = step_estimates(small_sq, big_sq, b_small, sg.micro_batches)
         lr, beta2 = self._set_hparams(*self.schedule.hparams(b, tokens_before + sg.real_tokens, lr_scale))
         for p, g in zip(self.params, sg.grads):
             p.grad = g
@@ -463,7 +472,7 @@ class Stepper:
         elif self.grad_clip_norm is not None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
         else:
-            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
+            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())  # pyright: ignore[reportPrivateImportUsage]  # private foreach API
         out = StepOutcome(
             loss=sg.loss,
             real_tokens=sg.real_tokens,
@@ -492,13 +501,21 @@ class Stepper:
         return lr, beta2
 
     def _local_step(
-        self, step: int, b: int, batches: list, tokens_before: int, *, stream: int, lr_scale: float
+        self,
+        sync: ReplicaSync,
+        step: int,
+        b: int,
+        batches: list[tuple[Any, torch.Tensor]],
+        tokens_before: int,
+        *,
+        stream: int,
+        lr_scale: float,
     ) -> StepOutcome:
         """A local_sgd / diloco replica's step: its own gradient, clipped, its own update, a sync when due.
 
         One small all-reduce per step (float64 ``[loss sum, loss tokens, real tokens, replicas with a
         non-finite gradient norm]``) gives every rank the global loss and tokens seen, so the loop's
-        LR, milestones and divergence decision are the same on every rank.
+        LR, milestones and divergence decision are the same on every rank. ``sync`` is :attr:`sync`.
         """
         sg = step_gradient(
             self.model,
@@ -515,7 +532,7 @@ class Stepper:
         if self.grad_clip_norm is not None:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm))
         else:
-            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())
+            grad_norm = float(torch.stack(torch._foreach_norm(sg.grads)).pow(2).sum().sqrt())  # pyright: ignore[reportPrivateImportUsage]  # private foreach API
         loss_sum = sg.loss * sg.loss_tokens if sg.loss_tokens else 0.0
         counts = torch.tensor(
             [loss_sum, sg.loss_tokens, sg.real_tokens, 0.0 if math.isfinite(grad_norm) else 1.0],
@@ -538,9 +555,9 @@ class Stepper:
         if not diverged:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        synced = stream == 0 and not diverged and self.sync.due(step)
+        synced = stream == 0 and not diverged and sync.due(step)
         if synced:
-            nbytes, seconds = self.sync.synchronize()
+            nbytes, seconds = sync.synchronize()
             comm_bytes, comm_s = comm_bytes + nbytes, comm_s + seconds
         return StepOutcome(
             loss=out.loss,
@@ -557,7 +574,7 @@ class Stepper:
     def _sharded_grad_norm(self, grads: list[torch.Tensor]) -> float:
         """The global norm of the sharded gradient (an all-reduce), clipped in place when asked."""
         if self.grad_clip_norm is not None:  # DTensor-aware: returns the global norm as a DTensor
-            return float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm).full_tensor())
+            return float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip_norm).full_tensor())  # pyright: ignore[reportAttributeAccessIssue]  # a DTensor
         from workloads.train.parallel import global_sq_norm
 
         return float(global_sq_norm(grads).sqrt())
