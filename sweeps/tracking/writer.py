@@ -303,12 +303,13 @@ class MlflowTracker(Tracker):
         if trial_id in self.ended or trial_id not in self.child_runs:
             return
         self.ended.add(trial_id)
-        mlflow_status = {
+        mlflow_statuses: dict[str, str] = {
             schema.TRIAL_COMPLETED: "FINISHED",
             schema.TRIAL_DIVERGED: "FINISHED",
             schema.TRIAL_PRUNED: "FINISHED",
             schema.TRIAL_FAILED: "FAILED",
-        }.get(status, "KILLED")
+        }
+        mlflow_status = mlflow_statuses.get(status, "KILLED")
 
         def end() -> None:
             rid = self._run_id(trial_id)

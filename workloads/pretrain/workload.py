@@ -25,7 +25,7 @@ from workloads.errors import DataError
 from workloads.model.hf import build_model, hf_config, model_flops_per_token, peak_flops_per_s
 from workloads.train.determinism import make_deterministic
 from workloads.train.hooks import MilestoneHook
-from workloads.train.loop import Reporter, TrainingOutcome, run_loop
+from workloads.train.loop import ModelInput, Reporter, TrainingOutcome, run_loop
 from workloads.train.parallel import full_model_state, is_sharded
 from workloads.train.state_file import save_state
 
@@ -65,7 +65,7 @@ class PretrainWorkload:
             stream=stream,
         )
 
-    def real_tokens(self, inputs: torch.Tensor, targets: torch.Tensor) -> int:
+    def real_tokens(self, inputs: ModelInput, targets: torch.Tensor) -> int:
         """Every position of a window is a real token."""
         return targets.numel()
 

@@ -53,8 +53,8 @@ class WeightEMA:
         decay = 0.5 ** (tokens / self.half_life_tokens)
         with torch.no_grad():
             bufs, params = _local(self.buffers), _local(self.params)
-            torch._foreach_mul_(bufs, decay)
-            torch._foreach_add_(bufs, [p.detach().float() for p in params], alpha=1 - decay)
+            torch._foreach_mul_(bufs, decay)  # pyright: ignore[reportPrivateImportUsage]  # torch's private foreach API
+            torch._foreach_add_(bufs, [p.detach().float() for p in params], alpha=1 - decay)  # pyright: ignore[reportPrivateImportUsage]
         self.weight = decay * self.weight + (1 - decay)
 
     def load_into_eval_model(self) -> torch.nn.Module:
@@ -75,5 +75,5 @@ class WeightEMA:
 def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """This rank's shards of sharded tensors (DTensors, updated in place without DTensor dispatch); others as they are."""
     if tensors and hasattr(tensors[0], "to_local"):
-        return [t.to_local() for t in tensors]
+        return [t.to_local() for t in tensors]  # pyright: ignore[reportAttributeAccessIssue]  # DTensors (checked above)
     return tensors

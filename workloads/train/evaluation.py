@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,9 @@ from workloads.train.parallel import is_sharded
 from workloads.train.schedule import BatchPhase, wsd_branch_steps, wsd_lr_scale
 from workloads.train.step import IGNORE_INDEX, ModelInput, StepOutcome, Stepper, forward_logits
 from workloads.train.sync import ReplicaSync
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["EvalResult", "MilestoneEvaluator", "evaluate"]
 
@@ -59,8 +63,10 @@ def evaluate(
             )
             count += n
     model.train(was_training)
-    if is_sharded(model):  # the FSDP root keeps its weights gathered after a forward: free them, or the next
-        model.reshard()  # forward after an in-place change (EMA weights, a restored WSD branch) would use stale ones
+    # the FSDP root keeps its weights gathered after a forward: free them, or the next forward after an
+    # in-place change (EMA weights, a restored WSD branch) would use stale ones
+    if is_sharded(model):
+        cast("FSDPModule", model).reshard()
     return total / max(count, 1)
 
 

@@ -40,7 +40,16 @@ from workloads.train.schedule import BatchPhase, Schedule, batch_phases
 from workloads.train.step import IGNORE_INDEX, ModelInput, StepOutcome, Stepper, dist_info
 from workloads.train.sync import CommCounters, ReplicaSync, to_cpu
 
-__all__ = ["IGNORE_INDEX", "LoopCounters", "Reporter", "TrainingOutcome", "Workload", "evaluate", "run_loop"]
+__all__ = [
+    "IGNORE_INDEX",
+    "LoopCounters",
+    "ModelInput",
+    "Reporter",
+    "TrainingOutcome",
+    "Workload",
+    "evaluate",
+    "run_loop",
+]
 
 #: ``report(metrics, state)``: ``metrics`` is :meth:`TrialReport.to_dict`; ``state`` (rank 0, with a checkpoint)
 #: restores the run, else None.

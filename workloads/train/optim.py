@@ -91,7 +91,7 @@ def build_optimizer(params: list[torch.Tensor], cfg: OptimizerConfig, device: to
         return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
     if name == "adamw_8bit":
         bnb = _bitsandbytes(device)
-        return bnb.optim.AdamW8bit(
+        return bnb.optim.AdamW8bit(  # pyright: ignore[reportPrivateImportUsage]  # bitsandbytes does not re-export it
             params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
         )
     raise ValueError(f"unknown optimizer {name!r}")

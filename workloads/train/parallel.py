@@ -18,7 +18,7 @@ checkpoint resumes under either parallelism.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -82,6 +82,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+class _ActivationCheckpointing(Protocol):
+    """A ``transformers`` model's activation checkpointing switch."""
+
+    def activation_checkpointing_enable(self, *, activation_checkpointing_kwargs: dict[str, Any]) -> None: ...
+
+
 def prepare_model(
     model: torch.nn.Module, training: TrainingConfig, *, world: int, eval_copy: bool, device: torch.device
 ) -> torch.nn.Module | None:
@@ -107,7 +113,8 @@ def prepare_model(
             f"use 'ddp' (the same mathematics) or more workers"
         )
     if training.activation_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing = cast(_ActivationCheckpointing, model)  # a ``transformers`` model
+        checkpointing.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     copy_ = copy.deepcopy(model) if eval_copy else None
     if training.compile:
         for m in decoder_layers(model) if sharded else [model]:
@@ -153,7 +160,8 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     it on every rank. Its keys are those of the unsharded model's ``state_dict()``."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_options(gather=True))
+    # a full state dict of a model: every value is a plain tensor (torch types it as any state value)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=_options(gather=True)))
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -173,7 +181,7 @@ def full_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> 
     under ddp) on rank 0 (``{}`` elsewhere); a collective."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    full = get_optimizer_state_dict(model, opt, options=_options(gather=True))
+    full: dict[str, Any] = get_optimizer_state_dict(model, opt, options=_options(gather=True))
     if not full:
         return {}
     index = {n: i for i, n in enumerate(_trainable_names(model))}
@@ -219,9 +227,9 @@ def global_sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     if not tensors or not isinstance(tensors[0], DTensor):
-        return torch.stack(torch._foreach_norm(tensors)).float().pow(2).sum()
-    local = [t.to_local() for t in tensors]
-    sq = torch.stack([n.float() for n in torch._foreach_norm(local)]).pow(2).sum()
+        return torch.stack(torch._foreach_norm(tensors)).float().pow(2).sum()  # pyright: ignore[reportPrivateImportUsage]  # private foreach API
+    local = [cast(DTensor, t).to_local() for t in tensors]  # all DTensors (one model's sharded tensors)
+    sq = torch.stack([n.float() for n in torch._foreach_norm(local)]).pow(2).sum()  # pyright: ignore[reportPrivateImportUsage]  # private foreach API
     dist.all_reduce(sq)
     return sq
 

@@ -19,7 +19,7 @@ slice's gradient (:func:`step_gradient` with ``reduce=False``) and the replicas 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, cast
 
@@ -143,7 +143,8 @@ def _accumulate(
         grads = grads_of(token_sum * scale)
         if noise_scale and n_j:
             parts = [local(g) for g in grads]
-            sums[0] += torch.stack(torch._foreach_norm(parts))  # pyright: ignore[reportPrivateImportUsage]  # torch's private foreach API.float().pow(2).sum() * (n_global / n_j) ** 2
+            norms = torch._foreach_norm(parts)  # pyright: ignore[reportPrivateImportUsage]  # torch's private foreach API
+            sums[0] += torch.stack(norms).float().pow(2).sum() * (n_global / n_j) ** 2
         if acc is None:
             acc = first(grads)
         else:
@@ -185,7 +186,7 @@ def _step_result(
 
 
 def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(torch._foreach_norm(tensors)).float()  # pyright: ignore[reportPrivateImportUsage]  # private foreach API.pow(2).sum()
+    return torch.stack(torch._foreach_norm(tensors)).float().pow(2).sum()  # pyright: ignore[reportPrivateImportUsage]  # private foreach API
 
 
 def step_gradient(

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -164,7 +165,7 @@ class ReplicaSync:
         """Whether the replicas synchronise after optimizer step ``step`` (0-based, global)."""
         return (step + 1) % self.cfg.every_steps == 0
 
-    def _mean(self, params: list[torch.Tensor]) -> tuple[torch.Tensor, float]:
+    def _mean(self, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, float]:
         """The flat float32 mean of ``params`` over the replicas (one all-reduce) and the seconds in it."""
         flat = torch.cat([p.detach().reshape(-1).float() for p in params])
         seconds = timed_all_reduce(flat)
