@@ -6,7 +6,7 @@
 For each size, synthetic prepared shards (``workloads.data.shards`` format, byte vocabulary so ``uint16``,
 uniform random ids, 2^28-token shards, a 1 M-token validation split) are written once (kept in
 ``--dir`` for the next run), then one fresh process plays a training worker: it builds the trial's
-workload from a tiny spec exactly as a Ray Train worker does (``sweeps.run.trainable.trial_config``
+workload from a tiny spec exactly as a Ray Train worker does (``sweeps.launch.trainable.trial_config``
 then ``workloads.pretrain.build_pretrain``: the shards memory-mapped), and trains ``--steps`` AdamW
 steps of 64 random windows x 64 tokens drawn over the whole corpus (the sweep's own
 ``window_batch``). It reports its peak RSS (``ru_maxrss``) and its time from process start to the
@@ -83,7 +83,7 @@ def worker(shards: str | None, raw: str | None, steps: int) -> dict:
     import torch
     import yaml
 
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.spec import parse_spec
     from workloads.pretrain import build_pretrain
 

@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--batch-size-sequences", type=int, default=16)
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.spec import parse_spec
     from workloads.pretrain import train_in_process
 

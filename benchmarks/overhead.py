@@ -69,7 +69,7 @@ def _plain_trial(args: tuple[dict, int]) -> tuple[float, float, float]:
     import torch
 
     torch.set_num_threads(1)
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.search.searcher import hyperparameters_for
     from sweeps.spec import parse_spec
     from workloads.pretrain import run_pretrain
@@ -111,7 +111,7 @@ def _tune_only_trial(config: dict) -> None:
     from ray import tune
 
     torch.set_num_threads(1)
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.search.searcher import hyperparameters_for
     from sweeps.spec import parse_spec
     from workloads.pretrain import run_pretrain

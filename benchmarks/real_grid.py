@@ -1,5 +1,5 @@
 """A grid of real training curves of the main job's model: every (training seed, batch size, lattice LR), trained
-in this process by the code a sweep's trial runners run (``sweeps.run.trainable.trial_config`` +
+in this process by the code a sweep's trial runners run (``sweeps.launch.trainable.trial_config`` +
 ``workloads.pretrain.train_in_process``), so a curve is the one a sweep trial at that config reports.
 
     python benchmarks/real_grid.py build --seeds 0-11 --batch-sizes 4,8,16,32,64,128,256 --jobs 2
@@ -97,7 +97,7 @@ def cell_config(spec: Any, seed: int, b: int, k: int, m: int) -> dict[str, Any]:
 def train_cell(seed: int, b: int, k: int, m: int) -> dict[str, Any]:
     """Train one cell; its curve as a JSON-ready dict."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from workloads.pretrain import train_in_process
 
     spec = load_spec()

@@ -116,7 +116,7 @@ def _with_data_path(d: dict[str, Any], path: str) -> dict[str, Any]:
 def trial_dict(spec: SweepSpec, b: int, m: float) -> dict[str, Any]:
     """The grid trial at batch size ``b`` and LR multiplier ``m`` as a ``TrialConfig`` dict (its data path
     relative to the repo, so the cache key does not depend on the checkout)."""
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.search.space import hyperparameters_for
 
     cfg = {"batch_size_sequences": b, "seed": spec.seeds[0], **hyperparameters_for(spec, b, {"lr_multiplier": m})}

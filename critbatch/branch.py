@@ -33,8 +33,8 @@ def register(app: typer.Typer) -> None:
         from critbatch.common import EXIT_FAILED, console, out
         from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.errors import InvalidInput
+        from sweeps.launch.reach import RayUnreachable
         from sweeps.run.branching import run_branching
-        from sweeps.run.reach import RayUnreachable
         from sweeps.spec import load_spec
 
         try:

@@ -61,7 +61,7 @@ def _jobs(address: str | None, tracking_uri: str | None = None) -> SweepJobs:
     """The job client: each request to the job server gives up after ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``
     seconds (default 30; exit 1 naming the address), so a dead or frozen job server does not hang the command;
     exit 2 when that variable is not a positive number."""
-    from sweeps.run.reach import ray_connect_timeout_s
+    from sweeps.launch.reach import ray_connect_timeout_s
 
     # Status reads of an unreachable MLflow server fail within seconds instead of retrying for minutes.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")

@@ -124,7 +124,7 @@ def validate(spec: Path = typer.Argument(..., help="sweep spec (YAML)")) -> None
         console.print(f"warning: {warning}", markup=False, highlight=False)
 
 
-#: ``--connect-timeout-s`` of ``run`` and ``resume`` (sweeps.run.reach.DEFAULT_CONNECT_TIMEOUT_S is the 30)
+#: ``--connect-timeout-s`` of ``run`` and ``resume`` (sweeps.launch.reach.DEFAULT_CONNECT_TIMEOUT_S is the 30)
 _CONNECT_TIMEOUT_HELP = (
     "seconds a given Ray address (--address, $RAY_ADDRESS) may take to answer before the command "
     "exits 1 naming it, with nothing started (default: $CRITBATCH_RAY_CONNECT_TIMEOUT_S, else 30)"
@@ -206,9 +206,9 @@ def _settings() -> Settings:
 
 
 def _timeout(connect_timeout_s: float | None, settings: Settings) -> float:
-    """``--connect-timeout-s`` resolved (:func:`sweeps.run.reach.ray_connect_timeout_s`); exit 2 when it, or
+    """``--connect-timeout-s`` resolved (:func:`sweeps.launch.reach.ray_connect_timeout_s`); exit 2 when it, or
     ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``, is not a positive number of seconds."""
-    from sweeps.run.reach import ray_connect_timeout_s
+    from sweeps.launch.reach import ray_connect_timeout_s
 
     try:
         return ray_connect_timeout_s(connect_timeout_s, settings)
@@ -223,7 +223,7 @@ def _sweep_and_report(call) -> None:
 
     # one "A new study created in RDB" line per batch size said nothing the progress does not
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from sweeps.run.reach import RayUnreachable
+    from sweeps.launch.reach import RayUnreachable
 
     try:
         result = call().to_dict()  # a sweeps.run.context.SweepResult

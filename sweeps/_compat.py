@@ -57,7 +57,7 @@ def quiet_metrics_of_trials_without_results() -> None:
     A sweep stopped (or resumed) while a trial had not reported yet printed
     ``FileNotFoundError('Could not fetch metrics for run_trial_...')``: Tune's ``ExperimentAnalysis``
     reads every trial's ``result.json``, which Tune writes only with the first result. The driver does
-    not read those metrics (``sweeps.run.records.collect_records`` lists such a trial with no curve);
+    not read those metrics (``sweeps.store.records.collect_records`` lists such a trial with no curve);
     any other failure to read a trial's metrics is still logged. Idempotent.
     """
     import logging
@@ -241,7 +241,7 @@ def without_idle_train_helpers(callbacks: list, *, has_datasets: bool) -> list:
       own memory-mapped shards. Kept when ``has_datasets``.
     - ``PlacementGroupCleanerCallback`` starts a detached ``PlacementGroupCleaner`` that removes the
       workers' placement group if the controller dies without doing so. The sweep's
-      :class:`sweeps.run.reaper.PlacementGroupReaper` does that job for every trial (and also finds the
+      :class:`sweeps.launch.reaper.PlacementGroupReaper` does that job for every trial (and also finds the
       groups the cleaner never hears of).
 
     Args:
@@ -264,7 +264,7 @@ def placement_group_table() -> list:
     """Every placement group of the cluster as ``gcs_pb2.PlacementGroupTableData`` (with creator actor
     and job, which ``ray.util.placement_group_table()`` does not give).
 
-    Why: finding the placement groups whose creating Train controller died (:mod:`sweeps.run.reaper`).
+    Why: finding the placement groups whose creating Train controller died (:mod:`sweeps.launch.reaper`).
     """
     from ray._private.state import state
     from ray.core.generated import gcs_pb2
@@ -281,7 +281,7 @@ def actor_is_dead(actor_id: bytes) -> bool:
     Ray 2.60 a Ray Train controller killed because Tune removed its trial's placement group (a paused
     or stopped trial) leaves the groups it created with ``creator_actor_dead = False`` although its
     actor row reads ``DEAD`` (seen 2026-12-02 in a pause-mode sweep that then waited forever for
-    those CPUs); :mod:`sweeps.run.reaper` asks the actor table too.
+    those CPUs); :mod:`sweeps.launch.reaper` asks the actor table too.
     """
     import ray
     from ray._private.state import state

@@ -79,9 +79,9 @@ class Settings:
     Attributes:
         optuna_storage: an Optuna RDB URL shared beyond the output folder, or None (``OUT/optuna.db``).
         storage_path: the base of Tune/Train state shared by every node, or None (the output folder).
-        trial_runners: long-lived trial runners (``sweeps.run.runners``), else a Ray Train run per trial.
+        trial_runners: long-lived trial runners (``sweeps.launch.runners``), else a Ray Train run per trial.
         ray_connect_timeout_s: how long a given Ray address may take to answer, in seconds; None: the
-            default (:data:`sweeps.run.reach.DEFAULT_CONNECT_TIMEOUT_S`).
+            default (:data:`sweeps.launch.reach.DEFAULT_CONNECT_TIMEOUT_S`).
         mlflow_drain_s: how long the end of a sweep retries writes its tracker could not deliver, in seconds.
         tracking_sinks: the tracking sinks by name (:data:`sweeps.tracking.registry.SINKS`), the primary first.
     """

@@ -84,7 +84,7 @@ def ray_head(tmp_path_factory):
     drivers), worker ports 20000-29999, the dashboard (job server) on, Tune's start second pinned
     (``harness.pinned_date_env``). Sweep tests reach it with ``--address ray_head.gcs_address``;
     what a test needs inside trial processes travels in the job's runtime env
-    (``sweeps.run.cluster.trial_env`` forwards ``CRITBATCH_TEST_*``). Started on first use, stopped
+    (``sweeps.launch.cluster.trial_env`` forwards ``CRITBATCH_TEST_*``). Started on first use, stopped
     at the end of the session. Tests of Ray's own lifecycle (Ctrl-C, killed heads, two nodes)
     start their own."""
     import shutil
@@ -93,7 +93,7 @@ def ray_head(tmp_path_factory):
     from harness import base_env, pinned_date_env, start_ray_head, stop_group
 
     temp_dir = Path(tempfile.mkdtemp(prefix="cbray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    # as a local `critbatch run` does (sweeps.run.cluster.init_ray): one actor process less per trial
+    # as a local `critbatch run` does (sweeps.launch.cluster.init_ray): one actor process less per trial
     env = dict(pinned_date_env(base_env()), RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
     head = start_ray_head(temp_dir, num_cpus=3, env=env)
     try:

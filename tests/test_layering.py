@@ -5,7 +5,7 @@ including the ones inside functions. A new import across an arrow that is not al
     service  ->  sweeps.spec, sweeps.remote, sweeps.errors, sweeps.settings (its CRITBATCH_* parsers)
     sweeps   ->  workloads.api
                  (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
-      within:  scaling -> run -> search -> pruning, analysis; run -> tracking -> analysis -> spec -> errors
+      within:  scaling -> run -> launch, store, search -> pruning, analysis; run -> tracking -> analysis -> spec
                (remote, the service's client, -> spec, files, errors, tracking.schema and .reader: never run)
     workloads -> neither sweeps, service, ray.tune, optuna nor mlflow
       within:  ray/ -> registry -> pretrain/, finetune/ -> train/, data/, model/ -> config, errors
@@ -161,6 +161,18 @@ SWEEPS_LAYERS = {
     "pruning": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat"),
     "search": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.analysis", "sweeps.pruning"),
     "remote": _SWEEPS_BASE + ("sweeps.spec", "sweeps._compat", "sweeps.tracking.schema", "sweeps.tracking.reader"),
+    "launch": _SWEEPS_BASE
+    + ("sweeps.spec", "sweeps._compat", "sweeps.pruning", "sweeps.settings", "sweeps.tracking.schema"),
+    "store": _SWEEPS_BASE
+    + (
+        "sweeps.spec",
+        "sweeps._compat",
+        "sweeps.analysis",
+        "sweeps.pruning",
+        "sweeps.settings",
+        "sweeps.search",
+        "sweeps.tracking.schema",
+    ),
     "run": _SWEEPS_BASE
     + (
         "sweeps.spec",
@@ -170,6 +182,8 @@ SWEEPS_LAYERS = {
         "sweeps.search",
         "sweeps.tracking",
         "sweeps.settings",
+        "sweeps.launch",
+        "sweeps.store",
     ),
     "scaling": _SWEEPS_BASE + ("sweeps.spec", "sweeps.analysis", "sweeps.tracking", "sweeps.run"),
 }

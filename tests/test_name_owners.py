@@ -53,7 +53,7 @@ def test_every_lr_rule_the_spec_allows_has_an_exponent():
 def test_the_launchers_and_the_spec_name_the_same_launchers(tiny_spec_dict):
     """``resources.launcher`` chooses how trials are launched; unset, it leaves the spec's dump (and so every
     fingerprint) as before it existed, and the driver's CRITBATCH_TRIAL_RUNNERS decides."""
-    from sweeps.run.trainable import LAUNCHERS, use_trial_runners
+    from sweeps.launch.trainable import LAUNCHERS, use_trial_runners
     from sweeps.settings import Settings
     from sweeps.spec.sections import LAUNCHER_NAMES, ResourcesSpec
 

@@ -5,7 +5,7 @@ The spec's ``SyncSpec``, ``NoiseScaleSpec``, ``LoraSpec``, ``ScheduleSpec``, ``D
 field: a field's name, default, bounds and doc live in the config's class alone. What a spec section adds is
 its docstring (the OpenAPI document's description), the checks and dump rules only a spec has (``ModelSpec``:
 one form, shorthand or ``hf_config``; ``DataSpec``: ``path`` or ``shards``), and ``FinetuneSpec.lora`` typed as
-the spec's ``LoraSpec`` (the same section). ``sweeps.run.trainable.trial_config`` maps one to the other.
+the spec's ``LoraSpec`` (the same section). ``sweeps.launch.trainable.trial_config`` maps one to the other.
 """
 
 from __future__ import annotations

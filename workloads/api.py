@@ -174,7 +174,7 @@ __all__ = [
 _LAZY = {
     "tokenizer_vocab_size": "workloads.data.corpus",
     "train_fn_per_worker": "workloads.ray.adapter",
-    "runner_fn_per_worker": "workloads.ray.runner",  # a trial runner's worker loop (sweeps/run/runners.py)
+    "runner_fn_per_worker": "workloads.ray.runner",  # a trial runner's worker loop (sweeps/launch/runners.py)
     "drain_report_queue": "workloads.ray.compat",
     "init_checkpoint": "workloads.finetune",
     "check_model_config": "workloads.model.hf",  # the model's config built before launch: model_type, vocab, FLOPs

@@ -1,6 +1,6 @@
 """The per-trial configuration a worker receives: nested, frozen, keyword-only data, defined once.
 
-Built by the sweep from the spec plus the sampled hyperparameters (``sweeps/run/trainable.py``) and
+Built by the sweep from the spec plus the sampled hyperparameters (``sweeps/launch/trainable.py``) and
 sent to Ray Train workers as a dict (:meth:`TrialConfig.to_dict` / :meth:`TrialConfig.from_dict`,
 an exact round trip). Every size carries its unit in its name. The sections a sweep spec embeds (data,
 LoRA, the optimizer's settings, schedule, noise scale, sync) are frozen pydantic models defined once in
@@ -255,7 +255,7 @@ class TrialConfig:
 @dataclass(frozen=True, kw_only=True)
 class TrialRunContext:
     """How one trial is run, beside what it is (:class:`TrialConfig`): set by the Tune trainable
-    (``sweeps/run/trainable.py``), read by the Ray worker entries (``workloads.ray``).
+    (``sweeps/launch/trainable.py``), read by the Ray worker entries (``workloads.ray``).
 
     Attributes:
         started_unix: when the trial started (Unix seconds): the first report of each attempt then

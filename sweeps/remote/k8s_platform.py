@@ -32,7 +32,7 @@ S3_ENDPOINT_URL = "http://critbatch-minio:9000"
 S3_SECRET = "critbatch-s3"  # keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY
 TUNE_STORAGE_URI = "s3://critbatch-tune"  # the driver keeps Tune state under <this>/<sweep id>
 S3_REGION = "us-east-1"
-#: the variable the sweep driver reads its Optuna study storage URL from (``sweeps.run.state.optuna_storage_url``)
+#: the variable the sweep driver reads its Optuna study storage URL from (``sweeps.store.state.optuna_storage_url``)
 OPTUNA_STORAGE_ENV = "CRITBATCH_OPTUNA_STORAGE"
 
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")  # DNS-1123 subdomain

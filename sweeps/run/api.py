@@ -37,7 +37,7 @@ def run_sweep(
 
     ``ray_address`` (else ``RAY_ADDRESS``; neither: Ray starts in this process) must answer within
     ``ray_connect_timeout_s`` seconds (default ``CRITBATCH_RAY_CONNECT_TIMEOUT_S``, else 30:
-    :func:`sweeps.run.reach.ray_connect_timeout_s`).
+    :func:`sweeps.launch.reach.ray_connect_timeout_s`).
 
     Returns:
         the :class:`SweepResult` (``ok``, ``status``, ``sweep_id``, ``cbs``, ``output``, ``message``,
@@ -46,7 +46,7 @@ def run_sweep(
 
     Raises:
         InvalidInput: bad input of any kind (see the two functions above); nothing was created.
-        RayUnreachable: the Ray address did not answer in time (:mod:`sweeps.run.reach`); nothing was created.
+        RayUnreachable: the Ray address did not answer in time (:mod:`sweeps.launch.reach`); nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
     if spec.arms:

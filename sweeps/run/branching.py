@@ -201,9 +201,9 @@ def _train_base_and_branches(
     Ray task; returns ``(base result, {(point, k): branch result})`` (``Workload.train_in_process``)."""
     import ray
 
-    from sweeps.run.cluster import ray_session
+    from sweeps.launch.cluster import ray_session
+    from sweeps.launch.trainable import trial_config
     from sweeps.run.preflight import resolve_data_path
-    from sweeps.run.trainable import trial_config
     from sweeps.search.searcher import hyperparameters_for
 
     T = spec.model.context_length_tokens

@@ -35,11 +35,11 @@ import yaml
 from sweeps.errors import InvalidInput
 from sweeps.files import read_json_lines, write_atomic, write_json
 from sweeps.run.context import SweepResult
-from sweeps.run.migrations import read_sweep_json
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
 from sweeps.spec.statuses import FINISHED_STATUSES
+from sweeps.store.migrations import read_sweep_json
 
 __all__ = [
     "ARMS_DIR",
@@ -103,9 +103,9 @@ def run_comparison(
         InvalidInput: any arm's preflight fails, or ``OUT`` holds a sweep or another comparison. Nothing
             was created.
         RayUnreachable: the Ray address did not answer within ``ray_connect_timeout_s`` seconds
-            (:mod:`sweeps.run.reach`); nothing was created.
+            (:mod:`sweeps.launch.reach`); nothing was created.
     """
-    from sweeps.run.cluster import cluster_shape, plan_resources, ray_session
+    from sweeps.launch.cluster import cluster_shape, plan_resources, ray_session
     from sweeps.run.preflight import check_output_folder, resolve_paths
     from sweeps.run.prepare import prepare_sweep  # the one-sweep preflight, per arm
 
@@ -167,7 +167,7 @@ def resume_comparison(
     Raises:
         InvalidInput: ``OUT`` holds no comparison, or its spec no longer validates, or it is not writable.
     """
-    from sweeps.run.cluster import ray_session
+    from sweeps.launch.cluster import ray_session
     from sweeps.run.preflight import check_output_writable
 
     settings = settings or Settings.from_env()
@@ -202,7 +202,7 @@ def _load(output: Path, purpose: str = "") -> tuple[Path, dict[str, Any], SweepS
 
 
 def _sizing(arms: list[tuple[str, SweepSpec]]) -> SweepSpec:
-    """The arm a local Ray is sized for (the most trial-driver CPUs at once: ``sweeps.run.cluster.init_ray``)."""
+    """The arm a local Ray is sized for (the most trial-driver CPUs at once: ``sweeps.launch.cluster.init_ray``)."""
     return max((a for _, a in arms), key=lambda a: a.resources.trial_driver_cpus * a.resources.max_concurrent_trials)
 
 
@@ -239,7 +239,7 @@ def _run_arms(
     spec: SweepSpec, output: Path, state: dict[str, Any], show_progress: bool, settings: Settings
 ) -> SweepResult:
     """Run (or resume, or skip when finished) each arm in order, then write the comparison."""
-    from sweeps.run.runners import shared_runners
+    from sweeps.launch.runners import shared_runners
 
     with shared_runners(state["comparison_id"]):  # arms of one resource shape run in the same trial runners
         result = _run_arms_in_turn(spec, output, state, show_progress, settings)
@@ -291,7 +291,7 @@ def _run_arms_in_turn(
 def _measured(arm_out: Path) -> dict[str, float | None]:
     """Medians over the arm's trials of what their last reports measured (communication, throughput), and the
     optimizer-state median its ``cbs.json`` holds; None where nothing has it."""
-    from sweeps.run.state import REPORTS_DIR
+    from sweeps.store.state import REPORTS_DIR
 
     keys_last = ("comm_bytes_per_step", "comm_time_s", "tokens_per_s")
     seen: dict[str, list[float]] = {k: [] for k in keys_last}

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.compare`` does) imports no workload
+    from sweeps.launch.workload import WorkloadFacts
     from sweeps.run.signals import StopSignals
-    from sweeps.run.state import SweepState
-    from sweeps.run.workload import WorkloadFacts
     from sweeps.settings import Settings
     from sweeps.spec import SweepSpec
+    from sweeps.store.state import SweepState
     from sweeps.tracking.base import Tracker
     from workloads.api import WorkloadConfig
 
@@ -39,13 +39,13 @@ class PreparedSweep:
         fingerprint: the fingerprint of the spec as given, which the sweep id is bound to (None in a
             resumed sweep older than the binding).
         tracking_uri: the MLflow tracking URI.
-        storage_root: where Tune and Train keep state (``sweeps.run.state.storage_root``): ``str(output)``,
+        storage_root: where Tune and Train keep state (``sweeps.store.state.storage_root``): ``str(output)``,
             or a shared folder or URI.
-        workload: the spec's workload config (:func:`sweeps.run.workload.workload_config`), built once here;
-            the trials get it with their data inputs (:func:`sweeps.run.workload.with_inputs`).
+        workload: the spec's workload config (:func:`sweeps.launch.workload.workload_config`), built once here;
+            the trials get it with their data inputs (:func:`sweeps.launch.workload.with_inputs`).
         facts: FLOPs per token and real tokens per sequence of that workload, each counted once, when
-            first asked (:class:`sweeps.run.workload.WorkloadFacts`).
-        inputs: the content hashes of its inputs (:func:`sweeps.run.inputs.pin_inputs`), hashed once here;
+            first asked (:class:`sweeps.launch.workload.WorkloadFacts`).
+        inputs: the content hashes of its inputs (:func:`sweeps.store.inputs.pin_inputs`), hashed once here;
             a resumed sweep's are those ``sweep.json`` pinned.
         settings: the ``CRITBATCH_*`` settings it runs with (:class:`sweeps.settings.Settings`), read once.
     """
@@ -77,7 +77,7 @@ class SweepRun:
             attached).
         state: its ``OUT/sweep.json`` (changed in place as the run goes).
         stop: the signal handlers; a signal ends the run cleanly (status ``STOPPED``).
-        concurrency: trials running at once (:func:`sweeps.run.cluster.plan_resources`).
+        concurrency: trials running at once (:func:`sweeps.launch.cluster.plan_resources`).
         show_progress: whether the live progress table is drawn.
         resume: continue the Tune run in the sweep's storage (``Tuner.restore``) if there is one.
     """

@@ -28,7 +28,7 @@ def prepared_shards(spec: SweepSpec, output: Path, storage_root: str) -> str | N
     Args:
         spec: the resolved spec (absolute paths).
         output: the output folder (the shards are written there first).
-        storage_root: the sweep's storage root (``sweeps.run.state.storage_root``): when it is a URI,
+        storage_root: the sweep's storage root (``sweeps.store.state.storage_root``): when it is a URI,
             the shards are copied there with ``fsspec`` and the workers fetch them once per node.
 
     Returns:

@@ -3,7 +3,7 @@
 Order of events, so that bad input leaves nothing behind: validate the spec and the data and refuse
 an output folder of another sweep (:func:`sweeps.run.prepare.prepare_sweep`); connect Ray and check the trial bundle fits the cluster; only
 then create the output folder, the MLflow parent run and the Optuna storage. The Tune run itself is
-:mod:`sweeps.run.execute`, its end :mod:`sweeps.run.finish`, the state on disk :mod:`sweeps.run.state`; what the run carries
+:mod:`sweeps.run.execute`, its end :mod:`sweeps.run.finish`, the state on disk :mod:`sweeps.store.state`; what the run carries
 through them, and returns, :mod:`sweeps.run.context`.
 """
 
@@ -16,18 +16,18 @@ import yaml
 
 from sweeps.errors import CritbatchError, InvalidInput, SweepFailed, WriteFailed
 from sweeps.files import SpaceReserve, out_of_space_cause, write_atomic
-from sweeps.run.claims import claim_output_folder, lock_output_folder, write_storage_binding
-from sweeps.run.cluster import ResourcePlan, cluster_shape, plan_resources, ray_session
+from sweeps.launch.cluster import ResourcePlan, cluster_shape, plan_resources, ray_session
 from sweeps.run.context import PreparedSweep, SweepResult, SweepRun
 from sweeps.run.execute import check_tune_state_readable, execute_sweep
-from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.preflight import check_optuna_storage, check_output_folder, check_output_writable, resolve_data_path
 from sweeps.run.prepare import prepare_sweep, resumed_sweep
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
-from sweeps.run.state import SweepState, optuna_storage_url, tune_dir_of
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.statuses import FINISHED_STATUSES
+from sweeps.store.claims import claim_output_folder, lock_output_folder, write_storage_binding
+from sweeps.store.inputs import check_inputs_unchanged, pin_inputs
+from sweeps.store.state import SweepState, optuna_storage_url, tune_dir_of
 from sweeps.tracking.base import Tracker
 from sweeps.tracking.registry import SinkContext, build_tracker
 
@@ -50,9 +50,9 @@ def run_single_sweep(
     """Run a whole sweep (a spec without ``arms``: the front door, :func:`sweeps.run.api.run_sweep`, routes a
     comparison to :mod:`sweeps.run.compare`) and write ``OUT/cbs.json`` and ``OUT/report.html``.
 
-    Ray is connected (a given address within ``ray_connect_timeout_s`` seconds: :func:`sweeps.run.cluster.init_ray`)
+    Ray is connected (a given address within ``ray_connect_timeout_s`` seconds: :func:`sweeps.launch.cluster.init_ray`)
     and the trial bundle fitted to it before the output folder is claimed, atomically
-    (:func:`~sweeps.run.claims.claim_output_folder`): a dead address or a too-small cluster leaves nothing behind.
+    (:func:`~sweeps.store.claims.claim_output_folder`): a dead address or a too-small cluster leaves nothing behind.
     SIGINT and SIGTERM stop the sweep cleanly and resumably (:class:`~sweeps.run.signals.StopSignals`).
     ``settings``: the ``CRITBATCH_*`` settings (:class:`sweeps.settings.Settings`; default: from the environment).
 
@@ -65,7 +65,7 @@ def run_single_sweep(
         InvalidInput: see :func:`sweeps.run.prepare.prepare_sweep`; also an output folder that cannot be created,
             resources that cannot fit the cluster. Nothing was created.
         RayUnreachable: the given Ray address did not answer within ``ray_connect_timeout_s``
-            (:mod:`sweeps.run.reach`); nothing was created.
+            (:mod:`sweeps.launch.reach`); nothing was created.
         CritbatchError: MLflow unreachable when the sweep starts (nothing is left behind either).
     """
     settings = settings or Settings.from_env()
@@ -81,7 +81,7 @@ def run_single_sweep(
                 stop.install()  # ray.init replaced the SIGTERM handler
                 plan = _resource_plan(prepared.spec)
                 claim = claim_output_folder(output, sweep_id, _fingerprint(prepared))  # exclusive: a second run exits 2
-                from sweeps.run.runners import sweep_runners
+                from sweeps.launch.runners import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
                 with sweep_runners(
@@ -127,7 +127,7 @@ def run_single_sweep(
 
 
 def _resource_plan(spec: SweepSpec) -> ResourcePlan:
-    """:func:`~sweeps.run.cluster.plan_resources` on the connected cluster; its warning logged."""
+    """:func:`~sweeps.launch.cluster.plan_resources` on the connected cluster; its warning logged."""
     total, largest = cluster_shape()
     plan = plan_resources(spec, total, largest)
     if plan.warning:
@@ -209,16 +209,16 @@ def resume_single_sweep(
 
     Unfinished trials continue from their last checkpoint (every report it holds is sent again,
     so no milestone is lost); finished ones are not rerun. The inputs are checked against those ``sweep.json``
-    pinned (:func:`sweeps.run.inputs.check_inputs_unchanged`, the gate a retried job goes through too); a
+    pinned (:func:`sweeps.store.inputs.check_inputs_unchanged`, the gate a retried job goes through too); a
     sweep started before inputs were pinned is resumed unchecked and pinned now. ``settings``: as for
     :func:`run_single_sweep`.
 
     Raises:
         InvalidInput: ``OUT`` holds no sweep, one that never started or already finished, its spec
             no longer validates, it is not writable, an input it started with changed or is gone
-            (:func:`sweeps.run.inputs.check_inputs_unchanged`), or another driver is running there.
+            (:func:`sweeps.store.inputs.check_inputs_unchanged`), or another driver is running there.
         RayUnreachable: the Ray address (given, else the one the sweep ran on) did not answer within
-            ``ray_connect_timeout_s`` (:mod:`sweeps.run.reach`); ``sweep.json`` is left as it was.
+            ``ray_connect_timeout_s`` (:mod:`sweeps.launch.reach`); ``sweep.json`` is left as it was.
     """
     settings = settings or Settings.from_env()
     timeout_s = ray_connect_timeout_s if ray_connect_timeout_s is not None else settings.ray_connect_timeout_s
@@ -243,7 +243,7 @@ def resume_single_sweep(
                 stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
-                from sweeps.run.runners import sweep_runners
+                from sweeps.launch.runners import sweep_runners
 
                 with sweep_runners(
                     spec,

@@ -21,14 +21,14 @@ from sweeps._compat import (
     whole_tune_snapshots_on_local_storage,
 )
 from sweeps.errors import InvalidInput
+from sweeps.launch.workload import with_inputs
 from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.finish import finish_sweep
-from sweeps.run.migrations import load_old_pickle, migrate_tune_state, tune_state_files
-from sweeps.run.records import collect_records, records_from_grid
-from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, optuna_storage_url, tune_dir_of, write_json
-from sweeps.run.workload import with_inputs
 from sweeps.spec import SweepSpec
 from sweeps.spec.statuses import ENDED_TRIAL_STATUSES, TrialStatus
+from sweeps.store.migrations import load_old_pickle, migrate_tune_state, tune_state_files
+from sweeps.store.records import collect_records, records_from_grid
+from sweeps.store.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, optuna_storage_url, tune_dir_of, write_json
 
 __all__ = ["execute_sweep"]
 
@@ -46,7 +46,7 @@ class _Parts:
     progress: Any  # ProgressCallback
     callbacks: list
     report_log: Any  # ReportLog
-    runners: Any = None  # TrialRunners | None (sweeps.run.runners), started by execute_sweep
+    runners: Any = None  # TrialRunners | None (sweeps.launch.runners), started by execute_sweep
     runners_shared: bool = False  # a RunnerPool's (a comparison's): left running for the next arm
 
 
@@ -101,10 +101,10 @@ def execute_sweep(run: SweepRun) -> SweepResult:
 
 
 def _build_parts(run: SweepRun) -> _Parts:
+    from sweeps.launch.reaper import PlacementGroupReaper
+    from sweeps.launch.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
     from sweeps.run.progress import ProgressCallback
-    from sweeps.run.reaper import PlacementGroupReaper
-    from sweeps.run.reportlog import ReportLog
-    from sweeps.run.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
+    from sweeps.store.reportlog import ReportLog
     from sweeps.tracking.writer import MlflowTrialCallback
 
     spec, output, state, concurrency = run.spec, run.output, run.state, run.concurrency
@@ -123,8 +123,8 @@ def _build_parts(run: SweepRun) -> _Parts:
     runners, shared = None, False
     if use_trial_runners(
         spec, run.prepared.settings
-    ):  # long-lived worker groups; Tune's trainable relays (sweeps/run/runners.py)
-        from sweeps.run.runners import TrialRunners, active_pool
+    ):  # long-lived worker groups; Tune's trainable relays (sweeps/launch/runners.py)
+        from sweeps.launch.runners import TrialRunners, active_pool
 
         count, pool = min(concurrency, spec.max_trials), active_pool()
         shared = pool is not None  # a comparison's arms share runners while their shape stays the same
@@ -161,7 +161,7 @@ def _build_parts(run: SweepRun) -> _Parts:
         callbacks.insert(0, scheduler.annotator())  # first: writes decisions into each result
     callbacks.append(PlacementGroupReaper())  # frees the workers of trials stopped mid-fit (pruned, budget, stop)
     if runners is not None:  # a trial Tune pauses or ends frees its runner
-        from sweeps.run.runners import RunnerCancels
+        from sweeps.launch.runners import RunnerCancels
 
         callbacks.append(RunnerCancels(runners.name))
     report_log = ReportLog(output / REPORTS_DIR)
@@ -227,8 +227,8 @@ def check_tune_state_readable(tune_dir: str) -> None:
     critbatch cannot unpickle, before anything changes.
 
     Tune pickles the run's searcher, callbacks and scheduler by their class paths; a class that moved since
-    the sweep started is read from where it is now (:data:`sweeps.run.migrations.PICKLE_RENAMES`, the
-    files rewritten by :func:`sweeps.run.migrations.migrate_tune_state` before ``Tuner.restore``). Any
+    the sweep started is read from where it is now (:data:`sweeps.store.migrations.PICKLE_RENAMES`, the
+    files rewritten by :func:`sweeps.store.migrations.migrate_tune_state` before ``Tuner.restore``). Any
     other would crash inside ``Tuner.restore`` after the sweep's status and MLflow runs were already set
     to running. A state on remote storage is not checked here.
 
@@ -268,7 +268,7 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
     targets the first wave declared) and a report that writes ``OUT/precision.json`` (waves, outcome,
     targets) and prints the wave's interval."""
     from sweeps.run.finish import PRECISION_FILE, sweep_analysis
-    from sweeps.run.records import records_from_reports
+    from sweeps.store.records import records_from_reports
 
     spec, output = run.spec, run.output  # the closures below must not hold the run (live clients): plain values
     searcher.attach_records(lambda: records_from_reports(output))  # tokens to a target, as the fit reads it
@@ -300,7 +300,7 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
 def _new_tuner(run: SweepRun, parts: _Parts):
     from ray import tune
 
-    from sweeps.run.trainable import reuse_trial_actors
+    from sweeps.launch.trainable import reuse_trial_actors
     from sweeps.search.searcher import BatchSizeSearcher
 
     spec, output, state = run.spec, run.output, run.state

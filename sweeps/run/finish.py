@@ -14,14 +14,14 @@ from sweeps.analysis import CbsResult, analyze_trials, finite_json, finite_resul
 from sweeps.analysis.report import write_report
 from sweeps.errors import WriteFailed
 from sweeps.files import SpaceReserve, replace_tree, write_failed
+from sweeps.launch.workload import flops_accounting, tokens_per_sequence
 from sweeps.run.context import SweepResult, SweepRun
 from sweeps.run.provenance import sweep_provenance
-from sweeps.run.state import write_json
-from sweeps.run.workload import flops_accounting, tokens_per_sequence
 from sweeps.search.precision import budgets_trained, precise_enough, wave_summary
 from sweeps.spec import SweepSpec
 from sweeps.spec.result import BestCheckpoint
 from sweeps.spec.statuses import SweepStatus, TrialStatus
+from sweeps.store.state import write_json
 from sweeps.tracking import schema
 from sweeps.tracking.base import Tracker
 
@@ -110,7 +110,7 @@ def sweep_analysis(
     ``search.precision`` refits after each wave. ``flops_per_token``: default the spec's (builds the model
     on the meta device). ``targets``: target losses to use where the spec gives none (``search.precision``'s,
     declared by its first wave); else chosen from the trials. ``tokens_per_seq``: default the spec's
-    (:func:`sweeps.run.workload.tokens_per_sequence`)."""
+    (:func:`sweeps.launch.workload.tokens_per_sequence`)."""
     c_tok = flops_per_token if flops_per_token is not None else flops_accounting(spec)[0]
     tps = tokens_per_seq if tokens_per_seq is not None else tokens_per_sequence(spec)
     return analyze_trials(

@@ -67,9 +67,9 @@ def check_data_files(spec: SweepSpec) -> dict | None:
     Raises:
         InvalidInput: a missing file or folder, an empty corpus, or a corpus too short for one
             training window and one validation window of ``context_length_tokens``; first, the
-            model (``model.hf_config...``, ``sweeps.run.workload.check_model``).
+            model (``model.hf_config...``, ``sweeps.launch.workload.check_model``).
     """
-    from sweeps.run.workload import check_model, workload_config
+    from sweeps.launch.workload import check_model, workload_config
     from workloads.api import get_workload
 
     check_model(spec)  # model.hf_config...: before the data, whatever the data's form
@@ -141,7 +141,7 @@ def _check_shards(spec: SweepSpec) -> dict:
             (``data.shards: ...`` / ``data.tokenizer: ...``: a missing or bad index, shards made by
             another tokenizer, a vocabulary larger than the model's, a split shorter than a window).
     """
-    from sweeps.run.workload import workload_config
+    from sweeps.launch.workload import workload_config
     from workloads.api import get_workload
 
     if spec.workload != "pretrain":

@@ -13,9 +13,8 @@ import logging
 from pathlib import Path
 
 from sweeps.errors import InvalidInput
-from sweeps.run.claims import STORAGE_BINDING_FILE, check_sweep_id_binding, read_storage_binding
+from sweeps.launch.workload import WorkloadFacts, workload_config
 from sweeps.run.context import PreparedSweep
-from sweeps.run.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.run.preflight import (
     check_data_files,
     check_optuna_storage,
@@ -25,12 +24,13 @@ from sweeps.run.preflight import (
     spec_warnings,
     window_warnings,
 )
-from sweeps.run.state import SweepState, storage_root
-from sweeps.run.workload import WorkloadFacts, workload_config
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import is_valid_sweep_id, local_tracking_uri, run_sweep_id, tracking_uri_source
 from sweeps.spec.milestones import check_milestones
+from sweeps.store.claims import STORAGE_BINDING_FILE, check_sweep_id_binding, read_storage_binding
+from sweeps.store.inputs import check_inputs_unchanged, pin_inputs
+from sweeps.store.state import SweepState, storage_root
 from sweeps.tracking import schema
 
 __all__ = ["prepare_sweep", "resumed_sweep"]
@@ -65,7 +65,7 @@ def prepare_sweep(
             bad data, a tracking URI MLflow would refuse, an output folder that holds (or is being claimed by)
             another sweep, a bad sweep id, a sweep id bound to another spec's fingerprint, a sweep id whose
             shared storage root records other inputs (a retried job whose tokenizer, corpus, model config or
-            checkpoint changed: :func:`sweeps.run.inputs.check_inputs_unchanged`), an Optuna storage that
+            checkpoint changed: :func:`sweeps.store.inputs.check_inputs_unchanged`), an Optuna storage that
             cannot be used.
     """
     fingerprint = fingerprint if fingerprint is not None else spec.fingerprint()  # of the spec as given
@@ -129,7 +129,7 @@ def resumed_sweep(spec: SweepSpec, output: Path, state: SweepState, settings: Se
     is checked here.
 
     Raises:
-        InvalidInput: see :func:`sweeps.run.workload.workload_config`.
+        InvalidInput: see :func:`sweeps.launch.workload.workload_config`.
     """
     workload = workload_config(spec)
     return PreparedSweep(

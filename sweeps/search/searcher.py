@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 #: Optuna study user attribute: the fingerprint of the spec the sweep id is bound to
 FINGERPRINT_ATTR = "critbatch.fingerprint"
 #: set on a searcher unpickled from the layout before its strategy and wave policy were objects of their own;
-#: ``sweeps.run.migrations.migrate_tune_state`` removes it when it rewrites the pickle
+#: ``sweeps.store.migrations.migrate_tune_state`` removes it when it rewrites the pickle
 OLD_LAYOUT_ATTR = "_unpickled_from_old_layout"
 #: the Optuna user attributes the strategies set, importable from here as before
 _STRATEGY_ATTRS = (INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_POINT_ATTR)
@@ -398,7 +398,7 @@ class BatchSizeSearcher(Searcher):
     def __setstate__(self, state: dict[str, Any]) -> None:
         old_layout = "strategy" not in state  # pickled before the strategy and the wave policy were composed
         self.__dict__.update(composed_state(state))
-        if old_layout:  # the migration of a Tune folder rewrites such a pickle (sweeps.run.migrations)
+        if old_layout:  # the migration of a Tune folder rewrites such a pickle (sweeps.store.migrations)
             self.__dict__[OLD_LAYOUT_ATTR] = True
 
     def save(self, checkpoint_path: str) -> None:

@@ -80,7 +80,7 @@ class ModelSpec(ModelConfig):
     from the tokenizer (a config's ``vocab_size`` may only be larger), the sequence length from
     ``context_length_tokens``. What needs ``transformers`` (a known ``model_type``, a
     ``config.json`` that reads, an architecture the FLOPs formula knows unless ``flops_per_token``
-    is given) is checked before launch (``sweeps.run.workload.check_model``).
+    is given) is checked before launch (``sweeps.launch.workload.check_model``).
     """
 
     @model_validator(mode="before")
@@ -263,7 +263,7 @@ class SyncSpec(SyncConfig):
     """
 
 
-#: how a sweep launches its trials (``resources.launcher``; ``sweeps.run.trainable.LAUNCHERS`` runs each)
+#: how a sweep launches its trials (``resources.launcher``; ``sweeps.launch.trainable.LAUNCHERS`` runs each)
 Launcher = Literal["trial_runners", "train_run_per_trial"]
 LAUNCHER_NAMES: tuple[str, ...] = get_args(Launcher)
 

@@ -1,5 +1,5 @@
 """The one vocabulary of a sweep's and a trial's status, for every layer: the driver's ``sweep.json``
-(``sweeps.run.state``), what a client is told of a submitted sweep (``sweeps.remote.status``, the REST
+(``sweeps.store.state``), what a client is told of a submitted sweep (``sweeps.remote.status``, the REST
 service's ``SweepStatusName``), the MLflow ``critbatch.status`` tag of a trial run, ``trials.json``, and the
 tests of a finished sweep (``sweeps.run.driver``, ``compare``).
 

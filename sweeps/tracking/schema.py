@@ -228,12 +228,12 @@ TRIAL_FAILED = TrialStatus.FAILED
 TRIAL_STOPPED = TrialStatus.STOPPED
 
 
-#: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.run.reportlog.ReportLog``
+#: ``OUT/reports/<trial id>.params.json``: a trial's config, written by ``sweeps.store.reportlog.ReportLog``
 #: when the trial starts (Tune's own ``params.json`` comes only with its first result)
 TRIAL_PARAMS_SUFFIX = ".params.json"
 #: ``OUT/reports/<trial id>.end.json``: ``{"failed": bool}`` (and ``"error"``, :func:`trial_error_line`, when it
 #: failed), how the trial's latest attempt ended (written by
-#: ``sweeps.run.reportlog.ReportLog``; ``false`` again when the trial starts again). Tune leaves a trial's ``error.txt``
+#: ``sweeps.store.reportlog.ReportLog``; ``false`` again when the trial starts again). Tune leaves a trial's ``error.txt``
 #: in place when a resume retries it, so that file alone cannot say whether a trial that later completed
 #: failed (a resumed trial once counted FAILED and its batch size was left out of the fit).
 TRIAL_END_SUFFIX = ".end.json"
@@ -326,7 +326,7 @@ TRIAL_PARAMS = (
     "flops_convention",
     PARAM_OPTIMIZER,
 )
-#: The trial params of ``resources``' training options (``sweeps.run.trainable.training_params``), logged on
+#: The trial params of ``resources``' training options (``sweeps.launch.trainable.training_params``), logged on
 #: every trial run beside the batch plan: ``ddp``/``fsdp``, ``True``/``False``, ``auto``/``bf16``/``fp32``.
 PARAM_PARALLELISM = "parallelism"
 PARAM_COMPILE = "compile"

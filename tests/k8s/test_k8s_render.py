@@ -362,7 +362,7 @@ def test_the_head_reads_the_optuna_storage_from_the_platforms_secret(monkeypatch
     assert reference_problems(platform + objs, complete=True) == []
     without = [o for o in platform if o["metadata"]["name"] != "critbatch-optuna"]
     assert any("'critbatch-optuna' is not in the render" in p for p in reference_problems(without + objs))
-    from sweeps.run.state import optuna_storage_url
+    from sweeps.store.state import optuna_storage_url
 
     monkeypatch.setenv("CRITBATCH_OPTUNA_STORAGE", "postgresql+psycopg2://u:p@critbatch-postgres:5432/optuna")
     assert optuna_storage_url(K8S) == "postgresql+psycopg2://u:p@critbatch-postgres:5432/optuna"

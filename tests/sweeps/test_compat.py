@@ -162,7 +162,7 @@ def test_the_trial_trainer_starts_no_dataset_manager_or_placement_group_cleaner(
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-    from sweeps.run.trainable import TrialTorchTrainer
+    from sweeps.launch.trainable import TrialTorchTrainer
 
     def kinds(trainer) -> list[type]:
         return [type(c) for c in trainer._create_default_callbacks()]

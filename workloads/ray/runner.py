@@ -2,7 +2,7 @@
 
 A sweep starts one ``TorchTrainer`` run per concurrent trial slot whose ``train_fn_per_worker`` is
 :func:`runner_fn_per_worker`: a loop in which rank 0 takes the next trial from the sweep's trial
-exchange (a Ray actor, ``sweeps.run.exchange.TrialExchange``, reached by name: this package never
+exchange (a Ray actor, ``sweeps.launch.exchange.TrialExchange``, reached by name: this package never
 imports ``sweeps``), broadcasts it to the group, and every rank runs it exactly as a one-trial worker
 group would (:func:`workloads.ray.adapter.run_trial`). The processes, their imports and the
 memory-mapped corpus stay warm; the model, optimizer, RNG states, EMA and data order are built from
@@ -15,7 +15,7 @@ from its last milestone. A checkpoint left by a one-trial worker group (Ray Trai
 ``checkpoint_<time>/trial_state.pt``, a sweep started before runners) is read as well.
 
 Pruning: a trial that Tune stops or pauses is cancelled at the exchange by the driver
-(``sweeps.run.runners.RunnerCancels``); its runner drops it at its next report, or at once while it
+(``sweeps.launch.runners.RunnerCancels``); its runner drops it at its next report, or at once while it
 waits at a rung of pruning mode ``pause`` (only rank 0 waits there; the others wait for its word).
 A paused trial resumed later continues from its checkpoint in whichever runner takes it.
 

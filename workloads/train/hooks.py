@@ -4,7 +4,7 @@
 after each milestone report; in production the list is empty. Trial processes are reached only through
 their environment, so the Ray worker entries (``workloads.ray.adapter``) build the list from
 :data:`MILESTONE_HOOKS_VAR` (:func:`milestone_hooks_from_env`), a variable that the sweep's driver forwards
-to every trial process (``sweeps.run.cluster.trial_env`` forwards ``CRITBATCH_TEST_*``).
+to every trial process (``sweeps.launch.cluster.trial_env`` forwards ``CRITBATCH_TEST_*``).
 """
 
 from __future__ import annotations

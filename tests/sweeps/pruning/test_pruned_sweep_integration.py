@@ -271,7 +271,7 @@ def test_reaper_removes_placement_groups_of_dead_creators_only(ray_local):
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
-    from sweeps.run.reaper import PlacementGroupReaper
+    from sweeps.launch.reaper import PlacementGroupReaper
 
     @ray.remote(num_cpus=0)
     class Controller:  # stands for a Ray Train controller that creates its workers' placement group
@@ -310,7 +310,7 @@ def test_reaper_removes_groups_whose_creator_died_with_its_trial_group_even_if_t
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from sweeps._compat import actor_is_dead, placement_group_table
-    from sweeps.run.reaper import PlacementGroupReaper
+    from sweeps.launch.reaper import PlacementGroupReaper
 
     @ray.remote(num_cpus=0.001)
     class Controller:  # creates groups without pause, as a controller restarting its worker group does
@@ -386,7 +386,7 @@ def test_the_reaper_removes_another_finished_jobs_orphaned_groups(ray_local, ray
     import ray
 
     from sweeps._compat import actor_is_dead, placement_group_table
-    from sweeps.run.reaper import PlacementGroupReaper
+    from sweeps.launch.reaper import PlacementGroupReaper
 
     proc = subprocess.Popen(
         [sys.executable, "-c", _LEAKING_DRIVER, ray_head.gcs_address],

@@ -1,4 +1,4 @@
-"""The in-process Ray start's retry (``sweeps.run.cluster.init_ray``): which failures are retried, and
+"""The in-process Ray start's retry (``sweeps.launch.cluster.init_ray``): which failures are retried, and
 the one-line error when every attempt fails. ``ray.init`` is replaced here by a function that fails as
 Ray was seen to fail on a loaded machine; what a real start does is covered by every sweep test."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sweeps.errors import CritbatchError
-from sweeps.run import cluster
+from sweeps.launch import cluster
 from sweeps.spec import parse_spec
 from tests.conftest import ROOT, TINY
 
@@ -67,7 +67,7 @@ def test_a_local_start_keeps_token_authentication_without_rays_warning(tmp_path)
     import sys
 
     code = (
-        "import os, ray, yaml; from sweeps.run import cluster; from sweeps.spec import parse_spec; "
+        "import os, ray, yaml; from sweeps.launch import cluster; from sweeps.spec import parse_spec; "
         f"d = yaml.safe_load(open({str(TINY)!r})); d['data']['path'] = 'x.txt'; "
         "assert cluster.init_ray(None, parse_spec(d)); print('mode', os.environ.get('RAY_AUTH_MODE')); ray.shutdown()"
     )

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sweeps.errors import InvalidInput
+from sweeps.launch.workload import workload_config
 from sweeps.run.dataprep import PREPARED_DIR, prepared_shards
 from sweeps.run.preflight import check_data_files, resolve_paths
-from sweeps.run.workload import workload_config
 from sweeps.spec import SpecError, parse_spec
 from tests.conftest import ROOT, invoke_cli, run_cli, write_spec
 

@@ -1,4 +1,4 @@
-"""Inputs pinned by content (``sweeps.run.inputs``): what is hashed, and the refusals on change (the gate of
+"""Inputs pinned by content (``sweeps.store.inputs``): what is hashed, and the refusals on change (the gate of
 every way back into a sweep: a resume, a retried job on shared storage)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import hashlib
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.inputs import check_inputs_unchanged, content_sha256, pin_inputs
 from sweeps.run.preflight import resolve_paths
 from sweeps.spec import parse_spec
+from sweeps.store.inputs import check_inputs_unchanged, content_sha256, pin_inputs
 
 
 def test_a_file_is_its_bytes_and_a_folder_its_names_and_bytes(tmp_path):
@@ -183,8 +183,8 @@ def test_a_retried_job_is_checked_against_the_inputs_its_storage_root_recorded(t
     """`critbatch run --sweep-id X` whose shared storage root holds sweep X (a retried job, the REST service's
     and the KubeRay entrypoint's) is refused before anything is created when an input changed; unchanged, it
     prepares as before, with the inputs it will record; a root recorded before inputs were is not checked."""
-    from sweeps.run.claims import write_storage_binding
     from sweeps.run.prepare import prepare_sweep
+    from sweeps.store.claims import write_storage_binding
 
     fields = _inputs_at(tmp_path / "in")
     d = dict(

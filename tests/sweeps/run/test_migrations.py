@@ -1,4 +1,4 @@
-"""A sweep's state written by an older critbatch reads as the current one (``sweeps/run/migrations.py``):
+"""A sweep's state written by an older critbatch reads as the current one (``sweeps/store/migrations.py``):
 ``sweep.json`` upgraded by version, a newer one refused; Tune's pickles read and rewritten with the
 current class paths, their originals kept beside them."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from sweeps.errors import InvalidInput
 from sweeps.run.execute import check_tune_state_readable
-from sweeps.run.migrations import (
+from sweeps.store.migrations import (
     BACKUP_SUFFIX,
     PICKLE_RENAMES,
     SWEEP_JSON_VERSION,
@@ -22,7 +22,7 @@ from sweeps.run.migrations import (
     migrate_tune_state,
     read_sweep_json,
 )
-from sweeps.run.state import SweepState
+from sweeps.store.state import SweepState
 from tests.conftest import ROOT, invoke_cli
 
 OLD_TUNE_STATE = Path(__file__).parent / "data" / "tune_state_e6ea0bf"

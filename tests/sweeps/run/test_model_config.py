@@ -1,4 +1,4 @@
-"""sweeps/run/workload.py and preflight.py on the model: the spec's model as the workers' ModelConfig."""
+"""sweeps/launch/workload.py and preflight.py on the model: the spec's model as the workers' ModelConfig."""
 
 import copy
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
+from sweeps.launch.workload import check_model, model_config
 from sweeps.run.preflight import resolve_paths
-from sweeps.run.workload import check_model, model_config
 from sweeps.spec import parse_spec
 from sweeps.spec.hf_config import read_hf_config
 from workloads.api import FLOPS_CONVENTION, ModelConfig

@@ -2,7 +2,7 @@
 behind (``data/tune_state_e6ea0bf/``: ``tuner.pkl`` and ``searcher-state.pkl`` of a tiny sweep started on
 revision e6ea0bf, before the CLI, the workloads subpackages and the merged sections moved classes, stopped
 with Ctrl-C; made by ``scripts/resume_across_revisions.py /tmp/wt-old /tmp/xrev KEEP``) still unpickles,
-is migrated as a resume does before ``Tuner.restore`` (``sweeps/run/migrations.py``), and the searcher
+is migrated as a resume does before ``Tuner.restore`` (``sweeps/store/migrations.py``), and the searcher
 restores from it with its spec, groups and samplers.
 
 The whole path (that stopped sweep resumed to SUCCEEDED with ``critbatch resume``) is the script's run, in
@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from sweeps.run.execute import check_tune_state_readable
-from sweeps.run.migrations import migrate_tune_state
+from sweeps.store.migrations import migrate_tune_state
 
 OLD = Path(__file__).parent / "data" / "tune_state_e6ea0bf"
 

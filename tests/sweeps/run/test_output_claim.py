@@ -7,7 +7,8 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.claims import (
+from sweeps.run.preflight import check_output_folder
+from sweeps.store.claims import (
     LOCK_FILE,
     check_sweep_id_binding,
     claim_output_folder,
@@ -15,7 +16,6 @@ from sweeps.run.claims import (
     read_storage_binding,
     write_storage_binding,
 )
-from sweeps.run.preflight import check_output_folder
 
 
 def test_a_claimed_folder_refuses_a_second_claim_and_a_resume_naming_the_holder(tmp_path):

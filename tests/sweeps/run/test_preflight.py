@@ -4,7 +4,7 @@ import json
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.cluster import plan_resources
+from sweeps.launch.cluster import plan_resources
 from sweeps.run.preflight import check_output_folder, spec_warnings
 from sweeps.spec import parse_spec
 

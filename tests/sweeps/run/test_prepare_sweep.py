@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
+import sweeps.launch.workload as workload_module
 import sweeps.run.prepare as prepare_module
-import sweeps.run.workload as workload_module
 from sweeps.errors import InvalidInput
+from sweeps.launch.workload import WorkloadFacts, with_inputs, workload_config
 from sweeps.run.api import PreparedSweep, SweepResult, prepare_sweep
 from sweeps.run.context import SweepRun
 from sweeps.run.preflight import resolve_paths
-from sweeps.run.state import SweepState
-from sweeps.run.workload import WorkloadFacts, with_inputs, workload_config
 from sweeps.settings import Settings
 from sweeps.spec import parse_spec
+from sweeps.store.state import SweepState
 
 
 def test_a_result_is_the_seven_keys_the_cli_printed_in_their_order():

@@ -1,4 +1,4 @@
-"""A dead or wrong Ray address fails fast (``sweeps.run.reach``): exit 1 with one line that names the address
+"""A dead or wrong Ray address fails fast (``sweeps.launch.reach``): exit 1 with one line that names the address
 and what was tried, within ``--connect-timeout-s``, and nothing of the sweep behind it (no output folder, no
 lock, no ``sweep.json``, no MLflow run), since Ray is connected before any of them is made.
 
@@ -26,7 +26,7 @@ import mlflow
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.reach import CONNECT_TIMEOUT_ENV, RayUnreachable, probe_ray_address, ray_connect_timeout_s
+from sweeps.launch.reach import CONNECT_TIMEOUT_ENV, RayUnreachable, probe_ray_address, ray_connect_timeout_s
 from tests.conftest import ROOT, invoke_cli, run_cli, tiny_spec, write_spec
 from tests.harness import base_env, free_port, stop_group
 
@@ -215,7 +215,7 @@ def test_a_grpc_port_that_is_no_gcs_fails_in_one_ray_attempt(tmp_path, mlflow_ur
 def test_a_live_head_is_probed_and_connected(ray_head):
     import ray
 
-    from sweeps.run.cluster import ray_session
+    from sweeps.launch.cluster import ray_session
     from sweeps.spec import parse_spec
 
     assert not ray.is_initialized()

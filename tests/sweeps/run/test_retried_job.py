@@ -1,6 +1,6 @@
 """A retried job (the same ``--sweep-id`` and ``resources.storage_path``, a new ``--output``: a RayJob's retry,
 the REST service's jobs, the KubeRay entrypoint) goes through the gate a resume goes through
-(``sweeps.run.inputs.check_inputs_unchanged``): refused when an input's content changed, resumed when it did
+(``sweeps.store.inputs.check_inputs_unchanged``): refused when an input's content changed, resumed when it did
 not, and a trial that completed before the driver died is not run again. Real Ray (the suite's head),
 Optuna and MLflow."""
 

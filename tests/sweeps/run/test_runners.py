@@ -1,4 +1,4 @@
-"""Trial runners (sweeps/run/runners.py, workloads/ray/runner.py): the exchange's rules, the per-trial
+"""Trial runners (sweeps/launch/runners.py, workloads/ray/runner.py): the exchange's rules, the per-trial
 checkpoints, and real runners on the suite's Ray head (no state carried from one trial to the next,
 memory that does not grow)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.run.exchange import TrialExchange
+from sweeps.launch.exchange import TrialExchange
 
 
 def _ex(max_failures: int = 2, stale_after_s: float = 120.0) -> TrialExchange:
@@ -123,11 +123,11 @@ def test_a_lost_runner_fails_its_trial_in_flight():
 
 
 def test_a_runner_pool_keeps_one_shape_and_a_new_shape_stops_the_kept_runners():
-    """The comparison's pool (sweeps.run.runners.RunnerPool): arms of one shape get the same (unstarted)
+    """The comparison's pool (sweeps.launch.runners.RunnerPool): arms of one shape get the same (unstarted)
     runners; a different worker count, CPU share, retry budget or runner count gets new ones."""
     from types import SimpleNamespace
 
-    from sweeps.run.runners import RunnerPool, active_pool, shared_runners
+    from sweeps.launch.runners import RunnerPool, active_pool, shared_runners
 
     def spec(workers=1, cpus=1.0, failures=2):
         return SimpleNamespace(
@@ -228,8 +228,8 @@ def test_a_trial_in_a_reused_runner_gives_the_same_curve_as_in_a_fresh_one_and_m
     its host starts the slot's run again, which takes the next trial."""
     import ray
 
-    from sweeps.run.runners import TrialRunners
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.runners import TrialRunners
+    from sweeps.launch.trainable import trial_config
     from sweeps.spec import SweepSpec
     from workloads.api import replace
 
@@ -332,7 +332,7 @@ def _finetune_trial(tmp_path: Path):
 
     import yaml
 
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
     from sweeps.spec import SweepSpec
     from workloads.api import init_checkpoint
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sweeps.errors import InvalidInput
-from sweeps.run.migrations import SWEEP_JSON_VERSION
-from sweeps.run.state import SweepState
+from sweeps.store.migrations import SWEEP_JSON_VERSION
+from sweeps.store.state import SweepState
 from sweeps.tracking.schema import trial_status
 
 STATE = {
@@ -34,7 +34,7 @@ def test_sweep_state_writes_the_file_it_reads(tmp_path):
     state.status, state.mlflow_complete = "SUCCEEDED", True
     state.save(tmp_path)
     written = json.loads((tmp_path / "sweep.json").read_text())
-    # its schema version first (sweeps/run/migrations.py), then the key order of every sweep.json so far
+    # its schema version first (sweeps/store/migrations.py), then the key order of every sweep.json so far
     assert list(written)[:12] == ["schema_version", *STATE]
     assert written == {
         "schema_version": SWEEP_JSON_VERSION,
@@ -88,8 +88,8 @@ def test_a_resume_whose_tune_state_does_not_unpickle_changes_nothing(tmp_path):
     import yaml
 
     from sweeps.run.api import resume_sweep
-    from sweeps.run.state import tune_experiment_dir
     from sweeps.spec.loading import load_spec
+    from sweeps.store.state import tune_experiment_dir
 
     gone = types.ModuleType("critbatch_gone_module")
     exec("class Searcher:\n    pass\n", gone.__dict__)
@@ -118,10 +118,10 @@ def test_a_trial_that_failed_before_its_first_result_is_a_failed_record(tmp_path
     import types
 
     from sweeps.analysis import analyze_trials
-    from sweeps.run.records import collect_records
-    from sweeps.run.reportlog import ReportLog
-    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
     from sweeps.spec.loading import load_spec
+    from sweeps.store.records import collect_records
+    from sweeps.store.reportlog import ReportLog
+    from sweeps.store.state import REPORTS_DIR, tune_experiment_dir
 
     spec = load_spec("sweeps/examples/shakespeare-char.yaml")
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
@@ -173,10 +173,10 @@ def test_a_trial_retried_by_a_resume_that_completes_is_not_failed_by_its_old_err
     COMPLETED. ReportLog records how each attempt ended; the latest end decides."""
     import types
 
-    from sweeps.run.records import collect_records
-    from sweeps.run.reportlog import ReportLog
-    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
     from sweeps.spec.loading import load_spec
+    from sweeps.store.records import collect_records
+    from sweeps.store.reportlog import ReportLog
+    from sweeps.store.state import REPORTS_DIR, tune_experiment_dir
 
     spec = load_spec("sweeps/examples/shakespeare-char.yaml")
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))
@@ -221,10 +221,10 @@ def test_a_trial_stopped_before_its_first_report_is_listed_without_a_curve(tmp_p
     never recorded (a driver killed before the snapshot) is not."""
     import types
 
-    from sweeps.run.records import collect_records
-    from sweeps.run.reportlog import ReportLog
-    from sweeps.run.state import REPORTS_DIR, tune_experiment_dir
     from sweeps.spec.loading import load_spec
+    from sweeps.store.records import collect_records
+    from sweeps.store.reportlog import ReportLog
+    from sweeps.store.state import REPORTS_DIR, tune_experiment_dir
 
     spec = load_spec("sweeps/examples/shakespeare-char.yaml")
     (tmp_path / "sweep.json").write_text(json.dumps({**STATE, "storage_root": str(tmp_path)}))

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 
-from sweeps.run.trainable import SweepTrials, reuse_trial_actors, trial_config, use_trial_runners
-from sweeps.run.workload import workload_config
+from sweeps.launch.trainable import SweepTrials, reuse_trial_actors, trial_config, use_trial_runners
+from sweeps.launch.workload import workload_config
 from sweeps.settings import Settings
 from sweeps.spec import parse_spec
 from workloads.api import TrialConfig, TrialRunContext, loop_config
@@ -125,7 +125,7 @@ def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_t
 
     from ray.tune.trainable import function_trainable
 
-    from sweeps.run.cluster import trial_env
+    from sweeps.launch.cluster import trial_env
 
     # the installed Tune still reads this variable where it resets a reused actor
     assert 'os.environ.get("TUNE_FUNCTION_THREAD_TIMEOUT_S"' in inspect.getsource(

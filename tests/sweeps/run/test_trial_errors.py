@@ -10,15 +10,15 @@ import json
 
 from sweeps.analysis import TrialRecord
 from sweeps.run.finish import full_disk_note
-from sweeps.run.records import records_from_reports
+from sweeps.store.records import records_from_reports
 from sweeps.tracking.schema import names_full_disk, trial_error_line
 
 #: the end of a Tune ``error.txt`` of a trial whose checkpoint write found the disk full in its trial runner
 TUNE_ERROR = """Failure # 1 (occurred at 2026-12-07_02-25-37)
 \x1b[36mray::ImplicitFunc.train()\x1b[39m (pid=26721, ip=192.0.2.2, repr=run_trial)
-  File "/work/main/sweeps/run/exchange.py", line 89, in relay
+  File "/work/main/sweeps/launch/exchange.py", line 89, in relay
     raise TrialRunnerError(f"trial {trial_id} failed in its trial runner: {error}")
-sweeps.run.exchange.TrialRunnerError: trial 39eb3385 failed in its trial runner: Traceback (most recent call last):
+sweeps.launch.exchange.TrialRunnerError: trial 39eb3385 failed in its trial runner: Traceback (most recent call last):
   File "/work/main/workloads/train/state_file.py", line 45, in save_state
     torch.save(state, f)
 RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 161472 vs 161360

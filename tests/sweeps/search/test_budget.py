@@ -149,7 +149,7 @@ def test_cli_sweep_plans_to_the_flop_budget_and_stops_cleanly(tmp_path, ray_head
     import yaml
     from mlflow.tracking import MlflowClient
 
-    from sweeps.run.workload import flops_accounting
+    from sweeps.launch.workload import flops_accounting
     from tests.conftest import ROOT, TINY, run_cli, write_spec
 
     d = yaml.safe_load(TINY.read_text())

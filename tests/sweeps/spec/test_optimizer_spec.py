@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from critbatch.main import app
 from sweeps.analysis import TrialRecord, analyze_trials, finite_json
-from sweeps.run.records import _record
-from sweeps.run.trainable import trial_config
+from sweeps.launch.trainable import trial_config
 from sweeps.spec import SpecError, parse_spec
+from sweeps.store.records import _record
 from sweeps.tracking import schema
 from workloads.config import TrialConfig
 

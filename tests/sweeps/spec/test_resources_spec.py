@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from critbatch.main import app
-from sweeps.run.trainable import batch_plan_params, training_params, trial_config
+from sweeps.launch.trainable import batch_plan_params, training_params, trial_config
 from sweeps.spec import SpecError, parse_spec
 from sweeps.tracking import schema
 from tests.conftest import write_spec

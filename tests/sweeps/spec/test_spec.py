@@ -102,7 +102,7 @@ def test_warmup_min_steps_defaults_to_4_and_is_bounded(tiny_spec_dict):
 
 
 def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
 
     d = copy.deepcopy(tiny_spec_dict)
     d["schedule"]["warmup_min_steps"] = 7
@@ -121,7 +121,7 @@ def test_trial_config_carries_warmup_min_steps(tiny_spec_dict):
 def test_a_re_run_trial_config_carries_its_own_budget_and_stop_loss(tiny_spec_dict):
     """Token reallocation: the searcher's ``budget_tokens`` and ``stop_at_loss`` reach the workload's config,
     the milestones going on at the spec's spacing; without them a trial is the spec's."""
-    from sweeps.run.trainable import trial_config
+    from sweeps.launch.trainable import trial_config
 
     spec = parse_spec(copy.deepcopy(tiny_spec_dict))  # 8192 tokens, 4 milestones
     hp = {
@@ -243,7 +243,7 @@ def test_spec_derived_from_a_base(tmp_path, tiny_spec_dict):
 
 def test_a_pickled_spec_outlives_a_move_of_its_sections():
     """Tune pickles the spec inside its state: it is pickled as its JSON dump (no section's class path in
-    the bytes). The paths older versions wrote are read by ``sweeps.run.migrations``
+    the bytes). The paths older versions wrote are read by ``sweeps.store.migrations``
     (``tests/sweeps/run/test_migrations.py``)."""
     import pickle
 

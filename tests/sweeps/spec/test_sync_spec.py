@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from sweeps.run.trainable import training_params, trial_config
+from sweeps.launch.trainable import training_params, trial_config
 from sweeps.spec import SpecError, parse_spec
 from sweeps.tracking import schema
 

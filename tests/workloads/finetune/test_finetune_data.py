@@ -185,7 +185,7 @@ def test_token_ids_beyond_the_model_vocabulary_are_refused():
 
 def _spec(ckpt, data, **ft):
     """The workload config of a fine-tuning spec, converted as the sweep converts it."""
-    from sweeps.run.workload import workload_config
+    from sweeps.launch.workload import workload_config
     from sweeps.spec import parse_spec
 
     return workload_config(

@@ -5,7 +5,7 @@ Three levels, as Ray recommends for Tune + Train V2: the workload's pure trainin
 Tune function trainable (:func:`run_trial`), which turns Tune's config of a trial into a :class:`TrialConfig`
 once and hands it down with a :class:`TrialRunContext` (how this run of it goes: start time, threads, folders). When no trial
 ends early (:func:`use_trial_runners`) the trainable hands that config to the sweep's long-lived
-worker groups and forwards their reports (``sweeps.run.runners``); otherwise it sizes a worker group
+worker groups and forwards their reports (``sweeps.launch.runners``); otherwise it sizes a worker group
 of its own and forwards rank 0's milestone metrics to Tune. Importing this module imports no torch
 (the relay runs in Tune's trial process).
 """
@@ -19,12 +19,12 @@ from typing import Any
 
 import ray.tune
 
+import sweeps.tracking.schema as schema
 from sweeps._compat import without_idle_train_helpers
+from sweeps.launch.workload import workload_config
 from sweeps.pruning.rungs import rung_fractions
-from sweeps.run.workload import workload_config
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
-from sweeps.tracking import schema
 from workloads.api import (
     BatchConfig,
     EvalConfig,
@@ -97,12 +97,12 @@ def __getattr__(name: str) -> Any:
 
 
 #: the launchers ``resources.launcher`` names (``sweeps.spec.sections.Launcher``): whether each runs the trials in
-#: long-lived trial runners (``sweeps.run.runners``) or in a Ray Train run of their own
+#: long-lived trial runners (``sweeps.launch.runners``) or in a Ray Train run of their own
 LAUNCHERS = {"trial_runners": True, "train_run_per_trial": False}
 
 
 def use_trial_runners(spec: SweepSpec, settings: Settings | None = None) -> bool:
-    """Whether the sweep's trials run in long-lived trial runners (``sweeps.run.runners``) rather than one
+    """Whether the sweep's trials run in long-lived trial runners (``sweeps.launch.runners``) rather than one
     Ray Train run each: as ``resources.launcher`` says; unset, always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is
     set in the driver's environment (``settings.trial_runners``; default settings: from the environment) (the
     one-trial worker groups, kept for comparison and as a way out).
@@ -121,7 +121,7 @@ def reuse_trial_actors(spec: SweepSpec, settings: Settings | None = None) -> boo
     its trial is cancelled at the exchange. Otherwise only when no trial ends early, i.e. pruning is off:
     Tune caches the actor of a trial it stopped or paused as well, and that actor's thread is still inside
     ``TorchTrainer.fit()``, so the pruned trial would train on until Tune's ``reset_config`` gives up on it
-    (2 s after the next trial asks) and kills it (sweeps/run/reaper.py). A sweep stopped as a whole
+    (2 s after the next trial asks) and kills it (sweeps/launch/reaper.py). A sweep stopped as a whole
     (signal, FLOP or wall-clock budget) ends every actor with the experiment either way.
     """
     return use_trial_runners(spec, settings) or not spec.pruning.enabled
@@ -169,7 +169,7 @@ def trial_config(
         data_path: the data path the workers read.
         shards: the prepared shards the workers memory-map instead (``sweeps.run.dataprep``).
         workload: the trial's workload config with its inputs, as the sweep prepared it
-            (``sweeps.run.prepare``, :func:`sweeps.run.workload.with_inputs`); default built from the spec
+            (``sweeps.run.prepare``, :func:`sweeps.launch.workload.with_inputs`); default built from the spec
             with ``data_path`` and ``shards``.
         rung_gate_key: with ``pruning.mode: pause``, the Ray KV key where the scheduler lets this
             trial go on past a rung (the worker waits there; ``sweeps.pruning.rungs.rung_gate_key``).
@@ -296,14 +296,14 @@ def make_trainable(
         spec: the sweep.
         workload: the workload config every trial gets (the sweep's, built once: ``sweeps.run.prepare``),
             with the inputs its workers read (absolute data path, or the shards that
-            ``sweeps.run.dataprep.prepared_shards`` made: :func:`sweeps.run.workload.with_inputs`).
+            ``sweeps.run.dataprep.prepared_shards`` made: :func:`sweeps.launch.workload.with_inputs`).
         storage_path: where each trial's checkpoints are kept (shared by all nodes): Ray Train's run
             folder ``<storage_path>/train-<trial id>``, which a trial runner uses too.
         save_dir_root: if set, rank 0 saves each completed trial's Hugging Face checkpoint in
             ``save_dir_root/<trial_id>``.
         rung_gate_prefix: ``pruning.mode: pause``: the sweep's prefix of the rung-gate KV keys (the
             scheduler's ``gate_prefix``); a trial's workers wait at each rung for its decision.
-        exchange: the name of the sweep's trial exchange (``sweeps.run.runners``): the trainable is then
+        exchange: the name of the sweep's trial exchange (``sweeps.launch.runners``): the trainable is then
             a relay that hands its trial to the sweep's trial runners; None: it runs its own ``TorchTrainer``.
     """
     trials = SweepTrials(
@@ -322,13 +322,13 @@ def make_trainable(
 def run_trial(config: dict[str, Any], trials: SweepTrials) -> None:
     """Tune's function trainable: one trial, from the JSON-able config Tune hands it (``search/searcher.py``).
 
-    Under trial runners the trial goes to the sweep's exchange (``sweeps.run.exchange.relay``); otherwise it
+    Under trial runners the trial goes to the sweep's exchange (``sweeps.launch.exchange.relay``); otherwise it
     runs in a worker group of its own. Tune names trial folders after it: ``run_trial_<id>_...`` (records.py).
     """
     trial_id = ray.tune.get_context().get_trial_id()
     spec, cfg, context = trials.trial(config, trial_id, _trial_started_unix())
     if trials.exchange:
-        from sweeps.run.exchange import relay
+        from sweeps.launch.exchange import relay
 
         relay(trials.exchange, cfg, context)
         return

@@ -3,7 +3,7 @@ the facts about its workload that the driver needs (FLOPs per trained token and 
 real tokens per sequence).
 
 Every conversion from the spec to a workload config is here (:func:`workload_config`) or in
-:func:`sweeps.run.trainable.trial_config`; ``workloads`` never sees a ``SweepSpec``. Like the rest
+:func:`sweeps.launch.trainable.trial_config`; ``workloads`` never sees a ``SweepSpec``. Like the rest
 of ``sweeps``, this module asks ``workloads`` only through :mod:`workloads.api`.
 """
 

@@ -3,7 +3,7 @@
 Per trial ``<trial id>.params.json`` (its config, from its start), ``<trial id>.jsonl`` (every report
 Tune received, across restarts, never rewritten) and ``<trial id>.end.json`` (how its latest attempt
 ended: ``{"failed": bool}``, with ``"error"``, the line of its error that says what went wrong, when it
-failed; ``false`` again when a trial that ended starts again). :func:`sweeps.run.records.collect_records`
+failed; ``false`` again when a trial that ended starts again). :func:`sweeps.store.records.collect_records`
 reads them. Every write goes through :mod:`sweeps.files`: a full disk leaves each file as it was.
 """
 
@@ -26,7 +26,7 @@ class ReportLog(Callback):
 
     Tune rewrites a restored trial's ``result.json`` from its own copy (seen with Ray 2.60 and a local
     storage path: the rows before the restart were gone, so ``trials.json`` showed a curve that
-    started at the restart); :func:`sweeps.run.records.collect_records` reads these files with it.
+    started at the restart); :func:`sweeps.store.records.collect_records` reads these files with it.
 
     Attributes:
         write_error: the first write that failed (None if none did); the callback raises it too, which

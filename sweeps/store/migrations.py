@@ -12,7 +12,7 @@ ones; :func:`load_old_pickle` reads through it, and :func:`migrate_tune_state` r
 pickles with the current paths before ``Tuner.restore`` reads them, keeping each original beside it as
 ``NAME.pre-migration``.
 
-Where it stands: imports ``sweeps.errors`` and ``sweeps.files``; ``sweeps.run.state`` reads through it.
+Where it stands: imports ``sweeps.errors`` and ``sweeps.files``; ``sweeps.store.state`` reads through it.
 Ray, ``cloudpickle`` and the searcher are imported only by :func:`migrate_tune_state`.
 """
 
@@ -167,12 +167,20 @@ _MOVED_CLASSES = {
 }
 
 #: the one table of old pickle paths: ``"module"`` (every name in it) or ``"module:name"`` -> the same form now
+#: the modules of sweeps/run that moved to sweeps/launch and sweeps/store (Tune pickles the reaper, the report log,
+#: the records' builder and the runners' cancel list by these paths)
+_LAUNCH_MODULES = ("trainable", "runners", "exchange", "reaper", "cluster", "reach", "workload")
+_STORE_MODULES = ("state", "records", "reportlog", "claims", "inputs", "migrations")
+
 PICKLE_RENAMES: dict[str, str] = {
     **_WORKLOADS_MODULES,
     **{f"{old}:{n}": f"{new}:{n}" for (old, new), names in _FLAT_MODULE_NAMES.items() for n in names},
     **{f"{old}:{n}": f"{new}:{n}" for (old, n), new in _MOVED_CLASSES.items()},
     # the MLflow sink was the only tracker, named Tracker, before the Tracker base class existed
     "sweeps.tracking.writer:Tracker": "sweeps.tracking.writer:MlflowTracker",
+    # sweeps/run split by concern: launching trials and the sweep's store left the orchestration
+    **{f"sweeps.run.{m}": f"sweeps.launch.{m}" for m in _LAUNCH_MODULES},
+    **{f"sweeps.run.{m}": f"sweeps.store.{m}" for m in _STORE_MODULES},
 }
 
 #: cloudpickle's reference to a module a function by value uses (``subimport(name)``): its argument is a path too

@@ -2,7 +2,7 @@
 ``sweep.json``), and a sweep id bound to its spec's fingerprint wherever the sweep keeps state (the
 shared storage root, MLflow parent runs, Optuna studies), so that one id never mixes two specs. The shared
 storage root's binding also records the content hashes of the sweep's inputs, which a retried job is
-checked against (``sweeps.run.inputs``), since the fingerprint holds their paths only.
+checked against (``sweeps.store.inputs``), since the fingerprint holds their paths only.
 
 Each refusal is an :class:`~sweeps.errors.InvalidInput` naming the folder or store and the holder.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
-from sweeps.run.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
+from sweeps.store.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
     "LOCK_FILE",
@@ -60,7 +60,7 @@ def read_storage_binding(root: str) -> dict | None:
 
 def write_storage_binding(root: str, sweep_id: str, fingerprint: str, inputs: dict | None = None) -> None:
     """Record in the storage root which spec (by fingerprint) this sweep id runs, and on which inputs
-    (:func:`sweeps.run.inputs.pin_inputs`; None: not recorded). Whole or not at all: a local root through
+    (:func:`sweeps.store.inputs.pin_inputs`; None: not recorded). Whole or not at all: a local root through
     :func:`sweeps.files.write_json`, an object store by its own single put.
 
     Raises:

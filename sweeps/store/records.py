@@ -13,9 +13,9 @@ from typing import Any
 from sweeps.analysis import TrialRecord
 from sweeps.files import read_json_lines
 from sweeps.pruning.rungs import RESULT_KEYS
-from sweeps.run.migrations import read_sweep_json
-from sweeps.run.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.spec import SweepSpec
+from sweeps.store.migrations import read_sweep_json
+from sweeps.store.state import PRUNED_WHILE_PAUSED, REPORTS_DIR, tune_dir_of
 from sweeps.tracking.schema import TRIAL_END_SUFFIX, TRIAL_FAILED, TRIAL_PARAMS_SUFFIX, trial_error_line, trial_status
 
 __all__ = ["HYPERPARAMETER_KEYS", "collect_records", "records_from_grid", "records_from_reports"]
@@ -67,7 +67,7 @@ def collect_records(output: Path, spec: SweepSpec, *, sweep_id: str | None = Non
 
     Reads ``params.json`` and the reports of ``OUT/tune/<sweep id>/*/result.json`` and
     ``OUT/reports/<trial id>.jsonl`` (one JSON line per report, every restart included:
-    :class:`sweeps.run.reportlog.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
+    :class:`sweeps.store.reportlog.ReportLog`), so that it works the same after a resume as after an uninterrupted run; no
     other sweep's folder is read.
 
     Args:

@@ -13,7 +13,7 @@ seconds, with one message that names the address and what was tried, before anyt
    the GCS address ``HEAD:6379`` belongs); no answer is a stopped or hung process. Skipped under
    ``RAY_USE_TLS`` (the server then expects TLS first).
 
-Only then does :func:`sweeps.run.cluster.init_ray` call ``ray.init``, with one GCS attempt instead of
+Only then does :func:`sweeps.launch.cluster.init_ray` call ``ray.init``, with one GCS attempt instead of
 Ray's twenty (``RAY_gcs_server_port_wait_time_s=1`` for that call, unless set already): a gRPC server
 that is not a GCS then fails in Ray's own per-attempt time (about 40 s with Ray's defaults), not in five
 minutes.

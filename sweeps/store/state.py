@@ -16,10 +16,10 @@ from typing import Any
 
 from sweeps import files
 from sweeps.errors import InvalidInput
-from sweeps.run.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
 from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
+from sweeps.store.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
     "PRUNED_WHILE_PAUSED",
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-#: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.run.reportlog.ReportLog`)
+#: ``OUT/reports/<trial id>.jsonl``: every report Tune received for a trial, across restarts (:class:`sweeps.store.reportlog.ReportLog`)
 REPORTS_DIR = "reports"
 
 #: trials pruned while paused at a rung (``pruning.mode: pause``): ``{trial id: the scheduler's annotation}``.
@@ -46,8 +46,8 @@ PRUNED_WHILE_PAUSED = "pruned_while_paused.json"
 class SweepState:
     """``OUT/sweep.json`` of a started sweep: its identity, where it logs and keeps state, and its status.
 
-    The file is versioned (its ``schema_version``, :data:`sweeps.run.migrations.SWEEP_JSON_VERSION` when
-    written here); :meth:`load` reads an older version through :mod:`sweeps.run.migrations`.
+    The file is versioned (its ``schema_version``, :data:`sweeps.store.migrations.SWEEP_JSON_VERSION` when
+    written here); :meth:`load` reads an older version through :mod:`sweeps.store.migrations`.
 
     Attributes:
         sweep_id: the sweep id (:mod:`sweeps.spec.identity`).
@@ -62,7 +62,7 @@ class SweepState:
         mlflow_complete: whether every MLflow write was delivered when the sweep ended (None: running).
         mlflow_incomplete_writes: the writes that were not (when ``mlflow_complete`` is False).
         inputs: the content hashes of the inputs that shape the result, pinned at the start
-            (:func:`sweeps.run.inputs.pin_inputs`; None in a sweep started before they were pinned).
+            (:func:`sweeps.store.inputs.pin_inputs`; None in a sweep started before they were pinned).
         error: why the driver itself crashed (status ``FAILED``; e.g. "no space left on device while
             writing OUT/trials.json"); None otherwise. A crashed sweep is resumable: ``critbatch resume``
             clears it.
@@ -114,7 +114,7 @@ class SweepState:
     @classmethod
     def load(cls, output: Path) -> SweepState:
         """The state of the sweep in ``output``, its ``sweep.json`` upgraded to the current version
-        (:func:`sweeps.run.migrations.read_sweep_json`).
+        (:func:`sweeps.store.migrations.read_sweep_json`).
 
         Raises:
             InvalidInput: the sweep never started (its driver died while starting), the file is not a

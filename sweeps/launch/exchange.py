@@ -1,7 +1,7 @@
 """The trial exchange: a sweep's queue of trials between Tune's relay trainables and its trial runners.
 
 One Ray actor per sweep (:class:`TrialExchange`, named by :func:`exchange_name`), created by
-:class:`sweeps.run.runners.TrialRunners`; Tune's relay trainables (:func:`relay`) submit and poll
+:class:`sweeps.launch.runners.TrialRunners`; Tune's relay trainables (:func:`relay`) submit and poll
 tickets, the runners' rank 0 (``workloads.ray.runner``) takes them and reports. The exchange is plain
 Python: its rules are unit-tested without Ray (``tests/sweeps/run/test_runners.py``).
 """

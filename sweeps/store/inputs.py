@@ -7,7 +7,7 @@ a retried job (same ``--sweep-id`` and ``resources.storage_path``, a new ``--out
 two tokenizers and two models the same way, since the sweep id is bound to the spec's fingerprint, which
 holds the inputs' paths, not their contents. So every local input is pinned by a SHA-256 of its content
 when the sweep starts (:func:`pin_inputs`), in ``OUT/sweep.json`` and, with shared storage, beside Tune's
-state in ``ROOT/critbatch-sweep.json`` (``sweeps.run.claims``); every way back recomputes them from the
+state in ``ROOT/critbatch-sweep.json`` (``sweeps.store.claims``); every way back recomputes them from the
 spec it would run and refuses (exit 2) naming each input that differs and both hashes
 (:func:`check_inputs_unchanged`): ``critbatch resume`` against ``sweep.json``, a ``critbatch run --sweep-id``
 whose storage root holds the sweep (a retried job, the REST service's jobs, the KubeRay entrypoint) against

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sweeps.errors import CritbatchError, InvalidInput
-from sweeps.run.reach import RayUnreachable, probe_ray_address, ray_connect_timeout_s
+from sweeps.launch.reach import RayUnreachable, probe_ray_address, ray_connect_timeout_s
 from sweeps.spec import SweepSpec
 
 __all__ = [
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 #: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
 HEALTH_CHECK_INTERVAL_S = "0.1"
 #: How long a reused Tune actor waits for the previous trial's thread to end (Tune's default is 2 s).
-#: With ``reuse_actors`` (``sweeps.run.trainable.reuse_trial_actors``) a finished trial's thread is
+#: With ``reuse_actors`` (``sweeps.launch.trainable.reuse_trial_actors``) a finished trial's thread is
 #: still tearing down its Ray Train run when the next trial is handed its actor; on a loaded machine
 #: that took longer than 2 s, and Tune then aborted the *new* trial ("Could not re-use actor ... reset_config()
 #: ... return True"): it was lost without a report (seen once in 12 trials at load average ~20).
@@ -76,8 +76,8 @@ def ray_session(address: str | None, spec: SweepSpec, *, connect_timeout_s: floa
 def init_ray(address: str | None, spec: SweepSpec, *, connect_timeout_s: float | None = None) -> bool:
     """Connect to a cluster (``address`` or ``RAY_ADDRESS``) or start one in-process.
 
-    A given address is probed first (:func:`sweeps.run.reach.probe_ray_address`, within ``connect_timeout_s``
-    seconds; default :func:`sweeps.run.reach.ray_connect_timeout_s`), then connected with one GCS attempt.
+    A given address is probed first (:func:`sweeps.launch.reach.probe_ray_address`, within ``connect_timeout_s``
+    seconds; default :func:`sweeps.launch.reach.ray_connect_timeout_s`), then connected with one GCS attempt.
 
     Returns True if this call started Ray (and so must shut it down).
 

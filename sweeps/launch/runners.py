@@ -6,12 +6,12 @@ Train's controller, its workers, ...), three of them importing torch, before its
 one Ray Train run per concurrent trial slot at the sweep's start (:class:`TrialRunners`, each in a
 :class:`RunnerHost` actor, with the real
 ``ScalingConfig`` and ``FailureConfig``), each running ``workloads.ray.runner.runner_fn_per_worker``;
-Tune's trainable becomes a relay that imports no torch (:func:`sweeps.run.trainable.make_trainable`):
+Tune's trainable becomes a relay that imports no torch (:func:`sweeps.launch.trainable.make_trainable`):
 it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports that come back to
 ``tune.report`` and returns when its trial ends. Tune, Optuna, the MLflow callback and the records see
 what they saw with one worker group per trial.
 
-Used by every sweep (:func:`sweeps.run.trainable.use_trial_runners`; ``CRITBATCH_TRIAL_RUNNERS=0`` goes
+Used by every sweep (:func:`sweeps.launch.trainable.use_trial_runners`; ``CRITBATCH_TRIAL_RUNNERS=0`` goes
 back to one Ray Train run per trial). A trial that Tune pauses or stops (pruning, a budget, a signal) is
 cancelled at the exchange by :class:`RunnerCancels`, which frees its runner at the trial's next report
 (at once while it waits at a rung). Everything is owned by the driver: a driver that dies takes the
@@ -30,7 +30,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweeps.run.exchange import TrialExchange, exchange_name
+from sweeps.launch.exchange import TrialExchange, exchange_name
 from sweeps.settings import Settings
 
 __all__ = [
@@ -98,7 +98,7 @@ class RunnerHost:
     def warm(self) -> None:
         """Import what :meth:`run` needs (Ray Train's torch trainer, the runner's worker loop: about 3 s on
         the 2-core machine), ahead of it: the driver calls it while it still sets up MLflow."""
-        from sweeps.run.trainable import trial_torch_trainer
+        from sweeps.launch.trainable import trial_torch_trainer
         from workloads.api import runner_fn_per_worker  # noqa: F401 - imported for its cost
 
         trial_torch_trainer()
@@ -143,7 +143,7 @@ def _trainer(
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig
 
-    from sweeps.run.trainable import trial_torch_trainer
+    from sweeps.launch.trainable import trial_torch_trainer
     from workloads.api import runner_fn_per_worker
 
     use_gpu = resources["gpus_per_worker"] > 0
@@ -340,8 +340,8 @@ def sweep_runners(
     """One sweep's run (``sweeps.run.driver``): its trial runners prepared at once (:meth:`TrialRunners.prepare`:
     the hosts import while the driver sets up MLflow), started by ``execute_sweep``, stopped when the block
     ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool. None
-    without trial runners (``settings.trial_runners``: :func:`sweeps.run.trainable.use_trial_runners`)."""
-    from sweeps.run.trainable import use_trial_runners
+    without trial runners (``settings.trial_runners``: :func:`sweeps.launch.trainable.use_trial_runners`)."""
+    from sweeps.launch.trainable import use_trial_runners
 
     count = min(concurrency, spec.max_trials)
     outer = active_pool()
