@@ -36,10 +36,10 @@ def plot_study(result: dict[str, Any], path: Path) -> Path:
     pred = result.get("prediction")
     d_max = max(d.max(), pred["tokens"]) if pred else d.max()
     grid = np.exp(np.linspace(math.log(d.min() / 1.5), math.log(d_max * 1.5), 200))
-    cov, q = np.array(result["cov_ln_b0_gamma"]), result["quantile"]
-    x = np.log(grid / result["tokens_ref"])
-    mean = math.log(result["b0"]) + result["gamma"] * x
-    sd = np.sqrt(cov[0, 0] + 2 * cov[0, 1] * x + cov[1, 1] * x * x + result["tau2"])
+    from sweeps.scaling.study import log_band
+
+    q = result["quantile"]
+    mean, sd = log_band(result, grid)
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ax.fill_between(
         grid,

@@ -40,10 +40,10 @@ class Stage:
 
 def ceiling_sequences(result: dict[str, Any], tokens: float) -> float:
     """The lower end of the law's prediction interval (sequences) at ``tokens``, from ``scale.json``'s fields."""
-    x = math.log(tokens / result["tokens_ref"])
-    cov = result["cov_ln_b0_gamma"]
-    sd = math.sqrt(cov[0][0] + 2 * cov[0][1] * x + cov[1][1] * x * x + result["tau2"])
-    return math.exp(math.log(result["b0"]) + result["gamma"] * x - result["quantile"] * sd)
+    from sweeps.scaling.study import log_band
+
+    mean, sd = log_band(result, tokens)
+    return math.exp(float(mean) - result["quantile"] * float(sd))
 
 
 def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float) -> float | None:

@@ -182,3 +182,16 @@ def answer_sentence(law: PowerLaw, prediction: dict[str, Any] | None, quantity: 
         f"at {prediction['tokens']:.3g} tokens, {quantity} is most likely ~{prediction[quantity]:.3g} sequences, "
         f"{pct} prediction interval [{lo:.3g}, {hi:.3g}], {where}; {head}"
     )
+
+
+def log_band(result: dict[str, Any], tokens: Any) -> tuple[Any, Any]:
+    """``(mean, sd)`` of ``ln b`` that ``scale.json``'s law (``result``) predicts at ``tokens`` (a number or an
+    array): the law's own uncertainty plus tau^2, as :meth:`sweeps.scaling.law.PowerLaw.predict` reads it; the
+    prediction interval is ``exp(mean -+ result["quantile"] * sd)``."""
+    import numpy as np
+
+    x = np.log(np.asarray(tokens, dtype=float) / result["tokens_ref"])
+    cov = result["cov_ln_b0_gamma"]
+    mean = math.log(result["b0"]) + result["gamma"] * x
+    sd = np.sqrt(cov[0][0] + 2 * cov[0][1] * x + cov[1][1] * x * x + result["tau2"])
+    return mean, sd

@@ -112,3 +112,15 @@ def test_a_lower_bound_under_one_sequence_starts_the_ramp_at_one_and_says_so():
     ]
     ramp = batch_size_ramp(scale_result(members), 1e8, 64)
     assert ramp["stages"][0]["batch_size_sequences"] == 1 and "under one" in ramp["warnings"][0]
+
+
+def test_the_ceiling_read_from_scale_json_is_the_laws_own_lower_bound():
+    from sweeps.scaling import fit_power_law
+
+    members = [
+        StudyMember(d, 16 * (d / 2.6e5) ** 0.5, (12 * (d / 2.6e5) ** 0.5, 21 * (d / 2.6e5) ** 0.5))
+        for d in (1.3e5, 2.6e5, 5.2e5, 1.05e6)
+    ]
+    law, result = fit_power_law(members), scale_result(members)
+    for tokens in (1e5, 1e6, 1e8):
+        assert ceiling_sequences(result, tokens) == pytest.approx(law.predict(tokens).interval[0], rel=1e-12)
