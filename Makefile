@@ -47,10 +47,11 @@ run: install
 ui: install
 	$(VENV)/bin/critbatch ui$(if $(UI_PORT), --port $(UI_PORT))
 
-test: install
-	$(PY) -m pytest -q
+# The whole suite, once: the fast checks (`make check`, which runs the tests not marked slow), then the slow ones.
+test: check
+	$(PY) -m pytest -q -m slow
 
-# The fast checks, before the suite: format and lint (ruff), types (pyright, pyproject.toml's [tool.pyright]),
+# The fast checks: format and lint (ruff), types (pyright, pyproject.toml's [tool.pyright]),
 # the import rules and size caps, then the tests not marked slow.
 check: install
 	$(VENV)/bin/ruff format --check .
