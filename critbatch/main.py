@@ -277,6 +277,9 @@ def analyze(
         help="target loss (repeatable); --trials only: default, the sweep's own target rule",
     ),
     level: float = typer.Option(0.95, "--level", help="confidence level of b_crit_ci, in (0, 1)"),
+    fit: str = typer.Option(
+        "hyperbola", "--fit", help="the registered fit of steps against batch size (sweeps.analysis.fits)"
+    ),
 ) -> None:
     """Fit S = S_min + E_min/B and print b_crit as JSON.
 
@@ -292,9 +295,9 @@ def analyze(
         if not 0.0 < level < 1.0:
             raise InvalidInput(f"--level must lie in (0, 1), got {level}")
         if comparison is not None:
-            if target or reference_batch is not None or level != 0.95:
+            if target or reference_batch is not None or level != 0.95 or fit != "hyperbola":
                 raise InvalidInput(
-                    "--comparison takes no --target, --reference-batch or --level: the arms are "
+                    "--comparison takes no --target, --reference-batch, --level or --fit: the arms are "
                     "analysed at the first arm's targets, as the comparison was"
                 )
             from sweeps.run.compare import analyze_comparison
@@ -305,20 +308,28 @@ def analyze(
                 raise InvalidInput("--csv needs --reference-batch")
             if target:
                 raise InvalidInput("--target goes with --trials (a CSV already holds steps to one target)")
-            result = analyze_csv(csv, reference_batch, level=level)
+            result = analyze_csv(csv, reference_batch, level=level, fit=fit)
         else:
             assert trials  # exactly one of --csv, --trials and --comparison, checked above
             if target and any(not math.isfinite(t) or t <= 0 for t in target):
                 raise InvalidInput("--target must be a positive, finite loss")
             if len(trials) == 1:
                 result = analyze_trials_file(
-                    trials[0], reference_batch=reference_batch, targets=list(target) if target else None, level=level
+                    trials[0],
+                    reference_batch=reference_batch,
+                    targets=list(target) if target else None,
+                    level=level,
+                    fit=fit,
                 )
             else:
                 from sweeps.analysis import analyze_trials_files
 
                 result = analyze_trials_files(
-                    list(trials), reference_batch=reference_batch, targets=list(target) if target else None, level=level
+                    list(trials),
+                    reference_batch=reference_batch,
+                    targets=list(target) if target else None,
+                    level=level,
+                    fit=fit,
                 )
     except InvalidInput as exc:
         _fail_invalid(exc)

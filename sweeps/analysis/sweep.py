@@ -18,7 +18,7 @@ import numpy as np
 import yaml
 
 from sweeps.analysis.fit import cbs_20_interval
-from sweeps.analysis.fits import DEFAULT_FIT, Fit, get_fit
+from sweeps.analysis.fits import DEFAULT_FIT, Fit, fit_names, get_fit
 from sweeps.analysis.lr_scaling import lr_scaling, open_bracket_gains, open_lr_brackets
 from sweeps.analysis.result import SWEEP_FIELDS, with_sweep_fields
 from sweeps.analysis.summary import caveats, headline
@@ -425,7 +425,12 @@ def _read_json(path: Path, *, missing: str) -> Any:
 
 
 def analyze_trials_file(
-    path: str | Path, *, reference_batch: float | None = None, targets: list[float] | None = None, level: float = 0.95
+    path: str | Path,
+    *,
+    reference_batch: float | None = None,
+    targets: list[float] | None = None,
+    level: float = 0.95,
+    fit: str = DEFAULT_FIT,
 ) -> CbsResult:
     """``critbatch analyze --trials OUT/trials.json``: re-analyse a finished sweep.
 
@@ -435,9 +440,13 @@ def analyze_trials_file(
     ``provenance``). With no
     other targets or reference batch the result equals that ``cbs.json``.
 
+    ``fit``: the registered fit to use (:func:`sweeps.analysis.fits.fit_names`).
+
     Raises:
-        InvalidInput: missing or unreadable files, a record without its fields, no ``cbs.json`` beside.
+        InvalidInput: missing or unreadable files, a record without its fields, no ``cbs.json`` beside, an
+            unknown ``fit``.
     """
+    _check_fit(fit)
     p = Path(path)
     rows = _read_json(p, missing=f"--trials: file not found: {p}")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -465,8 +474,15 @@ def analyze_trials_file(
         targets=targets,
         level=level,
         tokens_per_sequence=tps,
+        fit=fit,
     )
     return with_sweep_fields(out, **{k: prev[k] for k in SWEEP_FIELDS if k in prev and k not in out.model_fields_set})
+
+
+def _check_fit(fit: str) -> None:
+    """Raises InvalidInput naming the registered fits when ``fit`` is none of them."""
+    if fit not in fit_names():
+        raise InvalidInput(f"--fit: {fit!r} is not a registered fit: one of {', '.join(fit_names())}")
 
 
 def _spec_targets(path: Path) -> list[float] | None:
@@ -488,6 +504,7 @@ def analyze_trials_files(
     reference_batch: float | None = None,
     targets: list[float] | None = None,
     level: float = 0.95,
+    fit: str = DEFAULT_FIT,
 ) -> dict[str, Any]:
     """``critbatch analyze --trials A --trials B ...``: several finished sweeps re-analysed at the same target losses,
     so that their ``b_crit`` compare at one loss.
@@ -509,23 +526,28 @@ def analyze_trials_files(
     out = [
         {
             "path": str(p),
-            **analyze_trials_file(p, reference_batch=reference_batch, targets=targets, level=level).to_json_dict(),
+            **analyze_trials_file(
+                p, reference_batch=reference_batch, targets=targets, level=level, fit=fit
+            ).to_json_dict(),
         }
         for p in paths
     ]
     return {"targets": sorted(targets, reverse=True), "sweeps": out}
 
 
-def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95) -> dict[str, Any]:
+def analyze_csv(
+    path: str | Path, reference_batch: float, *, level: float = 0.95, fit: str = DEFAULT_FIT
+) -> dict[str, Any]:
     """``critbatch analyze --csv``: fit points from a CSV of ``batch_size,steps_to_target[,seed][,group]``.
 
     A batch size may repeat (one row per seed or trial; the optional ``seed`` column is only
-    recorded). Returns the default fit's dict (:func:`~sweeps.analysis.fit.analyze_points`) (always with ``status`` and ``b_crit_ci``) or,
-    with a ``group`` column, that dict per group.
+    recorded). Returns the dict of the fit registered as ``fit`` (by default the hyperbola, :func:`~sweeps.analysis.fit.analyze_points`) (always with ``status`` and
+    ``b_crit_ci``) or, with a ``group`` column, that dict per group.
 
     Raises:
-        InvalidInput: missing file or columns, non-numeric or non-positive values.
+        InvalidInput: missing file or columns, non-numeric or non-positive values, an unknown ``fit``.
     """
+    _check_fit(fit)
     p = Path(path)
     if reference_batch <= 0:
         raise InvalidInput("--reference-batch must be positive")
@@ -562,7 +584,7 @@ def analyze_csv(path: str | Path, reference_batch: float, *, level: float = 0.95
         if len(set(bs)) < 2:
             label = f"group {name!r}" if name is not None else str(p)
             raise InvalidInput(f"{label}: need at least 2 distinct batch sizes to fit S = S_min + E_min/B")
-        res = get_fit(DEFAULT_FIT).analyze(bs, ss, reference_batch, level=level)
+        res = get_fit(fit).analyze(bs, ss, reference_batch, level=level)
         if "seed" in cols:
             res["seeds"] = sorted(set(seeds))
         return res

@@ -79,3 +79,28 @@ def test_the_analysis_calls_the_fit_it_is_given_through_the_registry(monkeypatch
     assert calls and res.interval_method == "none: a test fit" and res.status == "no_knee" and res.b_crit is None
     default = analyze_trials(_trials(), context_length_tokens=8, reference_batch=16, targets=[3.0])
     assert default.interval_method == INTERVAL_METHOD
+
+
+def test_critbatch_analyze_chooses_a_registered_fit_by_name_and_refuses_an_unknown_one(monkeypatch, tmp_path):
+    """A fit registered from outside the product is usable from the CLI (`critbatch analyze --fit NAME`); a name
+    that is not registered exits 2 naming the registered ones."""
+    from typer.testing import CliRunner
+
+    from critbatch.main import app
+
+    class Flat(Fit):
+        name = "flat"
+        interval_method = "none: a test fit"
+
+        def analyze(self, batch_sizes, steps, reference_batch, **kw: Any) -> dict[str, Any]:
+            return {"status": "no_knee", "b_crit": None, "b_crit_ci": None, "message": f"flat over {len(steps)}"}
+
+    monkeypatch.setattr(fits_module, "_FITS", dict(fits_module._FITS))
+    register_fit(Flat())
+    table = tmp_path / "steps.csv"
+    table.write_text("batch_size,steps_to_target\n" + "".join(f"{b},{40 * (1 + 16 / b)}\n" for b in (4, 8, 16, 32)))
+    r = CliRunner().invoke(app, ["analyze", "--csv", str(table), "--reference-batch", "16", "--fit", "flat"])
+    assert r.exit_code == 0, r.output
+    assert '"message": "flat over 4"' in r.stdout and '"status": "no_knee"' in r.stdout
+    r = CliRunner().invoke(app, ["analyze", "--csv", str(table), "--reference-batch", "16", "--fit", "power"])
+    assert r.exit_code == 2 and "'power' is not a registered fit: one of hyperbola, flat" in r.output
