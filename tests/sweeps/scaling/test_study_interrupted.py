@@ -1,6 +1,6 @@
-"""`critbatch scale SPEC --budgets-tokens ...` for real, on the suite's Ray head: stopped (SIGTERM, what `kill` and
-Kubernetes send) while its first member's first trial is held mid-way, then the same command again finishes the
-study: every member an ordinary finished sweep folder, `scale.json` and its plot, and one MLflow study run with
+"""`critbatch scale SPEC --budgets-tokens ...` for real, on the suite's Ray head: stopped by Ctrl-C (SIGINT to its
+process group, as a terminal sends it) while its first member's first trial is held mid-way, then the same command
+again finishes the study: every member an ordinary finished sweep folder, `scale.json` and its plot, and one MLflow study run with
 the members' sweep runs nested under it."""
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ def test_a_stopped_study_finishes_when_run_again(tmp_path, tiny_spec_dict, ray_h
             "the first member's first report",
             diagnose=lambda: tail(log),
         )
-        os.kill(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGINT)
         rc = proc.wait(timeout=300)
     finally:
         hold.unlink(missing_ok=True)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert rc == 143, tail(log)
+    assert rc == 130, tail(log)
     study = json.loads((out / "study.json").read_text())
-    assert study["status"] == "STOPPED" and study["exit_code"] == 143
+    assert study["status"] == "STOPPED" and study["exit_code"] == 130
     assert not (out / "members" / "tokens-16384").exists() and not (out / "scale.json").exists()
 
     r = run_cli(args, timeout_s=600)
