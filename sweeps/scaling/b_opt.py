@@ -8,7 +8,9 @@ differs from the critical batch size, which is read at a target loss, not at a b
 
 One sweep (a member) gives B_opt as follows. For each batch size, the lowest validation loss at exactly D tokens
 over its trials (``trials.json``: each trial's ``tokens`` and ``val_loss`` are its evaluation milestones); a trial
-stopped before D (pruned, or stopped at its targets) has no loss at D and does not count. Around the best batch
+stopped before D (pruned, or stopped at its targets) has no loss at D and does not count. A trial stopped once it
+reached the sweep's last target is often the best LR of its batch size, so the best loss at D can lie above what
+that batch size reaches: the counts per batch size go with the result (:data:`STOPPED_CAVEAT`). Around the best batch
 size the loss at D is smooth in ``x = log2 B`` with one minimum, so a parabola ``L(x) = a + b x + c x^2`` is
 fitted by least squares to the per-batch-size best losses and its vertex ``x* = -b / (2c)`` is the estimate. Its
 interval is Fieller's (Fieller 1954, "Some problems in interval estimation", JRSS B 16: 175-185; the standard
@@ -50,6 +52,7 @@ from sweeps.scaling.law import StudyMember
 __all__ = [
     "B_OPT_MEMBER_STATUSES",
     "LR_CAVEAT",
+    "STOPPED_CAVEAT",
     "BestBatch",
     "b_opt_from_losses",
     "b_opt_member",
@@ -61,7 +64,14 @@ __all__ = [
 #: with a loss at D; no readable ``trials.json``
 B_OPT_MEMBER_STATUSES = ("ok", "edge", "flat", "too_few_batch_sizes", "no_trials")
 
-#: what the loss at D is the best over
+#: which trials the loss at D is the best over
+STOPPED_CAVEAT = (
+    "trials stopped before D (pruned, or stopped once they reached the sweep's last target, often the best LRs of "
+    "their batch size) have no loss at D: a batch size's best loss at D is over the trials that ran to D and can "
+    "lie above what it reaches (trials_by_batch_size: with a loss at D, stopped before)"
+)
+
+#: how the learning rates the loss at D is the best over were chosen
 LR_CAVEAT = (
     "each batch size's learning rate was searched to reach the sweep's target losses in the fewest tokens, not to "
     "minimise the loss at the budget D: B_opt is read over LRs tuned for another goal"
@@ -82,8 +92,9 @@ class BestBatch:
         status: one of :data:`B_OPT_MEMBER_STATUSES`; ``message`` says why in words.
         losses_at_budget: the lowest validation loss at D per batch size (nats per token; batch sizes with none
             are absent).
-        trials_at_budget: trials with a loss at D; ``trials_stopped_early``: those without (pruned, or stopped at
-            their targets before D).
+        trials_by_batch_size: ``{batch_size_sequences: (trials with a loss at D, trials stopped before D)}``
+            (pruned, or stopped once they reached the sweep's last target: often the best LRs of their batch size,
+            whose loss at D is then not seen).
     """
 
     budget_tokens: float
@@ -94,11 +105,22 @@ class BestBatch:
     message: str
     losses_at_budget: dict[int, float] = field(default_factory=dict)
     bound: dict[str, Any] | None = None
-    trials_at_budget: int = 0
-    trials_stopped_early: int = 0
+    trials_by_batch_size: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def trials_at_budget(self) -> int:
+        """The trials with a loss at D."""
+        return sum(n for n, _ in self.trials_by_batch_size.values())
+
+    @property
+    def trials_stopped_early(self) -> int:
+        """The trials stopped before D (no loss at D)."""
+        return sum(n for _, n in self.trials_by_batch_size.values())
 
 
-def best_loss_at_budget(trials: Sequence[Mapping[str, Any]], budget_tokens: float) -> tuple[dict[int, float], int]:
+def best_loss_at_budget(
+    trials: Sequence[Mapping[str, Any]], budget_tokens: float
+) -> tuple[dict[int, float], dict[int, tuple[int, int]]]:
     """The lowest validation loss at exactly ``budget_tokens`` per batch size, and how many trials had one.
 
     Args:
@@ -107,23 +129,24 @@ def best_loss_at_budget(trials: Sequence[Mapping[str, Any]], budget_tokens: floa
         budget_tokens: D (tokens); a milestone counts when it equals D to a relative 1e-9.
 
     Returns:
-        ``({batch_size_sequences: loss}, trials_with_a_loss_at_D)``; a trial stopped before D is not counted.
+        ``({batch_size_sequences: loss}, {batch_size_sequences: (trials with a loss at D, trials without)})``;
+        a trial stopped before D has no loss at D and does not count.
     """
     best: dict[int, float] = {}
-    counted = 0
+    counts: dict[int, tuple[int, int]] = {}
     for trial in trials:
+        b = int(trial["batch_size_sequences"])
         tokens, losses = trial.get("tokens") or [], trial.get("val_loss") or []
         at_d = [
             float(v)
             for t, v in zip(tokens, losses)
             if v is not None and math.isclose(float(t), budget_tokens, rel_tol=1e-9) and math.isfinite(float(v))
         ]
-        if not at_d:
-            continue
-        counted += 1
-        b = int(trial["batch_size_sequences"])
-        best[b] = min(best.get(b, math.inf), at_d[0])
-    return dict(sorted(best.items())), counted
+        at, stopped = counts.get(b, (0, 0))
+        counts[b] = (at + 1, stopped) if at_d else (at, stopped + 1)
+        if at_d:
+            best[b] = min(best.get(b, math.inf), at_d[0])
+    return dict(sorted(best.items())), dict(sorted(counts.items()))
 
 
 def _fieller(beta: np.ndarray, cov: np.ndarray, t: float) -> tuple[float, float] | None:
@@ -220,11 +243,9 @@ def b_opt_member(folder: Path, budget_tokens: float, *, level: float = 0.95) -> 
         if not 0 < level < 1:
             raise InvalidInput(f"a confidence level must lie in (0, 1), got {level}") from None
     else:
-        losses, counted = best_loss_at_budget(trials, budget)
+        losses, counts = best_loss_at_budget(trials, budget)
         fit = b_opt_from_losses(losses, budget, level=level)
-        details = BestBatch(
-            **{**fit.__dict__, "trials_at_budget": counted, "trials_stopped_early": len(trials) - counted}
-        )
+        details = BestBatch(**{**fit.__dict__, "trials_by_batch_size": counts})
     member = StudyMember(
         tokens=budget,
         batch_size_sequences=details.batch_size_sequences,

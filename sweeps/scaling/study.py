@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.errors import InvalidInput
-from sweeps.scaling.b_opt import LR_CAVEAT, BestBatch
+from sweeps.scaling.b_opt import LR_CAVEAT, STOPPED_CAVEAT, BestBatch
 from sweeps.scaling.law import PowerLaw, StudyMember, fit_power_law
 from sweeps.scaling.published import published_predictions
 
@@ -192,7 +192,7 @@ def b_opt_result(
         **dict.fromkeys(("gamma", "gamma_ci", "b0", "tokens_ref", "tau2", "cov_ln_b0_gamma", "quantile")),
         "level": level,
         "status": "too_few_budgets",
-        "caveats": [LR_CAVEAT],
+        "caveats": _b_opt_caveats(measured),
         "members": [_b_opt_member_json(m, d, None) for m, d in measured],
         "excluded": [],
         "prediction": None,
@@ -232,7 +232,7 @@ def b_opt_result(
         cov_ln_b0_gamma=law.cov.tolist(),
         quantile=law.quantile,
         status=law.status,
-        caveats=[LR_CAVEAT, *law.caveats],
+        caveats=[*_b_opt_caveats(measured), *law.caveats],
         members=[_b_opt_member_json(m, d, residual.get(id(m))) for m, d in measured],
         excluded=law.excluded,
     )
@@ -255,6 +255,12 @@ def b_opt_result(
     return out
 
 
+def _b_opt_caveats(measured: Sequence[tuple[StudyMember, BestBatch]]) -> list[str]:
+    stopped = sum(d.trials_stopped_early for _, d in measured)
+    total = stopped + sum(d.trials_at_budget for _, d in measured)
+    return [LR_CAVEAT] + ([f"{stopped} of {total} trials: {STOPPED_CAVEAT}"] if stopped else [])
+
+
 def _b_opt_member_json(m: StudyMember, d: BestBatch, residual: float | None) -> dict[str, Any]:
     return {
         "label": m.label,
@@ -268,6 +274,7 @@ def _b_opt_member_json(m: StudyMember, d: BestBatch, residual: float | None) -> 
         "losses_at_budget": {str(b): v for b, v in d.losses_at_budget.items()},
         "trials_at_budget": d.trials_at_budget,
         "trials_stopped_early": d.trials_stopped_early,
+        "trials_by_batch_size": {str(b): list(n) for b, n in d.trials_by_batch_size.items()},
         "log_residual": residual,
     }
 

@@ -122,6 +122,13 @@ def test_the_main_jobs_study_gives_b_opt_per_budget_and_says_why_it_has_no_law(t
     assert b_opt["members"][3]["batch_size_sequences"] == pytest.approx(10.7, abs=0.05)
     assert b_opt["members"][3]["batch_size_ci_sequences"] == pytest.approx([5.58, 14.42], abs=0.01)
     assert b_opt["status"] == "too_few_budgets" and b_opt["prediction"] is None and b_opt["gamma"] is None
+    # trials stopped before D (at their targets, or pruned) have no loss at D: 45 of 105, counted per batch size
+    assert b_opt["members"][0]["trials_by_batch_size"] == {"4": [2, 4], "8": [2, 5], "16": [2, 5]} | {
+        "32": [3, 1],
+        "64": [2, 0],
+        "128": [4, 0],
+    }
+    assert any(c.startswith("45 of 105 trials: trials stopped before D") for c in b_opt["caveats"])
     assert "no B_opt law: 1 of 4 budgets bracket B_opt" in got["answer"]
     assert (tmp_path / "scale.png").stat().st_size > 0
     res = CliRunner().invoke(

@@ -39,8 +39,8 @@ def test_the_best_loss_at_the_budget_counts_only_trials_that_reached_it():
         {"batch_size_sequences": 16, "tokens": [100.0], "val_loss": [2.0]},  # stopped before D: no loss at D
         {"batch_size_sequences": 32, "tokens": [100.0, 200.0, 300.0], "val_loss": [3.0, 2.9, 2.8]},
     ]
-    losses, counted = best_loss_at_budget(trials, 200.0)
-    assert losses == {8: 2.4, 32: 2.9} and counted == 3
+    losses, counts = best_loss_at_budget(trials, 200.0)
+    assert losses == {8: 2.4, 32: 2.9} and counts == {8: (2, 0), 16: (0, 1), 32: (1, 0)}
 
 
 def test_a_known_minimum_is_recovered_and_its_interval_covers_at_its_level():
@@ -106,6 +106,8 @@ def test_the_law_of_b_opt_recovers_a_known_exponent(tmp_path):
     assert section["gamma"] == pytest.approx(0.5, abs=0.1)
     assert section["gamma_ci"][0] < 0.5 < section["gamma_ci"][1]
     assert section["status"] == "ok" and section["absent"] is None and section["caveats"][0] == LR_CAVEAT
+    assert section["caveats"][1].startswith("4 of 36 trials: trials stopped before D")
+    assert section["members"][0]["trials_by_batch_size"]["4"] == [1, 1]
     pred = section["prediction"]
     assert pred["interval"][0] < pred["b_opt"] < pred["interval"][1]
     assert pred["b_opt"] == pytest.approx(8.0 * 1e3**0.5, rel=0.5)
@@ -125,11 +127,28 @@ def test_scale_json_has_the_b_opt_section_or_says_why_not(tmp_path):
     assert result["answer"].endswith(result["b_opt"]["answer"])
 
 
-def test_the_study_run_logs_b_opts_exponent_and_prediction(tmp_path):
-    from sweeps.scaling.tracking import _metrics
+def test_the_study_run_logs_b_opts_exponent_and_prediction(tmp_path, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from sweeps.scaling.tracking import log_study
 
     measured = _synthetic_study(tmp_path)
-    b_crit = [member_from_cbs(Path(m.label)) for m, _ in measured]
-    metrics = _metrics(scale_result(b_crit, predict_tokens=1e9, b_opt_members=measured))
-    assert {"b_opt_gamma", "b_opt_gamma_ci_low", "b_opt_gamma_ci_high", "predicted_b_opt"} <= set(metrics)
+    client = MlflowClient(mlflow_uri)
+    exp_id = client.create_experiment("study")
+    for m, _ in measured:  # each member's cbs.json names its sweep's MLflow store
+        cbs_path = Path(m.label) / "cbs.json"
+        cbs = json.loads(cbs_path.read_text())
+        cbs["mlflow"] = {"tracking_uri": mlflow_uri, "experiment_id": exp_id}
+        cbs_path.write_text(json.dumps(cbs))
+    result = scale_result(
+        [member_from_cbs(Path(m.label)) for m, _ in measured], predict_tokens=1e9, b_opt_members=measured
+    )
+    logged = log_study("synthetic", result, [Path(m.label) for m, _ in measured], [])
+    assert logged is not None
+    run = client.get_run(logged["study_run_id"])
+    metrics = run.data.metrics
+    assert metrics["b_opt_gamma"] == pytest.approx(result["b_opt"]["gamma"])
+    assert metrics["b_opt_gamma_ci_low"] < metrics["b_opt_gamma"] < metrics["b_opt_gamma_ci_high"]
     assert metrics["predicted_b_opt_low"] < metrics["predicted_b_opt"] < metrics["predicted_b_opt_high"]
+    assert metrics["predicted_b_opt"] == pytest.approx(result["b_opt"]["prediction"]["b_opt"])
+    assert run.data.tags["critbatch.b_opt_status"] == "ok" and metrics["gamma"] == pytest.approx(0.0, abs=1e-9)
