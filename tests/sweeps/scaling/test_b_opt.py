@@ -125,6 +125,9 @@ def test_scale_json_has_the_b_opt_section_or_says_why_not(tmp_path):
     result = scale_result(tables)
     assert result["b_opt"]["gamma"] is None and "steps-to-target tables" in result["b_opt"]["absent"]
     assert result["answer"].endswith(result["b_opt"]["answer"])
+    mixed = scale_result(tables + b_crit, b_opt_members=measured)
+    assert mixed["b_opt"]["gamma"] is not None
+    assert mixed["b_opt"]["caveats"][-1].startswith("2 member(s) are steps-to-target tables")
 
 
 def test_the_study_run_logs_b_opts_exponent_and_prediction(tmp_path, mlflow_uri):
