@@ -106,7 +106,7 @@ def b_opt_sentence(data: dict[str, Any]) -> str | None:
         return None
     pred = b_opt.get("prediction")
     if not pred:
-        return f"B_opt (not planned with): {b_opt.get('absent') or b_opt.get('answer')}"
+        return f"B_opt (not planned with): {b_opt.get('answer') or b_opt.get('absent')}"
     lo, hi = pred["interval"]
     return (
         f"B_opt (the batch of lowest loss at the budget; not planned with) at {pred['tokens']:.3g} tokens: "

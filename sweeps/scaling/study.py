@@ -183,7 +183,7 @@ def b_opt_result(
     folder (steps-to-target tables hold no loss at a fixed budget). ``answer`` is B_opt's part of the sentence.
 
     Raises:
-        InvalidInput: a ``predict_tokens`` that is not positive.
+        InvalidInput: a ``predict_tokens`` that is not positive, a level outside (0, 1).
     """
     out: dict[str, Any] = {
         "quantity": "b_opt",
@@ -208,18 +208,10 @@ def b_opt_result(
     try:
         law = fit_power_law([m for m, _ in measured], level=level)
     except InvalidInput as exc:
-        out["absent"] = f"no law of B_opt: {exc}".replace("critical batch size", "B_opt")
-        each = ", ".join(
-            f"{d.budget_tokens:.3g} tokens: "
-            + (
-                f"{d.batch_size_sequences:.3g} [{d.interval_sequences[0]:.3g}, {d.interval_sequences[1]:.3g}]"
-                if d.interval_sequences and d.batch_size_sequences
-                else d.status
-            )
-            for _, d in measured
-        )
-        n_ok = sum(m.usable() for m, _ in measured)
-        out["answer"] = f"no B_opt law: {n_ok} of {len(measured)} budgets bracket B_opt ({each})"
+        if not str(exc).startswith("too_few_budgets"):
+            raise
+        out["answer"] = _no_b_opt_law(measured)
+        out["absent"] = "too_few_budgets: a law needs two budgets whose B_opt has an interval; " + out["answer"]
         return out
     residual = {id(m): r for m, r in zip(law.members, law.residuals)}
     out.update(
@@ -253,6 +245,20 @@ def b_opt_result(
         }
     out["answer"] = answer_sentence(law, out["prediction"], "b_opt")
     return out
+
+
+def _no_b_opt_law(measured: Sequence[tuple[StudyMember, BestBatch]]) -> str:
+    """Why there is no law of B_opt, with each member's B_opt or status."""
+    each = ", ".join(
+        f"{d.budget_tokens:.3g} tokens: "
+        + (
+            f"{d.batch_size_sequences:.3g} [{d.interval_sequences[0]:.3g}, {d.interval_sequences[1]:.3g}]"
+            if d.interval_sequences and d.batch_size_sequences
+            else d.status
+        )
+        for _, d in measured
+    )
+    return f"no B_opt law: {sum(m.usable() for m, _ in measured)} of {len(measured)} budgets bracket B_opt ({each})"
 
 
 def _b_opt_caveats(measured: Sequence[tuple[StudyMember, BestBatch]]) -> list[str]:

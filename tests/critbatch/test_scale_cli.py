@@ -138,7 +138,7 @@ def test_the_main_jobs_study_gives_b_opt_per_budget_and_says_why_it_has_no_law(t
         + ["--output", str(tmp_path / "plan")],
     )
     assert res.exit_code == 0, res.output
-    assert "B_opt (not planned with): no law of B_opt: too_few_budgets" in res.output
+    assert "B_opt (not planned with): no B_opt law: 1 of 4 budgets bracket B_opt" in res.output
 
 
 def test_plan_prints_the_predicted_b_opt_beside_b_crit(tmp_path):
