@@ -237,5 +237,7 @@ def register(app: typer.Typer) -> None:
                 highlight=False,
             )
         console.print(plan_summary(result), markup=False, highlight=False)
+        if inputs.get("b_opt_sentence"):
+            console.print(inputs["b_opt_sentence"], markup=False, highlight=False)
         if out_dir is None or as_json:
             print(json.dumps(finite_json(result), indent=2))

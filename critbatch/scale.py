@@ -11,17 +11,20 @@ import typer
 __all__ = ["register", "scale", "schedule"]
 
 
-def _cbs_member(text: str, quantity: str):
-    """``--cbs PATH[:TOKENS]`` as a member. Raises InvalidInput on a budget that is not a number."""
+def _cbs_member(text: str, quantity: str, level: float):
+    """``--cbs PATH[:TOKENS]`` as ``(member, its B_opt measured from the sweep's trials)``. Raises InvalidInput on
+    a budget that is not a number."""
     from sweeps.errors import InvalidInput
     from sweeps.scaling import member_from_cbs
+    from sweeps.scaling.b_opt import b_opt_member
 
     path, _, tokens = text.rpartition(":") if ":" in text and not Path(text).exists() else (text, "", "")
     try:
         budget = float(tokens) if tokens else None
     except ValueError:
         raise InvalidInput(f"--cbs {text!r}: the budget after ':' must be a number of tokens") from None
-    return member_from_cbs(Path(path), budget, quantity)
+    member = member_from_cbs(Path(path), budget, quantity)
+    return member, b_opt_member(Path(path), member.tokens, level=level)
 
 
 def _members(
@@ -32,8 +35,9 @@ def _members(
     reference_batch: float | None,
     level: float,
     quantity: str,
-) -> list:
-    """The study's members from the command line. Raises InvalidInput on options that do not pair up."""
+) -> tuple[list, list]:
+    """The study's members from the command line, and B_opt's (the sweep folders'). Raises InvalidInput on
+    options that do not pair up."""
     from sweeps.errors import InvalidInput
     from sweeps.scaling import member_from_csv
 
@@ -50,7 +54,8 @@ def _members(
         member_from_csv(path, d, ref, level=level, quantity=quantity, n_params=n_params[i] if n_params else None)
         for i, (path, d) in enumerate(zip(csv, tokens))
     ]
-    return members + [_cbs_member(text, quantity) for text in cbs]
+    swept = [_cbs_member(text, quantity, level) for text in cbs]
+    return members + [m for m, _ in swept], [b for _, b in swept]
 
 
 def _run_study(
@@ -169,7 +174,7 @@ def scale(
         None, "--output", help="with SPEC: the study's folder; else a file to write scale.json to as well as stdout"
     ),
 ) -> None:
-    """b_crit as a power law of the token budget.
+    """b_crit (and B_opt) as a power law of the token budget.
 
     Each member enters with its interval; the exponent gets an interval, the prediction a
     prediction interval that widens with the extrapolation, beside published laws as a cross-check.
@@ -195,7 +200,9 @@ def scale(
             output = output / "scale.json"
         elif budgets_tokens or address or tracking_uri:
             raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
-        members = _members(csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity)
+        members, b_opt_members = _members(
+            csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity
+        )
         result = finite_json(
             scale_result(
                 members,
@@ -203,6 +210,7 @@ def scale(
                 level=level,
                 tokens_per_sequence=tokens_per_sequence,
                 quantity=quantity,
+                b_opt_members=b_opt_members,
             )
         )
     except InvalidInput as exc:

@@ -1,5 +1,5 @@
 """A study's prediction as ``critbatch plan``'s input: the production run planned with the predicted critical
-batch size and the two ends of its prediction interval."""
+batch size and the two ends of its prediction interval, with the predicted B_opt beside it in words."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["is_scale_result", "plan_inputs_from_scale"]
+__all__ = ["b_opt_sentence", "is_scale_result", "plan_inputs_from_scale"]
 
 
 def is_scale_result(path: Path) -> bool:
@@ -75,7 +75,9 @@ def plan_inputs_from_scale(
         }
         for label, b in (("predicted", pred[quantity]), ("interval low", lo), ("interval high", hi))
     ]
+    b_opt = b_opt_sentence(data)
     return {
+        "b_opt_sentence": b_opt,
         "source": str(p),
         "fits": fits,
         "headline_target_loss": None,
@@ -89,6 +91,25 @@ def plan_inputs_from_scale(
             f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
             f"{pred['extrapolation_factor']:.3g}x beyond the largest budget the study swept (status "
             f"{data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
-            "production loss, so a batch B needs D (1 + B / b_crit) tokens"
+            "production loss, so a batch B needs D (1 + B / b_crit) tokens",
+            *([b_opt] if b_opt else []),
         ],
     }
+
+
+def b_opt_sentence(data: dict[str, Any]) -> str | None:
+    """The B_opt a ``scale.json`` (``data``) predicts, in words, to print beside the plan made from b_crit (the
+    loss-optimal batch at the budget, a different quantity; the plan does not use it); why there is none when its
+    law is absent; None for a file written before B_opt was measured."""
+    b_opt = data.get("b_opt")
+    if not b_opt:
+        return None
+    pred = b_opt.get("prediction")
+    if not pred:
+        return f"B_opt (not planned with): {b_opt.get('answer') or b_opt.get('absent')}"
+    lo, hi = pred["interval"]
+    return (
+        f"B_opt (the batch of lowest loss at the budget; not planned with) at {pred['tokens']:.3g} tokens: "
+        f"~{pred['b_opt']:.3g} sequences, {100 * pred['level']:g} % prediction interval [{lo:.3g}, {hi:.3g}], "
+        f"law status {b_opt['status']}"
+    )

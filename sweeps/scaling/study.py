@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.errors import InvalidInput
+from sweeps.scaling.b_opt import LR_CAVEAT, STOPPED_CAVEAT, BestBatch
 from sweeps.scaling.law import PowerLaw, StudyMember, fit_power_law
 from sweeps.scaling.published import published_predictions
 
-__all__ = ["QUANTITIES", "answer_sentence", "member_from_cbs", "member_from_csv", "scale_result"]
+__all__ = ["QUANTITIES", "answer_sentence", "b_opt_result", "member_from_cbs", "member_from_csv", "scale_result"]
 
 #: what a study fits across budgets: McCandlish's b_crit = E_min / S_min, or Zhang et al.'s 20 % CBS
 #: (0.2 b_crit + 1.2 B0, which carries the constant of its reference batch B0)
@@ -107,10 +108,13 @@ def scale_result(
     level: float = 0.95,
     tokens_per_sequence: float | None = None,
     quantity: str = "b_crit",
+    b_opt_members: Sequence[tuple[StudyMember, BestBatch]] = (),
 ) -> dict[str, Any]:
     """``scale.json``: the members, the law (eq. 1 of :mod:`sweeps.scaling.law`), its residuals and status, and
     the prediction at ``predict_tokens`` beside the published laws' (sequences; tokens where
-    ``tokens_per_sequence`` is known).
+    ``tokens_per_sequence`` is known); under ``b_opt``, the same for B_opt (:func:`b_opt_result` of
+    ``b_opt_members``, the sweep folders' :func:`sweeps.scaling.b_opt.b_opt_member`), and the answer adds its
+    prediction or why there is none.
 
     Raises:
         InvalidInput: see :func:`sweeps.scaling.law.fit_power_law`; a ``predict_tokens`` that is not positive.
@@ -149,8 +153,136 @@ def scale_result(
                 p.tokens, largest.tokens, largest.batch_size_sequences or math.nan, tokens_per_sequence
             ),
         }
-    result["answer"] = answer_sentence(law, result["prediction"], quantity)
+    b_opt = b_opt_result(
+        b_opt_members, predict_tokens=predict_tokens, level=level, tokens_per_sequence=tokens_per_sequence
+    )
+    if b_opt_members and len(b_opt_members) < len(members):
+        b_opt["caveats"].append(
+            f"{len(members) - len(b_opt_members)} member(s) are steps-to-target tables, not sweep folders: "
+            "they give no loss at a fixed budget and are not in B_opt's law"
+        )
+    result["b_opt"] = b_opt
+    result["answer"] = answer_sentence(law, result["prediction"], quantity) + "; " + b_opt["answer"]
     return result
+
+
+def b_opt_result(
+    measured: Sequence[tuple[StudyMember, BestBatch]],
+    *,
+    predict_tokens: float | None = None,
+    level: float = 0.95,
+    tokens_per_sequence: float | None = None,
+) -> dict[str, Any]:
+    """``scale.json``'s ``b_opt`` section: B_opt per member (:mod:`sweeps.scaling.b_opt`), its power law in D
+    fitted as b_crit's is (:func:`sweeps.scaling.law.fit_power_law`: members with an interval only, ``edge``
+    ones left out), and its prediction at ``predict_tokens`` beside the published B_opt laws (Power Lines'
+    exponent anchored at the largest fitted member; Step Law's absolute law in tokens).
+
+    The keys mirror b_crit's at the top of ``scale.json``; those of the law are None when it cannot be fitted
+    (``status`` ``too_few_budgets``, ``absent`` saying why), and ``absent`` says so when no member is a sweep
+    folder (steps-to-target tables hold no loss at a fixed budget). ``answer`` is B_opt's part of the sentence.
+
+    Raises:
+        InvalidInput: a ``predict_tokens`` that is not positive, a level outside (0, 1).
+    """
+    out: dict[str, Any] = {
+        "quantity": "b_opt",
+        "definition": "the batch size of lowest validation loss at the member's budget D (sequences)",
+        "law": None,
+        **dict.fromkeys(("gamma", "gamma_ci", "b0", "tokens_ref", "tau2", "cov_ln_b0_gamma", "quantile")),
+        "level": level,
+        "status": "too_few_budgets",
+        "caveats": _b_opt_caveats(measured),
+        "members": [_b_opt_member_json(m, d, None) for m, d in measured],
+        "excluded": [],
+        "prediction": None,
+        "absent": None,
+    }
+    if not measured:
+        out["absent"] = (
+            "no member is a sweep folder: steps-to-target tables (--csv) hold no loss at a fixed budget, so B_opt "
+            "needs the sweeps' trials.json (--cbs SWEEP)"
+        )
+        out["answer"] = f"no B_opt: {out['absent']}"
+        return out
+    try:
+        law = fit_power_law([m for m, _ in measured], level=level)
+    except InvalidInput as exc:
+        if not str(exc).startswith("too_few_budgets"):
+            raise
+        out["answer"] = _no_b_opt_law(measured)
+        out["absent"] = "too_few_budgets: a law needs two budgets whose B_opt has an interval; " + out["answer"]
+        return out
+    residual = {id(m): r for m, r in zip(law.members, law.residuals)}
+    out.update(
+        law="b_opt(D) = b0 * (D / D0) ** gamma",
+        gamma=law.gamma,
+        gamma_ci=list(law.gamma_ci),
+        b0=law.b0,
+        tokens_ref=law.tokens_ref,
+        tau2=law.tau2,
+        cov_ln_b0_gamma=law.cov.tolist(),
+        quantile=law.quantile,
+        status=law.status,
+        caveats=[*_b_opt_caveats(measured), *law.caveats],
+        members=[_b_opt_member_json(m, d, residual.get(id(m))) for m, d in measured],
+        excluded=law.excluded,
+    )
+    if predict_tokens is not None:
+        p = law.predict(predict_tokens)
+        largest = max(law.members, key=lambda m: m.tokens)
+        published = published_predictions(
+            p.tokens, largest.tokens, largest.batch_size_sequences or math.nan, tokens_per_sequence
+        )
+        out["prediction"] = {
+            "tokens": p.tokens,
+            "b_opt": p.batch_size_sequences,
+            "interval": list(p.interval),
+            "level": p.level,
+            "extrapolation_factor": p.extrapolation_factor,
+            "b_opt_tokens": p.batch_size_sequences * tokens_per_sequence if tokens_per_sequence else None,
+            "published": [x for x in published if x["quantity"] == "b_opt"],
+        }
+    out["answer"] = answer_sentence(law, out["prediction"], "b_opt")
+    return out
+
+
+def _no_b_opt_law(measured: Sequence[tuple[StudyMember, BestBatch]]) -> str:
+    """Why there is no law of B_opt, with each member's B_opt or status."""
+    each = ", ".join(
+        f"{d.budget_tokens:.3g} tokens: "
+        + (
+            f"{d.batch_size_sequences:.3g} [{d.interval_sequences[0]:.3g}, {d.interval_sequences[1]:.3g}]"
+            if d.interval_sequences and d.batch_size_sequences
+            else d.status
+        )
+        for _, d in measured
+    )
+    return f"no B_opt law: {sum(m.usable() for m, _ in measured)} of {len(measured)} budgets bracket B_opt ({each})"
+
+
+def _b_opt_caveats(measured: Sequence[tuple[StudyMember, BestBatch]]) -> list[str]:
+    stopped = sum(d.trials_stopped_early for _, d in measured)
+    total = stopped + sum(d.trials_at_budget for _, d in measured)
+    return [LR_CAVEAT] + ([f"{stopped} of {total} trials: {STOPPED_CAVEAT}"] if stopped else [])
+
+
+def _b_opt_member_json(m: StudyMember, d: BestBatch, residual: float | None) -> dict[str, Any]:
+    return {
+        "label": m.label,
+        "tokens": m.tokens,
+        "batch_size_sequences": d.batch_size_sequences,
+        "batch_size_ci_sequences": list(d.interval_sequences or ()),
+        "level": d.level,
+        "status": d.status,
+        "message": d.message,
+        "bound": d.bound,
+        "losses_at_budget": {str(b): v for b, v in d.losses_at_budget.items()},
+        "trials_at_budget": d.trials_at_budget,
+        "trials_stopped_early": d.trials_stopped_early,
+        "trials_by_batch_size": {str(b): list(n) for b, n in d.trials_by_batch_size.items()},
+        "log_residual": residual,
+    }
 
 
 def _member_json(m: StudyMember, residual: float) -> dict[str, Any]:

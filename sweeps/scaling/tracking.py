@@ -1,5 +1,5 @@
 """The study in MLflow: one study run in the members' experiment (``critbatch.role = study``) holding the
-exponent and the prediction as metrics and ``scale.json`` with its plot as artifacts; each member's sweep run is
+exponent and the prediction (b_crit's, and B_opt's: ``b_opt_gamma``, ``predicted_b_opt``) as metrics and ``scale.json`` with its plot as artifacts; each member's sweep run is
 nested under it (``mlflow.parentRunId``), so the UI shows the study, its members and their trials as one tree."""
 
 from __future__ import annotations
@@ -37,7 +37,29 @@ def _metrics(result: dict[str, Any]) -> dict[str, float]:
                 "extrapolation_factor": pred["extrapolation_factor"],
             }
         )
+    out.update(_b_opt_metrics(result.get("b_opt") or {}))
     return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+
+def _b_opt_metrics(b_opt: dict[str, Any]) -> dict[str, Any]:
+    """B_opt's exponent and its interval (``b_opt_gamma*``) and its prediction (``predicted_b_opt*``) from
+    ``scale.json``'s ``b_opt``; only the member count when it has no law."""
+    out: dict[str, Any] = {"b_opt_n_members": len(b_opt.get("members") or [])} if b_opt else {}
+    if b_opt.get("gamma") is not None:
+        out.update(
+            b_opt_gamma=b_opt["gamma"],
+            b_opt_gamma_ci_low=b_opt["gamma_ci"][0],
+            b_opt_gamma_ci_high=b_opt["gamma_ci"][1],
+            b_opt_b0=b_opt["b0"],
+        )
+    pred = b_opt.get("prediction")
+    if pred:
+        out.update(
+            predicted_b_opt=pred["b_opt"],
+            predicted_b_opt_low=pred["interval"][0],
+            predicted_b_opt_high=pred["interval"][1],
+        )
+    return out
 
 
 def log_study(study_name: str, result: dict[str, Any], member_folders: list[Path], files: list[Path]) -> dict | None:
@@ -77,6 +99,8 @@ def log_study(study_name: str, result: dict[str, Any], member_folders: list[Path
     for key, value in _metrics(result).items():
         client.log_metric(run_id, key, value)
     client.set_tag(run_id, "critbatch.status", result["status"])
+    if result.get("b_opt"):
+        client.set_tag(run_id, "critbatch.b_opt_status", result["b_opt"]["status"])
     client.set_tag(run_id, "critbatch.message", result["answer"][:5000])
     for path in files:
         if path.is_file():

@@ -103,3 +103,58 @@ def test_plan_takes_the_studys_prediction_and_its_interval(tmp_path):
     # a larger b_crit lets more devices help: the upper end of the interval is never slower than the lower
     assert b["interval high"]["knee"]["time_to_target_s"] <= b["interval low"]["knee"]["time_to_target_s"]
     assert any("extrapolated 83.3x beyond the largest budget" in n for n in got["notes"])
+
+
+STUDY2 = ROOT / "tests/fixtures/study2"
+
+
+def test_the_main_jobs_study_gives_b_opt_per_budget_and_says_why_it_has_no_law(tmp_path):
+    """The four members of the main job's study: at three budgets the lowest loss at D is at the smallest batch
+    size swept (4), so only the 4x budget brackets B_opt, and there is no law of it to predict with."""
+    cbs = [x for d in ("131072", "262144", "524288", "1048576") for x in ("--cbs", str(STUDY2 / f"tokens-{d}"))]
+    res = _run(*cbs, "--predict-tokens", "1e9", "--output", str(tmp_path / "scale.json"))
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "scale.json").read_text())
+    assert got["gamma"] == pytest.approx(0.901, abs=0.001)  # b_crit's law as before
+    b_opt = got["b_opt"]
+    assert [m["status"] for m in b_opt["members"]] == ["edge", "edge", "edge", "ok"]
+    assert all(m["bound"]["side"] == "below" for m in b_opt["members"][:3])
+    assert b_opt["members"][3]["batch_size_sequences"] == pytest.approx(10.7, abs=0.05)
+    assert b_opt["members"][3]["batch_size_ci_sequences"] == pytest.approx([5.58, 14.42], abs=0.01)
+    assert b_opt["status"] == "too_few_budgets" and b_opt["prediction"] is None and b_opt["gamma"] is None
+    # trials stopped before D (at their targets, or pruned) have no loss at D: 45 of 105, counted per batch size
+    assert b_opt["members"][0]["trials_by_batch_size"] == {"4": [2, 4], "8": [2, 5], "16": [2, 5]} | {
+        "32": [3, 1],
+        "64": [2, 0],
+        "128": [4, 0],
+    }
+    assert any(c.startswith("45 of 105 trials: trials stopped before D") for c in b_opt["caveats"])
+    assert "no B_opt law: 1 of 4 budgets bracket B_opt" in got["answer"]
+    assert (tmp_path / "scale.png").stat().st_size > 0
+    res = CliRunner().invoke(
+        app,
+        ["plan", str(tmp_path / "scale.json"), "--devices", "8", "--peak-flops", "1e14", "--bandwidth", "5e10"]
+        + ["--flops-per-token", "1e6", "--params", "1.3e5", "--tokens-per-sequence", "64"]
+        + ["--output", str(tmp_path / "plan")],
+    )
+    assert res.exit_code == 0, res.output
+    assert "B_opt (not planned with): no B_opt law: 1 of 4 budgets bracket B_opt" in res.output
+
+
+def test_plan_prints_the_predicted_b_opt_beside_b_crit(tmp_path):
+    from tests.sweeps.scaling.test_b_opt import _synthetic_study
+
+    measured = _synthetic_study(tmp_path / "members")
+    cbs = [x for m, _ in measured for x in ("--cbs", m.label)]
+    assert _run(*cbs, "--predict-tokens", "1e9", "--output", str(tmp_path / "scale.json")).exit_code == 0
+    b_opt = json.loads((tmp_path / "scale.json").read_text())["b_opt"]
+    res = CliRunner().invoke(
+        app,
+        ["plan", str(tmp_path / "scale.json"), "--devices", "8", "--peak-flops", "1e14", "--bandwidth", "5e10"]
+        + ["--flops-per-token", "1e6", "--params", "1.3e5", "--tokens-per-sequence", "64"]
+        + ["--output", str(tmp_path / "plan")],
+    )
+    assert res.exit_code == 0, res.output
+    assert f"at 1e+09 tokens: ~{b_opt['prediction']['b_opt']:.3g} sequences" in res.output
+    notes = json.loads((tmp_path / "plan" / "plan.json").read_text())["notes"]
+    assert any(n.startswith("B_opt (the batch of lowest loss at the budget") for n in notes)
