@@ -7,7 +7,8 @@ import copy
 
 import pytest
 
-from sweeps.launch.trainable import SweepTrials, reuse_trial_actors, trial_config, use_trial_runners
+from sweeps.launch.launcher import launcher_for, reuse_trial_actors
+from sweeps.launch.trainable import SweepTrials, trial_config
 from sweeps.launch.workload import workload_config
 from sweeps.settings import Settings
 from sweeps.spec import parse_spec
@@ -15,6 +16,12 @@ from workloads.api import TrialConfig, TrialRunContext, loop_config
 from workloads.config import from_loop_config
 from workloads.testing.faults import HOLD_HOOKS, FaultPlan, hold_from_env
 from workloads.train.hooks import MILESTONE_HOOKS_VAR, milestone_hooks_from_env
+
+
+def use_trial_runners(spec, settings=None):
+    """Whether the sweep's launcher is the trial runners'."""
+    return launcher_for(spec, settings).name == "trial_runners"
+
 
 HP = {
     "batch_size_sequences": 8,
