@@ -218,7 +218,8 @@ class SweepTrials:
         save_dir_root: rank 0 saves each completed trial's Hugging Face checkpoint in ``<save_dir_root>/<trial id>``.
         rung_gate_prefix: ``pruning.mode: pause``: the prefix of the rung-gate KV keys.
         exchange: the sweep's trial exchange (``resources.launcher: trial_runners``), else None.
-        launcher: the ``resources.launcher`` whose :meth:`sweeps.launch.launcher.Launcher.run_trial` runs each trial.
+        launcher: the ``resources.launcher`` whose :meth:`sweeps.launch.launcher.Launcher.run_trial` runs each trial
+            (:meth:`launcher_name`).
     """
 
     spec_json: str
@@ -227,7 +228,14 @@ class SweepTrials:
     save_dir_root: str | None = None
     rung_gate_prefix: str | None = None
     exchange: str | None = None
-    launcher: str = "train_run_per_trial"
+    launcher: str | None = None
+
+    def launcher_name(self) -> str:
+        """:attr:`launcher`; where it is None (an object made, or pickled by Tune, before it was carried), the trial
+        runners' with an exchange, else a Ray Train run per trial, as such an object meant."""
+        if self.launcher is not None:
+            return self.launcher
+        return "trial_runners" if self.exchange else "train_run_per_trial"
 
     def trial(
         self, config: dict[str, Any], trial_id: str, started_unix: float
@@ -255,7 +263,7 @@ def make_trainable(
     save_dir_root: str | None = None,
     rung_gate_prefix: str | None = None,
     exchange: str | None = None,
-    launcher: str = "train_run_per_trial",
+    launcher: str | None = None,
 ):
     """:func:`run_trial` as this sweep's Tune function trainable, with its per-trial resource request.
 
@@ -292,13 +300,13 @@ def make_trainable(
 def run_trial(config: dict[str, Any], trials: SweepTrials) -> None:
     """Tune's function trainable: one trial, from the JSON-able config Tune hands it (``search/searcher.py``).
 
-    The sweep's launcher runs it (``trials.launcher``, resolved in :data:`sweeps.spec.registry.LAUNCHER_REGISTRY`):
-    under trial runners the trial goes to the sweep's exchange; otherwise it runs in a worker group of its own.
+    The sweep's launcher runs it (:meth:`SweepTrials.launcher_name`, resolved in
+    :data:`sweeps.spec.registry.LAUNCHER_REGISTRY`): under trial runners the trial goes to the sweep's exchange; otherwise it runs in a worker group of its own.
     Tune names trial folders after it: ``run_trial_<id>_...`` (records.py).
     """
     trial_id = ray.tune.get_context().get_trial_id()
     spec, cfg, context = trials.trial(config, trial_id, _trial_started_unix())
-    LAUNCHER_REGISTRY.resolve(trials.launcher)(spec).run_trial(cfg, context, trials)
+    LAUNCHER_REGISTRY.resolve(trials.launcher_name())(spec).run_trial(cfg, context, trials)
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

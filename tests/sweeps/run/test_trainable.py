@@ -142,3 +142,14 @@ def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_t
     assert int(trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"]) >= 60
     monkeypatch.setenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", "900")  # an operator's own setting wins
     assert trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"] == "900"
+
+
+def test_the_trials_name_their_launcher_and_an_older_object_without_one_keeps_its_meaning(tiny_spec_dict):
+    """``run_trial`` resolves ``SweepTrials.launcher_name()``; without ``launcher`` (made, or pickled by Tune, before
+    it was carried) an exchange meant the trial runners."""
+    spec = parse_spec(tiny_spec_dict)
+    wc = workload_config(spec)
+    made = {"spec_json": spec.model_dump_json(), "workload": wc, "storage_path": "/st"}
+    assert SweepTrials(**made, exchange="ex").launcher_name() == "trial_runners"
+    assert SweepTrials(**made).launcher_name() == "train_run_per_trial"
+    assert SweepTrials(**made, exchange="ex", launcher="train_run_per_trial").launcher_name() == "train_run_per_trial"
