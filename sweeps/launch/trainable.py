@@ -6,8 +6,7 @@ Tune function trainable (:func:`run_trial`), which turns Tune's config of a tria
 once and hands it down with a :class:`TrialRunContext` (how this run of it goes: start time, threads, folders). The
 sweep's launcher (``resources.launcher``, :mod:`sweeps.launch.launcher`) runs it: a relay to the sweep's
 long-lived worker groups (``sweeps.launch.runners``), or a worker group of its own whose rank 0's milestone
-metrics go to Tune. Importing this module imports no torch
-(the relay runs in Tune's trial process).
+metrics go to Tune. Importing this module imports no torch (the relay runs in Tune's trial process).
 """
 
 from __future__ import annotations
