@@ -24,56 +24,39 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Self
 
-from sweeps.settings import SettingsError, env_int
+from sweeps.settings import Settings as ProductSettings
+from sweeps.settings import SettingsError
 
 __all__ = ["MIN_TOKEN_CHARS", "Settings", "SettingsError"]
 
 MIN_TOKEN_CHARS = 16
 
 
-def _float_env(env: Mapping[str, str], key: str) -> float | None:
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        raise SettingsError(f"{key}={raw!r} is not a number") from None
-    if not v > 0:
-        raise SettingsError(f"{key} must be positive, got {raw!r}")
-    return v
-
-
 @dataclass(frozen=True, kw_only=True)
-class Settings:
-    """Everything the service is configured with (see the module docstring for the variables).
+class Settings(ProductSettings):
+    """Everything the service is configured with (see the module docstring for the variables): the product's
+    :class:`sweeps.settings.Settings`, which reads every ``CRITBATCH_*`` variable, and the variables that are not
+    ``CRITBATCH_*`` (``RAY_ADDRESS``, ``MLFLOW_TRACKING_URI``).
 
     Attributes:
         local_only: serve without a token; only allowed on a loopback host (``critbatch serve
             --local-only``).
+        backend_threads: threads that run the routes' calls to Ray's job server and MLflow.
+
+    Raises:
+        SettingsError: no token without ``local_only``, a token under :data:`MIN_TOKEN_CHARS` characters, or a
+            value the service cannot use; the message names the variable.
     """
 
     ray_address: str | None = None
     tracking_uri: str | None = None
-    api_token: str | None = None
     local_only: bool = False
-    max_body_bytes: int = 1024 * 1024
-    data_dir: str | None = None
-    mlflow_ui_url: str | None = None
-    ship_data_max_mb: float | None = None
-    upload_max_mb: float | None = None
-    job_python: str | None = None
-    cluster_data_dir: str | None = None
-    storage_root: str | None = None
-    max_running: int = 4
-    ray_timeout_s: float = 10.0
-    mlflow_timeout_s: float = 10.0
-    request_timeout_s: float = 30.0
-    ready_timeout_s: float = 2.0
     backend_threads: int = 32
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.api_token is not None and len(self.api_token) < MIN_TOKEN_CHARS:
             raise SettingsError(f"CRITBATCH_API_TOKEN must be at least {MIN_TOKEN_CHARS} characters")
         if self.api_token is None and not self.local_only:
@@ -91,31 +74,17 @@ class Settings:
             raise SettingsError("CRITBATCH_MAX_RUNNING must be at least 1")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> Settings:
-        """Read the settings from ``env`` (default ``os.environ``).
+    def from_env(cls, env: Mapping[str, str] | None = None, *, local_only: bool = False) -> Self:
+        """Read the settings from ``env`` (default ``os.environ``): the ``CRITBATCH_*`` variables as
+        :meth:`sweeps.settings.Settings.from_env` reads them, then ``RAY_ADDRESS`` and ``MLFLOW_TRACKING_URI``.
 
         Raises:
             SettingsError: a malformed value, or no token without ``local_only``.
         """
         env = os.environ if env is None else env
-        max_body = env_int(env, "CRITBATCH_MAX_BODY_BYTES")
-        max_running = env_int(env, "CRITBATCH_MAX_RUNNING")
-        return cls(
+        return super().from_env(
+            env,
             ray_address=env.get("RAY_ADDRESS") or None,
             tracking_uri=env.get("MLFLOW_TRACKING_URI") or None,
-            api_token=env.get("CRITBATCH_API_TOKEN") or None,
             local_only=local_only,
-            max_body_bytes=1024 * 1024 if max_body is None else max_body,
-            data_dir=env.get("CRITBATCH_DATA_DIR") or None,
-            mlflow_ui_url=env.get("CRITBATCH_MLFLOW_UI_URL") or None,
-            ship_data_max_mb=_float_env(env, "CRITBATCH_SHIP_DATA_MAX_MB"),
-            upload_max_mb=_float_env(env, "CRITBATCH_UPLOAD_MAX_MB"),
-            job_python=env.get("CRITBATCH_JOB_PYTHON") or None,
-            cluster_data_dir=env.get("CRITBATCH_CLUSTER_DATA_DIR") or None,
-            storage_root=env.get("CRITBATCH_STORAGE_ROOT") or None,
-            max_running=4 if max_running is None else max_running,
-            ray_timeout_s=_float_env(env, "CRITBATCH_RAY_TIMEOUT_S") or 10.0,
-            mlflow_timeout_s=_float_env(env, "CRITBATCH_MLFLOW_TIMEOUT_S") or 10.0,
-            request_timeout_s=_float_env(env, "CRITBATCH_REQUEST_TIMEOUT_S") or 30.0,
-            ready_timeout_s=_float_env(env, "CRITBATCH_READY_TIMEOUT_S") or 2.0,
         )

@@ -2,7 +2,7 @@
 including the ones inside functions. A new import across an arrow that is not allowed fails here.
 
     critbatch -> sweeps, workloads, service    (the CLI, the composition root: nothing imports it)
-    service  ->  sweeps.spec, sweeps.remote, sweeps.errors, sweeps.settings (its CRITBATCH_* parsers)
+    service  ->  sweeps.spec, sweeps.remote, sweeps.errors, sweeps.settings (the CRITBATCH_* settings)
     sweeps   ->  workloads.api
                  (sweeps.spec, which the service parses with, may import workloads.api only: torch-free)
       within:  scaling -> run -> launch, store, search -> pruning, analysis; run -> tracking -> analysis -> spec

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from sweeps.spec import SEARCH_STRATEGY_NAMES, SearchSpec, SweepSpec
+from sweeps.spec import LAUNCHER_REGISTRY, STRATEGY_REGISTRY, SearchSpec, SweepSpec
 from workloads.api import LR_RULES, WORKLOAD_NAMES
 
 
@@ -23,11 +23,33 @@ def _allowed(model: type, field: str) -> set[str]:
     return literals(model.model_fields[field].annotation)
 
 
-def test_the_strategy_registry_and_the_spec_name_the_same_strategies():
-    from sweeps.search.strategies import STRATEGIES
+def _schema_enum(model: type, field: str) -> list[str]:
+    """The names a spec field's JSON schema lists (``enum``, inside ``anyOf`` for an optional field)."""
+    prop = model.model_json_schema()["properties"][field]
+    return next(s["enum"] for s in prop.get("anyOf", [prop]) if "enum" in s)
 
-    assert set(STRATEGIES) == set(SEARCH_STRATEGY_NAMES) == _allowed(SearchSpec, "strategy")
-    assert all(cls.name == name for name, cls in STRATEGIES.items())
+
+def _accepts(model: type, field: str, names) -> bool:
+    """Whether ``model`` accepts each of ``names`` as ``field`` (and refuses a name no registry has)."""
+    from pydantic import create_model
+
+    info = model.model_fields[field]
+    probe = create_model("Probe", value=(info.annotation, info))  # the field alone, its validation as the spec's
+    ok = all(getattr(probe.model_validate({"value": n}), "value") == n for n in names)
+    with pytest.raises(ValueError, match="Input should be"):
+        probe.model_validate({"value": "no-such-name"})
+    return ok
+
+
+def test_the_strategy_registry_owns_the_spec_names():
+    """``search.strategy``'s names are the registry's: the spec accepts each, its schema lists them, and each
+    resolves to a strategy class of that name."""
+    from sweeps.search.strategies import STRATEGIES, SearchStrategy
+
+    assert STRATEGIES is STRATEGY_REGISTRY
+    assert list(STRATEGY_REGISTRY) == ["independent", "transfer"] == _schema_enum(SearchSpec, "strategy")
+    assert _accepts(SearchSpec, "strategy", STRATEGY_REGISTRY)
+    assert all(issubclass(cls, SearchStrategy) and cls.name == name for name, cls in STRATEGIES.items())
 
 
 def test_an_unknown_strategy_is_refused_naming_the_known_ones():
@@ -51,13 +73,20 @@ def test_every_lr_rule_the_spec_allows_has_an_exponent():
 
 
 def test_the_launchers_and_the_spec_name_the_same_launchers(tiny_spec_dict):
-    """``resources.launcher`` chooses how trials are launched; unset, it leaves the spec's dump (and so every
-    fingerprint) as before it existed, and the driver's CRITBATCH_TRIAL_RUNNERS decides."""
-    from sweeps.launch.trainable import LAUNCHERS, use_trial_runners
+    """``resources.launcher`` chooses how trials are launched, from the launcher registry's names; unset, it
+    leaves the spec's dump (and so every fingerprint) as before it existed, and the driver's
+    CRITBATCH_TRIAL_RUNNERS decides."""
+    from sweeps.launch.launcher import LAUNCHERS, Launcher, launcher_for
     from sweeps.settings import Settings
-    from sweeps.spec.sections import LAUNCHER_NAMES, ResourcesSpec
+    from sweeps.spec.sections import ResourcesSpec
 
-    assert set(LAUNCHERS) == set(LAUNCHER_NAMES) == _allowed(ResourcesSpec, "launcher")
+    def use_trial_runners(spec, settings=None):
+        return launcher_for(spec, settings).name == "trial_runners"
+
+    assert LAUNCHERS is LAUNCHER_REGISTRY
+    assert list(LAUNCHERS) == ["trial_runners", "train_run_per_trial"] == _schema_enum(ResourcesSpec, "launcher")
+    assert _accepts(ResourcesSpec, "launcher", LAUNCHERS)
+    assert all(issubclass(cls, Launcher) and cls.name == name for name, cls in LAUNCHERS.items())
     unset = SweepSpec.model_validate(tiny_spec_dict)
     assert "launcher" not in unset.model_dump()["resources"]
     per_trial = SweepSpec.model_validate({**tiny_spec_dict, "resources": {"launcher": "train_run_per_trial"}})

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 #: Ray Train's controller polls workers this often; reports block until polled (ray-notes.md).
 HEALTH_CHECK_INTERVAL_S = "0.1"
 #: How long a reused Tune actor waits for the previous trial's thread to end (Tune's default is 2 s).
-#: With ``reuse_actors`` (``sweeps.launch.trainable.reuse_trial_actors``) a finished trial's thread is
+#: With ``reuse_actors`` (``sweeps.launch.launcher.reuse_trial_actors``) a finished trial's thread is
 #: still tearing down its Ray Train run when the next trial is handed its actor; on a loaded machine
 #: that took longer than 2 s, and Tune then aborted the *new* trial ("Could not re-use actor ... reset_config()
 #: ... return True"): it was lost without a report (seen once in 12 trials at load average ~20).

@@ -11,8 +11,8 @@ it hands its trial to the sweep's :class:`TrialExchange`, forwards the reports t
 ``tune.report`` and returns when its trial ends. Tune, Optuna, the MLflow callback and the records see
 what they saw with one worker group per trial.
 
-Used by every sweep (:func:`sweeps.launch.trainable.use_trial_runners`; ``CRITBATCH_TRIAL_RUNNERS=0`` goes
-back to one Ray Train run per trial). A trial that Tune pauses or stops (pruning, a budget, a signal) is
+Used by every sweep whose launcher is ``trial_runners`` (:class:`sweeps.launch.launcher.TrialRunnersLauncher`, the
+default; ``CRITBATCH_TRIAL_RUNNERS=0`` goes back to one Ray Train run per trial). A trial that Tune pauses or stops (pruning, a budget, a signal) is
 cancelled at the exchange by :class:`RunnerCancels`, which frees its runner at the trial's next report
 (at once while it waits at a rung). Everything is owned by the driver: a driver that dies takes the
 exchange and every runner with it, and a resumed sweep starts new ones (each trial continues from the
@@ -24,14 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from ray.tune import Callback
 
 from sweeps.launch.exchange import TrialExchange, exchange_name
-from sweeps.settings import Settings
 
 __all__ = [
     "RunnerCancels",
@@ -41,7 +40,6 @@ __all__ = [
     "active_pool",
     "runner_shape",
     "shared_runners",
-    "sweep_runners",
 ]
 
 log = logging.getLogger(__name__)
@@ -331,24 +329,6 @@ def active_pool() -> RunnerPool | None:
     """The :class:`RunnerPool` of the enclosing :func:`shared_runners` block, or None (each sweep then
     starts and stops its own runners)."""
     return _POOL.get()
-
-
-@contextmanager
-def sweep_runners(
-    spec: Any, sweep_id: str, *, concurrency: int, storage_path: str, settings: Settings | None = None
-) -> Iterator[None]:
-    """One sweep's run (``sweeps.run.driver``): its trial runners prepared at once (:meth:`TrialRunners.prepare`:
-    the hosts import while the driver sets up MLflow), started by ``execute_sweep``, stopped when the block
-    ends. Inside a comparison's :func:`shared_runners` block they come from, and stay in, its pool. None
-    without trial runners (``settings.trial_runners``: :func:`sweeps.launch.trainable.use_trial_runners`)."""
-    from sweeps.launch.trainable import use_trial_runners
-
-    count = min(concurrency, spec.max_trials)
-    outer = active_pool()
-    with nullcontext(outer) if outer is not None else shared_runners(sweep_id) as pool:
-        if use_trial_runners(spec, settings):
-            pool.runners_for(spec, count=count, storage_path=storage_path).prepare()
-        yield
 
 
 @contextmanager

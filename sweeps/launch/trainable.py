@@ -3,11 +3,10 @@
 Three levels, as Ray recommends for Tune + Train V2: the workload's pure training loop
 (``workloads``), wrapped by a Ray Train worker function (``workloads.api``), wrapped by this
 Tune function trainable (:func:`run_trial`), which turns Tune's config of a trial into a :class:`TrialConfig`
-once and hands it down with a :class:`TrialRunContext` (how this run of it goes: start time, threads, folders). When no trial
-ends early (:func:`use_trial_runners`) the trainable hands that config to the sweep's long-lived
-worker groups and forwards their reports (``sweeps.launch.runners``); otherwise it sizes a worker group
-of its own and forwards rank 0's milestone metrics to Tune. Importing this module imports no torch
-(the relay runs in Tune's trial process).
+once and hands it down with a :class:`TrialRunContext` (how this run of it goes: start time, threads, folders). The
+sweep's launcher (``resources.launcher``, :mod:`sweeps.launch.launcher`) runs it: a relay to the sweep's
+long-lived worker groups (``sweeps.launch.runners``), or a worker group of its own whose rank 0's milestone
+metrics go to Tune. Importing this module imports no torch (the relay runs in Tune's trial process).
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import sweeps.tracking.schema as schema
 from sweeps._compat import without_idle_train_helpers
 from sweeps.launch.workload import workload_config
 from sweeps.pruning.rungs import rung_fractions
-from sweeps.settings import Settings
-from sweeps.spec import SweepSpec
+from sweeps.spec import LAUNCHER_REGISTRY, SweepSpec
 from workloads.api import (
     BatchConfig,
     EvalConfig,
@@ -37,26 +35,22 @@ from workloads.api import (
     TrialConfig,
     TrialRunContext,
     WorkloadConfig,
-    loop_config,
     min_micro_batches_total,
     plan_batch,
     torch_threads_per_worker,
 )
 
 __all__ = [
-    "LAUNCHERS",
     "SweepTrials",
     "TrialTorchTrainer",
     "batch_plan_params",
     "make_trainable",
-    "reuse_trial_actors",
     "run_trial",
     "train_run_name",
     "training_config",
     "training_params",
     "trial_config",
     "trial_torch_trainer",
-    "use_trial_runners",
 ]
 
 _trials_in_this_process = 0
@@ -94,37 +88,6 @@ def __getattr__(name: str) -> Any:
     if name == "TrialTorchTrainer":
         return trial_torch_trainer()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-#: the launchers ``resources.launcher`` names (``sweeps.spec.sections.Launcher``): whether each runs the trials in
-#: long-lived trial runners (``sweeps.launch.runners``) or in a Ray Train run of their own
-LAUNCHERS = {"trial_runners": True, "train_run_per_trial": False}
-
-
-def use_trial_runners(spec: SweepSpec, settings: Settings | None = None) -> bool:
-    """Whether the sweep's trials run in long-lived trial runners (``sweeps.launch.runners``) rather than one
-    Ray Train run each: as ``resources.launcher`` says; unset, always, unless ``CRITBATCH_TRIAL_RUNNERS=0`` is
-    set in the driver's environment (``settings.trial_runners``; default settings: from the environment) (the
-    one-trial worker groups, kept for comparison and as a way out).
-    """
-    if spec.resources.launcher is not None:
-        return LAUNCHERS[spec.resources.launcher]
-    return (settings or Settings.from_env()).trial_runners
-
-
-def reuse_trial_actors(spec: SweepSpec, settings: Settings | None = None) -> bool:
-    """Whether Tune may run a trial in the process of a finished one (``TuneConfig(reuse_actors=...)``).
-
-    A reused process skips the Tune trainable's start (a Python process with Ray imported, and torch
-    too for a one-trial worker group: about 7 CPU-seconds a trial, docs/benchmarks.md, "Per-trial
-    start-up"). Always with trial runners (:func:`use_trial_runners`): the relay's thread ends as soon as
-    its trial is cancelled at the exchange. Otherwise only when no trial ends early, i.e. pruning is off:
-    Tune caches the actor of a trial it stopped or paused as well, and that actor's thread is still inside
-    ``TorchTrainer.fit()``, so the pruned trial would train on until Tune's ``reset_config`` gives up on it
-    (2 s after the next trial asks) and kills it (sweeps/launch/reaper.py). A sweep stopped as a whole
-    (signal, FLOP or wall-clock budget) ends every actor with the experiment either way.
-    """
-    return use_trial_runners(spec, settings) or not spec.pruning.enabled
 
 
 def _trial_started_unix() -> float:
@@ -253,7 +216,9 @@ class SweepTrials:
         storage_path: where each trial's checkpoints are kept (see :func:`make_trainable`).
         save_dir_root: rank 0 saves each completed trial's Hugging Face checkpoint in ``<save_dir_root>/<trial id>``.
         rung_gate_prefix: ``pruning.mode: pause``: the prefix of the rung-gate KV keys.
-        exchange: the sweep's trial exchange, or None: each trial runs its own ``TorchTrainer``.
+        exchange: the sweep's trial exchange (``resources.launcher: trial_runners``), else None.
+        launcher: the ``resources.launcher`` whose :meth:`sweeps.launch.launcher.Launcher.run_trial` runs each trial
+            (:meth:`launcher_name`).
     """
 
     spec_json: str
@@ -262,6 +227,14 @@ class SweepTrials:
     save_dir_root: str | None = None
     rung_gate_prefix: str | None = None
     exchange: str | None = None
+    launcher: str | None = None
+
+    def launcher_name(self) -> str:
+        """:attr:`launcher`; where it is None (an object made, or pickled by Tune, before it was carried), the trial
+        runners' with an exchange, else a Ray Train run per trial, as such an object meant."""
+        if self.launcher is not None:
+            return self.launcher
+        return "trial_runners" if self.exchange else "train_run_per_trial"
 
     def trial(
         self, config: dict[str, Any], trial_id: str, started_unix: float
@@ -289,6 +262,7 @@ def make_trainable(
     save_dir_root: str | None = None,
     rung_gate_prefix: str | None = None,
     exchange: str | None = None,
+    launcher: str | None = None,
 ):
     """:func:`run_trial` as this sweep's Tune function trainable, with its per-trial resource request.
 
@@ -303,8 +277,10 @@ def make_trainable(
             ``save_dir_root/<trial_id>``.
         rung_gate_prefix: ``pruning.mode: pause``: the sweep's prefix of the rung-gate KV keys (the
             scheduler's ``gate_prefix``); a trial's workers wait at each rung for its decision.
-        exchange: the name of the sweep's trial exchange (``sweeps.launch.runners``): the trainable is then
-            a relay that hands its trial to the sweep's trial runners; None: it runs its own ``TorchTrainer``.
+        exchange: the name of the sweep's trial exchange (``sweeps.launch.runners``) when its trials run in
+            trial runners, else None.
+        launcher: the sweep's ``resources.launcher`` (``sweeps.launch.launcher.launcher_for``): its
+            ``run_trial`` runs each trial, a relay to the trial runners or a ``TorchTrainer`` of the trial's own.
     """
     trials = SweepTrials(
         spec_json=spec.model_dump_json(),
@@ -313,6 +289,7 @@ def make_trainable(
         save_dir_root=save_dir_root,
         rung_gate_prefix=rung_gate_prefix,
         exchange=exchange,
+        launcher=launcher,
     )
     return ray.tune.with_resources(
         ray.tune.with_parameters(run_trial, trials=trials), {"CPU": spec.resources.trial_driver_cpus}
@@ -322,49 +299,13 @@ def make_trainable(
 def run_trial(config: dict[str, Any], trials: SweepTrials) -> None:
     """Tune's function trainable: one trial, from the JSON-able config Tune hands it (``search/searcher.py``).
 
-    Under trial runners the trial goes to the sweep's exchange (``sweeps.launch.exchange.relay``); otherwise it
-    runs in a worker group of its own. Tune names trial folders after it: ``run_trial_<id>_...`` (records.py).
+    The sweep's launcher runs it (:meth:`SweepTrials.launcher_name`, resolved in
+    :data:`sweeps.spec.registry.LAUNCHER_REGISTRY`): under trial runners the trial goes to the sweep's exchange; otherwise it runs in a worker group of its own.
+    Tune names trial folders after it: ``run_trial_<id>_...`` (records.py).
     """
     trial_id = ray.tune.get_context().get_trial_id()
     spec, cfg, context = trials.trial(config, trial_id, _trial_started_unix())
-    if trials.exchange:
-        from sweeps.launch.exchange import relay
-
-        relay(trials.exchange, cfg, context)
-        return
-    _fit_one_trial(spec, cfg, context, trials.storage_path)
-
-
-def _fit_one_trial(spec: SweepSpec, cfg: TrialConfig, context: TrialRunContext, storage_path: str) -> None:
-    """Run one trial in a ``TorchTrainer`` of its own, rank 0's reports forwarded to Tune."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from workloads.api import drain_report_queue, train_fn_per_worker
-
-    res = spec.resources
-    use_gpu = res.gpus_per_worker > 0
-    resources = {"CPU": res.cpus_per_worker}
-    if use_gpu:
-        resources["GPU"] = res.gpus_per_worker
-    trainer = trial_torch_trainer()(
-        train_fn_per_worker,
-        train_loop_config=loop_config(cfg, context),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=res.workers_per_trial, use_gpu=use_gpu, resources_per_worker=resources
-        ),
-        run_config=RunConfig(
-            name=train_run_name(cfg.trial_id),
-            storage_path=storage_path,
-            callbacks=[TuneReportCallback()],
-            failure_config=FailureConfig(max_failures=res.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=1),
-        ),
-    )
-    trainer.fit()
-    drain_report_queue()
+    LAUNCHER_REGISTRY.resolve(trials.launcher_name())(spec).run_trial(cfg, context, trials)
 
 
 def batch_plan_params(spec: SweepSpec, batch_size_sequences: int) -> dict[str, int]:

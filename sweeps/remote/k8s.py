@@ -168,7 +168,7 @@ def trial_pod_resources(spec: SweepSpec) -> TrialPodResources:
 
 def head_memory_gib(spec: SweepSpec) -> int:
     """The head pod's memory in GiB: :data:`HEAD_BASE_MEMORY_GIB` plus :data:`RUNNER_MEMORY_GIB` for each trial
-    runner (``min(max_concurrent_trials, max_trials)`` of them, ``sweeps.launch.runners.sweep_runners``), whose
+    runner (``min(max_concurrent_trials, max_trials)`` of them, ``sweeps.launch.launcher.sweep_runners``), whose
     host actor and Ray Train controller take no CPU and so run on the head beside the driver. Example (the Tiny
     Shakespeare sweep, 2 at a time): 6 + 2 x 1 = 8 GiB."""
     return HEAD_BASE_MEMORY_GIB + RUNNER_MEMORY_GIB * min(spec.resources.max_concurrent_trials, spec.max_trials)

@@ -81,7 +81,7 @@ def run_single_sweep(
                 stop.install()  # ray.init replaced the SIGTERM handler
                 plan = _resource_plan(prepared.spec)
                 claim = claim_output_folder(output, sweep_id, _fingerprint(prepared))  # exclusive: a second run exits 2
-                from sweeps.launch.runners import sweep_runners
+                from sweeps.launch.launcher import sweep_runners
 
                 # the runners' hosts import (seconds) while MLflow is set up; stopped when the sweep ends
                 with sweep_runners(
@@ -243,7 +243,7 @@ def resume_single_sweep(
                 stop.install()  # ray.init replaced the SIGTERM handler
                 total, largest = cluster_shape()
                 plan = plan_resources(spec, total, largest)
-                from sweeps.launch.runners import sweep_runners
+                from sweeps.launch.launcher import sweep_runners
 
                 with sweep_runners(
                     spec,

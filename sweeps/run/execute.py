@@ -101,8 +101,9 @@ def execute_sweep(run: SweepRun) -> SweepResult:
 
 
 def _build_parts(run: SweepRun) -> _Parts:
+    from sweeps.launch.launcher import launcher_for
     from sweeps.launch.reaper import PlacementGroupReaper
-    from sweeps.launch.trainable import batch_plan_params, make_trainable, training_params, use_trial_runners
+    from sweeps.launch.trainable import batch_plan_params, make_trainable, training_params
     from sweeps.run.progress import ProgressCallback
     from sweeps.store.reportlog import ReportLog
     from sweeps.tracking.writer import MlflowTrialCallback
@@ -120,19 +121,10 @@ def _build_parts(run: SweepRun) -> _Parts:
     os.environ.setdefault("TUNE_FORCE_TRIAL_CLEANUP_S", "5")
     from sweeps.run.dataprep import prepared_shards
 
-    runners, shared = None, False
-    if use_trial_runners(
-        spec, run.prepared.settings
-    ):  # long-lived worker groups; Tune's trainable relays (sweeps/launch/runners.py)
-        from sweeps.launch.runners import TrialRunners, active_pool
-
-        count, pool = min(concurrency, spec.max_trials), active_pool()
-        shared = pool is not None  # a comparison's arms share runners while their shape stays the same
-        runners = (
-            pool.runners_for(spec, count=count, storage_path=root + "/train")
-            if pool is not None
-            else TrialRunners(spec, sweep_id=state.sweep_id, count=count, storage_path=root + "/train")
-        )
+    launcher = launcher_for(spec, run.prepared.settings)  # resources.launcher (sweeps/launch/launcher.py)
+    runners, shared = launcher.trial_runners(
+        sweep_id=state.sweep_id, count=min(concurrency, spec.max_trials), storage_path=root + "/train"
+    )
     workload = with_inputs(run.prepared.workload, data_path=state.data_path, shards=prepared_shards(spec, output, root))
     trainable = make_trainable(
         spec,
@@ -141,6 +133,7 @@ def _build_parts(run: SweepRun) -> _Parts:
         save_dir_root=save_root,
         rung_gate_prefix=gate_prefix,
         exchange=runners.name if runners is not None else None,
+        launcher=launcher.name,
     )
     progress = ProgressCallback(
         spec.n_trials, list(spec.search.batch_sizes_sequences), concurrency, enabled=run.show_progress
@@ -300,7 +293,7 @@ def _attach_precision(searcher: Any, run: SweepRun, parts: _Parts) -> None:
 def _new_tuner(run: SweepRun, parts: _Parts):
     from ray import tune
 
-    from sweeps.launch.trainable import reuse_trial_actors
+    from sweeps.launch.launcher import reuse_trial_actors
     from sweeps.search.searcher import BatchSizeSearcher
 
     spec, output, state = run.spec, run.output, run.state

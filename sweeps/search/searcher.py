@@ -37,12 +37,13 @@ from sweeps._compat import (
 from sweeps.files import write_atomic
 from sweeps.search.objective import OBJECTIVE, Curve, curves_of, label_group_trial, tell_group
 from sweeps.search.saved_state import composed_state
-from sweeps.search.space import LR_OFFSET, hyperparameters_for, search_space, study_storage, transfer_hyperparameters
+from sweeps.search.space import LR_OFFSET, hyperparameters_for, study_storage, transfer_hyperparameters
 from sweeps.search.strategies import (
     INITIAL_POINT_ATTR,
     INITIAL_POINTS_ENQUEUED_ATTR,
     TRANSFER_POINT_ATTR,
     SearchStrategy,
+    search_space,
     strategy_for,
 )
 from sweeps.search.transfer import fastest_to_targets, provisional_targets
@@ -135,8 +136,8 @@ class BatchSizeSearcher(Searcher):
         self.fingerprint = fingerprint
         #: pickled samplers of a restored searcher, by batch size, until their study is opened again
         self._sampler_blobs: dict[int, bytes] = {}
-        self.space = search_space(spec)
         self.strategy: SearchStrategy = strategy_for(spec)
+        self.space = self.strategy.search_space()
         self.batches = self.strategy.order(spec.search.batch_sizes_sequences)
         self.quota = spec.search.trials_per_batch_size * len(spec.seeds)
         self.wave_policy = PrecisionWaves(spec, spec.search.precision)

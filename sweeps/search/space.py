@@ -1,7 +1,8 @@
 """The search space of each batch size's Optuna study, and the hyperparameters a trial gets from a sample.
 
-:func:`search_space` lists the dimensions that vary (the LR rule, the LR multiplier and beta2 or its token
-half-life; under ``search.strategy: transfer`` an LR offset in octaves instead of the rule and multiplier);
+:func:`lr_rule_space`, :func:`lr_offset_space` and :func:`beta2_space` are the dimensions a strategy's
+search space (``SearchStrategy.search_space``) is made of: the LR rule and multiplier, or an LR offset in octaves
+(``search.strategy: transfer``), and beta2 or its token half-life;
 :func:`hyperparameters_for` and :func:`transfer_hyperparameters` turn a sample into the trial's LR and
 beta2 (``workloads.api.scaled_lr``, ``beta2_from_half_life``). Used by
 :class:`sweeps.search.searcher.BatchSizeSearcher`.
@@ -20,8 +21,10 @@ from workloads.api import beta2_from_half_life, half_life_from_beta2, scaled_lr
 
 __all__ = [
     "LR_OFFSET",
+    "beta2_space",
     "hyperparameters_for",
-    "search_space",
+    "lr_offset_space",
+    "lr_rule_space",
     "study_connect_args",
     "study_storage",
     "transfer_hyperparameters",
@@ -47,25 +50,38 @@ def study_connect_args(url: str) -> dict[str, Any]:
     return {"timeout": 30} if url.startswith("sqlite") else {}
 
 
-def search_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
-    """Optuna distributions for the dimensions that vary (fixed ones are left out). With
-    ``search.strategy: transfer`` the LR rule and multiplier give way to :data:`LR_OFFSET`."""
+def lr_rule_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    """Optuna distributions of the LR rule (where ``search.lr_rules`` names more than one) and the LR multiplier
+    (log-uniform, where ``search.lr_multiplier`` is a range): a batch size's own LR, sampled by its study."""
     s = spec.search
     space: dict[str, optuna.distributions.BaseDistribution] = {}
-    if s.strategy == "transfer":  # wider than a batch size's own spread: search.precision's probes go beyond it
-        space[LR_OFFSET] = optuna.distributions.FloatDistribution(-MAX_PROBE_OFFSET_OCTAVES, MAX_PROBE_OFFSET_OCTAVES)
-    elif len(s.lr_rules) > 1:
+    if len(s.lr_rules) > 1:
         space["lr_rule"] = optuna.distributions.CategoricalDistribution(list(s.lr_rules))
     lo, hi = s.lr_multiplier
-    if lo < hi and s.strategy != "transfer":
+    if lo < hi:
         space["lr_multiplier"] = optuna.distributions.FloatDistribution(lo, hi, log=True)
-    if s.beta2.half_life_tokens is not None:
-        lo2, hi2 = s.beta2.half_life_tokens
-        if lo2 < hi2:
-            space["beta2_half_life_tokens"] = optuna.distributions.FloatDistribution(lo2, hi2, log=True)
-    elif s.beta2.values is not None and len(s.beta2.values) > 1:
-        space["beta2"] = optuna.distributions.CategoricalDistribution(list(s.beta2.values))
     return space
+
+
+def lr_offset_space() -> dict[str, optuna.distributions.BaseDistribution]:
+    """The Optuna distribution of :data:`LR_OFFSET` (octaves from a batch size's centre LR), up to
+    :data:`~sweeps.search.transfer.MAX_PROBE_OFFSET_OCTAVES` either way: wider than a batch size's own spread,
+    as ``search.precision``'s probes go beyond it."""
+    return {LR_OFFSET: optuna.distributions.FloatDistribution(-MAX_PROBE_OFFSET_OCTAVES, MAX_PROBE_OFFSET_OCTAVES)}
+
+
+def beta2_space(spec: SweepSpec) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The Optuna distribution of beta2's token half-life (log-uniform, where ``search.beta2.half_life_tokens``
+    is a range) or of beta2 itself (categorical, where ``search.beta2.values`` has more than one); empty when
+    beta2 is fixed."""
+    beta2 = spec.search.beta2
+    if beta2.half_life_tokens is not None:
+        lo, hi = beta2.half_life_tokens
+        if lo < hi:
+            return {"beta2_half_life_tokens": optuna.distributions.FloatDistribution(lo, hi, log=True)}
+    elif beta2.values is not None and len(beta2.values) > 1:
+        return {"beta2": optuna.distributions.CategoricalDistribution(list(beta2.values))}
+    return {}
 
 
 def hyperparameters_for(spec: SweepSpec, batch_size_sequences: int, sampled: dict[str, Any]) -> dict[str, Any]:

@@ -22,14 +22,8 @@ from sweeps.spec.loading import (
     resolved_spec_dict,
     spec_errors,
 )
-from sweeps.spec.search import (
-    SEARCH_STRATEGY_NAMES,
-    Beta2Spec,
-    InitialPointSpec,
-    PrecisionSpec,
-    SearchSpec,
-    SearchStrategyName,
-)
+from sweeps.spec.registry import LAUNCHER_REGISTRY, STRATEGY_REGISTRY, OneOf, Registry
+from sweeps.spec.search import Beta2Spec, InitialPointSpec, PrecisionSpec, SearchSpec
 from sweeps.spec.sections import (
     MAX_BATCH_SEQUENCES,
     MAX_TOKENS,
@@ -50,7 +44,8 @@ __all__ = [
     "MAX_BATCH_SEQUENCES",
     "MAX_TOKENS",
     "MAX_WIDTH",
-    "SEARCH_STRATEGY_NAMES",
+    "LAUNCHER_REGISTRY",
+    "STRATEGY_REGISTRY",
     "ArmSpec",
     "BatchWarmupSpec",
     "Beta2Spec",
@@ -63,13 +58,14 @@ __all__ = [
     "LoraSpec",
     "ModelSpec",
     "NoiseScaleSpec",
+    "OneOf",
     "OptimizerSpec",
     "PrecisionSpec",
     "PruningSpec",
+    "Registry",
     "ResourcesSpec",
     "ScheduleSpec",
     "SearchSpec",
-    "SearchStrategyName",
     "SpecError",
     "SweepSpec",
     "TrackingSpec",

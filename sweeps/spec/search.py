@@ -7,26 +7,14 @@ Plain data: imports neither torch nor Ray.
 
 from __future__ import annotations
 
-import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
+from sweeps.spec.registry import STRATEGY_REGISTRY, OneOf
 from sweeps.spec.sections import MAX_BATCH_SEQUENCES, MAX_TOKENS, LrRule, PositiveInt, _Strict
 
-__all__ = [
-    "SEARCH_STRATEGY_NAMES",
-    "Beta2Spec",
-    "InitialPointSpec",
-    "PrecisionSpec",
-    "SearchSpec",
-    "SearchStrategyName",
-]
-
-#: ``search.strategy``: the names of :data:`sweeps.search.strategies.STRATEGIES` (the spec is plain data and does
-#: not import the search; ``tests/test_name_owners.py`` holds the two equal)
-SearchStrategyName = Literal["independent", "transfer"]
-SEARCH_STRATEGY_NAMES = typing.get_args(SearchStrategyName)
+__all__ = ["Beta2Spec", "InitialPointSpec", "PrecisionSpec", "SearchSpec"]
 
 
 class PrecisionSpec(_Strict):
@@ -136,7 +124,7 @@ class SearchSpec(_Strict):
         default=1, le=1000, description="Optuna trials per batch size (at most 1000)"
     )
     algorithm: Literal["optuna"] = "optuna"
-    strategy: SearchStrategyName = Field(
+    strategy: Annotated[str, OneOf(STRATEGY_REGISTRY)] = Field(
         default="transfer",
         description="transfer (the default): batch sizes run outward from base_batch_size_sequences, each "
         "centring its LRs on its anchor's (the neighbour one step nearer the base) best LR scaled by "

@@ -18,10 +18,11 @@ Plain data: imports neither torch nor Ray (``workloads.api`` is torch-free), so 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
+from sweeps.spec.registry import LAUNCHER_REGISTRY, OneOf
 from workloads.api import (
     MAX_BATCH_SEQUENCES,
     MAX_TOKENS,
@@ -263,11 +264,6 @@ class SyncSpec(SyncConfig):
     """
 
 
-#: how a sweep launches its trials (``resources.launcher``; ``sweeps.launch.trainable.LAUNCHERS`` runs each)
-Launcher = Literal["trial_runners", "train_run_per_trial"]
-LAUNCHER_NAMES: tuple[str, ...] = get_args(Launcher)
-
-
 class ResourcesSpec(_Strict):
     """Where trials run. Global batch = micro-batch x accumulation steps x workers."""
 
@@ -297,7 +293,7 @@ class ResourcesSpec(_Strict):
     sync: SyncSpec = Field(
         default_factory=SyncSpec, description="ddp, local_sgd or diloco: how the workers synchronise (SyncSpec)"
     )
-    launcher: Launcher | None = Field(
+    launcher: Annotated[str, OneOf(LAUNCHER_REGISTRY)] | None = Field(
         default=None,
         description=(
             "how trials are launched: trial_runners (long-lived worker groups that take one trial after another) or "

@@ -90,6 +90,31 @@ def test_the_service_refuses_to_start_without_a_token():
     assert Settings.from_env({}, local_only=True).api_token is None
 
 
+def test_the_service_reads_its_critbatch_variables_into_the_products_settings():
+    """One reading of every ``CRITBATCH_*`` variable (``sweeps.settings.Settings.from_env``): the service's object
+    is the product's, with its defaults where a variable is unset, and the same refusals."""
+    import sweeps.settings
+
+    env = {
+        "CRITBATCH_API_TOKEN": TOKEN,
+        "CRITBATCH_MAX_RUNNING": "7",
+        "CRITBATCH_REQUEST_TIMEOUT_S": "12.5",
+        "CRITBATCH_SHIP_DATA_MAX_MB": "3",
+        "CRITBATCH_OPTUNA_STORAGE": "postgresql://db/optuna",
+        "RAY_ADDRESS": "http://head:8265",
+    }
+    s = Settings.from_env(env)
+    assert isinstance(s, sweeps.settings.Settings)
+    product = sweeps.settings.Settings.from_env(env)
+    assert {f: getattr(s, f) for f in vars(product)} == vars(product)
+    assert (s.max_running, s.request_timeout_s, s.ship_data_max_mb, s.ray_address) == (7, 12.5, 3.0, "http://head:8265")
+    assert (s.max_body_bytes, s.ray_timeout_s, s.ready_timeout_s, s.upload_max_mb) == (1024 * 1024, 10.0, 2.0, None)
+    with pytest.raises(SettingsError, match="CRITBATCH_RAY_TIMEOUT_S must be positive"):
+        Settings.from_env({**env, "CRITBATCH_RAY_TIMEOUT_S": "0"})
+    with pytest.raises(SettingsError, match="CRITBATCH_MAX_RUNNING='many' is not an integer"):
+        Settings.from_env({**env, "CRITBATCH_MAX_RUNNING": "many"})
+
+
 def test_local_only_serves_without_a_token(fake_jobs):
     with TestClient(create_app(Settings(local_only=True), jobs=fake_jobs)) as c:
         assert c.get("/v1/sweeps").status_code == 200

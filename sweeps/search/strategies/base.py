@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import optuna
 
+from sweeps.search.space import beta2_space, lr_rule_space
 from sweeps.spec import SweepSpec
 
 __all__ = ["INITIAL_POINT_ATTR", "Group", "SearchStrategy"]
@@ -40,7 +41,8 @@ class SearchStrategy:
         spec: the sweep (``spec.search`` says what is searched).
 
     A subclass sets :attr:`name` (its ``search.strategy`` value) and overrides :meth:`next_batch_size` and
-    :meth:`hyperparameters`; the other methods default to "nothing to do".
+    :meth:`hyperparameters`; :meth:`search_space` defaults to the spec's searched dimensions, the other methods to
+    "nothing to do".
     """
 
     #: the ``search.strategy`` value that selects it
@@ -50,6 +52,12 @@ class SearchStrategy:
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
+
+    def search_space(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        """The Optuna distributions each batch size's study samples (the dimensions that vary; fixed ones are
+        left out). By default the LR rule, the LR multiplier and beta2 or its half-life
+        (:func:`~sweeps.search.space.lr_rule_space`, :func:`~sweeps.search.space.beta2_space`)."""
+        return {**lr_rule_space(self.spec), **beta2_space(self.spec)}
 
     def order(self, batch_sizes: Sequence[int]) -> list[int]:
         """The batch sizes (sequences) in the order the searcher keeps them; by default as given."""

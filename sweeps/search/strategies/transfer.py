@@ -8,7 +8,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sweeps.search.space import LR_OFFSET, search_space, transfer_hyperparameters
+import optuna
+
+from sweeps.search.space import LR_OFFSET, beta2_space, lr_offset_space, transfer_hyperparameters
 from sweeps.search.strategies.base import Group, SearchStrategy
 from sweeps.search.transfer import (
     MAX_PROBE_OFFSET_OCTAVES,
@@ -42,6 +44,11 @@ class TransferStrategy(SearchStrategy):
         super().__init__(spec)
         self.transfer_state: dict[int, dict[str, Any]] = {}
 
+    def search_space(self) -> dict[str, optuna.distributions.BaseDistribution]:
+        """:data:`~sweeps.search.space.LR_OFFSET` (:func:`~sweeps.search.space.lr_offset_space`) in place of the LR
+        rule and multiplier, and the searched beta2 dimension (:func:`~sweeps.search.space.beta2_space`)."""
+        return {**lr_offset_space(), **beta2_space(self.spec)}
+
     def order(self, batch_sizes: Sequence[int]) -> list[int]:
         """:func:`~sweeps.search.transfer.transfer_order` from ``search.base_batch_size_sequences``."""
         return transfer_order(list(batch_sizes), self.spec.search.base_batch_size_sequences)
@@ -71,7 +78,7 @@ class TransferStrategy(SearchStrategy):
     def _first_beta2(self) -> dict[str, Any]:
         """The searched beta2 dimension's value: the geometric middle of the half-life range, or the first of
         ``beta2.values`` (empty when beta2 is fixed)."""
-        beta2, space = self.spec.search.beta2, search_space(self.spec)
+        beta2, space = self.spec.search.beta2, self.search_space()
         if "beta2_half_life_tokens" in space and beta2.half_life_tokens is not None:
             lo, hi = beta2.half_life_tokens
             return {"beta2_half_life_tokens": math.sqrt(lo * hi)}

@@ -7,7 +7,8 @@ import copy
 
 import pytest
 
-from sweeps.launch.trainable import SweepTrials, reuse_trial_actors, trial_config, use_trial_runners
+from sweeps.launch.launcher import launcher_for, reuse_trial_actors
+from sweeps.launch.trainable import SweepTrials, trial_config
 from sweeps.launch.workload import workload_config
 from sweeps.settings import Settings
 from sweeps.spec import parse_spec
@@ -15,6 +16,12 @@ from workloads.api import TrialConfig, TrialRunContext, loop_config
 from workloads.config import from_loop_config
 from workloads.testing.faults import HOLD_HOOKS, FaultPlan, hold_from_env
 from workloads.train.hooks import MILESTONE_HOOKS_VAR, milestone_hooks_from_env
+
+
+def use_trial_runners(spec, settings=None):
+    """Whether the sweep's launcher is the trial runners'."""
+    return launcher_for(spec, settings).name == "trial_runners"
+
 
 HP = {
     "batch_size_sequences": 8,
@@ -135,3 +142,14 @@ def test_a_reused_actor_waits_for_the_previous_trials_thread_longer_than_tunes_t
     assert int(trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"]) >= 60
     monkeypatch.setenv("TUNE_FUNCTION_THREAD_TIMEOUT_S", "900")  # an operator's own setting wins
     assert trial_env()["TUNE_FUNCTION_THREAD_TIMEOUT_S"] == "900"
+
+
+def test_the_trials_name_their_launcher_and_an_older_object_without_one_keeps_its_meaning(tiny_spec_dict):
+    """``run_trial`` resolves ``SweepTrials.launcher_name()``; without ``launcher`` (made, or pickled by Tune, before
+    it was carried) an exchange meant the trial runners."""
+    spec = parse_spec(tiny_spec_dict)
+    wc = workload_config(spec)
+    made = {"spec_json": spec.model_dump_json(), "workload": wc, "storage_path": "/st"}
+    assert SweepTrials(**made, exchange="ex").launcher_name() == "trial_runners"
+    assert SweepTrials(**made).launcher_name() == "train_run_per_trial"
+    assert SweepTrials(**made, exchange="ex", launcher="train_run_per_trial").launcher_name() == "train_run_per_trial"
