@@ -23,9 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from sweeps.analysis.result import with_sweep_fields
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
 from sweeps.spec import BranchSpec, SweepSpec
+from sweeps.spec.result import CbsResult
 from sweeps.tracking.schema import (
     PARAM_BATCH_SIZE_SEQUENCES,
     ROLE_BRANCH,
@@ -77,14 +79,14 @@ def _base_hyperparameters(spec: SweepSpec, b0: int, from_run_id: str | None, cli
             path = client.download_artifacts(from_run_id, "cbs.json", tmp)
         except Exception as exc:  # noqa: BLE001
             raise InvalidInput(f"--from {from_run_id}: no cbs.json artifact on that MLflow run ({exc})") from None
-        cbs = json.loads(Path(path).read_text())
-    rows = cbs.get("per_batch") or []
+        cbs = CbsResult.model_validate(json.loads(Path(path).read_text()))
+    rows = cbs.per_batch or []
     if not rows:
         raise InvalidInput(f"--from {from_run_id}: its sweep has no completed batch size")
-    row = min(rows, key=lambda r: abs(math.log(r["batch_size_sequences"] / b0)))
-    hp = dict(row["best_config_at_budget"])
+    row = min(rows, key=lambda r: abs(math.log(r.batch_size_sequences / b0)))
+    hp = dict(row.best_config_at_budget or {})
     # carry the tuned config to B0 with the square-root rule and the token half-life
-    hp["lr"] = hp["lr"] * math.sqrt(b0 / row["batch_size_sequences"])
+    hp["lr"] = hp["lr"] * math.sqrt(b0 / row.batch_size_sequences)
     hp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b0, spec.model.context_length_tokens)
     return hp
 
@@ -161,9 +163,8 @@ def run_branching(
     write_json(output / "branch.json", out)
     cbs_path = output / "cbs.json"
     if cbs_path.is_file():
-        cbs = json.loads(cbs_path.read_text())
-        cbs["local_cbs"] = series
-        write_json(cbs_path, cbs)
+        cbs = CbsResult.model_validate(json.loads(cbs_path.read_text()))
+        write_json(cbs_path, with_sweep_fields(cbs, local_cbs=series).to_json_dict())
     return out
 
 
