@@ -28,7 +28,10 @@ from sweeps.errors import InvalidInput
 from sweeps.files import write_json
 from sweeps.spec import BranchSpec, SweepSpec
 from sweeps.spec.result import CbsResult
+from sweeps.spec.statuses import SweepStatus
 from sweeps.tracking.schema import (
+    MLFLOW_RUN_FAILED,
+    MLFLOW_RUN_FINISHED,
     PARAM_BATCH_SIZE_SEQUENCES,
     ROLE_BRANCH,
     ROLE_BRANCH_SWEEP,
@@ -36,7 +39,7 @@ from sweeps.tracking.schema import (
     TAG_ROLE,
     TAG_STATUS,
 )
-from workloads.api import beta2_from_half_life, get_workload, replace, warmup_length_tokens
+from workloads.api import TrialOutcome, beta2_from_half_life, get_workload, replace, warmup_length_tokens
 
 __all__ = ["local_cbs_multiplier", "run_branching"]
 
@@ -233,7 +236,7 @@ def _train_base_and_branches(
             save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
             base = cast(dict[str, Any], ray.get(task.remote(base_run.to_dict(), None, save)))
         else:
-            base = {"status": "completed", "reports": [], "flops_per_token": None, "wall_s": 0.0}
+            base = {"status": TrialOutcome.COMPLETED, "reports": [], "flops_per_token": None, "wall_s": 0.0}
         refs = {}
         for p in points:
             for k in br.multipliers:
@@ -276,7 +279,7 @@ def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, floa
         r = results[(p, k)]
         last = r["reports"][-1] if r["reports"] else {}
         raw = last.get("val_loss_raw")
-        losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
+        losses[k] = raw if (r["status"] == TrialOutcome.COMPLETED and raw is not None) else float("nan")
     k_star = local_cbs_multiplier(losses, br.epsilon)
     ended = {
         str(k): (results[(p, k)]["reports"][-1]["tokens_seen"] if results[(p, k)]["reports"] else None)
@@ -310,7 +313,9 @@ def _log_branches(
     parent = from_run_id
     if parent is None:
         parent = client.create_run(
-            exp_id, run_name=f"{spec.name}-branching", tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: "RUNNING"}
+            exp_id,
+            run_name=f"{spec.name}-branching",
+            tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: SweepStatus.RUNNING},
         ).info.run_id
     ts = int(time.time() * 1000)
     for (p, k), r in results.items():
@@ -341,9 +346,10 @@ def _log_branches(
             )
         if ms:
             client.log_batch(rid, metrics=ms)
-        client.set_terminated(rid, status="FINISHED" if r["status"] == "completed" else "FAILED")
+        completed = r["status"] == TrialOutcome.COMPLETED
+        client.set_terminated(rid, status=MLFLOW_RUN_FINISHED if completed else MLFLOW_RUN_FAILED)
     client.log_batch(parent, metrics=[Metric("flops_measurement_branching", float(flops_measurement), ts, 0)])
     if from_run_id is None:
-        client.set_tag(parent, TAG_STATUS, "SUCCEEDED")
-        client.set_terminated(parent, "FINISHED")
+        client.set_tag(parent, TAG_STATUS, SweepStatus.SUCCEEDED)
+        client.set_terminated(parent, MLFLOW_RUN_FINISHED)
     return parent
