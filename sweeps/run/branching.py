@@ -164,11 +164,16 @@ def run_branching(
         "mlflow_parent_run_id": parent,
     }
     write_json(output / "branch.json", out)
-    cbs_path = output / "cbs.json"
-    if cbs_path.is_file():
-        cbs = CbsResult.model_validate(json.loads(cbs_path.read_text()))
-        write_json(cbs_path, with_sweep_fields(cbs, local_cbs=series).to_json_dict())
+    if (output / "cbs.json").is_file():
+        _add_local_cbs(output / "cbs.json", series)
     return out
+
+
+def _add_local_cbs(cbs_path: Path, series: list[dict[str, Any]]) -> None:
+    """Set ``local_cbs`` of the sweep's ``cbs.json`` at ``cbs_path`` to ``series`` (one entry per branch point, as
+    :func:`run_branching` returns them), leaving the rest of the file as it was."""
+    cbs = CbsResult.model_validate(json.loads(cbs_path.read_text()))
+    write_json(cbs_path, with_sweep_fields(cbs, local_cbs=series).to_json_dict())
 
 
 def _check_window(br: BranchSpec, b0: int, context_length_tokens: int) -> None:
