@@ -298,9 +298,8 @@ def with_runs(ray: SweepStatus, runs: SweepRuns, planned: int | None, *, with_tr
         result = {k: parent.data.metrics[k] for k in SUMMARY_METRICS if k in parent.data.metrics} or None
     exp_ids = runs.exp_ids
     mlflow_error = ray.mlflow_error or runs.note
-    if (
-        mlflow_error is None and parent is None and ray.status == statuses.SweepStatus.SUCCEEDED
-    ):  # a finished driver always made one
+    succeeded = ray.status == statuses.SweepStatus.SUCCEEDED
+    if mlflow_error is None and parent is None and succeeded:  # a finished driver always made one
         mlflow_error = (
             "no MLflow parent run of this sweep in its tracking store (deleted?): its trial counts and "
             "result cannot be read"
