@@ -33,7 +33,8 @@ from sweeps.remote import (
     staged_summary,
     staged_sweep,
 )
-from sweeps.spec import SpecError, load_spec
+from sweeps.spec import SpecError, load_spec, statuses
+from sweeps.spec.result import CbsResult
 
 __all__ = ["register"]
 
@@ -97,11 +98,12 @@ def _print_state(state: SweepStatus) -> None:
             f" (lr {b.get('lr')}, trial {b.get('trial_id')})",
             markup=False,
         )
-    if state.result and state.result.get("b_crit") is not None:
-        r = state.result
+    # the parent run's summary metrics are cbs.json's fields of the same names
+    result = CbsResult.model_validate(state.result or {})
+    if result.b_crit is not None:
         _out.print(
-            f"  critical batch size b_crit = {r['b_crit']:.1f} sequences"
-            + (f" ({r['b_crit_tokens']:.0f} tokens)" if r.get("b_crit_tokens") is not None else ""),
+            f"  critical batch size b_crit = {result.b_crit:.1f} sequences"
+            + (f" ({result.b_crit_tokens:.0f} tokens)" if result.b_crit_tokens is not None else ""),
             markup=False,
         )
     if state.mlflow_error:
@@ -109,7 +111,7 @@ def _print_state(state: SweepStatus) -> None:
 
 
 def _exit_for(state: SweepStatus) -> None:
-    raise typer.Exit(0 if state.status == "SUCCEEDED" else EXIT_FAILED)
+    raise typer.Exit(0 if state.status == statuses.SweepStatus.SUCCEEDED else EXIT_FAILED)
 
 
 def _follow(jobs: SweepJobs, sweep_id: str, timeout_s: float, as_json: bool) -> SweepStatus:

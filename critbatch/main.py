@@ -24,6 +24,7 @@ from critbatch.common import fail_invalid as _fail_invalid
 from sweeps.errors import CritbatchError, InvalidInput
 from sweeps.settings import Settings
 from sweeps.spec import load_spec
+from sweeps.spec.result import CbsResult, is_comparison_record
 
 #: the exit codes, as the main ``--help`` lists them (``\b`` keeps click from rewrapping the block)
 EXIT_CODES_HELP = """\b
@@ -388,65 +389,75 @@ def _ci_text(ci: list | None) -> str:
 
 
 def _print_summary(result: dict) -> None:
-    cbs = result.get("cbs") or {}
-    if cbs.get("target_loss") is not None and cbs.get("kind") != "comparison":
-        from sweeps.analysis.summary import headline
-
-        out.print(cbs.get("headline") or headline(cbs), markup=False, highlight=False)
-    if result.get("message"):
+    """What ``critbatch run`` and ``resume`` print after a sweep: ``result`` is
+    :meth:`sweeps.run.context.SweepResult.to_dict`, whose ``cbs`` is ``cbs.json``'s content (a
+    :class:`~sweeps.spec.result.CbsResult`) or a comparison's (a :class:`~sweeps.spec.result.ComparisonResult`,
+    whose arms' own reports carry their numbers: only the message and the files written are printed)."""
+    raw = result.get("cbs") or {}
+    if not is_comparison_record(raw):
+        _print_cbs(CbsResult.model_validate(raw), result.get("message"))
+    elif result.get("message"):
         out.print(result["message"], highlight=False)
-    if cbs.get("b_crit") is not None:
-        from sweeps.analysis.summary import interval_ends_text, swept_range
+    if result.get("output"):
+        out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
 
-        ci = cbs.get("b_crit_ci") or [None, None]
-        lo_t, hi_t = interval_ends_text(ci, swept_range(cbs))  # as report.html shows them: an end past the
-        clipped = lo_t.startswith("<") or hi_t.startswith(">")  # fitted batch sizes is a bound only
+
+def _print_cbs(cbs: CbsResult, message: str | None) -> None:
+    """A sweep's answer: its headline, ``message``, ``b_crit`` for sizing (or why there is none) with the two
+    other numbers beside it, what the interval does not cover and how the precision search stopped."""
+    from sweeps.analysis.summary import headline, interval_ends_text, swept_range
+
+    if cbs.target_loss is not None:
+        out.print(cbs.headline or headline(cbs.to_json_dict()), markup=False, highlight=False)
+    if message:
+        out.print(message, highlight=False)
+    if cbs.b_crit is not None:
+        ci = cbs.b_crit_ci or [None, None]
+        lo_t, hi_t = interval_ends_text(ci, swept_range(cbs.to_json_dict()))  # as report.html shows them: an end
+        clipped = lo_t.startswith("<") or hi_t.startswith(">")  # past the fitted batch sizes is a bound only
         ci_text = (
             f"95 % interval [{lo_t}, {hi_t}]" + (" (cbs.json: the raw ends)" if clipped else "")
             if ci[0] is not None
             else "no interval"
         )
         out.print(
-            f"size data parallelism with: critical batch size b_crit = {cbs['b_crit']:.1f} sequences "
-            f"({cbs['b_crit_tokens']:.0f} tokens), {ci_text}, status {cbs.get('status')}, at target loss "
-            f"{cbs['target_loss']:.4g} (a global batch of b_crit takes 2x the fewest steps and 2x the fewest tokens; "
-            f"past it, doubling the batch saves at most a quarter of the steps)",
+            f"size data parallelism with: critical batch size b_crit = {cbs.b_crit:.1f} sequences "
+            f"({cbs.b_crit_tokens:.0f} tokens), {ci_text}, status {cbs.status}, at target loss "
+            f"{cbs.target_loss:.4g} (a global batch of b_crit takes 2x the fewest steps and 2x the "
+            "fewest tokens; past it, doubling the batch saves at most a quarter of the steps)",
             highlight=False,
         )
         out.print(_beside_b_crit(cbs), highlight=False)
-    elif cbs.get("status") and cbs.get("target_loss") is not None:
+    elif cbs.status and cbs.target_loss is not None:
         out.print(
-            f"no critical batch size inside the swept range (status {cbs['status']}"
-            + (f", b_crit {cbs['b_crit_bound']}" if cbs.get("b_crit_bound") else "")
+            f"no critical batch size inside the swept range (status {cbs.status}"
+            + (f", b_crit {cbs.b_crit_bound}" if cbs.b_crit_bound else "")
             + ")",
             highlight=False,
         )
-    for note in cbs.get("caveats") or []:
+    for note in cbs.caveats or []:
         out.print(f"not covered: {note}", highlight=False)
-    precision = cbs.get("precision")
-    if precision:
-        out.print(_precision_text(precision), highlight=False)
-    if result.get("output"):
-        out.print(f"wrote {result['output']}/cbs.json and {result['output']}/report.html", highlight=False)
+    if cbs.precision:
+        out.print(_precision_text(cbs.precision), highlight=False)
 
 
-def _beside_b_crit(cbs: dict) -> str:
+def _beside_b_crit(cbs: CbsResult) -> str:
     """The two other numbers of ``cbs.json`` in one line, each with what it is and where its interval's width
     comes from: ``b_compute_overhead_20 = 0.2 b_crit`` (McCandlish et al. 2018, Eq. 2.11: the largest global batch
     within 20 % of the fewest tokens) and Zhang et al. 2024's 20 % CBS, ``0.2 b_crit + 1.2 B0`` under the same fit
     (its interval is ``b_crit``'s mapped through that line, so it looks narrower only by the constant ``1.2 B0``)."""
-    over = cbs.get("b_compute_overhead_20")
+    over = cbs.b_compute_overhead_20
     parts = []
     if over is not None:
         parts.append(
             f"for the fewest tokens: global batches up to 0.2 b_crit = {over:.1f} sequences"
-            f"{_ci_text(cbs.get('b_compute_overhead_20_ci'))} cost at most 20 % more compute than the least"
+            f"{_ci_text(cbs.b_compute_overhead_20_ci)} cost at most 20 % more compute than the least"
         )
-    if cbs.get("cbs_20") is not None:
-        b0 = cbs.get("reference_batch")
+    if cbs.cbs_20 is not None:
+        b0 = cbs.reference_batch
         parts.append(
             f"another definition, Zhang et al.'s 20% CBS from B0={f'{b0:g}' if isinstance(b0, (int, float)) else b0}: "
-            f"{cbs['cbs_20']:.1f} sequences{_ci_text(cbs.get('cbs_20_ci'))} (b_crit's interval mapped through "
+            f"{cbs.cbs_20:.1f} sequences{_ci_text(cbs.cbs_20_ci)} (b_crit's interval mapped through "
             "0.2 b_crit + 1.2 B0: narrower by the constant, not better known)"
         )
     return "beside it: " + "; ".join(parts) if parts else ""

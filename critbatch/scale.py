@@ -183,6 +183,7 @@ def scale(
     from sweeps.analysis import finite_json
     from sweeps.errors import InvalidInput
     from sweeps.scaling import scale_result
+    from sweeps.spec.statuses import SweepStatus
 
     study = None
     try:
@@ -191,7 +192,7 @@ def scale(
         if spec_path is not None:
             study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
             assert output is not None  # _run_study refuses a study without --output
-            if study["status"] != "SUCCEEDED":
+            if study["status"] != SweepStatus.SUCCEEDED:
                 console.print(f"study {study['status']}: {output / 'study.json'}", markup=False, highlight=False)
                 raise typer.Exit(study.get("exit_code") or 1)
             cbs = [f"{output / m['folder']}:{m['budget_tokens']}" for m in study["members"]]

@@ -156,13 +156,14 @@ def snapshot_when_a_trial_ends() -> None:
     planned. A kill between a trial's end and that save (the same step) still re-runs it.
     """
     from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.experiment.trial import Trial
 
     if getattr(TuneController.checkpoint, "critbatch_on_trial_end", False):
         return
     tune_checkpoint = TuneController.checkpoint
 
     def checkpoint(self, force: bool = False, wait: bool = False):
-        trials = (len(self._trials), sum(1 for t in self._trials if t.status in ("TERMINATED", "ERROR")))
+        trials = (len(self._trials), sum(1 for t in self._trials if t.status in (Trial.TERMINATED, Trial.ERROR)))
         if trials != getattr(self, "_critbatch_trials", trials):
             force = True
         self._critbatch_trials = trials

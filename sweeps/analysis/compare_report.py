@@ -16,30 +16,36 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from sweeps.files import write_atomic
+from sweeps.spec.result import ArmTargetFit, ComparisonResult
 
 __all__ = ["write_comparison_report"]
 
 
-def _steps_plot(comparison: dict[str, Any], path: Path) -> None:
+def _primary_row(arm_targets: list[ArmTargetFit], i: int) -> ArmTargetFit:
+    """An arm's fit at the primary target (index ``i``), or an empty one for an arm without targets."""
+    return arm_targets[i] if arm_targets else ArmTargetFit()
+
+
+def _steps_plot(comparison: ComparisonResult, path: Path) -> None:
     """Steps to the primary target against global batch size, each arm's points and fitted S(B) = S_min + E_min/B."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    i = next((k for k, t in enumerate(comparison["targets"]) if t == comparison["target_loss"]), 0)
-    for arm in comparison["arms"]:
-        row = arm["targets"][i] if arm["targets"] else {}
-        pts = row.get("points") or []
+    i = comparison.primary_index()
+    for arm in comparison.arms:
+        row = _primary_row(arm.targets, i)
+        pts = row.points or []
         if not pts:
             continue
-        b = np.array([p["batch_size_sequences"] for p in pts], float)
-        s = np.array([p["steps_to_target"] for p in pts], float)
-        line = ax.loglog(b, s, "o", label=f"{arm['name']} ({arm['sync']}, {arm['optimizer']})")[0]
-        if row.get("s_min") is not None and row.get("e_min") is not None:
+        b = np.array([p.batch_size_sequences for p in pts], float)
+        s = np.array([p.steps_to_target for p in pts], float)
+        line = ax.loglog(b, s, "o", label=f"{arm.name} ({arm.sync}, {arm.optimizer})")[0]
+        if row.s_min is not None and row.e_min is not None:
             grid = np.geomspace(b.min(), b.max(), 50)
-            ax.loglog(grid, row["s_min"] + row["e_min"] / grid, "-", color=line.get_color(), alpha=0.6)
+            ax.loglog(grid, row.s_min + row.e_min / grid, "-", color=line.get_color(), alpha=0.6)
     ax.set_xlabel("global batch size (sequences)")
     ax.set_ylabel("optimizer steps to target")
     ax.set_title(
-        f"steps to loss {comparison['target_loss']:.4g} (points: measured; lines: fit)"
-        if comparison.get("target_loss") is not None
+        f"steps to loss {comparison.target_loss:.4g} (points: measured; lines: fit)"
+        if comparison.target_loss is not None
         else "steps to target"
     )
     if ax.get_legend_handles_labels()[0]:
@@ -49,24 +55,25 @@ def _steps_plot(comparison: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _b_crit_plot(comparison: dict[str, Any], path: Path) -> None:
+def _b_crit_plot(comparison: ComparisonResult, path: Path) -> None:
     """b_crit with its 95 % interval per arm, one group per target loss (open interval ends drawn to the frame)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    n = len(comparison["arms"])
-    for j, arm in enumerate(comparison["arms"]):
+    n = len(comparison.arms)
+    for j, arm in enumerate(comparison.arms):
         xs, ys, lo, hi = [], [], [], []
-        for i, row in enumerate(arm["targets"]):
-            if row.get("b_crit") is None:
+        for i, row in enumerate(arm.targets):
+            b_crit = row.b_crit
+            if b_crit is None:
                 continue
-            ci = row.get("b_crit_ci") or [None, None]
+            ci = row.b_crit_ci or [None, None]
             xs.append(i + (j - (n - 1) / 2) * 0.12)
-            ys.append(row["b_crit"])
-            lo.append(row["b_crit"] - (ci[0] if ci[0] is not None else row["b_crit"] * 0.01))
-            hi.append((ci[1] if ci[1] is not None else row["b_crit"] * 100) - row["b_crit"])
+            ys.append(b_crit)
+            lo.append(b_crit - (ci[0] if ci[0] is not None else b_crit * 0.01))
+            hi.append((ci[1] if ci[1] is not None else b_crit * 100) - b_crit)
         if xs:
-            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=arm["name"])
+            ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=arm.name)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(comparison["targets"])), [f"{t:.4g}" for t in comparison["targets"]])
+    ax.set_xticks(range(len(comparison.targets)), [f"{t:.4g}" for t in comparison.targets])
     ax.set_xlabel("target validation loss")
     ax.set_ylabel("b_crit (sequences), 95 % interval")
     if ax.get_legend_handles_labels()[0]:
@@ -88,7 +95,7 @@ def _cell(v: Any, nd: int = 3) -> str:
     return html.escape(str(v))
 
 
-def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
+def write_comparison_report(output: Path, comparison: ComparisonResult) -> Path:
     """Write ``OUT/report.html`` (and ``OUT/plots/compare_*.png``) for a comparison; returns the HTML path."""
     plots = output / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -99,27 +106,27 @@ def write_comparison_report(output: Path, comparison: dict[str, Any]) -> Path:
         "<th>95 % interval</th><th>status</th><th>S_min [95 %]</th><th>syncs_min [95 %]</th><th>E_min, tokens [95 %]</th>"
         "<th>optimizer state (bytes/param)</th><th>comm bytes/step</th><th>sweep</th></tr>"
     )
-    i = next((k for k, t in enumerate(comparison["targets"]) if t == comparison["target_loss"]), 0)
+    i = comparison.primary_index()
     rows = []
-    for arm in comparison["arms"]:
-        r = arm["targets"][i] if arm["targets"] else {}
+    for arm in comparison.arms:
+        r = _primary_row(arm.targets, i)
         rows.append(
-            f"<tr><td>{_cell(arm['name'])}</td><td>{_cell(arm['sync'])}</td><td>{_cell(arm['sync_every_steps'])}</td>"
-            f"<td>{_cell(arm['replicas'])}</td><td>{_cell(arm['optimizer'])}</td><td>{_cell(r.get('b_crit'))}</td>"
-            f"<td>{_cell(r.get('b_crit_ci'))}</td><td>{_cell(r.get('status'))}</td>"
-            f"<td>{_cell(r.get('s_min'))} {_cell(r.get('s_min_ci'))}</td>"
-            f"<td>{_cell(r.get('syncs_min'))} {_cell(r.get('syncs_min_ci'))}</td>"
-            f"<td>{_cell(r.get('e_min_tokens'))} {_cell(r.get('e_min_tokens_ci'))}</td>"
-            f"<td>{_cell(arm.get('optimizer_state_bytes_per_param'))}</td><td>{_cell(arm.get('comm_bytes_per_step'))}</td>"
-            f"<td><a href='arms/{html.escape(arm['name'])}/report.html'>{_cell(arm.get('sweep_id'))}</a></td></tr>"
+            f"<tr><td>{_cell(arm.name)}</td><td>{_cell(arm.sync)}</td><td>{_cell(arm.sync_every_steps)}</td>"
+            f"<td>{_cell(arm.replicas)}</td><td>{_cell(arm.optimizer)}</td><td>{_cell(r.b_crit)}</td>"
+            f"<td>{_cell(r.b_crit_ci)}</td><td>{_cell(r.status)}</td>"
+            f"<td>{_cell(r.s_min)} {_cell(r.s_min_ci)}</td>"
+            f"<td>{_cell(r.syncs_min)} {_cell(r.syncs_min_ci)}</td>"
+            f"<td>{_cell(r.e_min_tokens)} {_cell(r.e_min_tokens_ci)}</td>"
+            f"<td>{_cell(arm.optimizer_state_bytes_per_param)}</td><td>{_cell(arm.comm_bytes_per_step)}</td>"
+            f"<td><a href='arms/{html.escape(arm.name)}/report.html'>{_cell(arm.sweep_id)}</a></td></tr>"
         )
-    summary = "".join(f"<li>{html.escape(s)}</li>" for s in comparison.get("summary", []))
-    loss = comparison.get("target_loss")
-    text = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(str(comparison.get("name")))}</title>
+    summary = "".join(f"<li>{html.escape(s)}</li>" for s in comparison.summary)
+    loss = comparison.target_loss
+    text = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(str(comparison.name))}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}td,th{{padding:2px 8px;border-bottom:1px solid #ddd}}</style>
-</head><body><h1>Comparison {html.escape(str(comparison.get("comparison_id", "")))}</h1>
-<p>Every arm is analysed at the reference arm ({html.escape(comparison["reference_arm"])})'s target losses
-{html.escape(", ".join(f"{t:.4g}" for t in comparison["targets"]))}; the table is at {_cell(loss, 4)}.
+</head><body><h1>Comparison {html.escape(comparison.comparison_id or "")}</h1>
+<p>Every arm is analysed at the reference arm ({html.escape(comparison.reference_arm)})'s target losses
+{html.escape(", ".join(f"{t:.4g}" for t in comparison.targets))}; the table is at {_cell(loss, 4)}.
 Synchronizations to target are steps / H (ddp: one all-reduce per step). Where the 95 % intervals overlap, this
 sweep does not tell the arms apart.</p>
 <ul>{summary}</ul>

@@ -24,7 +24,7 @@ from sweeps.analysis.summary import (
     swept_range,
 )
 from sweeps.files import write_atomic
-from sweeps.spec.result import BatchRecord, CbsResult, LrAtBatch, TargetFit
+from sweeps.spec.result import BatchRecord, CbsResult, LocalCbsPoint, LrAtBatch, TargetFit
 
 __all__ = ["PLOT_CAPTIONS", "make_plots", "write_report"]
 
@@ -232,12 +232,13 @@ def _b_simple(analysis: CbsResult, colors: dict):
     return fig
 
 
-def _local_cbs(local: list[dict]):
+def _local_cbs(local: list[LocalCbsPoint]):
     """The local critical batch size by branching (Merrill et al. 2025); None without branch points."""
     if not local:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([p["tokens_seen"] for p in local], [p["local_cbs_sequences"] for p in local], "o-")
+    sizes = np.array([p.local_cbs_sequences for p in local], dtype=float)  # a point without k* is NaN: not drawn
+    ax.plot([p.tokens_seen for p in local], sizes, "o-")
     ax.set_xlabel("tokens seen at the branch point")
     ax.set_ylabel("local CBS (sequences)")
     ax.set_title("Local critical batch size by branching (Merrill et al. 2025)")

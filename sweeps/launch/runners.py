@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from ray.tune import Callback
+from ray.tune.experiment.trial import Trial
 
 from sweeps.launch.exchange import TrialExchange, exchange_name
 
@@ -72,7 +73,7 @@ class RunnerCancels(Callback):
         return {"exchange": self.exchange, "_running": set(), "_handle": None}
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-        running = {t.trial_id for t in trials if t.status == "RUNNING"}
+        running = {t.trial_id for t in trials if t.status == Trial.RUNNING}  # Tune's trial status
         gone = sorted(self._running - running)
         self._running = running
         if gone:

@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from ray.tune import Callback
+from ray.tune.experiment.trial import Trial  # Tune's trial statuses: PENDING, RUNNING, PAUSED, TERMINATED, ERROR
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from sweeps._compat import kv_put
@@ -114,7 +115,7 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
         if what == "pause":
             # Ray Train keeps the checkpoint of this milestone; Tune's own checkpoint of a function
             # trainable holds nothing more, so none is taken (the trial resumes through Ray Train's)
-            if trial.status == "RUNNING":
+            if trial.status == Trial.RUNNING:
                 tune_controller.pause_trial(trial, should_checkpoint=False)
             return TrialScheduler.NOOP
         self._let_go(trial.trial_id, float(result.get("tokens_seen") or 0.0))
@@ -156,12 +157,12 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
                     )
                 alg = getattr(alg, "searcher", None)
         if self.mode == "pause":
-            if trial.status == "PENDING" and self.held(trial.trial_id):
+            if trial.status == Trial.PENDING and self.held(trial.trial_id):
                 # a resumed sweep (restore_decisions): Tune restarts every unfinished trial; one that waits at a
                 # rung stays paused until its rung is decided (restarted, it would train on past the rung)
-                trial.set_status("PAUSED")
+                trial.set_status(Trial.PAUSED)
             self.add_member(
-                trial.trial_id, trial.config.get(self.group_by), ended=trial.status in ("TERMINATED", "ERROR")
+                trial.trial_id, trial.config.get(self.group_by), ended=trial.status in (Trial.TERMINATED, Trial.ERROR)
             )
 
     def on_trial_complete(self, tune_controller, trial, result) -> None:
@@ -183,23 +184,23 @@ class EqualComputeScheduler(SuccessiveHalving, FIFOScheduler):
             return super().choose_trial_to_run(tune_controller)
         self._prune_paused(tune_controller)  # after a resume: trials pruned before the interruption
         trials = tune_controller.get_trials()
-        active = [t for t in trials if t.status in ("RUNNING", "PENDING")]
+        active = [t for t in trials if t.status in (Trial.RUNNING, Trial.PENDING)]
         if not active and not self.to_resume and self.waiting and tune_controller.search_alg.is_finished():
             # nothing can complete a waiting rung any more: decide it on what it has
             self.force_lowest()
             self._prune_paused(tune_controller)
         by_id = {t.trial_id: t for t in trials}
-        running = sum(1 for t in trials if t.status == "RUNNING")
+        running = sum(1 for t in trials if t.status == Trial.RUNNING)
         for tid in self.to_resume:
             t = by_id.get(tid)
             if (
                 t is not None
-                and t.status == "PAUSED"
+                and t.status == Trial.PAUSED
                 and (self.max_concurrent is None or running < self.max_concurrent)
             ):
                 return t
         for t in trials:
-            if t.status == "PENDING":
+            if t.status == Trial.PENDING:
                 return t
         return None
 

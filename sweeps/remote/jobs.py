@@ -32,6 +32,7 @@ from sweeps.remote.errors import (
 from sweeps.remote.staging import StagedSweep
 from sweeps.remote.status import SweepRuns, SweepStatus, TrialCounts, from_job, planned_trials, with_runs
 from sweeps.remote.waiting import MLFLOW, RAY_JOB_SERVER, waiting_on
+from sweeps.spec import statuses
 from sweeps.spec.identity import is_valid_sweep_id, redact_uri, same_tracking_uri
 from sweeps.tracking.reader import (
     MlflowReader,
@@ -46,6 +47,7 @@ from sweeps.tracking.schema import (
     META_FINGERPRINT,
     META_SWEEP_ID,
     META_TRACKING_URI,
+    MLFLOW_RUN_RUNNING,
     TAG_STATUS,
     TRIAL_RUNNING,
 )
@@ -170,11 +172,13 @@ class SweepJobs:
 
     def active_count(self) -> int:
         """Sweeps (critbatch jobs) that Ray reports PENDING or RUNNING."""
+        from ray.job_submission import JobStatus  # the client that listed the jobs has imported Ray
+
         return sum(
             1
             for j in self._call("list_jobs")
             if META_SWEEP_ID in (j.metadata or {})
-            and str(getattr(j.status, "value", j.status)) in ("PENDING", "RUNNING")
+            and str(getattr(j.status, "value", j.status)) in (JobStatus.PENDING, JobStatus.RUNNING)
         )
 
     def ping_ray(self) -> str:
@@ -239,10 +243,12 @@ class SweepJobs:
                     raise ClusterUnavailable(f"cannot submit to the Ray job server at {self.address}: {exc}") from None
                 time.sleep(2.0 * (attempt + 1))
         self._list_cache.clear()
+        from ray.job_submission import JobStatus  # imported by the client that submitted the job
+
         return SweepStatus(
             id=staged.sweep_id,
-            status="PENDING",
-            ray_status="PENDING",
+            status=statuses.SweepStatus.PENDING,
+            ray_status=JobStatus.PENDING.value,
             name=staged.spec.name,
             tracking_uri=staged.tracking_uri,
             trials=TrialCounts(planned=staged.spec.n_trials),
@@ -426,13 +432,16 @@ class SweepJobs:
         reader = self._reader_factory(uri)
         exp_ids = reader.experiment_ids((job.metadata or {}).get(META_EXPERIMENT))
         parent = reader.parent(sweep_id, exp_ids)
-        trials = reader.trials(sweep_id, exp_ids) if (with_trials or status == "SUCCEEDED") else []
+        ended = (statuses.SweepStatus.STOPPED, statuses.SweepStatus.FAILED)
+        trials = reader.trials(sweep_id, exp_ids) if (with_trials or status == statuses.SweepStatus.SUCCEEDED) else []
         if (
             reconcile
-            and status in ("STOPPED", "FAILED")
+            and status in ended
             and (
-                (parent is not None and parent.info.status == "RUNNING")
-                or any(r.info.status == "RUNNING" or r.data.tags.get(TAG_STATUS) == TRIAL_RUNNING for r in trials)
+                (parent is not None and parent.info.status == MLFLOW_RUN_RUNNING)
+                or any(
+                    r.info.status == MLFLOW_RUN_RUNNING or r.data.tags.get(TAG_STATUS) == TRIAL_RUNNING for r in trials
+                )
             )
         ):
             reader.close_orphans(parent, trials, status)

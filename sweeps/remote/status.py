@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from sweeps.spec import statuses
 from sweeps.spec.identity import redact_uri
 from sweeps.spec.statuses import SERVED_STATUSES, TERMINAL_STATUSES
 from sweeps.tracking.schema import (
@@ -24,6 +25,8 @@ from sweeps.tracking.schema import (
     META_SWEEP_ID,
     META_TRIALS_PLANNED,
     METRIC_VAL_LOSS,
+    MLFLOW_RUN_KILLED,
+    MLFLOW_RUN_RUNNING,
     PARAM_BATCH_SIZE_SEQUENCES,
     PARAM_BETA2,
     PARAM_LR,
@@ -166,11 +169,12 @@ def from_job(job: Any, tracking_uri: str | None) -> SweepStatus:
     the reason it failed or stopped, its name and times; ``tracking_uri`` as given."""
     md = job.metadata or {}
     ray_status = str(getattr(job.status, "value", job.status))
-    status = ray_status if ray_status in SERVED_STATUSES else "FAILED"
+    # Ray's job statuses that are also served statuses mean the same; any other reads FAILED
+    status = ray_status if ray_status in SERVED_STATUSES else statuses.SweepStatus.FAILED
     reason = None
-    if status == "FAILED":
+    if status == statuses.SweepStatus.FAILED:
         reason = failure_reason(job)
-    elif status == "STOPPED":
+    elif status == statuses.SweepStatus.STOPPED:
         reason = "stopped by request"
     return SweepStatus(
         id=job.submission_id or str(md.get(META_SWEEP_ID, "")),
@@ -203,8 +207,8 @@ def trial_counts(trials: list[Any], planned: int | None) -> TrialCounts:
         tag = r.data.tags.get(TAG_STATUS, TRIAL_RUNNING)
         if tag == TRIAL_PAUSED:  # waiting at a rung (pruning.mode: pause): still part of the live sweep
             tag = TRIAL_RUNNING
-        if tag == TRIAL_RUNNING and r.info.status != "RUNNING":
-            tag = TRIAL_STOPPED if r.info.status == "KILLED" else TRIAL_FAILED
+        if tag == TRIAL_RUNNING and r.info.status != MLFLOW_RUN_RUNNING:
+            tag = TRIAL_STOPPED if r.info.status == MLFLOW_RUN_KILLED else TRIAL_FAILED
         c[tag] += 1
     return TrialCounts(
         planned=planned,
@@ -274,26 +278,28 @@ def with_runs(ray: SweepStatus, runs: SweepRuns, planned: int | None, *, with_tr
     ``runs.trials`` is read when ``with_trials`` or the sweep SUCCEEDED (for the every-trial-failed check).
     """
     status, reason, parent, trials = ray.status, ray.reason, runs.parent, runs.trials
-    counts = trial_counts(trials, planned) if (with_trials or status == "SUCCEEDED") else None
+    counts = trial_counts(trials, planned) if (with_trials or status == statuses.SweepStatus.SUCCEEDED) else None
     final = final_counts(parent, planned) if status in TERMINAL_STATUSES else None
     if final is not None and counts is not None:
         counts = final  # the driver's own summary of a finished sweep wins over the child runs
     parent_tag = parent.data.tags.get(TAG_STATUS) if parent is not None else None
     parent_msg = parent.data.tags.get(TAG_MESSAGE) if parent is not None else None
     # Honest status: exit 0 is not enough when MLflow says otherwise.
-    if status == "SUCCEEDED":
-        if parent_tag == "FAILED":
-            status, reason = "FAILED", parent_msg or "the sweep's parent run is marked FAILED"
+    failed = statuses.SweepStatus.FAILED
+    if status == statuses.SweepStatus.SUCCEEDED:
+        if parent_tag == failed:
+            status, reason = failed, parent_msg or "the sweep's parent run is marked FAILED"
         elif counts is not None and counts.finished > 0 and counts.done == 0 and counts.failed == counts.finished:
-            status, reason = "FAILED", "every trial failed"
-    elif status == "FAILED" and parent_tag == "FAILED" and parent_msg:
+            status, reason = failed, "every trial failed"
+    elif status == failed and parent_tag == failed and parent_msg:
         reason = parent_msg
     result = None
     if parent is not None:
         result = {k: parent.data.metrics[k] for k in SUMMARY_METRICS if k in parent.data.metrics} or None
     exp_ids = runs.exp_ids
     mlflow_error = ray.mlflow_error or runs.note
-    if mlflow_error is None and parent is None and ray.status == "SUCCEEDED":  # a finished driver always made one
+    succeeded = ray.status == statuses.SweepStatus.SUCCEEDED
+    if mlflow_error is None and parent is None and succeeded:  # a finished driver always made one
         mlflow_error = (
             "no MLflow parent run of this sweep in its tracking store (deleted?): its trial counts and "
             "result cannot be read"

@@ -23,10 +23,15 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from sweeps.analysis.result import with_sweep_fields
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
 from sweeps.spec import BranchSpec, SweepSpec
+from sweeps.spec.result import CbsResult
+from sweeps.spec.statuses import SweepStatus
 from sweeps.tracking.schema import (
+    MLFLOW_RUN_FAILED,
+    MLFLOW_RUN_FINISHED,
     PARAM_BATCH_SIZE_SEQUENCES,
     ROLE_BRANCH,
     ROLE_BRANCH_SWEEP,
@@ -34,7 +39,7 @@ from sweeps.tracking.schema import (
     TAG_ROLE,
     TAG_STATUS,
 )
-from workloads.api import beta2_from_half_life, get_workload, replace, warmup_length_tokens
+from workloads.api import TrialOutcome, beta2_from_half_life, get_workload, replace, warmup_length_tokens
 
 __all__ = ["local_cbs_multiplier", "run_branching"]
 
@@ -77,14 +82,14 @@ def _base_hyperparameters(spec: SweepSpec, b0: int, from_run_id: str | None, cli
             path = client.download_artifacts(from_run_id, "cbs.json", tmp)
         except Exception as exc:  # noqa: BLE001
             raise InvalidInput(f"--from {from_run_id}: no cbs.json artifact on that MLflow run ({exc})") from None
-        cbs = json.loads(Path(path).read_text())
-    rows = cbs.get("per_batch") or []
+        cbs = CbsResult.model_validate(json.loads(Path(path).read_text()))
+    rows = cbs.per_batch or []
     if not rows:
         raise InvalidInput(f"--from {from_run_id}: its sweep has no completed batch size")
-    row = min(rows, key=lambda r: abs(math.log(r["batch_size_sequences"] / b0)))
-    hp = dict(row["best_config_at_budget"])
+    row = min(rows, key=lambda r: abs(math.log(r.batch_size_sequences / b0)))
+    hp = dict(row.best_config_at_budget or {})
     # carry the tuned config to B0 with the square-root rule and the token half-life
-    hp["lr"] = hp["lr"] * math.sqrt(b0 / row["batch_size_sequences"])
+    hp["lr"] = hp["lr"] * math.sqrt(b0 / row.batch_size_sequences)
     hp["beta2"] = beta2_from_half_life(hp["beta2_half_life_tokens"], b0, spec.model.context_length_tokens)
     return hp
 
@@ -159,12 +164,16 @@ def run_branching(
         "mlflow_parent_run_id": parent,
     }
     write_json(output / "branch.json", out)
-    cbs_path = output / "cbs.json"
-    if cbs_path.is_file():
-        cbs = json.loads(cbs_path.read_text())
-        cbs["local_cbs"] = series
-        write_json(cbs_path, cbs)
+    if (output / "cbs.json").is_file():
+        _add_local_cbs(output / "cbs.json", series)
     return out
+
+
+def _add_local_cbs(cbs_path: Path, series: list[dict[str, Any]]) -> None:
+    """Set ``local_cbs`` of the sweep's ``cbs.json`` at ``cbs_path`` to ``series`` (one entry per branch point, as
+    :func:`run_branching` returns them), leaving the rest of the file as it was."""
+    cbs = CbsResult.model_validate(json.loads(cbs_path.read_text()))
+    write_json(cbs_path, with_sweep_fields(cbs, local_cbs=series).to_json_dict())
 
 
 def _check_window(br: BranchSpec, b0: int, context_length_tokens: int) -> None:
@@ -232,7 +241,7 @@ def _train_base_and_branches(
             save = {p: str(states_dir / f"base_{p}.pt") for p in positive}
             base = cast(dict[str, Any], ray.get(task.remote(base_run.to_dict(), None, save)))
         else:
-            base = {"status": "completed", "reports": [], "flops_per_token": None, "wall_s": 0.0}
+            base = {"status": TrialOutcome.COMPLETED, "reports": [], "flops_per_token": None, "wall_s": 0.0}
         refs = {}
         for p in points:
             for k in br.multipliers:
@@ -275,7 +284,7 @@ def _local_cbs_at(p: int, br: BranchSpec, b0: int, results: dict[tuple[int, floa
         r = results[(p, k)]
         last = r["reports"][-1] if r["reports"] else {}
         raw = last.get("val_loss_raw")
-        losses[k] = raw if (r["status"] == "completed" and raw is not None) else float("nan")
+        losses[k] = raw if (r["status"] == TrialOutcome.COMPLETED and raw is not None) else float("nan")
     k_star = local_cbs_multiplier(losses, br.epsilon)
     ended = {
         str(k): (results[(p, k)]["reports"][-1]["tokens_seen"] if results[(p, k)]["reports"] else None)
@@ -309,7 +318,9 @@ def _log_branches(
     parent = from_run_id
     if parent is None:
         parent = client.create_run(
-            exp_id, run_name=f"{spec.name}-branching", tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: "RUNNING"}
+            exp_id,
+            run_name=f"{spec.name}-branching",
+            tags={TAG_ROLE: ROLE_BRANCH_SWEEP, TAG_STATUS: SweepStatus.RUNNING},
         ).info.run_id
     ts = int(time.time() * 1000)
     for (p, k), r in results.items():
@@ -340,9 +351,10 @@ def _log_branches(
             )
         if ms:
             client.log_batch(rid, metrics=ms)
-        client.set_terminated(rid, status="FINISHED" if r["status"] == "completed" else "FAILED")
+        completed = r["status"] == TrialOutcome.COMPLETED
+        client.set_terminated(rid, status=MLFLOW_RUN_FINISHED if completed else MLFLOW_RUN_FAILED)
     client.log_batch(parent, metrics=[Metric("flops_measurement_branching", float(flops_measurement), ts, 0)])
     if from_run_id is None:
-        client.set_tag(parent, TAG_STATUS, "SUCCEEDED")
-        client.set_terminated(parent, "FINISHED")
+        client.set_tag(parent, TAG_STATUS, SweepStatus.SUCCEEDED)
+        client.set_terminated(parent, MLFLOW_RUN_FINISHED)
     return parent

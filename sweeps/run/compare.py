@@ -38,7 +38,8 @@ from sweeps.run.context import SweepResult
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
 from sweeps.spec.identity import is_valid_sweep_id, run_sweep_id
-from sweeps.spec.statuses import FINISHED_STATUSES
+from sweeps.spec.result import CbsResult, ComparisonResult
+from sweeps.spec.statuses import FINISHED_STATUSES, SweepStatus
 from sweeps.store.migrations import read_sweep_json
 
 __all__ = [
@@ -137,7 +138,7 @@ def run_comparison(
         state = {
             "comparison_id": cid,
             "fingerprint": spec.fingerprint(),
-            "status": "RUNNING",
+            "status": SweepStatus.RUNNING,
             "created": time.time(),
             "tracking_uri": tracking_uri,
             "ray_address": ray_address,
@@ -178,7 +179,7 @@ def resume_comparison(
     arms = spec.arm_specs()
     address = ray_address or state.get("ray_address")
     with ray_session(address, _sizing(arms), connect_timeout_s=_timeout_s(ray_connect_timeout_s, settings)):
-        state["status"] = "RUNNING"
+        state["status"] = SweepStatus.RUNNING
         state["ray_address"] = address
         _save(output, state)
         return _run_arms(spec, output, state, show_progress, settings)
@@ -256,13 +257,13 @@ def _run_arms_in_turn(
     for i, (name, arm) in enumerate(spec.arm_specs()):
         arm_out = _arm_dir(output, name)
         status = _arm_status(arm_out)
-        crashed = status == "FAILED" and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
+        crashed = status == SweepStatus.FAILED and _arm_error(arm_out)  # a crashed arm (sweep.json's error) is resumed
         if status in FINISHED_STATUSES and (arm_out / "cbs.json").is_file() and not crashed:
             log.warning("comparison %s: arm %s already finished (%s)", cid, name, status)
             continue
         log.warning("comparison %s: arm %s", cid, name)
         with naming_arm(i, name):
-            if status is None or status == "STARTING":
+            if status is None or status == SweepStatus.STARTING:
                 result = run_single_sweep(
                     arm,
                     arm_out,
@@ -277,7 +278,7 @@ def _run_arms_in_turn(
                     arm_out, ray_address=state.get("ray_address"), show_progress=show_progress, settings=settings
                 )
         if result.exit_code:  # stopped by a signal: the comparison stops with it, resumable
-            state["status"] = "STOPPED"
+            state["status"] = SweepStatus.STOPPED
             _save(output, state)
             return dataclasses.replace(
                 result,
@@ -301,9 +302,10 @@ def _measured(arm_out: Path) -> dict[str, float | None]:
             v = next((r[k] for r in reversed(rows) if isinstance(r.get(k), (int, float))), None)
             if v is not None:
                 seen[k].append(float(v))
-    cbs = json.loads((arm_out / "cbs.json").read_text()) if (arm_out / "cbs.json").is_file() else {}
+    path = arm_out / "cbs.json"
+    cbs = CbsResult.model_validate(json.loads(path.read_text())) if path.is_file() else CbsResult()
     return {
-        "optimizer_state_bytes_per_param": cbs.get("optimizer_state_bytes_per_param"),
+        "optimizer_state_bytes_per_param": cbs.optimizer_state_bytes_per_param,
         **{k: statistics.median(v) if v else None for k, v in seen.items()},
     }
 
@@ -321,7 +323,7 @@ def _arm_info(name: str, arm: SweepSpec, arm_out: Path, status: str | None, swee
     }
 
 
-def analyze_comparison(output: Path) -> dict[str, Any]:
+def analyze_comparison(output: Path) -> ComparisonResult:
     """Re-analyse a comparison's arms at the reference arm's targets with this critbatch, rewriting
     ``OUT/cbs.json`` and ``OUT/report.html`` (``critbatch analyze --comparison OUT``); the comparison's
     and the arms' states are left as they are.
@@ -337,7 +339,7 @@ def analyze_comparison(output: Path) -> dict[str, Any]:
     return comparison
 
 
-def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str, Any], list[str], bool]:
+def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[ComparisonResult, list[str], bool]:
     """Analyse every arm at the reference arm's targets; write ``OUT/cbs.json`` and ``OUT/report.html``.
 
     Returns ``(comparison, arms that did not succeed, whether the reference arm has targets)``."""
@@ -348,7 +350,8 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
     ref_cbs_path = _arm_dir(output, arms[0][0]) / "cbs.json"
     ref_targets = None
     if ref_cbs_path.is_file():
-        ref_targets = [t["target_loss"] for t in json.loads(ref_cbs_path.read_text()).get("targets", [])] or None
+        ref_cbs = CbsResult.model_validate(json.loads(ref_cbs_path.read_text()))
+        ref_targets = [t.target_loss for t in ref_cbs.targets or [] if t.target_loss is not None] or None
     rows = []
     for name, arm in arms:
         arm_out = _arm_dir(output, name)
@@ -359,10 +362,14 @@ def _write_comparison(spec: SweepSpec, output: Path, cid: str) -> tuple[dict[str
             except InvalidInput as exc:
                 log.warning("comparison %s: arm %s cannot be analysed: %s", cid, name, exc)
         rows.append((name, _arm_info(name, arm, arm_out, _arm_status(arm_out), f"{cid}.{name}"), analysis))
-    comparison = compare_arms(rows)
-    failed = [n for n, info, _ in rows if info["status"] != "SUCCEEDED"]
-    comparison.update(
-        {"comparison_id": cid, "name": spec.name, "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms}}
+    failed = [n for n, info, _ in rows if info["status"] != SweepStatus.SUCCEEDED]
+    comparison = ComparisonResult.model_validate(
+        {
+            **compare_arms(rows),
+            "comparison_id": cid,
+            "name": spec.name,
+            "arm_outputs": {n: str(_arm_dir(output, n)) for n, _ in arms},
+        }
     )
     write_json(output / "cbs.json", finite_json(comparison))
     from sweeps.analysis.compare_report import write_comparison_report
@@ -375,16 +382,16 @@ def _finish(spec: SweepSpec, output: Path, state: dict[str, Any]) -> SweepResult
     """Re-analyse every arm at the reference arm's targets, write ``OUT/cbs.json`` and ``OUT/report.html``."""
     cid = state["comparison_id"]
     comparison, failed, ref_targets = _write_comparison(spec, output, cid)
-    state["status"] = "FAILED" if failed or not ref_targets else "SUCCEEDED"
+    state["status"] = SweepStatus.FAILED if failed or not ref_targets else SweepStatus.SUCCEEDED
     _save(output, state)
-    message = "; ".join(comparison["summary"])
+    message = "; ".join(comparison.summary)
     if failed:
         message = f"arm(s) {failed} did not succeed; " + message
     return SweepResult(
         ok=not failed and bool(ref_targets),
         status=state["status"],
         sweep_id=cid,
-        cbs=comparison,
+        cbs=comparison.to_json_dict(),
         output=str(output),
         message=message,
         exit_code=None,

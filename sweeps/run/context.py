@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweeps.spec.statuses import SweepStatus
+
 if TYPE_CHECKING:  # annotations only: importing this module (as ``sweeps.run.compare`` does) imports no workload
     from sweeps.launch.workload import WorkloadFacts
     from sweeps.run.signals import StopSignals
@@ -131,7 +133,7 @@ class SweepResult:
         """A sweep stopped before its analysis (``ok`` False, no ``cbs``)."""
         return cls(
             ok=False,
-            status="STOPPED",
+            status=SweepStatus.STOPPED,
             sweep_id=sweep_id,
             cbs=None,
             output=str(output),

@@ -24,7 +24,7 @@ from sweeps.run.prepare import prepare_sweep, resumed_sweep
 from sweeps.run.signals import FORCE_QUIT_DRAIN_S, StopSignals
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec, parse_stored_spec
-from sweeps.spec.statuses import FINISHED_STATUSES
+from sweeps.spec.statuses import FINISHED_STATUSES, SweepStatus
 from sweeps.store.claims import claim_output_folder, lock_output_folder, write_storage_binding
 from sweeps.store.inputs import check_inputs_unchanged, pin_inputs
 from sweeps.store.state import SweepState, optuna_storage_url, tune_dir_of
@@ -255,7 +255,7 @@ def resume_single_sweep(
                     tracker = _tracker(state.tracking_uri, spec, state.sweep_id, state.fingerprint, settings)
                     SpaceReserve(output).keep()  # a full disk refuses the resume here, before anything changes
                     tracker.attach_parent(state.experiment_id, state.parent_run_id)
-                    state.status, state.error = "RUNNING", None
+                    state.status, state.error = SweepStatus.RUNNING, None
                     state.save(output)
                     return _execute_guarded(
                         SweepRun(
@@ -338,10 +338,10 @@ def _record_crash(run: SweepRun, exc: Exception) -> str:
         log.error("%s", error)
     SpaceReserve(output).release()
     try:
-        run.tracker.finish("FAILED", {}, None, message=error)
+        run.tracker.finish(SweepStatus.FAILED, {}, None, message=error)
     except Exception as mlflow_exc:  # noqa: BLE001 - the crash is what must be recorded
         log.warning("could not end the MLflow runs: %s", mlflow_exc)
-    state.status, state.error = "FAILED", error
+    state.status, state.error = SweepStatus.FAILED, error
     try:
         state.save(output)
     except WriteFailed as write_exc:
@@ -355,8 +355,8 @@ def _force_quit(run: SweepRun) -> SweepResult:
     ``critbatch resume``."""
     run.stop.forced = True  # later signals are ignored while it quits
     message = "the sweep was force-quit before all trials finished: `critbatch resume` continues it"
-    complete = run.tracker.finish("STOPPED", {}, None, message=message, drain_s=FORCE_QUIT_DRAIN_S)
-    run.state.status = "STOPPED"
+    complete = run.tracker.finish(SweepStatus.STOPPED, {}, None, message=message, drain_s=FORCE_QUIT_DRAIN_S)
+    run.state.status = SweepStatus.STOPPED
     run.state.mlflow_complete = complete
     run.state.save(run.output)
     return SweepResult.stopped(run.state.sweep_id, run.output, message, run.stop.exit_code or 130)

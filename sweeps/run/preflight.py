@@ -16,6 +16,7 @@ from pathlib import Path
 from sweeps.errors import InvalidInput
 from sweeps.spec import SweepSpec
 from sweeps.spec.milestones import milestone_warnings
+from sweeps.spec.statuses import SweepStatus
 
 __all__ = [
     "MIN_FIT_BATCH_SIZES",
@@ -372,7 +373,7 @@ def check_output_folder(output: Path, *, resuming: bool = False) -> None:
             held = json.loads(marker.read_text())
         except (OSError, ValueError):
             held = {}
-        if held.get("status") == "STARTING":
+        if held.get("status") == SweepStatus.STARTING:
             return  # a claim, live or abandoned: claim_output_folder tells which
         other = held.get("sweep_id", "?")
         raise InvalidInput(

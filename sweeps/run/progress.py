@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ray.tune import Callback
+from ray.tune.experiment.trial import Trial
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -165,7 +166,7 @@ class ProgressCallback(Callback):
         self._refresh()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        if trial.status == "PAUSED":  # Tune's status: waits at a rung for its batch size (pruning.mode: pause)
+        if trial.status == Trial.PAUSED:  # Tune's status: waits at a rung for its batch size (pruning.mode: pause)
             self.status[trial.trial_id] = _COLUMN[TrialStatus.PAUSED]
         b = trial.config.get("batch_size_sequences")
         v = result.get("val_loss")

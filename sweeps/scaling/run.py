@@ -18,6 +18,7 @@ from typing import Any
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
 from sweeps.spec import SweepSpec
+from sweeps.spec.statuses import FINISHED_STATUSES, SweepStatus
 from sweeps.spec.tracking import STUDY_TAG_KEYS
 
 __all__ = ["STUDY_FILE", "STUDY_TAG", "member_spec", "run_study"]
@@ -86,7 +87,7 @@ def _claim(output: Path, spec: SweepSpec, budgets: list[int], predict_tokens: fl
         "fingerprint": spec.fingerprint(),
         "budgets_tokens": budgets,
         "predict_tokens": predict_tokens,
-        "status": "RUNNING",
+        "status": SweepStatus.RUNNING,
         "members": [],
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -144,8 +145,8 @@ def run_study(
         folder = output / "members" / f"tokens-{b}"
         record = {"budget_tokens": b, "folder": str(folder.relative_to(output))}
         state = _sweep_status(folder)
-        if state in ("SUCCEEDED", "FAILED"):  # a failed member is kept as it is: `critbatch resume` it to retry
-            result_ok, cbs = state == "SUCCEEDED", _read_cbs(folder)
+        if state in FINISHED_STATUSES:  # a failed member is kept as it is: `critbatch resume` it to retry
+            result_ok, cbs = state == SweepStatus.SUCCEEDED, _read_cbs(folder)
         else:
             if state is None:
                 record["start_lr"] = base_lr if base_lr is not None else spec.search.base_lr
@@ -159,12 +160,12 @@ def run_study(
             else:
                 result = resume_member(folder, ray_address=ray_address, show_progress=show_progress)
             if result.exit_code:
-                study.update(status="STOPPED", exit_code=result.exit_code, members=members + [record])
+                study.update(status=SweepStatus.STOPPED, exit_code=result.exit_code, members=members + [record])
                 write_json(output / STUDY_FILE, study)
                 return study
             result_ok, cbs = result.ok, _read_cbs(folder)
         record.update(
-            status="SUCCEEDED" if result_ok else "FAILED",
+            status=SweepStatus.SUCCEEDED if result_ok else SweepStatus.FAILED,
             b_crit=cbs.get("b_crit"),
             b_crit_ci=cbs.get("b_crit_ci"),
             b_crit_status=cbs.get("status"),
@@ -176,7 +177,8 @@ def run_study(
         base_lr = record["best_lr_at_base"] or base_lr
         study.update(members=members)
         write_json(output / STUDY_FILE, study)
-    study["status"] = "SUCCEEDED" if all(m["status"] == "SUCCEEDED" for m in members) else "FAILED"
+    succeeded = all(m["status"] == SweepStatus.SUCCEEDED for m in members)
+    study["status"] = SweepStatus.SUCCEEDED if succeeded else SweepStatus.FAILED
     study.pop("exit_code", None)
     write_json(output / STUDY_FILE, study)
     return study

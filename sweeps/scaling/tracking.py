@@ -72,7 +72,7 @@ def log_study(study_name: str, result: dict[str, Any], member_folders: list[Path
     """
     from mlflow.tracking import MlflowClient
 
-    from sweeps.tracking.schema import TAG_PARENT_RUN_ID, TAG_ROLE
+    from sweeps.tracking.schema import MLFLOW_RUN_FINISHED, TAG_PARENT_RUN_ID, TAG_ROLE
 
     where = []
     for folder in member_folders:
@@ -108,5 +108,5 @@ def log_study(study_name: str, result: dict[str, Any], member_folders: list[Path
     for w in where:
         if w.get("parent_run_id") and w.get("experiment_id") == exp_id:
             client.set_tag(w["parent_run_id"], TAG_PARENT_RUN_ID, run_id)
-    client.set_terminated(run_id, "FINISHED")
+    client.set_terminated(run_id, MLFLOW_RUN_FINISHED)
     return {"tracking_uri": uri, "experiment_id": exp_id, "study_run_id": run_id}

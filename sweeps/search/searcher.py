@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
+from optuna.trial import TrialState
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
@@ -68,6 +69,9 @@ FINGERPRINT_ATTR = "critbatch.fingerprint"
 OLD_LAYOUT_ATTR = "_unpickled_from_old_layout"
 #: the Optuna user attributes the strategies set, importable from here as before
 _STRATEGY_ATTRS = (INITIAL_POINT_ATTR, INITIAL_POINTS_ENQUEUED_ATTR, TRANSFER_POINT_ATTR)
+#: how a seed of a group ended, by Optuna's trial-state names (the group's one Optuna trial is told the same);
+#: plain strings, as saved searchers hold them
+_COMPLETE, _FAIL, _PRUNED = (s.name for s in (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED))
 
 
 class _Group:
@@ -314,23 +318,23 @@ class BatchSizeSearcher(Searcher):
         if result is None and self.scheduler is not None and trial_id in self.scheduler.pruned_while_paused:
             result = self.scheduler.pruned_while_paused[trial_id]  # Tune passes no result for a paused trial
         if error:
-            group.results[trial_id] = ("FAIL", None)
+            group.results[trial_id] = (_FAIL, None)
         elif result is not None and result.get("pruned"):
-            group.results[trial_id] = ("PRUNED", None)
+            group.results[trial_id] = (_PRUNED, None)
         else:
             val = None if result is None else result.get(OBJECTIVE)
             group.results[trial_id] = (
-                ("COMPLETE", float(val)) if val is not None and math.isfinite(val) else ("FAIL", None)
+                (_COMPLETE, float(val)) if val is not None and math.isfinite(val) else (_FAIL, None)
             )
         if not group.finished():
             return
         states = [s for s, _ in group.results.values()]
-        finals = {t: v for t, (s, v) in group.results.items() if s == "COMPLETE" and v is not None}
-        self._group_ended(group, sum(finals.values()) / len(finals) if finals and "PRUNED" not in states else None)
+        finals = {t: v for t, (s, v) in group.results.items() if s == _COMPLETE and v is not None}
+        self._group_ended(group, sum(finals.values()) / len(finals) if finals and _PRUNED not in states else None)
         sub = self._sub(group.batch)
         if sub is None:
             return
-        if "PRUNED" in states:
+        if _PRUNED in states:
             sub.on_trial_complete(group.primary, None, error=False)  # -> Optuna PRUNED
         elif finals:
             # tokens to the batch size's target loss (or the final loss)
@@ -367,7 +371,7 @@ class BatchSizeSearcher(Searcher):
         try:
             by_id = curves_of(self._records, [t for g in groups for t in g.trial_ids])
             curves = [
-                [by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == "COMPLETE"]
+                [by_id[t] for t in g.trial_ids if t in by_id and g.results.get(t, ("", None))[0] == _COMPLETE]
                 for g in groups
             ]
             i = fastest_to_targets(curves, self.selection_targets([c for g in curves for c in g]))

@@ -20,17 +20,25 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 __all__ = [
+    "ArmAtTarget",
+    "ArmTargetFit",
     "BatchRecord",
     "BestCheckpoint",
     "CbsResult",
     "CensoredPoint",
+    "ComparisonArm",
+    "ComparisonAtTarget",
+    "ComparisonPoint",
+    "ComparisonResult",
     "Interval",
+    "LocalCbsPoint",
     "LrAtBatch",
     "MlflowRuns",
     "NoiseScaleSeries",
     "TargetFit",
     "TargetPoint",
     "TrialsByStatus",
+    "is_comparison_record",
 ]
 
 #: ``[lo, hi]``: ``hi`` None when the interval is unbounded above (``lo`` None only where a record says so)
@@ -204,6 +212,21 @@ class BestCheckpoint(_Record):
     size_mb: float
 
 
+class LocalCbsPoint(_Record):
+    """The local critical batch size at one branch point of ``critbatch branch`` (:mod:`sweeps.run.branching`;
+    Merrill et al. 2025): the branches from the base run's state at ``tokens_seen`` tokens, each at ``k x B0``
+    sequences, trained for the same window; ``k_star`` is the largest ``k`` whose loss at the window's end is
+    within ``epsilon`` of the best (None when no branch ended with a loss), ``local_cbs_sequences`` is
+    ``k_star x B0``. ``losses`` and ``tokens_seen_at_loss`` map ``str(k)`` to each branch's validation loss
+    (nats, raw weights; None: the branch did not end with one) and the tokens it had seen when measured."""
+
+    tokens_seen: Amount
+    k_star: Amount | None = None
+    local_cbs_sequences: Amount | None = None
+    losses: dict[str, float | None] | None = None
+    tokens_seen_at_loss: dict[str, Amount | None] | None = None
+
+
 class CbsResult(_Record):
     """A sweep's critical batch size, the content of ``cbs.json`` (see the module docstring for units).
 
@@ -269,8 +292,8 @@ class CbsResult(_Record):
     # a budget or a signal) and the waves' additions, as precision.json holds them
     precision: dict[str, Any] | None = None
     best_checkpoint: BestCheckpoint | None = None
-    # the local critical batch size along training (critbatch branch): entries as sweeps.run.branching writes them
-    local_cbs: list[dict[str, Any]] | None = None
+    #: the local critical batch size along training (``critbatch branch``), one entry per branch point
+    local_cbs: list[LocalCbsPoint] | None = None
 
     @property
     def fitted(self) -> bool:
@@ -280,3 +303,113 @@ class CbsResult(_Record):
     def target(self, loss: float) -> TargetFit | None:
         """The fit at target loss ``loss`` (nats), or None if the analysis had no such target."""
         return next((t for t in self.targets or [] if t.target_loss == loss), None)
+
+
+#: ``cbs.json``'s ``kind`` in a comparison's output folder (a sweep's file has no ``kind``)
+COMPARISON_KIND = "comparison"
+
+
+def is_comparison_record(data: object) -> bool:
+    """Whether ``data`` (parsed JSON, or a record) is a comparison's ``cbs.json`` rather than a sweep's."""
+    if isinstance(data, ComparisonResult):
+        return True
+    return isinstance(data, dict) and data.get("kind") == COMPARISON_KIND
+
+
+class ComparisonPoint(_Record):
+    """One (batch size, seed) cell of an arm at a target: steps, tokens and synchronizations (steps / H) to it."""
+
+    batch_size_sequences: int
+    seed: int | None = None
+    steps_to_target: float
+    tokens_to_target: float | None = None
+    syncs_to_target: float | None = None
+    trial_id: str | None = None
+
+
+class ArmTargetFit(_Record):
+    """One arm at one of the reference arm's targets (:func:`sweeps.analysis.compare.compare_arms`): its fit of
+    ``S(B) = S_min + E_min / B`` (McCandlish et al. 2018, Eq. 2.11) with ``b_crit = E_min / S_min`` (sequences,
+    and tokens), ``E_min`` in tokens and ``syncs_min = S_min / H``, each with its interval; ``status``
+    ``not_analysed`` when the arm had no trials to analyse."""
+
+    target_loss: float | None = None
+    b_crit: float | None = None
+    b_crit_ci: Interval | None = None
+    b_crit_bound: str | None = None
+    b_crit_tokens: float | None = None
+    status: str | None = None
+    message: str | None = None
+    s_min: float | None = None
+    s_min_ci: Interval | None = None
+    e_min: float | None = None
+    e_min_ci: Interval | None = None
+    e_min_tokens: float | None = None
+    e_min_tokens_ci: Interval | None = None
+    syncs_min: float | None = None
+    syncs_min_ci: Interval | None = None
+    n_batch_sizes: int | None = None
+    points: list[ComparisonPoint] | None = None
+
+
+class ComparisonArm(_Record):
+    """One arm of a comparison: how it synchronizes (``sync``, every ``sync_every_steps`` H steps, 1 for ddp;
+    ``replicas``), its optimizer, the medians its trials measured (``comm_bytes_per_step``, bytes;
+    ``comm_time_s``, seconds; ``tokens_per_s``), its sweep's ``status`` and ``sweep_id``, and its fit at each
+    of the reference arm's targets."""
+
+    name: str
+    sync: str | None = None
+    sync_every_steps: int | None = None
+    replicas: int | None = None
+    optimizer: str | None = None
+    optimizer_state_bytes_per_param: Amount | None = None
+    comm_bytes_per_step: Amount | None = None
+    comm_time_s: Amount | None = None
+    tokens_per_s: Amount | None = None
+    status: str | None = None
+    sweep_id: str | None = None
+    targets: list[ArmTargetFit] = []
+
+
+class ArmAtTarget(_Record):
+    """An arm's ``b_crit`` (sequences) with its interval, bound and status at one target, as the target's row shows it."""
+
+    b_crit: float | None = None
+    b_crit_ci: Interval | None = None
+    b_crit_bound: str | None = None
+    status: str | None = None
+
+
+class ComparisonAtTarget(_Record):
+    """Every arm at one target loss (nats): its ``b_crit``, whether its interval overlaps the reference arm's
+    (None: an interval is missing) and its ratio to the reference's ``b_crit`` (None: either is missing)."""
+
+    target_loss: float
+    primary: bool = False
+    arms: dict[str, ArmAtTarget] = {}
+    intervals_overlap_reference: dict[str, bool | None] = {}
+    b_crit_ratio_to_reference: dict[str, float | None] = {}
+
+
+class ComparisonResult(_Record):
+    """A comparison's ``cbs.json`` (``kind: comparison``; :mod:`sweeps.run.compare`): every arm analysed at the
+    reference (first) arm's target losses ``targets`` (nats), ``target_loss`` the reference's primary one;
+    each arm's fits (``arms``), the arms side by side at each target (``by_target``), one sentence per arm
+    (``summary``), then the comparison's id, name and each arm's output folder. Built from
+    :func:`sweeps.analysis.compare.compare_arms`."""
+
+    kind: str = COMPARISON_KIND
+    reference_arm: str
+    targets: list[float] = []
+    target_loss: float | None = None
+    arms: list[ComparisonArm] = []
+    by_target: list[ComparisonAtTarget] = []
+    summary: list[str] = []
+    comparison_id: str | None = None
+    name: str | None = None
+    arm_outputs: dict[str, str] | None = None
+
+    def primary_index(self) -> int:
+        """The index in ``targets`` (and in each arm's ``targets``) of the primary target; 0 without one."""
+        return next((k for k, t in enumerate(self.targets) if t == self.target_loss), 0)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from sweeps.errors import InvalidInput
 from sweeps.files import write_json
+from sweeps.spec.statuses import SweepStatus
 from sweeps.store.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
@@ -244,7 +245,7 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
                 raise
             except (OSError, ValueError):
                 old = {}
-            if old.get("status") != "STARTING":  # a STARTING claim whose driver died is taken over
+            if old.get("status") != SweepStatus.STARTING:  # a STARTING claim whose driver died is taken over
                 raise InvalidInput(
                     f"--output {output} already holds sweep '{old.get('sweep_id', '?')}': use `critbatch resume "
                     f"{output}` to continue it, or choose another folder"
@@ -258,7 +259,7 @@ def claim_output_folder(output: Path, sweep_id: str, fingerprint: str) -> Output
                 VERSION_KEY: SWEEP_JSON_VERSION,
                 "sweep_id": sweep_id,
                 "fingerprint": fingerprint,
-                "status": "STARTING",
+                "status": SweepStatus.STARTING,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "created": time.time(),

@@ -18,7 +18,7 @@ from sweeps import files
 from sweeps.errors import InvalidInput
 from sweeps.settings import Settings
 from sweeps.spec import SweepSpec
-from sweeps.spec.statuses import SWEEP_STATUSES  # sweep.json's status
+from sweeps.spec.statuses import SWEEP_STATUSES, SweepStatus  # sweep.json's status
 from sweeps.store.migrations import SWEEP_JSON_VERSION, VERSION_KEY, read_sweep_json
 
 __all__ = [
@@ -78,7 +78,7 @@ class SweepState:
     ray_address: str | None
     storage_root: str
     optuna_storage: str
-    status: str = "RUNNING"
+    status: str = SweepStatus.RUNNING
     created: float = field(default_factory=time.time)
     mlflow_complete: bool | None = None
     mlflow_incomplete_writes: list[str] | None = None
@@ -121,7 +121,7 @@ class SweepState:
                 sweep's state, or its version is newer than this code's.
         """
         d = read_sweep_json(output / "sweep.json")
-        if d.get("status") == "STARTING" or "parent_run_id" not in d:
+        if d.get("status") == SweepStatus.STARTING or "parent_run_id" not in d:
             raise InvalidInput(
                 f"sweep '{d.get('sweep_id', '?')}' in {output} never started (its driver died while "
                 f"starting): nothing to resume; `critbatch run SPEC --output {output}` starts it again"

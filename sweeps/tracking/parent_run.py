@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.analysis.summary import headline
+from sweeps.spec.statuses import SweepStatus
 from sweeps.tracking import schema
 
 __all__ = ["METRIC_CI_HIGH", "METRIC_CI_LOW", "TAG_FIT_STATUS", "TAG_NOTE", "parent_fields", "read_analysis"]
@@ -70,7 +71,7 @@ def parent_fields(
                 note = headline(analysis) + "".join(f"\n\n- {c}" for c in analysis.get("caveats") or [])
             except Exception:
                 log.exception("no headline for the parent run's description")
-    if status != "SUCCEEDED" and message:
+    if status != SweepStatus.SUCCEEDED and message:
         note = f"{note}\n\nSweep {status.lower()}: {message}" if note else f"Sweep {status.lower()}: {message}"
     if note:
         tags[TAG_NOTE] = note[:5000]

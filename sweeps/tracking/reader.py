@@ -18,9 +18,13 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from sweeps.errors import CritbatchError
 from sweeps.spec.identity import redact_uri
+from sweeps.spec.statuses import SweepStatus
 from sweeps.tracking.schema import (
     CLOSED_BY_JOBS,
     METRIC_VAL_LOSS,
+    MLFLOW_RUN_FAILED,
+    MLFLOW_RUN_KILLED,
+    MLFLOW_RUN_RUNNING,
     PARAM_BATCH_SIZE_SEQUENCES,
     ROLE_SWEEP,
     ROLE_TRIAL,
@@ -286,16 +290,19 @@ class MlflowReader:
         """Close runs still RUNNING after the job ended (``sweep_status``: STOPPED or FAILED); return
         how many were closed. Trials get ``TRIAL_STOPPED`` (a stopped sweep) or ``TRIAL_FAILED``."""
         closed = 0
-        trial_tag = TRIAL_STOPPED if sweep_status == "STOPPED" else TRIAL_FAILED
+        trial_tag = TRIAL_STOPPED if sweep_status == SweepStatus.STOPPED else TRIAL_FAILED
         for r in trials:
             tag = r.data.tags.get(TAG_STATUS)
-            if r.info.status == "RUNNING" or tag == TRIAL_RUNNING:
+            if r.info.status == MLFLOW_RUN_RUNNING or tag == TRIAL_RUNNING:
                 if tag in (None, TRIAL_RUNNING):
                     self.client.set_tag(r.info.run_id, TAG_STATUS, trial_tag)
                 self._close(r, sweep_status)
                 closed += 1
-        if parent is not None and (parent.info.status == "RUNNING" or parent.data.tags.get(TAG_STATUS) == "RUNNING"):
-            if parent.data.tags.get(TAG_STATUS) in (None, "RUNNING"):
+        running = SweepStatus.RUNNING
+        if parent is not None and (
+            parent.info.status == MLFLOW_RUN_RUNNING or parent.data.tags.get(TAG_STATUS) == running
+        ):
+            if parent.data.tags.get(TAG_STATUS) in (None, running):
                 self.client.set_tag(parent.info.run_id, TAG_STATUS, sweep_status)
                 if not parent.data.tags.get(TAG_MESSAGE):
                     self.client.set_tag(
@@ -307,8 +314,9 @@ class MlflowReader:
 
     def _close(self, run: Any, sweep_status: str) -> None:
         self.client.set_tag(run.info.run_id, TAG_CLOSED_BY, CLOSED_BY_JOBS)
-        if run.info.status == "RUNNING":
-            self.client.set_terminated(run.info.run_id, status="KILLED" if sweep_status == "STOPPED" else "FAILED")
+        if run.info.status == MLFLOW_RUN_RUNNING:
+            stopped = sweep_status == SweepStatus.STOPPED
+            self.client.set_terminated(run.info.run_id, status=MLFLOW_RUN_KILLED if stopped else MLFLOW_RUN_FAILED)
 
     def load_json_artifact(self, run_id: str, path: str) -> Any | None:
         """The JSON artifact ``path`` of run ``run_id``, or None when the run has no such artifact."""

@@ -32,6 +32,10 @@ __all__ = [
     "META_TRIALS_PLANNED",
     "METRIC_KEYS",
     "METRIC_VAL_LOSS",
+    "MLFLOW_RUN_FAILED",
+    "MLFLOW_RUN_FINISHED",
+    "MLFLOW_RUN_KILLED",
+    "MLFLOW_RUN_RUNNING",
     "ONCE_METRIC_KEYS",
     "PARAM_ACTIVATION_CHECKPOINTING",
     "PARAM_BATCH_SIZE_SEQUENCES",
@@ -214,6 +218,15 @@ ROLE_TRIAL = "trial"
 #: Branched training (``critbatch branch``): its parent run and one run per branch.
 ROLE_BRANCH_SWEEP = "branch-sweep"
 ROLE_BRANCH = "branch"
+
+# ---- MLflow's own run statuses (a run's ``info.status``, what ``set_terminated`` takes) ------------
+# Not critbatch's vocabulary (that is ``sweeps.spec.statuses``): ``mlflow.entities.RunStatus``'s names, held
+# here as strings so that reading them needs no MLflow import (a test checks them against MLflow's).
+
+MLFLOW_RUN_RUNNING = "RUNNING"
+MLFLOW_RUN_FINISHED = "FINISHED"
+MLFLOW_RUN_FAILED = "FAILED"
+MLFLOW_RUN_KILLED = "KILLED"
 
 # ---- trial statuses (values of TAG_STATUS on a trial run) ---------------------------------------
 

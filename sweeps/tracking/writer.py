@@ -18,10 +18,12 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
+from ray.tune.experiment.trial import Trial
 
 from sweeps.files import read_tail
 from sweeps.spec import SweepSpec
 from sweeps.spec.identity import experiment_artifact_location
+from sweeps.spec.statuses import SweepStatus
 from sweeps.tracking import schema
 from sweeps.tracking.base import Tracker
 from sweeps.tracking.outbox import Outbox
@@ -117,7 +119,7 @@ class MlflowTracker(Tracker):
             tags={
                 schema.TAG_SWEEP_ID: self.sweep_id,
                 schema.TAG_ROLE: schema.ROLE_SWEEP,
-                schema.TAG_STATUS: "RUNNING",
+                schema.TAG_STATUS: SweepStatus.RUNNING,
                 schema.TAG_TRIALS_PLANNED: str(self.spec.n_trials),
                 **({schema.TAG_FINGERPRINT: self.fingerprint} if self.fingerprint else {}),
                 **self.spec.tracking.tags,
@@ -142,10 +144,10 @@ class MlflowTracker(Tracker):
                 self.child_runs[tid] = r.info.run_id
                 hist = self.client.get_metric_history(r.info.run_id, schema.METRIC_VAL_LOSS)
                 self.last_step[tid] = max((m.step for m in hist), default=-1)
-                if r.info.status != "RUNNING":
+                if r.info.status != schema.MLFLOW_RUN_RUNNING:
                     self.ended.add(tid)
-        self.client.update_run(parent_run_id, status="RUNNING")
-        self.client.set_tag(parent_run_id, schema.TAG_STATUS, "RUNNING")
+        self.client.update_run(parent_run_id, status=schema.MLFLOW_RUN_RUNNING)
+        self.client.set_tag(parent_run_id, schema.TAG_STATUS, SweepStatus.RUNNING)
 
     def find_sweep(self) -> tuple[str, str] | None:
         """``(experiment id, parent run id)`` of this sweep id's parent run in the spec's experiment, or None."""
@@ -181,7 +183,7 @@ class MlflowTracker(Tracker):
 
             def reopen() -> None:
                 rid = self._run_id(trial_id)
-                self.client.update_run(rid, status="RUNNING")
+                self.client.update_run(rid, status=schema.MLFLOW_RUN_RUNNING)
                 self.client.set_tag(rid, schema.TAG_STATUS, schema.TRIAL_RUNNING)
                 # the stop that ended it ("sweep ended before the trial") is over: a stale error would stay
                 # on a trial that then completes
@@ -304,12 +306,12 @@ class MlflowTracker(Tracker):
             return
         self.ended.add(trial_id)
         mlflow_statuses: dict[str, str] = {
-            schema.TRIAL_COMPLETED: "FINISHED",
-            schema.TRIAL_DIVERGED: "FINISHED",
-            schema.TRIAL_PRUNED: "FINISHED",
-            schema.TRIAL_FAILED: "FAILED",
+            schema.TRIAL_COMPLETED: schema.MLFLOW_RUN_FINISHED,
+            schema.TRIAL_DIVERGED: schema.MLFLOW_RUN_FINISHED,
+            schema.TRIAL_PRUNED: schema.MLFLOW_RUN_FINISHED,
+            schema.TRIAL_FAILED: schema.MLFLOW_RUN_FAILED,
         }
-        mlflow_status = mlflow_statuses.get(status, "KILLED")
+        mlflow_status = mlflow_statuses.get(status, schema.MLFLOW_RUN_KILLED)
 
         def end() -> None:
             rid = self._run_id(trial_id)
@@ -360,13 +362,16 @@ class MlflowTracker(Tracker):
             )
             for r in runs:
                 want = wanted.get(r.data.tags.get(schema.TAG_TRIAL_ID, ""))
-                if want is None or (r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != "RUNNING"):
+                if want is None or (
+                    r.data.tags.get(schema.TAG_STATUS) == want and r.info.status != schema.MLFLOW_RUN_RUNNING
+                ):
                     continue
                 self.client.set_tag(r.info.run_id, schema.TAG_STATUS, want)
                 if want != schema.TRIAL_FAILED and schema.TAG_ERROR in r.data.tags:
                     self.client.delete_tag(r.info.run_id, schema.TAG_ERROR)
                 self.client.set_terminated(
-                    r.info.run_id, status="FAILED" if want == schema.TRIAL_FAILED else "FINISHED"
+                    r.info.run_id,
+                    status=schema.MLFLOW_RUN_FAILED if want == schema.TRIAL_FAILED else schema.MLFLOW_RUN_FINISHED,
                 )
 
         self.outbox.put("settle child runs", settle)
@@ -407,7 +412,7 @@ class MlflowTracker(Tracker):
                 # cut short by a stop or a budget (a paused trial waiting at a rung, too); FAILED if the sweep crashed
                 self.trial_ended(
                     tid,
-                    schema.TRIAL_FAILED if status == "FAILED" else schema.TRIAL_STOPPED,
+                    schema.TRIAL_FAILED if status == SweepStatus.FAILED else schema.TRIAL_STOPPED,
                     error="sweep ended before the trial",
                 )
 
@@ -420,7 +425,11 @@ class MlflowTracker(Tracker):
             if artifacts_dir:
                 self.client.log_artifacts(pid, artifacts_dir)
             self.client.set_tag(pid, schema.TAG_STATUS, status)
-            self.client.set_terminated(pid, status={"SUCCEEDED": "FINISHED", "FAILED": "FAILED"}.get(status, "KILLED"))
+            ended_as: dict[str, str] = {
+                SweepStatus.SUCCEEDED: schema.MLFLOW_RUN_FINISHED,
+                SweepStatus.FAILED: schema.MLFLOW_RUN_FAILED,
+            }
+            self.client.set_terminated(pid, status=ended_as.get(status, schema.MLFLOW_RUN_KILLED))
 
         self.outbox.put("parent summary", summary_write)
         return self.outbox.drain(timeout_s=self.drain_s if drain_s is None else drain_s)
@@ -452,8 +461,8 @@ class MlflowTrialCallback(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self.tracker.trial_result(trial.trial_id, result)
         if (
-            trial.status == "PAUSED"
-        ):  # waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
+            trial.status == Trial.PAUSED
+        ):  # Tune's status: waits at a rung for its batch size (pruning.mode: pause); RUNNING again on resume
             self.tracker.trial_paused(trial.trial_id)
 
     def on_trial_complete(self, iteration, trials, trial, **info):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from critbatch import main
 from critbatch.common import out
+from sweeps.spec.result import CbsResult
 
 CBS = {
     "target_loss": 2.4,
@@ -35,4 +36,12 @@ def test_the_summary_names_b_crit_for_sizing_and_explains_the_other_two(capsys):
 
 
 def test_without_the_other_numbers_nothing_is_printed_beside():
-    assert main._beside_b_crit({"b_crit": 10.0}) == ""
+    assert main._beside_b_crit(CbsResult(b_crit=10.0)) == ""
+
+
+def test_a_comparison_prints_its_message_and_files_only():
+    """A comparison's ``cbs`` has a target loss but no b_crit of its own: its arms' reports carry the numbers."""
+    comparison = {"kind": "comparison", "reference_arm": "a", "targets": [2.4], "target_loss": 2.4, "arms": []}
+    with out.capture() as cap:
+        main._print_summary({"cbs": comparison, "message": "b: b_crit 12 vs a 11", "output": "/o"})
+    assert cap.get().splitlines() == ["b: b_crit 12 vs a 11", "wrote /o/cbs.json and /o/report.html"]

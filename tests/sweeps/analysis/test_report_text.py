@@ -10,6 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sweeps.analysis.report import PLOT_CAPTIONS, _b_crit_by_target, write_report
@@ -284,3 +285,21 @@ def test_the_wide_tables_scroll_inside_their_own_box(report):
     per_batch = page.split("<h2>Per batch size</h2>", 1)[1]
     assert re.match(r'<p>[^<]*</p>\s*<div class="table-scroll"><table><tr><th>B \(seq\)</th>', per_batch)
     assert per_batch.split("</table>", 1)[1].startswith("</div>")
+
+
+def test_the_local_cbs_plot_draws_each_branch_point_of_cbs_json():
+    from sweeps.analysis.report import _local_cbs
+
+    cbs = CbsResult.model_validate(
+        {
+            "local_cbs": [
+                {"tokens_seen": 0, "k_star": 2, "local_cbs_sequences": 16},
+                {"tokens_seen": 8192, "k_star": 4, "local_cbs_sequences": 32},
+            ]
+        }
+    )
+    fig = _local_cbs(cbs.local_cbs or [])
+    assert fig is not None
+    (line,) = fig.axes[0].lines
+    assert np.asarray(line.get_xdata()).tolist() == [0, 8192] and np.asarray(line.get_ydata()).tolist() == [16, 32]
+    assert _local_cbs([]) is None

@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.analysis import CbsResult, finite_result, with_sweep_fields
-from sweeps.spec.result import BestCheckpoint, MlflowRuns, TargetFit
+from sweeps.analysis import CbsResult, finite_json, finite_result, with_sweep_fields
+from sweeps.spec.result import (
+    BestCheckpoint,
+    ComparisonResult,
+    LocalCbsPoint,
+    MlflowRuns,
+    TargetFit,
+    is_comparison_record,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -75,3 +82,51 @@ def test_the_sweeps_additions_take_their_place_whatever_the_order_given():
 def test_non_finite_floats_are_written_as_null():
     result = finite_result(CbsResult(b_crit=float("nan"), s_min=float("inf"), status="ok"))
     assert result.to_json_dict() == {"b_crit": None, "s_min": None, "status": "ok"}
+
+
+def test_a_local_cbs_series_is_typed_and_written_as_branching_gave_it():
+    """``critbatch branch`` adds ``local_cbs`` to a sweep's ``cbs.json``: integer multipliers and token counts
+    stay integers in the file (``2``, not ``2.0``), a branch without a loss stays null."""
+    base = CbsResult.model_validate(json.loads((FIXTURES / "shakespeare_cbs.json").read_text()))
+    series = [
+        {
+            "tokens_seen": 4096,
+            "k_star": 2,
+            "local_cbs_sequences": 16,
+            "losses": {"1": 2.5, "2": 2.49, "4": None},
+            "tokens_seen_at_loss": {"1": 8192, "2": 8192, "4": None},
+        }
+    ]
+    result = with_sweep_fields(base, local_cbs=series)
+    (point,) = result.local_cbs or []
+    assert isinstance(point, LocalCbsPoint) and point.k_star == 2 and point.losses == {"1": 2.5, "2": 2.49, "4": None}
+    assert json.loads(_written(result))["local_cbs"] == series
+    assert '"k_star": 2,' in _written(result) and '"local_cbs_sequences": 16,' in _written(result)
+
+
+def _comparison() -> dict:
+    """A comparison's ``cbs.json`` as :func:`sweeps.analysis.compare.compare_arms` and the comparison write it:
+    a fitted reference arm, one arm without trials."""
+    from sweeps.analysis.compare import compare_arms
+
+    ref = CbsResult.model_validate(json.loads((FIXTURES / "shakespeare_cbs.json").read_text()))
+    info = {"sync": "ddp", "sync_every_steps": 1, "replicas": 1, "optimizer": "adamw", "status": "SUCCEEDED"}
+    info |= {"optimizer_state_bytes_per_param": 8, "comm_bytes_per_step": None, "sweep_id": "c.ref"}
+    other = {**info, "sync": "local_sgd", "sync_every_steps": 4, "status": "FAILED", "sweep_id": "c.other"}
+    comparison = compare_arms([("ref", info, ref), ("other", other, None)])
+    return {**comparison, "comparison_id": "c", "name": "n", "arm_outputs": {"ref": "/o/ref", "other": "/o/other"}}
+
+
+def test_a_comparisons_cbs_json_reserializes_to_the_same_bytes_and_reads_through_attributes():
+    raw = json.loads(json.dumps(finite_json(_comparison())))
+    record = ComparisonResult.model_validate(raw)
+    assert json.dumps(finite_json(record), indent=2) == json.dumps(raw, indent=2)
+    assert is_comparison_record(raw) and is_comparison_record(record) and not is_comparison_record({"b_crit": 1.0})
+    ref, other = record.arms
+    i = record.primary_index()
+    assert record.targets[i] == record.target_loss and ref.targets[i].b_crit == raw["arms"][0]["targets"][i]["b_crit"]
+    assert (
+        ref.targets[0].points and ref.targets[0].points[0].syncs_to_target == ref.targets[0].points[0].steps_to_target
+    )
+    assert [t.status for t in other.targets] == ["not_analysed"] * len(record.targets)
+    assert record.by_target[0].arms["other"].b_crit is None and ref.optimizer_state_bytes_per_param == 8

@@ -1,11 +1,12 @@
 import json
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from critbatch.main import app
-from sweeps.run.branching import local_cbs_multiplier
+from sweeps.run.branching import _add_local_cbs, local_cbs_multiplier
 from tests.conftest import write_spec
 
 
@@ -84,3 +85,58 @@ def test_branching_refuses_a_window_a_branch_cannot_end_on(tmp_path, tiny_spec_d
     )
     assert "use a multiple of 512 tokens" in r.output
     assert not (tmp_path / "out").exists() and not (tmp_path / "ml.db").exists()
+
+
+def test_the_local_cbs_series_is_added_to_cbs_json_and_the_rest_kept_byte_for_byte(tmp_path):
+    """``critbatch branch --output OUT`` on a sweep's OUT: ``cbs.json`` gains ``local_cbs`` (integers stay
+    integers); every other key keeps its bytes."""
+    fixture = Path(__file__).parents[1] / "analysis" / "fixtures" / "shakespeare_cbs.json"
+    before = json.loads(fixture.read_text())
+    before.pop("local_cbs", None)
+    cbs_path = tmp_path / "cbs.json"
+    cbs_path.write_text(json.dumps(before, indent=2))
+    series = [
+        {
+            "tokens_seen": 0,
+            "k_star": 4,
+            "local_cbs_sequences": 32,
+            "losses": {"1": 2.5, "2": 2.49, "4": 2.495},
+            "tokens_seen_at_loss": {"1": 4096, "2": 4096, "4": 4096},
+        },
+        {"tokens_seen": 8192, "k_star": None, "local_cbs_sequences": None, "losses": {"1": None}},
+    ]
+    _add_local_cbs(cbs_path, series)
+    after = json.loads(cbs_path.read_text())
+    assert after.pop("local_cbs") == series
+    assert json.dumps(after, indent=2) == json.dumps(before, indent=2)
+    assert '"k_star": 4,' in cbs_path.read_text()
+
+
+def test_a_base_run_from_a_sweep_takes_the_best_config_of_its_nearest_batch_size(tmp_path, tiny_spec_dict):
+    """``critbatch branch --from RUN``: the sweep's ``cbs.json`` artifact gives the best configuration at the batch
+    size nearest ``B0`` (in log), its LR carried to ``B0`` by the square-root rule and beta2 by the token half-life."""
+    import math
+
+    from sweeps.errors import InvalidInput
+    from sweeps.run.branching import _base_hyperparameters
+    from sweeps.spec import load_spec
+    from workloads.api import beta2_from_half_life
+
+    fixture = Path(__file__).parents[1] / "analysis" / "fixtures" / "shakespeare_cbs.json"
+
+    class Client:
+        def __init__(self, cbs: dict) -> None:
+            self.cbs = cbs
+
+        def download_artifacts(self, run_id: str, path: str, dst: str) -> str:
+            assert (run_id, path) == ("run-1", "cbs.json")
+            (Path(dst) / path).write_text(json.dumps(self.cbs))
+            return str(Path(dst) / path)
+
+    spec = load_spec(write_spec(tmp_path, tiny_spec_dict))
+    cbs = json.loads(fixture.read_text())
+    hp = _base_hyperparameters(spec, 10, "run-1", Client(cbs))  # B = 8 is the nearest to 10 (then 16)
+    assert hp["lr_multiplier"] == 1.0 and hp["lr"] == pytest.approx(0.002121320343559643 * math.sqrt(10 / 8))
+    assert hp["beta2"] == pytest.approx(beta2_from_half_life(32768.0, 10, spec.model.context_length_tokens))
+    with pytest.raises(InvalidInput, match="no completed batch size"):
+        _base_hyperparameters(spec, 10, "run-1", Client({**cbs, "per_batch": []}))
