@@ -282,24 +282,19 @@ def schedule(
     measured by branching stays at or above it. The files give the same ramp in each trainer's
     own format.
     """
-    import yaml
-
     from critbatch.common import console, fail_invalid
     from sweeps.errors import InvalidInput, WriteFailed
-    from sweeps.files import write_atomic, write_json
-    from sweeps.scaling.schedule import ramp_formats
+    from sweeps.files import write_atomic
+    from sweeps.scaling.schedule import ramp_formats, schedule_files
 
     try:
         ramp = _ramp(scale_json, local_cbs, total_tokens, tokens_per_sequence, max_batch)
     except InvalidInput as exc:
         fail_invalid(exc)
-    formats = ramp_formats(ramp)
     try:
         output.mkdir(parents=True, exist_ok=True)
-        write_json(output / "schedule.json", formats["json"])
-        write_atomic(output / "megatron.txt", f'--step-batch-size-schedule "{formats["megatron"]}"\n')
-        write_json(output / "olmo_core.json", formats["olmo_core"])
-        write_atomic(output / "levanter.yaml", yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False))
+        for name, text in schedule_files(ramp_formats(ramp)).items():
+            write_atomic(output / name, text)
     except (OSError, WriteFailed) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None

@@ -1,5 +1,5 @@
-"""A batch-size ramp that stays under the critical batch size as training proceeds, from a study's law, in the
-formats trainers read.
+"""A batch-size ramp that stays under the critical batch size as training proceeds, from a study's law and/or the
+local critical batch size measured by branching, in the formats trainers read.
 
 The critical batch size grows with the tokens a run has seen (Merrill et al. 2025, "Critical batch size revisited",
 arXiv 2505.23971: the local CBS grows early in training and then levels off; Zhang et al. 2024 and Bergsma et al.
@@ -8,7 +8,9 @@ seen so far, which is an approximation: the law was measured across runs of budg
 stage doubles the global batch and starts once the *lower* end of the law's prediction interval at the tokens
 seen reaches the new batch size, so the ramp stays under the critical batch size with the interval's confidence,
 not only under its point estimate. Doubling keeps every stage an integer multiple of the one before (OLMo-core's
-scheduler requires it).
+scheduler requires it); where several doublings fall on the same step only the last is kept (x4, x8: still
+integer multiples). :func:`bounded_ramp` reads the local CBS that ``critbatch branch`` measures along one run
+(Merrill et al. 2025, section 3.1) instead of, or as well as, the law.
 
 Steps are counted as tokens / (batch size x tokens per sequence) per stage. The fixed batch it is compared with is
 the largest that stays under the critical batch size from the start (the ramp's first stage): the ramp trains the
@@ -19,6 +21,7 @@ eq. 2.11: ``E = E_min (1 + B / b_crit)``); that cost is not counted here.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +36,7 @@ __all__ = [
     "local_cbs_points",
     "local_ceiling_sequences",
     "ramp_formats",
+    "schedule_files",
 ]
 
 
@@ -75,14 +79,21 @@ def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float)
 
 def _on_whole_steps(
     stages: list[tuple[float, int]], total_tokens: float, tokens_per_sequence: int
-) -> tuple[list[Stage], int]:
-    """``(start tokens, batch)`` pairs as :class:`Stage` s, each starting on a whole step of the one before it (at
-    the first step boundary at or after its planned start), and the run's steps."""
+) -> tuple[list[tuple[int, Stage]], int]:
+    """``(start tokens, batch)`` pairs as :class:`Stage` s, each with its index in ``stages``, and the run's steps.
+
+    Each stage starts on a whole step of the one before it (the first step boundary at or after its planned start).
+    A stage that would get no step (the next starts at the same step boundary, or the run is over) is left out:
+    Megatron-LM's and OLMo-core's schedule parsers refuse two stages at the same tokens, and the next stage is an
+    integer multiple of the one before the stage left out.
+    """
     out, steps, pos = [], 0, 0
     for i, (_, b) in enumerate(stages):
-        out.append(Stage(start_tokens=pos, batch_size_sequences=b, start_step=steps))
         end = stages[i + 1][0] if i + 1 < len(stages) else total_tokens
         n = math.ceil(max(end - pos, 0) / (b * tokens_per_sequence))
+        if n == 0 and i > 0:
+            continue
+        out.append((i, Stage(start_tokens=pos, batch_size_sequences=b, start_step=steps)))
         steps, pos = steps + n, pos + n * b * tokens_per_sequence
     return out, steps
 
@@ -94,7 +105,7 @@ def batch_size_ramp(
 
     The first stage is the largest power of two under the ceiling at the smallest budget the study measured (below
     it the law is not known); each next stage doubles it, up to ``max_batch_size_sequences`` (default: under the
-    ceiling at ``total_tokens``).
+    ceiling at ``total_tokens``); doublings that fall on the same step are one stage.
 
     Returns:
         ``stages`` (:class:`Stage` as dicts), ``steps``, ``fixed_batch_size_sequences`` and ``fixed_steps`` (the
@@ -134,7 +145,7 @@ def batch_size_ramp(
     out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
     fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
     return {
-        "stages": [s.__dict__ for s in out],
+        "stages": [s.__dict__ for _, s in out],
         "steps": steps,
         "total_tokens": total_tokens,
         "tokens_per_sequence": tokens_per_sequence,
@@ -261,7 +272,7 @@ def bounded_ramp(
     out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
     fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
     return {
-        "stages": [{**s.__dict__, "bound": b} for s, b in zip(out, sources)],
+        "stages": [{**s.__dict__, "bound": sources[i]} for i, s in out],
         "steps": steps,
         "total_tokens": total_tokens,
         "tokens_per_sequence": tokens_per_sequence,
@@ -306,8 +317,8 @@ def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
 
     The OLMo-core config carries the ``_CLASS_`` fields its own config loader needs to build the callback and its
     ``Duration`` s (``TrainerConfig.from_dict`` with it under ``callbacks``), as its ``as_config_dict`` writes them.
-    OLMo-core doubles the batch only after an even number of batches at the old size, so where a stage starts
-    after an odd number it switches one step later (never earlier) than the JSON ramp says."""
+    OLMo-core raises the batch k-fold only after a multiple of k batches at the old size, so where a stage starts
+    after another count it switches up to k - 1 steps later (never earlier) than the JSON ramp says."""
     t = ramp["tokens_per_sequence"]
     stages = ramp["stages"]
     return {
@@ -324,4 +335,18 @@ def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
             "train_batch_size": [{"start": s["start_step"], "value": s["batch_size_sequences"]} for s in stages]
         },
         "json": ramp,
+    }
+
+
+def schedule_files(formats: dict[str, Any]) -> dict[str, str]:
+    """The files ``critbatch schedule`` writes, name -> text, from :func:`ramp_formats`: ``schedule.json``,
+    ``megatron.txt`` (the argument as a command line carries it), ``olmo_core.json`` and ``levanter.yaml`` (under
+    ``trainer:``, where Levanter's ``TrainerConfig`` reads ``train_batch_size``)."""
+    import yaml
+
+    return {
+        "schedule.json": json.dumps(formats["json"], indent=2),
+        "megatron.txt": f'--step-batch-size-schedule "{formats["megatron"]}"\n',
+        "olmo_core.json": json.dumps(formats["olmo_core"], indent=2),
+        "levanter.yaml": yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False),
     }

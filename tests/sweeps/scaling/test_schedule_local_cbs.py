@@ -92,6 +92,13 @@ def test_with_a_law_the_ramp_stays_under_the_lower_of_the_two_and_says_which():
     assert ramp_formats(ramp)["megatron"].split()[0] == f"0:{stages[0]['batch_size_sequences']}"
 
 
+def test_doublings_that_fall_on_one_step_are_one_stage():
+    # the law's lower end is about 19 sequences at 1e6 tokens, where the local CBS lets go of 2
+    ramp = bounded_ramp(3e7, 64, result=_law(), local_cbs=[(0.0, 2.0), (1e6, 64.0), (1e7, 4096.0)])
+    assert [(s["batch_size_sequences"], s["bound"]) for s in ramp["stages"]] == [(2, "local_cbs"), (16, "law")]
+    assert ramp["stages"][1]["start_tokens"] >= 1e6
+
+
 def test_no_bound_or_bad_sizes_are_refused():
     with pytest.raises(InvalidInput, match="scale.json, a branch run's local CBS"):
         bounded_ramp(1e6, 64)
