@@ -259,7 +259,7 @@ def bounded_ramp(
     held = [_bounds_at(result, local_cbs, t) for t in grid]
     for i in range(len(held) - 2, -1, -1):  # the bound's minimum over the rest of the run
         held[i] = min(held[i], held[i + 1])
-    first_bound = held[0][0]
+    first_bound = held[0][0]  # the 1e-9s below: a bound equal to a power of two at a measured point stays equal
     first = 2 ** math.floor(math.log2(first_bound * (1 + 1e-9))) if first_bound >= 1 else 1
     top = max_batch_size_sequences or 2 ** math.floor(math.log2(max(held[-1][0] * (1 + 1e-9), first)))
     stages, sources, i = [(0.0, first)], [held[0][1]], 0
@@ -296,6 +296,7 @@ _BOUNDED_NOTE = (
 def _bounded_warnings(
     first_bound: float, local_cbs: list[tuple[float, float]] | None, total_tokens: float
 ) -> list[str]:
+    """What :func:`bounded_ramp`'s numbers cannot show: a start under one sequence, a run past the last point."""
     notes = []
     if first_bound < 1:
         notes.append(
