@@ -222,8 +222,55 @@ def scale(
     console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
 
 
+def _read_local_cbs(path: Path) -> list[tuple[float, float]]:
+    """``--local-cbs``: ``critbatch branch``'s points from a ``cbs.json`` or ``branch.json``, or the folder that
+    holds one (its ``cbs.json`` when that has them, else its ``branch.json``). Raises InvalidInput."""
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling.schedule import local_cbs_points
+
+    files = [path / "cbs.json", path / "branch.json"] if path.is_dir() else [path]
+    for file in files:
+        try:
+            doc = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("local_cbs"):
+            return local_cbs_points(doc["local_cbs"])
+    raise InvalidInput(f"--local-cbs {path}: no local_cbs in {' or '.join(str(f) for f in files)} (critbatch branch)")
+
+
+def _ramp(scale_json: Path | None, local_cbs: Path | None, total_tokens: float, tokens_per_sequence: int, top):
+    """The ramp the command's inputs ask for: the law's alone (:func:`batch_size_ramp`) or under the local CBS too
+    (:func:`bounded_ramp`). Raises InvalidInput."""
+    from sweeps.errors import InvalidInput
+    from sweeps.scaling.schedule import batch_size_ramp, bounded_ramp
+
+    result = None
+    if scale_json is not None:
+        try:
+            result = json.loads(scale_json.read_text(encoding="utf-8"))
+            result["gamma"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidInput(f"{scale_json}: not a study's scale.json ({exc})") from None
+    if local_cbs is None:
+        if result is None:
+            raise InvalidInput("give a study's scale.json, --local-cbs BRANCH_OUTPUT, or both")
+        return batch_size_ramp(result, total_tokens, tokens_per_sequence, top)
+    points = _read_local_cbs(local_cbs)
+    return bounded_ramp(
+        total_tokens, tokens_per_sequence, result=result, local_cbs=points, max_batch_size_sequences=top
+    )
+
+
 def schedule(
-    scale_json: Path = typer.Argument(..., help="a study's scale.json (critbatch scale)"),
+    scale_json: Path | None = typer.Argument(
+        None, metavar="[SCALE_JSON]", help="a study's scale.json (critbatch scale)"
+    ),
+    local_cbs: Path | None = typer.Option(
+        None,
+        "--local-cbs",
+        help="critbatch branch's output (folder, cbs.json or branch.json): stay under its local CBS too",
+    ),
     total_tokens: float = typer.Option(..., "--total-tokens", help="the production run's training tokens"),
     tokens_per_sequence: int = typer.Option(
         ..., "--tokens-per-sequence", help="the production run's sequence length (tokens)"
@@ -240,37 +287,32 @@ def schedule(
     """A batch-size ramp under b_crit, in trainers' formats.
 
     Each stage doubles the global batch once the lower end of the law's prediction interval at
-    the tokens seen reaches it; the files give the same ramp in each trainer's own format.
+    the tokens seen reaches it; with --local-cbs, once the lower of that and the local CBS
+    measured by branching stays at or above it. The files give the same ramp in each trainer's
+    own format.
     """
-    import yaml
-
     from critbatch.common import console, fail_invalid
     from sweeps.errors import InvalidInput, WriteFailed
-    from sweeps.files import write_atomic, write_json
-    from sweeps.scaling.schedule import batch_size_ramp, ramp_formats
+    from sweeps.files import write_atomic
+    from sweeps.scaling.schedule import ramp_formats, schedule_files
 
     try:
-        try:
-            result = json.loads(scale_json.read_text(encoding="utf-8"))
-            result["gamma"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InvalidInput(f"{scale_json}: not a study's scale.json ({exc})") from None
-        ramp = batch_size_ramp(result, total_tokens, tokens_per_sequence, max_batch)
+        ramp = _ramp(scale_json, local_cbs, total_tokens, tokens_per_sequence, max_batch)
     except InvalidInput as exc:
         fail_invalid(exc)
-    formats = ramp_formats(ramp)
     try:
         output.mkdir(parents=True, exist_ok=True)
-        write_json(output / "schedule.json", formats["json"])
-        write_atomic(output / "megatron.txt", f'--step-batch-size-schedule "{formats["megatron"]}"\n')
-        write_json(output / "olmo_core.json", formats["olmo_core"])
-        write_atomic(output / "levanter.yaml", yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False))
+        for name, text in schedule_files(ramp_formats(ramp)).items():
+            write_atomic(output / name, text)
     except (OSError, WriteFailed) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     stages = ramp["stages"]
     for warning in ramp["warnings"]:
         console.print(f"warning: {warning}", markup=False, highlight=False)
+    if "bounds" in ramp:
+        held = ", ".join(f"{s['batch_size_sequences']} from {s['start_tokens']:.3g} by {s['bound']}" for s in stages)
+        console.print(f"stages held by: {held}", markup=False, highlight=False)
     console.print(
         f"{len(stages)} stages, {stages[0]['batch_size_sequences']} to {stages[-1]['batch_size_sequences']} "
         f"sequences: {ramp['steps']} steps for {total_tokens:.3g} tokens, "

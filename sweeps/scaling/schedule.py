@@ -1,5 +1,5 @@
-"""A batch-size ramp that stays under the critical batch size as training proceeds, from a study's law, in the
-formats trainers read.
+"""A batch-size ramp that stays under the critical batch size as training proceeds, from a study's law and/or the
+local critical batch size measured by branching, in the formats trainers read.
 
 The critical batch size grows with the tokens a run has seen (Merrill et al. 2025, "Critical batch size revisited",
 arXiv 2505.23971: the local CBS grows early in training and then levels off; Zhang et al. 2024 and Bergsma et al.
@@ -8,7 +8,9 @@ seen so far, which is an approximation: the law was measured across runs of budg
 stage doubles the global batch and starts once the *lower* end of the law's prediction interval at the tokens
 seen reaches the new batch size, so the ramp stays under the critical batch size with the interval's confidence,
 not only under its point estimate. Doubling keeps every stage an integer multiple of the one before (OLMo-core's
-scheduler requires it).
+scheduler requires it); where several doublings fall on the same step only the last is kept (x4, x8: still
+integer multiples). :func:`bounded_ramp` reads the local CBS that ``critbatch branch`` measures along one run
+(Merrill et al. 2025, section 3.1) instead of, or as well as, the law.
 
 Steps are counted as tokens / (batch size x tokens per sequence) per stage. The fixed batch it is compared with is
 the largest that stays under the critical batch size from the start (the ramp's first stage): the ramp trains the
@@ -19,13 +21,23 @@ eq. 2.11: ``E = E_min (1 + B / b_crit)``); that cost is not counted here.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["Stage", "batch_size_ramp", "ceiling_sequences", "ramp_formats"]
+__all__ = [
+    "Stage",
+    "batch_size_ramp",
+    "bounded_ramp",
+    "ceiling_sequences",
+    "local_cbs_points",
+    "local_ceiling_sequences",
+    "ramp_formats",
+    "schedule_files",
+]
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,27 @@ def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float)
     return None
 
 
+def _on_whole_steps(
+    stages: list[tuple[float, int]], total_tokens: float, tokens_per_sequence: int
+) -> tuple[list[tuple[int, Stage]], int]:
+    """``(start tokens, batch)`` pairs as :class:`Stage` s, each with its index in ``stages``, and the run's steps.
+
+    Each stage starts on a whole step of the one before it (the first step boundary at or after its planned start).
+    A stage that would get no step (the next starts at the same step boundary, or the run is over) is left out:
+    Megatron-LM's and OLMo-core's schedule parsers refuse two stages at the same tokens, and the next stage is an
+    integer multiple of the one before the stage left out.
+    """
+    out, steps, pos = [], 0, 0
+    for i, (_, b) in enumerate(stages):
+        end = stages[i + 1][0] if i + 1 < len(stages) else total_tokens
+        n = math.ceil(max(end - pos, 0) / (b * tokens_per_sequence))
+        if n == 0 and i > 0:
+            continue
+        out.append((i, Stage(start_tokens=pos, batch_size_sequences=b, start_step=steps)))
+        steps, pos = steps + n, pos + n * b * tokens_per_sequence
+    return out, steps
+
+
 def batch_size_ramp(
     result: dict[str, Any], total_tokens: float, tokens_per_sequence: int, max_batch_size_sequences: int | None = None
 ) -> dict[str, Any]:
@@ -72,7 +105,7 @@ def batch_size_ramp(
 
     The first stage is the largest power of two under the ceiling at the smallest budget the study measured (below
     it the law is not known); each next stage doubles it, up to ``max_batch_size_sequences`` (default: under the
-    ceiling at ``total_tokens``).
+    ceiling at ``total_tokens``); doublings that fall on the same step are one stage.
 
     Returns:
         ``stages`` (:class:`Stage` as dicts), ``steps``, ``fixed_batch_size_sequences`` and ``fixed_steps`` (the
@@ -109,15 +142,10 @@ def batch_size_ramp(
             break
         stages.append((t, batch))
         batch *= 2
-    out, steps, pos = [], 0, 0
-    for i, (_, b) in enumerate(stages):  # each stage starts on a whole step of the one before it
-        out.append(Stage(start_tokens=pos, batch_size_sequences=b, start_step=steps))
-        end = stages[i + 1][0] if i + 1 < len(stages) else total_tokens
-        n = math.ceil(max(end - pos, 0) / (b * tokens_per_sequence))
-        steps, pos = steps + n, pos + n * b * tokens_per_sequence
+    out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
     fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
     return {
-        "stages": [s.__dict__ for s in out],
+        "stages": [s.__dict__ for _, s in out],
         "steps": steps,
         "total_tokens": total_tokens,
         "tokens_per_sequence": tokens_per_sequence,
@@ -130,20 +158,196 @@ def batch_size_ramp(
     }
 
 
+def local_cbs_points(local_cbs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """``(tokens_seen, local_cbs_sequences)`` pairs, sorted by tokens, from ``critbatch branch``'s ``local_cbs``
+    list (its ``branch.json`` or a sweep's ``cbs.json``); points with no local CBS (no branch ended with a finite
+    loss) are left out.
+
+    Raises:
+        InvalidInput: not a list of such points, or none left with a local CBS.
+    """
+    try:
+        points = sorted(
+            (float(p["tokens_seen"]), float(p["local_cbs_sequences"]))
+            for p in local_cbs
+            if p["local_cbs_sequences"] is not None
+        )
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"local_cbs: not critbatch branch's list of points ({exc!r})") from None
+    if not points:
+        raise InvalidInput("local_cbs: no point has a local CBS (no branch ended with a finite loss)")
+    if any(t < 0 or not b > 0 for t, b in points) or len({t for t, _ in points}) != len(points):
+        raise InvalidInput(f"local_cbs: tokens_seen must be distinct and >= 0, sizes positive, got {points}")
+    return points
+
+
+def local_ceiling_sequences(points: list[tuple[float, float]], tokens: float) -> float:
+    """The measured local CBS (sequences) at ``tokens`` seen, from :func:`local_cbs_points`.
+
+    Between measured points it is interpolated linearly in log tokens and log batch size; from a point at 0 tokens
+    to the next it is the lower of the two (a log scale has no 0); before the first point it is the first value and
+    beyond the last point the last value, held, not extrapolated.
+    """
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (t0, b0), (t1, b1) in zip(points, points[1:]):
+        if tokens == t1:
+            return b1
+        if tokens < t1:
+            if t0 <= 0:
+                return min(b0, b1)
+            w = math.log(tokens / t0) / math.log(t1 / t0)
+            return math.exp(math.log(b0) + w * math.log(b1 / b0))
+    return points[-1][1]
+
+
+def _bounds_at(
+    result: dict[str, Any] | None, points: list[tuple[float, float]] | None, tokens: float
+) -> tuple[float, str]:
+    """The lower of the bounds given at ``tokens`` (sequences) and which it is: ``law`` (the lower end of the law's
+    prediction interval, read at the smallest budget studied below it) or ``local_cbs``."""
+    found = []
+    if result is not None:
+        smallest = min(m["tokens"] for m in result["members"])
+        found.append((ceiling_sequences(result, max(tokens, smallest)), "law"))
+    if points is not None:
+        found.append((local_ceiling_sequences(points, tokens), "local_cbs"))
+    return min(found)
+
+
+def bounded_ramp(
+    total_tokens: float,
+    tokens_per_sequence: int,
+    *,
+    result: dict[str, Any] | None = None,
+    local_cbs: list[tuple[float, float]] | None = None,
+    max_batch_size_sequences: int | None = None,
+) -> dict[str, Any]:
+    """A doubling ramp that stays under the measured local CBS (Merrill et al. 2025, section 3.1: ``critbatch
+    branch``) as tokens seen grow, and under the lower end of a study's law too where ``result`` (``scale.json``)
+    is given: under the lower of the two, at every token from its start to ``total_tokens``.
+
+    A stage of batch B starts at the first token count from which the bound stays at or above B for the rest of
+    the run (the bound's minimum over what is left, so a measured local CBS that falls again, or a law's lower end
+    that falls where its interval widens, holds a stage back). Starts are read on a grid of 2,000 log-spaced token
+    counts plus the measured points, so a stage starts up to 1 % of its tokens late, never early; then on a whole
+    step of the stage before it. Each stage's ``bound`` says which bound held it (``law`` or ``local_cbs``).
+    Batch sizes are in the sequences the bound was measured in.
+
+    Args:
+        local_cbs: :func:`local_cbs_points`; None for the law alone (read on the grid, not by bisection as
+            :func:`batch_size_ramp` does).
+
+    Returns:
+        :func:`batch_size_ramp`'s fields, with ``bound`` in each stage and ``bounds`` (which were given).
+
+    Raises:
+        InvalidInput: neither bound given, or non-positive sizes.
+    """
+    if result is None and local_cbs is None:
+        raise InvalidInput("give a study's scale.json, a branch run's local CBS (--local-cbs), or both")
+    if not (total_tokens > 0 and tokens_per_sequence > 0):
+        raise InvalidInput("--total-tokens and --tokens-per-sequence must be positive")
+    knots = [t for t, _ in local_cbs or []]
+    if result is not None:
+        knots.append(min(m["tokens"] for m in result["members"]))
+    lo = min([t for t in knots if 0 < t < total_tokens] or [total_tokens])
+    grid = sorted(
+        {0.0, total_tokens, *(t for t in knots if t < total_tokens)}
+        | {math.exp(math.log(lo) + math.log(total_tokens / lo) * i / 2000) for i in range(2001)}
+    )
+    held = [_bounds_at(result, local_cbs, t) for t in grid]
+    for i in range(len(held) - 2, -1, -1):  # the bound's minimum over the rest of the run
+        held[i] = min(held[i], held[i + 1])
+    first_bound = held[0][0]  # the 1e-9s below: a bound equal to a power of two at a measured point stays equal
+    first = 2 ** math.floor(math.log2(first_bound * (1 + 1e-9))) if first_bound >= 1 else 1
+    top = max_batch_size_sequences or 2 ** math.floor(math.log2(max(held[-1][0] * (1 + 1e-9), first)))
+    stages, sources, i = [(0.0, first)], [held[0][1]], 0
+    while stages[-1][1] * 2 <= top:
+        i = next((j for j in range(i, len(grid)) if held[j][0] >= stages[-1][1] * 2 * (1 - 1e-9)), -1)
+        if i < 0:
+            break
+        stages.append((grid[i], stages[-1][1] * 2))
+        sources.append(held[i][1])
+    out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
+    fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
+    return {
+        "stages": [{**s.__dict__, "bound": sources[i]} for i, s in out],
+        "steps": steps,
+        "total_tokens": total_tokens,
+        "tokens_per_sequence": tokens_per_sequence,
+        "fixed_batch_size_sequences": first,
+        "fixed_steps": fixed_steps,
+        "steps_saved_fraction": 1 - steps / fixed_steps,
+        "bounds": [name for name, given in (("law", result), ("local_cbs", local_cbs)) if given is not None],
+        "note": _BOUNDED_NOTE,
+        "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens),
+    }
+
+
+_BOUNDED_NOTE = (
+    "each stage starts where the lower of the bounds given stays at or above its batch size for the rest of the run: "
+    "the local CBS measured by branching (interpolated in log-log between its points, its last value held beyond "
+    "the last point, not extrapolated) and the lower end of the law's prediction interval (measured across "
+    "budgets, not along one run)"
+)
+
+
+def _bounded_warnings(
+    first_bound: float, local_cbs: list[tuple[float, float]] | None, total_tokens: float
+) -> list[str]:
+    """What :func:`bounded_ramp`'s numbers cannot show: a start under one sequence, a run past the last point."""
+    notes = []
+    if first_bound < 1:
+        notes.append(
+            f"the bound at the start is {first_bound:.2g} sequences, under one: the ramp starts at 1 sequence, "
+            "which the measurements cannot show to be under the critical batch size there"
+        )
+    if local_cbs is not None and local_cbs[-1][0] < total_tokens:
+        notes.append(
+            f"the local CBS was measured up to {local_cbs[-1][0]:.3g} tokens seen; from there to {total_tokens:.3g} "
+            f"the ramp holds its last value ({local_cbs[-1][1]:.3g} sequences) rather than extrapolate"
+        )
+    return notes
+
+
 def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
     """The ramp as Megatron-LM's ``--step-batch-size-schedule`` (token thresholds : global batch in samples), an
     OLMo-core ``BatchSizeSchedulerCallback`` config (global batch sizes in tokens, ``Duration`` in tokens), a
-    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes) and plain JSON."""
+    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes) and plain JSON.
+
+    The OLMo-core config carries the ``_CLASS_`` fields its own config loader needs to build the callback and its
+    ``Duration`` s (``TrainerConfig.from_dict`` with it under ``callbacks``), as its ``as_config_dict`` writes them.
+    OLMo-core raises the batch k-fold only after a multiple of k batches at the old size, so where a stage starts
+    after another count it switches up to k - 1 steps later (never earlier) than the JSON ramp says."""
     t = ramp["tokens_per_sequence"]
     stages = ramp["stages"]
     return {
         "megatron": " ".join(f"{s['start_tokens']}:{s['batch_size_sequences']}" for s in stages),
         "olmo_core": {
+            "_CLASS_": "olmo_core.train.callbacks.batch_size_scheduler.BatchSizeSchedulerCallback",
             "batch_sizes": [s["batch_size_sequences"] * t for s in stages],
-            "schedule": [{"value": s["start_tokens"], "unit": "tokens"} for s in stages],
+            "schedule": [
+                {"value": s["start_tokens"], "unit": "tokens", "_CLASS_": "olmo_core.train.common.Duration"}
+                for s in stages
+            ],
         },
         "levanter": {
             "train_batch_size": [{"start": s["start_step"], "value": s["batch_size_sequences"]} for s in stages]
         },
         "json": ramp,
+    }
+
+
+def schedule_files(formats: dict[str, Any]) -> dict[str, str]:
+    """The files ``critbatch schedule`` writes, name -> text, from :func:`ramp_formats`: ``schedule.json``,
+    ``megatron.txt`` (the argument as a command line carries it), ``olmo_core.json`` and ``levanter.yaml`` (under
+    ``trainer:``, where Levanter's ``TrainerConfig`` reads ``train_batch_size``)."""
+    import yaml
+
+    return {
+        "schedule.json": json.dumps(formats["json"], indent=2),
+        "megatron.txt": f'--step-batch-size-schedule "{formats["megatron"]}"\n',
+        "olmo_core.json": json.dumps(formats["olmo_core"], indent=2),
+        "levanter.yaml": yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False),
     }

@@ -158,3 +158,56 @@ def test_plan_prints_the_predicted_b_opt_beside_b_crit(tmp_path):
     assert f"at 1e+09 tokens: ~{b_opt['prediction']['b_opt']:.3g} sequences" in res.output
     notes = json.loads((tmp_path / "plan" / "plan.json").read_text())["notes"]
     assert any(n.startswith("B_opt (the batch of lowest loss at the budget") for n in notes)
+
+
+def _branch_output(folder: Path) -> Path:
+    """A branch run's folder as ``critbatch branch`` leaves it on a sweep: ``cbs.json`` with its ``local_cbs``."""
+    folder.mkdir()
+    points = [(0, 8), (64_000, 16), (128_000, None), (256_000, 64)]
+    local = [
+        {"tokens_seen": t, "k_star": b and b / 8, "local_cbs_sequences": b, "losses": {"1": 2.5}} for t, b in points
+    ]
+    (folder / "cbs.json").write_text(json.dumps({"tokens_per_sequence": 64, "local_cbs": local}))
+    return folder
+
+
+def test_schedule_stays_under_a_branch_runs_local_cbs(tmp_path):
+    branch = _branch_output(tmp_path / "branch")
+    args = ["schedule", "--local-cbs", str(branch), "--total-tokens", "1e6", "--tokens-per-sequence", "64"]
+    res = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    ramp = json.loads((tmp_path / "s" / "schedule.json").read_text())
+    assert [s["batch_size_sequences"] for s in ramp["stages"]] == [8, 16, 32, 64]
+    assert {s["bound"] for s in ramp["stages"]} == {"local_cbs"}
+    assert "holds its last value" in res.output and "stages held by: 8 from 0 by local_cbs" in res.output
+    olmo = json.loads((tmp_path / "s" / "olmo_core.json").read_text())
+    assert olmo["batch_sizes"] == [8 * 64, 16 * 64, 32 * 64, 64 * 64]
+    # with a study's law too: the lower of the two at every stage
+    from sweeps.scaling import StudyMember, scale_result
+
+    members = [
+        StudyMember(d, 4 * (d / 2.6e5) ** 0.5, (3 * (d / 2.6e5) ** 0.5, 5 * (d / 2.6e5) ** 0.5))
+        for d in (1.3e5, 2.6e5, 5.2e5)
+    ]
+    (tmp_path / "scale.json").write_text(json.dumps(scale_result(members)))
+    res = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "t"), str(tmp_path / "scale.json")])
+    assert res.exit_code == 0, res.output
+    both = json.loads((tmp_path / "t" / "schedule.json").read_text())
+    assert both["bounds"] == ["law", "local_cbs"] and both["stages"][0]["bound"] == "law"
+    assert both["stages"][0]["batch_size_sequences"] < ramp["stages"][0]["batch_size_sequences"]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "give a study's scale.json, --local-cbs BRANCH_OUTPUT, or both"),
+        (["--local-cbs", "nowhere"], "no local_cbs in nowhere"),
+    ],
+)
+def test_schedule_without_a_bound_exits_2(tmp_path, args, says):
+    res = CliRunner().invoke(
+        app,
+        ["schedule", *args, "--total-tokens", "1e6", "--tokens-per-sequence", "64", "--output", str(tmp_path / "s")],
+    )
+    assert res.exit_code == 2 and says in res.output, res.output
+    assert not (tmp_path / "s").exists()

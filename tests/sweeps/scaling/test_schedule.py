@@ -49,6 +49,9 @@ def test_the_formats_follow_each_trainers_rules():
     olmo = f["olmo_core"]
     assert len(olmo["batch_sizes"]) == len(olmo["schedule"]) and olmo["schedule"][0]["value"] == 0
     assert {d["unit"] for d in olmo["schedule"]} == {"tokens"}
+    # the class names OLMo-core's TrainerConfig.from_dict needs to build the callback and its Durations
+    assert olmo["_CLASS_"] == "olmo_core.train.callbacks.batch_size_scheduler.BatchSizeSchedulerCallback"
+    assert {d["_CLASS_"] for d in olmo["schedule"]} == {"olmo_core.train.common.Duration"}
     for a, b in zip(olmo["batch_sizes"], olmo["batch_sizes"][1:]):
         assert b > a and b % a == 0
     # Levanter: the token offset its BatchSchedule computes at each start step equals the ramp's start tokens
