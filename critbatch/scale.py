@@ -225,7 +225,7 @@ def schedule(
         help="the largest global batch (default: under the law's lower bound at --total-tokens)",
     ),
     output: Path = typer.Option(
-        ..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json and levanter.yaml"
+        ..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json, levanter.yaml and critbatch.yaml"
     ),
 ) -> None:
     """A batch-size ramp under b_crit, in trainers' formats.
@@ -256,6 +256,13 @@ def schedule(
         write_atomic(output / "megatron.txt", f'--step-batch-size-schedule "{formats["megatron"]}"\n')
         write_json(output / "olmo_core.json", formats["olmo_core"])
         write_atomic(output / "levanter.yaml", yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False))
+        block = formats["critbatch"]
+        write_atomic(
+            output / "critbatch.yaml",
+            f"# a critbatch spec block: trains this ramp with search.batch_sizes_sequences: "
+            f"[{block['final_batch_size_sequences']}] (the last stage)\n"
+            + yaml.safe_dump({"batch_warmup": block["batch_warmup"]}, sort_keys=False, default_flow_style=None),
+        )
     except (OSError, WriteFailed) as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None

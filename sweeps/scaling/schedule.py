@@ -25,7 +25,7 @@ from typing import Any
 
 from sweeps.errors import InvalidInput
 
-__all__ = ["Stage", "batch_size_ramp", "ceiling_sequences", "ramp_formats"]
+__all__ = ["Stage", "batch_size_ramp", "ceiling_sequences", "critbatch_block", "ramp_formats"]
 
 
 @dataclass(frozen=True)
@@ -130,13 +130,35 @@ def batch_size_ramp(
     }
 
 
+def critbatch_block(ramp: dict[str, Any]) -> dict[str, Any]:
+    """The ramp as critbatch's own spec block: ``batch_warmup`` (:class:`sweeps.spec.sections.BatchWarmupSpec`).
+
+    ``schedule`` is ``[[start_tokens, batch / first batch], ...]``: the loop trains ``B * multiplier / last
+    multiplier`` sequences from each threshold on, so a spec with this block trains the ramp when its trial batch
+    (``search.batch_sizes_sequences``) is the last stage's, ``final_batch_size_sequences``. A stage of no steps
+    (the stage after it starts on the same token) is left out: thresholds must increase.
+
+    Returns:
+        ``{"batch_warmup": {"schedule": [[tokens, multiplier], ...]}, "final_batch_size_sequences": int}``.
+    """
+    stages = ramp["stages"]
+    kept = [s for s, nxt in zip(stages, stages[1:]) if nxt["start_tokens"] > s["start_tokens"]] + [stages[-1]]
+    first = kept[0]["batch_size_sequences"]
+    return {
+        "batch_warmup": {"schedule": [[int(s["start_tokens"]), s["batch_size_sequences"] // first] for s in kept]},
+        "final_batch_size_sequences": kept[-1]["batch_size_sequences"],
+    }
+
+
 def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
     """The ramp as Megatron-LM's ``--step-batch-size-schedule`` (token thresholds : global batch in samples), an
     OLMo-core ``BatchSizeSchedulerCallback`` config (global batch sizes in tokens, ``Duration`` in tokens), a
-    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes) and plain JSON."""
+    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes), critbatch's own
+    ``batch_warmup`` block (:func:`critbatch_block`) and plain JSON."""
     t = ramp["tokens_per_sequence"]
     stages = ramp["stages"]
     return {
+        "critbatch": critbatch_block(ramp),
         "megatron": " ".join(f"{s['start_tokens']}:{s['batch_size_sequences']}" for s in stages),
         "olmo_core": {
             "batch_sizes": [s["batch_size_sequences"] * t for s in stages],
