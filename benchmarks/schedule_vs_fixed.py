@@ -1,0 +1,266 @@
+"""A batch-size ramp against a fixed batch, trained: the main job's model and data, the same tokens, several seeds.
+
+    python benchmarks/schedule_vs_fixed.py STUDY [--tokens 1048576] [--seeds 0 1 2] [--json FILE]
+
+STUDY is a finished ``critbatch scale`` folder of the main job (``scale.json`` and ``members/tokens-*/`` with
+``cbs.json`` and ``spec.yaml``). Two ramps, each in critbatch's own ``batch_warmup`` block
+(``sweeps.scaling.schedule.critbatch_block``):
+
+* ``law``: ``critbatch schedule STUDY/scale.json --total-tokens TOKENS``: each stage doubles the batch once the
+  lower end of the law's 95 % prediction interval, read at the tokens seen, reaches it.
+* ``points``: the members' measured ``b_crit`` read at the tokens seen (log-linear between budgets, the smallest
+  member's below it): the first stage is the largest power of two under the smallest budget's ``b_crit``, and each
+  stage doubles the batch once the interpolated ``b_crit`` reaches it.
+
+Each ramp is trained against a fixed batch at its first stage (what it is compared with: the same tokens in more
+steps) and a fixed batch at its last stage. Every run is the member's spec (``members/tokens-TOKENS/spec.yaml``:
+model, data, LR warmup, weight EMA, milestones) built into a trial as a sweep builds it
+(``sweeps.launch.trainable.trial_config``) and trained in this process (``workloads.pretrain.train_in_process``):
+the LR of a fixed batch is the member's tuned best LR at that batch size (``lr_per_batch``; outside the swept
+sizes, scaled from the nearest swept size by the square-root rule); a ramp's peak LR is the tuned LR of its last
+stage, and the loop scales it to each earlier stage by the trial's rule (``sqrt``, ``workloads.train.scaling.
+scaled_lr``); beta2 keeps the member's token half-life at every batch. The noise-scale estimator is off (it
+measures, it does not change the step).
+
+Prints per arm: optimizer steps, final validation loss (EMA weights; mean and sample standard deviation over the
+seeds), wall time, then the validation loss at every milestone, then each ramp against its two fixed batches:
+the mean paired difference (ramp - fixed, same seed) with a two-sided 95 % t interval over seeds. ``--json`` writes
+every run's reports as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def interpolated_b_crit(points: list[tuple[float, float]], tokens: float) -> float:
+    """``b_crit`` (sequences) at ``tokens``: log-linear between the ``(budget_tokens, b_crit)`` points (sorted by
+    budget), the first point's value below the first budget and the last segment's line beyond the last."""
+    if tokens <= points[0][0]:
+        return points[0][1]
+    for (d0, b0), (d1, b1) in zip(points, points[1:]):
+        if tokens <= d1 or (d1, b1) == points[-1]:
+            f = math.log(tokens / d0) / math.log(d1 / d0)
+            return math.exp(math.log(b0) + f * math.log(b1 / b0))
+    return points[0][1]  # one point: constant
+
+
+def points_ramp(points: list[tuple[float, float]], total_tokens: int, tokens_per_sequence: int) -> dict[str, Any]:
+    """A doubling ramp under the measured ``b_crit`` points, in the shape of
+    ``sweeps.scaling.schedule.batch_size_ramp``'s ``stages`` (each stage starts on a whole step of the one before)."""
+    first = 2 ** math.floor(math.log2(points[0][1]))
+    stages, pos, steps, b = [], 0, 0, first
+    while True:
+        stages.append({"start_tokens": pos, "batch_size_sequences": b, "start_step": steps})
+        lo, hi = float(max(pos, 1)), float(total_tokens)
+        if interpolated_b_crit(points, hi) < 2 * b:
+            break
+        for _ in range(60):  # the first tokens at which b_crit reaches 2b (it grows with the tokens)
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if interpolated_b_crit(points, mid) >= 2 * b else (mid, hi)
+        n = math.ceil((hi - pos) / (b * tokens_per_sequence))
+        pos, steps, b = pos + n * b * tokens_per_sequence, steps + n, 2 * b
+    steps += math.ceil((total_tokens - pos) / (b * tokens_per_sequence))
+    return {"stages": stages, "steps": steps, "tokens_per_sequence": tokens_per_sequence, "total_tokens": total_tokens}
+
+
+def tuned_lr(cbs: dict[str, Any], batch_size_sequences: int) -> tuple[float, str]:
+    """The member's best LR at a batch size (``cbs.json`` ``lr_per_batch``), or the nearest swept size's scaled by
+    ``(B / B_swept) ** 0.5`` (Malladi et al. 2022); with where it came from."""
+    rows = {r["batch_size_sequences"]: r["best_lr"] for r in cbs["lr_per_batch"] if r.get("best_lr")}
+    if batch_size_sequences in rows:
+        return rows[batch_size_sequences], "tuned"
+    near = min(rows, key=lambda b: abs(math.log(b / batch_size_sequences)))
+    return rows[near] * (batch_size_sequences / near) ** 0.5, f"sqrt rule from B={near}"
+
+
+def arms(study: Path, tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+    """The distinct arms (fixed batches and ramps), the two ramps, and the member's spec dict."""
+    import yaml
+
+    from sweeps.scaling.schedule import batch_size_ramp, critbatch_block
+
+    member = study / "members" / f"tokens-{tokens}"
+    cbs = json.loads((member / "cbs.json").read_text())
+    spec = yaml.safe_load((member / "spec.yaml").read_text())
+    T = spec["model"]["context_length_tokens"]
+    scale = json.loads((study / "scale.json").read_text())
+    pts = sorted((m["tokens"], m["batch_size_sequences"]) for m in scale["members"])
+    ramps = {"law": batch_size_ramp(scale, tokens, T), "points": points_ramp(pts, tokens, T)}
+    out: dict[str, dict[str, Any]] = {}
+    for name, ramp in ramps.items():
+        block = critbatch_block(ramp)
+        first, last = ramp["stages"][0]["batch_size_sequences"], block["final_batch_size_sequences"]
+        for b in (first, last):
+            lr, source = tuned_lr(cbs, b)
+            out.setdefault(f"fixed {b}", {"arm": f"fixed {b}", "batch": b, "lr": lr, "lr_source": source})
+        lr, source = tuned_lr(cbs, last)
+        out[f"ramp {name}"] = {
+            "arm": f"ramp {name}",
+            "batch": last,
+            "lr": lr,
+            "lr_source": f"{source}, at the last stage",
+            "batch_warmup": block["batch_warmup"],
+            "first": f"fixed {first}",
+            "last": f"fixed {last}",
+            "stages": [s["batch_size_sequences"] for s in ramp["stages"]],
+            "stage_lrs": [lr * (s["batch_size_sequences"] / last) ** 0.5 for s in ramp["stages"]],
+            "steps_predicted": ramp["steps"],
+        }
+    return list(out.values()), ramps, spec
+
+
+def train(spec_dict: dict[str, Any], arm: dict[str, Any], seed: int, half_life_tokens: float) -> dict[str, Any]:
+    """One run of an arm at a seed, as a sweep's trial of the member's spec, in this process."""
+    from sweeps.launch.trainable import trial_config
+    from sweeps.spec import parse_spec
+    from workloads.pretrain import train_in_process
+    from workloads.train.scaling import beta2_from_half_life
+
+    d = json.loads(json.dumps(spec_dict))
+    d["data"]["path"] = str(ROOT / "data" / "tinyshakespeare" / "input.txt")
+    d["noise_scale"] = {"enabled": False}
+    d["batch_warmup"] = arm.get("batch_warmup")
+    d["search"].update(batch_sizes_sequences=[arm["batch"]], base_batch_size_sequences=arm["batch"], base_lr=arm["lr"])
+    spec = parse_spec(d)
+    T = spec.model.context_length_tokens
+    params = {
+        "batch_size_sequences": arm["batch"],
+        "seed": seed,
+        "lr": arm["lr"],
+        "lr_rule": "sqrt",
+        "beta2": beta2_from_half_life(half_life_tokens, arm["batch"], T),
+        "beta2_half_life_tokens": half_life_tokens,
+    }
+    r = train_in_process(trial_config(spec, params, f"{arm['arm']}-{seed}").to_dict(), None, None)
+    reps = r["reports"]
+    return {
+        "arm": arm["arm"],
+        "seed": seed,
+        "status": r["status"],
+        "steps": reps[-1]["step"],
+        "tokens_seen": reps[-1]["tokens_seen"],
+        "val_loss": reps[-1]["val_loss"],
+        "milestones": [(m["tokens_seen"], m["val_loss"]) for m in reps],
+        "wall_s": r["wall_s"],
+    }
+
+
+def paired(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any] | None:
+    """Mean over seeds of ``loss(a) - loss(b)`` (same seed), its 95 % t interval (n - 1 degrees of freedom), and the
+    sample standard deviation of ``b``'s final loss over seeds (seed-to-seed noise)."""
+    from scipy import stats
+
+    la = {r["seed"]: r["val_loss"] for r in runs if r["arm"] == a}
+    lb = {r["seed"]: r["val_loss"] for r in runs if r["arm"] == b}
+    seeds = sorted(set(la) & set(lb))
+    if len(seeds) < 2:
+        return None
+    diffs = [la[s] - lb[s] for s in seeds]
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    return {
+        "ramp": a,
+        "fixed": b,
+        "seeds": seeds,
+        "diff_mean": mean,
+        "diff_ci95": [mean - half, mean + half],
+        "fixed_seed_sd": statistics.stdev(lb[s] for s in seeds),
+        "beyond_chance": not (mean - half <= 0 <= mean + half),
+    }
+
+
+def summary(arm_list: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm: steps, final loss (mean, sd over seeds), mean wall time, mean loss at each milestone; and each
+    ramp against its first-stage and last-stage fixed batches (:func:`paired`)."""
+    rows = []
+    for arm in arm_list:
+        rs = [r for r in runs if r["arm"] == arm["arm"]]
+        if not rs:
+            continue
+        losses = [r["val_loss"] for r in rs]
+        rows.append(
+            {
+                "arm": arm["arm"],
+                "stages": arm.get("stages", [arm["batch"]]),
+                "lr": arm["lr"],
+                "lr_source": arm["lr_source"],
+                "steps": sorted({r["steps"] for r in rs}),
+                "seeds": len(rs),
+                "val_loss_mean": statistics.fmean(losses),
+                "val_loss_sd": statistics.stdev(losses) if len(losses) > 1 else None,
+                "wall_s_mean": statistics.fmean(r["wall_s"] for r in rs),
+                "milestones": [
+                    (t, statistics.fmean(r["milestones"][i][1] for r in rs))
+                    for i, (t, _) in enumerate(rs[0]["milestones"])
+                ],
+            }
+        )
+    pairs = [
+        p
+        for arm in arm_list
+        if "batch_warmup" in arm
+        for p in (paired(runs, arm["arm"], arm["first"]), paired(runs, arm["arm"], arm["last"]))
+        if p is not None
+    ]
+    return {"arms": rows, "ramp_vs_fixed": pairs}
+
+
+def print_tables(s: dict[str, Any]) -> None:
+    """The result tables on stdout."""
+    print(f"{'arm':<14}{'stages (sequences)':<20}{'peak LR':>9}{'steps':>9}{'final val loss':>22}{'wall s':>9}")
+    for a in s["arms"]:
+        sd = f" +- {a['val_loss_sd']:.4f}" if a["val_loss_sd"] is not None else ""
+        st = "->".join(str(b) for b in a["stages"])
+        steps = ",".join(str(n) for n in a["steps"])
+        print(
+            f"{a['arm']:<14}{st:<20}{a['lr']:>9.5f}{steps:>9}{a['val_loss_mean']:>15.4f}{sd:<7}{a['wall_s_mean']:>9.0f}"
+        )
+    print("\nvalidation loss (mean over seeds) at each milestone (tokens seen):")
+    for a in s["arms"]:
+        print(f"{a['arm']:<14}" + " ".join(f"{t}:{v:.3f}" for t, v in a["milestones"]))
+    print("\nramp - fixed, final validation loss, paired by seed:")
+    for p in s["ramp_vs_fixed"]:
+        lo, hi = p["diff_ci95"]
+        print(
+            f"{p['ramp']:<14} vs {p['fixed']:<10} {p['diff_mean']:+.4f} [95 % {lo:+.4f}, {hi:+.4f}] "
+            f"(seed sd of the fixed arm {p['fixed_seed_sd']:.4f}; {'beyond' if p['beyond_chance'] else 'within'} chance)"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("study", type=Path, help="a finished critbatch scale folder of the main job")
+    ap.add_argument("--tokens", type=int, default=1048576, help="tokens per run: a member's budget (default 1048576)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", help="run only these arms (e.g. 'fixed 8' 'ramp points'); default all")
+    ap.add_argument("--half-life-tokens", type=float, default=32768.0, help="beta2's token half-life (the member's)")
+    ap.add_argument("--json", type=Path, help="write the ramps, every run and the summary here (after each run)")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    arm_list, ramps, spec = arms(args.study, args.tokens)
+    chosen = [a for a in arm_list if not args.arms or a["arm"] in args.arms]
+    runs: list[dict[str, Any]] = []
+    for seed in args.seeds:  # seed-major: an interrupted run leaves whole seeds
+        for arm in chosen:
+            runs.append(train(spec, arm, seed, args.half_life_tokens))
+            r = runs[-1]
+            print(f"  {r['arm']} seed {seed}: {r['steps']} steps, val loss {r['val_loss']:.4f}, {r['wall_s']:.0f} s")
+            if args.json:
+                out = {"study": str(args.study), "tokens": args.tokens, "ramps": ramps, "arms": arm_list, "runs": runs}
+                args.json.write_text(json.dumps(out | {"summary": summary(chosen, runs)}, indent=1) + "\n")
+    print_tables(summary(chosen, runs))
+
+
+if __name__ == "__main__":
+    main()
