@@ -1,6 +1,7 @@
 """A batch-size ramp against a fixed batch, trained: the main job's model and data, the same tokens, several seeds.
 
     python benchmarks/schedule_vs_fixed.py STUDY [--tokens 1048576] [--seeds 0 1 2] [--json FILE]
+    python benchmarks/schedule_vs_fixed.py --from-json FILE     (the tables of a finished run again)
 
 STUDY is a finished ``critbatch scale`` folder of the main job (``scale.json`` and ``members/tokens-*/`` with
 ``cbs.json`` and ``spec.yaml``). Two ramps, each in critbatch's own ``batch_warmup`` block
@@ -24,8 +25,9 @@ measures, it does not change the step).
 
 Prints per arm: optimizer steps, final validation loss (EMA weights; mean and sample standard deviation over the
 seeds), wall time, then the validation loss at every milestone, then each ramp against its two fixed batches:
-the mean paired difference (ramp - fixed, same seed) with a two-sided 95 % t interval over seeds. ``--json`` writes
-every run's reports as well.
+the mean paired difference (ramp - fixed, same seed) with a two-sided 95 % t interval over seeds, and the steps
+each fixed batch took to reach the ramp's final loss (steps saved at equal loss, beside the ramp's steps saved at
+equal tokens). ``--json`` writes every run's reports as well.
 """
 
 from __future__ import annotations
@@ -156,27 +158,68 @@ def train(spec_dict: dict[str, Any], arm: dict[str, Any], seed: int, half_life_t
     }
 
 
+def tokens_to_loss(milestones: list[tuple[float, float]], loss: float) -> float | None:
+    """The tokens at which a run's validation loss first reaches ``loss``: linear between the two milestones
+    around the crossing (the first milestone's tokens if it is already there), None if it never does."""
+    prev = None
+    for t, v in milestones:
+        if v <= loss:
+            if prev is None:
+                return float(t)
+            t0, v0 = prev
+            return t0 + (t - t0) * (v0 - loss) / (v0 - v)
+        prev = (t, v)
+    return None
+
+
 def paired(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any] | None:
-    """Mean over seeds of ``loss(a) - loss(b)`` (same seed), its 95 % t interval (n - 1 degrees of freedom), and the
-    sample standard deviation of ``b``'s final loss over seeds (seed-to-seed noise)."""
+    """Ramp ``a`` against fixed batch ``b``, paired by seed.
+
+    Returns:
+        ``diff_mean`` of ``loss(a) - loss(b)`` over seeds with its two-sided 95 % t interval (n - 1 degrees of
+        freedom), ``fixed_seed_sd`` (the sample standard deviation of ``b``'s final loss: seed-to-seed noise),
+        the same over the mean of the last four milestones' losses (``diff_last4_mean``, ``diff_last4_ci95``: less
+        evaluation noise, at the end of training), and at equal loss: ``fixed_steps_to_ramp_loss`` (per seed, the steps ``b`` took to reach the ramp's final
+        loss, :func:`tokens_to_loss`; None where it never did) and ``steps_saved_at_equal_loss`` (``1 - ramp
+        steps / those``, mean over the seeds where ``b`` reached it). None with fewer than two common seeds.
+    """
     from scipy import stats
 
-    la = {r["seed"]: r["val_loss"] for r in runs if r["arm"] == a}
-    lb = {r["seed"]: r["val_loss"] for r in runs if r["arm"] == b}
-    seeds = sorted(set(la) & set(lb))
+    ra = {r["seed"]: r for r in runs if r["arm"] == a}
+    rb = {r["seed"]: r for r in runs if r["arm"] == b}
+    seeds = sorted(set(ra) & set(rb))
     if len(seeds) < 2:
         return None
-    diffs = [la[s] - lb[s] for s in seeds]
-    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    half = stats.t.ppf(0.975, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+
+    def t_interval(diffs: list[float]) -> tuple[float, float]:
+        mean = statistics.fmean(diffs)
+        return mean, stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+    mean, half = t_interval([ra[s]["val_loss"] - rb[s]["val_loss"] for s in seeds])
+    last4 = [
+        statistics.fmean(v for _, v in ra[s]["milestones"][-4:])
+        - statistics.fmean(v for _, v in rb[s]["milestones"][-4:])
+        for s in seeds
+    ]
+    mean4, half4 = t_interval(last4)
+    fixed_steps = []
+    for s in seeds:  # a fixed batch's steps are proportional to its tokens
+        t = tokens_to_loss(rb[s]["milestones"], ra[s]["val_loss"])
+        fixed_steps.append(None if t is None else t * rb[s]["steps"] / rb[s]["tokens_seen"])
+    saved = [1 - ra[s]["steps"] / n for s, n in zip(seeds, fixed_steps) if n]
     return {
         "ramp": a,
         "fixed": b,
         "seeds": seeds,
         "diff_mean": mean,
         "diff_ci95": [mean - half, mean + half],
-        "fixed_seed_sd": statistics.stdev(lb[s] for s in seeds),
+        "fixed_seed_sd": statistics.stdev(rb[s]["val_loss"] for s in seeds),
         "beyond_chance": not (mean - half <= 0 <= mean + half),
+        "diff_last4_mean": mean4,
+        "diff_last4_ci95": [mean4 - half4, mean4 + half4],
+        "ramp_steps": [ra[s]["steps"] for s in seeds],
+        "fixed_steps_to_ramp_loss": fixed_steps,
+        "steps_saved_at_equal_loss": statistics.fmean(saved) if saved else None,
     }
 
 
@@ -236,17 +279,42 @@ def print_tables(s: dict[str, Any]) -> None:
             f"{p['ramp']:<14} vs {p['fixed']:<10} {p['diff_mean']:+.4f} [95 % {lo:+.4f}, {hi:+.4f}] "
             f"(seed sd of the fixed arm {p['fixed_seed_sd']:.4f}; {'beyond' if p['beyond_chance'] else 'within'} chance)"
         )
+        lo4, hi4 = p["diff_last4_ci95"]
+        print(
+            f"{'':<14}    mean of the last four milestones: {p['diff_last4_mean']:+.4f} [95 % {lo4:+.4f}, {hi4:+.4f}]"
+        )
+        reached = [round(n) if n else "never" for n in p["fixed_steps_to_ramp_loss"]]
+        saved = p["steps_saved_at_equal_loss"]
+        print(
+            f"{'':<14}    {p['fixed']} reached the ramp's final loss in {reached} steps (ramp: {p['ramp_steps']}): "
+            + (f"{100 * saved:.0f} % fewer steps at equal loss" if saved is not None else "never")
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("study", type=Path, help="a finished critbatch scale folder of the main job")
+    ap.add_argument("study", type=Path, nargs="?", help="a finished critbatch scale folder of the main job")
     ap.add_argument("--tokens", type=int, default=1048576, help="tokens per run: a member's budget (default 1048576)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", help="run only these arms (e.g. 'fixed 8' 'ramp points'); default all")
     ap.add_argument("--half-life-tokens", type=float, default=32768.0, help="beta2's token half-life (the member's)")
     ap.add_argument("--json", type=Path, help="write the ramps, every run and the summary here (after each run)")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        help="the tables of a --json file's runs again (and its summary to --json); no training",
+    )
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        chosen = [a for a in saved["arms"] if any(r["arm"] == a["arm"] for r in saved["runs"])]
+        saved["summary"] = summary(chosen, saved["runs"])
+        print_tables(saved["summary"])
+        if args.json:
+            args.json.write_text(json.dumps(saved, indent=1) + "\n")
+        return
+    if args.study is None:
+        ap.error("STUDY is required unless --from-json")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     arm_list, ramps, spec = arms(args.study, args.tokens)
     chosen = [a for a in arm_list if not args.arms or a["arm"] in args.arms]

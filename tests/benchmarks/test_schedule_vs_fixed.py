@@ -45,11 +45,27 @@ def test_the_points_ramp_doubles_where_b_crit_reaches_the_next_batch(bench):
     assert sum(n for _, n in phases) == ramp["steps"]
 
 
-def test_the_paired_interval_is_a_t_interval_over_seeds(bench):
-    runs = [{"arm": "r", "seed": s, "val_loss": v} for s, v in enumerate([2.0, 2.1, 2.3])]
-    runs += [{"arm": "f", "seed": s, "val_loss": v} for s, v in enumerate([2.1, 2.1, 2.2])]
+def _run(arm: str, seed: int, losses: list[float], batch: int) -> dict:
+    tokens = [1000 * (i + 1) for i in range(len(losses))]
+    return {
+        "arm": arm,
+        "seed": seed,
+        "val_loss": losses[-1],
+        "milestones": list(zip(tokens, losses)),
+        "steps": tokens[-1] // batch,
+        "tokens_seen": tokens[-1],
+    }
+
+
+def test_the_paired_interval_is_a_t_interval_over_seeds_and_equal_loss_steps_interpolate(bench):
+    runs = [_run("r", s, [3.0, 2.5, 2.2, 2.0 + d], 4) for s, d in enumerate([0.0, 0.1, 0.3])]
+    runs += [_run("f", s, [3.0, 2.4, 2.1, 2.1 + d], 2) for s, d in enumerate([0.0, 0.0, 0.1])]
     p = bench.paired(runs, "r", "f")
-    diffs = [-0.1, 0.0, 0.1]
-    half = 4.302652729749462 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
-    assert p["diff_mean"] == pytest.approx(sum(diffs) / 3, abs=1e-12)
+    half = 4.302652729749462 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n), diffs -0.1, 0, 0.1
+    assert p["diff_mean"] == pytest.approx(0.0, abs=1e-12)
     assert p["diff_ci95"] == pytest.approx([-half, half], abs=1e-9) and not p["beyond_chance"]
+    # seed 0: the ramp ends at 2.0, which f never reaches; seed 1: 2.1, reached at its 3000th token (1500 steps);
+    # seed 2: 2.3, between 2000 (2.4) and 3000 tokens (2.1): 2333.3 tokens, 1166.7 steps
+    assert p["fixed_steps_to_ramp_loss"][0] is None
+    assert p["fixed_steps_to_ramp_loss"][1:] == pytest.approx([1500.0, 7000 / 6])
+    assert p["steps_saved_at_equal_loss"] == pytest.approx(((1 - 1000 / 1500) + (1 - 1000 / (7000 / 6))) / 2)
