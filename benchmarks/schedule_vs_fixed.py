@@ -193,7 +193,7 @@ def paired(runs: list[dict[str, Any]], a: str, b: str) -> dict[str, Any] | None:
 
     def t_interval(diffs: list[float]) -> tuple[float, float]:
         mean = statistics.fmean(diffs)
-        return mean, stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        return mean, float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
 
     mean, half = t_interval([ra[s]["val_loss"] - rb[s]["val_loss"] for s in seeds])
     last4 = [
