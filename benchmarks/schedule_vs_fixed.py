@@ -19,9 +19,9 @@ model, data, LR warmup, weight EMA, milestones) built into a trial as a sweep bu
 (``sweeps.launch.trainable.trial_config``) and trained in this process (``workloads.pretrain.train_in_process``):
 the LR of a fixed batch is the member's tuned best LR at that batch size (``lr_per_batch``; outside the swept
 sizes, scaled from the nearest swept size by the square-root rule); a ramp's peak LR is the tuned LR of its last
-stage, and the loop scales it to each earlier stage by the trial's rule (``sqrt``, ``workloads.train.scaling.
-scaled_lr``); beta2 keeps the member's token half-life at every batch. The noise-scale estimator is off (it
-measures, it does not change the step).
+stage, and the loop scales it to each earlier stage by the trial's rule (``--ramp-lr-rule``, default ``sqrt``,
+``workloads.train.scaling.scaled_lr``; ``none`` keeps the peak LR at every stage); beta2 keeps the member's token
+half-life at every batch. The noise-scale estimator is off (it measures, it does not change the step).
 
 Prints per arm: optimizer steps, final validation loss (EMA weights; mean and sample standard deviation over the
 seeds), wall time, then the validation loss at every milestone, then each ramp against its two fixed batches:
@@ -86,11 +86,15 @@ def tuned_lr(cbs: dict[str, Any], batch_size_sequences: int) -> tuple[float, str
     return rows[near] * (batch_size_sequences / near) ** 0.5, f"sqrt rule from B={near}"
 
 
-def arms(study: Path, tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
-    """The distinct arms (fixed batches and ramps), the two ramps, and the member's spec dict."""
+def arms(study: Path, tokens: int, ramp_lr_rule: str = "sqrt") -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+    """The distinct arms (fixed batches and ramps, whose LR follows the batch by ``ramp_lr_rule``), the two ramps,
+    and the member's spec dict."""
     import yaml
 
     from sweeps.scaling.schedule import batch_size_ramp, critbatch_block
+    from workloads.train.scaling import LR_RULE_EXPONENTS
+
+    alpha = LR_RULE_EXPONENTS[ramp_lr_rule]
 
     member = study / "members" / f"tokens-{tokens}"
     cbs = json.loads((member / "cbs.json").read_text())
@@ -107,8 +111,10 @@ def arms(study: Path, tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]
             lr, source = tuned_lr(cbs, b)
             out.setdefault(f"fixed {b}", {"arm": f"fixed {b}", "batch": b, "lr": lr, "lr_source": source})
         lr, source = tuned_lr(cbs, last)
-        out[f"ramp {name}"] = {
-            "arm": f"ramp {name}",
+        arm = f"ramp {name}" if ramp_lr_rule == "sqrt" else f"ramp {name}, LR {ramp_lr_rule}"
+        out[arm] = {
+            "arm": arm,
+            "lr_rule": ramp_lr_rule,
             "batch": last,
             "lr": lr,
             "lr_source": f"{source}, at the last stage",
@@ -116,7 +122,7 @@ def arms(study: Path, tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]
             "first": f"fixed {first}",
             "last": f"fixed {last}",
             "stages": [s["batch_size_sequences"] for s in ramp["stages"]],
-            "stage_lrs": [lr * (s["batch_size_sequences"] / last) ** 0.5 for s in ramp["stages"]],
+            "stage_lrs": [lr * (s["batch_size_sequences"] / last) ** alpha for s in ramp["stages"]],
             "steps_predicted": ramp["steps"],
         }
     return list(out.values()), ramps, spec
@@ -140,7 +146,7 @@ def train(spec_dict: dict[str, Any], arm: dict[str, Any], seed: int, half_life_t
         "batch_size_sequences": arm["batch"],
         "seed": seed,
         "lr": arm["lr"],
-        "lr_rule": "sqrt",
+        "lr_rule": arm.get("lr_rule", "sqrt"),
         "beta2": beta2_from_half_life(half_life_tokens, arm["batch"], T),
         "beta2_half_life_tokens": half_life_tokens,
     }
@@ -261,32 +267,32 @@ def summary(arm_list: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[
 
 def print_tables(s: dict[str, Any]) -> None:
     """The result tables on stdout."""
-    print(f"{'arm':<14}{'stages (sequences)':<20}{'peak LR':>9}{'steps':>9}{'final val loss':>22}{'wall s':>9}")
+    print(f"{'arm':<22}{'stages (sequences)':<20}{'peak LR':>9}{'steps':>9}{'final val loss':>22}{'wall s':>9}")
     for a in s["arms"]:
         sd = f" +- {a['val_loss_sd']:.4f}" if a["val_loss_sd"] is not None else ""
         st = "->".join(str(b) for b in a["stages"])
         steps = ",".join(str(n) for n in a["steps"])
         print(
-            f"{a['arm']:<14}{st:<20}{a['lr']:>9.5f}{steps:>9}{a['val_loss_mean']:>15.4f}{sd:<7}{a['wall_s_mean']:>9.0f}"
+            f"{a['arm']:<22}{st:<20}{a['lr']:>9.5f}{steps:>9}{a['val_loss_mean']:>15.4f}{sd:<7}{a['wall_s_mean']:>9.0f}"
         )
     print("\nvalidation loss (mean over seeds) at each milestone (tokens seen):")
     for a in s["arms"]:
-        print(f"{a['arm']:<14}" + " ".join(f"{t}:{v:.3f}" for t, v in a["milestones"]))
+        print(f"{a['arm']:<22}" + " ".join(f"{t}:{v:.3f}" for t, v in a["milestones"]))
     print("\nramp - fixed, final validation loss, paired by seed:")
     for p in s["ramp_vs_fixed"]:
         lo, hi = p["diff_ci95"]
         print(
-            f"{p['ramp']:<14} vs {p['fixed']:<10} {p['diff_mean']:+.4f} [95 % {lo:+.4f}, {hi:+.4f}] "
+            f"{p['ramp']:<22} vs {p['fixed']:<10} {p['diff_mean']:+.4f} [95 % {lo:+.4f}, {hi:+.4f}] "
             f"(seed sd of the fixed arm {p['fixed_seed_sd']:.4f}; {'beyond' if p['beyond_chance'] else 'within'} chance)"
         )
         lo4, hi4 = p["diff_last4_ci95"]
         print(
-            f"{'':<14}    mean of the last four milestones: {p['diff_last4_mean']:+.4f} [95 % {lo4:+.4f}, {hi4:+.4f}]"
+            f"{'':<22}    mean of the last four milestones: {p['diff_last4_mean']:+.4f} [95 % {lo4:+.4f}, {hi4:+.4f}]"
         )
         reached = [round(n) if n else "never" for n in p["fixed_steps_to_ramp_loss"]]
         saved = p["steps_saved_at_equal_loss"]
         print(
-            f"{'':<14}    {p['fixed']} reached the ramp's final loss in {reached} steps (ramp: {p['ramp_steps']}): "
+            f"{'':<22}    {p['fixed']} reached the ramp's final loss in {reached} steps (ramp: {p['ramp_steps']}): "
             + (f"{100 * saved:.0f} % fewer steps at equal loss" if saved is not None else "never")
         )
 
@@ -297,6 +303,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1048576, help="tokens per run: a member's budget (default 1048576)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", help="run only these arms (e.g. 'fixed 8' 'ramp points'); default all")
+    ap.add_argument(
+        "--ramp-lr-rule",
+        choices=["sqrt", "linear", "none"],
+        default="sqrt",
+        help="how a ramp's LR follows its batch down from the last stage's tuned LR (default sqrt)",
+    )
     ap.add_argument("--half-life-tokens", type=float, default=32768.0, help="beta2's token half-life (the member's)")
     ap.add_argument("--json", type=Path, help="write the ramps, every run and the summary here (after each run)")
     ap.add_argument(
@@ -316,7 +328,7 @@ def main() -> None:
     if args.study is None:
         ap.error("STUDY is required unless --from-json")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    arm_list, ramps, spec = arms(args.study, args.tokens)
+    arm_list, ramps, spec = arms(args.study, args.tokens, args.ramp_lr_rule)
     chosen = [a for a in arm_list if not args.arms or a["arm"] in args.arms]
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:  # seed-major: an interrupted run leaves whole seeds
