@@ -281,7 +281,7 @@ def schedule(
         help="the largest global batch (default: under the law's lower bound at --total-tokens)",
     ),
     output: Path = typer.Option(
-        ..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json and levanter.yaml"
+        ..., "--output", help="folder for schedule.json, megatron.txt, olmo_core.json, levanter.yaml and critbatch.yaml"
     ),
 ) -> None:
     """A batch-size ramp under b_crit, in trainers' formats.

@@ -33,6 +33,7 @@ __all__ = [
     "batch_size_ramp",
     "bounded_ramp",
     "ceiling_sequences",
+    "critbatch_block",
     "local_cbs_points",
     "local_ceiling_sequences",
     "ramp_formats",
@@ -311,10 +312,31 @@ def _bounded_warnings(
     return notes
 
 
+def critbatch_block(ramp: dict[str, Any]) -> dict[str, Any]:
+    """The ramp as critbatch's own spec block: ``batch_warmup`` (:class:`sweeps.spec.sections.BatchWarmupSpec`).
+
+    ``schedule`` is ``[[start_tokens, batch / first batch], ...]``: the loop trains ``B * multiplier / last
+    multiplier`` sequences from each threshold on, so a spec with this block trains the ramp when its trial batch
+    (``search.batch_sizes_sequences``) is the last stage's, ``final_batch_size_sequences``. A stage of no steps
+    (the stage after it starts on the same token) is left out: thresholds must increase.
+
+    Returns:
+        ``{"batch_warmup": {"schedule": [[tokens, multiplier], ...]}, "final_batch_size_sequences": int}``.
+    """
+    stages = ramp["stages"]
+    kept = [s for s, nxt in zip(stages, stages[1:]) if nxt["start_tokens"] > s["start_tokens"]] + [stages[-1]]
+    first = kept[0]["batch_size_sequences"]
+    return {
+        "batch_warmup": {"schedule": [[int(s["start_tokens"]), s["batch_size_sequences"] // first] for s in kept]},
+        "final_batch_size_sequences": kept[-1]["batch_size_sequences"],
+    }
+
+
 def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
     """The ramp as Megatron-LM's ``--step-batch-size-schedule`` (token thresholds : global batch in samples), an
     OLMo-core ``BatchSizeSchedulerCallback`` config (global batch sizes in tokens, ``Duration`` in tokens), a
-    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes) and plain JSON.
+    Levanter ``train_batch_size`` schedule (``ScheduleStep`` start steps and batch sizes), critbatch's own
+    ``batch_warmup`` block (:func:`critbatch_block`) and plain JSON.
 
     The OLMo-core config carries the ``_CLASS_`` fields its own config loader needs to build the callback and its
     ``Duration`` s (``TrainerConfig.from_dict`` with it under ``callbacks``), as its ``as_config_dict`` writes them.
@@ -323,6 +345,7 @@ def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
     t = ramp["tokens_per_sequence"]
     stages = ramp["stages"]
     return {
+        "critbatch": critbatch_block(ramp),
         "megatron": " ".join(f"{s['start_tokens']}:{s['batch_size_sequences']}" for s in stages),
         "olmo_core": {
             "_CLASS_": "olmo_core.train.callbacks.batch_size_scheduler.BatchSizeSchedulerCallback",
@@ -342,12 +365,19 @@ def ramp_formats(ramp: dict[str, Any]) -> dict[str, Any]:
 def schedule_files(formats: dict[str, Any]) -> dict[str, str]:
     """The files ``critbatch schedule`` writes, name -> text, from :func:`ramp_formats`: ``schedule.json``,
     ``megatron.txt`` (the argument as a command line carries it), ``olmo_core.json`` and ``levanter.yaml`` (under
-    ``trainer:``, where Levanter's ``TrainerConfig`` reads ``train_batch_size``)."""
+    ``trainer:``, where Levanter's ``TrainerConfig`` reads ``train_batch_size``) and ``critbatch.yaml`` (a
+    ``batch_warmup`` spec block, :func:`critbatch_block`)."""
     import yaml
 
+    block = formats["critbatch"]
     return {
         "schedule.json": json.dumps(formats["json"], indent=2),
         "megatron.txt": f'--step-batch-size-schedule "{formats["megatron"]}"\n',
         "olmo_core.json": json.dumps(formats["olmo_core"], indent=2),
         "levanter.yaml": yaml.safe_dump({"trainer": formats["levanter"]}, sort_keys=False),
+        "critbatch.yaml": (
+            "# a critbatch spec block: trains this ramp with search.batch_sizes_sequences: "
+            f"[{block['final_batch_size_sequences']}] (the last stage)\n"
+            + yaml.safe_dump({"batch_warmup": block["batch_warmup"]}, sort_keys=False, default_flow_style=None)
+        ),
     }

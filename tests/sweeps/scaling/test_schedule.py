@@ -1,7 +1,8 @@
 """The batch-size ramp from a study's law: doubling stages that start under the lower end of the law's interval,
 the same ramp in each trainer's format (checked against each format's documented rules: Megatron-LM's
 ``--step-batch-size-schedule``, OLMo-core's ``BatchSizeSchedulerCallback`` checks, Levanter's ``ScheduleStep``
-offsets), and the steps it saves over the largest fixed batch that stays under b_crit from the start."""
+offsets; critbatch's own ``batch_warmup`` block with its spec model and the loop's step count), and the steps it
+saves over the largest fixed batch that stays under b_crit from the start."""
 
 from __future__ import annotations
 
@@ -62,12 +63,54 @@ def test_the_formats_follow_each_trainers_rules():
         assert offset * 64 == stage["start_tokens"]
 
 
+def _ramp_phases(ramp):
+    """``[(batch_size_sequences, steps), ...]`` of the ramp's stages, from their start steps and its total."""
+    stages = ramp["stages"]
+    ends = [s["start_step"] for s in stages[1:]] + [ramp["steps"]]
+    return [(s["batch_size_sequences"], end - s["start_step"]) for s, end in zip(stages, ends)]
+
+
+@pytest.mark.parametrize("total_tokens", [1e6, 1e8])
+def test_the_critbatch_block_is_a_batch_warmup_spec_that_takes_the_ramps_steps(total_tokens):
+    from sweeps.spec.sections import BatchWarmupSpec
+    from workloads.train.batching import batch_schedule_steps
+
+    ramp = batch_size_ramp(_result(), total_tokens, 64)
+    block = ramp_formats(ramp)["critbatch"]
+    warmup = BatchWarmupSpec.model_validate(block["batch_warmup"])
+    assert len(warmup.schedule) == len(ramp["stages"]) >= 2
+    assert block["final_batch_size_sequences"] == ramp["stages"][-1]["batch_size_sequences"]
+    phases = batch_schedule_steps(int(total_tokens), 64, block["final_batch_size_sequences"], warmup.schedule)
+    assert phases == _ramp_phases(ramp) and sum(n for _, n in phases) == ramp["steps"]
+
+
+def test_the_critbatch_block_trains_in_a_spec_and_leaves_out_a_stage_of_no_steps():
+    import yaml
+
+    from sweeps.spec import parse_spec
+    from tests.conftest import ROOT
+
+    stages = [
+        {"start_tokens": 0, "batch_size_sequences": 4, "start_step": 0},
+        {"start_tokens": 2048, "batch_size_sequences": 8, "start_step": 8},  # no steps: the next starts here too
+        {"start_tokens": 2048, "batch_size_sequences": 16, "start_step": 8},
+    ]
+    block = ramp_formats({"stages": stages, "steps": 12, "tokens_per_sequence": 64})["critbatch"]
+    assert block == {"batch_warmup": {"schedule": [[0, 1], [2048, 4]]}, "final_batch_size_sequences": 16}
+    d = yaml.safe_load((ROOT / "sweeps" / "examples" / "shakespeare-char.yaml").read_text())
+    d["data"]["path"] = str(ROOT / d["data"]["path"])
+    d["batch_warmup"] = block["batch_warmup"]
+    d["search"]["batch_sizes_sequences"] = [block["final_batch_size_sequences"]]
+    warmup = parse_spec(d).batch_warmup
+    assert warmup is not None and warmup.schedule == [(0, 1), (2048, 4)]
+
+
 def test_a_law_that_does_not_grow_has_no_ramp():
     with pytest.raises(InvalidInput, match="does not grow"):
         batch_size_ramp(_result(gamma=-0.2), 1e8, 64)
 
 
-def test_the_command_writes_the_four_formats(tmp_path):
+def test_the_command_writes_the_five_formats(tmp_path):
     import json
 
     (tmp_path / "scale.json").write_text(json.dumps(_result()))
@@ -86,12 +129,21 @@ def test_the_command_writes_the_four_formats(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [
+        "critbatch.yaml",
         "levanter.yaml",
         "megatron.txt",
         "olmo_core.json",
         "schedule.json",
     ]
     assert (tmp_path / "s" / "megatron.txt").read_text().startswith('--step-batch-size-schedule "0:')
+    import yaml
+
+    from sweeps.spec.sections import BatchWarmupSpec
+
+    text = (tmp_path / "s" / "critbatch.yaml").read_text()
+    assert text.startswith("# a critbatch spec block") and "search.batch_sizes_sequences: [" in text
+    warmup = yaml.safe_load(text)["batch_warmup"]
+    assert BatchWarmupSpec.model_validate(warmup).schedule[0] == (0, 1)
     res = CliRunner().invoke(
         app,
         [
