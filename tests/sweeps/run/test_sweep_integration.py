@@ -268,13 +268,17 @@ def _differences(a, b, path="cbs.json") -> list[str]:
 
 
 def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, mlflow_template):
-    # the suite's tiny sweep once more, same spec and sweep id, into a fresh folder and MLflow store: only the
-    # RUN_TO_RUN_KEYS may differ (CPU training is deterministic: workloads/train/determinism.py)
+    # the suite's tiny sweep once more, same spec and sweep id, into a fresh folder and MLflow store, this time
+    # with the other launcher (a Ray Train run per trial, chosen by the driver's environment: the spec and its
+    # fingerprint stay the same): only the RUN_TO_RUN_KEYS may differ (CPU training is deterministic:
+    # workloads/train/determinism.py), whichever launcher ran the trials
+    import os
+
     assert tiny_sweep["result"].returncode == 0
     tmp = tiny_sweep["tmp"] / "again"
     tmp.mkdir()
     uri = copy_mlflow_store(mlflow_template, tmp / "mlflow.db")
-    r = _run(
+    r = run_cli(
         [
             "run",
             str(tiny_sweep["spec"]),
@@ -287,7 +291,9 @@ def test_the_same_spec_run_twice_gives_the_same_cbs_json(tiny_sweep, ray_head, m
             "--no-progress",
             "--address",
             ray_head.gcs_address,
-        ]
+        ],
+        timeout_s=600,
+        env=dict(os.environ, CRITBATCH_TRIAL_RUNNERS="0"),
     )
     assert r.returncode == 0, r.stdout + r.stderr
     first = json.loads((tiny_sweep["out"] / "cbs.json").read_text())
