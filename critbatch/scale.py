@@ -4,11 +4,24 @@ production budget (:mod:`sweeps.scaling`)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import typer
 
 __all__ = ["register", "scale", "schedule"]
+
+
+def _split_cbs(text: str) -> tuple[str, str]:
+    """``--cbs PATH[:TOKENS]`` as ``(PATH, TOKENS)`` (``TOKENS`` empty when not given)."""
+    path, _, tokens = text.rpartition(":") if ":" in text and not Path(text).exists() else (text, "", "")
+    return path, tokens
+
+
+def _sweep_folder(text: str) -> str:
+    """The sweep folder a ``--cbs`` names (its ``cbs.json`` or the folder), resolved, to tell repeats apart."""
+    path = Path(_split_cbs(text)[0]).resolve()
+    return str(path.parent if path.name == "cbs.json" else path)
 
 
 def _cbs_member(text: str, quantity: str, level: float):
@@ -18,13 +31,25 @@ def _cbs_member(text: str, quantity: str, level: float):
     from sweeps.scaling import member_from_cbs
     from sweeps.scaling.b_opt import b_opt_member
 
-    path, _, tokens = text.rpartition(":") if ":" in text and not Path(text).exists() else (text, "", "")
+    path, tokens = _split_cbs(text)
     try:
         budget = float(tokens) if tokens else None
     except ValueError:
         raise InvalidInput(f"--cbs {text!r}: the budget after ':' must be a number of tokens") from None
     member = member_from_cbs(Path(path), budget, quantity)
     return member, b_opt_member(Path(path), member.tokens, level=level)
+
+
+def _refuse_repeats(given: list[str], sources: list[str], budgets: list[float]) -> None:
+    """Refuse a member given twice (the same file or folder at the same budget): it would enter the law as two
+    measurements. Raises InvalidInput naming it."""
+    from sweeps.errors import InvalidInput
+
+    seen: set[tuple[str, float]] = set()
+    for text, key in zip(given, zip(sources, budgets)):
+        if key in seen:
+            raise InvalidInput(f"{text} is given twice: each member enters the law once")
+        seen.add(key)
 
 
 def _members(
@@ -47,6 +72,10 @@ def _members(
         raise InvalidInput(f"give one --n-params per --csv or none: {len(csv)} --csv, {len(n_params)} --n-params")
     if csv and reference_batch is None:
         raise InvalidInput("--csv needs --reference-batch (the B0 of each table's 20 % CBS)")
+    if any(not 0 < n < math.inf for n in n_params):
+        raise InvalidInput(f"--n-params must be positive, finite parameter counts, got {n_params}")
+    _refuse_repeats([f"--csv {p} --tokens {d:g}" for p, d in zip(csv, tokens)], [str(p.resolve()) for p in csv], tokens)
+    _refuse_repeats([f"--cbs {t}" for t in cbs], [_sweep_folder(t) for t in cbs], [0.0] * len(cbs))
     if not csv and not cbs:
         raise InvalidInput("give the study's members: --csv FILE --tokens D (repeat) and/or --cbs SWEEP[:TOKENS]")
     ref = reference_batch if reference_batch is not None else 0.0  # given whenever there is a --csv (above)
@@ -187,8 +216,8 @@ def scale(
 
     study = None
     try:
-        if tokens_per_sequence is not None and not tokens_per_sequence > 0:
-            raise InvalidInput("--tokens-per-sequence must be positive")
+        if tokens_per_sequence is not None and not 0 < tokens_per_sequence < math.inf:
+            raise InvalidInput(f"--tokens-per-sequence must be positive and finite, got {tokens_per_sequence}")
         if spec_path is not None:
             study = _run_study(spec_path, budgets_tokens, output, predict_tokens, address, tracking_uri)
             assert output is not None  # _run_study refuses a study without --output
@@ -297,6 +326,8 @@ def schedule(
     from sweeps.scaling.schedule import ramp_formats, schedule_files
 
     try:
+        if output.exists() and not output.is_dir():
+            raise InvalidInput(f"--output {output} is a file: give a folder for the schedule's files")
         ramp = _ramp(scale_json, local_cbs, total_tokens, tokens_per_sequence, max_batch)
     except InvalidInput as exc:
         fail_invalid(exc)
@@ -305,7 +336,7 @@ def schedule(
         for name, text in schedule_files(ramp_formats(ramp)).items():
             write_atomic(output / name, text)
     except (OSError, WriteFailed) as exc:
-        console.print(f"error: {exc}", markup=False, highlight=False)
+        console.print(f"error: cannot write the schedule to --output {output}: {exc}", markup=False, highlight=False)
         raise typer.Exit(1) from None
     stages = ramp["stages"]
     for warning in ramp["warnings"]:

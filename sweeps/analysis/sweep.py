@@ -461,8 +461,8 @@ def analyze_trials_file(
     except (KeyError, TypeError, ValueError):
         raise InvalidInput(f"--trials: {cbs_path} has no context_length_tokens") from None
     ref = float(reference_batch if reference_batch is not None else prev.get("reference_batch") or 0)
-    if ref <= 0:
-        raise InvalidInput("--reference-batch must be positive")
+    if not 0 < ref < math.inf:
+        raise InvalidInput(f"--reference-batch must be positive and finite (sequences), got {ref}")
     records = [TrialRecord.from_dict(r) for r in rows]
     if targets is None:  # the targets the sweep fixed in its spec, as the driver analysed it
         targets = _spec_targets(p.parent / "spec.yaml")
@@ -549,8 +549,8 @@ def analyze_csv(
     """
     _check_fit(fit)
     p = Path(path)
-    if reference_batch <= 0:
-        raise InvalidInput("--reference-batch must be positive")
+    if not 0 < reference_batch < math.inf:
+        raise InvalidInput(f"--reference-batch must be positive and finite (sequences), got {reference_batch}")
     try:
         with p.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))

@@ -260,7 +260,8 @@ def fit_power_law(members: Sequence[StudyMember], *, level: float = 0.95) -> Pow
     if len({m.tokens for m in used}) < 2:
         raise InvalidInput(
             f"too_few_budgets: a law needs two budgets with a critical batch size and its interval; "
-            f"{len(used)} of {len(members)} member(s) have one" + (f" ({'; '.join(excluded)})" if excluded else "")
+            f"{len(used)} of {len(members)} member(s) have one, at {len({m.tokens for m in used})} distinct "
+            "budget(s)" + (f" ({'; '.join(excluded)})" if excluded else "")
         )
     tokens_ref = math.exp(sum(math.log(m.tokens) for m in used) / len(used))
     x, y, v = _design(used, tokens_ref)

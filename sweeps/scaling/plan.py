@@ -4,6 +4,7 @@ batch size and the two ends of its prediction interval, with the predicted B_opt
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,30 @@ def is_scale_result(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "law" in data and "members" in data
+
+
+def _check_prediction(pred: Any, quantity: str, path: Path) -> None:
+    """Refuse a ``prediction`` section the plan cannot read: ``tokens``, ``extrapolation_factor``, the predicted
+    ``quantity`` and both ends of ``interval`` must be positive, finite numbers. Raises InvalidInput naming them."""
+
+    def positive(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+
+    interval = pred.get("interval") if isinstance(pred, dict) else None
+    fields = {
+        "tokens": pred.get("tokens") if isinstance(pred, dict) else None,
+        "extrapolation_factor": pred.get("extrapolation_factor") if isinstance(pred, dict) else None,
+        quantity: pred.get(quantity) if isinstance(pred, dict) else None,
+        "interval": interval,
+    }
+    bad = [k for k, v in fields.items() if k != "interval" and not positive(v)]
+    if not (isinstance(interval, list) and len(interval) == 2 and all(positive(v) for v in interval)):
+        bad.append("interval")
+    if bad:
+        raise InvalidInput(
+            f"plan: {path}'s prediction needs {', '.join(bad)} as positive, finite numbers (the interval as "
+            "[low, high] sequences): run critbatch scale with --predict-tokens D again"
+        )
 
 
 def plan_inputs_from_scale(
@@ -59,8 +84,9 @@ def plan_inputs_from_scale(
             f"give {', '.join(missing)} (the production model's)"
         )
     assert tokens_per_sequence and flops_per_token and params  # each checked above
-    e_min = pred["tokens"] / float(tokens_per_sequence)
     quantity = data.get("quantity", "b_crit")
+    _check_prediction(pred, quantity, p)
+    e_min = pred["tokens"] / float(tokens_per_sequence)
     lo, hi = pred["interval"]
     fits = [
         {

@@ -59,6 +59,44 @@ def ceiling_sequences(result: dict[str, Any], tokens: float) -> float:
     return math.exp(float(mean) - result["quantile"] * float(sd))
 
 
+def _check_run(total_tokens: float, tokens_per_sequence: int, max_batch_size_sequences: int | None) -> None:
+    """Refuse a run the ramp cannot be read for. Raises InvalidInput naming the option."""
+    if not (math.isfinite(total_tokens) and total_tokens > 0 and tokens_per_sequence > 0):
+        raise InvalidInput(
+            f"--total-tokens and --tokens-per-sequence must be positive and finite, got {total_tokens:g} and "
+            f"{tokens_per_sequence}"
+        )
+    if max_batch_size_sequences is not None and max_batch_size_sequences < 1:
+        raise InvalidInput(f"--max-batch-sequences must be at least 1 sequence, got {max_batch_size_sequences}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_law(result: Any) -> None:
+    """Refuse a ``scale.json`` whose law cannot be read: the fields :func:`ceiling_sequences` reads (``gamma``,
+    ``b0``, ``tokens_ref``, ``tau2``, ``quantile``, ``cov_ln_b0_gamma``) finite numbers, ``members`` a non-empty
+    list with positive token budgets. Raises InvalidInput naming the field."""
+    if not isinstance(result, dict):
+        raise InvalidInput("scale.json: not a study's result (a JSON object)")
+    for key in ("gamma", "b0", "tokens_ref", "tau2", "quantile"):
+        if not _is_number(result.get(key)):
+            raise InvalidInput(f"scale.json: {key} must be a finite number, got {result.get(key)!r}: no law to read")
+    if not (result["b0"] > 0 and result["tokens_ref"] > 0):
+        raise InvalidInput("scale.json: b0 and tokens_ref must be positive")
+    cov = result.get("cov_ln_b0_gamma")
+    if not (
+        isinstance(cov, list) and len(cov) == 2 and all(isinstance(r, list) and len(r) == 2 for r in cov)
+    ) or not all(_is_number(v) for r in cov for v in r):
+        raise InvalidInput(f"scale.json: cov_ln_b0_gamma must be a 2 x 2 matrix of finite numbers, got {cov!r}")
+    members = result.get("members")
+    if not (isinstance(members, list) and members) or not all(
+        isinstance(m, dict) and _is_number(m.get("tokens")) and m["tokens"] > 0 for m in members
+    ):
+        raise InvalidInput("scale.json: members must be a non-empty list, each with a positive budget in tokens")
+
+
 def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float) -> float | None:
     """The fewest tokens in ``[lo, hi]`` at which the ceiling reaches ``batch`` (bisection in log tokens on the
     first crossing of a fine grid), None when it never does."""
@@ -114,15 +152,17 @@ def batch_size_ramp(
         ``warnings`` (a lower bound under one sequence at the smallest budget: the ramp then starts at 1).
 
     Raises:
-        InvalidInput: a law that does not grow (``gamma <= 0``: no ramp to take home), or non-positive sizes.
+        InvalidInput: a law that does not grow (``gamma <= 0``: no ramp to take home), a ``result`` without a
+            readable law (a field missing or not finite), sizes that are not positive and finite, or
+            ``max_batch_size_sequences`` under 1.
     """
+    _check_run(total_tokens, tokens_per_sequence, max_batch_size_sequences)
+    _check_law(result)
     if result["gamma"] <= 0:
         raise InvalidInput(
             f"the study's exponent is {result['gamma']:.3g}: b_crit does not grow with the budget, "
             "so a fixed batch is the schedule"
         )
-    if not (total_tokens > 0 and tokens_per_sequence > 0):
-        raise InvalidInput("--total-tokens and --tokens-per-sequence must be positive")
     smallest = min(m["tokens"] for m in result["members"])
     floor_at_start = ceiling_sequences(result, smallest)
     first = 2 ** math.floor(math.log2(floor_at_start)) if floor_at_start >= 1 else 1
@@ -177,8 +217,12 @@ def local_cbs_points(local_cbs: list[dict[str, Any]]) -> list[tuple[float, float
         raise InvalidInput(f"local_cbs: not critbatch branch's list of points ({exc!r})") from None
     if not points:
         raise InvalidInput("local_cbs: no point has a local CBS (no branch ended with a finite loss)")
-    if any(t < 0 or not b > 0 for t, b in points) or len({t for t, _ in points}) != len(points):
-        raise InvalidInput(f"local_cbs: tokens_seen must be distinct and >= 0, sizes positive, got {points}")
+    if any(not (0 <= t < math.inf and 0 < b < math.inf) for t, b in points) or len({t for t, _ in points}) != len(
+        points
+    ):
+        raise InvalidInput(
+            f"local_cbs: tokens_seen must be distinct, finite and >= 0, sizes positive and finite, got {points}"
+        )
     return points
 
 
@@ -243,12 +287,14 @@ def bounded_ramp(
         :func:`batch_size_ramp`'s fields, with ``bound`` in each stage and ``bounds`` (which were given).
 
     Raises:
-        InvalidInput: neither bound given, or non-positive sizes.
+        InvalidInput: neither bound given, a ``result`` without a readable law, sizes that are not positive and
+            finite, or ``max_batch_size_sequences`` under 1.
     """
     if result is None and local_cbs is None:
         raise InvalidInput("give a study's scale.json, a branch run's local CBS (--local-cbs), or both")
-    if not (total_tokens > 0 and tokens_per_sequence > 0):
-        raise InvalidInput("--total-tokens and --tokens-per-sequence must be positive")
+    _check_run(total_tokens, tokens_per_sequence, max_batch_size_sequences)
+    if result is not None:
+        _check_law(result)
     knots = [t for t, _ in local_cbs or []]
     if result is not None:
         knots.append(min(m["tokens"] for m in result["members"]))

@@ -211,3 +211,88 @@ def test_schedule_without_a_bound_exits_2(tmp_path, args, says):
     )
     assert res.exit_code == 2 and says in res.output, res.output
     assert not (tmp_path / "s").exists()
+
+
+STUDY2 = ROOT / "tests/fixtures/study2"
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        # the same sweep twice, as a folder, its cbs.json or with a budget: one measurement, not two
+        (["--cbs", str(STUDY2 / "tokens-131072"), "--cbs", str(STUDY2 / "tokens-131072")], "is given twice"),
+        (["--cbs", f"{STUDY2}/tokens-131072/cbs.json", "--cbs", f"{STUDY2}/tokens-131072:262144"], "is given twice"),
+        (TABLES[:4] + TABLES[:4] + ["--reference-batch", "256"], "is given twice"),
+        (TABLES[:-1] + ["nan"], "--reference-batch must be positive and finite"),
+        (TABLES[:5] + ["nan"] + TABLES[6:], "--n-params must be positive, finite"),
+        (TABLES + ["--tokens-per-sequence", "inf"], "--tokens-per-sequence must be positive and finite"),
+    ],
+)
+def test_repeated_members_and_non_finite_numbers_exit_2(args, says):
+    res = _run(*args)
+    assert res.exit_code == 2 and says in res.output, res.output
+
+
+def test_two_members_at_one_budget_are_counted_as_one_budget():
+    res = _run(*TABLES[:4], "--csv", TABLES[7], "--tokens", "1.7e9", "--reference-batch", "256")
+    assert res.exit_code == 2 and "2 of 2 member(s) have one, at 1 distinct budget(s)" in res.output, res.output
+
+
+def test_analyze_refuses_a_reference_batch_that_is_not_finite():
+    res = CliRunner().invoke(app, ["analyze", "--csv", TABLES[1], "--reference-batch", "inf"])
+    assert res.exit_code == 2 and "--reference-batch must be positive and finite" in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    "prediction, says",
+    [({"tokens": 1e9}, "extrapolation_factor, b_crit, interval"), ({"b_crit": None}, "needs b_crit as positive")],
+)
+def test_plan_refuses_a_prediction_it_cannot_read(tmp_path, prediction, says):
+    res = _run(*TABLES, "--predict-tokens", "2e12", "--output", str(tmp_path / "scale.json"))
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "scale.json").read_text())
+    data["prediction"] = prediction if "tokens" in prediction else {**data["prediction"], **prediction}
+    (tmp_path / "scale.json").write_text(json.dumps(data))
+    plan = ["plan", str(tmp_path / "scale.json"), "--flops-per-token", "5e8", "--params", "85e6"]
+    res = CliRunner().invoke(
+        app, [*plan, "--tokens-per-sequence", "512", "--devices", "8", "--peak-flops", "1e15", "--bandwidth", "5e10"]
+    )
+    assert res.exit_code == 2 and says in res.output, res.output
+
+
+def _schedule(tmp_path: Path, *args: str):
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["schedule", *args, "--tokens-per-sequence", "64", "--output", str(out)])
+    return res, out
+
+
+def test_schedule_refuses_what_it_cannot_read_with_exit_2_and_writes_nothing(tmp_path):
+    branch = _branch_output(tmp_path / "branch")
+    scale = tmp_path / "scale.json"
+    scale.write_text(json.dumps({"law": "b_crit(D) = b0 * (D / D0) ** gamma", "gamma": 0.5, "members": []}))
+    local = tmp_path / "inf.json"
+    local.write_text(
+        json.dumps(
+            {
+                "local_cbs": [
+                    {"tokens_seen": 0, "local_cbs_sequences": 8},
+                    {"tokens_seen": 1e5, "local_cbs_sequences": float("inf")},
+                ]
+            }
+        )
+    )
+    cases = [
+        (["--local-cbs", str(branch), "--total-tokens", "inf"], "--total-tokens and --tokens-per-sequence must be"),
+        (["--local-cbs", str(branch), "--total-tokens", "1e6", "--max-batch-sequences", "0"], "at least 1 sequence"),
+        ([str(scale), "--total-tokens", "1e6"], "scale.json: b0 must be a finite number"),
+        ([str(scale), "--local-cbs", str(branch), "--total-tokens", "1e6"], "scale.json: b0 must be a finite number"),
+        (["--local-cbs", str(local), "--total-tokens", "1e6"], "sizes positive and finite"),
+    ]
+    for args, says in cases:
+        res, out = _schedule(tmp_path, *args)
+        assert res.exit_code == 2 and says in res.output, (args, res.output)
+        assert not out.exists()
+    (tmp_path / "s").write_text("a file")
+    res, _ = _schedule(tmp_path, "--local-cbs", str(branch), "--total-tokens", "1e6")
+    assert res.exit_code == 2 and "is a file: give a folder" in res.output, res.output
+    assert (tmp_path / "s").read_text() == "a file"

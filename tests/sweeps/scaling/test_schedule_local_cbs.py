@@ -104,3 +104,9 @@ def test_no_bound_or_bad_sizes_are_refused():
         bounded_ramp(1e6, 64)
     with pytest.raises(InvalidInput, match="must be positive"):
         bounded_ramp(0, 64, local_cbs=POINTS)
+
+
+@pytest.mark.parametrize("tokens_seen, size", [(float("nan"), 8.0), (float("inf"), 8.0), (0.0, float("inf"))])
+def test_points_that_are_not_finite_are_refused(tokens_seen, size):
+    with pytest.raises(InvalidInput, match="finite"):
+        local_cbs_points([{"tokens_seen": tokens_seen, "local_cbs_sequences": size}])
