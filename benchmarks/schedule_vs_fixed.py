@@ -265,6 +265,13 @@ def summary(arm_list: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[
     return {"arms": rows, "ramp_vs_fixed": pairs}
 
 
+def _equal_loss_words(saved: float | None) -> str:
+    """The ramp's steps at equal loss against the fixed batch's, in words (a ramp that took more says more)."""
+    if saved is None:
+        return "never"
+    return f"{100 * abs(saved):.0f} % {'fewer' if saved >= 0 else 'more'} steps at equal loss"
+
+
 def print_tables(s: dict[str, Any]) -> None:
     """The result tables on stdout."""
     print(f"{'arm':<22}{'stages (sequences)':<20}{'peak LR':>9}{'steps':>9}{'final val loss':>22}{'wall s':>9}")
@@ -293,7 +300,7 @@ def print_tables(s: dict[str, Any]) -> None:
         saved = p["steps_saved_at_equal_loss"]
         print(
             f"{'':<22}    {p['fixed']} reached the ramp's final loss in {reached} steps (ramp: {p['ramp_steps']}): "
-            + (f"{100 * saved:.0f} % fewer steps at equal loss" if saved is not None else "never")
+            + _equal_loss_words(saved)
         )
 
 

@@ -69,3 +69,9 @@ def test_the_paired_interval_is_a_t_interval_over_seeds_and_equal_loss_steps_int
     assert p["fixed_steps_to_ramp_loss"][0] is None
     assert p["fixed_steps_to_ramp_loss"][1:] == pytest.approx([1500.0, 7000 / 6])
     assert p["steps_saved_at_equal_loss"] == pytest.approx(((1 - 1000 / 1500) + (1 - 1000 / (7000 / 6))) / 2)
+
+
+def test_a_ramp_that_took_more_steps_at_equal_loss_says_more(bench):
+    assert bench._equal_loss_words(0.27) == "27 % fewer steps at equal loss"
+    assert bench._equal_loss_words(-2.47) == "247 % more steps at equal loss"
+    assert bench._equal_loss_words(None) == "never"
