@@ -227,7 +227,7 @@ def b_opt_member(folder: Path, budget_tokens: float, *, level: float = 0.95) -> 
 
     Returns:
         ``(member, details)``: the member has a point and an interval only when ``details.status`` is ``ok``
-        (status ``no_trials`` when ``trials.json`` cannot be read).
+        (status ``no_trials`` when ``trials.json`` cannot be read or its rows lack ``batch_size_sequences``).
 
     Raises:
         InvalidInput: a level outside (0, 1).
@@ -238,12 +238,13 @@ def b_opt_member(folder: Path, budget_tokens: float, *, level: float = 0.95) -> 
         trials = json.loads((folder / "trials.json").read_text(encoding="utf-8"))
         if not isinstance(trials, list):
             raise ValueError("not a list of trials")
-    except (OSError, ValueError) as exc:
-        details = BestBatch(budget, None, None, level, "no_trials", f"no readable trials.json ({exc})")
+        losses, counts = best_loss_at_budget(trials, budget)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        why = f"a trial has no {exc}" if isinstance(exc, KeyError) else str(exc)
+        details = BestBatch(budget, None, None, level, "no_trials", f"no readable trials.json ({why})")
         if not 0 < level < 1:
             raise InvalidInput(f"a confidence level must lie in (0, 1), got {level}") from None
     else:
-        losses, counts = best_loss_at_budget(trials, budget)
         fit = b_opt_from_losses(losses, budget, level=level)
         details = BestBatch(**{**fit.__dict__, "trials_by_batch_size": counts})
     member = StudyMember(

@@ -144,15 +144,22 @@ class PowerLaw:
         """The law at budget ``tokens`` with its prediction interval (see :class:`Prediction`).
 
         Raises:
-            InvalidInput: ``tokens`` not positive and finite.
+            InvalidInput: ``tokens`` not positive and finite, or so far beyond the budgets swept that the interval
+                overflows a float.
         """
         if not (math.isfinite(tokens) and tokens > 0):
             raise InvalidInput(f"a budget to predict at must be a positive number of tokens, got {tokens}")
         x = np.array([1.0, math.log(tokens / self.tokens_ref)])
         mean = math.log(self.b0) + self.gamma * x[1]
         sd = math.sqrt(float(x @ self.cov @ x) + self.tau2)
-        lo, hi = math.exp(mean - self.quantile * sd), math.exp(mean + self.quantile * sd)
         largest = max(m.tokens for m in self.members)
+        try:
+            lo, hi = math.exp(mean - self.quantile * sd), math.exp(mean + self.quantile * sd)
+        except OverflowError:
+            raise InvalidInput(
+                f"a budget of {tokens:.3g} tokens is {tokens / largest:.3g}x beyond the largest budget swept: the "
+                "prediction interval there overflows a float; predict at a nearer budget"
+            ) from None
         return Prediction(
             tokens=tokens,
             batch_size_sequences=math.exp(mean),

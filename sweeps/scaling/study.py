@@ -66,7 +66,7 @@ def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_
     the trials' token budget the sweep's ``spec.yaml`` beside it gives (``budget_tokens``).
 
     Raises:
-        InvalidInput: no readable ``cbs.json``, or no budget given and none found.
+        InvalidInput: no readable ``cbs.json`` (or not a JSON object), or no budget given and none found.
     """
     _check_quantity(quantity)
     cbs_path = path / "cbs.json" if path.is_dir() else path
@@ -74,6 +74,8 @@ def member_from_cbs(path: Path, tokens: float | None = None, quantity: str = "b_
         cbs = json.loads(cbs_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"{cbs_path}: cannot read a sweep's cbs.json ({exc})") from None
+    if not isinstance(cbs, dict):
+        raise InvalidInput(f"{cbs_path}: not a sweep's cbs.json (a JSON object with {quantity} and {quantity}_ci)")
     if tokens is None:
         tokens = _spec_budget_tokens(cbs_path.parent / "spec.yaml")
     ci = cbs.get(f"{quantity}_ci")

@@ -155,3 +155,17 @@ def test_the_study_run_logs_b_opts_exponent_and_prediction(tmp_path, mlflow_uri)
     assert metrics["predicted_b_opt_low"] < metrics["predicted_b_opt"] < metrics["predicted_b_opt_high"]
     assert metrics["predicted_b_opt"] == pytest.approx(result["b_opt"]["prediction"]["b_opt"])
     assert run.data.tags["critbatch.b_opt_status"] == "ok" and metrics["gamma"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_malformed_trials_cbs_or_a_far_prediction_are_named_not_a_traceback(tmp_path):
+    folder = _write_sweep(tmp_path / "d", 1e6, {4: 2.0, 8: 1.9, 16: 2.0})
+    (folder / "trials.json").write_text(json.dumps([{"tokens": [1e6], "val_loss": [2.0]}]))
+    _, details = b_opt_member(folder, 1e6)
+    assert details.status == "no_trials" and "a trial has no 'batch_size_sequences'" in details.message
+    (folder / "cbs.json").write_text("[1]")
+    with pytest.raises(InvalidInput, match="not a sweep's cbs.json"):
+        member_from_cbs(folder)
+    members = [StudyMember(d, 8 * (d / 1e6) ** 1.5, (6 * (d / 1e6) ** 1.5, 11 * (d / 1e6) ** 1.5)) for d in (1e6, 4e6)]
+    assert scale_result(members, predict_tokens=1e30)["prediction"]["interval"][1] < math.inf
+    with pytest.raises(InvalidInput, match="overflows a float"):
+        scale_result(members, predict_tokens=1e300)
