@@ -195,7 +195,7 @@ def batch_size_ramp(
         "steps_saved_fraction": 1 - steps / fixed_steps,
         "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
         "reaches its batch size; the law was measured across budgets, not along one run",
-        "warnings": notes,
+        "warnings": notes + _below_the_study(result, total_tokens),
     }
 
 
@@ -328,7 +328,7 @@ def bounded_ramp(
         "steps_saved_fraction": 1 - steps / fixed_steps,
         "bounds": [name for name, given in (("law", result), ("local_cbs", local_cbs)) if given is not None],
         "note": _BOUNDED_NOTE,
-        "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens),
+        "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens) + _below_the_study(result, total_tokens),
     }
 
 
@@ -338,6 +338,21 @@ _BOUNDED_NOTE = (
     "the last point, not extrapolated) and the lower end of the law's prediction interval (measured across "
     "budgets, not along one run)"
 )
+
+
+def _below_the_study(result: dict[str, Any] | None, total_tokens: float) -> list[str]:
+    """A warning when the whole run is shorter than the smallest budget the study measured: the law is read there,
+    at more tokens than the run has, and b_crit grows with the budget, so the ramp may sit above it."""
+    if result is None:
+        return []
+    smallest = min(m["tokens"] for m in result["members"])
+    if total_tokens >= smallest:
+        return []
+    return [
+        f"the run's {total_tokens:.3g} tokens are fewer than the smallest budget the study measured ({smallest:.3g}): "
+        "the law is not known there and is read at that budget, where b_crit is larger, so the ramp may sit above "
+        "the run's critical batch size"
+    ]
 
 
 def _bounded_warnings(

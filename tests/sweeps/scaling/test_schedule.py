@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from critbatch.main import app
 from sweeps.errors import InvalidInput
 from sweeps.scaling import StudyMember, scale_result
-from sweeps.scaling.schedule import batch_size_ramp, ceiling_sequences, ramp_formats
+from sweeps.scaling.schedule import batch_size_ramp, bounded_ramp, ceiling_sequences, ramp_formats
 
 
 def _result(gamma: float = 0.5):
@@ -179,3 +179,12 @@ def test_the_ceiling_read_from_scale_json_is_the_laws_own_lower_bound():
     law, result = fit_power_law(members), scale_result(members)
     for tokens in (1e5, 1e6, 1e8):
         assert ceiling_sequences(result, tokens) == pytest.approx(law.predict(tokens).interval[0], rel=1e-12)
+
+
+def test_a_run_shorter_than_the_smallest_budget_studied_is_warned_about():
+    result = _result()
+    assert not any("fewer than the smallest budget" in w for w in batch_size_ramp(result, 1e8, 64)["warnings"])
+    short = batch_size_ramp(result, 1e4, 64)["warnings"]
+    assert any("1e+04 tokens are fewer than the smallest budget the study measured (1.3e+05)" in w for w in short)
+    both = bounded_ramp(1e4, 64, result=result, local_cbs=[(0.0, 8.0)])["warnings"]
+    assert any("fewer than the smallest budget" in w for w in both)
