@@ -230,6 +230,8 @@ def scale(
             output = output / "scale.json"
         elif budgets_tokens or address or tracking_uri:
             raise InvalidInput("--budgets-tokens, --address and --tracking-uri go with SPEC (running a study)")
+        elif output is not None and output.is_dir():
+            raise InvalidInput(f"--output {output} is a folder: give the file to write scale.json to")
         members, b_opt_members = _members(
             csv or [], tokens or [], n_params or [], cbs or [], reference_batch, level, quantity
         )

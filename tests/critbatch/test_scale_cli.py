@@ -296,3 +296,9 @@ def test_schedule_refuses_what_it_cannot_read_with_exit_2_and_writes_nothing(tmp
     res, _ = _schedule(tmp_path, "--local-cbs", str(branch), "--total-tokens", "1e6")
     assert res.exit_code == 2 and "is a file: give a folder" in res.output, res.output
     assert (tmp_path / "s").read_text() == "a file"
+
+
+def test_scale_refuses_an_output_that_is_a_folder(tmp_path):
+    res = _run(*TABLES, "--output", str(tmp_path))
+    assert res.exit_code == 2 and "is a folder: give the file to write scale.json to" in res.output, res.output
+    assert list(tmp_path.iterdir()) == []
