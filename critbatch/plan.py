@@ -194,9 +194,11 @@ def register(app: typer.Typer) -> None:
         from critbatch.common import fail_invalid as _fail_invalid
         from sweeps.analysis import finite_json
         from sweeps.analysis.plan_files import make_plan, plan_summary, write_plan
-        from sweeps.errors import InvalidInput
+        from sweeps.errors import InvalidInput, WriteFailed
 
         try:
+            if output is not None and output.exists() and not output.is_dir():
+                raise InvalidInput(f"--output {output} is a file: give a folder for plan.json and plots/plan.png")
             swept = _swept(swept_range) if swept_range else None
             grid = [int(b) for b in _numbers(batch_sizes, "--batch-sizes")] if batch_sizes else None
             if grad_bytes <= 0:
@@ -227,8 +229,12 @@ def register(app: typer.Typer) -> None:
             _fail_invalid(exc)
         out_dir = output or inputs["out_dir"]
         if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            paths = write_plan(out_dir, result)
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                paths = write_plan(out_dir, result)
+            except (OSError, WriteFailed) as exc:
+                console.print(f"error: cannot write the plan to {out_dir}: {exc}", markup=False, highlight=False)
+                raise typer.Exit(1) from None
             report = _report(out_dir) if inputs["out_dir"] is not None and out_dir == inputs["out_dir"] else None
             console.print(
                 f"wrote {paths['plan']}"

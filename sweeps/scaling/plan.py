@@ -61,8 +61,9 @@ def plan_inputs_from_scale(
     each must be given.
 
     Raises:
-        InvalidInput: no prediction in the file (run ``critbatch scale`` with ``--predict-tokens``), or a missing
-            production-model option (each named).
+        InvalidInput: no prediction in the file (run ``critbatch scale`` with ``--predict-tokens``) or one with
+            fields missing or not finite, or a production-model option missing or not positive and finite (each
+            named).
     """
     p = path / "scale.json" if path.is_dir() else path
     data = json.loads(p.read_text(encoding="utf-8"))
@@ -83,6 +84,13 @@ def plan_inputs_from_scale(
             f"plan: {p} is a study's prediction for a production run, whose model it does not hold: "
             f"give {', '.join(missing)} (the production model's)"
         )
+    for name, v in (
+        ("--flops-per-token", flops_per_token),
+        ("--params", params),
+        ("--tokens-per-sequence", tokens_per_sequence),
+    ):
+        if v is not None and not 0 < v < math.inf:
+            raise InvalidInput(f"plan: {name} must be a positive, finite number, got {v}")
     assert tokens_per_sequence and flops_per_token and params  # each checked above
     quantity = data.get("quantity", "b_crit")
     _check_prediction(pred, quantity, p)

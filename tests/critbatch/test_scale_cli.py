@@ -302,3 +302,20 @@ def test_scale_refuses_an_output_that_is_a_folder(tmp_path):
     res = _run(*TABLES, "--output", str(tmp_path))
     assert res.exit_code == 2 and "is a folder: give the file to write scale.json to" in res.output, res.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_from_a_study_refuses_non_finite_model_options_and_an_output_that_is_a_file(tmp_path):
+    res = _run(*TABLES, "--predict-tokens", "2e12", "--output", str(tmp_path / "scale.json"))
+    assert res.exit_code == 0, res.output
+    cluster = ["--devices", "8", "--peak-flops", "1e15", "--bandwidth", "5e10"]
+    model = {"--flops-per-token": "5e8", "--params": "85e6", "--tokens-per-sequence": "512"}
+    for option in model:
+        args = [a for k, v in {**model, option: "nan"}.items() for a in (k, v)]
+        res = CliRunner().invoke(app, ["plan", str(tmp_path / "scale.json"), *args, *cluster])
+        assert res.exit_code == 2 and f"{option} must be a positive, finite number" in res.output, res.output
+    (tmp_path / "out").write_text("a file")
+    args = [a for k, v in model.items() for a in (k, v)]
+    res = CliRunner().invoke(
+        app, ["plan", str(tmp_path / "scale.json"), *args, *cluster, "--output", str(tmp_path / "out")]
+    )
+    assert res.exit_code == 2 and "is a file: give a folder" in res.output, res.output
