@@ -110,6 +110,7 @@ def plan_inputs_from_scale(
         for label, b in (("predicted", pred[quantity]), ("interval low", lo), ("interval high", hi))
     ]
     b_opt = b_opt_sentence(data)
+    factor = pred["extrapolation_factor"]
     return {
         "b_opt_sentence": b_opt,
         "source": str(p),
@@ -122,9 +123,13 @@ def plan_inputs_from_scale(
         "spec_sync_every_steps": None,
         "out_dir": None,
         "notes": [
-            f"{quantity} predicted at {pred['tokens']:.3g} tokens, extrapolated "
-            f"{pred['extrapolation_factor']:.3g}x beyond the largest budget the study swept (status "
-            f"{data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
+            f"{quantity} predicted at {pred['tokens']:.3g} tokens, "
+            + (
+                f"extrapolated {factor:.3g}x beyond the largest budget the study swept"
+                if factor > 1
+                else f"at {factor:.3g}x the largest budget the study swept"
+            )
+            + f" (status {data.get('status')}); the budget is read as the tokens a small batch needs to reach the "
             "production loss, so a batch B needs D (1 + B / b_crit) tokens",
             *([b_opt] if b_opt else []),
         ],

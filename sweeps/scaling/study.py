@@ -311,7 +311,13 @@ def answer_sentence(law: PowerLaw, prediction: dict[str, Any] | None, quantity: 
         return head
     lo, hi = prediction["interval"]
     factor = prediction["extrapolation_factor"]
-    where = f"extrapolated {factor:.3g}x beyond the largest budget swept" if factor > 1 else "inside the budgets swept"
+    smallest = min(m.tokens for m in law.members)
+    if factor > 1:
+        where = f"extrapolated {factor:.3g}x beyond the largest budget swept"
+    elif prediction["tokens"] < smallest:
+        where = f"extrapolated {smallest / prediction['tokens']:.3g}x below the smallest budget swept"
+    else:
+        where = "inside the budgets swept"
     return (
         f"at {prediction['tokens']:.3g} tokens, {quantity} is most likely ~{prediction[quantity]:.3g} sequences, "
         f"{pct} prediction interval [{lo:.3g}, {hi:.3g}], {where}; {head}"

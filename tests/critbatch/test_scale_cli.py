@@ -319,3 +319,15 @@ def test_plan_from_a_study_refuses_non_finite_model_options_and_an_output_that_i
         app, ["plan", str(tmp_path / "scale.json"), *args, *cluster, "--output", str(tmp_path / "out")]
     )
     assert res.exit_code == 2 and "is a file: give a folder" in res.output, res.output
+
+
+def test_plan_from_a_prediction_inside_the_budgets_does_not_call_it_beyond_them(tmp_path):
+    res = _run(*TABLES, "--predict-tokens", "1e10", "--output", str(tmp_path / "scale.json"))
+    assert res.exit_code == 0, res.output
+    model = ["--flops-per-token", "5e8", "--params", "85e6", "--tokens-per-sequence", "512"]
+    cluster = ["--devices", "8", "--peak-flops", "1e15", "--bandwidth", "5e10"]
+    res = CliRunner().invoke(app, ["plan", str(tmp_path / "scale.json"), *model, *cluster, "--json"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.stdout)["notes"]
+    assert any("at 0.417x the largest budget the study swept" in n for n in notes), notes
+    assert not any("beyond the largest budget" in n for n in notes)

@@ -131,3 +131,12 @@ def test_model_size_apart_from_the_budget_gets_its_own_exponent():
     lo, hi = (float(x) for x in note.split("interval [")[1].split("]")[0].split(", "))
     assert lo < 0 < hi
     assert abs(float(note.split("at fixed N ~ D^")[1].split(" ")[0]) - 0.5) < 0.05
+
+
+def test_the_answer_says_a_prediction_below_the_smallest_budget_is_an_extrapolation():
+    from sweeps.scaling import scale_result
+
+    members = [_member(d, math.log(12 * (d / 2.6e5) ** 0.5), 2.0) for d in (1.3e5, 2.6e5, 5.2e5)]
+    assert "extrapolated 130x below the smallest budget swept" in scale_result(members, predict_tokens=1e3)["answer"]
+    assert "inside the budgets swept" in scale_result(members, predict_tokens=3e5)["answer"]
+    assert "extrapolated 3.85x beyond the largest budget swept" in scale_result(members, predict_tokens=2e6)["answer"]
