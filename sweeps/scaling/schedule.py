@@ -195,7 +195,7 @@ def batch_size_ramp(
         "steps_saved_fraction": 1 - steps / fixed_steps,
         "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
         "reaches its batch size; the law was measured across budgets, not along one run",
-        "warnings": notes + _below_the_study(result, total_tokens),
+        "warnings": notes + _law_warnings(result, total_tokens),
     }
 
 
@@ -328,7 +328,7 @@ def bounded_ramp(
         "steps_saved_fraction": 1 - steps / fixed_steps,
         "bounds": [name for name, given in (("law", result), ("local_cbs", local_cbs)) if given is not None],
         "note": _BOUNDED_NOTE,
-        "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens) + _below_the_study(result, total_tokens),
+        "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens) + _law_warnings(result, total_tokens),
     }
 
 
@@ -340,19 +340,28 @@ _BOUNDED_NOTE = (
 )
 
 
-def _below_the_study(result: dict[str, Any] | None, total_tokens: float) -> list[str]:
-    """A warning when the whole run is shorter than the smallest budget the study measured: the law is read there,
-    at more tokens than the run has, and b_crit grows with the budget, so the ramp may sit above it."""
+def _law_warnings(result: dict[str, Any] | None, total_tokens: float) -> list[str]:
+    """What the law cannot show for this run: a law of another quantity than b_crit (Zhang et al.'s 20 % CBS,
+    ``0.2 b_crit + 1.2 B0``, lies above b_crit where b_crit is under 1.5 B0), and a run shorter than the smallest
+    budget the study measured (the law is read there, at more tokens than the run has, and b_crit grows with the
+    budget, so the ramp may sit above it)."""
     if result is None:
         return []
+    notes = []
+    quantity = result.get("quantity", "b_crit")
+    if quantity != "b_crit":
+        notes.append(
+            f"the study's law is of {quantity}, not b_crit: the ramp stays under it, and cbs_20 (Zhang et al.'s "
+            "20 % CBS, 0.2 b_crit + 1.2 B0) lies above b_crit wherever b_crit is under 1.5 B0"
+        )
     smallest = min(m["tokens"] for m in result["members"])
-    if total_tokens >= smallest:
-        return []
-    return [
-        f"the run's {total_tokens:.3g} tokens are fewer than the smallest budget the study measured ({smallest:.3g}): "
-        "the law is not known there and is read at that budget, where b_crit is larger, so the ramp may sit above "
-        "the run's critical batch size"
-    ]
+    if total_tokens < smallest:
+        notes.append(
+            f"the run's {total_tokens:.3g} tokens are fewer than the smallest budget the study measured "
+            f"({smallest:.3g}): the law is not known there and is read at that budget, where b_crit is larger, so "
+            "the ramp may sit above the run's critical batch size"
+        )
+    return notes
 
 
 def _bounded_warnings(

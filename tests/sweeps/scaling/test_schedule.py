@@ -188,3 +188,13 @@ def test_a_run_shorter_than_the_smallest_budget_studied_is_warned_about():
     assert any("1e+04 tokens are fewer than the smallest budget the study measured (1.3e+05)" in w for w in short)
     both = bounded_ramp(1e4, 64, result=result, local_cbs=[(0.0, 8.0)])["warnings"]
     assert any("fewer than the smallest budget" in w for w in both)
+
+
+def test_a_law_of_the_20_percent_cbs_is_warned_about():
+    members = [
+        StudyMember(d, 20 * (d / 2.6e5) ** 0.3, (17 * (d / 2.6e5) ** 0.3, 24 * (d / 2.6e5) ** 0.3))
+        for d in (1.3e5, 2.6e5, 5.2e5, 1.05e6)
+    ]
+    cbs_20 = {**scale_result(members), "quantity": "cbs_20"}
+    assert any("law is of cbs_20, not b_crit" in w for w in batch_size_ramp(cbs_20, 1e7, 64)["warnings"])
+    assert not any("not b_crit" in w for w in batch_size_ramp(_result(), 1e7, 64)["warnings"])
