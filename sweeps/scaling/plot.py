@@ -12,6 +12,13 @@ import numpy as np
 __all__ = ["plot_study"]
 
 
+def _prediction_label(extrapolation_factor: float) -> str:
+    """The prediction's legend entry: how far beyond the largest budget it lies, or at what fraction of it."""
+    if extrapolation_factor > 1:
+        return f"prediction, {extrapolation_factor:.3g}x beyond the largest budget"
+    return f"prediction, at {extrapolation_factor:.3g}x the largest budget"
+
+
 def plot_study(result: dict[str, Any], path: Path) -> Path:
     """Draw ``scale.json``'s ``result`` (:func:`sweeps.scaling.study.scale_result`) into ``path`` (PNG): b_crit
     against D on the left, B_opt (its ``b_opt`` section) on the right, each on log axes with the members'
@@ -106,7 +113,7 @@ def _draw_law(ax: Any, result: dict[str, Any]) -> None:
             fmt="D",
             color="C3",
             capsize=3,
-            label=f"prediction, {pred['extrapolation_factor']:.3g}x beyond the largest budget",
+            label=_prediction_label(pred["extrapolation_factor"]),
         )
     if result.get("absent"):
         ax.text(0.02, 0.98, _wrap(result["answer"], 70), transform=ax.transAxes, fontsize=7, va="top")

@@ -140,3 +140,10 @@ def test_the_answer_says_a_prediction_below_the_smallest_budget_is_an_extrapolat
     assert "extrapolated 130x below the smallest budget swept" in scale_result(members, predict_tokens=1e3)["answer"]
     assert "inside the budgets swept" in scale_result(members, predict_tokens=3e5)["answer"]
     assert "extrapolated 3.85x beyond the largest budget swept" in scale_result(members, predict_tokens=2e6)["answer"]
+
+
+def test_the_plots_prediction_label_says_beyond_only_beyond_the_largest_budget():
+    from sweeps.scaling.plot import _prediction_label
+
+    assert _prediction_label(954.0) == "prediction, 954x beyond the largest budget"
+    assert _prediction_label(0.417) == "prediction, at 0.417x the largest budget"
