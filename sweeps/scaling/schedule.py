@@ -70,6 +70,13 @@ def _check_run(total_tokens: float, tokens_per_sequence: int, max_batch_size_seq
         raise InvalidInput(f"--max-batch-sequences must be at least 1 sequence, got {max_batch_size_sequences}")
 
 
+def _at_most(first: int, max_batch_size_sequences: int | None) -> int:
+    """The first stage's batch, a power of two, no larger than the largest global batch the run allows."""
+    if max_batch_size_sequences is None or first <= max_batch_size_sequences:
+        return first
+    return 2 ** math.floor(math.log2(max_batch_size_sequences))
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -144,7 +151,8 @@ def batch_size_ramp(
 
     The first stage is the largest power of two under the ceiling at the smallest budget the study measured (below
     it the law is not known); each next stage doubles it, up to ``max_batch_size_sequences`` (default: under the
-    ceiling at ``total_tokens``); doublings that fall on the same step are one stage.
+    ceiling at ``total_tokens``; the first stage is held to it too); doublings that fall on the same step are one
+    stage.
 
     Returns:
         ``stages`` (:class:`Stage` as dicts), ``steps``, ``fixed_batch_size_sequences`` and ``fixed_steps`` (the
@@ -165,7 +173,7 @@ def batch_size_ramp(
         )
     smallest = min(m["tokens"] for m in result["members"])
     floor_at_start = ceiling_sequences(result, smallest)
-    first = 2 ** math.floor(math.log2(floor_at_start)) if floor_at_start >= 1 else 1
+    first = _at_most(2 ** math.floor(math.log2(floor_at_start)) if floor_at_start >= 1 else 1, max_batch_size_sequences)
     notes = (
         []
         if floor_at_start >= 1
@@ -307,7 +315,9 @@ def bounded_ramp(
     for i in range(len(held) - 2, -1, -1):  # the bound's minimum over the rest of the run
         held[i] = min(held[i], held[i + 1])
     first_bound = held[0][0]  # the 1e-9s below: a bound equal to a power of two at a measured point stays equal
-    first = 2 ** math.floor(math.log2(first_bound * (1 + 1e-9))) if first_bound >= 1 else 1
+    first = _at_most(
+        2 ** math.floor(math.log2(first_bound * (1 + 1e-9))) if first_bound >= 1 else 1, max_batch_size_sequences
+    )
     top = max_batch_size_sequences or 2 ** math.floor(math.log2(max(held[-1][0] * (1 + 1e-9), first)))
     stages, sources, i = [(0.0, first)], [held[0][1]], 0
     while stages[-1][1] * 2 <= top:

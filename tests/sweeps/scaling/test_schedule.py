@@ -198,3 +198,15 @@ def test_a_law_of_the_20_percent_cbs_is_warned_about():
     cbs_20 = {**scale_result(members), "quantity": "cbs_20"}
     assert any("law is of cbs_20, not b_crit" in w for w in batch_size_ramp(cbs_20, 1e7, 64)["warnings"])
     assert not any("not b_crit" in w for w in batch_size_ramp(_result(), 1e7, 64)["warnings"])
+
+
+def test_no_stage_exceeds_the_largest_batch_allowed_not_even_the_first():
+    result = _result()
+    first = batch_size_ramp(result, 1e8, 64)["stages"][0]["batch_size_sequences"]
+    assert first >= 4
+    for ramp in (
+        batch_size_ramp(result, 1e8, 64, max_batch_size_sequences=first // 2 + 1),
+        bounded_ramp(1e8, 64, result=result, max_batch_size_sequences=first // 2 + 1),
+    ):
+        assert [s["batch_size_sequences"] for s in ramp["stages"]] == [first // 2]
+        assert ramp["fixed_batch_size_sequences"] == first // 2
