@@ -253,9 +253,10 @@ def scale(
     console.print(result["answer"], markup=False, highlight=False)  # stderr: stdout stays JSON
 
 
-def _read_local_cbs(path: Path) -> list[tuple[float, float]]:
+def _read_local_cbs(path: Path) -> tuple[list[tuple[float, float]], float | None]:
     """``--local-cbs``: ``critbatch branch``'s points from a ``cbs.json`` or ``branch.json``, or the folder that
-    holds one (its ``cbs.json`` when that has them, else its ``branch.json``). Raises InvalidInput."""
+    holds one (its ``cbs.json`` when that has them, else its ``branch.json``), and the tokens per sequence of the
+    run that measured them (the folder's ``cbs.json``; None when it has none). Raises InvalidInput."""
     from sweeps.errors import InvalidInput
     from sweeps.scaling.schedule import local_cbs_points
 
@@ -266,7 +267,7 @@ def _read_local_cbs(path: Path) -> list[tuple[float, float]]:
         except (OSError, ValueError):
             continue
         if isinstance(doc, dict) and doc.get("local_cbs"):
-            return local_cbs_points(doc["local_cbs"])
+            return local_cbs_points(doc["local_cbs"]), _tokens_per_sequence(file.parent)
     raise InvalidInput(f"--local-cbs {path}: no local_cbs in {' or '.join(str(f) for f in files)} (critbatch branch)")
 
 
@@ -287,10 +288,17 @@ def _ramp(scale_json: Path | None, local_cbs: Path | None, total_tokens: float, 
         if result is None:
             raise InvalidInput("give a study's scale.json, --local-cbs BRANCH_OUTPUT, or both")
         return batch_size_ramp(result, total_tokens, tokens_per_sequence, top)
-    points = _read_local_cbs(local_cbs)
-    return bounded_ramp(
+    points, measured_tokens_per_sequence = _read_local_cbs(local_cbs)
+    ramp = bounded_ramp(
         total_tokens, tokens_per_sequence, result=result, local_cbs=points, max_batch_size_sequences=top
     )
+    if measured_tokens_per_sequence is not None and measured_tokens_per_sequence != tokens_per_sequence:
+        ramp["warnings"].append(
+            f"the local CBS was measured in sequences of {measured_tokens_per_sequence:g} tokens and is read here "
+            f"as sequences of {tokens_per_sequence} (--tokens-per-sequence), not converted: a batch of B sequences "
+            f"holds {tokens_per_sequence / measured_tokens_per_sequence:.3g}x the tokens of the local CBS measured at B"
+        )
+    return ramp
 
 
 def schedule(

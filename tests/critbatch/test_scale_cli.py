@@ -331,3 +331,15 @@ def test_plan_from_a_prediction_inside_the_budgets_does_not_call_it_beyond_them(
     notes = json.loads(res.stdout)["notes"]
     assert any("at 0.417x the largest budget the study swept" in n for n in notes), notes
     assert not any("beyond the largest budget" in n for n in notes)
+
+
+def test_schedule_warns_when_the_local_cbs_was_measured_at_another_sequence_length(tmp_path):
+    branch = _branch_output(tmp_path / "branch")  # measured in sequences of 64 tokens
+    args = ["schedule", "--local-cbs", str(branch), "--total-tokens", "1e6", "--output"]
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "a"), "--tokens-per-sequence", "512"])
+    assert res.exit_code == 0, res.output
+    says = "measured in sequences of 64 tokens and is read here as sequences of 512"
+    assert says in res.output and "8x the tokens" in res.output, res.output
+    assert any(says in w for w in json.loads((tmp_path / "a" / "schedule.json").read_text())["warnings"])
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "b"), "--tokens-per-sequence", "64"])
+    assert res.exit_code == 0 and "measured in sequences of" not in res.output, res.output
