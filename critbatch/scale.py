@@ -279,6 +279,7 @@ def _ramp(scale_json: Path | None, local_cbs: Path | None, total_tokens: float, 
 
     result = None
     if scale_json is not None:
+        scale_json = scale_json / "scale.json" if scale_json.is_dir() else scale_json  # a study's folder
         try:
             result = json.loads(scale_json.read_text(encoding="utf-8"))
             result["gamma"]
@@ -303,7 +304,7 @@ def _ramp(scale_json: Path | None, local_cbs: Path | None, total_tokens: float, 
 
 def schedule(
     scale_json: Path | None = typer.Argument(
-        None, metavar="[SCALE_JSON]", help="a study's scale.json (critbatch scale)"
+        None, metavar="[SCALE_JSON]", help="a study's scale.json (critbatch scale), or the study's folder"
     ),
     local_cbs: Path | None = typer.Option(
         None,

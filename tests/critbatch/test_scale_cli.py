@@ -343,3 +343,13 @@ def test_schedule_warns_when_the_local_cbs_was_measured_at_another_sequence_leng
     assert any(says in w for w in json.loads((tmp_path / "a" / "schedule.json").read_text())["warnings"])
     res = CliRunner().invoke(app, [*args, str(tmp_path / "b"), "--tokens-per-sequence", "64"])
     assert res.exit_code == 0 and "measured in sequences of" not in res.output, res.output
+
+
+def test_schedule_takes_a_studys_folder_as_plan_does(tmp_path):
+    res = _run(*TABLES, "--output", str(tmp_path / "study" / "scale.json"))
+    assert res.exit_code == 0, res.output
+    args = ["schedule", "--total-tokens", "1e11", "--tokens-per-sequence", "512", "--output"]
+    by_file = CliRunner().invoke(app, [*args, str(tmp_path / "a"), str(tmp_path / "study" / "scale.json")])
+    by_folder = CliRunner().invoke(app, [*args, str(tmp_path / "b"), str(tmp_path / "study")])
+    assert by_file.exit_code == 0 and by_folder.exit_code == 0, by_folder.output
+    assert (tmp_path / "a" / "schedule.json").read_text() == (tmp_path / "b" / "schedule.json").read_text()
