@@ -377,8 +377,16 @@ def _law_warnings(result: dict[str, Any] | None, total_tokens: float) -> list[st
 def _bounded_warnings(
     first_bound: float, local_cbs: list[tuple[float, float]] | None, total_tokens: float
 ) -> list[str]:
-    """What :func:`bounded_ramp`'s numbers cannot show: a start under one sequence, a run past the last point."""
+    """What :func:`bounded_ramp`'s numbers cannot show: a start under one sequence, tokens before the first measured
+    point (the local CBS grows early in training, Merrill et al. 2025, so the first value held back may lie above
+    it), a run past the last point."""
     notes = []
+    if local_cbs is not None and local_cbs[0][0] > 0:
+        notes.append(
+            f"the local CBS was first measured at {local_cbs[0][0]:.3g} tokens seen; before that the ramp holds that "
+            f"value ({local_cbs[0][1]:.3g} sequences), which the measurement cannot show to be under the critical "
+            "batch size there (it grows early in training)"
+        )
     if first_bound < 1:
         notes.append(
             f"the bound at the start is {first_bound:.2g} sequences, under one: the ramp starts at 1 sequence, "

@@ -110,3 +110,11 @@ def test_no_bound_or_bad_sizes_are_refused():
 def test_points_that_are_not_finite_are_refused(tokens_seen, size):
     with pytest.raises(InvalidInput, match="finite"):
         local_cbs_points([{"tokens_seen": tokens_seen, "local_cbs_sequences": size}])
+
+
+def test_a_local_cbs_first_measured_after_the_start_is_warned_about():
+    late = bounded_ramp(1e5, 64, local_cbs=[(5000.0, 8.0), (50000.0, 64.0)])["warnings"]
+    assert any(
+        "first measured at 5e+03 tokens seen; before that the ramp holds that value (8 sequences)" in w for w in late
+    )
+    assert not any("first measured" in w for w in bounded_ramp(1e5, 64, local_cbs=POINTS)["warnings"])
