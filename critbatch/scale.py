@@ -289,15 +289,15 @@ def _ramp(scale_json: Path | None, local_cbs: Path | None, total_tokens: float, 
         if result is None:
             raise InvalidInput("give a study's scale.json, --local-cbs BRANCH_OUTPUT, or both")
         return batch_size_ramp(result, total_tokens, tokens_per_sequence, top)
-    points, measured_tokens_per_sequence = _read_local_cbs(local_cbs)
+    points, measured = _read_local_cbs(local_cbs)  # measured: the tokens per sequence of the branch run
     ramp = bounded_ramp(
         total_tokens, tokens_per_sequence, result=result, local_cbs=points, max_batch_size_sequences=top
     )
-    if measured_tokens_per_sequence is not None and measured_tokens_per_sequence != tokens_per_sequence:
+    if measured is not None and 0 < measured < math.inf and measured != tokens_per_sequence:
         ramp["warnings"].append(
-            f"the local CBS was measured in sequences of {measured_tokens_per_sequence:g} tokens and is read here "
+            f"the local CBS was measured in sequences of {measured:g} tokens and is read here "
             f"as sequences of {tokens_per_sequence} (--tokens-per-sequence), not converted: a batch of B sequences "
-            f"holds {tokens_per_sequence / measured_tokens_per_sequence:.3g}x the tokens of the local CBS measured at B"
+            f"holds {tokens_per_sequence / measured:.3g}x the tokens of the local CBS measured at B"
         )
     return ramp
 
