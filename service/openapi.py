@@ -24,7 +24,15 @@ _LINKED_OPERATIONS = (
 
 
 def _schema(app: FastAPI) -> dict[str, Any]:
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    # one schema per model for requests and responses: a response model's serialization-mode schema would be
+    # empty for the cbs.json records, whose serializer (dump the keys given) returns a plain mapping
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        separate_input_output_schemas=False,
+    )
     spec_schema = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     for name, sub in spec_schema.pop("$defs", {}).items():

@@ -354,3 +354,14 @@ def test_openapi_schema_is_published_behind_the_token(client):
     links = s["paths"]["/v1/sweeps"]["post"]["responses"]["201"]["links"]
     op_ids = {op["operationId"] for path in s["paths"].values() for op in path.values()}
     assert {link["operationId"] for link in links.values()} <= op_ids and len(links) == 4
+
+
+def test_the_reports_cbs_schema_names_the_fields_of_cbs_json(client):
+    """The report's ``cbs`` is described field by field (the records' dump-the-given-keys serializer must not
+    turn their response schemas into empty ones)."""
+    schemas = client.get("/openapi.json", headers=AUTH).json()["components"]["schemas"]
+    report = schemas["ReportOut"]["properties"]["cbs"]
+    assert {"$ref": "#/components/schemas/CbsResult"} in report["anyOf"]
+    cbs = schemas["CbsResult"]["properties"]
+    assert {"b_crit", "b_crit_ci", "status", "targets", "per_batch", "local_cbs", "headline"} <= set(cbs)
+    assert all(schemas[name].get("properties") for name in ("TargetFit", "BatchRecord", "LocalCbsPoint"))
