@@ -123,6 +123,23 @@ def _first_tokens_at(result: dict[str, Any], batch: float, lo: float, hi: float)
     return None
 
 
+def _ramp_fields(
+    stages: list[dict[str, Any]], steps: int, first: int, total_tokens: float, tokens_per_sequence: int
+) -> dict[str, Any]:
+    """What every ramp reports: its ``stages`` and ``steps``, the run's size, and the fixed batch it is compared
+    with (the first stage's, for the whole run: ``fixed_steps``, ``steps_saved_fraction``)."""
+    fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
+    return {
+        "stages": stages,
+        "steps": steps,
+        "total_tokens": total_tokens,
+        "tokens_per_sequence": tokens_per_sequence,
+        "fixed_batch_size_sequences": first,
+        "fixed_steps": fixed_steps,
+        "steps_saved_fraction": 1 - steps / fixed_steps,
+    }
+
+
 def _on_whole_steps(
     stages: list[tuple[float, int]], total_tokens: float, tokens_per_sequence: int
 ) -> tuple[list[tuple[int, Stage]], int]:
@@ -192,15 +209,8 @@ def batch_size_ramp(
         stages.append((t, batch))
         batch *= 2
     out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
-    fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
     return {
-        "stages": [s.__dict__ for _, s in out],
-        "steps": steps,
-        "total_tokens": total_tokens,
-        "tokens_per_sequence": tokens_per_sequence,
-        "fixed_batch_size_sequences": first,
-        "fixed_steps": fixed_steps,
-        "steps_saved_fraction": 1 - steps / fixed_steps,
+        **_ramp_fields([s.__dict__ for _, s in out], steps, first, total_tokens, tokens_per_sequence),
         "note": "each stage starts where the lower end of the law's prediction interval, read at the tokens seen, "
         "reaches its batch size; the law was measured across budgets, not along one run",
         "warnings": notes + _law_warnings(result, total_tokens),
@@ -327,15 +337,10 @@ def bounded_ramp(
         stages.append((grid[i], stages[-1][1] * 2))
         sources.append(held[i][1])
     out, steps = _on_whole_steps(stages, total_tokens, tokens_per_sequence)
-    fixed_steps = math.ceil(total_tokens / (first * tokens_per_sequence))
     return {
-        "stages": [{**s.__dict__, "bound": sources[i]} for i, s in out],
-        "steps": steps,
-        "total_tokens": total_tokens,
-        "tokens_per_sequence": tokens_per_sequence,
-        "fixed_batch_size_sequences": first,
-        "fixed_steps": fixed_steps,
-        "steps_saved_fraction": 1 - steps / fixed_steps,
+        **_ramp_fields(
+            [{**s.__dict__, "bound": sources[i]} for i, s in out], steps, first, total_tokens, tokens_per_sequence
+        ),
         "bounds": [name for name, given in (("law", result), ("local_cbs", local_cbs)) if given is not None],
         "note": _BOUNDED_NOTE,
         "warnings": _bounded_warnings(first_bound, local_cbs, total_tokens) + _law_warnings(result, total_tokens),
